@@ -1,0 +1,279 @@
+"""The one place that names devices and distributed backends.
+
+Every other module asks this one for the device, the backend, autocast, memory figures and
+collectives, so the same code runs on Ascend NPU (torch_npu + HCCL), NVIDIA GPU (NCCL) and CPU
+(gloo). Device preference is npu > cuda > cpu, overridable with ``FASTVIDEO_DEVICE``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import random
+import resource
+import sys
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+NPU = "npu"
+CUDA = "cuda"
+CPU = "cpu"
+DEVICE_TYPES = (NPU, CUDA, CPU)
+BACKENDS = {NPU: "hccl", CUDA: "nccl", CPU: "gloo"}
+ENV_DEVICE = "FASTVIDEO_DEVICE"
+
+_torch_npu = None
+_torch_npu_checked = False
+
+
+def import_torch_npu():
+    """Import torch_npu if it is installed and usable, else return None.
+
+    Without CANN, importing torch_npu raises ImportError, OSError or RuntimeError; all three mean
+    "no NPU here".
+    """
+    global _torch_npu, _torch_npu_checked
+    if not _torch_npu_checked:
+        _torch_npu_checked = True
+        try:
+            import torch_npu  # noqa: F401
+
+            _torch_npu = torch_npu
+        except (ImportError, OSError, RuntimeError):
+            _torch_npu = None
+    return _torch_npu
+
+
+def npu_available() -> bool:
+    if import_torch_npu() is None:
+        return False
+    npu = getattr(torch, NPU, None)
+    return bool(npu is not None and npu.is_available())
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def device_type() -> str:
+    """'npu', 'cuda' or 'cpu': FASTVIDEO_DEVICE if set, else the best available."""
+    forced = os.environ.get(ENV_DEVICE, "").strip().lower()
+    if forced:
+        if forced not in DEVICE_TYPES:
+            raise ValueError(
+                f"{ENV_DEVICE}={forced!r} is not a device type; use one of {', '.join(DEVICE_TYPES)}"
+            )
+        if forced == NPU and not npu_available():
+            raise RuntimeError(
+                f"{ENV_DEVICE}=npu but no NPU is usable: install the npu extra "
+                "(bash env_setup.sh --target npu) and source CANN's set_env.sh"
+            )
+        if forced == CUDA and not cuda_available():
+            raise RuntimeError(f"{ENV_DEVICE}=cuda but torch.cuda.is_available() is False")
+        return forced
+    if npu_available():
+        return NPU
+    if cuda_available():
+        return CUDA
+    return CPU
+
+
+def is_npu(device: torch.device | str | None = None) -> bool:
+    if device is None:
+        return device_type() == NPU
+    return torch.device(device).type == NPU
+
+
+def is_accelerator(device: torch.device | str) -> bool:
+    return torch.device(device).type in (NPU, CUDA)
+
+
+def dist_backend(dtype: str | None = None) -> str:
+    """hccl / nccl / gloo for the given (or detected) device type."""
+    return BACKENDS[dtype or device_type()]
+
+
+def _device_module(dtype: str):
+    return getattr(torch, dtype, None)
+
+
+def get_device(local_rank: int = 0, dtype: str | None = None) -> torch.device:
+    dtype = dtype or device_type()
+    if dtype == CPU:
+        return torch.device(CPU)
+    return torch.device(dtype, local_rank)
+
+
+def set_device(device: torch.device) -> None:
+    if device.type in (NPU, CUDA):
+        _device_module(device.type).set_device(device)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_env() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's environment, or a single process."""
+    return (
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("LOCAL_RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+    )
+
+
+def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
+    """Initialise the process group (when launched by torchrun) and bind the local device.
+
+    The device index is the LOCAL rank: the global rank breaks on multi-node runs.
+    A single process without torchrun's variables gets world size 1 and no process group.
+    """
+    rank, local_rank, world_size = dist_env()
+    dtype = device_type()
+    device = get_device(local_rank, dtype)
+    set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        kwargs = {}
+        if dtype != CPU:
+            kwargs["device_id"] = device
+        dist.init_process_group(
+            backend=dist_backend(dtype),
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            **kwargs,
+        )
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def destroy_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place mean across ranks as SUM / world size (HCCL has no ReduceOp.AVG)."""
+    n = world_size()
+    if n > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor.div_(n)
+    return tensor
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    if world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    if world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+def autocast(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, enabled: bool = True):
+    """torch.autocast for the device's type ('npu', 'cuda' or 'cpu'); a no-op when disabled
+    or when dtype is float32."""
+    dev_type = torch.device(device).type
+    if not enabled or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(dev_type, dtype=dtype)
+
+
+def enable_fast_matmul(device: torch.device | str) -> None:
+    """TF32 on CUDA, HF32 on NPU; nothing on CPU (keeps CPU runs exact)."""
+    dev_type = torch.device(device).type
+    if dev_type == CUDA:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    elif dev_type == NPU:
+        torch_npu = import_torch_npu()
+        if torch_npu is not None:
+            torch_npu.npu.matmul.allow_hf32 = True
+
+
+def synchronize(device: torch.device | str) -> None:
+    dev_type = torch.device(device).type
+    if dev_type in (NPU, CUDA):
+        _device_module(dev_type).synchronize()
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    dev_type = torch.device(device).type
+    if dev_type in (NPU, CUDA):
+        _device_module(dev_type).reset_peak_memory_stats()
+
+
+def peak_memory_bytes(device: torch.device | str) -> int:
+    """Peak allocated device memory; on CPU the process's peak resident set size."""
+    dev_type = torch.device(device).type
+    if dev_type in (NPU, CUDA):
+        return int(_device_module(dev_type).max_memory_allocated())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def empty_cache(device: torch.device | str) -> None:
+    dev_type = torch.device(device).type
+    if dev_type in (NPU, CUDA):
+        _device_module(dev_type).empty_cache()
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices). Draws that must agree across devices do not
+    rely on this: they come from explicit CPU generators (see sampling.randomness)."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def device_name(device: torch.device | str) -> str:
+    dev_type = torch.device(device).type
+    if dev_type == CUDA:
+        return torch.cuda.get_device_name(torch.device(device))
+    if dev_type == NPU:
+        return str(_device_module(NPU).get_device_name(torch.device(device)))
+    import platform as _pyplatform
+
+    return _pyplatform.processor() or _pyplatform.machine()
+
+
+@contextlib.contextmanager
+def device_env(dtype: str) -> Iterator[None]:
+    """Temporarily force FASTVIDEO_DEVICE (tests and tools)."""
+    old = os.environ.get(ENV_DEVICE)
+    os.environ[ENV_DEVICE] = dtype
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV_DEVICE, None)
+        else:
+            os.environ[ENV_DEVICE] = old

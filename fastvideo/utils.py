@@ -1,0 +1,52 @@
+"""Small shared helpers: optional imports, atomic writes, rank-0 logging."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+class MissingExtraError(ImportError):
+    """An optional feature was used without its pip extra installed."""
+
+
+def require(module: str, extra: str, feature: str):
+    """Import an optional dependency or raise an error naming the extra that provides it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"{feature} needs the optional package '{module}', which is not installed. "
+            f"Install it with: pip install 'flux-grpo[{extra}]'"
+        ) from exc
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write a file so that readers see either the old or the new content, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def main_print(*args, **kwargs) -> None:
+    """print() on global rank 0 only."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*args, **kwargs, flush=True)
