@@ -55,7 +55,7 @@ PRESETS = {
     # < 5 MB; a 64x64 image in well under a second on CPU.
     "tiny": Preset(1, 1, 16, 2, (4, 6, 6), 32, 32, 1, 64, 1, (8, 8, 8, 8), 4),
     # ~20 M parameters in the transformer: for benchmarks.
-    "small": Preset(2, 4, 64, 4, (16, 24, 24), 256, 128, 2, 512, 2, (32, 32, 64, 64), 8),
+    "small": Preset(2, 4, 64, 6, (16, 24, 24), 256, 128, 2, 512, 2, (32, 32, 64, 64), 8),
 }
 
 
