@@ -73,7 +73,7 @@ def _maybe_adapt_for_npu(transformer, device) -> None:
     from fastvideo import platform
 
     if platform.is_npu(device):
-        # Imported lazily: npu_ops is the one module besides platform that may name torch_npu.
+        # Imported lazily: npu_ops is the one module besides platform allowed to name the NPU stack.
         from fastvideo.models import npu_ops
 
         npu_ops.maybe_adapt_for_npu(transformer, device)

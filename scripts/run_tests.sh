@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The test command: sets up the environment (quick when already done) and runs the suite on CPU.
+#   bash scripts/run_tests.sh [pytest args...]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash env_setup.sh --target cpu --with-parity
+export FASTVIDEO_DEVICE=cpu
+source scripts/common.sh
+export FASTVIDEO_DEVICE=cpu FLUX_GRPO_REQUIRE_PARITY=${FLUX_GRPO_REQUIRE_PARITY:-1}
+set +e
+"$PYTHON" -m pytest -q "$@"
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then
+  echo "run_tests.sh: pytest collected no tests - treating as a failure" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,61 @@
+import os
+
+import pytest
+import torch
+
+from fastvideo import platform
+
+
+def test_cpu_detected_without_accelerators(monkeypatch):
+    monkeypatch.delenv(platform.ENV_DEVICE, raising=False)
+    if torch.cuda.is_available() or platform.npu_available():
+        pytest.skip("machine has an accelerator")
+    assert platform.device_type() == "cpu"
+    assert platform.dist_backend() == "gloo"
+
+
+def test_override_and_bad_override(monkeypatch):
+    monkeypatch.setenv(platform.ENV_DEVICE, "cpu")
+    assert platform.device_type() == "cpu"
+    monkeypatch.setenv(platform.ENV_DEVICE, "tpu")
+    with pytest.raises(ValueError, match="npu, cuda, cpu"):
+        platform.device_type()
+    if not torch.cuda.is_available():
+        monkeypatch.setenv(platform.ENV_DEVICE, "cuda")
+        with pytest.raises(RuntimeError, match="is_available"):
+            platform.device_type()
+    monkeypatch.setenv(platform.ENV_DEVICE, "npu")
+    if not platform.npu_available():
+        with pytest.raises(RuntimeError, match="env_setup.sh --target npu"):
+            platform.device_type()
+
+
+def test_backends_per_device():
+    assert [platform.dist_backend(d) for d in ("npu", "cuda", "cpu")] == ["hccl", "nccl", "gloo"]
+
+
+def test_single_process_init(monkeypatch):
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv(platform.ENV_DEVICE, "cpu")
+    info = platform.init_distributed()
+    assert (info.rank, info.local_rank, info.world_size, info.device.type) == (0, 0, 1, "cpu")
+    assert info.is_main
+    t = torch.tensor([3.0])
+    assert platform.all_reduce_mean(t).item() == 3.0
+
+
+def test_autocast_cpu_bf16_and_fp32_noop():
+    a = torch.randn(4, 4)
+    with platform.autocast("cpu", torch.bfloat16):
+        assert (a @ a).dtype == torch.bfloat16
+    with platform.autocast("cpu", torch.float32):
+        assert (a @ a).dtype == torch.float32
+
+
+def test_peak_memory_and_seed():
+    assert platform.peak_memory_bytes("cpu") > 10 * 2**20
+    platform.seed_everything(3)
+    x = torch.rand(3)
+    platform.seed_everything(3)
+    assert torch.equal(x, torch.rand(3))
