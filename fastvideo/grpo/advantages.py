@@ -1,0 +1,34 @@
+"""Group-relative advantages (GRPO). Pure functions: no I/O, no collectives."""
+
+from __future__ import annotations
+
+import torch
+
+EPS = 1e-8
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, clip_max: float) -> torch.Tensor:
+    """Per-group normalised advantages.
+
+    rewards: [B] with B = num_groups * group_size, the G samples of a group contiguous.
+    Returns [B]: (r - mean_group) / (std_group + 1e-8), clipped to +-clip_max. std is the
+    population std (unbiased=False): a group of identical rewards gets advantage 0.
+    """
+    if rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")
+    r = rewards.float().view(-1, group_size)
+    adv = (r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, unbiased=False, keepdim=True) + EPS)
+    return adv.clamp(-clip_max, clip_max).reshape(-1)
+
+
+def batch_advantages(rewards: torch.Tensor, clip_max: float) -> torch.Tensor:
+    """Advantages normalised over the whole batch (upstream's behaviour without --use_group). [B] -> [B]."""
+    r = rewards.float()
+    return ((r - r.mean()) / (r.std(unbiased=False) + EPS)).clamp(-clip_max, clip_max)
+
+
+def zero_std_ratio(rewards: torch.Tensor, group_size: int, tol: float = 0.0) -> torch.Tensor:
+    """Share of groups whose rewards are all equal (they carry no learning signal). [B] -> scalar."""
+    r = rewards.float().view(-1, group_size)
+    spread = r.max(dim=1).values - r.min(dim=1).values
+    return (spread <= tol).float().mean()

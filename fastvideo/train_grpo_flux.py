@@ -1,0 +1,47 @@
+"""GRPO fine-tuning of FLUX: thin entry point (parse -> build -> train -> clean up).
+
+    torchrun --nproc_per_node=N fastvideo/train_grpo_flux.py --data_json_path ... [flags]
+
+Accepts upstream DanceGRPO's and the Ascend recipe's flags (see fastvideo/config.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Imports inside main so that `--help` and flag errors come back fast.
+    from fastvideo import platform
+    from fastvideo.config import parse_config
+    from fastvideo.training.trainer import GRPOTrainer
+
+    cfg = parse_config(argv)
+    info = platform.init_distributed()
+    try:
+        trainer = GRPOTrainer(cfg, info)
+        trainer.setup()
+        trainer.train()
+    except BaseException as exc:
+        if isinstance(exc, SystemExit) and not exc.code:
+            raise
+        # Say which rank failed and why, then exit non-zero without waiting on collectives:
+        # torchrun sees the failure and stops the other ranks instead of letting them hang.
+        sys.stderr.write(f"[rank {info.rank}] training failed: {type(exc).__name__}: {exc}\n")
+        traceback.print_exc()
+        sys.stderr.flush()
+        if info.world_size > 1:
+            os._exit(1)
+        return 1
+    platform.barrier()
+    platform.destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):
+        # Run as a script path (torchrun fastvideo/train_grpo_flux.py): make the package importable.
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Per-iteration metrics: reduced across ranks, written by rank 0 to metrics.jsonl, plotted as PNG."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from fastvideo import platform
+
+
+class PhaseTimer:
+    """Wall-clock seconds per named phase. Synchronises the device at phase edges only."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        platform.synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            platform.synchronize(self.device)
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def reset(self) -> None:
+        self.seconds = {}
+
+
+def reduce_scalars(values: dict[str, float | torch.Tensor], device: torch.device, op: str = "mean") -> dict[str, float]:
+    """Reduce a flat dict of scalars across ranks in one collective (mean or max)."""
+    if not values:
+        return {}
+    keys = sorted(values)
+    packed = torch.stack([torch.as_tensor(values[k], dtype=torch.float64).reshape(()) for k in keys]).to(device)
+    if op == "mean":
+        platform.all_reduce_mean(packed)
+    elif op == "max":
+        platform.all_reduce_max(packed)
+    else:
+        raise ValueError(op)
+    return dict(zip(keys, packed.cpu().tolist()))
+
+
+class MetricsWriter:
+    """Append-only metrics.jsonl (rank 0). On resume, lines past the checkpoint are dropped so the
+    file describes exactly the run that continues."""
+
+    def __init__(self, output_dir: str | Path, enabled: bool):
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.enabled = enabled
+
+    def truncate_after(self, iteration: int) -> None:
+        if not self.enabled or not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["iteration"] <= iteration]
+        self.path.write_text("".join(line + "\n" for line in keep))
+
+    def reset(self) -> None:
+        if self.enabled and self.path.exists():
+            self.path.unlink()
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+def plot_reward_curve(records: list[dict], out_png: str | Path, title: str = "GRPO reward") -> Path | None:
+    """Reward mean (and each reward) per iteration with a +-std band, saved as PNG."""
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = [r["iteration"] for r in records]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    mean = [r["reward_mean"] for r in records]
+    std = [r.get("reward_std", 0.0) for r in records]
+    axes[0].plot(its, mean, marker="o", ms=3, label="total reward")
+    axes[0].fill_between(its, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    for key in sorted(k for k in records[-1] if k.startswith("reward/") and k.endswith("_mean")):
+        axes[0].plot(its, [r.get(key, float("nan")) for r in records], ls="--", label=key)
+    axes[0].set_xlabel("iteration")
+    axes[0].set_ylabel("reward")
+    axes[0].set_title(title)
+    axes[0].legend(fontsize=8)
+    axes[1].plot(its, [r.get("loss", float("nan")) for r in records], color="tab:red")
+    axes[1].set_xlabel("iteration")
+    axes[1].set_ylabel("loss")
+    axes[1].set_title("policy loss")
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return out_png
