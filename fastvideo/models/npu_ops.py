@@ -1,0 +1,325 @@
+"""Ascend NPU kernels for the FLUX transformer, installed from outside the model.
+
+diffusers 0.32.0 runs FLUX on an NPU, but slowly or not at all in three places (see docs/npu.md):
+
+1. q/k RMS norms: ``Attention`` builds ``RMSNorm`` for ``norm_q``, ``norm_k``, ``norm_added_q`` and
+   ``norm_added_k``; :class:`NpuFusedRMSNorm` calls torch_npu's fused ``npu_rms_norm`` instead.
+2. RoPE: ``FluxPosEmbed`` computes frequencies in float64 (NPU has no float64 kernels for it);
+   :class:`NpuFluxPosEmbed` computes the same cos/sin in float32 there.
+3. Attention: with fp32 norm weights under bf16 autocast, q and k leave the norms as fp32 while v is
+   bf16, and the fused attention kernel needs one dtype; :class:`NpuFluxAttnProcessor` casts q and k
+   to v's dtype before ``npu_fusion_attention``.
+
+:func:`maybe_adapt_for_npu` applies all three when, and only when, the device is an NPU. Parameters
+are reused, never copied, so state-dict keys, their order and optimizer bindings do not change. Call
+it before FSDP wraps the model.
+
+Each replacement decides per call whether the fused kernel can run (torch_npu importable and the
+tensor on an NPU) and otherwise computes exactly what diffusers computes, so an adapted model moved
+to CPU still gives the stock result. This is the only module besides ``fastvideo.platform`` that
+names torch_npu.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from diffusers.models.attention_processor import (
+    Attention,
+    FluxAttnProcessor2_0,
+    FluxAttnProcessor2_0_NPU,
+)
+from diffusers.models.embeddings import FluxPosEmbed, apply_rotary_emb
+from diffusers.models.normalization import RMSNorm
+
+from fastvideo import platform
+
+logger = logging.getLogger(__name__)
+
+# The names under which diffusers' Attention keeps its q/k RMS norms.
+QK_NORM_NAMES = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+# npu_fusion_attention takes half-precision inputs; fp32 attention goes through SDPA.
+FUSED_ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
+# Processors whose maths NpuFluxAttnProcessor reproduces (separate q/k/v projections).
+_FLUX_PROCESSORS = (FluxAttnProcessor2_0, FluxAttnProcessor2_0_NPU)
+
+
+def npu_kernels_for(tensor: torch.Tensor):
+    """The torch_npu module when its fused kernels can run on ``tensor``, else None."""
+    if not platform.is_npu(tensor.device):
+        return None
+    return platform.import_torch_npu()
+
+
+# ----------------------------------------------------------------------------------------- RMSNorm
+
+
+def rms_norm_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    """diffusers 0.32 ``RMSNorm`` semantics: statistics in fp32; with a half-precision weight the
+    normalised input is cast to it first; without a weight the input dtype is kept. x: [..., D]."""
+    y = x * torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + eps)
+    if weight is None:
+        return y.to(x.dtype)
+    if weight.dtype in (torch.float16, torch.bfloat16):
+        y = y.to(weight.dtype)
+    y = y * weight
+    return y if bias is None else y + bias
+
+
+class NpuFusedRMSNorm(nn.Module):
+    """RMS norm over the last dimension through ``torch_npu.npu_rms_norm`` on an NPU.
+
+    Same parameters (``weight``, optional ``bias``) and ``eps`` as diffusers' ``RMSNorm``; build one
+    from an existing norm with :meth:`from_rms_norm` to share its Parameter objects.
+    """
+
+    def __init__(
+        self,
+        dim: int | Sequence[int],
+        eps: float = 1e-6,
+        elementwise_affine: bool = True,
+        bias: bool = False,
+    ):
+        super().__init__()
+        self.dim = torch.Size((dim,) if isinstance(dim, numbers.Integral) else dim)
+        self.eps = float(eps)
+        self.weight = nn.Parameter(torch.ones(self.dim)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.zeros(self.dim)) if elementwise_affine and bias else None
+
+    @classmethod
+    def from_rms_norm(cls, norm: RMSNorm) -> "NpuFusedRMSNorm":
+        """A fused norm holding ``norm``'s own Parameters (not copies) and eps."""
+        fused = cls(norm.dim, eps=norm.eps, elementwise_affine=False)
+        fused.weight = norm.weight
+        fused.bias = norm.bias
+        return fused
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.dim)}, eps={self.eps}, affine={self.weight is not None}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., D] -> [..., D] in the weight's dtype (the input's dtype without a weight)."""
+        torch_npu = npu_kernels_for(x)
+        if torch_npu is None:
+            return rms_norm_reference(x, self.weight, self.bias, self.eps)
+        if self.weight is None:
+            # The kernel always takes a gamma, in the input's dtype.
+            gamma = torch.ones(self.dim, dtype=x.dtype, device=x.device)
+            return torch_npu.npu_rms_norm(x, gamma, epsilon=self.eps)[0]
+        # The kernel needs x and gamma in one dtype; the weight's dtype wins, as in RMSNorm.
+        y = torch_npu.npu_rms_norm(x.to(self.weight.dtype), self.weight, epsilon=self.eps)[0]
+        return y if self.bias is None else y + self.bias
+
+
+# -------------------------------------------------------------------------------------------- RoPE
+
+
+def flux_rope(
+    ids: torch.Tensor,
+    axes_dim: Sequence[int],
+    theta: float,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FLUX's rotary cos/sin, with the angles computed in ``dtype``.
+
+    ids: [S, n_axes] positions (text ids then image ids). Returns (cos, sin), each [S, sum(axes_dim)]
+    float32 on ids' device, every frequency repeated twice in a row (pairs rotate together).
+    diffusers uses float64 here; float32 moves FLUX's values by about 1e-5 and runs on an NPU.
+    """
+    if ids.ndim != 2 or ids.shape[-1] != len(axes_dim):
+        raise ValueError(
+            f"ids must be [S, {len(axes_dim)}] (one column per RoPE axis {tuple(axes_dim)}), "
+            f"got {tuple(ids.shape)}"
+        )
+    cos_parts, sin_parts = [], []
+    for axis, dim in enumerate(axes_dim):
+        if dim % 2:
+            raise ValueError(f"every RoPE axis dimension must be even, got {tuple(axes_dim)}")
+        exponents = torch.arange(0, dim, 2, dtype=dtype, device=ids.device) / dim  # [dim/2]
+        inv_freq = 1.0 / (theta**exponents)
+        angles = ids[:, axis].float().to(dtype)[:, None] * inv_freq[None, :]  # [S, dim/2]
+        cos_parts.append(angles.cos().repeat_interleave(2, dim=-1).float())
+        sin_parts.append(angles.sin().repeat_interleave(2, dim=-1).float())
+    return torch.cat(cos_parts, dim=-1), torch.cat(sin_parts, dim=-1)
+
+
+class NpuFluxPosEmbed(nn.Module):
+    """Drop-in for diffusers' ``FluxPosEmbed`` (no parameters, no buffers). Angles in float32 when
+    the ids are on an NPU or MPS, in float64 elsewhere (diffusers 0.32 uses float32 on MPS only)."""
+
+    def __init__(self, theta: float, axes_dim: Sequence[int]):
+        super().__init__()
+        self.theta = theta
+        self.axes_dim = list(axes_dim)
+
+    def extra_repr(self) -> str:
+        return f"theta={self.theta}, axes_dim={self.axes_dim}"
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids: [S, n_axes] -> (cos, sin), each [S, sum(axes_dim)] float32."""
+        no_float64 = platform.is_npu(ids.device) or ids.device.type == "mps"
+        dtype = torch.float32 if no_float64 else torch.float64
+        return flux_rope(ids, self.axes_dim, self.theta, dtype)
+
+
+# --------------------------------------------------------------------------------------- Attention
+
+
+def attention_bnsd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Softmax attention on [B, N, S, D] tensors -> [B, N, S, D] (v's dtype on the fused path).
+
+    On an NPU with half-precision v and no mask this is ``npu_fusion_attention``, with q and k cast
+    to v's dtype first (the kernel needs one dtype; q/k come out of fp32 norms under autocast).
+    Otherwise it is ``F.scaled_dot_product_attention`` on the tensors as given, like diffusers.
+    """
+    torch_npu = npu_kernels_for(v)
+    if torch_npu is None or attention_mask is not None or v.dtype not in FUSED_ATTENTION_DTYPES:
+        # The fused kernel's mask means "drop" where SDPA's bool mask means "keep": FLUX passes no
+        # mask, so masked calls simply stay on SDPA.
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=0.0)
+    return torch_npu.npu_fusion_attention(
+        q.to(v.dtype),
+        k.to(v.dtype),
+        v,
+        v.shape[1],
+        input_layout="BNSD",
+        scale=1.0 / math.sqrt(q.shape[-1]),
+    )[0]
+
+
+def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, S, N*D] -> [B, N, S, D]."""
+    batch, seq, _ = x.shape
+    return x.view(batch, seq, heads, -1).transpose(1, 2)
+
+
+def _qkv(attn: Attention, x: torch.Tensor, context: bool) -> tuple[torch.Tensor, ...]:
+    """Projected, head-split and q/k-normalised (q, k, v) of the image (or context) stream."""
+    if context:
+        proj = (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
+        norms = (attn.norm_added_q, attn.norm_added_k)
+    else:
+        proj = (attn.to_q, attn.to_k, attn.to_v)
+        norms = (attn.norm_q, attn.norm_k)
+    q, k, v = (_heads(p(x), attn.heads) for p in proj)
+    if norms[0] is not None:
+        q = norms[0](q)
+    if norms[1] is not None:
+        k = norms[1](k)
+    return q, k, v
+
+
+class NpuFluxAttnProcessor:
+    """Attention processor for FLUX's joint (double-stream) and single-stream blocks.
+
+    Same maths as diffusers' ``FluxAttnProcessor2_0``: text tokens first, then image tokens; RoPE
+    on q and k; output projections only in joint blocks. The attention itself is
+    :func:`attention_bnsd` (fused kernel on an NPU, SDPA elsewhere).
+    """
+
+    def __call__(
+        self,
+        attn: Attention,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """hidden_states: [B, S_img, C]; encoder_hidden_states: [B, S_txt, C] in joint blocks.
+        Returns [B, S, C] (single block) or ([B, S_img, C], [B, S_txt, C]) (joint block)."""
+        q, k, v = _qkv(attn, hidden_states, context=False)
+        n_text = 0
+        if encoder_hidden_states is not None:
+            cq, ck, cv = _qkv(attn, encoder_hidden_states, context=True)
+            n_text = cq.shape[2]
+            q, k, v = (torch.cat(pair, dim=2) for pair in ((cq, q), (ck, k), (cv, v)))
+        if image_rotary_emb is not None:
+            q = apply_rotary_emb(q, image_rotary_emb)
+            k = apply_rotary_emb(k, image_rotary_emb)
+        out = attention_bnsd(q, k, v, attention_mask)
+        out = out.transpose(1, 2).flatten(2).to(q.dtype)  # [B, S, N*D]
+        if encoder_hidden_states is None:
+            return out
+        text, image = out[:, :n_text], out[:, n_text:]
+        image = attn.to_out[1](attn.to_out[0](image))  # linear, dropout
+        return image, attn.to_add_out(text)
+
+
+# ------------------------------------------------------------------------------------- installing
+
+
+def _swap_qk_norms(model: nn.Module) -> int:
+    swapped = 0
+    for module in model.modules():
+        if not isinstance(module, Attention):
+            continue
+        for name in QK_NORM_NAMES:
+            norm = getattr(module, name, None)
+            if isinstance(norm, RMSNorm):
+                setattr(module, name, NpuFusedRMSNorm.from_rms_norm(norm))
+                swapped += 1
+    return swapped
+
+
+def _swap_pos_embeds(model: nn.Module) -> int:
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, FluxPosEmbed):
+                setattr(parent, name, NpuFluxPosEmbed(child.theta, child.axes_dim))
+                swapped += 1
+    return swapped
+
+
+def _swap_processors(model: nn.Module) -> int:
+    processor = NpuFluxAttnProcessor()
+    swapped = 0
+    for module in model.modules():
+        if isinstance(module, Attention) and isinstance(module.processor, _FLUX_PROCESSORS):
+            module.set_processor(processor)
+            swapped += 1
+    return swapped
+
+
+def adapt_for_npu(transformer: nn.Module) -> int:
+    """Install the NPU kernels in a diffusers FLUX transformer, in place.
+
+    Swaps every q/k ``RMSNorm`` of every ``Attention`` for :class:`NpuFusedRMSNorm` (same
+    Parameter objects), every ``FluxPosEmbed`` for :class:`NpuFluxPosEmbed`, and every
+    ``FluxAttnProcessor2_0`` / ``FluxAttnProcessor2_0_NPU`` for :class:`NpuFluxAttnProcessor`.
+    Idempotent. Returns the number of RMS norms swapped (4 per joint block, 2 per single block).
+    """
+    norms = _swap_qk_norms(transformer)
+    pos_embeds = _swap_pos_embeds(transformer)
+    processors = _swap_processors(transformer)
+    logger.info(
+        "NPU kernels installed: %d fused RMS norms, %d float32 RoPE modules, %d attention processors",
+        norms,
+        pos_embeds,
+        processors,
+    )
+    return norms
+
+
+def maybe_adapt_for_npu(transformer: nn.Module, device: torch.device | str) -> bool:
+    """:func:`adapt_for_npu` if ``device`` is an NPU; returns whether it did."""
+    if not platform.is_npu(device):
+        return False
+    adapt_for_npu(transformer)
+    return True

@@ -1,0 +1,259 @@
+"""NPU kernels for FLUX, tested on CPU against diffusers 0.32.0 itself.
+
+No NPU here: the ``fake_npu`` fixture puts the stand-in ``torch_npu`` (tests/npu_stub.py) in
+``sys.modules`` and makes ``platform.is_npu`` answer True, so CPU tensors take the NPU paths. The
+stand-in computes the reference function and rejects calls the real kernels reject (mixed dtypes,
+fp32 attention), and counts calls to prove the fused paths ran.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import FluxTransformer2DModel
+from diffusers.models.attention_processor import FluxAttnProcessor2_0
+from diffusers.models.embeddings import FluxPosEmbed
+from diffusers.models.normalization import RMSNorm
+
+from fastvideo import platform
+from fastvideo.models import npu_ops
+
+
+def _load_stub():
+    path = Path(__file__).resolve().parents[1] / "npu_stub.py"
+    spec = importlib.util.spec_from_file_location("npu_stub", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+npu_stub = _load_stub()
+
+TINY = dict(
+    patch_size=1,
+    in_channels=16,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    pooled_projection_dim=32,
+    guidance_embeds=True,
+    axes_dims_rope=(4, 6, 6),
+)
+NORMS_PER_FORWARD = 4 * TINY["num_layers"] + 2 * TINY["num_single_layers"]
+BLOCKS = TINY["num_layers"] + TINY["num_single_layers"]
+
+
+@pytest.fixture
+def fake_npu(monkeypatch):
+    """Stand-in torch_npu installed, CPU treated as the NPU; all undone after the test."""
+    stub = npu_stub.make_module()
+    monkeypatch.setitem(sys.modules, "torch_npu", stub)
+    monkeypatch.setattr(platform, "_torch_npu", None)
+    monkeypatch.setattr(platform, "_torch_npu_checked", False)
+    monkeypatch.setattr(platform, "is_npu", lambda device=None: True)
+    return stub
+
+
+def _tiny_flux(seed: int = 0) -> FluxTransformer2DModel:
+    torch.manual_seed(seed)
+    model = FluxTransformer2DModel(**TINY).eval()
+    # diffusers initialises the q/k norm weights to ones; random ones make the norms matter.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".norm_" in name and name.endswith("weight"):
+                param.uniform_(0.5, 1.5)
+    return model
+
+
+def _inputs(seed: int = 1, h: int = 4, w: int = 4, n_text: int = 8) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    img_ids = torch.zeros(h * w, 3)
+    img_ids[:, 1] = torch.arange(h).repeat_interleave(w)
+    img_ids[:, 2] = torch.arange(w).repeat(h)
+    return dict(
+        hidden_states=torch.randn(2, h * w, TINY["in_channels"], generator=g),
+        encoder_hidden_states=torch.randn(2, n_text, TINY["joint_attention_dim"], generator=g),
+        pooled_projections=torch.randn(2, TINY["pooled_projection_dim"], generator=g),
+        timestep=torch.tensor([0.3, 0.8]),
+        guidance=torch.tensor([3.5, 3.5]),
+        img_ids=img_ids,
+        txt_ids=torch.zeros(n_text, 3),
+    )
+
+
+@torch.no_grad()
+def _run(model, inputs, autocast_dtype=None):
+    if autocast_dtype is None:
+        return model(**inputs).sample
+    with torch.autocast("cpu", dtype=autocast_dtype):
+        return model(**inputs).sample
+
+
+def _module_types(model):
+    return [type(m) for m in model.modules()]
+
+
+def test_cpu_device_leaves_model_untouched():
+    model = _tiny_flux()
+    before = _module_types(model)
+    assert npu_ops.maybe_adapt_for_npu(model, torch.device("cpu")) is False
+    assert npu_ops.maybe_adapt_for_npu(model, "cpu") is False
+    assert _module_types(model) == before
+    attn = model.transformer_blocks[0].attn
+    assert type(attn.norm_q) is RMSNorm and type(attn.processor) is FluxAttnProcessor2_0
+    assert type(model.pos_embed) is FluxPosEmbed
+
+
+def test_cpu_device_with_torch_npu_importable_still_untouched(monkeypatch):
+    # Having torch_npu installed is not the same as running on an NPU: only the device decides.
+    monkeypatch.setitem(sys.modules, "torch_npu", npu_stub.make_module())
+    model = _tiny_flux()
+    assert npu_ops.maybe_adapt_for_npu(model, "cpu") is False
+    assert type(model.transformer_blocks[0].attn.norm_q) is RMSNorm
+
+
+def test_adapted_fp32_output_equals_original_and_takes_fused_norm(fake_npu):
+    model = _tiny_flux()
+    inputs = _inputs()
+    expected = _run(model, inputs)
+    keys = list(model.state_dict().keys())
+    params = [id(p) for p in model.parameters()]
+
+    assert npu_ops.maybe_adapt_for_npu(model, "npu") is True
+    attn = model.transformer_blocks[0].attn
+    assert all(isinstance(getattr(attn, n), npu_ops.NpuFusedRMSNorm) for n in npu_ops.QK_NORM_NAMES)
+    assert isinstance(model.single_transformer_blocks[0].attn.norm_k, npu_ops.NpuFusedRMSNorm)
+    assert isinstance(model.pos_embed, npu_ops.NpuFluxPosEmbed)
+    assert isinstance(attn.processor, npu_ops.NpuFluxAttnProcessor)
+    assert list(model.state_dict().keys()) == keys
+    assert [id(p) for p in model.parameters()] == params
+
+    got = _run(model, inputs)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    assert fake_npu.calls["npu_rms_norm"] == NORMS_PER_FORWARD
+    # fp32 attention is not a fused-kernel dtype: it must have stayed on SDPA
+    assert fake_npu.calls["npu_fusion_attention"] == 0
+
+
+def test_adapted_bf16_autocast_casts_qk_and_takes_fused_attention(fake_npu):
+    model = _tiny_flux()
+    inputs = _inputs()
+    expected = _run(model, inputs, torch.bfloat16)
+    npu_ops.adapt_for_npu(model)
+    got = _run(model, inputs, torch.bfloat16)
+    # Under autocast q/k leave the fp32 norms as fp32 and v is bf16; the stand-in rejects mixed
+    # dtypes, so these calls prove the cast happened.
+    assert fake_npu.calls["npu_fusion_attention"] == BLOCKS
+    assert fake_npu.calls["npu_rms_norm"] == NORMS_PER_FORWARD
+    assert got.dtype == expected.dtype
+    scale = expected.float().abs().max()
+    assert (got.float() - expected.float()).abs().max() <= 2e-2 * scale
+
+
+def test_adapted_model_off_npu_computes_stock_result_exactly():
+    # adapt_for_npu on a model that then runs on CPU: every replacement falls back to diffusers' maths.
+    model = _tiny_flux()
+    inputs = _inputs()
+    expected = _run(model, inputs)
+    assert npu_ops.adapt_for_npu(model) == NORMS_PER_FORWARD
+    assert torch.equal(_run(model, inputs), expected)
+
+
+def test_adapt_is_idempotent(fake_npu):
+    model = _tiny_flux()
+    assert npu_ops.adapt_for_npu(model) == NORMS_PER_FORWARD
+    types_once = _module_types(model)
+    assert npu_ops.adapt_for_npu(model) == 0
+    assert _module_types(model) == types_once
+
+
+@pytest.mark.parametrize(
+    "affine,bias,w_dtype,x_dtype,atol",
+    [
+        (True, False, torch.float32, torch.float32, 1e-6),
+        (True, False, torch.float32, torch.bfloat16, 1e-6),  # autocast case: fp32 out
+        (True, False, torch.bfloat16, torch.float32, 2e-2),
+        (True, True, torch.float32, torch.float32, 1e-6),
+        (False, False, torch.float32, torch.float32, 1e-6),
+        (False, False, torch.float32, torch.bfloat16, 2e-2),
+    ],
+)
+def test_fused_rms_norm_matches_diffusers(fake_npu, affine, bias, w_dtype, x_dtype, atol):
+    torch.manual_seed(0)
+    ref = RMSNorm(16, eps=1e-6, elementwise_affine=affine, bias=bias)
+    if affine:
+        with torch.no_grad():
+            ref.weight.uniform_(0.5, 1.5)
+            if bias:
+                ref.bias.uniform_(-0.5, 0.5)
+        ref.to(w_dtype)
+    x = (torch.randn(2, 3, 5, 16) * 3).to(x_dtype)
+    fused = npu_ops.NpuFusedRMSNorm.from_rms_norm(ref)
+    assert fused.weight is ref.weight and fused.bias is ref.bias and fused.eps == ref.eps
+    expected, got = ref(x), fused(x)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=atol)
+    assert fake_npu.calls["npu_rms_norm"] == 1
+
+
+def test_fused_rms_norm_state_dict_matches_diffusers():
+    ref = RMSNorm(8, eps=1e-6, bias=True)
+    fused = npu_ops.NpuFusedRMSNorm(8, eps=1e-6, bias=True)
+    assert list(fused.state_dict()) == list(ref.state_dict()) == ["weight", "bias"]
+    assert list(npu_ops.NpuFusedRMSNorm(8, elementwise_affine=False).state_dict()) == []
+
+
+def _flux_ids(grid: int = 64, n_text: int = 512) -> torch.Tensor:
+    img = torch.zeros(grid * grid, 3)
+    img[:, 1] = torch.arange(grid).repeat_interleave(grid)
+    img[:, 2] = torch.arange(grid).repeat(grid)
+    return torch.cat([torch.zeros(n_text, 3), img])  # [4608, 3]: text first, as FLUX does
+
+
+def test_rope_float64_equals_diffusers_and_float32_is_within_2e5():
+    ids = _flux_ids()
+    axes, theta = (16, 56, 56), 10000
+    ref_cos, ref_sin = FluxPosEmbed(theta, list(axes))(ids)
+    cos64, sin64 = npu_ops.flux_rope(ids, axes, theta, torch.float64)
+    torch.testing.assert_close(cos64, ref_cos, rtol=0, atol=0)
+    torch.testing.assert_close(sin64, ref_sin, rtol=0, atol=0)
+    cos32, sin32 = npu_ops.flux_rope(ids, axes, theta, torch.float32)
+    assert cos32.dtype == sin32.dtype == torch.float32
+    worst = max((cos32 - ref_cos).abs().max().item(), (sin32 - ref_sin).abs().max().item())
+    assert 0 < worst <= 2e-5, worst
+
+
+def test_pos_embed_uses_float32_on_npu_only(fake_npu, monkeypatch):
+    ids = _flux_ids(grid=16, n_text=8)
+    embed = npu_ops.NpuFluxPosEmbed(10000, [16, 56, 56])
+    on_npu = embed(ids)
+    for got, want in zip(on_npu, npu_ops.flux_rope(ids, [16, 56, 56], 10000, torch.float32)):
+        assert torch.equal(got, want)
+    monkeypatch.setattr(platform, "is_npu", lambda device=None: torch.device(device).type == "npu")
+    for got, want in zip(embed(ids), FluxPosEmbed(10000, [16, 56, 56])(ids)):
+        assert torch.equal(got, want)
+
+
+def test_rope_rejects_bad_ids():
+    with pytest.raises(ValueError, match="one column per RoPE axis"):
+        npu_ops.flux_rope(torch.zeros(4, 2), (16, 56, 56), 10000)
+
+
+def test_attention_fallbacks(fake_npu):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert torch.equal(npu_ops.attention_bnsd(q, k, v), want)  # fp32: SDPA
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    npu_ops.attention_bnsd(qb, kb, vb, attention_mask=mask)  # masked: SDPA
+    assert fake_npu.calls["npu_fusion_attention"] == 0
+    got = npu_ops.attention_bnsd(q, k, vb)  # fp32 q/k, bf16 v: cast, fused
+    assert fake_npu.calls["npu_fusion_attention"] == 1 and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=0, atol=3e-2)
