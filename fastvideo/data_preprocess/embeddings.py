@@ -1,0 +1,398 @@
+"""Encode a prompts file with FLUX's text encoders into DanceGRPO's RL embedding layout.
+
+Output (the layout DanceGRPO's training reads, file names relative to each folder)::
+
+    OUT/prompt_embed/{idx}.pt           T5 sequence embedding [L, D_t5]   (L = max_sequence_length)
+    OUT/pooled_prompt_embeds/{idx}.pt   CLIP pooled embedding [D_clip]
+    OUT/text_ids/{idx}.pt               zeros [L, 3]  (upstream stores one [3] row; we keep [L, 3])
+    OUT/videos2caption.json             [{"prompt_embed_path": "{idx}.pt", "text_ids": "{idx}.pt",
+                                          "pooled_prompt_embeds_path": "{idx}.pt", "caption": ...}]
+    OUT/preprocess_meta.json            what the files were made from (model, length, dtype, captions)
+
+``idx`` is the prompt's index in the cleaned prompt list. Work is split into a fixed grid of
+batches (batch k holds prompts k*B .. k*B+B-1) dealt round-robin to ranks, so every prompt is
+encoded inside the same batch whatever the number of ranks and whether the run was resumed: the
+files are the same bit for bit. A rerun skips prompts whose three files are present, loadable and
+of the expected shape and dtype; files made from other settings or another caption are removed
+first (see ``prepare_output``), so a resumed directory never mixes two runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fastvideo import platform
+from fastvideo.data.prompts import PromptList, load_prompts
+from fastvideo.utils import atomic_write_json
+
+SUBDIRS = ("prompt_embed", "pooled_prompt_embeds", "text_ids")
+JSON_NAME = "videos2caption.json"
+META_NAME = "preprocess_meta.json"
+META_FORMAT = 1
+# FluxPipeline refuses longer T5 sequences; FLUX.1-dev was trained with 512.
+MAX_T5_LENGTH = 512
+_TEXT_COMPONENTS = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    model_path: str
+    prompt_file: str
+    output_dir: str
+    max_sequence_length: int = 512
+    max_prompts: int = 50000
+    batch_size: int = 8
+    dataloader_num_workers: int = 1
+
+    def validate(self) -> None:
+        if not 1 <= self.max_sequence_length <= MAX_T5_LENGTH:
+            raise ValueError(
+                f"--max_sequence_length must be in 1..{MAX_T5_LENGTH} (FLUX's T5 limit), "
+                f"got {self.max_sequence_length}"
+            )
+        if self.max_prompts < 1:
+            raise ValueError(f"--max_prompts must be at least 1, got {self.max_prompts}")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch_size must be at least 1, got {self.batch_size}")
+        if self.dataloader_num_workers < 0:
+            raise ValueError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    """What one prompt's files must look like: [L, D] / [P] / [L, 3], all of ``dtype``."""
+
+    seq_len: int
+    embed_dim: int
+    pooled_dim: int
+    dtype: torch.dtype
+
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Expected shapes in SUBDIRS order."""
+        return (self.seq_len, self.embed_dim), (self.pooled_dim,), (self.seq_len, 3)
+
+
+@dataclass(frozen=True)
+class PreprocessResult:
+    num_prompts: int  # M: prompts in the cleaned, capped list
+    num_already_encoded: int  # N: found complete on entry (all ranks)
+    num_encoded: int  # prompts written by this run (all ranks)
+    seconds: float  # wall time of the encoding loop
+    json_path: Path
+
+    @property
+    def prompts_per_second(self) -> float:
+        return self.num_encoded / self.seconds if self.seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------- layout
+
+
+def embedding_paths(output_dir: str | Path, idx: int) -> tuple[Path, Path, Path]:
+    """(prompt_embed, pooled_prompt_embeds, text_ids) files of prompt ``idx``."""
+    out = Path(output_dir)
+    return tuple(out / sub / f"{idx}.pt" for sub in SUBDIRS)  # type: ignore[return-value]
+
+
+def caption_entries(prompts: list[str]) -> list[dict]:
+    """videos2caption.json's content, ordered by prompt index."""
+    return [
+        {
+            "prompt_embed_path": f"{idx}.pt",
+            "text_ids": f"{idx}.pt",
+            "pooled_prompt_embeds_path": f"{idx}.pt",
+            "caption": caption,
+        }
+        for idx, caption in enumerate(prompts)
+    ]
+
+
+def batch_grid(num_prompts: int, batch_size: int, num_available: int | None = None) -> list[list[int]]:
+    """Consecutive batches covering prompts 0..num_prompts-1.
+
+    Batches are filled from the ``num_available`` usable prompts of the file (default: just
+    ``num_prompts``), so the batch holding a prompt is the same whatever --max_prompts cut the
+    list at: a run capped at 5 prompts and a later full run encode prompt 4 in the same batch.
+    Indices >= num_prompts are encoded only as batch mates and never written.
+    """
+    last = max(num_prompts, num_available or 0)
+    return [list(range(s, min(s + batch_size, last))) for s in range(0, num_prompts, batch_size)]
+
+
+def rank_batches(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
+    """Round-robin deal: rank r encodes batches r, r + W, r + 2W, ... (disjoint, covering)."""
+    return batches[rank::world_size]
+
+
+# ---------------------------------------------------------------- files
+
+
+def atomic_torch_save(tensor: torch.Tensor, path: Path) -> None:
+    """torch.save through a temporary file and os.replace: a reader never sees half a file.
+
+    No fsync: a file cut short by a crash fails the loadability check on the rerun and is
+    re-encoded, which is cheaper than syncing tens of thousands of files.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        torch.save(tensor, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _load_ok(path: Path, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        # mmap: reads the archive's index, not the data, so checking 50k prompts stays cheap.
+        t = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # any unreadable file means "encode again"
+        return False
+    return isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype
+
+
+def is_encoded(output_dir: str | Path, idx: int, spec: EmbeddingSpec) -> bool:
+    """All three files of prompt ``idx`` present, loadable, and of the expected shape and dtype."""
+    paths = embedding_paths(output_dir, idx)
+    return all(_load_ok(p, s, spec.dtype) for p, s in zip(paths, spec.shapes()))
+
+
+def save_prompt_embeddings(
+    output_dir: str | Path, idx: int, prompt_embed: torch.Tensor, pooled: torch.Tensor, text_ids: torch.Tensor
+) -> None:
+    """Write one prompt's tensors [L, D], [P], [L, 3] as plain CPU tensors with their own storage."""
+    for path, t in zip(embedding_paths(output_dir, idx), (prompt_embed, pooled, text_ids)):
+        # copy=True: a row of the batch would otherwise pickle the whole batch's storage.
+        atomic_torch_save(t.detach().to("cpu", copy=True), path)
+
+
+def _indices_on_disk(output_dir: Path) -> set[int]:
+    found: set[int] = set()
+    for sub in SUBDIRS:
+        folder = output_dir / sub
+        if folder.is_dir():
+            found.update(int(p.stem) for p in folder.glob("*.pt") if p.stem.isdigit())
+    return found
+
+
+def caption_hash(caption: str) -> str:
+    return hashlib.sha256(caption.encode("utf-8")).hexdigest()[:16]
+
+
+def settings_fingerprint(cfg: PreprocessConfig, spec: EmbeddingSpec) -> dict:
+    """What, besides the caption, determines a prompt's files. Weight files are identified by
+    name and size (hashing gigabytes of T5 weights on every run would cost minutes)."""
+    root = Path(cfg.model_path).resolve()
+    files = {}
+    for comp in _TEXT_COMPONENTS:
+        for p in sorted((root / comp).iterdir()):
+            if p.is_file():
+                files[f"{comp}/{p.name}"] = p.stat().st_size
+    configs = {
+        comp: json.loads((root / comp / "config.json").read_text()) for comp in ("text_encoder", "text_encoder_2")
+    }
+    return {
+        "model_path": str(root),
+        "files": files,
+        "configs": configs,
+        "max_sequence_length": cfg.max_sequence_length,
+        "dtype": str(spec.dtype).removeprefix("torch."),
+        "shapes": [list(s) for s in spec.shapes()],
+    }
+
+
+def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str]) -> int:
+    """Rank 0, before anyone writes: create the folders, delete files that cannot be trusted for
+    this run, then record the run in preprocess_meta.json. Returns how many prompts' files were
+    deleted.
+
+    Untrusted: every file when there is no readable meta (unknown origin) or the settings changed;
+    otherwise the files of indices whose caption changed. Deleting before the meta is rewritten
+    keeps an interruption at any point safe: the rerun deletes the same files again. The old
+    videos2caption.json goes too when the prompt list changed; the run writes it again at the end.
+    """
+    out = Path(output_dir)
+    for sub in SUBDIRS:
+        (out / sub).mkdir(parents=True, exist_ok=True)
+        for tmp in (out / sub).glob(".*.tmp"):  # left by a killed writer
+            tmp.unlink(missing_ok=True)
+    new_hashes = [caption_hash(c) for c in prompts]
+    old = _read_meta(out / META_NAME)
+    on_disk = _indices_on_disk(out)
+    if old is None or old.get("settings") != settings:
+        stale = on_disk
+    else:
+        old_hashes = old.get("caption_sha256_16", [])
+        stale = {
+            i for i in on_disk if i >= len(old_hashes) or i >= len(new_hashes) or old_hashes[i] != new_hashes[i]
+        }
+    for idx in stale:
+        for path in embedding_paths(out, idx):
+            path.unlink(missing_ok=True)
+    if stale or old is None or old.get("caption_sha256_16") != new_hashes:
+        # An index describing other prompts must not outlive this run if it is interrupted.
+        (out / JSON_NAME).unlink(missing_ok=True)
+    atomic_write_json(
+        out / META_NAME, {"format": META_FORMAT, "settings": settings, "caption_sha256_16": new_hashes}, indent=None
+    )
+    return len(stale)
+
+
+def _read_meta(path: Path) -> dict | None:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == META_FORMAT else None
+
+
+def missing_files(output_dir: str | Path, num_prompts: int) -> list[str]:
+    """Paths (relative to output_dir) of expected files that are absent."""
+    out = Path(output_dir)
+    return [
+        str(p.relative_to(out)) for idx in range(num_prompts) for p in embedding_paths(out, idx) if not p.is_file()
+    ]
+
+
+def write_caption_json(output_dir: str | Path, prompts: list[str]) -> Path:
+    out = Path(output_dir)
+    missing = missing_files(out, len(prompts))
+    if missing:
+        raise RuntimeError(
+            f"{len(missing)} embedding files are missing in {str(out)!r} (first: {missing[0]}); "
+            "a rank did not finish — run the preprocessing again, it resumes"
+        )
+    path = out / JSON_NAME
+    atomic_write_json(path, caption_entries(prompts), indent=4)
+    return path
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _identity(x):
+    return x
+
+
+class _BatchList(torch.utils.data.Dataset):
+    """Items are whole batches (indices, captions): the grid, not the DataLoader, decides
+    batch composition, which keeps the output independent of the number of ranks."""
+
+    def __init__(self, batches: list[list[int]], prompts: list[str]):
+        self.batches = batches
+        self.prompts = prompts
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[str]]:
+        idx = self.batches[i]
+        return idx, [self.prompts[j] for j in idx]
+
+
+def encoding_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on accelerators (as upstream encodes), fp32 on CPU (exact, and CPU bf16 is slow)."""
+    return torch.bfloat16 if platform.is_accelerator(device) else torch.float32
+
+
+def _log(info: platform.DistInfo, msg: str) -> None:
+    if info.is_main:
+        print(msg, flush=True)
+
+
+def _count_global(n: int, device: torch.device) -> int:
+    # float32 (exact below 2**24): every backend reduces it, not every one reduces int64.
+    t = torch.tensor([n], dtype=torch.float32, device=device)
+    return int(round(platform.all_reduce_sum(t).item()))
+
+
+def _encode_batches(
+    cfg: PreprocessConfig, encoders, batches: list[list[int]], prompts: list[str], todo: set[int], info
+) -> int:
+    """Encode this rank's batches that hold a missing prompt; write only the missing prompts."""
+    from fastvideo.models.flux import encode_prompts
+    from tqdm import tqdm
+
+    loader = torch.utils.data.DataLoader(
+        _BatchList(batches, prompts), batch_size=None, shuffle=False,
+        num_workers=cfg.dataloader_num_workers, collate_fn=_identity,
+    )
+    total = sum(1 for b in batches for i in b if i in todo)
+    bar = tqdm(
+        total=total, unit="prompt", desc=f"encoding (rank 0 of {info.world_size})",
+        disable=not info.is_main, dynamic_ncols=True,
+    )
+    written = 0
+    for indices, captions in loader if batches else ():
+        # The whole batch is encoded even when only part of it is missing, so that each prompt
+        # always goes through the same batch (same kernels, same bits).
+        embeds, pooled, text_ids = encode_prompts(encoders, captions, cfg.max_sequence_length)
+        new = [(row, idx) for row, idx in enumerate(indices) if idx in todo]
+        for row, idx in new:
+            save_prompt_embeddings(cfg.output_dir, idx, embeds[row], pooled[row], text_ids)
+        written += len(new)
+        bar.update(len(new))
+    bar.close()
+    return written
+
+
+def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
+    """Encode ``cfg.prompt_file`` into ``cfg.output_dir``; one process or one rank of torchrun."""
+    from fastvideo.models.flux import load_text_encoders
+
+    cfg.validate()
+    info = platform.init_distributed()
+    try:
+        plist: PromptList = load_prompts(cfg.prompt_file, cfg.max_prompts)
+        prompts = plist.prompts
+        _log(info, f"read {plist.summary()}")
+        dtype = encoding_dtype(info.device)
+        encoders = load_text_encoders(cfg.model_path, info.device, dtype)
+        spec = EmbeddingSpec(
+            cfg.max_sequence_length, int(encoders.t5_encoder.config.d_model),
+            int(encoders.clip_encoder.config.hidden_size), dtype,
+        )
+        if info.is_main:
+            removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), prompts)
+            if removed:
+                _log(info, f"removed the files of {removed} prompts made from other settings or captions")
+        platform.barrier()
+
+        usable = prompts + plist.spare  # batch mates beyond the cap (see batch_grid)
+        grid = batch_grid(len(prompts), cfg.batch_size, len(usable))
+        batches = rank_batches(grid, info.rank, info.world_size)
+        mine = [i for b in batches for i in b if i < len(prompts)]
+        todo = {i for i in mine if not is_encoded(cfg.output_dir, i, spec)}
+        already = _count_global(len(mine) - len(todo), info.device)
+        remaining = len(prompts) - already
+        if already:
+            _log(info, f"{already} of {len(prompts)} prompts already encoded, encoding the remaining {remaining}")
+        work = [b for b in batches if any(i in todo for i in b)]
+        _log(
+            info,
+            f"encoding {remaining} prompts on {info.world_size} x {info.device.type} ({dtype}), "
+            f"batch {cfg.batch_size}, max_sequence_length {cfg.max_sequence_length}",
+        )
+        start = time.perf_counter()
+        written = _encode_batches(cfg, encoders, work, usable, todo, info)
+        platform.synchronize(info.device)
+        total_written = _count_global(written, info.device)  # also the barrier before the json
+        seconds = time.perf_counter() - start
+        json_path = Path(cfg.output_dir) / JSON_NAME
+        if info.is_main:
+            json_path = write_caption_json(cfg.output_dir, prompts)
+            rate = total_written / seconds if seconds > 0 else 0.0
+            _log(info, f"wrote {total_written} prompts in {seconds:.1f} s ({rate:.1f} prompts/s); index: {json_path}")
+        platform.barrier()
+        return PreprocessResult(len(prompts), already, total_written, seconds, json_path)
+    finally:
+        platform.destroy_distributed()

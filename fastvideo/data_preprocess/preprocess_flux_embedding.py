@@ -1,0 +1,59 @@
+"""Encode a prompts file into FLUX RL embeddings (DanceGRPO's data/rl_embeddings layout).
+
+    torchrun --standalone --nproc_per_node=N fastvideo/data_preprocess/preprocess_flux_embedding.py \\
+        --model_path data/flux --prompt_dir assets/prompts.txt --output_dir data/rl_embeddings
+    python -m fastvideo.data_preprocess.preprocess_flux_embedding ...      (one process)
+
+Each rank encodes a disjoint share on its local device; the output does not depend on the number
+of ranks, and a rerun resumes. The logic lives in fastvideo.data_preprocess.embeddings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+if not __package__:  # run as a script path (torchrun's usual form): make the repo importable
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--model_path", default="data/flux", help="diffusers-layout FLUX folder (its text encoders are used)"
+    )
+    ap.add_argument(
+        "--prompt_dir", "--prompt_path", dest="prompt_dir", default="assets/prompts.txt",
+        help="prompts file, one prompt per line (DanceGRPO calls this flag --prompt_dir)",
+    )
+    ap.add_argument("--output_dir", default="data/rl_embeddings")
+    ap.add_argument("--max_sequence_length", type=int, default=512, help="T5 tokens per prompt (padded)")
+    ap.add_argument("--max_prompts", type=int, default=50000, help="keep the first N prompts after cleaning")
+    ap.add_argument(
+        "--batch_size", "--train_batch_size", dest="batch_size", type=int, default=8,
+        help="prompts per encoder call on each rank",
+    )
+    ap.add_argument(
+        "--dataloader_num_workers", type=int, default=1,
+        help="DataLoader worker processes feeding prompt batches (0: in the main process)",
+    )
+    a = ap.parse_args(argv)
+    return PreprocessConfig(
+        model_path=a.model_path, prompt_file=a.prompt_dir, output_dir=a.output_dir,
+        max_sequence_length=a.max_sequence_length, max_prompts=a.max_prompts,
+        batch_size=a.batch_size, dataloader_num_workers=a.dataloader_num_workers,
+    )
+
+
+def main(argv: list[str] | None = None):
+    cfg = parse_args(argv)
+    cfg.validate()  # bad flags fail before torch.distributed or the encoders start
+    return run_preprocess(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""PromptEmbeddingDataset over videos2caption.json (fastvideo.data.dataset)."""
+
+import json
+
+import pytest
+import torch
+
+from fastvideo.data.dataset import (
+    EmbeddingDatasetError,
+    EmbeddingShapeError,
+    ExpectedDims,
+    PromptEmbeddingDataset,
+    collate_prompt_embeddings,
+)
+from fastvideo.data_preprocess.embeddings import save_prompt_embeddings, write_caption_json
+
+L, D, P = 16, 12, 8
+CAPTIONS = ["a cat", "a dog", "a red barn in the snow"]
+
+
+def make_embeddings(root, captions=CAPTIONS, seq=L, width=D, pooled=P, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    tensors = []
+    for i in range(len(captions)):
+        e = torch.randn(seq, width, generator=g).to(dtype)
+        p = torch.randn(pooled, generator=g).to(dtype)
+        ids = torch.zeros(seq, 3, dtype=dtype)
+        for sub in ("prompt_embed", "pooled_prompt_embeds", "text_ids"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        save_prompt_embeddings(root, i, e, p, ids)
+        tensors.append((e, p, ids))
+    return write_caption_json(root, captions), tensors
+
+
+def test_items_shapes_values_and_collate(tmp_path):
+    json_path, tensors = make_embeddings(tmp_path, dtype=torch.bfloat16)
+    ds = PromptEmbeddingDataset(json_path, expected=ExpectedDims(D, P, L))
+    assert len(ds) == 3 and ds.captions == CAPTIONS and ds.dims() == (L, D, P)
+    for i, (e, p, ids) in enumerate(tensors):
+        embed, pooled, text_ids, caption = ds[i]
+        assert embed.shape == (L, D) and pooled.shape == (P,) and text_ids.shape == (L, 3)
+        assert embed.dtype == torch.bfloat16
+        assert torch.equal(embed, e) and torch.equal(pooled, p) and torch.equal(text_ids, ids)
+        assert caption == CAPTIONS[i]
+    batch = collate_prompt_embeddings([ds[2], ds[0]])
+    assert batch.prompt_embeds.shape == (2, L, D) and batch.pooled_prompt_embeds.shape == (2, P)
+    assert batch.text_ids.shape == (2, L, 3) and batch.captions == [CAPTIONS[2], CAPTIONS[0]]
+    assert torch.equal(batch.prompt_embeds[0], tensors[2][0])
+    same = ds.batch([2, 0])
+    assert torch.equal(same.pooled_prompt_embeds, batch.pooled_prompt_embeds) and len(same) == 2
+    as_f32 = batch.to("cpu", torch.float32)
+    assert as_f32.prompt_embeds.dtype == torch.float32
+
+
+def test_works_in_a_dataloader(tmp_path):
+    json_path, _ = make_embeddings(tmp_path)
+    loader = torch.utils.data.DataLoader(
+        PromptEmbeddingDataset(json_path), batch_size=2, collate_fn=collate_prompt_embeddings
+    )
+    sizes = [len(b) for b in loader]
+    assert sizes == [2, 1]
+
+
+def test_width_mismatch_names_the_fix(tmp_path):
+    json_path, _ = make_embeddings(tmp_path, width=64)
+    config = {"joint_attention_dim": 32, "pooled_projection_dim": P}
+    with pytest.raises(EmbeddingShapeError) as err:
+        PromptEmbeddingDataset(json_path, expected=config)
+    msg = str(err.value)
+    assert "prompt embeddings have width 64 but the transformer expects joint_attention_dim 32" in msg
+    assert "another text encoder" in msg and "--model_path" in msg
+    ds = PromptEmbeddingDataset(json_path)  # no check requested: loads fine
+    with pytest.raises(EmbeddingShapeError, match="pooled_projection_dim 9"):
+        ds.check_against_transformer({"joint_attention_dim": 64, "pooled_projection_dim": 9})
+    with pytest.raises(EmbeddingShapeError, match="--max_sequence_length 512"):
+        ds.check_against_transformer({"joint_attention_dim": 64, "pooled_projection_dim": P}, max_sequence_length=512)
+
+    class Cfg:  # diffusers' FrozenDict-like attribute access
+        joint_attention_dim, pooled_projection_dim = 64, P
+
+    ds.check_against_transformer(Cfg())
+
+
+def test_missing_index_empty_list_and_bad_entries(tmp_path):
+    with pytest.raises(EmbeddingDatasetError, match=r"does not exist: run the preprocessing first"):
+        PromptEmbeddingDataset(tmp_path / "videos2caption.json")
+    path = tmp_path / "videos2caption.json"
+    path.write_text("[]")
+    with pytest.raises(EmbeddingDatasetError, match="holds no prompt"):
+        PromptEmbeddingDataset(path)
+    path.write_text("{not json")
+    with pytest.raises(EmbeddingDatasetError, match="is not valid JSON"):
+        PromptEmbeddingDataset(path)
+    path.write_text(json.dumps([{"caption": "x", "prompt_embed_path": "0.pt"}]))
+    with pytest.raises(EmbeddingDatasetError, match="entry 0 .* lacks text_ids, pooled_prompt_embeds_path"):
+        PromptEmbeddingDataset(path)
+
+
+def test_missing_tensor_file_and_mixed_runs(tmp_path):
+    json_path, _ = make_embeddings(tmp_path)
+    (tmp_path / "pooled_prompt_embeds" / "1.pt").unlink()
+    ds = PromptEmbeddingDataset(json_path)
+    with pytest.raises(EmbeddingDatasetError, match=r"prompt 1: .*1\.pt' is missing; re-run the preprocessing"):
+        ds[1]
+    torch.save(torch.zeros(P), tmp_path / "pooled_prompt_embeds" / "1.pt")
+    torch.save(torch.zeros(L + 1, D), tmp_path / "prompt_embed" / "2.pt")
+    ds[0], ds[1]
+    with pytest.raises(EmbeddingShapeError, match="mixes two preprocessing runs"):
+        ds[2]
+
+
+def test_reads_dancegrpo_layout_with_one_text_id_row(tmp_path):
+    """Upstream saves text_ids[idx] of a [L, 3] tensor, i.e. one [3] row, and repeats it at use."""
+    json_path, _ = make_embeddings(tmp_path)
+    torch.save(torch.zeros(3), tmp_path / "text_ids" / "0.pt")
+    _, _, ids, _ = PromptEmbeddingDataset(json_path)[0]
+    assert ids.shape == (L, 3) and not ids.any()
