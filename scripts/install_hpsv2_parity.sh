@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the hpsv2 reference package, used ONLY by the HPS parity test
-# (tests/rewards/test_hps_parity.py). The trainer never imports hpsv2: fastvideo/rewards/hps.py
+# (tests/rewards/test_reward_hps_parity.py). The trainer never imports hpsv2: fastvideo/rewards/hps.py
 # scores with open_clip_torch directly.
 #
 # Why not a plain `pip install hpsv2`: hpsv2 1.2.0 pins pytest==7.2.0 and protobuf<4, which break
@@ -9,10 +9,12 @@
 # identical file ships inside open_clip_torch and is copied across.
 #
 # Idempotent: re-running changes nothing once everything is in place.
-# Usage: PYTHON=/path/to/python bash scripts/install_hpsv2_parity.sh   (default: .venv/bin/python)
+# Usage: PYTHON=/path/to/python bash scripts/install_hpsv2_parity.sh
+#        (default: <repo>/.venv/bin/python)
 set -euo pipefail
 
-PYTHON="${PYTHON:-.venv/bin/python}"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 if ! "$PYTHON" -c "import sys" 2>/dev/null; then
     echo "install_hpsv2_parity.sh: no usable python at '$PYTHON'; set PYTHON=/path/to/python" >&2
     exit 1
@@ -21,7 +23,9 @@ fi
 # Modules hpsv2 imports at `import hpsv2` / `import hpsv2.img_score` time (same list as the
 # [hpsv2] extra in pyproject.toml). requests, huggingface_hub, torchvision and open_clip_torch
 # come with the main install.
-"$PYTHON" -m pip install --quiet clint ftfy regex braceexpand webdataset pandas
+if ! "$PYTHON" -c "import clint, ftfy, regex, braceexpand, webdataset, pandas" 2>/dev/null; then
+    "$PYTHON" -m pip install --quiet clint ftfy regex braceexpand webdataset pandas
+fi
 
 if ! "$PYTHON" - <<'PY' 2>/dev/null
 import importlib.metadata as md, sys
@@ -56,10 +60,12 @@ PY
 
 # hpsv2's bundled open_clip does `from turtle import forward` (a stray import), so the python
 # must have tkinter; say so plainly instead of failing later inside the test.
-if ! "$PYTHON" -c "import hpsv2.img_score" 2>/tmp/hpsv2_import_err.txt; then
+err_file="$(mktemp)"
+trap 'rm -f "$err_file"' EXIT
+if ! "$PYTHON" -W ignore -c "import hpsv2.img_score" 2>"$err_file"; then
     echo "install_hpsv2_parity.sh: hpsv2 installed but 'import hpsv2.img_score' fails:" >&2
-    cat /tmp/hpsv2_import_err.txt >&2
-    if grep -q -i "tkinter\|turtle" /tmp/hpsv2_import_err.txt; then
+    cat "$err_file" >&2
+    if grep -q -i "tkinter\|turtle" "$err_file"; then
         echo "hpsv2 imports the 'turtle' module, which needs tkinter: install your OS's python3-tk" >&2
         echo "(the parity test stubs 'turtle' when it is missing, so the test still runs)." >&2
     else

@@ -18,7 +18,8 @@ import importlib
 import inspect
 import pickle
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence, Union, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Callable, Protocol, Union, runtime_checkable
 
 import numpy as np
 import torch
@@ -104,6 +105,8 @@ def _check_tensor_images(images: torch.Tensor) -> int:
         elif images.ndim == 4 and shape[-1] == 3:
             hint = " (channels-last? use images.permute(0, 3, 1, 2))"
         raise RewardInputError(f"image tensor must be [B, 3, H, W]; got {list(shape)}{hint}")
+    if shape[0] == 0:
+        return 0
     if shape[2] == 0 or shape[3] == 0:
         raise RewardInputError(f"image tensor has an empty spatial size: {list(shape)}")
     if not images.is_floating_point():
@@ -137,7 +140,7 @@ def pils_to_tensor(images: Sequence[Image.Image]) -> torch.Tensor:
 
 
 def tensor_to_uint8(images: torch.Tensor) -> np.ndarray:
-    """``[B, 3, H, W]`` in [0, 1] -> uint8 ``[B, H, W, 3]``, rounding like diffusers' numpy_to_pil."""
+    """``[B, 3, H, W]`` in [0, 1] -> uint8 ``[B, H, W, 3]``, rounded as diffusers' numpy_to_pil."""
     x = images.detach().float().clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8)
     return x.permute(0, 2, 3, 1).cpu().numpy()
 
@@ -227,7 +230,8 @@ class BatchedReward(abc.ABC):
         self.batch_size = batch_size
 
     def autocast(self):
-        return platform.autocast(self.device, self.dtype, enabled=platform.is_accelerator(self.device))
+        on_accelerator = platform.is_accelerator(self.device)
+        return platform.autocast(self.device, self.dtype, enabled=on_accelerator)
 
     @abc.abstractmethod
     def _score(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:

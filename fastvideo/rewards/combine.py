@@ -1,0 +1,191 @@
+"""Weighted combination of several rewards: ``--rewards "hpsv2:1.0,pickscore:0.5"``.
+
+total = sum_k w_k * f(r_k), where f is the identity, or -- with per-group normalisation -- the
+within-group standardisation (r - mean) / (std + eps) over groups of ``num_generations``
+consecutive samples (the G samples of one prompt). Normalising first puts rewards of very
+different scales (HPS ~0.3, PickScore ~20, compressibility ~-100) on one footing, so the weights
+mean what they say. The raw per-reward scores are returned too, for logging.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from fastvideo.rewards.base import ImageBatch, Reward, build_reward, check_reward_name
+
+
+class RewardSpecError(ValueError):
+    """A --rewards string that cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str
+    weight: float = 1.0
+
+
+def parse_reward_spec(spec: str) -> list[RewardSpec]:
+    """``"hpsv2:1.0,pickscore:0.5"`` -> [RewardSpec("hpsv2", 1.0), RewardSpec("pickscore", 0.5)].
+
+    A bare name means weight 1.0. Names must be registered, appear once, and weights must be
+    finite numbers, not all zero.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise RewardSpecError(
+            f"--rewards must be a non-empty string like 'hpsv2:1.0,pickscore:0.5'; got {spec!r}"
+        )
+    specs: list[RewardSpec] = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            raise RewardSpecError(f"empty entry in --rewards {spec!r} (stray comma?)")
+        name, sep, weight_text = item.partition(":")
+        name = name.strip()
+        if not name or ":" in weight_text:
+            raise RewardSpecError(f"bad entry {item!r} in --rewards {spec!r}; use name:weight")
+        check_reward_name(name)
+        weight = 1.0
+        if sep:
+            try:
+                weight = float(weight_text)
+            except ValueError:
+                raise RewardSpecError(
+                    f"weight {weight_text.strip()!r} of reward {name!r} is not a number"
+                ) from None
+            if not math.isfinite(weight):
+                raise RewardSpecError(f"weight of reward {name!r} must be finite; got {weight}")
+        if any(s.name == name for s in specs):
+            raise RewardSpecError(f"reward {name!r} appears twice in --rewards {spec!r}")
+        specs.append(RewardSpec(name, weight))
+    if all(s.weight == 0.0 for s in specs):
+        raise RewardSpecError(f"all reward weights are zero in {spec!r}: no training signal")
+    return specs
+
+
+def format_reward_spec(specs: Sequence[RewardSpec]) -> str:
+    return ",".join(f"{s.name}:{s.weight:g}" for s in specs)
+
+
+def legacy_reward_spec(use_hpsv2: bool = False, use_pickscore: bool = False) -> list[RewardSpec]:
+    """DanceGRPO's --use_hpsv2 / --use_pickscore flags as a spec (weight 1.0 each); [] if none."""
+    specs = []
+    if use_hpsv2:
+        specs.append(RewardSpec("hpsv2", 1.0))
+    if use_pickscore:
+        specs.append(RewardSpec("pickscore", 1.0))
+    return specs
+
+
+def resolve_reward_specs(
+    rewards: str | None, use_hpsv2: bool = False, use_pickscore: bool = False
+) -> list[RewardSpec]:
+    """--rewards wins; the legacy flags are accepted when they agree with it (or alone)."""
+    legacy = legacy_reward_spec(use_hpsv2, use_pickscore)
+    if rewards is None or not rewards.strip():
+        return legacy
+    specs = parse_reward_spec(rewards)
+    names = {s.name for s in specs}
+    conflicting = [s.name for s in legacy if s.name not in names]
+    if conflicting:
+        raise RewardSpecError(
+            f"--use_{conflicting[0]} is set but --rewards {rewards!r} does not include "
+            f"{conflicting[0]!r}; drop the legacy flag or add it to --rewards"
+        )
+    return specs
+
+
+def group_normalize(
+    scores: torch.Tensor, num_generations: int, eps: float = 1e-8, unbiased: bool = True
+) -> torch.Tensor:
+    """``[B]`` -> ``[B]``: (r - group mean) / (group std + eps) over consecutive groups of G.
+
+    unbiased=True matches torch.std's default, which DanceGRPO's advantages use.
+    """
+    if num_generations < 2:
+        raise ValueError(f"group normalisation needs num_generations >= 2; got {num_generations}")
+    if scores.ndim != 1 or scores.numel() % num_generations:
+        raise ValueError(
+            f"scores {list(scores.shape)} cannot be split into groups of {num_generations}: "
+            "a batch must hold whole groups"
+        )
+    groups = scores.float().view(-1, num_generations)
+    mean = groups.mean(dim=1, keepdim=True)
+    std = groups.std(dim=1, keepdim=True, unbiased=unbiased)
+    return ((groups - mean) / (std + eps)).view(-1)
+
+
+@dataclass
+class MultiRewardOutput:
+    total: torch.Tensor  # [B] float32: the weighted sum used for advantages
+    raw: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B] unnormalised
+
+
+class MultiReward:
+    """Computes every component reward and their weighted (optionally normalised) sum.
+
+    Args:
+        components: (name, weight, reward) triples, in spec order.
+        normalize: standardise each reward within its group before weighting.
+        num_generations: group size G; required when normalize is True. Groups are consecutive
+            samples, so a call must hold whole groups.
+    """
+
+    def __init__(
+        self,
+        components: Sequence[tuple[str, float, Reward]],
+        normalize: bool = False,
+        num_generations: int | None = None,
+        eps: float = 1e-8,
+    ) -> None:
+        if not components:
+            raise ValueError("MultiReward needs at least one reward")
+        if normalize and (num_generations is None or num_generations < 2):
+            raise ValueError(
+                f"per-group normalisation needs num_generations >= 2; got {num_generations}"
+            )
+        self.components = list(components)
+        self.normalize = normalize
+        self.num_generations = num_generations
+        self.eps = eps
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.components]
+
+    def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> MultiRewardOutput:
+        raw: dict[str, torch.Tensor] = {}
+        total = None
+        for name, weight, reward in self.components:
+            scores = reward(images, prompts).float()
+            raw[name] = scores
+            if self.normalize:
+                scores = group_normalize(scores, self.num_generations, self.eps)
+            term = weight * scores
+            total = term if total is None else total + term
+        return MultiRewardOutput(total=total, raw=raw)
+
+
+def build_multi_reward(
+    spec: str | Sequence[RewardSpec],
+    reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    common_kwargs: Mapping[str, Any] | None = None,
+    normalize: bool = False,
+    num_generations: int | None = None,
+) -> MultiReward:
+    """Build each reward of a spec with ``{**common_kwargs, **reward_kwargs[name]}``.
+
+    common_kwargs is for what every reward takes (device, dtype, batch_size); reward_kwargs
+    holds per-reward arguments (e.g. {"hpsv2": {"hps_ckpt_dir": ...}}); entries for rewards that
+    are not in the spec are ignored.
+    """
+    specs = parse_reward_spec(spec) if isinstance(spec, str) else list(spec)
+    reward_kwargs = reward_kwargs or {}
+    components = []
+    for s in specs:
+        kwargs = {**(common_kwargs or {}), **reward_kwargs.get(s.name, {})}
+        components.append((s.name, s.weight, build_reward(s.name, **kwargs)))
+    return MultiReward(components, normalize=normalize, num_generations=num_generations)

@@ -1,0 +1,145 @@
+"""Write tiny, randomly initialised reward checkpoints in the real file layouts.
+
+    python -m fastvideo.tools.make_tiny_reward OUT_DIR [--seed N]
+
+writes
+
+    OUT_DIR/hps_ckpt/open_clip_pytorch_model.bin     tiny open_clip CLIP state dict (float32)
+    OUT_DIR/hps_ckpt/HPS_v2.1_compressed.pt          {'state_dict': ...} (float16, like the real
+                                                     "compressed" file), the "fine-tuned" weights
+    OUT_DIR/hps_ckpt/<TINY_HPS_MODEL_NAME>.json      the open_clip model config; HPSv2Reward
+                                                     registers it when given that model_name
+    OUT_DIR/pickscore/                               CLIPModel + CLIPProcessor (save_pretrained),
+                                                     usable for both PickScore and CLIP score
+
+No download: the CLIP tokenizer is built from a byte-level vocabulary written here (256 byte
+symbols, their '</w>' variants, <|startoftext|>, <|endoftext|>; no merges). The same seed gives
+the same weights. The open_clip text tower keeps open_clip's real vocabulary size (49408) so the
+real BPE tokenizer -- which HPS and hpsv2 both use -- can drive it; that embedding dominates the
+roughly 5 MB total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+TINY_HPS_MODEL_NAME = "flux-grpo-tiny-hps"
+TINY_HPS_CONFIG = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "head_width": 16, "patch_size": 8},
+    # context_length 77 and vocab_size 49408: what the (real) SimpleTokenizer produces.
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 2},
+}
+TINY_CLIP_IMAGE_SIZE = 32
+START_TOKEN, END_TOKEN = "<|startoftext|>", "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class TinyRewardPaths:
+    hps_ckpt_dir: Path
+    hps_model_name: str
+    hps_model_config: Path
+    pickscore_dir: Path
+
+
+def write_hps(out_dir: Path, seed: int) -> tuple[Path, Path]:
+    """Tiny open_clip base weights + HPS 'state_dict' (base + seeded perturbation, fp16)."""
+    import open_clip
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = out_dir / f"{TINY_HPS_MODEL_NAME}.json"
+    config_path.write_text(json.dumps(TINY_HPS_CONFIG, indent=2) + "\n")
+    if open_clip.get_model_config(TINY_HPS_MODEL_NAME) != TINY_HPS_CONFIG:
+        open_clip.add_model_config(config_path)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = open_clip.create_model(TINY_HPS_MODEL_NAME, pretrained=None, device="cpu")
+        base = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        # The "HPS fine-tune": different weights, so tests notice if they were not loaded.
+        generator = torch.Generator().manual_seed(seed + 1)
+        tuned = {
+            k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
+            for k, v in base.items()
+        }
+    torch.save(base, out_dir / "open_clip_pytorch_model.bin")
+    hps_state = {k: v.half() if v.is_floating_point() else v for k, v in tuned.items()}
+    torch.save({"state_dict": hps_state}, out_dir / "HPS_v2.1_compressed.pt")
+    return out_dir, config_path
+
+
+def write_clip_tokenizer_files(folder: Path) -> tuple[Path, Path]:
+    """Byte-level CLIP BPE vocabulary without merges: every word splits into byte symbols."""
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    symbols = list(bytes_to_unicode().values())
+    tokens = symbols + [s + "</w>" for s in symbols] + [START_TOKEN, END_TOKEN]
+    vocab_path, merges_path = folder / "vocab.json", folder / "merges.txt"
+    vocab_path.write_text(json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False))
+    merges_path.write_text("#version: 0.2\n")
+    return vocab_path, merges_path
+
+
+def write_pickscore(out_dir: Path, seed: int) -> Path:
+    """Tiny CLIPModel + CLIPProcessor with save_pretrained."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+    from transformers import CLIPTokenizerFast
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab, merges = write_clip_tokenizer_files(Path(tmp))
+        tokenizer = CLIPTokenizerFast(
+            vocab_file=str(vocab), merges_file=str(merges), unk_token=END_TOKEN,
+            bos_token=START_TOKEN, eos_token=END_TOKEN, pad_token=END_TOKEN, model_max_length=77,
+        )
+    vocab_size = len(tokenizer)
+    bos, eos = tokenizer.convert_tokens_to_ids([START_TOKEN, END_TOKEN])
+    config = CLIPConfig(
+        text_config=dict(
+            vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=2, max_position_embeddings=77, bos_token_id=bos,
+            eos_token_id=eos, pad_token_id=eos,
+        ),
+        vision_config=dict(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            image_size=TINY_CLIP_IMAGE_SIZE, patch_size=8,
+        ),
+        projection_dim=16,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = CLIPModel(config).eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": TINY_CLIP_IMAGE_SIZE},
+        crop_size={"height": TINY_CLIP_IMAGE_SIZE, "width": TINY_CLIP_IMAGE_SIZE},
+    )
+    CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out_dir)
+    return out_dir
+
+
+def make_tiny_reward(out_dir: str | Path, seed: int = 0) -> TinyRewardPaths:
+    out_dir = Path(out_dir)
+    hps_dir, config_path = write_hps(out_dir / "hps_ckpt", seed)
+    pick_dir = write_pickscore(out_dir / "pickscore", seed)
+    return TinyRewardPaths(hps_dir, TINY_HPS_MODEL_NAME, config_path, pick_dir)
+
+
+def main(argv: list[str] | None = None) -> TinyRewardPaths:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", help="folder to write hps_ckpt/ and pickscore/ into")
+    parser.add_argument("--seed", type=int, default=0, help="same seed -> same weights")
+    args = parser.parse_args(argv)
+    paths = make_tiny_reward(args.out_dir, args.seed)
+    print(f"HPS:       {paths.hps_ckpt_dir} (model_name={paths.hps_model_name})")
+    print(f"PickScore: {paths.pickscore_dir}")
+    return paths
+
+
+if __name__ == "__main__":
+    main()
