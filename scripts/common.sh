@@ -17,3 +17,14 @@ fi
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 # torchrun (from the same environment as PYTHON)
 TORCHRUN=("$PYTHON" -m torch.distributed.run)
+
+# fg_run ARGS...: run torchrun with ARGS, or with DRY_RUN=1 print the command (one line) and exit 0.
+fg_run() {
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    printf '%q ' "${TORCHRUN[@]}" "$@"
+    printf '\n'
+    return 0
+  fi
+  echo "+ torchrun $*" >&2
+  "${TORCHRUN[@]}" "$@"
+}

@@ -1,0 +1,146 @@
+"""Build each piece of a training run from the typed config (models, data, rewards, optimiser...)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from fastvideo import platform
+from fastvideo.config import TrainConfig
+from fastvideo.models import flux
+from fastvideo.utils import main_print
+
+
+def _transformer_root(cfg: TrainConfig) -> tuple[Path, str | None]:
+    """(folder, subfolder) holding the transformer: --dit_model_name_or_path may name a FLUX
+    folder or a transformer folder itself."""
+    dit = cfg.model.dit_model_name_or_path
+    if dit is None:
+        return Path(cfg.model.pretrained_model_name_or_path), "transformer"
+    dit = Path(dit)
+    if (dit / "transformer" / "config.json").is_file():
+        return dit, "transformer"
+    if (dit / "config.json").is_file():
+        return dit, None
+    raise flux.FluxFolderError(
+        f"--dit_model_name_or_path {str(dit)!r} holds neither transformer/config.json nor config.json; "
+        "point it at a FLUX folder or at an exported transformer folder (python -m fastvideo.tools.export)"
+    )
+
+
+def build_models(cfg: TrainConfig, device: torch.device):
+    """Transformer (master weights in --master_weight_type, wrapped for FSDP) and frozen VAE."""
+    from diffusers import FluxTransformer2DModel
+
+    from fastvideo.distributed.fsdp import wrap_model
+
+    dtype = torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
+    root, sub = _transformer_root(cfg)
+    if sub is None:
+        model = FluxTransformer2DModel.from_pretrained(root, torch_dtype=dtype).to(device)
+        flux._maybe_adapt_for_npu(model, device)
+    else:
+        if cfg.model.dit_model_name_or_path is None:
+            flux.check_flux_folder(root, ("transformer", "vae", "text_encoder", "text_encoder_2"))
+        model = flux.load_transformer(root, device=device, dtype=dtype)
+    transformer_config = dict(model.config)
+    model.requires_grad_(True)
+    model = wrap_model(
+        model,
+        strategy=cfg.fsdp_strategy,
+        device=device,
+        cpu_offload=cfg.cpu_offload,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        checkpoint_fraction=cfg.model.selective_checkpointing,
+    )
+    vae_dtype = torch.bfloat16 if platform.is_accelerator(device) else torch.float32
+    vae = flux.load_vae(cfg.model.vae_model_path, device=device, dtype=vae_dtype)
+    return transformer_config, model, vae
+
+
+def build_dataset(cfg: TrainConfig):
+    from fastvideo.data.dataset import PromptEmbeddingDataset
+
+    return PromptEmbeddingDataset(cfg.data_json_path)
+
+
+def build_sampler(cfg: TrainConfig, num_prompts: int, info: platform.DistInfo):
+    from fastvideo.data.sampler import GroupDistributedSampler
+
+    order_fn = None
+    if cfg.output.dump_randomness or cfg.output.load_randomness:
+        rs = build_randomness(cfg, info, kind="data")
+        order_fn = rs.data_order
+    return GroupDistributedSampler(
+        num_prompts=num_prompts, rank=info.rank, world_size=info.world_size,
+        prompts_per_rank=cfg.prompts_per_rank, sampler_seed=cfg.optim.sampler_seed, order_fn=order_fn,
+    )
+
+
+def build_rewards(cfg: TrainConfig, device: torch.device):
+    from fastvideo.rewards.combine import build_multi_reward
+
+    r = cfg.reward
+    reward_device = device if r.device == "train" else torch.device("cpu")
+    per_reward = {
+        "hpsv2": {"hps_ckpt_dir": r.hps_ckpt_dir, "model_name": r.hps_model_name},
+        "pickscore": {"pickscore_dir": r.pickscore_dir, "processor_dir": r.pickscore_processor_dir},
+        "clip": {"clip_dir": r.clip_dir},
+    }
+    common = {"device": reward_device, "batch_size": r.batch_size}
+    return build_multi_reward(r.spec, reward_kwargs=per_reward, common_kwargs=common,
+                              normalize=r.group_norm, num_generations=cfg.rollout.num_generations)
+
+
+def build_optimizer(cfg: TrainConfig, model: torch.nn.Module):
+    from diffusers.optimization import get_scheduler
+
+    o = cfg.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=o.learning_rate, betas=(0.9, 0.999), weight_decay=o.weight_decay,
+                                  eps=1e-8)
+    # Iterations x optimizer steps per iteration is what the schedule counts.
+    world = platform.world_size()
+    steps_per_iteration = cfg.derived(world)["optimizer_steps_per_iteration"]
+    scheduler = get_scheduler(
+        o.lr_scheduler, optimizer=optimizer, num_warmup_steps=o.lr_warmup_steps,
+        num_training_steps=o.max_train_steps * steps_per_iteration, num_cycles=o.lr_num_cycles, power=o.lr_power,
+    )
+    return optimizer, scheduler
+
+
+def build_ema(cfg: TrainConfig, model: torch.nn.Module):
+    if not cfg.optim.use_ema:
+        return None
+    from fastvideo.training.ema import EMA
+
+    return EMA(model, decay=cfg.optim.ema_decay)
+
+
+def build_randomness(cfg: TrainConfig, info: platform.DistInfo, kind: str = "train"):
+    from fastvideo.sampling.randomness import RandomSource
+
+    source = RandomSource(cfg.optim.seed if kind == "train" else cfg.optim.sampler_seed)
+    sub = "" if kind == "train" else "data"
+    if cfg.output.dump_randomness:
+        source.capture(Path(cfg.output.dump_randomness) / sub, rank=info.rank, world_size=info.world_size)
+    elif cfg.output.load_randomness:
+        source.replay(Path(cfg.output.load_randomness) / sub)
+    return source
+
+
+def build_checkpointer(cfg: TrainConfig):
+    from fastvideo.training.checkpoint import Checkpointer
+
+    return Checkpointer(cfg.output.output_dir, keep_last=cfg.output.checkpoints_total_limit)
+
+
+def start_wandb(cfg: TrainConfig):
+    from fastvideo.utils import require
+
+    wandb = require("wandb", "wandb", "--report_to wandb")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    main_print(f"[wandb] mode {os.environ['WANDB_MODE']} (set WANDB_MODE=online and log in to upload)")
+    return wandb.init(project="flux-grpo", dir=cfg.output.output_dir, config=cfg.to_dict())

@@ -1,0 +1,354 @@
+"""The GRPO loop: prompts -> rollout -> decode -> rewards -> group advantages -> clipped update.
+
+Each phase is a method returning a typed container and is timed; the maths lives in
+fastvideo.sampling.sde, fastvideo.grpo.* (pure functions), parallelism in fastvideo.distributed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fastvideo import platform
+from fastvideo.config import TrainConfig
+from fastvideo.grpo.advantages import batch_advantages, group_advantages, zero_std_ratio
+from fastvideo.grpo.loss import clipped_policy_loss, timestep_selection
+from fastvideo.sampling import sde
+from fastvideo.sampling.randomness import RandomSource
+from fastvideo.sampling.rollout import RolloutConfig, Trajectory, predict_velocity, rollout
+from fastvideo.training.metrics import MetricsWriter, PhaseTimer, plot_reward_curve, reduce_scalars
+from fastvideo.utils import main_print
+
+
+class NonFiniteError(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient."""
+
+
+@dataclass
+class RewardResult:
+    total: torch.Tensor  # [B] float32, weighted sum used for advantages
+    per_reward: dict[str, torch.Tensor]  # name -> [B] raw scores (for logging)
+
+
+@dataclass
+class UpdateStats:
+    loss: float
+    grad_norm: float
+    ratio_mean: float
+    first_ratio_dev: float  # max |ratio - 1| over the first micro-batch, before any update
+    clip_fraction: float
+    optimizer_steps: int
+    skipped_steps: int
+    forward_passes: int
+
+
+def gather_cat(t: torch.Tensor) -> torch.Tensor:
+    """All ranks' [B] tensors concatenated in rank order ([W*B]); identity on one process."""
+    n = platform.world_size()
+    if n == 1:
+        return t
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(t) for _ in range(n)]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts)
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: TrainConfig, info: platform.DistInfo):
+        self.cfg = cfg
+        self.info = info
+        self.device = info.device
+        self.iteration = 0
+        self.consecutive_nonfinite = 0
+        self.timer = PhaseTimer(self.device)
+        self.metrics = MetricsWriter(cfg.output.output_dir, enabled=info.is_main)
+        self.autocast_dtype = torch.bfloat16 if cfg.model.mixed_precision == "bf16" else None
+        self.rollout_cfg = RolloutConfig(
+            height=cfg.rollout.height, width=cfg.rollout.width, sampling_steps=cfg.rollout.sampling_steps,
+            eta=cfg.rollout.eta, shift=cfg.rollout.shift, guidance_scale=cfg.rollout.guidance_scale,
+            num_generations=cfg.rollout.num_generations, rollout_batch_size=cfg.rollout.rollout_batch_size,
+            init_same_noise=cfg.rollout.init_same_noise, quantize_timestep=cfg.rollout.quantize_timestep,
+        )
+        self.wandb_run = None
+        self.recorder = None
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        from fastvideo.training import builders
+
+        cfg = self.cfg
+        if cfg.model.allow_tf32:
+            platform.enable_fast_matmul(self.device)
+        platform.seed_everything(cfg.optim.seed)
+        self.dataset = builders.build_dataset(cfg)
+        self.transformer_config, self.model, self.vae = builders.build_models(cfg, self.device)
+        self.dataset.check_against_transformer(self.transformer_config)
+        self.sampler = builders.build_sampler(cfg, len(self.dataset), self.info)
+        self.reward = builders.build_rewards(cfg, self.device)
+        self.optimizer, self.lr_scheduler = builders.build_optimizer(cfg, self.model)
+        self.ema = builders.build_ema(cfg, self.model)
+        self.randomness = builders.build_randomness(cfg, self.info)
+        if cfg.output.record_dir:
+            from fastvideo.alignment.recorder import RunRecorder
+
+            self.recorder = RunRecorder(cfg, self.info)
+        self.checkpointer = builders.build_checkpointer(cfg)
+        self._maybe_resume()
+        if self.info.is_main:
+            for note in cfg.compat_notes:
+                main_print(f"[config] {note}")
+            derived = cfg.derived(self.info.world_size)
+            main_print("[config] " + " ".join(f"{k}={v}" for k, v in derived.items()))
+        if cfg.output.report_to == "wandb" and self.info.is_main:
+            self.wandb_run = builders.start_wandb(cfg)
+
+    def _maybe_resume(self) -> None:
+        spec = self.cfg.output.resume_from_checkpoint
+        if not spec:
+            self.metrics.reset()
+            return
+        extra = self.checkpointer.load(
+            spec, model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler, ema=self.ema
+        )
+        self.iteration = int(extra["iteration"])
+        self.consecutive_nonfinite = int(extra.get("consecutive_nonfinite", 0))
+        self.sampler.load_state_dict(extra["sampler"])
+        self.metrics.truncate_after(self.iteration)
+        main_print(f"[resume] continuing after iteration {self.iteration} from {spec}")
+
+    def save_checkpoint(self) -> Path:
+        extra = {
+            "iteration": self.iteration,
+            "consecutive_nonfinite": self.consecutive_nonfinite,
+            "sampler": self.sampler.state_dict(),
+            "seed": self.cfg.optim.seed,
+        }
+        path = self.checkpointer.save(
+            self.iteration, model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler,
+            ema=self.ema, extra=extra, transformer_config=self.transformer_config,
+        )
+        if self.info.is_main:
+            plot_reward_curve(self.metrics.read(), Path(self.cfg.output.output_dir) / "reward_curve.png")
+        return path
+
+    # ------------------------------------------------------------------ phases
+    def load_prompts(self, indices: list[int]):
+        """Stack the prompt embeddings of ``indices``: ([P, Lt, D], [P, P'], [Lt, 3], captions)."""
+        workers = self.cfg.dataloader_num_workers
+        if workers > 0:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                items = list(pool.map(self.dataset.__getitem__, indices))
+        else:
+            items = [self.dataset[i] for i in indices]
+        embeds = torch.stack([it[0] for it in items])
+        pooled = torch.stack([it[1] for it in items])
+        return embeds, pooled, items[0][2], [it[3] for it in items]
+
+    def compute_rewards(self, traj: Trajectory) -> RewardResult:
+        out = self.reward(traj.images, traj.captions)
+        return RewardResult(total=out.total.float().cpu(), per_reward={k: v.float().cpu() for k, v in out.raw.items()})
+
+    def compute_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """[B] local rewards -> [B] advantages. Groups live on one rank; without --use_group the
+        whole global batch is normalised, so rewards are gathered first."""
+        g = self.cfg.grpo
+        if g.use_group:
+            return group_advantages(rewards, self.cfg.rollout.num_generations, g.adv_clip_max)
+        everything = gather_cat(rewards.to(self.device)).cpu()
+        adv = batch_advantages(everything, g.adv_clip_max)
+        b = rewards.numel()
+        return adv[platform.rank() * b:(platform.rank() + 1) * b]
+
+    def _log_prob(self, traj: Trajectory, rows: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """Log-prob under the current policy of the stored transitions (rows[i], steps[i]). -> [b]."""
+        lat = traj.latents[rows.to(traj.latents.device), steps.to(traj.latents.device)]
+        nxt = traj.latents[rows.to(traj.latents.device), (steps + 1).to(traj.latents.device)]
+        sig = traj.sigmas[steps.to(traj.sigmas.device)]
+        sig_next = traj.sigmas[(steps + 1).to(traj.sigmas.device)]
+        r = rows.to(traj.prompt_embeds.device)
+        with platform.autocast(self.device, self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            v = predict_velocity(
+                self.model, lat, sig, traj.prompt_embeds[r], traj.pooled[r], traj.text_ids, traj.image_ids,
+                self.rollout_cfg.guidance_scale, self.rollout_cfg.quantize_timestep,
+            )
+        _, logp = sde.sde_step(lat, v, sig, sig_next, self.rollout_cfg.eta, prev_sample=nxt)
+        return logp
+
+    def update(self, traj: Trajectory, advantages: torch.Tensor, iteration: int) -> UpdateStats:
+        """Clipped GRPO update over micro-batches; one optimizer step per accumulation window."""
+        cfg, g = self.cfg, self.cfg.grpo
+        n_candidates = traj.num_steps - 1 if g.ignore_last else traj.num_steps
+        num_trained = g.trained_steps(traj.num_steps)
+        perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, n_candidates)
+        selected = timestep_selection(perms, num_trained)  # [B, T] on CPU
+        adv = advantages.to(self.device)
+        old_logp = traj.log_probs
+        b = traj.num_samples
+        mb = g.train_micro_batch_size
+        n_micro = math.ceil(b / mb)
+        scale = g.loss_coef / (g.gradient_accumulation_steps * num_trained)
+
+        self.model.train()
+        loss_sum = torch.zeros((), device=self.device)
+        ratio_sum = torch.zeros((), device=self.device)
+        clip_sum = torch.zeros((), device=self.device)
+        first_dev = torch.zeros((), device=self.device)
+        grad_norms, opt_steps, skipped, terms = [], 0, 0, 0
+        for m in range(n_micro):
+            rows = torch.arange(m * mb, min(b, (m + 1) * mb))
+            for t in range(num_trained):
+                steps = selected[rows, t]
+                logp = self._log_prob(traj, rows, steps)
+                old = old_logp[rows.to(old_logp.device), steps.to(old_logp.device)]
+                loss, stats = clipped_policy_loss(logp, old, adv[rows.to(adv.device)], g.clip_range)
+                (loss * scale).backward()
+                loss_sum += loss.detach() * scale
+                ratio_sum += stats.ratio_mean
+                clip_sum += stats.clip_fraction
+                terms += 1
+                if m == 0 and t == 0:
+                    first_dev = stats.ratio_abs_dev_max
+            last = m == n_micro - 1
+            if (m + 1) % g.gradient_accumulation_steps == 0 or last:
+                norm, ok = self._optimizer_step(loss_sum)
+                grad_norms.append(norm)
+                opt_steps += int(ok)
+                skipped += int(not ok)
+        self.model.eval()
+        return UpdateStats(
+            loss=float(loss_sum), grad_norm=float(sum(grad_norms) / max(1, len(grad_norms))),
+            ratio_mean=float(ratio_sum / max(1, terms)), first_ratio_dev=float(first_dev),
+            clip_fraction=float(clip_sum / max(1, terms)), optimizer_steps=opt_steps,
+            skipped_steps=skipped, forward_passes=terms,
+        )
+
+    def _optimizer_step(self, loss_sum: torch.Tensor) -> tuple[float, bool]:
+        """Clip, check finiteness (the same decision on every rank), step or skip."""
+        from fastvideo.distributed.fsdp import clip_grad_norm
+
+        norm = clip_grad_norm(self.model, self.cfg.optim.max_grad_norm)
+        bad = (~torch.isfinite(norm)).float() + (~torch.isfinite(loss_sum)).float()
+        bad = platform.all_reduce_max(bad.reshape(1).to(self.device))
+        if bad.item() > 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.consecutive_nonfinite += 1
+            main_print(f"[warning] iteration {self.iteration + 1}: non-finite loss or gradient "
+                       f"(grad norm {float(norm)}); optimizer step skipped "
+                       f"({self.consecutive_nonfinite} in a row)")
+            if self.consecutive_nonfinite >= self.cfg.optim.max_nonfinite_steps:
+                raise NonFiniteError(
+                    f"{self.consecutive_nonfinite} optimizer steps in a row had a non-finite loss or gradient; "
+                    "stopping. Lower --learning_rate or --max_grad_norm, use --mixed_precision no to rule out "
+                    "bf16 overflow, or resume from an earlier checkpoint."
+                )
+            return float("nan"), False
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.consecutive_nonfinite = 0
+        if self.ema is not None and self.iteration + 1 >= self.cfg.optim.ema_start_step:
+            self.ema.update(self.model)
+        return float(norm), True
+
+    # ------------------------------------------------------------------ loop
+    def run_iteration(self) -> dict:
+        iteration = self.iteration + 1
+        cfg = self.cfg
+        self.timer.reset()
+        platform.reset_peak_memory(self.device)
+        t0 = time.perf_counter()
+        indices = self.sampler.next_batch()
+        embeds, pooled, text_ids, captions = self.load_prompts(indices)
+        self.model.eval()
+        with self.timer.phase("rollout"):
+            traj = rollout(
+                self.model, self.vae, embeds, pooled, text_ids, captions, indices, self.rollout_cfg,
+                self.randomness, iteration, self.device, self.autocast_dtype,
+            )
+        with self.timer.phase("reward"):
+            rewards = self.compute_rewards(traj)
+            advantages = self.compute_advantages(rewards.total)
+        with self.timer.phase("update"):
+            stats = self.update(traj, advantages, iteration)
+        self.iteration = iteration
+        record = self._iteration_metrics(iteration, traj, rewards, advantages, stats, time.perf_counter() - t0)
+        self._save_images(iteration, traj, rewards)
+        if self.recorder is not None:
+            self.recorder.record_iteration(iteration, traj, rewards, advantages, record)
+        if hasattr(self.randomness, "flush"):
+            self.randomness.flush()
+        return record
+
+    def _iteration_metrics(self, iteration, traj, rewards, advantages, stats, seconds) -> dict:
+        G = self.cfg.rollout.num_generations
+        all_rewards = gather_cat(rewards.total.to(self.device)).cpu()
+        record = {
+            "iteration": iteration,
+            "reward_mean": all_rewards.mean().item(),
+            "reward_std": all_rewards.std(unbiased=False).item(),
+            "zero_std_ratio": zero_std_ratio(all_rewards, G).item(),
+        }
+        for name, vals in rewards.per_reward.items():
+            everything = gather_cat(vals.to(self.device)).cpu()
+            record[f"reward/{name}_mean"] = everything.mean().item()
+            record[f"reward/{name}_std"] = everything.std(unbiased=False).item()
+        all_adv = gather_cat(advantages.to(self.device)).cpu()
+        record.update(adv_mean=all_adv.mean().item(), adv_std=all_adv.std(unbiased=False).item(),
+                      adv_abs_max=all_adv.abs().max().item())
+        means = reduce_scalars({
+            "loss": stats.loss, "grad_norm": stats.grad_norm, "ratio_mean": stats.ratio_mean,
+            "clip_fraction": stats.clip_fraction,
+            **{f"time_{k}": v for k, v in self.timer.seconds.items()},
+        }, self.device, "mean")
+        maxes = reduce_scalars({
+            "first_ratio_dev": stats.first_ratio_dev, "time_iteration": seconds,
+            "peak_memory_gb": platform.peak_memory_bytes(self.device) / 2**30,
+            "skipped_steps": stats.skipped_steps,
+        }, self.device, "max")
+        record.update(means)
+        record.update(maxes)
+        record["optimizer_steps"] = stats.optimizer_steps
+        record["forward_passes_update"] = stats.forward_passes
+        record["lr"] = self.lr_scheduler.get_last_lr()[0]
+        record["samples_per_s"] = all_rewards.numel() / max(seconds, 1e-9)
+        self.metrics.write(record)
+        if self.wandb_run is not None:
+            self.wandb_run.log(record, step=iteration)
+        return record
+
+    def _save_images(self, iteration: int, traj: Trajectory, rewards: RewardResult) -> None:
+        every = self.cfg.output.save_images_every
+        if every <= 0 or iteration % every:
+            return
+        from fastvideo.sampling.images import save_group_grids, save_images
+
+        out = self.cfg.output.image_dir
+        save_images(traj.images, out, iteration, self.info.rank)
+        save_group_grids(traj.images, rewards.total, self.cfg.rollout.num_generations, out, iteration,
+                         self.info.rank, traj.captions)
+
+    def train(self) -> list[dict]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        records = []
+        bar = tqdm(total=cfg.optim.max_train_steps, initial=self.iteration, desc="GRPO", unit="it",
+                   disable=not self.info.is_main, dynamic_ncols=True)
+        while self.iteration < cfg.optim.max_train_steps:
+            record = self.run_iteration()
+            records.append(record)
+            bar.update(1)
+            bar.set_postfix(reward=f"{record['reward_mean']:.4f}", loss=f"{record['loss']:.3g}",
+                            s_it=f"{record['time_iteration']:.1f}")
+            if self.iteration % cfg.output.checkpointing_steps == 0 or self.iteration == cfg.optim.max_train_steps:
+                self.save_checkpoint()
+        bar.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+        return records

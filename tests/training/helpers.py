@@ -1,0 +1,64 @@
+"""Shared helpers for trainer tests: flag lists and torchrun launches on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def train_args(json_path, model_dir, out_dir, **overrides) -> list[str]:
+    """A small, fast fp32 configuration on the tiny model; overrides replace or add flags
+    (True -> bare flag, None -> removed)."""
+    flags = {
+        "data_json_path": str(json_path),
+        "pretrained_model_name_or_path": str(model_dir),
+        "output_dir": str(out_dir),
+        "rewards": "compressibility:1.0",
+        "h": 32, "w": 32,
+        "sampling_steps": 4,
+        "eta": 0.5,
+        "shift": 3,
+        "num_generations": 2,
+        "train_batch_size": 1,
+        "rollout_batch_size": 2,
+        "train_micro_batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "timestep_fraction": 0.5,
+        "learning_rate": 1e-3,
+        "max_grad_norm": 1.0,
+        "mixed_precision": "no",
+        "max_train_steps": 2,
+        "checkpointing_steps": 2,
+        "save_images_every": 1,
+        "dataloader_num_workers": 0,
+        "seed": 7,
+        "use_group": True,
+        "ignore_last": True,
+    }
+    flags.update(overrides)
+    argv = []
+    for k, v in flags.items():
+        if v is None or v is False:
+            continue
+        argv.append(f"--{k}")
+        if v is not True:
+            argv.append(str(v))
+    return argv
+
+
+def torchrun(argv: list[str], nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(ROOT / "fastvideo" / "train_grpo_flux.py"), *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def read_metrics(out_dir) -> list[dict]:
+    path = Path(out_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
