@@ -1,0 +1,372 @@
+"""Analytic FLOP counts for FLUX GRPO: one transformer forward, one VAE decode, one iteration.
+
+Conventions (the usual ones for model FLOP utilisation):
+- a matmul [m, k] x [k, n] costs 2*m*n*k FLOPs; element-wise work (norms, activations, RoPE,
+  softmax, residual adds, the SDE maths) is not counted — it is < 1 % of the total here and
+  torch.utils.flop_counter.FlopCounterMode does not count it either;
+- attention costs 4 * B * Lq * Lkv * (heads * head_dim): Q K^T and A V;
+- a backward pass costs twice the forward pass (input and weight gradients), minus the input
+  gradients nobody needs (the first layers, whose inputs are data);
+- gradient checkpointing (diffusers checkpoints every transformer block) re-runs the blocks'
+  forward once more during backward. That work is counted separately: "model FLOPs" exclude
+  it (MFU), "hardware FLOPs" include it (HFU).
+
+The per-layer shapes follow diffusers 0.32's FluxTransformer2DModel and AutoencoderKL decoder
+exactly; tests/perf checks them against FlopCounterMode on the tiny and small presets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Callable, Mapping
+
+# Width of the sinusoidal timestep/guidance projection fed to TimestepEmbedding (fixed in diffusers).
+TIMESTEP_PROJ_DIM = 256
+
+
+@dataclass(frozen=True)
+class FluxDims:
+    """The FluxTransformer2DModel config keys that set its FLOPs (defaults: FLUX.1-dev).
+
+    axes_dims_rope is not here: RoPE is element-wise and costs no matmul FLOPs.
+    """
+
+    num_layers: int = 19  # double-stream (MMDiT) blocks
+    num_single_layers: int = 38
+    num_attention_heads: int = 24
+    attention_head_dim: int = 128
+    joint_attention_dim: int = 4096  # T5 width
+    pooled_projection_dim: int = 768  # CLIP pooled width
+    in_channels: int = 64
+    out_channels: int | None = None
+    patch_size: int = 1
+    guidance_embeds: bool = True
+    mlp_ratio: float = 4.0
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(self.inner_dim * self.mlp_ratio)
+
+    @property
+    def output_dim(self) -> int:
+        return self.patch_size * self.patch_size * (self.out_channels or self.in_channels)
+
+    @classmethod
+    def from_config(cls, cfg: "Mapping | FluxDims | object") -> "FluxDims":
+        """From a transformer config dict (config.json), a diffusers FrozenDict/config object or FluxDims."""
+        if isinstance(cfg, FluxDims):
+            return cfg
+        get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+        values = {}
+        for f in fields(cls):
+            v = get(f.name, None)
+            if v is not None:
+                values[f.name] = v
+        missing = [k for k in ("num_layers", "num_single_layers", "num_attention_heads", "attention_head_dim")
+                   if k not in values]
+        if missing:
+            raise ValueError(f"transformer config lacks {', '.join(missing)}: is it a FluxTransformer2DModel config?")
+        return cls(**values)
+
+
+FLUX_DEV = FluxDims()
+
+# FLUX.1-dev's VAE (AutoencoderKL) keys that set the decoder's FLOPs.
+FLUX_DEV_VAE_CONFIG = {
+    "block_out_channels": [128, 256, 512, 512],
+    "layers_per_block": 2,
+    "latent_channels": 16,
+    "out_channels": 3,
+    "mid_block_add_attention": True,
+    "use_post_quant_conv": False,
+}
+
+
+def linear_flops(tokens: int, fan_in: int, fan_out: int) -> int:
+    """nn.Linear on [tokens, fan_in]: 2 * tokens * fan_in * fan_out (bias adds are not counted)."""
+    return 2 * tokens * fan_in * fan_out
+
+
+def attention_flops(batch: int, q_len: int, kv_len: int, inner_dim: int) -> int:
+    """Q K^T and A V over all heads: 2 * (2 * B * Lq * Lkv * inner_dim)."""
+    return 4 * batch * q_len * kv_len * inner_dim
+
+
+def _embedder_flops(d: FluxDims, L: int, Lt: int, B: int) -> dict[str, int]:
+    D = d.inner_dim
+    # TimestepEmbedding: Linear(256, D) -> SiLU -> Linear(D, D); one per sample.
+    t_embed = linear_flops(B, TIMESTEP_PROJ_DIM, D) + linear_flops(B, D, D)
+    return {
+        "x_embedder": linear_flops(B * L, d.in_channels, D),
+        "context_embedder": linear_flops(B * Lt, d.joint_attention_dim, D),
+        "time_embedder": t_embed,
+        "guidance_embedder": t_embed if d.guidance_embeds else 0,
+        "text_embedder": linear_flops(B, d.pooled_projection_dim, D) + linear_flops(B, D, D),
+    }
+
+
+def double_block_flops(d: FluxDims, L: int, Lt: int, B: int = 1) -> int:
+    """One FluxTransformerBlock: separate image (L) and text (Lt) weights, joint attention over L+Lt."""
+    D, F = d.inner_dim, d.mlp_dim
+    S = L + Lt
+    adaln = 2 * linear_flops(B, D, 6 * D)  # norm1 and norm1_context: 6 modulation vectors each
+    qkv = 3 * linear_flops(B * S, D, D)  # to_q/k/v on image tokens + add_q/k/v_proj on text tokens
+    out = linear_flops(B * S, D, D)  # to_out[0] (image) + to_add_out (text)
+    mlp = linear_flops(B * S, D, F) + linear_flops(B * S, F, D)  # ff and ff_context
+    return adaln + qkv + out + mlp + attention_flops(B, S, S, D)
+
+
+def single_block_flops(d: FluxDims, L: int, Lt: int, B: int = 1) -> int:
+    """One FluxSingleTransformerBlock on the concatenated L+Lt tokens (no attention output proj:
+    proj_out maps the concatenated [attention, MLP] features (D + 4D) back to D)."""
+    D, F = d.inner_dim, d.mlp_dim
+    S = L + Lt
+    adaln = linear_flops(B, D, 3 * D)
+    return (adaln + linear_flops(B * S, D, F) + 3 * linear_flops(B * S, D, D)
+            + attention_flops(B, S, S, D) + linear_flops(B * S, D + F, D))
+
+
+def transformer_flops_breakdown(cfg, image_tokens: int, text_tokens: int, batch: int = 1) -> dict[str, int]:
+    """FLOPs of one FluxTransformer2DModel forward, by part.
+
+    cfg: FluxDims, a transformer config dict or config object. image_tokens L = (h/16)(w/16),
+    text_tokens Lt (512 for FLUX.1-dev), batch B. Returns the embedders, "double_blocks",
+    "single_blocks", "norm_out", "proj_out" and "total".
+    """
+    d = FluxDims.from_config(cfg)
+    L, Lt, B = int(image_tokens), int(text_tokens), int(batch)
+    if min(L, Lt, B) <= 0:
+        raise ValueError(f"image_tokens, text_tokens and batch must be positive (got {L}, {Lt}, {B})")
+    parts = _embedder_flops(d, L, Lt, B)
+    parts["double_blocks"] = d.num_layers * double_block_flops(d, L, Lt, B)
+    parts["single_blocks"] = d.num_single_layers * single_block_flops(d, L, Lt, B)
+    parts["norm_out"] = linear_flops(B, d.inner_dim, 2 * d.inner_dim)  # AdaLayerNormContinuous: scale, shift
+    parts["proj_out"] = linear_flops(B * L, d.inner_dim, d.output_dim)  # image tokens only
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def transformer_forward_flops(cfg, image_tokens: int, text_tokens: int, batch: int = 1) -> int:
+    """FLOPs of one FLUX transformer forward pass (see transformer_flops_breakdown)."""
+    return transformer_flops_breakdown(cfg, image_tokens, text_tokens, batch)["total"]
+
+
+def transformer_block_flops(cfg, image_tokens: int, text_tokens: int, batch: int = 1) -> int:
+    """The blocks' share of a forward: what gradient checkpointing recomputes during backward."""
+    p = transformer_flops_breakdown(cfg, image_tokens, text_tokens, batch)
+    return p["double_blocks"] + p["single_blocks"]
+
+
+def transformer_backward_flops(cfg, image_tokens: int, text_tokens: int, batch: int = 1) -> int:
+    """Backward of one forward (all weights trainable): weight gradients everywhere, input
+    gradients everywhere except the layers fed only by data (latents, T5/CLIP embeddings and the
+    sinusoidal timestep features do not require grad)."""
+    d = FluxDims.from_config(cfg)
+    p = transformer_flops_breakdown(d, image_tokens, text_tokens, batch)
+    B, D = int(batch), d.inner_dim
+    data_fed = (p["x_embedder"] + p["context_embedder"]
+                + linear_flops(B, TIMESTEP_PROJ_DIM, D) * (2 if d.guidance_embeds else 1)
+                + linear_flops(B, d.pooled_projection_dim, D))
+    return 2 * p["total"] - data_fed
+
+
+def image_tokens_for(height: int, width: int, vae_scale: int = 8, patch: int = 2) -> int:
+    """Packed image tokens: (h / 16) * (w / 16) for FLUX (VAE /8, then 2x2 patches)."""
+    step = vae_scale * patch
+    if height % step or width % step:
+        raise ValueError(f"image size {height}x{width} must be a multiple of {step} on both sides")
+    return (height // step) * (width // step)
+
+
+# ----------------------------------------------------------------------------- VAE decoder
+
+
+def conv2d_flops(c_in: int, c_out: int, kernel: int, h_out: int, w_out: int, batch: int = 1) -> int:
+    return 2 * batch * c_in * c_out * kernel * kernel * h_out * w_out
+
+
+def _resnet_flops(c_in: int, c_out: int, h: int, w: int, B: int) -> int:
+    """ResnetBlock2D: two 3x3 convs, plus a 1x1 shortcut when the width changes."""
+    shortcut = conv2d_flops(c_in, c_out, 1, h, w, B) if c_in != c_out else 0
+    return conv2d_flops(c_in, c_out, 3, h, w, B) + conv2d_flops(c_out, c_out, 3, h, w, B) + shortcut
+
+
+def vae_decoder_flops(vae_cfg: Mapping | None, latent_h: int, latent_w: int, batch: int = 1) -> int:
+    """FLOPs of AutoencoderKL.decode on a [B, C, latent_h, latent_w] latent (diffusers' Decoder:
+    conv_in, mid block = resnet + single-head attention + resnet, up blocks of layers_per_block+1
+    resnets with a nearest x2 upsample + 3x3 conv after all but the last, conv_out)."""
+    cfg = dict(FLUX_DEV_VAE_CONFIG if vae_cfg is None else vae_cfg)
+    chans = list(cfg["block_out_channels"])
+    n_res = int(cfg.get("layers_per_block", 2)) + 1
+    zc, B = int(cfg.get("latent_channels", 16)), int(batch)
+    h, w = int(latent_h), int(latent_w)
+    top = chans[-1]
+    total = conv2d_flops(zc, zc, 1, h, w, B) if cfg.get("use_post_quant_conv", True) else 0
+    total += conv2d_flops(zc, top, 3, h, w, B)
+    total += 2 * _resnet_flops(top, top, h, w, B)
+    if cfg.get("mid_block_add_attention", True):
+        n = h * w  # one head of width `top` over all latent pixels; q, k, v and out projections
+        total += 4 * linear_flops(B * n, top, top) + attention_flops(B, n, n, top)
+    c_prev = top
+    for i, c in enumerate(reversed(chans)):
+        for j in range(n_res):
+            total += _resnet_flops(c_prev if j == 0 else c, c, h, w, B)
+        c_prev = c
+        if i < len(chans) - 1:
+            h, w = 2 * h, 2 * w
+            total += conv2d_flops(c, c, 3, h, w, B)
+    total += conv2d_flops(chans[0], int(cfg.get("out_channels", 3)), 3, h, w, B)
+    return total
+
+
+# ----------------------------------------------------------------------------- one GRPO iteration
+
+
+def trained_steps(sampling_steps: int, timestep_fraction: float, ignore_last: bool) -> int:
+    """T, the transitions each sample trains on (same rule as config.GRPOSettings.trained_steps)."""
+    candidates = sampling_steps - 1 if ignore_last else sampling_steps
+    return max(1, int(candidates * timestep_fraction))
+
+
+@dataclass(frozen=True)
+class IterationShape:
+    """What one GRPO iteration does, over all ranks together.
+
+    samples = world_size * prompts_per_rank * num_generations images are rolled out with
+    sampling_steps transformer forwards each (no grad), decoded once each, and each trains on
+    trained_steps transitions (forward + backward, + a block recompute under checkpointing).
+    """
+
+    height: int = 720
+    width: int = 720
+    text_tokens: int = 512
+    sampling_steps: int = 16
+    num_generations: int = 12
+    prompts_per_rank: int = 1
+    world_size: int = 16
+    trained_steps: int = 9
+    gradient_checkpointing: bool = True
+
+    @property
+    def image_tokens(self) -> int:
+        return image_tokens_for(self.height, self.width)
+
+    @property
+    def samples(self) -> int:
+        return self.world_size * self.prompts_per_rank * self.num_generations
+
+    def __post_init__(self) -> None:
+        for name in ("text_tokens", "sampling_steps", "num_generations", "prompts_per_rank", "world_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if not 0 <= self.trained_steps <= self.sampling_steps:
+            raise ValueError(f"trained_steps {self.trained_steps} must be in [0, sampling_steps={self.sampling_steps}]")
+        image_tokens_for(self.height, self.width)  # fails early on a bad size
+
+
+@dataclass(frozen=True)
+class IterationFlops:
+    """FLOPs of one GRPO iteration by phase (all ranks together)."""
+
+    rollout: int  # sampling_steps x samples transformer forwards, no grad
+    update_forward: int  # trained_steps x samples forwards with grad
+    update_backward: int  # their backward
+    recompute: int  # checkpointed blocks re-run in backward (0 without checkpointing)
+    vae_decode: int  # one decode per sample
+
+    @property
+    def model_flops(self) -> int:
+        """The work the algorithm needs: everything but the checkpointing recompute (for MFU)."""
+        return self.rollout + self.update_forward + self.update_backward + self.vae_decode
+
+    @property
+    def hardware_flops(self) -> int:
+        """What the devices actually execute, recompute included (for HFU)."""
+        return self.model_flops + self.recompute
+
+    def as_dict(self) -> dict[str, int]:
+        d = asdict(self)
+        d["model_total"] = self.model_flops
+        d["hardware_total"] = self.hardware_flops
+        return d
+
+
+def iteration_flops(shape: IterationShape, transformer=FLUX_DEV, vae_cfg: Mapping | None = None) -> IterationFlops:
+    """FLOPs of one GRPO iteration (text encoders excluded: prompts are pre-embedded; reward
+    model excluded: HPSv2's ViT-H/14 at 224 px is ~0.1 % of the total)."""
+    L, Lt = shape.image_tokens, shape.text_tokens
+    fwd = transformer_forward_flops(transformer, L, Lt)
+    trained = shape.trained_steps * shape.samples
+    lat = shape.height // 8, shape.width // 8
+    return IterationFlops(
+        rollout=shape.sampling_steps * shape.samples * fwd,
+        update_forward=trained * fwd,
+        update_backward=trained * transformer_backward_flops(transformer, L, Lt),
+        recompute=trained * transformer_block_flops(transformer, L, Lt) if shape.gradient_checkpointing else 0,
+        vae_decode=shape.samples * vae_decoder_flops(vae_cfg, *lat),
+    )
+
+
+# ----------------------------------------------------------------------------- utilisation
+
+# Dense (no sparsity) bf16 tensor peaks per device, TFLOPS, from the vendors' data sheets.
+# Matched by case-insensitive substring, most specific first. Anything else: pass the peak.
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756.0),
+    ("H100", 989.4),
+    ("H800", 989.4),
+    ("H200", 989.4),
+    ("H20", 148.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.1),
+    # Ascend 910C (Atlas A3) per die; an assumption, see docs/performance.md.
+    ("910C", 376.0),
+    ("Ascend A3", 376.0),
+)
+
+
+def peak_tflops_for(device_name: str) -> float | None:
+    """Dense bf16 peak (TFLOPS) for a device name like 'NVIDIA H200', or None when unknown."""
+    name = (device_name or "").lower()
+    for key, tflops in PEAK_BF16_TFLOPS:
+        if key.lower() in name:
+            return tflops
+    return None
+
+
+def utilisation(flops: float, seconds: float, num_devices: int, peak_tflops_per_device: float) -> float:
+    """Achieved FLOP/s over peak: flops / (seconds * num_devices * peak)."""
+    if seconds <= 0 or num_devices < 1 or peak_tflops_per_device <= 0:
+        raise ValueError(
+            f"need seconds > 0, num_devices >= 1 and a positive peak (got {seconds}, {num_devices}, "
+            f"{peak_tflops_per_device})"
+        )
+    return flops / (seconds * num_devices * peak_tflops_per_device * 1e12)
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs torch.utils.flop_counter.FlopCounterMode counts while running fn().
+
+    Attention is forced onto the math SDPA backend so that it is counted on every device (the
+    CPU fused kernel has no FLOP formula registered and would count as zero).
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def human(flops: float) -> str:
+    """1.23e+17 style, or 0."""
+    if flops == 0:
+        return "0"
+    exp = int(math.floor(math.log10(abs(flops))))
+    return f"{flops / 10 ** exp:.3f}e{exp:+03d}"

@@ -1,0 +1,187 @@
+"""FLOPs of one FLUX GRPO iteration by phase, and the utilisation a measured iteration time implies.
+
+    python -m fastvideo.tools.cost_model [--h 720 --w 720 --sampling_steps 16 --num_generations 12
+        --prompts_per_rank 1 --timestep_fraction 0.6 --ignore_last --world_size 16
+        --gradient_checkpointing --model flux-dev|small|tiny|PATH
+        --seconds_per_iteration S --peak_tflops P --device_name NAME]
+
+Defaults are the reference configuration (DanceGRPO's FLUX script, 16 ranks). PATH is a
+transformer config.json, a transformer folder or a diffusers FLUX folder (its vae/config.json
+is then used for the decode). MFU counts the work the algorithm needs (rollout, update forward
+and backward, VAE decode); HFU adds the blocks gradient checkpointing recomputes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from fastvideo.perf.flops import (
+    FLUX_DEV,
+    FLUX_DEV_VAE_CONFIG,
+    FluxDims,
+    IterationFlops,
+    IterationShape,
+    human,
+    iteration_flops,
+    peak_tflops_for,
+    trained_steps,
+    transformer_flops_breakdown,
+    utilisation,
+)
+
+
+def resolve_model(spec: str) -> tuple[FluxDims, dict, str]:
+    """(transformer dims, VAE config, description) for 'flux-dev', 'tiny', 'small' or a path."""
+    if spec == "flux-dev":
+        return FLUX_DEV, dict(FLUX_DEV_VAE_CONFIG), "FLUX.1-dev"
+    if spec in ("tiny", "small"):
+        from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config, vae_config
+
+        p = PRESETS[spec]
+        return FluxDims.from_config(transformer_config(p)), vae_config(p), f"preset {spec}"
+    path = Path(spec)
+    if path.is_dir():
+        candidates = [path / "config.json", path / "transformer" / "config.json"]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise SystemExit(
+                f"--model {spec}: no config.json or transformer/config.json there; give flux-dev, tiny, small, a "
+                "transformer config.json or a diffusers FLUX folder"
+            )
+        path = found
+    if not path.is_file():
+        raise SystemExit(f"--model {spec}: not flux-dev/tiny/small and no such file or folder")
+    dims = FluxDims.from_config(json.loads(path.read_text()))
+    vae_path = path.parent.parent / "vae" / "config.json"
+    if vae_path.is_file():
+        return dims, json.loads(vae_path.read_text()), str(path)
+    return dims, dict(FLUX_DEV_VAE_CONFIG), f"{path} (VAE: FLUX.1-dev's, no vae/config.json beside it)"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="flux-dev", help="flux-dev | tiny | small | config.json | model folder")
+    ap.add_argument("--h", type=int, default=720)
+    ap.add_argument("--w", type=int, default=720)
+    ap.add_argument("--text_tokens", type=int, default=512, help="T5 sequence length (max_sequence_length)")
+    ap.add_argument("--sampling_steps", type=int, default=16, help="transformer forwards per rollout sample")
+    ap.add_argument("--num_generations", type=int, default=12)
+    ap.add_argument("--prompts_per_rank", "--train_batch_size", dest="prompts_per_rank", type=int, default=1)
+    ap.add_argument("--world_size", type=int, default=16)
+    ap.add_argument("--timestep_fraction", type=float, default=0.6)
+    ap.add_argument("--ignore_last", action=argparse.BooleanOptionalAction, default=True,
+                    help="do not train the last sampling step (DanceGRPO's FLUX script sets it)")
+    ap.add_argument("--trained_steps", type=int, default=None,
+                    help="override T (default: int((sampling_steps - ignore_last) * timestep_fraction))")
+    ap.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--seconds_per_iteration", type=float, default=None, help="measured wall time of one iteration")
+    ap.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak per device, TFLOPS")
+    ap.add_argument("--device_name", default=None, help="look the peak up by name (H800, H200, A100, 910C, ...)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    if args.trained_steps is None:
+        if not 0.0 < args.timestep_fraction <= 1.0:
+            ap.error(f"--timestep_fraction {args.timestep_fraction} must be in (0, 1]")
+        args.trained_steps = trained_steps(args.sampling_steps, args.timestep_fraction, args.ignore_last)
+    if args.seconds_per_iteration is not None and args.seconds_per_iteration <= 0:
+        ap.error("--seconds_per_iteration must be positive")
+    return args
+
+
+def _peak(args) -> float | None:
+    if args.peak_tflops is not None:
+        return args.peak_tflops
+    if args.device_name:
+        peak = peak_tflops_for(args.device_name)
+        if peak is None:
+            raise SystemExit(f"no peak known for device {args.device_name!r}: pass --peak_tflops")
+        return peak
+    return None
+
+
+def summarise(args, dims: FluxDims, vae_cfg: dict) -> dict:
+    """Everything the table shows, as plain numbers."""
+    shape = IterationShape(
+        height=args.h, width=args.w, text_tokens=args.text_tokens, sampling_steps=args.sampling_steps,
+        num_generations=args.num_generations, prompts_per_rank=args.prompts_per_rank,
+        world_size=args.world_size, trained_steps=args.trained_steps,
+        gradient_checkpointing=args.gradient_checkpointing,
+    )
+    it: IterationFlops = iteration_flops(shape, dims, vae_cfg)
+    out = {
+        "image_tokens": shape.image_tokens, "text_tokens": shape.text_tokens, "samples": shape.samples,
+        "sampling_steps": shape.sampling_steps, "trained_steps": shape.trained_steps,
+        "gradient_checkpointing": shape.gradient_checkpointing, "world_size": shape.world_size,
+        "forward_breakdown": transformer_flops_breakdown(dims, shape.image_tokens, shape.text_tokens),
+        "flops": it.as_dict(),
+    }
+    peak = _peak(args)
+    if args.seconds_per_iteration is not None:
+        per_dev = it.hardware_flops / args.seconds_per_iteration / args.world_size / 1e12
+        out["seconds_per_iteration"] = args.seconds_per_iteration
+        out["achieved_hardware_tflops_per_device"] = per_dev
+        if peak is not None:
+            out["peak_tflops_per_device"] = peak
+            out["mfu"] = utilisation(it.model_flops, args.seconds_per_iteration, args.world_size, peak)
+            out["hfu"] = utilisation(it.hardware_flops, args.seconds_per_iteration, args.world_size, peak)
+    return out
+
+
+def format_table(s: dict, model_desc: str) -> str:
+    f, fb = s["flops"], s["forward_breakdown"]
+    n, t = s["samples"], s["trained_steps"]
+    total = f["hardware_total"]
+    blocks = fb["double_blocks"] + fb["single_blocks"]
+    lines = [
+        f"model {model_desc}: {s['image_tokens']} image + {s['text_tokens']} text tokens",
+        f"one transformer forward (1 sample): {human(fb['total'])} FLOPs "
+        f"(blocks {100 * blocks / fb['total']:.2f} %)",
+        f"iteration: {n} samples ({s['world_size']} ranks), {s['sampling_steps']} sampling steps, "
+        f"{t} trained steps, gradient checkpointing {'on' if s['gradient_checkpointing'] else 'off'}",
+        "",
+        f"{'phase':<24}{'work':>26}{'FLOPs':>14}{'share':>9}",
+    ]
+    rows = [
+        ("rollout (no grad)", f"{s['sampling_steps'] * n} forwards", f["rollout"]),
+        ("update forward", f"{t * n} forwards", f["update_forward"]),
+        ("update backward", f"{t * n} backwards", f["update_backward"]),
+        ("recompute (checkpoint)", f"{t * n if f['recompute'] else 0} block forwards", f["recompute"]),
+        ("VAE decode", f"{n} decodes", f["vae_decode"]),
+    ]
+    for name, work, flops in rows:
+        lines.append(f"{name:<24}{work:>26}{human(flops):>14}{100 * flops / total:>8.1f}%")
+    lines.append(f"{'total (hardware, HFU)':<24}{'':>26}{human(total):>14}{100.0:>8.1f}%")
+    lines.append(f"{'total (model, MFU)':<24}{'no recompute':>26}{human(f['model_total']):>14}"
+                 f"{100 * f['model_total'] / total:>8.1f}%")
+    lines.append("not counted: text encoders (prompts are pre-embedded), reward model, element-wise ops")
+    if "seconds_per_iteration" in s:
+        lines.append("")
+        lines.append(f"{s['seconds_per_iteration']:g} s per iteration on {s['world_size']} devices: "
+                     f"{s['achieved_hardware_tflops_per_device']:.1f} TFLOPS per device executed")
+        if "mfu" in s:
+            lines.append(f"peak {s['peak_tflops_per_device']:g} TFLOPS per device: MFU {100 * s['mfu']:.1f} %, "
+                         f"HFU {100 * s['hfu']:.1f} %")
+        else:
+            lines.append("pass --peak_tflops or --device_name for MFU")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    dims, vae_cfg, desc = resolve_model(args.model)
+    try:
+        s = summarise(args, dims, vae_cfg)
+    except ValueError as err:
+        raise SystemExit(f"cost_model: {err}") from None
+    if args.json:
+        json.dump({"model": desc, **s}, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_table(s, desc))
+
+
+if __name__ == "__main__":
+    main()

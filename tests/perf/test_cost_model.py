@@ -1,0 +1,72 @@
+"""The cost_model CLI: table, JSON, utilisation and model resolution."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fastvideo.perf import flops as F
+from fastvideo.tools import cost_model
+from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config, vae_config
+
+
+def _run(capsys, *argv) -> str:
+    cost_model.main(list(argv))
+    return capsys.readouterr().out
+
+
+def test_default_is_the_reference_iteration(capsys):
+    out = _run(capsys)
+    total = F.iteration_flops(F.IterationShape()).hardware_flops
+    assert "FLUX.1-dev" in out and "192 samples" in out and "9 trained steps" in out
+    assert "total (hardware, HFU)" in out and F.human(total) in out
+    assert "3072 forwards" in out and "1728 backwards" in out
+
+
+def test_mfu_from_a_measured_time(capsys):
+    out = _run(capsys, "--seconds_per_iteration", "216", "--device_name", "H800")
+    it = F.iteration_flops(F.IterationShape())
+    mfu = it.model_flops / (216 * 16 * 989.4e12)
+    hfu = it.hardware_flops / (216 * 16 * 989.4e12)
+    assert f"MFU {100 * mfu:.1f} %" in out and f"HFU {100 * hfu:.1f} %" in out
+    out = _run(capsys, "--seconds_per_iteration", "310")
+    assert "pass --peak_tflops" in out
+    with pytest.raises(SystemExit, match="no peak known"):
+        cost_model.main(["--seconds_per_iteration", "1", "--device_name", "mystery chip"])
+
+
+def test_json_and_overrides(capsys):
+    out = _run(capsys, "--json", "--world_size", "32", "--sampling_steps", "25", "--trained_steps", "4",
+               "--no-gradient_checkpointing", "--seconds_per_iteration", "151", "--peak_tflops", "989.4")
+    s = json.loads(out)
+    shape = F.IterationShape(sampling_steps=25, world_size=32, trained_steps=4, gradient_checkpointing=False)
+    it = F.iteration_flops(shape)
+    assert s["samples"] == 384 and s["trained_steps"] == 4
+    assert s["flops"]["recompute"] == 0 and s["flops"]["hardware_total"] == it.hardware_flops
+    assert s["mfu"] == pytest.approx(F.utilisation(it.model_flops, 151, 32, 989.4))
+    s = json.loads(_run(capsys, "--json", "--no-ignore_last", "--sampling_steps", "10", "--timestep_fraction", "0.5"))
+    assert s["trained_steps"] == 5
+
+
+def test_presets_and_paths(tmp_path, capsys):
+    s = json.loads(_run(capsys, "--json", "--model", "tiny", "--h", "64", "--w", "64", "--text_tokens", "32"))
+    tiny = transformer_config(PRESETS["tiny"])
+    assert s["forward_breakdown"]["total"] == F.transformer_forward_flops(tiny, 16, 32)
+    # a diffusers folder: transformer/config.json and vae/config.json beside it
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "transformer" / "config.json").write_text(json.dumps(tiny))
+    (tmp_path / "vae" / "config.json").write_text(json.dumps(vae_config(PRESETS["tiny"])))
+    s2 = json.loads(_run(capsys, "--json", "--model", str(tmp_path), "--h", "64", "--w", "64", "--text_tokens", "32"))
+    assert s2["flops"] == s["flops"]
+    with pytest.raises(SystemExit, match="no such file"):
+        cost_model.main(["--model", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match="multiple of 16"):
+        cost_model.main(["--h", "700"])
+
+
+def test_module_entry_point():
+    out = subprocess.run([sys.executable, "-m", "fastvideo.tools.cost_model", "--world_size", "8"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert "96 samples" in out and "total (model, MFU)" in out
