@@ -66,13 +66,12 @@ def build_dataset(cfg: TrainConfig):
     return PromptEmbeddingDataset(cfg.data_json_path)
 
 
-def build_sampler(cfg: TrainConfig, num_prompts: int, info: platform.DistInfo):
+def build_sampler(cfg: TrainConfig, num_prompts: int, info: platform.DistInfo, data_randomness=None):
+    """The prompt sampler; with --dump/--load_randomness its epoch order comes from (and is
+    captured by or replayed from) ``data_randomness``."""
     from fastvideo.data.sampler import GroupDistributedSampler
 
-    order_fn = None
-    if cfg.output.dump_randomness or cfg.output.load_randomness:
-        rs = build_randomness(cfg, info, kind="data")
-        order_fn = rs.data_order
+    order_fn = data_randomness.data_order if data_randomness is not None else None
     return GroupDistributedSampler(
         num_prompts=num_prompts, rank=info.rank, world_size=info.world_size,
         prompts_per_rank=cfg.prompts_per_rank, sampler_seed=cfg.optim.sampler_seed, order_fn=order_fn,

@@ -62,6 +62,7 @@ def gather_cat(t: torch.Tensor) -> torch.Tensor:
 class GRPOTrainer:
     def __init__(self, cfg: TrainConfig, info: platform.DistInfo):
         self.cfg = cfg
+        self.data_randomness = None
         self.info = info
         self.device = info.device
         self.iteration = 0
@@ -89,7 +90,10 @@ class GRPOTrainer:
         self.dataset = builders.build_dataset(cfg)
         self.transformer_config, self.model, self.vae = builders.build_models(cfg, self.device)
         self.dataset.check_against_transformer(self.transformer_config)
-        self.sampler = builders.build_sampler(cfg, len(self.dataset), self.info)
+        self.data_randomness = None
+        if cfg.output.dump_randomness or cfg.output.load_randomness:
+            self.data_randomness = builders.build_randomness(cfg, self.info, kind="data")
+        self.sampler = builders.build_sampler(cfg, len(self.dataset), self.info, self.data_randomness)
         self.reward = builders.build_rewards(cfg, self.device)
         self.optimizer, self.lr_scheduler = builders.build_optimizer(cfg, self.model)
         self.ema = builders.build_ema(cfg, self.model)
@@ -100,6 +104,10 @@ class GRPOTrainer:
             self.recorder = RunRecorder(cfg, self.info)
         self.checkpointer = builders.build_checkpointer(cfg)
         self._maybe_resume()
+        if cfg.output.probe_layers:
+            from fastvideo.alignment.probes import run_probes_for_config
+
+            run_probes_for_config(cfg, self.model, self.vae, self.device)
         if self.info.is_main:
             for note in cfg.compat_notes:
                 main_print(f"[config] {note}")
@@ -281,8 +289,9 @@ class GRPOTrainer:
         self._save_images(iteration, traj, rewards)
         if self.recorder is not None:
             self.recorder.record_iteration(iteration, traj, rewards, advantages, record)
-        if hasattr(self.randomness, "flush"):
-            self.randomness.flush()
+        for source in (self.randomness, self.data_randomness):
+            if source is not None:
+                source.flush()
         return record
 
     def _iteration_metrics(self, iteration, traj, rewards, advantages, stats, seconds) -> dict:

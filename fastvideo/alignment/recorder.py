@@ -1,0 +1,203 @@
+"""Record a training run so that two runs (GPU vs NPU, one world size vs another) can be compared.
+
+Layout under ``--record_dir`` (every file is written atomically: write, then rename)::
+
+    manifest.json                         rank 0, at start: config, device, world size, versions, commit
+    probes/probes.{json,safetensors}      --probe_layers (fastvideo.alignment.probes)
+    iter_000001/
+        metrics.json                      rank 0: the iteration's metrics record (loss, ratios, grad norm...)
+        samples_rank00000.json            each rank: its samples (global id, group id, caption, reward
+                                          total and per reward, advantage)
+        images/sample_000012.png          each rank: its images, named by GLOBAL sample id
+        tensors_rank00000.safetensors     --record_tensors: initial_noise/{id} [L, C] for each sample,
+                                          latents/{id} [N+1, L, C] and log_probs/{id} [N] for the
+                                          rank's first sample
+
+Names depend only on global sample ids, never on the rank or the position in a batch, so runs
+with different world sizes or rollout batch sizes compare file by file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from fastvideo import platform
+from fastvideo.utils import atomic_write_json
+
+FORMAT = "flux_grpo-run-record"
+MANIFEST = "manifest.json"
+METRICS = "metrics.json"
+IMAGES = "images"
+
+
+def iteration_dir(root: str | Path, iteration: int) -> Path:
+    return Path(root) / f"iter_{int(iteration):06d}"
+
+
+def image_name(sample_id: int) -> str:
+    return f"sample_{int(sample_id):06d}.png"
+
+
+def samples_name(rank: int) -> str:
+    return f"samples_rank{int(rank):05d}.json"
+
+
+def tensors_name(rank: int) -> str:
+    return f"tensors_rank{int(rank):05d}.safetensors"
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write-then-rename: a reader (or a crash) never leaves half a file under the final name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _png_bytes(pixels) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def git_commit(path: str | Path | None = None) -> str | None:
+    """HEAD of the git checkout holding ``path`` (default: this package), or None."""
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # not installed, or broken: the manifest just says unknown
+        return None
+
+
+def build_manifest(cfg, info: platform.DistInfo) -> dict:
+    """Everything needed to tell two recorded runs apart (JSON-serialisable)."""
+    import platform as pyplatform
+
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        # default=str: paths and other odd config values become strings instead of failing.
+        "config": json.loads(json.dumps(cfg.to_dict(), default=str)),
+        "device": {"type": info.device.type, "name": platform.device_name(info.device)},
+        "world_size": info.world_size,
+        "seed": cfg.optim.seed,
+        "versions": {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "diffusers": _version("diffusers"),
+            "transformers": _version("transformers"),
+        },
+        "host": pyplatform.node(),
+        "git_commit": git_commit(),
+    }
+
+
+def sample_records(sample_ids, group_ids, captions, total, per_reward: dict, advantages) -> list[dict]:
+    """One dict per sample: {sample_id, group_id, caption, reward, rewards: {name: raw}, advantage}.
+    All per-sample inputs are [B] (tensors or lists)."""
+    def floats(x):
+        return [float(v) for v in torch.as_tensor(x).detach().float().cpu().reshape(-1).tolist()]
+
+    ids = [int(i) for i in torch.as_tensor(sample_ids).reshape(-1).tolist()]
+    groups = [int(i) for i in torch.as_tensor(group_ids).reshape(-1).tolist()]
+    tot, adv = floats(total), floats(advantages)
+    per = {name: floats(v) for name, v in per_reward.items()}
+    n = len(ids)
+    lengths = {"group_ids": len(groups), "captions": len(captions), "rewards": len(tot), "advantages": len(adv),
+               **{f"reward {k}": len(v) for k, v in per.items()}}
+    bad = {k: v for k, v in lengths.items() if v != n}
+    if bad:
+        raise ValueError(f"{n} sample ids but per-sample lengths {bad}")
+    return [
+        {"sample_id": ids[i], "group_id": groups[i], "caption": captions[i], "reward": tot[i],
+         "rewards": {k: v[i] for k, v in per.items()}, "advantage": adv[i]}
+        for i in range(n)
+    ]
+
+
+class RunRecorder:
+    """Writes a run record under ``cfg.output.record_dir`` (layout in the module docstring)."""
+
+    def __init__(self, cfg, info: platform.DistInfo):
+        if not cfg.output.record_dir:
+            raise ValueError("RunRecorder needs cfg.output.record_dir (--record_dir)")
+        self.cfg = cfg
+        self.info = info
+        self.root = Path(cfg.output.record_dir)
+        self.record_tensors = bool(cfg.output.record_tensors)
+        self.root.mkdir(parents=True, exist_ok=True)
+        if info.is_main:
+            atomic_write_json(self.root / MANIFEST, build_manifest(cfg, info), indent=1)
+
+    def record_iteration(self, iteration: int, traj, rewards, advantages: torch.Tensor, record: dict) -> Path:
+        """Write iteration ``iteration``'s samples, images (and tensors) of this rank; rank 0 also
+        its metrics. ``traj``: a rollout Trajectory; ``rewards``: total [B] + per_reward dict;
+        ``advantages`` [B]. Returns the iteration folder."""
+        from fastvideo.sampling.images import to_uint8
+
+        folder = iteration_dir(self.root, iteration)
+        samples = sample_records(traj.sample_ids, traj.group_ids, traj.captions, rewards.total,
+                                 rewards.per_reward, advantages)
+        atomic_write_json(folder / samples_name(self.info.rank), {"iteration": int(iteration), "samples": samples},
+                          indent=1)
+        for row, pixels in zip(samples, to_uint8(traj.images).numpy()):
+            atomic_write_bytes(folder / IMAGES / image_name(row["sample_id"]), _png_bytes(pixels))
+        if self.record_tensors:
+            self._write_tensors(folder, traj)
+        if self.info.is_main:
+            atomic_write_json(folder / METRICS, _jsonable(record), indent=1)
+        return folder
+
+    def _write_tensors(self, folder: Path, traj) -> None:
+        from safetensors.torch import save
+
+        ids = [int(i) for i in traj.sample_ids.reshape(-1).tolist()]
+        def own(t: torch.Tensor) -> torch.Tensor:
+            # clone: safetensors refuses tensors that share storage (noise is a view of latents)
+            return t.detach().float().cpu().clone().contiguous()
+
+        out = {f"initial_noise/{sid}": own(traj.latents[i, 0]) for i, sid in enumerate(ids)}
+        # The whole chain of one sample per rank: enough to see at which step two runs part.
+        out[f"latents/{ids[0]}"] = own(traj.latents[0])
+        out[f"log_probs/{ids[0]}"] = own(traj.log_probs[0])
+        atomic_write_bytes(folder / tensors_name(self.info.rank), save(out))
+
+
+def _jsonable(record: dict) -> dict:
+    """Metrics with tensors turned into numbers (json.dumps writes NaN/inf as-is, which Python reads)."""
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, torch.Tensor):
+            v = v.item() if v.numel() == 1 else v.tolist()
+        out[k] = v
+    return out
