@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpointing_steps", type=int, default=40)
     g.add_argument("--checkpoints_total_limit", type=int, default=3, help="keep the last K checkpoints")
     g.add_argument("--resume_from_checkpoint", type=str, default=None, help='"latest" or a checkpoint folder')
-    g.add_argument("--image_dir", type=str, default=None, help="rollout images (default OUTPUT_DIR/images)")
+    g.add_argument("--image_dir", type=str, default=None,
+                   help="folder under which images/step_NNNNNN/ is written (default OUTPUT_DIR)")
     g.add_argument("--save_images_every", type=int, default=1, help="save rollout images every N iterations (0: never)")
     g.add_argument("--report_to", type=str, default="none", choices=["none", "wandb"])
 
@@ -357,7 +358,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
 
     out = OutputSettings(
         output_dir=args.output_dir,
-        image_dir=args.image_dir or f"{args.output_dir}/images",
+        image_dir=args.image_dir or args.output_dir,
         checkpointing_steps=args.checkpointing_steps,
         checkpoints_total_limit=args.checkpoints_total_limit,
         resume_from_checkpoint=args.resume_from_checkpoint,

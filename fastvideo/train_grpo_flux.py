@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if __package__ in (None, ""):
-        # Run as a script path (torchrun fastvideo/train_grpo_flux.py): make the package importable.
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        # Run as a script path (torchrun fastvideo/train_grpo_flux.py, as upstream's launchers do):
+        # Python put fastvideo/ first on sys.path, where fastvideo/platform.py would shadow the
+        # standard library's `platform`. Replace it with the repository root.
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+        sys.path.insert(0, os.path.dirname(here))
     sys.exit(main())

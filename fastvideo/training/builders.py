@@ -45,7 +45,9 @@ def build_models(cfg: TrainConfig, device: torch.device):
         if cfg.model.dit_model_name_or_path is None:
             flux.check_flux_folder(root, ("transformer", "vae", "text_encoder", "text_encoder_2"))
         model = flux.load_transformer(root, device=device, dtype=dtype)
-    transformer_config = dict(model.config)
+    # JSON-safe copy (diffusers keeps the load path as a Path under _name_or_path).
+    transformer_config = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
+    transformer_config["_class_name"] = type(model).__name__
     model.requires_grad_(True)
     model = wrap_model(
         model,

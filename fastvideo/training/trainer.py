@@ -20,7 +20,7 @@ from fastvideo.grpo.advantages import batch_advantages, group_advantages, zero_s
 from fastvideo.grpo.loss import clipped_policy_loss, timestep_selection
 from fastvideo.sampling import sde
 from fastvideo.sampling.randomness import RandomSource
-from fastvideo.sampling.rollout import RolloutConfig, Trajectory, predict_velocity, rollout
+from fastvideo.sampling.rollout import RolloutConfig, Trajectory, decode_images, predict_velocity, rollout
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, plot_reward_curve, reduce_scalars
 from fastvideo.utils import main_print
 
@@ -277,8 +277,10 @@ class GRPOTrainer:
         with self.timer.phase("rollout"):
             traj = rollout(
                 self.model, self.vae, embeds, pooled, text_ids, captions, indices, self.rollout_cfg,
-                self.randomness, iteration, self.device, self.autocast_dtype,
+                self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
             )
+        with self.timer.phase("decode"):
+            traj.images = decode_images(self.vae, traj.x0, self.rollout_cfg, self.device, self.autocast_dtype)
         with self.timer.phase("reward"):
             rewards = self.compute_rewards(traj)
             advantages = self.compute_advantages(rewards.total)

@@ -55,6 +55,7 @@ def make_traj(iteration: int, sample_ids: list[int], image_fn=sample_image) -> T
     latents = torch.randn(b, STEPS + 1, TOKENS, CHANNELS, generator=g)
     return Trajectory(
         latents=latents, log_probs=torch.randn(b, STEPS, generator=g), sigmas=torch.linspace(1, 0, STEPS + 1),
+        x0=latents[:, -1],
         images=torch.stack([image_fn(iteration, s) for s in sample_ids]),
         prompt_embeds=torch.zeros(b, 2, 4), pooled=torch.zeros(b, 4), text_ids=torch.zeros(2, 3),
         image_ids=torch.zeros(TOKENS, 3), sample_ids=ids, group_ids=ids // G,

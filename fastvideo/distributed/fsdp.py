@@ -1,0 +1,426 @@
+"""Data parallelism applied to a built model from outside: FSDP per transformer block, DDP, or nothing.
+
+    model = wrap_model(model, "full", device, gradient_checkpointing=True)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], ...)
+    ...loss.backward()...
+    norm = clip_grad_norm(model, max_grad_norm)   # same value on every rank
+    if guard.observe(norm): optimizer.step()      # guard = NonFiniteGradCounter()
+
+Strategies: "full" shards parameters, gradients and optimizer state over all ranks; "hybrid" shards
+within a node and replicates across nodes (a 2-D mesh); "none" keeps a full replica per rank and
+averages gradients with DDP. One process (no process group) always gets the plain module.
+
+Why FSDP1 (``FullyShardedDataParallel``) and not FSDP2 (``fully_shard``)
+-------------------------------------------------------------------------
+Both exist as public API in torch 2.7.1 (FSDP2 moved to ``torch.distributed.fsdp`` in 2.6) and in
+2.14, and both run on gloo/CPU in both versions (checked while writing this). FSDP1 is chosen because:
+
+* Ascend: the Ascend PyTorch extension's API support table for 2.7.1 lists FullyShardedDataParallel,
+  its clip_grad_norm_, ShardingStrategy, MixedPrecision and CPUOffload as supported (device_id
+  recommended), and the Ascend DanceGRPO recipe this project ports runs FSDP1 on exactly torch 2.7.1
+  with extension 2.7.1 over HCCL. The extension supports FSDP2 only from 2.6, with user reports on
+  2.7.1 of CPU offload not taking effect. No Ascend device is available here to test on, so we take
+  the path already proven there.
+* Checkpoints: the torch.distributed.checkpoint.state_dict API (get/set_model_state_dict,
+  get/set_optimizer_state_dict with full_state_dict=True, broadcast_from_rank0=True on load) gives
+  exact full model and AdamW state round trips for FSDP1 (use_orig_params=False), DDP and plain
+  modules on both torch versions (checked). With use_orig_params=True the broadcast load came back
+  wrong on torch 2.14, so we keep flat parameters. The checkpoint code only calls that API, so moving
+  to FSDP2 later changes this file only.
+* EMA: with flat parameters each rank holds one flat shard per FSDP unit; the EMA shadows exactly
+  those tensors and updates them with a handful of foreach kernels, without any gathering.
+
+"none" uses DDP rather than a manual all-reduce after backward: DDP buckets and overlaps the
+all-reduce with backward, works with gloo and HCCL, is understood by the state-dict API, and needs no
+extra call in the training loop (a forgotten manual sync would silently train diverging replicas).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fastvideo import platform
+
+STRATEGIES = ("full", "hybrid", "none")
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """FSDP mixed precision: parameters are all-gathered and computed in ``param_dtype``;
+    gradients are reduced in ``reduce_dtype``. The sharded master weights keep their own dtype."""
+
+    param_dtype: torch.dtype = torch.bfloat16
+    reduce_dtype: torch.dtype = torch.float32
+
+
+def default_block_classes() -> tuple[type[nn.Module], ...]:
+    """FLUX's double-stream and single-stream transformer blocks (the FSDP / checkpoint units)."""
+    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
+
+    return (FluxTransformerBlock, FluxSingleTransformerBlock)
+
+
+def hybrid_mesh_shape(world_size: int, local_world_size: int | None) -> tuple[int, int]:
+    """(replicate, shard) sizes of the hybrid-sharding mesh: shard within a node of
+    ``local_world_size`` ranks, replicate across the ``world_size / local_world_size`` nodes."""
+    if local_world_size is None:
+        raise ValueError(
+            f"hybrid sharding needs the number of ranks per node: set {ENV_LOCAL_WORLD_SIZE} "
+            "(torchrun sets it) or use --fsdp_sharding_strategy full"
+        )
+    if local_world_size < 1 or local_world_size > world_size or world_size % local_world_size:
+        raise ValueError(
+            f"hybrid sharding cannot form a (nodes x ranks-per-node) mesh from world size {world_size} and "
+            f"{ENV_LOCAL_WORLD_SIZE}={local_world_size}: the world size must be a multiple of the ranks per "
+            "node. Launch the same number of processes on every node, or use --fsdp_sharding_strategy full"
+        )
+    return world_size // local_world_size, local_world_size
+
+
+def _local_world_size_from_env() -> int | None:
+    value = os.environ.get(ENV_LOCAL_WORLD_SIZE)
+    if value is None or not value.strip():
+        return None
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_LOCAL_WORLD_SIZE}={value!r} is not an integer") from exc
+
+
+# ---------------------------------------------------------------- activation checkpointing
+def _blocks_in_order(model: nn.Module, block_classes: tuple[type[nn.Module], ...]) -> list[nn.Module]:
+    """Blocks in registration order, which for FLUX is execution order (double, then single)."""
+    return [m for m in model.modules() if isinstance(m, block_classes)]
+
+
+def _checkpointed(forward):
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        # Rollouts run under no_grad: nothing would be saved, so recomputation would be pure waste.
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    run.__fastvideo_checkpointed__ = True
+    return run
+
+
+def is_checkpointed(block: nn.Module) -> bool:
+    return bool(getattr(block.forward, "__fastvideo_checkpointed__", False))
+
+
+def apply_activation_checkpointing(
+    model: nn.Module, block_classes: Sequence[type[nn.Module]] | None = None, fraction: float = 1.0
+) -> int:
+    """Checkpoint the first ``round(fraction * n)`` blocks (non-reentrant torch.utils.checkpoint).
+
+    The block's ``forward`` is replaced on the instance instead of wrapping the block in another
+    module, so parameter names (and with them state dicts and checkpoints) are unchanged. Returns the
+    number of blocks checkpointed. Idempotent.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"checkpoint fraction {fraction} must be in [0, 1]")
+    classes = tuple(block_classes or default_block_classes())
+    blocks = _blocks_in_order(model, classes)
+    if not blocks:
+        raise ValueError(_no_blocks_message(model, classes))
+    count = int(math.floor(fraction * len(blocks) + 0.5))
+    for block in blocks[:count]:
+        if not is_checkpointed(block):
+            block.forward = _checkpointed(block.forward)
+    return count
+
+
+def _no_blocks_message(model: nn.Module, classes: tuple[type, ...]) -> str:
+    names = ", ".join(c.__name__ for c in classes)
+    return (
+        f"{type(model).__name__} contains no module of class {names}; pass block_classes= the model's "
+        "transformer block classes"
+    )
+
+
+# ---------------------------------------------------------------- wrapping
+def _as_policy(mixed_precision) -> PrecisionPolicy | None:
+    if mixed_precision is None or isinstance(mixed_precision, PrecisionPolicy):
+        return mixed_precision
+    if isinstance(mixed_precision, (tuple, list)) and len(mixed_precision) == 2:
+        return PrecisionPolicy(*mixed_precision)
+    raise TypeError(
+        f"mixed_precision must be None, a PrecisionPolicy or (param_dtype, reduce_dtype), not {mixed_precision!r}"
+    )
+
+
+def wrap_model(
+    model: nn.Module,
+    strategy: str = "full",
+    device: torch.device | str | None = None,
+    mixed_precision: PrecisionPolicy | tuple[torch.dtype, torch.dtype] | None = None,
+    cpu_offload: bool = False,
+    gradient_checkpointing: bool = False,
+    block_classes: Sequence[type[nn.Module]] | None = None,
+    checkpoint_fraction: float = 1.0,
+) -> nn.Module:
+    """Wrap ``model`` for data-parallel training; returns the module to call, optimise and checkpoint.
+
+    strategy: "full" (FSDP FULL_SHARD over all ranks), "hybrid" (FSDP HYBRID_SHARD: shard within a
+      node of LOCAL_WORLD_SIZE ranks, replicate across nodes), "none" (DDP, gradients averaged).
+      Each block of ``block_classes`` (default: FLUX's two block types) becomes one FSDP unit.
+    mixed_precision: FSDP compute/reduce dtypes (FSDP strategies only). The trainer normally leaves
+      this None and uses platform.autocast over fp32 master weights instead.
+    cpu_offload: keep the FSDP shards (and so the optimizer step) in host memory.
+    gradient_checkpointing / checkpoint_fraction: recompute the first fraction of the blocks in backward.
+
+    Build the optimizer from the returned module's parameters, after this call. Every rank must call
+    this with the same model weights (all ranks load the same files).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown sharding strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    policy = _as_policy(mixed_precision)
+    device = torch.device(device) if device is not None else platform.get_device(platform.dist_env()[1])
+    classes = tuple(block_classes or default_block_classes())
+    if not _blocks_in_order(model, classes):
+        raise ValueError(_no_blocks_message(model, classes))
+    if strategy == "none" and (policy is not None or cpu_offload):
+        raise ValueError(
+            "strategy 'none' (DDP) supports neither mixed_precision nor cpu_offload; use strategy 'full' or "
+            "'hybrid', or platform.autocast for mixed precision"
+        )
+    if cpu_offload and not platform.is_accelerator(device):
+        warnings.warn("cpu_offload has no effect on a CPU device: parameters already live in host memory")
+        cpu_offload = False
+    if gradient_checkpointing:
+        apply_activation_checkpointing(model, classes, checkpoint_fraction)
+
+    world = platform.world_size()
+    if world == 1:
+        if policy is not None:
+            warnings.warn("mixed_precision is an FSDP setting and is not applied to a single process; use autocast")
+        return model.to(device)
+    if strategy == "none":
+        return _wrap_ddp(model, device)
+    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world)
+
+
+def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model.to(device)
+    device_ids = [device] if platform.is_accelerator(device) else None
+    return DDP(model, device_ids=device_ids)
+
+
+def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world) -> nn.Module:
+    from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    kwargs = {}
+    sharding = ShardingStrategy.FULL_SHARD
+    if strategy == "hybrid":
+        replicate, shard = hybrid_mesh_shape(world, _local_world_size_from_env())
+        if shard == 1:
+            # One rank per node: pure replication. FSDP1 given a (W, 1) mesh silently switches to
+            # NO_SHARD over the size-1 shard group and then never averages gradients across nodes
+            # (measured: each rank trained its own replica), so ask for NO_SHARD over all ranks.
+            sharding = ShardingStrategy.NO_SHARD
+        elif replicate > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
+            kwargs["device_mesh"] = mesh
+            sharding = ShardingStrategy.HYBRID_SHARD
+        # replicate == 1 (a single node): hybrid is exactly full sharding.
+    if policy is not None:
+        kwargs["mixed_precision"] = MixedPrecision(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)
+    if cpu_offload:
+        kwargs["cpu_offload"] = CPUOffload(offload_params=True)
+        model.to("cpu")  # FSDP shards on the host; each unit is copied to device_id for its compute
+    return FSDP(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy(set(classes)),
+        sharding_strategy=sharding,
+        device_id=device,
+        use_orig_params=False,  # flat parameters: see the module docstring
+        limit_all_gathers=True,  # bounds the all-gathers in flight, which bounds peak memory
+        **kwargs,
+    )
+
+
+# ---------------------------------------------------------------- helpers for the training loop
+def is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return isinstance(model, FSDP)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside an FSDP / DDP wrapper (its .config, its block lists)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if is_fsdp(model) or isinstance(model, DDP):
+        return model.module
+    return model
+
+
+def free_unsharded_params(model: nn.Module) -> None:
+    """Drop gathered (unsharded) parameters that FSDP1 still holds.
+
+    FSDP1 keeps the root unit's all-gathered parameters after a forward (expecting a backward) and
+    reuses them at the next forward without gathering again. Code that writes the local shards
+    outside the optimizer (the EMA swap) must call this first, or the next forward and state dict
+    silently see the old weights (measured). No-op for DDP and plain modules. Uses FSDP1's own
+    reshard routine (private, unchanged from torch 2.7 to 2.14).
+    """
+    if not is_fsdp(model):
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp._runtime_utils import _reshard
+
+    for module in FSDP.fsdp_modules(model):
+        handle = getattr(module, "_handle", None)
+        if handle is not None and handle.uses_sharded_strategy and not handle.needs_unshard():
+            _reshard(module, handle, True)
+
+
+def no_sync(model: nn.Module, enabled: bool = True):
+    """Skip DDP's gradient all-reduce (for accumulation micro-batches that are not the last).
+
+    A no-op for FSDP on purpose: FSDP1's no_sync keeps full unsharded gradients on every rank,
+    which costs as much memory as not sharding at all; reducing every micro-batch is correct too.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if enabled and isinstance(model, DDP):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
+    """Clip the global gradient norm to ``max_norm`` (None or <= 0: measure only) and return the
+    total norm before clipping as a 0-d float tensor on the gradients' device (no host sync).
+
+    FSDP: the root's clip_grad_norm_ reduces the per-shard norms across ranks. DDP / plain: the
+    gradients are already identical on every rank, so torch.nn.utils.clip_grad_norm_ is global.
+    Every rank returns the same value, so a decision taken on it (skip a non-finite step) agrees.
+    """
+    limit = math.inf if max_norm is None or max_norm <= 0 else float(max_norm)
+    if is_fsdp(model):
+        norm = model.clip_grad_norm_(limit)
+    else:
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, limit)
+    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor norm (per-parameter sharding)
+    return full_tensor() if callable(full_tensor) else norm
+
+
+class NonFiniteGradCounter:
+    """Counts optimizer steps whose gradient norm was inf / nan (the loop skips those steps).
+
+        if counter.observe(norm): optimizer.step()
+        else: optimizer.zero_grad(set_to_none=True)
+
+    ``observe`` synchronises with the host once (one scalar per optimizer step).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.consecutive = 0
+
+    def observe(self, total_norm: torch.Tensor | float) -> bool:
+        finite = bool(torch.isfinite(torch.as_tensor(total_norm)).all())
+        if finite:
+            self.consecutive = 0
+        else:
+            self.count += 1
+            self.consecutive += 1
+        return finite
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "consecutive": self.consecutive}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = int(state["count"])
+        self.consecutive = int(state["consecutive"])
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The tensors the optimizer and the EMA see: FSDP flat shards, DDP / plain parameters."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+# ---------------------------------------------------------------- full (unsharded) state dicts
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _offload_to_cpu(model: nn.Module) -> bool:
+    """Gather to host memory on rank 0 only when the parameters live on an accelerator (or FSDP
+    offloads them there). With CPU-resident parameters offloading buys nothing, and FSDP1's
+    offload_to_cpu path breaks on them in torch 2.7.1 (storage of size 0 error)."""
+    offload = getattr(getattr(model, "cpu_offload", None), "offload_params", False)
+    return bool(offload) or any(platform.is_accelerator(p.device) for p in model.parameters())
+
+
+def _options(model: nn.Module, *, load: bool, **extra):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    if not _distributed():
+        return StateDictOptions(full_state_dict=True, **extra)
+    if load:
+        # Only rank 0 reads the files; the tensors reach the other ranks by broadcast, so host memory
+        # holds one full copy per node instead of one per rank.
+        return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, **extra)
+    return StateDictOptions(full_state_dict=True, cpu_offload=_offload_to_cpu(model), **extra)
+
+
+def _rank0_only(state: dict) -> dict:
+    return state if platform.rank() == 0 else {}
+
+
+def full_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Collective. The full, unsharded state dict with the unwrapped model's parameter names
+    (diffusers' names for FLUX) on rank 0; {} on the other ranks. Values may alias live parameters
+    on a single process: copy them before changing the model."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return _rank0_only(get_model_state_dict(model, options=_options(model, load=False)))
+
+
+def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
+    """Collective. Load a full state dict that rank 0 holds (other ranks may pass {}); the wrapper
+    shards it. Consumes ``state_dict``."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, _rank0_only(state_dict), options=_options(model, load=True, strict=strict))
+
+
+def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Collective. {"state": {param name: {"step", "exp_avg", ...}}, "param_groups": [...]} keyed
+    by the unwrapped model's parameter names, independent of the world size; {} on ranks != 0."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return _rank0_only(get_optimizer_state_dict(model, optimizer, options=_options(model, load=False)))
+
+
+def load_full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Collective. Inverse of full_optimizer_state_dict (rank 0's dict is used). Consumes ``state``."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    tuples = [{k for k, v in group.items() if isinstance(v, tuple)} for group in optimizer.param_groups]
+    set_optimizer_state_dict(model, optimizer, _rank0_only(state), options=_options(model, load=True))
+    # The setter hands back hyper-parameters like AdamW's betas as lists; keep the optimizer's own types.
+    for group, keys in zip(optimizer.param_groups, tuples):
+        for key in keys:
+            if isinstance(group.get(key), list):
+                group[key] = tuple(group[key])

@@ -1,0 +1,119 @@
+"""Flow-matching sigma schedule and the SDE step with its Gaussian log-probability.
+
+Pure functions, no I/O, no host synchronisation. Everything is computed in float32 whatever the
+input dtype: the log-probability ratio exp(logp_new - logp_old) is the quantity GRPO clips at
+1 +- 1e-4, and bf16 round-off alone would exceed that.
+
+Notation (see ALGORITHM.md): x is the latent at sigma_k, v the predicted velocity, sigma_next is
+sigma_{k+1} < sigma_k, Delta = sigma_next - sigma_k.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# log(sqrt(2 pi)), the Gaussian normalising constant per element.
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def sigma_schedule(num_steps: int, shift: float) -> torch.Tensor:
+    """Shifted flow-matching noise levels, float32 [num_steps + 1], from 1 down to exactly 0.
+
+    t_k = linspace(1, 0, N + 1); sigma_k = s t_k / (1 + (s - 1) t_k). A shift s > 1 spends more
+    steps at high noise, which is where FLUX's composition is decided.
+    """
+    if num_steps < 1:
+        raise ValueError(f"sampling_steps must be >= 1, got {num_steps}")
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+    t = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float32)
+    return shift * t / (1.0 + (shift - 1.0) * t)
+
+
+def _per_sample(value: torch.Tensor | float, batch: int, ndim: int, device) -> torch.Tensor:
+    """A python float, a 0-d tensor or a [B] tensor -> float32 tensor broadcastable to [B, ...].
+
+    Python floats become float32 tensors too, so a float and the equal float32 tensor give
+    bit-identical steps.
+    """
+    t = torch.as_tensor(value, dtype=torch.float32, device=device)
+    if t.ndim == 0:
+        return t
+    if t.ndim != 1 or t.shape[0] != batch:
+        raise ValueError(f"sigma must be a float, a 0-d tensor or a [B={batch}] tensor; got shape {tuple(t.shape)}")
+    return t.view(batch, *([1] * (ndim - 1)))
+
+
+def sde_step(
+    latents: torch.Tensor,
+    velocity: torch.Tensor,
+    sigma: torch.Tensor | float,
+    sigma_next: torch.Tensor | float,
+    eta: float,
+    noise: torch.Tensor | None = None,
+    prev_sample: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step x_k -> x_{k+1} of the flow-matching SDE and log p(x_{k+1} | x_k).
+
+    latents, velocity: [B, ...] (any dtype; computed in float32).
+    sigma, sigma_next: python floats, 0-d tensors or per-sample [B] tensors (the update phase
+        trains a different timestep for each sample of a micro-batch).
+    eta: noise scale; eta == 0 is the deterministic Euler ODE step x + Delta * v and the
+        returned log_prob is zeros (there is no density).
+    noise: eps ~ N(0, I) [B, ...] for the rollout draw. Required when eta > 0 and prev_sample is
+        None: the caller owns every random draw (sampling.randomness), so none happens here.
+    prev_sample: the stored x_{k+1} [B, ...]; when given, nothing is sampled and its
+        log-probability under the step's Gaussian is evaluated (the update phase).
+
+    Returns (prev_sample float32 [B, ...], log_prob float32 [B]); log_prob is the mean over all
+    non-batch elements of log N(prev_sample; mean, std^2), as DanceGRPO averages.
+    """
+    if latents.shape != velocity.shape:
+        raise ValueError(f"latents {tuple(latents.shape)} and velocity {tuple(velocity.shape)} differ in shape")
+    if eta < 0:
+        raise ValueError(f"eta must be >= 0, got {eta}")
+    x = latents.float()
+    v = velocity.float()
+    batch, ndim = x.shape[0], x.ndim
+    s = _per_sample(sigma, batch, ndim, x.device)
+    s_next = _per_sample(sigma_next, batch, ndim, x.device)
+    delta = s_next - s  # < 0: sigma decreases towards the data
+
+    if eta == 0:
+        # Same arithmetic as diffusers' FlowMatchEulerDiscreteScheduler.step, so the ODE path can be
+        # checked against FluxPipeline.
+        sample = x + delta * v if prev_sample is None else prev_sample.float()
+        return sample, torch.zeros(batch, dtype=torch.float32, device=x.device)
+
+    x0_hat = x - s * v
+    score = -(x - (1.0 - s) * x0_hat) / (s * s)
+    mean = x + delta * (v - 0.5 * eta * eta * score)
+    std = eta * torch.sqrt(s - s_next)
+
+    if prev_sample is None:
+        if noise is None:
+            raise ValueError("sde_step with eta > 0 needs `noise` (from RandomSource.step_noise) or `prev_sample`")
+        if noise.shape != x.shape:
+            raise ValueError(f"noise {tuple(noise.shape)} must have the latents' shape {tuple(x.shape)}")
+        sample = mean + std * noise.float()
+    else:
+        if prev_sample.shape != x.shape:
+            raise ValueError(f"prev_sample {tuple(prev_sample.shape)} must have the latents' shape {tuple(x.shape)}")
+        sample = prev_sample.float()
+
+    log_prob = -((sample.detach() - mean) ** 2) / (2.0 * std * std) - torch.log(std) - _LOG_SQRT_2PI
+    return sample, log_prob.mean(dim=tuple(range(1, ndim)))
+
+
+def x0_prediction(latents: torch.Tensor, velocity: torch.Tensor, sigma: torch.Tensor | float) -> torch.Tensor:
+    """x0_hat = x - sigma * v in float32 [B, ...]: the model's clean-image estimate at sigma.
+
+    The rollout decodes its images from this at the last step. Note that with eta > 0 the last
+    SDE step's mean is NOT x0_hat: at sigma_next = 0 the mean is x0_hat - eta^2/2 * eps_hat with
+    eps_hat = x + (1 - sigma) v, and the sample adds eta sqrt(sigma) noise on top.
+    """
+    x = latents.float()
+    s = _per_sample(sigma, x.shape[0], x.ndim, x.device)
+    return x - s * velocity.float()

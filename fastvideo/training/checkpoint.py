@@ -1,0 +1,616 @@
+"""Save and resume the full training state, atomically and without pickle.
+
+    ckpt = Checkpointer(output_dir, keep_last=3)
+    ckpt.save(iteration, model=model, optimizer=opt, lr_scheduler=sched, ema=ema,
+              extra={"iteration": iteration, "sampler": sampler.state_dict()},
+              transformer_config=dict(unwrap_model(model).config))        # every rank calls it
+    extra = ckpt.load("latest", model=model, optimizer=opt, lr_scheduler=sched, ema=ema)
+
+Layout of ``OUTPUT_DIR/checkpoint-{iteration}/``:
+
+    model.safetensors          full fp32 transformer weights, diffusers parameter names
+    transformer_config.json    the transformer's diffusers config (export needs no base folder)
+    optimizer.json/.safetensors    full AdamW state keyed by parameter name (any world size)
+    scheduler.json             LR scheduler state
+    ema.safetensors, ema.json  full EMA weights (same names as the model) and its counters
+    extra_state.json/.safetensors  the caller's dict (iteration, sampler, RNG states ...)
+    rank_state/rank-NNNNN.*    optional per-rank dicts
+    meta.json                  iteration, world size, torch version, time
+    COMPLETE.json              written last: every file with its size
+
+Full (unsharded) state dicts rather than torch.distributed.checkpoint shards: the model file is
+directly a diffusers weight file, a checkpoint resumes on any number of ranks, and DCP's metadata
+file is a pickle, which this project does not load. Tensors go to safetensors and everything else
+to JSON; nothing is ever unpickled.
+
+Atomicity: everything is written into ``checkpoint-{iteration}.tmp-XXXX`` and fsynced; the marker
+is written last; the folder is then renamed into place (an atomic rename on POSIX file systems)
+and the parent folder fsynced. A crash at any point leaves either the previous checkpoints only
+or the new, complete one; find_latest() ignores temporary folders and folders without a marker.
+Rank 0 writes the shared files; the output folder must be on a file system all ranks see when
+per-rank state is saved.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fastvideo import platform
+from fastvideo.distributed import fsdp
+
+FORMAT_VERSION = 1
+PREFIX = "checkpoint-"
+MARKER = "COMPLETE.json"
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "transformer_config.json"
+EMA_FILE = "ema.safetensors"
+_FINAL_RE = re.compile(r"^checkpoint-(\d+)$")
+_SCRATCH_RE = re.compile(r"^checkpoint-\d+\.(tmp|old|deleting)-")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, or holds something that cannot be loaded safely."""
+
+
+class NoCheckpointError(CheckpointError, FileNotFoundError):
+    """No (complete) checkpoint where one was asked for."""
+
+
+# ======================================================================== pickle-free trees
+_TAGS = ("__tensor__", "__tuple__", "__dict__", "__ndarray__", "__bytes__", "__dtype__")
+
+
+def encode_tree(obj: Any, tensors: dict[str, torch.Tensor], where: str = "state") -> Any:
+    """JSON-able form of ``obj``; tensors move to ``tensors`` and are referenced by key.
+
+    Supports dict (any JSON-scalar keys), list, tuple, str, int, float, bool, None, torch tensors,
+    torch dtypes, numpy arrays and scalars, bytes. Anything else is refused with its location:
+    a checkpoint must never need pickle to be read back.
+    """
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        key = f"t{len(tensors)}"
+        tensors[key] = obj.detach()
+        return {"__tensor__": key}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [encode_tree(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [encode_tree(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: encode_tree(v, tensors, f"{where}.{k}") for k, v in obj.items()}
+        pairs = []
+        for k, v in obj.items():
+            if not (k is None or isinstance(k, (bool, int, float, str))):
+                raise TypeError(f"{where}: dict key {k!r} of type {type(k).__name__} cannot be stored")
+            pairs.append([k, encode_tree(v, tensors, f"{where}[{k!r}]")])
+        return {"__dict__": pairs}
+    if isinstance(obj, torch.dtype):
+        return {"__dtype__": str(obj).removeprefix("torch.")}
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise TypeError(f"{where}: numpy arrays of Python objects cannot be stored")
+        data = base64.b64encode(np.ascontiguousarray(obj).tobytes()).decode("ascii")
+        return {"__ndarray__": data, "dtype": obj.dtype.str, "shape": list(obj.shape)}
+    if isinstance(obj, np.generic):
+        return encode_tree(obj.item(), tensors, where)
+    if isinstance(obj, (bytes, bytearray)):
+        return {"__bytes__": base64.b64encode(bytes(obj)).decode("ascii")}
+    raise TypeError(
+        f"{where}: a {type(obj).__module__}.{type(obj).__name__} cannot be stored in a checkpoint without "
+        "pickle; convert it to tensors, numbers, strings, lists and dicts (e.g. its state_dict())"
+    )
+
+
+def decode_tree(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of encode_tree."""
+    if isinstance(obj, list):
+        return [decode_tree(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    tag = next((t for t in _TAGS if t in obj), None)
+    if tag == "__tensor__":
+        try:
+            return tensors[obj["__tensor__"]]
+        except KeyError as exc:
+            raise CheckpointError(f"tensor {obj['__tensor__']!r} is missing from the checkpoint") from exc
+    if tag == "__tuple__":
+        return tuple(decode_tree(v, tensors) for v in obj["__tuple__"])
+    if tag == "__dict__":
+        return {k: decode_tree(v, tensors) for k, v in obj["__dict__"]}
+    if tag == "__dtype__":
+        return getattr(torch, obj["__dtype__"])
+    if tag == "__ndarray__":
+        raw = base64.b64decode(obj["__ndarray__"])
+        return np.frombuffer(raw, dtype=np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
+    if tag == "__bytes__":
+        return base64.b64decode(obj["__bytes__"])
+    return {k: decode_tree(v, tensors) for k, v in obj.items()}
+
+
+# ======================================================================== files
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _owned_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU tensors with no two sharing storage (safetensors refuses shared memory)."""
+    out, seen = {}, set()
+    for key, t in tensors.items():
+        t = t.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if t.numel() and ptr in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[key] = t
+    return out
+
+
+def _write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    save_file(_owned_tensors(tensors), str(path), metadata={"format": "pt"})
+    _fsync_path(path)
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for corrupt or foreign files
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({exc}); checkpoints are loaded without pickle"
+        ) from exc
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not a JSON file ({exc}); checkpoints are loaded without pickle") from exc
+
+
+def save_tree(folder: Path, stem: str, obj: Any) -> list[str]:
+    """Write ``obj`` as stem.json (+ stem.safetensors when it holds tensors). Returns file names."""
+    tensors: dict[str, torch.Tensor] = {}
+    encoded = encode_tree(obj, tensors, stem)
+    names = []
+    if tensors:
+        _write_tensors(folder / f"{stem}.safetensors", tensors)
+        names.append(f"{stem}.safetensors")
+    _write_json(folder / f"{stem}.json", {"format_version": FORMAT_VERSION, "tree": encoded})
+    names.append(f"{stem}.json")
+    return names
+
+
+def load_tree(folder: Path, stem: str) -> Any:
+    doc = _read_json(folder / f"{stem}.json")
+    if not isinstance(doc, dict) or "tree" not in doc:
+        raise CheckpointError(f"{folder / (stem + '.json')} is not a checkpoint state file")
+    tensor_file = folder / f"{stem}.safetensors"
+    tensors = _read_tensors(tensor_file) if tensor_file.exists() else {}
+    return decode_tree(doc["tree"], tensors)
+
+
+def safe_torch_load(path: str | os.PathLike, map_location="cpu"):
+    """torch.load restricted to tensors and plain containers (for foreign .pt/.bin weight files)."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{path} holds pickled Python objects that are not plain tensors; refusing to load it "
+            "(only weights_only=True loads are allowed)"
+        ) from exc
+
+
+# ======================================================================== finding checkpoints
+def checkpoint_dir(output_dir: str | os.PathLike, iteration: int) -> Path:
+    return Path(output_dir) / f"{PREFIX}{iteration}"
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    path = Path(path)
+    if not path.is_dir() or not (path / MARKER).is_file():
+        return False
+    try:
+        marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(marker, dict) and "files" in marker
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``output_dir`` as (iteration, path), oldest first."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        m = _FINAL_RE.match(child.name)
+        if m and is_complete(child):
+            found.append((int(m.group(1)), child))
+    return sorted(found)
+
+
+def find_latest(output_dir: str | os.PathLike) -> Path | None:
+    """The complete checkpoint with the highest iteration, or None. Temporary folders of
+    interrupted saves and folders without the completion marker are ignored."""
+    found = list_checkpoints(output_dir)
+    return found[-1][1] if found else None
+
+
+def verify_checkpoint(path: str | os.PathLike) -> dict:
+    """Check that ``path`` is a complete checkpoint (marker present, every file at its recorded
+    size). Returns the marker. Raises NoCheckpointError / CheckpointError naming the problem."""
+    path = Path(path)
+    if not path.exists():
+        raise NoCheckpointError(f"checkpoint {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"{str(path)!r} is a file, not a checkpoint folder ({PREFIX}N)")
+    if not (path / MARKER).is_file():
+        hint = ""
+        if list_checkpoints(path):
+            hint = " It holds checkpoint folders: pass one of them, or 'latest' with this folder as output_dir."
+        elif _SCRATCH_RE.match(path.name):
+            hint = " It is the temporary folder of a save that did not finish."
+        raise CheckpointError(
+            f"{str(path)!r} is not a complete checkpoint: {MARKER} is missing (the save was interrupted, or this "
+            f"is not a checkpoint folder).{hint} Resume from an earlier checkpoint or from 'latest'."
+        )
+    marker = _read_json(path / MARKER)
+    files = marker.get("files", {}) if isinstance(marker, dict) else {}
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file() or f.stat().st_size != size:
+            raise CheckpointError(f"checkpoint {str(path)!r} is damaged: {name} is missing or has the wrong size")
+    return marker
+
+
+def resolve_checkpoint(spec: str | os.PathLike, output_dir: str | os.PathLike | None = None) -> Path:
+    """'latest' -> the newest complete checkpoint in output_dir; a path -> that checkpoint, checked."""
+    if str(spec) == "latest":
+        if output_dir is None:
+            raise ValueError("resume 'latest' needs the output directory to search")
+        latest = find_latest(output_dir)
+        if latest is None:
+            raise NoCheckpointError(
+                f"--resume_from_checkpoint latest: no complete {PREFIX}N folder in {str(output_dir)!r}. Start "
+                "without --resume_from_checkpoint, or pass a checkpoint folder"
+            )
+        return latest
+    path = Path(spec)
+    verify_checkpoint(path)
+    return path
+
+
+# ======================================================================== collectives for control
+def _broadcast_from_rank0(value):
+    if platform.world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _describe(error: BaseException | None) -> str | None:
+    return None if error is None else f"rank {platform.rank()}: {type(error).__name__}: {error}"
+
+
+def _first_error(local: BaseException | None) -> str | None:
+    """Every rank learns whether any rank failed (so no rank waits forever in a collective)."""
+    message = _describe(local)
+    if platform.world_size() == 1:
+        return message
+    messages = [None] * platform.world_size()
+    dist.all_gather_object(messages, message)
+    return next((m for m in messages if m is not None), None)
+
+
+class _Attempts:
+    """Rank-local writes that must not skip later collectives: the first failure is kept and the
+    remaining writes are skipped, while the caller keeps taking part in every gather."""
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+
+    def run(self, fn: Callable[[], Any]) -> None:
+        if self.error is not None:
+            return
+        try:
+            fn()
+        except Exception as exc:  # re-raised once every rank knows
+            self.error = exc
+
+
+# ======================================================================== save
+def _config_value(value):
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"transformer config value {value!r} ({type(value).__name__}) is not JSON-serialisable")
+
+
+def _clean_config(config: dict | None) -> dict | None:
+    """A diffusers config as plain JSON, without the entries that describe where it was loaded from."""
+    if config is None:
+        return None
+    cfg = json.loads(json.dumps(dict(config), default=_config_value))
+    for key in ("_use_default_values", "_name_or_path"):
+        cfg.pop(key, None)
+    cfg.setdefault("_class_name", "FluxTransformer2DModel")
+    return cfg
+
+
+def _model_config(model: nn.Module) -> dict | None:
+    config = getattr(fsdp.unwrap_model(model), "config", None)
+    return _clean_config(config) if config is not None else None
+
+
+def _remove_scratch(output_dir: Path) -> None:
+    for child in output_dir.iterdir():
+        if child.is_dir() and _SCRATCH_RE.match(child.name):
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def _discard(path: Path) -> None:
+    """Rename first (atomic), then delete: a crash mid-delete never leaves a half checkpoint under
+    its final name."""
+    doomed = Path(tempfile.mkdtemp(prefix=f"{path.name}.deleting-", dir=path.parent))
+    os.rmdir(doomed)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def prune_checkpoints(output_dir: str | os.PathLike, keep_last: int | None) -> list[Path]:
+    """Delete all but the newest ``keep_last`` complete checkpoints (None or <= 0 keeps all)."""
+    if not keep_last or keep_last <= 0:
+        return []
+    doomed = [p for _, p in list_checkpoints(output_dir)[:-keep_last]]
+    for path in doomed:
+        _discard(path)
+    return doomed
+
+
+def _publish(tmp: Path, final: Path, files: list[str], iteration: int) -> None:
+    sizes = {name: (tmp / name).stat().st_size for name in files}
+    _write_json(tmp / MARKER, {"format_version": FORMAT_VERSION, "iteration": iteration, "files": sizes})
+    for folder in {(tmp / name).parent for name in files} | {tmp}:
+        _fsync_path(folder)
+    if final.exists():  # a rerun reached the same iteration: the new state replaces the old
+        _discard(final)
+    os.replace(tmp, final)
+    _fsync_path(final.parent)
+
+
+def save_checkpoint(
+    output_dir: str | os.PathLike,
+    iteration: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_scheduler=None,
+    ema=None,
+    extra_state: dict | None = None,
+    transformer_config: dict | None = None,
+    rank_state: dict | None = None,
+    keep_last: int | None = None,
+) -> Path:
+    """Collective: every rank calls it. Writes OUTPUT_DIR/checkpoint-{iteration} atomically and
+    returns its path; then keeps only the newest ``keep_last`` checkpoints. ``extra_state`` is saved
+    once (from rank 0); ``rank_state`` once per rank. Both must be pickle-free trees (encode_tree)."""
+    output_dir = Path(output_dir)
+    is_main = platform.rank() == 0
+    final = checkpoint_dir(output_dir, iteration)
+    attempts, files = _Attempts(), []
+    tmp: Path | None = None
+
+    def start():
+        nonlocal tmp
+        output_dir.mkdir(parents=True, exist_ok=True)
+        _remove_scratch(output_dir)  # leftovers of saves killed before they could clean up
+        tmp = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{iteration}.tmp-", dir=output_dir))
+
+    if is_main:
+        attempts.run(start)
+    tmp = _broadcast_from_rank0(tmp)
+
+    def write_tree(stem, obj):
+        files.extend(save_tree(tmp, stem, obj))
+
+    def write_tensors(name, tensors):
+        _write_tensors(tmp / name, tensors)
+        files.append(name)
+
+    # Gather one component at a time (every rank takes part), write it on rank 0, drop it: rank 0
+    # never holds model, optimizer and EMA in host memory at once.
+    state = fsdp.full_model_state_dict(model)
+    if is_main:
+        attempts.run(lambda: write_tensors(MODEL_FILE, state))
+        config = _clean_config(transformer_config) if transformer_config is not None else _model_config(model)
+        if config is not None:
+            attempts.run(lambda: (_write_json(tmp / CONFIG_FILE, config), files.append(CONFIG_FILE)))
+    del state
+    if optimizer is not None:
+        state = fsdp.full_optimizer_state_dict(model, optimizer)
+        if is_main:
+            attempts.run(lambda: write_tree("optimizer", state))
+        del state
+    if ema is not None:
+        state = ema.full_state_dict(model)
+        if is_main:
+            attempts.run(lambda: write_tensors(EMA_FILE, state))
+            attempts.run(lambda: write_tree("ema", {"decay": ema.decay, "num_updates": ema.num_updates}))
+        del state
+    if is_main:
+        if lr_scheduler is not None:
+            attempts.run(lambda: write_tree("scheduler", lr_scheduler.state_dict()))
+        attempts.run(lambda: write_tree("extra_state", dict(extra_state or {})))
+        meta = {"format_version": FORMAT_VERSION, "iteration": iteration, "world_size": platform.world_size(),
+                "torch": torch.__version__, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        attempts.run(lambda: (_write_json(tmp / "meta.json", meta), files.append("meta.json")))
+    if rank_state is not None and tmp is not None:
+        def write_rank():
+            (tmp / "rank_state").mkdir(exist_ok=True)
+            save_tree(tmp / "rank_state", f"rank-{platform.rank():05d}", rank_state)
+
+        attempts.run(write_rank)
+
+    failure = _first_error(attempts.error)  # also a barrier: every rank has written its files
+    if failure is None:
+        if is_main:
+            if rank_state is not None:
+                files.extend(f"rank_state/{p.name}" for p in sorted((tmp / "rank_state").iterdir()))
+            attempts.run(lambda: _publish(tmp, final, files, iteration))
+        failure = _broadcast_from_rank0(_describe(attempts.error) if is_main else None)
+    if failure is not None:
+        if is_main and tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if attempts.error is not None:
+            raise attempts.error
+        raise CheckpointError(f"saving {final} failed ({failure}); nothing was published")
+    if is_main:
+        try:
+            prune_checkpoints(output_dir, keep_last)
+        except OSError as exc:  # the new checkpoint is safe; an old one lingering is not fatal
+            warnings.warn(f"could not delete old checkpoints in {output_dir}: {exc}")
+    platform.barrier()
+    return final
+
+
+# ======================================================================== load
+@dataclass
+class LoadedCheckpoint:
+    path: Path
+    iteration: int
+    extra_state: dict = field(default_factory=dict)
+    rank_state: dict | None = None
+    meta: dict = field(default_factory=dict)
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_scheduler=None,
+    ema=None,
+) -> LoadedCheckpoint:
+    """Collective. Restore what is passed from a checkpoint folder; rank 0 reads the model,
+    optimizer and EMA files and the wrapper distributes them, so it works for any world size."""
+    path = Path(path)
+    is_main = platform.rank() == 0
+    problem = None
+    if is_main:
+        try:
+            verify_checkpoint(path)
+            if ema is not None and not (path / EMA_FILE).is_file():
+                raise CheckpointError(f"{path} has no EMA weights ({EMA_FILE}); it was saved without --use_ema")
+            if optimizer is not None and not (path / "optimizer.json").is_file():
+                raise CheckpointError(f"{path} has no optimizer state")
+        except CheckpointError as exc:
+            problem = exc
+    message = _broadcast_from_rank0(None if problem is None else f"{type(problem).__name__}: {problem}")
+    if problem is not None:
+        raise problem
+    if message is not None:
+        raise CheckpointError(message)
+
+    fsdp.load_full_model_state_dict(model, _read_tensors(path / MODEL_FILE) if is_main else {})
+    if optimizer is not None:
+        fsdp.load_full_optimizer_state_dict(model, optimizer, load_tree(path, "optimizer") if is_main else {})
+    if ema is not None:
+        counters = load_tree(path, "ema") if is_main else {}
+        ema.load_full_state_dict(model, _read_tensors(path / EMA_FILE) if is_main else {})
+        ema.num_updates = int(_broadcast_from_rank0(counters.get("num_updates", 0) if is_main else 0))
+    if lr_scheduler is not None:
+        lr_scheduler.load_state_dict(_broadcast_from_rank0(load_tree(path, "scheduler") if is_main else None))
+    extra = _broadcast_from_rank0(load_tree(path, "extra_state") if is_main else None)
+    meta = _broadcast_from_rank0(_read_json(path / "meta.json") if is_main else None)
+    rank_state = _load_rank_state(path, meta)
+    return LoadedCheckpoint(path=path, iteration=int(meta["iteration"]), extra_state=extra,
+                            rank_state=rank_state, meta=meta)
+
+
+def _load_rank_state(path: Path, meta: dict) -> dict | None:
+    folder = path / "rank_state"
+    if not folder.is_dir():
+        return None
+    if int(meta.get("world_size", -1)) != platform.world_size():
+        warnings.warn(
+            f"{path} was saved by {meta.get('world_size')} ranks and is loaded by {platform.world_size()}: "
+            "per-rank state is not restored"
+        )
+        return None
+    return load_tree(folder, f"rank-{platform.rank():05d}")
+
+
+def resume_from_checkpoint(
+    spec: str | os.PathLike, output_dir: str | os.PathLike, model: nn.Module, optimizer=None, lr_scheduler=None,
+    ema=None,
+) -> LoadedCheckpoint:
+    """Collective. ``spec`` is 'latest' (newest complete checkpoint in output_dir) or a folder."""
+    found, problem = None, None
+    if platform.rank() == 0:
+        try:
+            found = str(resolve_checkpoint(spec, output_dir))
+        except (CheckpointError, ValueError) as exc:
+            problem = exc
+    found, message = _broadcast_from_rank0((found, None if problem is None else str(problem)))
+    if problem is not None:
+        raise problem
+    if message is not None:
+        raise CheckpointError(message)
+    return load_checkpoint(found, model, optimizer, lr_scheduler, ema)
+
+
+class Checkpointer:
+    """The training loop's handle: where checkpoints go and how many are kept."""
+
+    def __init__(self, output_dir: str | os.PathLike, keep_last: int | None = None):
+        self.output_dir = Path(output_dir)
+        self.keep_last = keep_last
+
+    def save(self, iteration: int, *, model, optimizer=None, lr_scheduler=None, ema=None, extra=None,
+             transformer_config=None, rank_state=None) -> Path:
+        return save_checkpoint(self.output_dir, iteration, model, optimizer, lr_scheduler, ema, extra,
+                               transformer_config, rank_state, self.keep_last)
+
+    def load(self, spec, *, model, optimizer=None, lr_scheduler=None, ema=None) -> dict:
+        """Restore everything passed; returns the saved extra dict (with 'iteration' always set)."""
+        loaded = resume_from_checkpoint(spec, self.output_dir, model, optimizer, lr_scheduler, ema)
+        extra = dict(loaded.extra_state)
+        extra.setdefault("iteration", loaded.iteration)
+        return extra
+
+    def find_latest(self) -> Path | None:
+        return find_latest(self.output_dir)
