@@ -10,6 +10,12 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
+
+# torch's FSDP1 optimizer-state gather warns about gloo/CPU process groups at every checkpoint;
+# the warnings are about a deprecated internal helper and say nothing the user can act on.
+warnings.filterwarnings("ignore", message=".*_get_pg_default_device.*")
+warnings.filterwarnings("ignore", message="Multiple backends are registered with this ProcessGroup.*")
 
 
 def main(argv: list[str] | None = None) -> int:

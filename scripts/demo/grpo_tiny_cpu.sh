@@ -11,7 +11,7 @@ export FASTVIDEO_DEVICE=cpu
 source scripts/common.sh
 DEMO_DIR=${DEMO_DIR:-data/demo}
 NPROC=${NPROC:-2}
-STEPS=${STEPS:-30}
+STEPS=${STEPS:-40}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 if [ "${DRY_RUN:-0}" != 1 ]; then
@@ -35,17 +35,17 @@ fg_run --standalone --nnodes=1 --nproc_per_node="$NPROC" \
   --eta 0.7 \
   --shift 3 \
   --num_generations 8 \
-  --train_batch_size 2 \
+  --train_batch_size 1 \
   --rollout_batch_size 8 \
-  --train_micro_batch_size 8 \
+  --train_micro_batch_size 4 \
   --gradient_accumulation_steps 1 \
-  --timestep_fraction 0.5 \
+  --timestep_fraction 1.0 \
   --ignore_last \
   --use_group \
   --init_same_noise \
   --clip_range 0.2 \
   --adv_clip_max 5.0 \
-  --learning_rate 3e-4 \
+  --learning_rate 3e-3 \
   --weight_decay 0.0 \
   --max_grad_norm 1.0 \
   --mixed_precision no \
