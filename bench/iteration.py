@@ -1,0 +1,176 @@
+"""Where an iteration's time goes, and proof that no transformer pass is hidden.
+
+    python bench/iteration.py [--preset small] [--size 128] [--iterations 3] [--micro 1 2 4 8]
+
+Runs the real trainer in this process (CPU, fp32, one rank) on a tiny/small random FLUX and
+prints, per iteration configuration:
+  * transformer forward passes counted by hooks against the analytic count
+    (rollout: steps x samples; update: trained steps x samples; recompute with gradient
+    checkpointing: the same again, counted on the blocks);
+  * seconds per phase (rollout, decode, reward, update) and their shares;
+  * the share of wall time spent outside model compute (transformer forward + backward + VAE decode);
+  * update samples/s against train_micro_batch_size.
+A benchmark, not a test: it prints figures, it asserts only the forward-pass count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("FASTVIDEO_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+
+class ComputeMeter:
+    """Counts and times transformer forwards (top level and per block) and backward calls."""
+
+    def __init__(self, model):
+        from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
+
+        self.forward_calls = 0
+        self.forward_samples = 0
+        self.block_calls = 0
+        self.seconds = 0.0
+        self._t0 = None
+        model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        model.register_forward_hook(self._post)
+        self.num_blocks = sum(isinstance(m, (FluxTransformerBlock, FluxSingleTransformerBlock)) for m in model.modules())
+        real_backward = torch.Tensor.backward
+        meter = self
+
+        def timed_backward(tensor, *args, **kwargs):
+            t = time.perf_counter()
+            real_backward(tensor, *args, **kwargs)
+            meter.seconds += time.perf_counter() - t
+
+        torch.Tensor.backward = timed_backward
+
+    def _pre(self, module, args, kwargs):
+        self._t0 = time.perf_counter()
+        hs = kwargs.get("hidden_states", args[0] if args else None)
+        self.forward_calls += 1
+        self.forward_samples += int(hs.shape[0])
+
+    def _post(self, module, args, output):
+        self.seconds += time.perf_counter() - self._t0
+
+    def reset(self):
+        self.forward_calls = self.forward_samples = self.block_calls = 0
+        self.seconds = 0.0
+
+
+BLOCK_CALLS = [0]
+
+
+def count_block_executions() -> None:
+    """Count every execution of a FLUX block's forward, including activation-checkpointing
+    recomputation (which calls forward directly and so bypasses module hooks)."""
+    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
+
+    for cls in (FluxTransformerBlock, FluxSingleTransformerBlock):
+        original = cls.forward
+
+        def counted(self, *args, _original=original, **kwargs):
+            BLOCK_CALLS[0] += 1
+            return _original(self, *args, **kwargs)
+
+        cls.forward = counted
+
+
+def build_inputs(preset: str, work: Path) -> tuple[Path, Path]:
+    from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess
+    from fastvideo.tools.make_tiny_flux import make_tiny_flux
+
+    model = make_tiny_flux(work / preset, preset=preset, seed=0)
+    res = run_preprocess(PreprocessConfig(model_path=str(model), prompt_file=str(ROOT / "assets" / "prompts_tiny.txt"),
+                                          output_dir=str(work / "emb"), max_sequence_length=64, batch_size=8,
+                                          dataloader_num_workers=0))
+    return model, Path(res.json_path)
+
+
+def run(model: Path, data: Path, out: Path, args, micro: int, checkpointing: bool) -> dict:
+    from fastvideo import platform
+    from fastvideo.config import parse_config
+    from fastvideo.training.trainer import GRPOTrainer
+
+    argv = [
+        "--data_json_path", str(data), "--pretrained_model_name_or_path", str(model), "--output_dir", str(out),
+        "--rewards", "compressibility:1.0", "--h", str(args.size), "--w", str(args.size),
+        "--sampling_steps", str(args.steps), "--eta", "0.3", "--num_generations", str(args.generations),
+        "--train_batch_size", "1", "--rollout_batch_size", str(args.rollout_batch_size),
+        "--train_micro_batch_size", str(micro), "--gradient_accumulation_steps", "1",
+        "--timestep_fraction", "0.6", "--ignore_last", "--use_group", "--mixed_precision", "no",
+        "--max_train_steps", str(args.iterations), "--checkpointing_steps", "1000", "--save_images_every", "0",
+        "--dataloader_num_workers", "0", "--fsdp_sharding_strategy", "none",
+    ] + (["--gradient_checkpointing"] if checkpointing else [])
+    cfg = parse_config(argv)
+    trainer = GRPOTrainer(cfg, platform.init_distributed())
+    trainer.setup()
+    trainer.save_checkpoint = lambda: None  # benchmark only: no checkpoint I/O in the timings
+    meter = ComputeMeter(trainer.model)
+    rows = []
+    for _ in range(args.iterations):
+        meter.reset()
+        BLOCK_CALLS[0] = 0
+        rec = trainer.run_iteration()
+        meter.block_calls = BLOCK_CALLS[0]
+        B = cfg.rollout.num_generations * cfg.prompts_per_rank
+        T = cfg.grpo.trained_steps(cfg.rollout.sampling_steps)
+        expected_samples = cfg.rollout.sampling_steps * B + T * B
+        rows.append(dict(
+            rec=rec, calls=meter.forward_calls, samples=meter.forward_samples,
+            expected_samples=expected_samples, block_calls=meter.block_calls,
+            expected_block_calls=meter.num_blocks * (
+                -(-B // cfg.rollout.rollout_batch_size) * cfg.rollout.sampling_steps
+                + -(-B // micro) * T * (2 if checkpointing else 1)),
+            compute_s=meter.seconds + rec.get("time_decode", 0.0), B=B, T=T,
+        ))
+    return rows[-1]  # the last iteration (warm)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small", choices=["tiny", "small"])
+    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--generations", type=int, default=8)
+    ap.add_argument("--rollout_batch_size", type=int, default=4)
+    ap.add_argument("--iterations", type=int, default=2)
+    ap.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    count_block_executions()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model, data = build_inputs(args.preset, work)
+        print(f"# {args.preset} preset, {args.size}x{args.size}, {args.steps} steps, G={args.generations}, "
+              f"rollout_batch_size {args.rollout_batch_size}, torch threads {torch.get_num_threads()}\n")
+        print("| micro | ckpt | fwd samples (counted/analytic) | block calls (counted/analytic) | rollout s | decode s | "
+              "reward s | update s | iteration s | outside model compute | update samples/s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for checkpointing in (False, True):
+            for micro in args.micro if not checkpointing else args.micro[:1]:
+                r = run(model, data, work / f"out_{micro}_{checkpointing}", args, micro, checkpointing)
+                rec = r["rec"]
+                it = rec["time_iteration"]
+                outside = max(0.0, it - r["compute_s"]) / it
+                ok = "ok" if (r["samples"], r["block_calls"]) == (r["expected_samples"], r["expected_block_calls"]) else "MISMATCH"
+                print(f"| {micro} | {checkpointing} | {r['samples']}/{r['expected_samples']} | "
+                      f"{r['block_calls']}/{r['expected_block_calls']} {ok} | {rec['time_rollout']:.2f} | "
+                      f"{rec['time_decode']:.2f} | {rec['time_reward']:.3f} | {rec['time_update']:.2f} | {it:.2f} | "
+                      f"{100 * outside:.1f}% | {r['B'] * r['T'] / rec['time_update']:.1f} |", flush=True)
+                if ok != "ok":
+                    raise SystemExit("hidden or missing transformer passes: see the row above")
+
+
+if __name__ == "__main__":
+    main()
