@@ -173,8 +173,9 @@ def wrap_model(
 ) -> nn.Module:
     """Wrap ``model`` for data-parallel training; returns the module to call, optimise and checkpoint.
 
-    strategy: "full" (FSDP FULL_SHARD over all ranks), "hybrid" (FSDP HYBRID_SHARD: shard within a
-      node of LOCAL_WORLD_SIZE ranks, replicate across nodes), "none" (DDP, gradients averaged).
+    strategy: "full" (FSDP FULL_SHARD over all ranks), "hybrid" (FSDP HYBRID_SHARD on a
+      (nodes, LOCAL_WORLD_SIZE) mesh: shard within a node, replicate across nodes; one node is full
+      sharding, one rank per node is NO_SHARD replication), "none" (DDP, gradients averaged).
       Each block of ``block_classes`` (default: FLUX's two block types) becomes one FSDP unit.
     mixed_precision: FSDP compute/reduce dtypes (FSDP strategies only). The trainer normally leaves
       this None and uses platform.autocast over fp32 master weights instead.
@@ -197,15 +198,20 @@ def wrap_model(
             "'hybrid', or platform.autocast for mixed precision"
         )
     if cpu_offload and not platform.is_accelerator(device):
-        warnings.warn("cpu_offload has no effect on a CPU device: parameters already live in host memory")
+        warnings.warn("cpu_offload has no effect on a CPU device: parameters already live in host memory",
+                      stacklevel=2)
         cpu_offload = False
     if gradient_checkpointing:
         apply_activation_checkpointing(model, classes, checkpoint_fraction)
 
     world = platform.world_size()
     if world == 1:
+        # Sharding over one rank would only add copies; the plain module is the same computation.
         if policy is not None:
-            warnings.warn("mixed_precision is an FSDP setting and is not applied to a single process; use autocast")
+            warnings.warn("mixed_precision is an FSDP setting and is not applied to a single process; use autocast",
+                          stacklevel=2)
+        if cpu_offload:
+            warnings.warn("cpu_offload is an FSDP setting and is not applied to a single process", stacklevel=2)
         return model.to(device)
     if strategy == "none":
         return _wrap_ddp(model, device)

@@ -66,11 +66,19 @@ def _write_transformer(folder: Path, weights: Path, config: dict, dtype: torch.d
     save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
 
 
+LINK_MIN_BYTES = 1 << 20
+
+
 def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+    """Hard-link large weight files (no extra disk for text encoders and VAE); copy small ones, so
+    editing a config in OUT never edits the base folder through a shared inode."""
+    if os.path.getsize(src) >= LINK_MIN_BYTES:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
 
 
 def _copy_base(base: Path, out: Path) -> None:

@@ -337,11 +337,13 @@ def _first_error(local: BaseException | None) -> str | None:
     return next((m for m in messages if m is not None), None)
 
 
-class _Attempts:
-    """Rank-local writes that must not skip later collectives: the first failure is kept and the
-    remaining writes are skipped, while the caller keeps taking part in every gather."""
+class _Writer:
+    """Rank-local writes into the temporary folder. The first failure is kept and later writes are
+    skipped, while the caller keeps taking part in every collective (so no rank is left waiting)."""
 
     def __init__(self) -> None:
+        self.folder: Path | None = None
+        self.files: list[str] = []
         self.error: Exception | None = None
 
     def run(self, fn: Callable[[], Any]) -> None:
@@ -351,6 +353,15 @@ class _Attempts:
             fn()
         except Exception as exc:  # re-raised once every rank knows
             self.error = exc
+
+    def tensors(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        self.run(lambda: (_write_tensors(self.folder / name, tensors), self.files.append(name)))
+
+    def json(self, name: str, obj: Any) -> None:
+        self.run(lambda: (_write_json(self.folder / name, obj), self.files.append(name)))
+
+    def tree(self, stem: str, obj: Any) -> None:
+        self.run(lambda: self.files.extend(save_tree(self.folder, stem, obj)))
 
 
 # ======================================================================== save
@@ -414,6 +425,43 @@ def _publish(tmp: Path, final: Path, files: list[str], iteration: int) -> None:
     _fsync_path(final.parent)
 
 
+def _open_temp(output_dir: Path, iteration: int) -> Path:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _remove_scratch(output_dir)  # leftovers of saves killed before they could clean up
+    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{iteration}.tmp-", dir=output_dir))
+
+
+def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimizer, lr_scheduler, ema,
+                      extra_state, transformer_config) -> None:
+    """Gather one component at a time (every rank takes part), write it on rank 0 and drop it:
+    rank 0 never holds the model, the optimizer state and the EMA in host memory at once."""
+    state = fsdp.full_model_state_dict(model)
+    if is_main:
+        w.tensors(MODEL_FILE, state)
+        config = _clean_config(transformer_config) if transformer_config is not None else _model_config(model)
+        if config is not None:
+            w.json(CONFIG_FILE, config)
+    del state
+    if optimizer is not None:
+        state = fsdp.full_optimizer_state_dict(model, optimizer)
+        if is_main:
+            w.tree("optimizer", state)
+        del state
+    if ema is not None:
+        state = ema.full_state_dict(model)
+        if is_main:
+            w.tensors(EMA_FILE, state)
+            w.tree("ema", {"decay": ema.decay, "num_updates": ema.num_updates})
+        del state
+    if is_main:
+        if lr_scheduler is not None:
+            w.tree("scheduler", lr_scheduler.state_dict())
+        w.tree("extra_state", dict(extra_state or {}))
+        w.json("meta.json", {"format_version": FORMAT_VERSION, "iteration": iteration,
+                             "world_size": platform.world_size(), "torch": torch.__version__,
+                             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+
 def save_checkpoint(
     output_dir: str | os.PathLike,
     iteration: int,
@@ -428,82 +476,40 @@ def save_checkpoint(
 ) -> Path:
     """Collective: every rank calls it. Writes OUTPUT_DIR/checkpoint-{iteration} atomically and
     returns its path; then keeps only the newest ``keep_last`` checkpoints. ``extra_state`` is saved
-    once (from rank 0); ``rank_state`` once per rank. Both must be pickle-free trees (encode_tree)."""
+    once (from rank 0); ``rank_state`` once per rank. Both must be pickle-free trees (encode_tree).
+    On failure nothing is published, the temporary folder is removed and every rank raises."""
     output_dir = Path(output_dir)
     is_main = platform.rank() == 0
     final = checkpoint_dir(output_dir, iteration)
-    attempts, files = _Attempts(), []
-    tmp: Path | None = None
-
-    def start():
-        nonlocal tmp
-        output_dir.mkdir(parents=True, exist_ok=True)
-        _remove_scratch(output_dir)  # leftovers of saves killed before they could clean up
-        tmp = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{iteration}.tmp-", dir=output_dir))
-
+    w = _Writer()
     if is_main:
-        attempts.run(start)
-    tmp = _broadcast_from_rank0(tmp)
+        w.run(lambda: setattr(w, "folder", _open_temp(output_dir, iteration)))
+    w.folder = _broadcast_from_rank0(w.folder)
+    _write_components(w, is_main, iteration, model, optimizer, lr_scheduler, ema, extra_state, transformer_config)
+    if rank_state is not None and w.folder is not None:
+        w.run(lambda: (w.folder / "rank_state").mkdir(exist_ok=True))
+        w.tree(f"rank_state/rank-{platform.rank():05d}", rank_state)
 
-    def write_tree(stem, obj):
-        files.extend(save_tree(tmp, stem, obj))
-
-    def write_tensors(name, tensors):
-        _write_tensors(tmp / name, tensors)
-        files.append(name)
-
-    # Gather one component at a time (every rank takes part), write it on rank 0, drop it: rank 0
-    # never holds model, optimizer and EMA in host memory at once.
-    state = fsdp.full_model_state_dict(model)
-    if is_main:
-        attempts.run(lambda: write_tensors(MODEL_FILE, state))
-        config = _clean_config(transformer_config) if transformer_config is not None else _model_config(model)
-        if config is not None:
-            attempts.run(lambda: (_write_json(tmp / CONFIG_FILE, config), files.append(CONFIG_FILE)))
-    del state
-    if optimizer is not None:
-        state = fsdp.full_optimizer_state_dict(model, optimizer)
-        if is_main:
-            attempts.run(lambda: write_tree("optimizer", state))
-        del state
-    if ema is not None:
-        state = ema.full_state_dict(model)
-        if is_main:
-            attempts.run(lambda: write_tensors(EMA_FILE, state))
-            attempts.run(lambda: write_tree("ema", {"decay": ema.decay, "num_updates": ema.num_updates}))
-        del state
-    if is_main:
-        if lr_scheduler is not None:
-            attempts.run(lambda: write_tree("scheduler", lr_scheduler.state_dict()))
-        attempts.run(lambda: write_tree("extra_state", dict(extra_state or {})))
-        meta = {"format_version": FORMAT_VERSION, "iteration": iteration, "world_size": platform.world_size(),
-                "torch": torch.__version__, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        attempts.run(lambda: (_write_json(tmp / "meta.json", meta), files.append("meta.json")))
-    if rank_state is not None and tmp is not None:
-        def write_rank():
-            (tmp / "rank_state").mkdir(exist_ok=True)
-            save_tree(tmp / "rank_state", f"rank-{platform.rank():05d}", rank_state)
-
-        attempts.run(write_rank)
-
-    failure = _first_error(attempts.error)  # also a barrier: every rank has written its files
+    failure = _first_error(w.error)  # also a barrier: every rank has written its files
     if failure is None:
         if is_main:
             if rank_state is not None:
-                files.extend(f"rank_state/{p.name}" for p in sorted((tmp / "rank_state").iterdir()))
-            attempts.run(lambda: _publish(tmp, final, files, iteration))
-        failure = _broadcast_from_rank0(_describe(attempts.error) if is_main else None)
+                w.files = [f for f in w.files if not f.startswith("rank_state/")]
+                w.files += [f"rank_state/{p.name}" for p in sorted((w.folder / "rank_state").iterdir())]
+            w.run(lambda: _publish(w.folder, final, w.files, iteration))
+        failure = _broadcast_from_rank0(_describe(w.error) if is_main else None)
     if failure is not None:
-        if is_main and tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if attempts.error is not None:
-            raise attempts.error
+        if is_main and w.folder is not None:
+            shutil.rmtree(w.folder, ignore_errors=True)
+        platform.barrier()  # every rank knows of the failure; return only once the folder is gone
+        if w.error is not None:
+            raise w.error
         raise CheckpointError(f"saving {final} failed ({failure}); nothing was published")
     if is_main:
         try:
             prune_checkpoints(output_dir, keep_last)
         except OSError as exc:  # the new checkpoint is safe; an old one lingering is not fatal
-            warnings.warn(f"could not delete old checkpoints in {output_dir}: {exc}")
+            warnings.warn(f"could not delete old checkpoints in {output_dir}: {exc}", stacklevel=2)
     platform.barrier()
     return final
 
@@ -518,6 +524,58 @@ class LoadedCheckpoint:
     meta: dict = field(default_factory=dict)
 
 
+def _rank0_then_share(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on rank 0 and hand its (small) result to every rank. If it raises a checkpoint
+    problem, every rank raises (rank 0 the original error, the others its message) instead of the
+    other ranks waiting forever in the next collective."""
+    value, problem = None, None
+    if platform.rank() == 0:
+        try:
+            value = fn()
+        except (CheckpointError, ValueError) as exc:
+            problem = exc
+    value, message = _broadcast_from_rank0((value, None if problem is None else f"{type(problem).__name__}: {problem}"))
+    if problem is not None:
+        raise problem
+    if message is not None:
+        raise CheckpointError(message)
+    return value
+
+
+def _check_safetensors(path: Path) -> None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception as exc:  # safetensors raises its own error types for corrupt or foreign files
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({exc}); checkpoints are loaded without pickle"
+        ) from exc
+
+
+def _check_loadable(path: Path, optimizer, lr_scheduler, ema) -> None:
+    """Everything rank 0 will read, checked before the first collective: marker, sizes, headers."""
+    verify_checkpoint(path)
+    wanted = {MODEL_FILE: "model weights", "extra_state.json": "extra state", "meta.json": "metadata"}
+    if optimizer is not None:
+        wanted["optimizer.json"] = "optimizer state"
+    if lr_scheduler is not None:
+        wanted["scheduler.json"] = "LR scheduler state"
+    if ema is not None:
+        wanted.update({EMA_FILE: "EMA weights (saved without --use_ema?)", "ema.json": "EMA counters"})
+    for name, what in wanted.items():
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path} has no {what} ({name})")
+    for name in sorted({*wanted, "optimizer.safetensors", "scheduler.safetensors", "extra_state.safetensors"}):
+        if not (path / name).is_file():
+            continue
+        if name.endswith(".safetensors"):
+            _check_safetensors(path / name)
+        else:
+            _read_json(path / name)
+
+
 def load_checkpoint(
     path: str | os.PathLike,
     model: nn.Module,
@@ -529,36 +587,19 @@ def load_checkpoint(
     optimizer and EMA files and the wrapper distributes them, so it works for any world size."""
     path = Path(path)
     is_main = platform.rank() == 0
-    problem = None
-    if is_main:
-        try:
-            verify_checkpoint(path)
-            if ema is not None and not (path / EMA_FILE).is_file():
-                raise CheckpointError(f"{path} has no EMA weights ({EMA_FILE}); it was saved without --use_ema")
-            if optimizer is not None and not (path / "optimizer.json").is_file():
-                raise CheckpointError(f"{path} has no optimizer state")
-        except CheckpointError as exc:
-            problem = exc
-    message = _broadcast_from_rank0(None if problem is None else f"{type(problem).__name__}: {problem}")
-    if problem is not None:
-        raise problem
-    if message is not None:
-        raise CheckpointError(message)
-
+    _rank0_then_share(lambda: _check_loadable(path, optimizer, lr_scheduler, ema))
     fsdp.load_full_model_state_dict(model, _read_tensors(path / MODEL_FILE) if is_main else {})
     if optimizer is not None:
         fsdp.load_full_optimizer_state_dict(model, optimizer, load_tree(path, "optimizer") if is_main else {})
     if ema is not None:
-        counters = load_tree(path, "ema") if is_main else {}
         ema.load_full_state_dict(model, _read_tensors(path / EMA_FILE) if is_main else {})
-        ema.num_updates = int(_broadcast_from_rank0(counters.get("num_updates", 0) if is_main else 0))
+        ema.num_updates = int(_rank0_then_share(lambda: load_tree(path, "ema")["num_updates"]))
     if lr_scheduler is not None:
-        lr_scheduler.load_state_dict(_broadcast_from_rank0(load_tree(path, "scheduler") if is_main else None))
-    extra = _broadcast_from_rank0(load_tree(path, "extra_state") if is_main else None)
-    meta = _broadcast_from_rank0(_read_json(path / "meta.json") if is_main else None)
-    rank_state = _load_rank_state(path, meta)
+        lr_scheduler.load_state_dict(_rank0_then_share(lambda: load_tree(path, "scheduler")))
+    extra = _rank0_then_share(lambda: load_tree(path, "extra_state"))
+    meta = _rank0_then_share(lambda: _read_json(path / "meta.json"))
     return LoadedCheckpoint(path=path, iteration=int(meta["iteration"]), extra_state=extra,
-                            rank_state=rank_state, meta=meta)
+                            rank_state=_load_rank_state(path, meta), meta=meta)
 
 
 def _load_rank_state(path: Path, meta: dict) -> dict | None:
@@ -568,7 +609,8 @@ def _load_rank_state(path: Path, meta: dict) -> dict | None:
     if int(meta.get("world_size", -1)) != platform.world_size():
         warnings.warn(
             f"{path} was saved by {meta.get('world_size')} ranks and is loaded by {platform.world_size()}: "
-            "per-rank state is not restored"
+            "per-rank state is not restored",
+            stacklevel=3,
         )
         return None
     return load_tree(folder, f"rank-{platform.rank():05d}")
@@ -579,17 +621,7 @@ def resume_from_checkpoint(
     ema=None,
 ) -> LoadedCheckpoint:
     """Collective. ``spec`` is 'latest' (newest complete checkpoint in output_dir) or a folder."""
-    found, problem = None, None
-    if platform.rank() == 0:
-        try:
-            found = str(resolve_checkpoint(spec, output_dir))
-        except (CheckpointError, ValueError) as exc:
-            problem = exc
-    found, message = _broadcast_from_rank0((found, None if problem is None else str(problem)))
-    if problem is not None:
-        raise problem
-    if message is not None:
-        raise CheckpointError(message)
+    found = _rank0_then_share(lambda: str(resolve_checkpoint(spec, output_dir)))
     return load_checkpoint(found, model, optimizer, lr_scheduler, ema)
 
 
