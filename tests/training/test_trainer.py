@@ -50,7 +50,8 @@ def test_two_process_fsdp_run(tiny_flux_dir, tiny_embeddings, tmp_path):
 @pytest.mark.slow
 def test_exact_resume_two_processes(tiny_flux_dir, tiny_embeddings, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    common = dict(checkpointing_steps=2, save_images_every=0, use_ema=True, ema_decay=0.9)
+    # Without --use_group the advantages are normalised over the gathered global batch.
+    common = dict(checkpointing_steps=2, save_images_every=0, use_ema=True, ema_decay=0.9, use_group=None)
     _ok(torchrun(train_args(tiny_embeddings, tiny_flux_dir, straight, max_train_steps=4, **common)))
     _ok(torchrun(train_args(tiny_embeddings, tiny_flux_dir, split, max_train_steps=2, **common)))
     _ok(torchrun(train_args(tiny_embeddings, tiny_flux_dir, split, max_train_steps=4,
@@ -78,7 +79,7 @@ def test_first_ratio_is_one_when_batches_match(tiny_flux_dir, tiny_embeddings, t
     out = tmp_path / "ratio"
     argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=1, num_generations=4,
                       rollout_batch_size=2, train_micro_batch_size=2, save_images_every=0,
-                      fsdp_sharding_strategy="none")
+                      fsdp_sharding_strategy="none", dataloader_num_workers=2)
     assert _run_single(argv, monkeypatch) == 0
     (row,) = read_metrics(out)
     assert row["first_ratio_dev"] < 1e-5
@@ -130,3 +131,19 @@ def test_learning_with_compressibility(tiny_flux_dir, tiny_embeddings, tmp_path,
     rewards = [r["reward_mean"] for r in read_metrics(out)]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
     assert last > first + 0.05, rewards
+
+
+def test_wandb_without_its_extra_names_the_extra(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *args, **kwargs):
+        if name.split(".")[0] == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "w", report_to="wandb", max_train_steps=1)
+    assert _run_single(argv, monkeypatch) == 1
+    assert "flux-grpo[wandb]" in capsys.readouterr().err
