@@ -25,14 +25,14 @@ def require(module: str, extra: str, feature: str):
         ) from exc
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a file so that readers see either the old or the new content, never half."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write-then-rename: readers (and a crash) see the old or the new content, never half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -40,6 +40,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> None:

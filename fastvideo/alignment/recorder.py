@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from fastvideo import platform
-from fastvideo.utils import atomic_write_json
+from fastvideo.utils import atomic_write_bytes, atomic_write_json
 
 FORMAT = "flux_grpo-run-record"
 MANIFEST = "manifest.json"
@@ -52,21 +50,6 @@ def samples_name(rank: int) -> str:
 
 def tensors_name(rank: int) -> str:
     return f"tensors_rank{int(rank):05d}.safetensors"
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write-then-rename: a reader (or a crash) never leaves half a file under the final name."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _png_bytes(pixels) -> bytes:

@@ -15,12 +15,12 @@ second implementation (or another seed, or another device) sees exactly the capt
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import torch
+
+from fastvideo.utils import atomic_write_bytes
 
 INITIAL_NOISE = "initial_noise"
 STEP_NOISE = "step_noise"
@@ -186,7 +186,7 @@ class RandomSource:
             suffix = f"_rank{self.rank}" if self.world_size > 1 else ""
             path = self.dir / f"{self._file_stem(tag, index)}{suffix}.safetensors"
             records = {k: v.contiguous() for k, v in self._pending[(tag, index)].items()}
-            _atomic_write_bytes(path, save(records))
+            atomic_write_bytes(path, save(records))
 
     def _replayed(self, kind: str, index: int, key: str, shape: tuple[int, ...]) -> torch.Tensor:
         tag = self._file_tag(kind)
@@ -229,16 +229,3 @@ class RandomSource:
     def __repr__(self) -> str:
         where = f", dir={str(self.dir)!r}" if self.dir is not None else ""
         return f"RandomSource(seed={self.seed}, mode={self.mode}{where})"
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write-then-rename, so a replaying reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

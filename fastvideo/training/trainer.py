@@ -19,7 +19,6 @@ from fastvideo.config import TrainConfig
 from fastvideo.grpo.advantages import batch_advantages, group_advantages, zero_std_ratio
 from fastvideo.grpo.loss import clipped_policy_loss, timestep_selection
 from fastvideo.sampling import sde
-from fastvideo.sampling.randomness import RandomSource
 from fastvideo.sampling.rollout import RolloutConfig, Trajectory, decode_images, predict_velocity, rollout
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, plot_reward_curve, reduce_scalars
 from fastvideo.utils import main_print
@@ -190,7 +189,7 @@ class GRPOTrainer:
 
     def update(self, traj: Trajectory, advantages: torch.Tensor, iteration: int) -> UpdateStats:
         """Clipped GRPO update over micro-batches; one optimizer step per accumulation window."""
-        cfg, g = self.cfg, self.cfg.grpo
+        g = self.cfg.grpo
         n_candidates = traj.num_steps - 1 if g.ignore_last else traj.num_steps
         num_trained = g.trained_steps(traj.num_steps)
         perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, n_candidates)
@@ -267,7 +266,6 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ loop
     def run_iteration(self) -> dict:
         iteration = self.iteration + 1
-        cfg = self.cfg
         self.timer.reset()
         platform.reset_peak_memory(self.device)
         t0 = time.perf_counter()
