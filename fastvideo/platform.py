@@ -246,6 +246,12 @@ def empty_cache(device: torch.device | str) -> None:
         _device_module(dev_type).empty_cache()
 
 
+def fused_adamw_supported(device: torch.device | str) -> bool:
+    """torch's fused AdamW kernel exists for CPU and CUDA; torch_npu's support for it is not
+    documented for 2.7.1, so NPU uses the multi-tensor path."""
+    return torch.device(device).type in (CPU, CUDA)
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices). Draws that must agree across devices do not
     rely on this: they come from explicit CPU generators (see sampling.randomness)."""
