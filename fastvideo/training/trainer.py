@@ -203,6 +203,7 @@ class GRPOTrainer:
 
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
+        window_loss = torch.zeros((), device=self.device)  # this accumulation window's loss
         ratio_sum = torch.zeros((), device=self.device)
         clip_sum = torch.zeros((), device=self.device)
         first_dev = torch.zeros((), device=self.device)
@@ -216,6 +217,7 @@ class GRPOTrainer:
                 loss, stats = clipped_policy_loss(logp, old, adv[rows.to(adv.device)], g.clip_range)
                 (loss * scale).backward()
                 loss_sum += loss.detach() * scale
+                window_loss += loss.detach() * scale
                 ratio_sum += stats.ratio_mean
                 clip_sum += stats.clip_fraction
                 terms += 1
@@ -223,24 +225,27 @@ class GRPOTrainer:
                     first_dev = stats.ratio_abs_dev_max
             last = m == n_micro - 1
             if (m + 1) % g.gradient_accumulation_steps == 0 or last:
-                norm, ok = self._optimizer_step(loss_sum)
-                grad_norms.append(norm)
+                norm, ok = self._optimizer_step(window_loss)
+                window_loss = torch.zeros((), device=self.device)
+                if ok:
+                    grad_norms.append(norm)
                 opt_steps += int(ok)
                 skipped += int(not ok)
         self.model.eval()
         return UpdateStats(
-            loss=float(loss_sum), grad_norm=float(sum(grad_norms) / max(1, len(grad_norms))),
+            loss=float(loss_sum),
+            grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
             ratio_mean=float(ratio_sum / max(1, terms)), first_ratio_dev=float(first_dev),
             clip_fraction=float(clip_sum / max(1, terms)), optimizer_steps=opt_steps,
             skipped_steps=skipped, forward_passes=terms,
         )
 
-    def _optimizer_step(self, loss_sum: torch.Tensor) -> tuple[float, bool]:
+    def _optimizer_step(self, window_loss: torch.Tensor) -> tuple[float, bool]:
         """Clip, check finiteness (the same decision on every rank), step or skip."""
         from fastvideo.distributed.fsdp import clip_grad_norm
 
         norm = clip_grad_norm(self.model, self.cfg.optim.max_grad_norm)
-        bad = (~torch.isfinite(norm)).float() + (~torch.isfinite(loss_sum)).float()
+        bad = (~torch.isfinite(norm)).float() + (~torch.isfinite(window_loss)).float()
         bad = platform.all_reduce_max(bad.reshape(1).to(self.device))
         if bad.item() > 0:
             self.optimizer.zero_grad(set_to_none=True)
