@@ -146,3 +146,39 @@ def test_wandb_without_its_extra_names_the_extra(tiny_flux_dir, tiny_embeddings,
     argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "w", report_to="wandb", max_train_steps=1)
     assert _run_single(argv, monkeypatch) == 1
     assert "flux-grpo[wandb]" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_failing_rank_brings_the_job_down_with_its_reason(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """Rank 1 raises in its second iteration (a sitecustomize injected only into this test's ranks);
+    rank 0 must not hang in the next collective: the job ends quickly, naming rank 1's error."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import fastvideo.training.trainer as t\n"
+        "    real = t.GRPOTrainer.run_iteration\n"
+        "    def failing(self):\n"
+        "        if self.iteration == 1:\n"
+        "            raise RuntimeError('injected failure on rank 1')\n"
+        "        return real(self)\n"
+        "    t.GRPOTrainer.run_iteration = failing\n"
+    )
+    env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               PYTHONPATH=f"{inject}{os.pathsep}{ROOT}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "fastvideo" / "train_grpo_flux.py"),
+           *train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out", max_train_steps=4, save_images_every=0)]
+    start = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
+    assert proc.returncode != 0
+    assert "[rank 1] training failed: RuntimeError: injected failure on rank 1" in proc.stderr
+    assert time.time() - start < 200
