@@ -108,12 +108,25 @@ class GRPOTrainer:
 
             run_probes_for_config(cfg, self.model, self.vae, self.device)
         if self.info.is_main:
-            for note in cfg.compat_notes:
-                main_print(f"[config] {note}")
-            derived = cfg.derived(self.info.world_size)
-            main_print("[config] " + " ".join(f"{k}={v}" for k, v in derived.items()))
+            self._log_config()
         if cfg.output.report_to == "wandb" and self.info.is_main:
             self.wandb_run = builders.start_wandb(cfg)
+
+    def _log_config(self) -> None:
+        """Print the resolved config with its derived quantities and keep it as OUTPUT_DIR/config.json."""
+        import json
+
+        from fastvideo.utils import atomic_write_json
+
+        cfg = self.cfg
+        derived = cfg.derived(self.info.world_size)
+        resolved = {**cfg.to_dict(), "derived": derived, "device": str(self.device)}
+        resolved["reward"]["spec"] = [f"{s.name}:{s.weight:g}" for s in cfg.reward.spec]
+        atomic_write_json(Path(cfg.output.output_dir) / "config.json", resolved)
+        for note in cfg.compat_notes:
+            main_print(f"[config] {note}")
+        main_print("[config] " + json.dumps({k: v for k, v in resolved.items() if k != "derived"}, default=str))
+        main_print("[config] derived: " + " ".join(f"{k}={v}" for k, v in derived.items()))
 
     def _maybe_resume(self) -> None:
         spec = self.cfg.output.resume_from_checkpoint

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,9 @@ def test_two_process_fsdp_run(tiny_flux_dir, tiny_embeddings, tmp_path):
     changed = sum(not torch.equal(trained[k], base[k]) for k in base)
     assert changed > len(base) // 2, f"only {changed} of {len(base)} tensors changed"
     assert (out / "reward_curve.png").stat().st_size > 5000
+    resolved = json.loads((out / "config.json").read_text())
+    assert resolved["derived"]["world_size"] == 2 and resolved["derived"]["samples_per_iteration"] == 4
+    assert resolved["reward"]["spec"] == ["compressibility:1"]
     assert sorted(p.name for p in (out / "images" / "step_000002").glob("flux_*.png")) == [
         "flux_0_0.png", "flux_0_1.png", "flux_1_0.png", "flux_1_1.png"]
 
