@@ -200,7 +200,11 @@ def test_interrupted_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
             raise OSError("disk full (simulated)")
         real_write(path, tensors)
 
+    from fastvideo.training import state_io
+
+    # Every tensor file goes through one writer, whichever module calls it.
     monkeypatch.setattr(checkpoint, "_write_tensors", fail_on_second_file)
+    monkeypatch.setattr(state_io, "_write_tensors", fail_on_second_file)
     with pytest.raises(OSError, match="simulated"):
         _save(ckpt, 2, state)
     assert written == ["model.safetensors", "optimizer.safetensors"]  # the model file had been written
