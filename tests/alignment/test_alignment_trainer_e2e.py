@@ -6,7 +6,6 @@ Run A goes through the command line (a subprocess); B and C call the same entry 
 in-process to keep the file fast.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,9 +20,6 @@ from fastvideo.sampling.randomness import RandomSource
 from fastvideo.tools.compare_runs import main as compare_main
 
 REPO = Path(__file__).resolve().parents[2]
-TRAINER_PARTS = ("fastvideo.distributed.fsdp", "fastvideo.training.checkpoint")
-_missing = [m for m in TRAINER_PARTS if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(bool(_missing), reason=f"trainer not ready: {', '.join(_missing)} missing")
 
 SEED, OTHER_SEED = 3, 11
 
