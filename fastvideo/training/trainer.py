@@ -89,7 +89,6 @@ class GRPOTrainer:
         self.dataset = builders.build_dataset(cfg)
         self.transformer_config, self.model, self.vae = builders.build_models(cfg, self.device)
         self.dataset.check_against_transformer(self.transformer_config)
-        self.data_randomness = None
         if cfg.output.dump_randomness or cfg.output.load_randomness:
             self.data_randomness = builders.build_randomness(cfg, self.info, kind="data")
         self.sampler = builders.build_sampler(cfg, len(self.dataset), self.info, self.data_randomness)
