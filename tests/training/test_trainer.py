@@ -186,3 +186,24 @@ def test_a_failing_rank_brings_the_job_down_with_its_reason(tiny_flux_dir, tiny_
     assert proc.returncode != 0
     assert "[rank 1] training failed: RuntimeError: injected failure on rank 1" in proc.stderr
     assert time.time() - start < 200
+
+
+def test_exported_checkpoint_continues_via_dit_model_path(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch):
+    """Train 1 iteration, export the transformer, start a new run from it with
+    --dit_model_name_or_path: the new run's starting weights are the exported ones."""
+    from fastvideo.tools.export import main as export_main
+
+    first = tmp_path / "first"
+    argv = train_args(tiny_embeddings, tiny_flux_dir, first, max_train_steps=1, save_images_every=0,
+                      fsdp_sharding_strategy="none")
+    assert _run_single(argv, monkeypatch) == 0
+    exported = tmp_path / "exported"
+    export_main([str(first / "checkpoint-1"), str(exported)])
+    trained = load_file(str(first / "checkpoint-1" / "model.safetensors"))
+
+    second = tmp_path / "second"
+    argv = train_args(tiny_embeddings, tiny_flux_dir, second, max_train_steps=1, save_images_every=0,
+                      fsdp_sharding_strategy="none", dit_model_name_or_path=str(exported), learning_rate=0.0)
+    assert _run_single(argv, monkeypatch) == 0
+    continued = load_file(str(second / "checkpoint-1" / "model.safetensors"))
+    assert all(torch.equal(trained[k], continued[k]) for k in trained)  # lr 0: weights unchanged
