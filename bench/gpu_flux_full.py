@@ -91,7 +91,7 @@ def build_transformer(cfg: dict, device: torch.device, dtype: torch.dtype, seed:
                 p.fill_(1.0)
             else:
                 p.zero_()
-    flux._maybe_adapt_for_npu(model, device)  # same adaptation load_transformer applies on NPU
+    flux.adapt_for_device(model, device)  # same adaptation load_transformer applies on NPU
     return model
 
 

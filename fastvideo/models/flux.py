@@ -69,7 +69,8 @@ def check_flux_folder(path: str | Path, components: tuple[str, ...] | None = Non
     return root
 
 
-def _maybe_adapt_for_npu(transformer, device) -> None:
+def adapt_for_device(transformer, device) -> None:
+    """Apply the device-specific kernels (today: NPU only; nothing elsewhere) before wrapping."""
     from fastvideo import platform
 
     if platform.is_npu(device):
@@ -89,7 +90,7 @@ def load_transformer(path: str | Path, device: torch.device | str = "cpu", dtype
     root = check_flux_folder(path, ("transformer",))
     model = FluxTransformer2DModel.from_pretrained(root, subfolder="transformer", torch_dtype=dtype)
     model.to(device)
-    _maybe_adapt_for_npu(model, device)
+    adapt_for_device(model, device)
     return model
 
 

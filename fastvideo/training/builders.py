@@ -40,7 +40,7 @@ def build_models(cfg: TrainConfig, device: torch.device):
     root, sub = _transformer_root(cfg)
     if sub is None:
         model = FluxTransformer2DModel.from_pretrained(root, torch_dtype=dtype).to(device)
-        flux._maybe_adapt_for_npu(model, device)
+        flux.adapt_for_device(model, device)
     else:
         if cfg.model.dit_model_name_or_path is None:
             flux.check_flux_folder(root, ("transformer", "vae", "text_encoder", "text_encoder_2"))
