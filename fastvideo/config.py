@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dit_model_name_or_path", type=str, default=None,
                    help="take the transformer from this folder instead (a FLUX folder or a transformer folder)")
     g.add_argument("--vae_model_path", type=str, default=None, help="FLUX folder to take the VAE from")
+    g.add_argument("--vae_precision", type=str, default="auto", choices=["auto", "fp32", "bf16"],
+                   help="VAE weights' dtype for decoding rollouts; auto: bf16 on GPU/NPU, fp32 on CPU")
     g.add_argument("--cache_dir", type=str, default=None, help="compatibility only")
 
     g = p.add_argument_group("rewards")
@@ -64,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reward_device", type=str, default="train", choices=["train", "cpu"],
                    help="score on the training device or on the CPU")
     g.add_argument("--reward_batch_size", type=int, default=8)
+    g.add_argument("--no_reward_overlap", action="store_true",
+                   help="decode and score after the whole rollout instead of scoring each rollout chunk "
+                        "on a worker thread while the next chunk samples")
 
     g = p.add_argument_group("GRPO")
     g.add_argument("--h", type=int, default=720, help="image height (multiple of 16)")
@@ -147,6 +152,7 @@ class ModelConfig:
     pretrained_model_name_or_path: str
     dit_model_name_or_path: str | None
     vae_model_path: str
+    vae_precision: str
     master_weight_type: str
     mixed_precision: str
     allow_tf32: bool
@@ -179,6 +185,7 @@ class RewardSettings:
     clip_dir: str
     device: str
     batch_size: int
+    overlap: bool
 
 
 @dataclass
@@ -378,6 +385,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             pretrained_model_name_or_path=args.pretrained_model_name_or_path,
             dit_model_name_or_path=args.dit_model_name_or_path,
             vae_model_path=args.vae_model_path or args.pretrained_model_name_or_path,
+            vae_precision=args.vae_precision,
             master_weight_type=args.master_weight_type,
             mixed_precision=args.mixed_precision,
             allow_tf32=args.allow_tf32,
@@ -395,6 +403,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             hps_ckpt_dir=args.hps_ckpt_dir, hps_model_name=args.hps_model_name,
             pickscore_dir=args.pickscore_dir, pickscore_processor_dir=args.pickscore_processor_dir,
             clip_dir=args.clip_dir, device=args.reward_device, batch_size=args.reward_batch_size,
+            overlap=not args.no_reward_overlap,
         ),
         grpo=GRPOSettings(
             use_group=args.use_group, ignore_last=args.ignore_last,

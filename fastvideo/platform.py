@@ -246,6 +246,40 @@ def empty_cache(device: torch.device | str) -> None:
         _device_module(dev_type).empty_cache()
 
 
+def record_event(device: torch.device | str):
+    """An event marking the work queued so far on the current stream of an accelerator; None on
+    CPU (where work is done when the call returns)."""
+    dev_type = torch.device(device).type
+    if dev_type not in (NPU, CUDA):
+        return None
+    event = _device_module(dev_type).Event()
+    event.record()
+    return event
+
+
+def new_stream(device: torch.device | str):
+    """A fresh stream on an accelerator, for work that should run beside the main stream; None
+    on CPU."""
+    device = torch.device(device)
+    if device.type not in (NPU, CUDA):
+        return None
+    return _device_module(device.type).Stream(device=device)
+
+
+@contextlib.contextmanager
+def on_stream(device: torch.device | str, stream, after=None) -> Iterator[None]:
+    """Queue the block's work on ``stream`` once ``after`` (an event from record_event) has
+    happened. torch.cuda and torch_npu's torch.npu share this Stream/Event API. A no-op on CPU."""
+    dev_type = torch.device(device).type
+    if stream is None or dev_type not in (NPU, CUDA):
+        yield
+        return
+    if after is not None:
+        stream.wait_event(after)
+    with _device_module(dev_type).stream(stream):
+        yield
+
+
 def fused_adamw_supported(device: torch.device | str) -> bool:
     """torch's fused AdamW kernel exists for CPU and CUDA; torch_npu's support for it is not
     documented for 2.7.1, so NPU uses the multi-tensor path."""

@@ -157,16 +157,24 @@ class MultiReward:
         return [name for name, _, _ in self.components]
 
     def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> MultiRewardOutput:
-        raw: dict[str, torch.Tensor] = {}
+        return self.combine(self.score_raw(images, prompts))
+
+    def score_raw(self, images: ImageBatch, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """name -> [B] float32 raw scores. Per sample, so it may be called on any slice of a
+        batch (e.g. one rollout chunk) and the slices concatenated before :meth:`combine`."""
+        return {name: reward(images, prompts).float() for name, _, reward in self.components}
+
+    def combine(self, raw: Mapping[str, torch.Tensor]) -> MultiRewardOutput:
+        """Weighted (optionally group-normalised) sum of raw scores [B]; B must hold whole groups
+        when normalising."""
         total = None
-        for name, weight, reward in self.components:
-            scores = reward(images, prompts).float()
-            raw[name] = scores
+        for name, weight, _ in self.components:
+            scores = raw[name]
             if self.normalize:
                 scores = group_normalize(scores, self.num_generations, self.eps)
             term = weight * scores
             total = term if total is None else total + term
-        return MultiRewardOutput(total=total, raw=raw)
+        return MultiRewardOutput(total=total, raw=dict(raw))
 
 
 def build_multi_reward(

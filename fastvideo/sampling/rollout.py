@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field, fields
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -226,6 +226,7 @@ def rollout(
     device: torch.device | str,
     autocast_dtype: torch.dtype | None = None,
     decode: bool = True,
+    on_chunk: Callable[[slice, torch.Tensor], None] | None = None,
 ) -> Trajectory:
     """Sample G = cfg.num_generations images per prompt with log-probabilities.
 
@@ -236,6 +237,9 @@ def rollout(
     group id); step noise is always per sample. autocast_dtype (e.g. torch.bfloat16) wraps the
     transformer and VAE in platform.autocast; the SDE maths stays float32. decode=False leaves
     ``images`` None so the caller can time decoding separately (decode_images).
+    on_chunk(rows, x0) is called after each chunk is sampled, with the chunk's rows of the batch
+    (a slice) and its x0 predictions [b, L, C], so the caller can decode and score that chunk
+    while the next one samples (see fastvideo.training.reward_pipeline).
     """
     _check_text_inputs(prompt_embeds, pooled, text_ids, captions)
     device = torch.device(device)
@@ -270,6 +274,8 @@ def rollout(
                 transformer, noise, step_eps, sigmas, embeds[rows], pooled_b[rows], txt_ids, img_ids, cfg
             )
         all_x0.append(x0)
+        if on_chunk is not None:
+            on_chunk(rows, x0)
         all_latents.append(lat)
         all_log_probs.append(logp)
 

@@ -57,7 +57,7 @@ def build_models(cfg: TrainConfig, device: torch.device):
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         checkpoint_fraction=cfg.model.selective_checkpointing,
     )
-    vae_dtype = torch.bfloat16 if platform.is_accelerator(device) else torch.float32
+    vae_dtype = vae_dtype_for(cfg.model.vae_precision, device)
     vae = flux.load_vae(cfg.model.vae_model_path, device=device, dtype=vae_dtype)
     return transformer_config, model, vae
 
@@ -78,6 +78,14 @@ def build_sampler(cfg: TrainConfig, num_prompts: int, info: platform.DistInfo, d
         num_prompts=num_prompts, rank=info.rank, world_size=info.world_size,
         prompts_per_rank=cfg.prompts_per_rank, sampler_seed=cfg.optim.sampler_seed, order_fn=order_fn,
     )
+
+
+def vae_dtype_for(precision: str, device: torch.device) -> torch.dtype:
+    """--vae_precision -> the VAE weights' dtype. auto keeps bf16 to accelerators; on CPU fp32 is
+    the exact reference (bf16 is faster on CPUs with AMX, see bench/decode.py, but changes pixels)."""
+    if precision == "auto":
+        return torch.bfloat16 if platform.is_accelerator(device) else torch.float32
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
 
 
 def build_rewards(cfg: TrainConfig, device: torch.device):

@@ -77,6 +77,7 @@ class GRPOTrainer:
         )
         self.wandb_run = None
         self.recorder = None
+        self.scorer = None  # ChunkScorer when decode + reward overlap the rollout
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -93,6 +94,11 @@ class GRPOTrainer:
             self.data_randomness = builders.build_randomness(cfg, self.info, kind="data")
         self.sampler = builders.build_sampler(cfg, len(self.dataset), self.info, self.data_randomness)
         self.reward = builders.build_rewards(cfg, self.device)
+        if cfg.reward.overlap:
+            from fastvideo.training.reward_pipeline import ChunkScorer
+
+            self.scorer = ChunkScorer(self.reward, self.vae, self.rollout_cfg, self.device, self.autocast_dtype,
+                                      self.timer)
         self.optimizer, self.lr_scheduler = builders.build_optimizer(cfg, self.model)
         self.ema = builders.build_ema(cfg, self.model)
         self.randomness = builders.build_randomness(cfg, self.info)
@@ -170,7 +176,10 @@ class GRPOTrainer:
         return embeds, pooled, items[0][2], [it[3] for it in items]
 
     def compute_rewards(self, traj: Trajectory) -> RewardResult:
-        out = self.reward(traj.images, traj.captions)
+        return self._reward_result(self.reward(traj.images, traj.captions))
+
+    @staticmethod
+    def _reward_result(out) -> RewardResult:
         return RewardResult(total=out.total.float().cpu(), per_reward={k: v.float().cpu() for k, v in out.raw.items()})
 
     def compute_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
@@ -289,15 +298,19 @@ class GRPOTrainer:
         indices = self.sampler.next_batch()
         embeds, pooled, text_ids, captions = self.load_prompts(indices)
         self.model.eval()
-        with self.timer.phase("rollout"):
-            traj = rollout(
-                self.model, self.vae, embeds, pooled, text_ids, captions, indices, self.rollout_cfg,
-                self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
-            )
-        with self.timer.phase("decode"):
-            traj.images = decode_images(self.vae, traj.x0, self.rollout_cfg, self.device, self.autocast_dtype)
+        if self.scorer is not None:
+            traj, rewards = self._rollout_overlapped(iteration, embeds, pooled, text_ids, captions, indices)
+        else:
+            with self.timer.phase("rollout"):
+                traj = rollout(
+                    self.model, self.vae, embeds, pooled, text_ids, captions, indices, self.rollout_cfg,
+                    self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
+                )
+            with self.timer.phase("decode"):
+                traj.images = decode_images(self.vae, traj.x0, self.rollout_cfg, self.device, self.autocast_dtype)
+            with self.timer.phase("reward"):
+                rewards = self.compute_rewards(traj)
         with self.timer.phase("reward"):
-            rewards = self.compute_rewards(traj)
             advantages = self.compute_advantages(rewards.total)
         with self.timer.phase("update"):
             stats = self.update(traj, advantages, iteration)
@@ -310,6 +323,29 @@ class GRPOTrainer:
             if source is not None:
                 source.flush()
         return record
+
+    def _rollout_overlapped(self, iteration, embeds, pooled, text_ids, captions, indices):
+        """Rollout with each chunk decoded and scored while the next samples (--reward_overlap).
+
+        Timings: time_rollout is sampling alone, time_decode the chunks' decoding, time_reward
+        what scoring still costs after the last chunk (the exposed part), time_reward_busy the
+        worker's whole scoring time."""
+        G = self.cfg.rollout.num_generations
+        self.scorer.begin([c for c in captions for _ in range(G)])
+        with self.timer.phase("rollout"):
+            traj = rollout(
+                self.model, self.vae, embeds, pooled, text_ids, captions, indices, self.rollout_cfg,
+                self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
+                on_chunk=self.scorer.on_chunk,
+            )
+        # The rollout phase's wall time includes decoding its chunks (timed on their own).
+        self.timer.seconds["rollout"] -= self.timer.seconds.get("decode", 0.0)
+        with self.timer.phase("reward"):
+            scored = self.scorer.finish()
+            traj.images = scored.images
+            rewards = self._reward_result(self.reward.combine(scored.raw))
+        self.timer.seconds["reward_busy"] = scored.busy_s
+        return traj, rewards
 
     def _iteration_metrics(self, iteration, traj, rewards, advantages, stats, seconds) -> dict:
         G = self.cfg.rollout.num_generations
@@ -375,6 +411,8 @@ class GRPOTrainer:
             if self.iteration % cfg.output.checkpointing_steps == 0 or self.iteration == cfg.optim.max_train_steps:
                 self.save_checkpoint()
         bar.close()
+        if self.scorer is not None:
+            self.scorer.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
         return records

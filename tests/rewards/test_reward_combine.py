@@ -133,3 +133,23 @@ def test_build_multi_reward_with_models(tiny_rewards, make_images, prompts):
     out = multi(make_images(4), prompts)
     expected = group_normalize(out.raw["hpsv2"], 2) + 0.5 * group_normalize(out.raw["pickscore"], 2)
     torch.testing.assert_close(out.total, expected)
+
+
+def test_combine_of_chunked_raw_scores_equals_whole_batch_call():
+    """score_raw on slices, concatenated, then combine == __call__ on the whole batch (what the
+    overlapped reward pipeline relies on), with group normalisation over groups of 4."""
+    from fastvideo.rewards.combine import MultiReward
+
+    gen = torch.Generator().manual_seed(3)
+    images = torch.rand(8, 3, 16, 16, generator=gen)
+    prompts = [f"p{i // 4}" for i in range(8)]
+    mean = lambda ims, ps: ims.mean(dim=(1, 2, 3))  # noqa: E731
+    top = lambda ims, ps: ims[:, 0, 0, 0] * 10  # noqa: E731
+    multi = MultiReward([("mean", 1.0, mean), ("top", 0.5, top)], normalize=True, num_generations=4)
+    whole = multi(images, prompts)
+    parts = [multi.score_raw(images[s:s + 3], prompts[s:s + 3]) for s in range(0, 8, 3)]
+    joined = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    out = multi.combine(joined)
+    assert torch.equal(out.total, whole.total)
+    assert all(torch.equal(out.raw[k], whole.raw[k]) for k in whole.raw)
+    assert not torch.allclose(out.total, 1.0 * joined["mean"] + 0.5 * joined["top"])  # normalised

@@ -1,0 +1,113 @@
+"""Decode and score each rollout chunk while the next chunk samples.
+
+Without overlap an iteration runs rollout -> decode -> reward one after the other, so the
+device idles while the host converts images and runs reward preprocessing, and the reward model
+waits for the whole rollout. With overlap (the default) the rollout hands every chunk of
+rollout_batch_size samples to :meth:`ChunkScorer.on_chunk` as soon as it is sampled: the chunk
+is decoded on the main thread (the VAE shares the transformer's stream) and its raw reward
+scores are computed on one worker thread -- on an accelerator on a side stream that first waits
+for the decode -- while the main thread goes on sampling. :meth:`ChunkScorer.finish` waits for
+the last chunk and combines the raw scores of the whole batch (group normalisation needs whole
+groups).
+
+Scores are per sample, so they do not depend on the chunking: compressibility is bit-identical
+with and without overlap, model rewards agree to float rounding (a different batch shape can
+pick a different GEMM blocking).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from fastvideo import platform
+from fastvideo.rewards.combine import MultiReward
+from fastvideo.sampling.rollout import RolloutConfig, decode_images
+from fastvideo.training.metrics import PhaseTimer
+
+
+@dataclass
+class ScoredChunks:
+    """What the overlapped decode + reward produced for one iteration's batch of B samples.
+
+    images [B, 3, H, W] float32 in [0, 1]; raw: reward name -> [B] float32 (CPU);
+    busy_s: seconds the worker spent scoring (hidden behind sampling except for the last chunk).
+    """
+
+    images: torch.Tensor
+    raw: dict[str, torch.Tensor]
+    busy_s: float
+
+
+class ChunkScorer:
+    """One per trainer; :meth:`begin` each iteration, pass :meth:`on_chunk` to ``rollout`` and
+    call :meth:`finish` after it.
+
+    The worker thread binds itself to the training device once (the current device is per
+    thread on CUDA and NPU) and keeps its own side stream.
+    """
+
+    def __init__(self, reward: MultiReward, vae, rollout_cfg: RolloutConfig, device: torch.device,
+                 autocast_dtype: torch.dtype | None, timer: PhaseTimer):
+        self.reward = reward
+        self.vae = vae
+        self.rollout_cfg = rollout_cfg
+        self.device = torch.device(device)
+        self.autocast_dtype = autocast_dtype
+        self.timer = timer
+        self.stream = None
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward",
+                                       initializer=self._bind_worker)
+        self._captions: list[str] = []
+        self._images: list[torch.Tensor] = []
+        self._futures: list[Future] = []
+
+    def _bind_worker(self) -> None:
+        platform.set_device(self.device)
+        self.stream = platform.new_stream(self.device)
+
+    def begin(self, captions: Sequence[str]) -> None:
+        """Start a batch whose sample i has caption captions[i]."""
+        if self._futures:
+            raise RuntimeError("ChunkScorer.begin called before the previous batch was finished")
+        self._captions = list(captions)
+        self._images = []
+
+    def on_chunk(self, rows: slice, x0: torch.Tensor) -> None:
+        """Decode rows of the batch (x0 [b, L, C]) now and queue their scoring on the worker."""
+        with self.timer.phase("decode"):
+            images = decode_images(self.vae, x0, self.rollout_cfg, self.device, self.autocast_dtype)
+        ready = platform.record_event(self.device)
+        self._images.append(images)
+        self._futures.append(self.pool.submit(self._score, images, self._captions[rows], ready))
+
+    def _score(self, images: torch.Tensor, captions: list[str], ready) -> tuple[dict[str, torch.Tensor], float]:
+        start = time.perf_counter()
+        if self.stream is not None:
+            # The images were allocated on the main stream; tell the caching allocator they are
+            # also used here so their memory is not handed out again too early.
+            images.record_stream(self.stream)
+        with platform.on_stream(self.device, self.stream, after=ready):
+            raw = self.reward.score_raw(images, captions)  # CPU tensors: waits for its own work
+        return raw, time.perf_counter() - start
+
+    def finish(self) -> ScoredChunks:
+        """Wait for every queued chunk; a worker's exception is raised here."""
+        futures, self._futures = self._futures, []
+        results = [f.result() for f in futures]
+        if not results:
+            raise RuntimeError("ChunkScorer.finish: no chunk was scored (was on_chunk passed to rollout?)")
+        names = results[0][0].keys()
+        raw = {name: torch.cat([r[name] for r, _ in results]) for name in names}
+        images = torch.cat(self._images)
+        self._images = []
+        if images.shape[0] != len(self._captions):
+            raise RuntimeError(f"scored {images.shape[0]} images for a batch of {len(self._captions)} samples")
+        return ScoredChunks(images=images, raw=raw, busy_s=sum(s for _, s in results))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
