@@ -58,3 +58,51 @@ def test_peak_memory_and_seed():
     x = torch.rand(3)
     platform.seed_everything(3)
     assert torch.equal(x, torch.rand(3))
+
+
+def test_side_stream_helpers_are_no_ops_on_cpu():
+    assert platform.record_event("cpu") is None
+    assert platform.new_stream("cpu") is None
+    with platform.on_stream("cpu", None, after=None):
+        pass
+
+
+def test_on_stream_waits_for_the_event_then_switches_stream(monkeypatch):
+    """On an accelerator the block is queued on the side stream only after it waits for the event
+    (checked with a recording stand-in of torch.cuda / torch.npu's Stream/Event API)."""
+    calls = []
+
+    class FakeEvent:
+        def record(self):
+            calls.append("record")
+
+    class FakeStream:
+        def __init__(self, device=None):
+            calls.append(("stream", str(device)))
+
+        def wait_event(self, event):
+            calls.append(("wait", type(event).__name__))
+
+    class FakeModule:
+        Event = FakeEvent
+        Stream = FakeStream
+
+        @staticmethod
+        def stream(s):
+            import contextlib
+
+            @contextlib.contextmanager
+            def ctx():
+                calls.append("enter")
+                yield
+                calls.append("exit")
+
+            return ctx()
+
+    monkeypatch.setattr(platform, "_device_module", lambda dtype: FakeModule)
+    dev = torch.device("cuda", 3)  # constructible without CUDA; the module is the stand-in
+    event = platform.record_event(dev)
+    stream = platform.new_stream(dev)
+    with platform.on_stream(dev, stream, after=event):
+        calls.append("work")
+    assert calls == ["record", ("stream", "cuda:3"), ("wait", "FakeEvent"), "enter", "work", "exit"]
