@@ -1,6 +1,7 @@
 """Where an iteration's time goes, and proof that no transformer pass is hidden.
 
     python bench/iteration.py [--preset small] [--size 128] [--iterations 3] [--micro 1 2 4 8]
+    python bench/iteration.py --overlap_ab [--reward hps_base]   # overlapped reward scoring, off vs on
 
 Runs the real trainer in this process (CPU, fp32, one rank) on a tiny/small random FLUX and
 prints, per iteration configuration:
@@ -10,6 +11,10 @@ prints, per iteration configuration:
   * seconds per phase (rollout, decode, reward, update) and their shares;
   * the share of wall time spent outside model compute (transformer forward + backward + VAE decode);
   * update samples/s against train_micro_batch_size.
+With --overlap_ab it instead runs one configuration (the first --micro) twice, with decode +
+reward scoring after the rollout (--reward_overlap off) and overlapped with it (on), and
+prints both rows with the iteration speed-up. --reward hps_base scores with a ViT-B/16-sized
+random HPS model, so that the reward costs something on CPU (compressibility costs ~1 ms).
 A benchmark, not a test: it prints figures, it asserts only the forward-pass count.
 """
 
@@ -97,21 +102,31 @@ def build_inputs(preset: str, work: Path) -> tuple[Path, Path]:
     return model, Path(res.json_path)
 
 
-def run(model: Path, data: Path, out: Path, args, micro: int, checkpointing: bool) -> dict:
+def reward_flags(reward: str, work: Path) -> list[str]:
+    if reward == "compressibility":
+        return ["--rewards", "compressibility:1.0"]
+    from fastvideo.tools.make_tiny_reward import HPS_PRESETS, write_hps
+
+    preset = reward.split("_", 1)[1]
+    folder = write_hps(work / f"hps_{preset}", seed=0, preset=preset)[0]
+    return ["--rewards", "hpsv2:1.0", "--hps_ckpt_dir", str(folder), "--hps_model_name", HPS_PRESETS[preset][0]]
+
+
+def run(model: Path, data: Path, out: Path, args, micro: int, checkpointing: bool, extra=()) -> dict:
     from fastvideo import platform
     from fastvideo.config import parse_config
     from fastvideo.training.trainer import GRPOTrainer
 
     argv = [
         "--data_json_path", str(data), "--pretrained_model_name_or_path", str(model), "--output_dir", str(out),
-        "--rewards", "compressibility:1.0", "--h", str(args.size), "--w", str(args.size),
+        "--h", str(args.size), "--w", str(args.size),
         "--sampling_steps", str(args.steps), "--eta", "0.3", "--num_generations", str(args.generations),
         "--train_batch_size", "1", "--rollout_batch_size", str(args.rollout_batch_size),
         "--train_micro_batch_size", str(micro), "--gradient_accumulation_steps", "1",
         "--timestep_fraction", "0.6", "--ignore_last", "--use_group", "--mixed_precision", "no",
         "--max_train_steps", str(args.iterations), "--checkpointing_steps", "1000", "--save_images_every", "0",
         "--dataloader_num_workers", "0", "--fsdp_sharding_strategy", "none",
-    ] + (["--gradient_checkpointing"] if checkpointing else [])
+    ] + (["--gradient_checkpointing"] if checkpointing else []) + list(extra)
     cfg = parse_config(argv)
     trainer = GRPOTrainer(cfg, platform.init_distributed())
     trainer.setup()
@@ -146,12 +161,19 @@ def main() -> None:
     ap.add_argument("--rollout_batch_size", type=int, default=4)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--reward", default="compressibility", choices=["compressibility", "hps_tiny", "hps_base"])
+    ap.add_argument("--vae_precision", default="auto", choices=["auto", "fp32", "bf16"])
+    ap.add_argument("--overlap_ab", action="store_true",
+                    help="compare --reward_overlap off and on instead of the micro-batch table")
     args = ap.parse_args()
     torch.manual_seed(0)
     count_block_executions()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model, data = build_inputs(args.preset, work)
+        common = reward_flags(args.reward, work) + ["--vae_precision", args.vae_precision]
+        if args.overlap_ab:
+            return overlap_ab(model, data, work, args, common)
         print(f"# {args.preset} preset, {args.size}x{args.size}, {args.steps} steps, G={args.generations}, "
               f"rollout_batch_size {args.rollout_batch_size}, torch threads {torch.get_num_threads()}\n")
         print("| micro | ckpt | fwd samples (counted/analytic) | block calls (counted/analytic) | rollout s | decode s | "
@@ -159,7 +181,8 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for checkpointing in (False, True):
             for micro in args.micro if not checkpointing else args.micro[:1]:
-                r = run(model, data, work / f"out_{micro}_{checkpointing}", args, micro, checkpointing)
+                r = run(model, data, work / f"out_{micro}_{checkpointing}", args, micro, checkpointing,
+                        common)
                 rec = r["rec"]
                 it = rec["time_iteration"]
                 outside = max(0.0, it - r["compute_s"]) / it
@@ -170,6 +193,24 @@ def main() -> None:
                       f"{100 * outside:.1f}% | {r['B'] * r['T'] / rec['time_update']:.1f} |", flush=True)
                 if ok != "ok":
                     raise SystemExit("hidden or missing transformer passes: see the row above")
+
+
+def overlap_ab(model: Path, data: Path, work: Path, args, common: list[str]) -> None:
+    micro = args.micro[0]
+    print(f"# {args.preset} preset, {args.size}x{args.size}, {args.steps} steps, G={args.generations}, rollout_batch_size "
+          f"{args.rollout_batch_size}, micro {micro}, reward {args.reward}, vae {args.vae_precision}, "
+          f"torch threads {torch.get_num_threads()}\n")
+    print("| reward scoring | rollout s | decode s | reward s (exposed) | reward s (busy) | update s | iteration s | "
+          "vs serial |")
+    print("|---|---|---|---|---|---|---|---|")
+    serial = None
+    for name, extra in (("serial", ["--reward_overlap", "off"]), ("overlapped", ["--reward_overlap", "on"])):
+        rec = run(model, data, work / f"out_{name}", args, micro, False, common + extra)["rec"]
+        it = rec["time_iteration"]
+        serial = serial or it
+        busy = rec.get("time_reward_busy", rec["time_reward"])
+        print(f"| {name} | {rec['time_rollout']:.2f} | {rec['time_decode']:.2f} | {rec['time_reward']:.3f} | "
+              f"{busy:.3f} | {rec['time_update']:.2f} | {it:.2f} | {serial / it:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

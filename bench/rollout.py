@@ -9,9 +9,14 @@ expanded to G samples, after one untimed warm-up per batch size, round-robin ove
 (best of --repeats), and prints a table with the speed-up over the first batch size. Uses the
 device platform.get_device() picks (CPU here).
 
-Batching pays on a CPU only while per-op overhead matters: with FLUX's 512 text tokens every
-sample is already a GEMM of >= 576 rows, the run is GEMM-bound and batch 4 gains about 1.1x; the
-default --seq-len 64 shows the overhead that batching removes (about 1.5x at batch 4).
+Batching pays on a CPU only while per-op overhead matters. In fp32 with FLUX's 512 text tokens
+every sample is already a GEMM of >= 576 rows, the run is GEMM-bound and batch 4 gains about 1.1x;
+under --autocast bf16 (the trainer's default --mixed_precision) on a CPU with AMX the GEMMs are
+several times faster, overhead matters again and batch 4 gains about 1.4x. The default --seq-len
+64 shows the overhead that batching removes (about 1.5x at batch 4 in fp32).
+
+--sdpa default math times each batch size with torch's default scaled-dot-product attention
+(the fused kernel) and with the unfused math backend, for the fused attention path's before/after.
 """
 
 from __future__ import annotations
@@ -48,17 +53,31 @@ def parse_args(argv=None):
     ap.add_argument("--eta", type=float, default=0.3)
     ap.add_argument("--repeats", type=int, default=2, help="timed rollouts per batch size (the best is kept)")
     ap.add_argument("--autocast", choices=["none", "bf16"], default="none")
+    ap.add_argument("--sdpa", nargs="+", choices=["default", "math"], default=["default"],
+                    help="attention backends to time (math: unfused, the 'before' of the fused path)")
     return ap.parse_args(argv)
 
 
-def make_runner(models, cfg, device, amp):
+def attention_backend(name: str):
+    """Context selecting the SDPA backend: the default choice (fused where available) or math."""
+    import contextlib
+
+    if name == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def make_runner(models, cfg, device, amp, sdpa="default"):
     transformer, vae, embeds, pooled, text_ids = models
 
     def run() -> float:
         platform.synchronize(device)
         t0 = time.perf_counter()
-        rollout(transformer, vae, embeds, pooled, text_ids, ["bench"], [0], cfg, RandomSource(0), 0, device,
-                autocast_dtype=amp)
+        with attention_backend(sdpa):
+            rollout(transformer, vae, embeds, pooled, text_ids, ["bench"], [0], cfg, RandomSource(0), 0, device,
+                    autocast_dtype=amp)
         platform.synchronize(device)
         return time.perf_counter() - t0
 
@@ -87,24 +106,25 @@ def main(argv=None) -> None:
           f"{(args.height // 16) * (args.width // 16)} image + {args.seq_len} text tokens, {args.steps} steps, "
           f"G={args.generations}, eta={args.eta}, autocast={args.autocast}")
     runners = {}
-    for bs in args.batch_sizes:
-        cfg = RolloutConfig(height=args.height, width=args.width, sampling_steps=args.steps, eta=args.eta,
-                            shift=3.0, num_generations=args.generations, rollout_batch_size=bs,
-                            init_same_noise=True)
-        runners[bs] = make_runner(models, cfg, device, amp)
-        runners[bs]()  # warm-up: allocator, kernels, lazy inits
-    # Round-robin over batch sizes and keep each one's best time, so a burst of load from other
-    # processes does not land on one batch size only.
-    best = {bs: float("inf") for bs in args.batch_sizes}
+    for sdpa in args.sdpa:
+        for bs in args.batch_sizes:
+            cfg = RolloutConfig(height=args.height, width=args.width, sampling_steps=args.steps, eta=args.eta,
+                                shift=3.0, num_generations=args.generations, rollout_batch_size=bs,
+                                init_same_noise=True)
+            runners[sdpa, bs] = make_runner(models, cfg, device, amp, sdpa)
+            runners[sdpa, bs]()  # warm-up: allocator, kernels, lazy inits
+    # Round-robin over the configurations and keep each one's best time, so a burst of load from
+    # other processes does not land on one of them only.
+    best = {key: float("inf") for key in runners}
     for _ in range(args.repeats):
-        for bs, run in runners.items():
-            best[bs] = min(best[bs], run())
-    rows = [(bs, best[bs], args.generations / best[bs]) for bs in args.batch_sizes]
-    base = rows[0][2]
-    print(f"{'rollout_batch_size':>18} | {'seconds':>8} | {'samples/s':>9} | {'vs first':>8}")
-    print(f"{'-' * 18}-+-{'-' * 8}-+-{'-' * 9}-+-{'-' * 8}")
-    for bs, seconds, sps in rows:
-        print(f"{bs:>18} | {seconds:>8.3f} | {sps:>9.3f} | {sps / base:>7.2f}x")
+        for key, run in runners.items():
+            best[key] = min(best[key], run())
+    base = args.generations / best[next(iter(best))]
+    print(f"{'attention':>9} | {'rollout_batch_size':>18} | {'seconds':>8} | {'samples/s':>9} | {'vs first':>8}")
+    print(f"{'-' * 9}-+-{'-' * 18}-+-{'-' * 8}-+-{'-' * 9}-+-{'-' * 8}")
+    for (sdpa, bs), seconds in best.items():
+        sps = args.generations / seconds
+        print(f"{sdpa:>9} | {bs:>18} | {seconds:>8.3f} | {sps:>9.3f} | {sps / base:>7.2f}x")
 
 
 if __name__ == "__main__":

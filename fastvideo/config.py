@@ -66,9 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reward_device", type=str, default="train", choices=["train", "cpu"],
                    help="score on the training device or on the CPU")
     g.add_argument("--reward_batch_size", type=int, default=8)
-    g.add_argument("--no_reward_overlap", action="store_true",
-                   help="decode and score after the whole rollout instead of scoring each rollout chunk "
-                        "on a worker thread while the next chunk samples")
+    g.add_argument("--reward_overlap", type=str, default="auto", choices=["auto", "on", "off"],
+                   help="score each rollout chunk on a worker thread while the next chunk samples; auto: on "
+                        "only when the reward runs on another device than the rollout (--reward_device cpu "
+                        "with a GPU/NPU), where the two do not compete (docs/performance.md)")
 
     g = p.add_argument_group("GRPO")
     g.add_argument("--h", type=int, default=720, help="image height (multiple of 16)")
@@ -185,7 +186,7 @@ class RewardSettings:
     clip_dir: str
     device: str
     batch_size: int
-    overlap: bool
+    overlap: str  # auto | on | off (see builders.overlap_reward_scoring)
 
 
 @dataclass
@@ -403,7 +404,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             hps_ckpt_dir=args.hps_ckpt_dir, hps_model_name=args.hps_model_name,
             pickscore_dir=args.pickscore_dir, pickscore_processor_dir=args.pickscore_processor_dir,
             clip_dir=args.clip_dir, device=args.reward_device, batch_size=args.reward_batch_size,
-            overlap=not args.no_reward_overlap,
+            overlap=args.reward_overlap,
         ),
         grpo=GRPOSettings(
             use_group=args.use_group, ignore_last=args.ignore_last,

@@ -36,6 +36,15 @@ TINY_HPS_CONFIG = {
     # context_length 77 and vocab_size 49408: what the (real) SimpleTokenizer produces.
     "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 2},
 }
+# A ViT-B/16-sized open_clip model (open_clip's ViT-B-16 architecture under a name of our own):
+# big enough that reward batching and overlap show in benchmarks; the real HPSv2.1 is ViT-H-14.
+BASE_HPS_MODEL_NAME = "flux-grpo-bench-hps-b16"
+BASE_HPS_CONFIG = {
+    "embed_dim": 512,
+    "vision_cfg": {"image_size": 224, "layers": 12, "width": 768, "patch_size": 16},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 512, "heads": 8, "layers": 12},
+}
+HPS_PRESETS = {"tiny": (TINY_HPS_MODEL_NAME, TINY_HPS_CONFIG), "base": (BASE_HPS_MODEL_NAME, BASE_HPS_CONFIG)}
 TINY_CLIP_IMAGE_SIZE = 32
 START_TOKEN, END_TOKEN = "<|startoftext|>", "<|endoftext|>"
 
@@ -48,18 +57,20 @@ class TinyRewardPaths:
     pickscore_dir: Path
 
 
-def write_hps(out_dir: Path, seed: int) -> tuple[Path, Path]:
-    """Tiny open_clip base weights + HPS 'state_dict' (base + seeded perturbation, fp16)."""
+def write_hps(out_dir: Path, seed: int, preset: str = "tiny") -> tuple[Path, Path]:
+    """Random open_clip base weights + HPS 'state_dict' (base + seeded perturbation, fp16) for
+    the ``preset`` architecture of HPS_PRESETS (model_name HPS_PRESETS[preset][0])."""
     import open_clip
 
+    model_name, model_config = HPS_PRESETS[preset]
     out_dir.mkdir(parents=True, exist_ok=True)
-    config_path = out_dir / f"{TINY_HPS_MODEL_NAME}.json"
-    config_path.write_text(json.dumps(TINY_HPS_CONFIG, indent=2) + "\n")
-    if open_clip.get_model_config(TINY_HPS_MODEL_NAME) != TINY_HPS_CONFIG:
+    config_path = out_dir / f"{model_name}.json"
+    config_path.write_text(json.dumps(model_config, indent=2) + "\n")
+    if open_clip.get_model_config(model_name) != model_config:
         open_clip.add_model_config(config_path)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = open_clip.create_model(TINY_HPS_MODEL_NAME, pretrained=None, device="cpu")
+        model = open_clip.create_model(model_name, pretrained=None, device="cpu")
         base = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
         # The "HPS fine-tune": different weights, so tests notice if they were not loaded.
         generator = torch.Generator().manual_seed(seed + 1)

@@ -88,11 +88,27 @@ def vae_dtype_for(precision: str, device: torch.device) -> torch.dtype:
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
 
 
+def overlap_reward_scoring(setting: str, train_device: torch.device, reward_device: torch.device) -> bool:
+    """--reward_overlap -> whether to score rollout chunks on a worker thread during sampling.
+
+    auto overlaps only when rollout and reward run on different devices (an accelerator and the
+    CPU): on one CPU the two compete for the same cores (an iteration ran at 0.74x with overlap,
+    bench/iteration.py --overlap_ab), and on one accelerator the reward is a tiny share of an
+    iteration (docs/performance.md)."""
+    if setting == "auto":
+        return torch.device(train_device).type != torch.device(reward_device).type
+    return setting == "on"
+
+
+def reward_device_for(cfg: TrainConfig, device: torch.device) -> torch.device:
+    return device if cfg.reward.device == "train" else torch.device("cpu")
+
+
 def build_rewards(cfg: TrainConfig, device: torch.device):
     from fastvideo.rewards.combine import build_multi_reward
 
     r = cfg.reward
-    reward_device = device if r.device == "train" else torch.device("cpu")
+    reward_device = reward_device_for(cfg, device)
     per_reward = {
         "hpsv2": {"hps_ckpt_dir": r.hps_ckpt_dir, "model_name": r.hps_model_name},
         "pickscore": {"pickscore_dir": r.pickscore_dir, "processor_dir": r.pickscore_processor_dir},

@@ -1,14 +1,17 @@
-"""Decode and score each rollout chunk while the next chunk samples.
+"""Decode and score each rollout chunk while the next chunk samples (--reward_overlap).
 
-Without overlap an iteration runs rollout -> decode -> reward one after the other, so the
-device idles while the host converts images and runs reward preprocessing, and the reward model
-waits for the whole rollout. With overlap (the default) the rollout hands every chunk of
-rollout_batch_size samples to :meth:`ChunkScorer.on_chunk` as soon as it is sampled: the chunk
-is decoded on the main thread (the VAE shares the transformer's stream) and its raw reward
-scores are computed on one worker thread -- on an accelerator on a side stream that first waits
-for the decode -- while the main thread goes on sampling. :meth:`ChunkScorer.finish` waits for
-the last chunk and combines the raw scores of the whole batch (group normalisation needs whole
-groups).
+Without overlap an iteration runs rollout -> decode -> reward one after the other. With overlap
+the rollout hands every chunk of rollout_batch_size samples to :meth:`ChunkScorer.on_chunk` as
+soon as it is sampled: the chunk is decoded on the main thread (the VAE shares the transformer's
+stream) and its raw reward scores are computed on one worker thread -- on an accelerator on a
+side stream that first waits for the decode -- while the main thread goes on sampling.
+:meth:`ChunkScorer.finish` waits for the last chunk and combines the raw scores of the whole
+batch (group normalisation needs whole groups).
+
+It pays when the reward runs where the rollout does not: HPS/PickScore on the CPU
+(--reward_device cpu) while a GPU/NPU samples. When both share one CPU they compete for its
+cores and the iteration gets slower (0.74x measured, docs/performance.md), so --reward_overlap
+auto turns it on only in the first case.
 
 Scores are per sample, so they do not depend on the chunking: compressibility is bit-identical
 with and without overlap, model rewards agree to float rounding (a different batch shape can

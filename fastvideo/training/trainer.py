@@ -94,7 +94,8 @@ class GRPOTrainer:
             self.data_randomness = builders.build_randomness(cfg, self.info, kind="data")
         self.sampler = builders.build_sampler(cfg, len(self.dataset), self.info, self.data_randomness)
         self.reward = builders.build_rewards(cfg, self.device)
-        if cfg.reward.overlap:
+        if builders.overlap_reward_scoring(cfg.reward.overlap, self.device,
+                                           builders.reward_device_for(cfg, self.device)):
             from fastvideo.training.reward_pipeline import ChunkScorer
 
             self.scorer = ChunkScorer(self.reward, self.vae, self.rollout_cfg, self.device, self.autocast_dtype,

@@ -36,3 +36,43 @@ def test_flops_bench_table(capsys):
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("tiny")]
     assert len(lines) == 4  # forward, fwd+bwd, fwd+bwd ckpt, VAE decode
     assert all(ln.split()[-1] == "1.00000" for ln in lines)
+
+
+def test_decode_bench_table(capsys):
+    mod = _load("decode")
+    mod.main(["--preset", "tiny", "--sizes", "32", "--batch", "1", "--repeats", "1"])
+    rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 32x32 |")]
+    assert [r[1] for r in rows] == ["fp32", "fp32+autocast", "bf16"]
+    fp32 = rows[0]
+    assert fp32[3] == "1.00x" and float(fp32[5]) == 0.0 and fp32[6] == "inf"
+    assert all(float(r[5]) < 0.1 for r in rows)  # bf16 decoding stays close to fp32 in [0, 1]
+
+
+def test_rewards_bench_table(capsys):
+    mod = _load("rewards")
+    mod.main(["--hps_size", "tiny", "--num_images", "4", "--size", "32", "--batch_sizes", "2", "4", "--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [ln.split(" | ") for ln in lines if ln.startswith(("| compressibility", "| hpsv2"))]
+    assert [(r[0][2:], r[1]) for r in rows] == [(n, b) for n in ("compressibility", "hpsv2") for b in ("1", "2", "4")]
+    assert all(float(r[5].rstrip(" |")) < 1e-4 for r in rows)  # batching does not change the scores
+
+
+def test_rollout_bench_times_both_attention_backends(capsys):
+    mod = _load("rollout")
+    mod.main(["--preset", "tiny", "--height", "32", "--width", "32", "--steps", "1", "--generations", "2",
+              "--batch-sizes", "1", "2", "--seq-len", "8", "--repeats", "1", "--sdpa", "default", "math"])
+    rows = [ln.split("|") for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith(("default", "math"))]
+    assert [(r[0].strip(), int(r[1])) for r in rows] == [("default", 1), ("default", 2), ("math", 1), ("math", 2)]
+    assert rows[0][4].strip() == "1.00x"
+
+
+def test_iteration_bench_overlap_ab(monkeypatch, capsys):
+    mod = _load("iteration")
+    monkeypatch.setattr("sys.argv", ["iteration.py", "--preset", "tiny", "--size", "32", "--steps", "2",
+                                     "--generations", "4", "--rollout_batch_size", "2", "--iterations", "1",
+                                     "--micro", "2", "--overlap_ab", "--reward", "hps_tiny"])
+    mod.main()
+    rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines() if ln.startswith(("| serial", "| overlapped"))]
+    assert [r[0] for r in rows] == ["| serial", "| overlapped"]
+    assert rows[0][-1] == "1.00x |"
+    assert all(float(r[4]) > 0 for r in rows)  # the reward's busy time is measured in both modes

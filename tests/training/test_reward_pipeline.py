@@ -45,9 +45,10 @@ def _two_iterations(tiny_flux_dir, tiny_embeddings, out, monkeypatch, **flags):
 def test_overlap_gives_the_serial_results_bit_for_bit(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch):
     """8 samples in chunks of 3 (the last chunk is short) with group-normalised rewards: images,
     rewards, advantages' statistics, losses and the updated weights equal the serial path's."""
-    on, rec_on, img_on, par_on = _two_iterations(tiny_flux_dir, tiny_embeddings, tmp_path / "on", monkeypatch)
+    on, rec_on, img_on, par_on = _two_iterations(tiny_flux_dir, tiny_embeddings, tmp_path / "on", monkeypatch,
+                                                 reward_overlap="on")
     off, rec_off, img_off, par_off = _two_iterations(tiny_flux_dir, tiny_embeddings, tmp_path / "off", monkeypatch,
-                                                     no_reward_overlap=True)
+                                                     reward_overlap="off")
     assert on.scorer is not None and off.scorer is None
     for a, b in zip(img_on, img_off):
         assert a.shape == (8, 3, 32, 32)
@@ -127,3 +128,14 @@ def test_a_failing_reward_is_raised_by_finish(tiny_flux_dir):
     # the scorer is usable again for the next batch
     scorer.begin(["a", "b"])
     scorer.close()
+
+
+def test_auto_overlaps_only_across_devices():
+    from fastvideo.training.builders import overlap_reward_scoring
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 1)
+    assert overlap_reward_scoring("auto", gpu, cpu) is True  # --reward_device cpu while a GPU samples
+    assert overlap_reward_scoring("auto", gpu, gpu) is False
+    assert overlap_reward_scoring("auto", cpu, cpu) is False  # they would share the CPU's cores
+    assert overlap_reward_scoring("on", cpu, cpu) is True
+    assert overlap_reward_scoring("off", gpu, cpu) is False
