@@ -163,9 +163,14 @@ def main() -> None:
     ap.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--reward", default="compressibility", choices=["compressibility", "hps_tiny", "hps_base"])
     ap.add_argument("--vae_precision", default="auto", choices=["auto", "fp32", "bf16"])
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads of the main thread (--threads 1 with --overlap_ab: sampling "
+                         "on one core and scoring on the other, as when a GPU samples and the CPU scores)")
     ap.add_argument("--overlap_ab", action="store_true",
                     help="compare --reward_overlap off and on instead of the micro-batch table")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     count_block_executions()
     with tempfile.TemporaryDirectory() as tmp:
