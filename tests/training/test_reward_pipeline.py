@@ -139,3 +139,26 @@ def test_auto_overlaps_only_across_devices():
     assert overlap_reward_scoring("auto", cpu, cpu) is False  # they would share the CPU's cores
     assert overlap_reward_scoring("on", cpu, cpu) is True
     assert overlap_reward_scoring("off", gpu, cpu) is False
+
+
+@pytest.mark.slow
+def test_two_process_run_with_overlap_matches_serial(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """2 gloo ranks, FSDP, batch-wide advantages (gathered across ranks): forcing the overlap on
+    changes no logged value and no trained weight."""
+    from safetensors.torch import load_file
+
+    from helpers import read_metrics, torchrun
+
+    runs = {}
+    for mode in ("on", "off"):
+        out = tmp_path / mode
+        proc = torchrun(train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=2, checkpointing_steps=2,
+                                   use_group=False, num_generations=4, rollout_batch_size=3,
+                                   save_images_every=0, reward_overlap=mode))
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[mode] = (read_metrics(out), load_file(str(out / "checkpoint-2" / "model.safetensors")))
+    (rows_on, w_on), (rows_off, w_off) = runs["on"], runs["off"]
+    for a, b in zip(rows_on, rows_off):
+        for key in ("reward_mean", "reward_std", "adv_mean", "adv_std", "loss", "grad_norm"):
+            assert a[key] == b[key], key
+    assert all(torch.equal(w_on[k], w_off[k]) for k in w_off)
