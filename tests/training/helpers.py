@@ -62,3 +62,16 @@ def torchrun(argv: list[str], nproc: int = 2, timeout: int = 300) -> subprocess.
 def read_metrics(out_dir) -> list[dict]:
     path = Path(out_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def single_process_trainer(argv: list[str], monkeypatch):
+    """A set-up GRPOTrainer in this process (one CPU rank, no torchrun environment)."""
+    from fastvideo import platform
+    from fastvideo.config import parse_config
+    from fastvideo.training.trainer import GRPOTrainer
+
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    trainer = GRPOTrainer(parse_config(argv), platform.init_distributed())
+    trainer.setup()
+    return trainer

@@ -8,19 +8,7 @@ import time
 import pytest
 import torch
 
-from helpers import train_args
-
-
-def _trainer(argv, monkeypatch):
-    from fastvideo import platform
-    from fastvideo.config import parse_config
-    from fastvideo.training.trainer import GRPOTrainer
-
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
-    trainer = GRPOTrainer(parse_config(argv), platform.init_distributed())
-    trainer.setup()
-    return trainer
+from helpers import single_process_trainer, train_args
 
 
 def _two_iterations(tiny_flux_dir, tiny_embeddings, out, monkeypatch, **flags):
@@ -28,7 +16,7 @@ def _two_iterations(tiny_flux_dir, tiny_embeddings, out, monkeypatch, **flags):
                       rollout_batch_size=3, train_micro_batch_size=4, save_images_every=0,
                       checkpointing_steps=100, fsdp_sharding_strategy="none", reward_group_norm=True,
                       **flags)
-    trainer = _trainer(argv, monkeypatch)
+    trainer = single_process_trainer(argv, monkeypatch)
     images = []
     real_update = trainer.update
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers import train_args
+from helpers import single_process_trainer, train_args
 
 
 def test_vae_dtype_for_each_choice():
@@ -20,19 +20,13 @@ def test_vae_dtype_for_each_choice():
 def test_bf16_vae_decodes_close_to_fp32_in_the_trainer(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch):
     """The same rollout decoded by an fp32 and a bf16 VAE: the trainer really loads the VAE in the
     chosen dtype, and the bf16 images differ from fp32 by bf16 rounding only."""
-    from fastvideo import platform
-    from fastvideo.config import parse_config
     from fastvideo.sampling.rollout import decode_images
-    from fastvideo.training.trainer import GRPOTrainer
 
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
     vaes = {}
     for precision in ("fp32", "bf16"):
         argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / precision, vae_precision=precision,
                           fsdp_sharding_strategy="none", save_images_every=0)
-        trainer = GRPOTrainer(parse_config(argv), platform.init_distributed())
-        trainer.setup()
+        trainer = single_process_trainer(argv, monkeypatch)
         vaes[precision] = trainer.vae
         if trainer.scorer is not None:
             trainer.scorer.close()
