@@ -13,6 +13,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+from fastvideo.errors import UserError
+from fastvideo.grpo.loss import candidate_steps, num_trained_steps
+
 # Flags accepted only so that upstream launch lines keep working; they change nothing here.
 COMPAT_ONLY_FLAGS = {
     "cache_dir": "no model hub is used: every model is loaded from a local folder",
@@ -21,7 +24,7 @@ COMPAT_ONLY_FLAGS = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A flag value, or a combination of flags, that cannot work."""
 
 
@@ -66,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reward_device", type=str, default="train", choices=["train", "cpu"],
                    help="score on the training device or on the CPU")
     g.add_argument("--reward_batch_size", type=int, default=8)
+    g.add_argument("--reward_precision", type=str, default="auto", choices=["auto", "fp16", "bf16", "fp32"],
+                   help="autocast dtype of model rewards (HPS, PickScore, CLIP); auto: fp16 on GPU/NPU as upstream "
+                        "DanceGRPO and the Ascend recipe score, fp32 on CPU")
     g.add_argument("--reward_overlap", type=str, default="auto", choices=["auto", "on", "off"],
                    help="score each rollout chunk on a worker thread while the next chunk samples; auto: on "
                         "only when the reward runs on another device than the rollout (--reward_device cpu "
@@ -84,8 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "upstream's floor(1000*sigma)/1000")
     g.add_argument("--num_generations", type=int, default=12, help="samples per prompt (group size)")
     g.add_argument("--use_group", action="store_true",
-                   help="normalise advantages within each prompt's group (else over the whole batch)")
-    g.add_argument("--ignore_last", action="store_true", help="do not train the last sampling step")
+                   help="expand each prompt into --num_generations samples and normalise advantages within "
+                        "each group; without it (upstream) every prompt gets one sample and advantages are "
+                        "normalised over the gathered batch")
+    g.add_argument("--adv_std", type=str, default="sample", choices=["sample", "population"],
+                   help="std used to normalise advantages: sample (torch.std, upstream DanceGRPO) or "
+                        "population (Flow-GRPO)")
+    g.add_argument("--train_last_step", action="store_true",
+                   help="also train the last sampling transition (upstream never trains it)")
+    g.add_argument("--ignore_last", action="store_true",
+                   help="do not train the last transition: the default; accepted for upstream launch lines")
     g.add_argument("--init_same_noise", action="store_true", help="share the initial noise within a group")
     g.add_argument("--timestep_fraction", type=float, default=0.6)
     g.add_argument("--clip_range", type=float, default=1e-4)
@@ -142,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--record_tensors", action="store_true", help="also record initial noise and sample-0 latents")
     g.add_argument("--dump_randomness", type=str, default=None, help="capture every random draw to DIR")
     g.add_argument("--load_randomness", type=str, default=None, help="replay random draws from DIR")
+    g.add_argument("--resume_allow_changes", action="store_true",
+                   help="resume even if the run-defining settings (seed, group size, schedule, rewards, "
+                        "batch layout ...) differ from the checkpoint's; the differences are logged")
     g.add_argument("--probe_layers", type=str, default=None,
                    help='record module outputs for one fixed input: "all" or comma-separated kinds '
                         "(rope,norm,attention,block,vae)")
@@ -187,12 +204,14 @@ class RewardSettings:
     device: str
     batch_size: int
     overlap: str  # auto | on | off (see builders.overlap_reward_scoring)
+    precision: str  # auto | fp16 | bf16 | fp32 (see builders.reward_dtype)
 
 
 @dataclass
 class GRPOSettings:
     use_group: bool
-    ignore_last: bool
+    adv_std: str  # sample | population
+    train_last_step: bool
     timestep_fraction: float
     clip_range: float
     adv_clip_max: float
@@ -200,10 +219,13 @@ class GRPOSettings:
     train_micro_batch_size: int
     gradient_accumulation_steps: int
 
+    def candidate_steps(self, sampling_steps: int) -> int:
+        """Transitions a sample may train on: 0 .. N-2 upstream (the last one never), N with --train_last_step."""
+        return candidate_steps(sampling_steps, self.train_last_step)
+
     def trained_steps(self, sampling_steps: int) -> int:
         """T: how many of the candidate transitions each sample trains on."""
-        candidates = sampling_steps - 1 if self.ignore_last else sampling_steps
-        return max(1, int(candidates * self.timestep_fraction))
+        return num_trained_steps(sampling_steps, self.timestep_fraction, self.train_last_step)
 
 
 @dataclass
@@ -231,6 +253,7 @@ class OutputSettings:
     checkpointing_steps: int
     checkpoints_total_limit: int
     resume_from_checkpoint: str | None
+    resume_allow_changes: bool
     save_images_every: int
     report_to: str
     record_dir: str | None
@@ -311,13 +334,18 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         _fail("--precondition_outputs is not supported for FLUX (velocity prediction)")
     if args.mixed_precision == "fp16":
         _fail("--mixed_precision fp16 is not supported (overflows in FLUX); use bf16 or no")
-    if args.num_generations < 2:
+    if args.use_group and args.num_generations < 2:
         _fail(f"--num_generations {args.num_generations}: a group needs at least 2 samples")
+    if args.reward_group_norm and not args.use_group:
+        _fail("--reward_group_norm normalises each reward within a prompt's group: it needs --use_group")
+    if args.train_last_step and args.ignore_last:
+        _fail("--train_last_step and --ignore_last contradict each other; give one (not training the last "
+              "transition is the default)")
     if args.h <= 0 or args.w <= 0 or args.h % 16 or args.w % 16:
         _fail(f"--h {args.h} --w {args.w}: both must be positive multiples of 16")
     if not 0.0 < args.timestep_fraction <= 1.0:
         _fail(f"--timestep_fraction {args.timestep_fraction} must be in (0, 1]")
-    if args.sampling_steps < 2 if args.ignore_last else args.sampling_steps < 1:
+    if args.sampling_steps < 1 if args.train_last_step else args.sampling_steps < 2:
         _fail(f"--sampling_steps {args.sampling_steps} is too small")
     if args.eta <= 0:
         _fail(f"--eta {args.eta}: GRPO needs a stochastic sampler (eta > 0) to have log-probabilities")
@@ -363,6 +391,9 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
     for name, why in COMPAT_ONLY_FLAGS.items():
         if getattr(args, name) != getattr(defaults, name):
             notes.append(f"--{name} is accepted for compatibility and has no effect: {why}")
+    if not args.use_group and args.num_generations != 1:
+        notes.append(f"--num_generations {args.num_generations} has no effect without --use_group: as upstream, "
+                     "each prompt gets one sample and advantages are normalised over the gathered batch")
 
     out = OutputSettings(
         output_dir=args.output_dir,
@@ -370,6 +401,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         checkpointing_steps=args.checkpointing_steps,
         checkpoints_total_limit=args.checkpoints_total_limit,
         resume_from_checkpoint=args.resume_from_checkpoint,
+        resume_allow_changes=args.resume_allow_changes,
         save_images_every=args.save_images_every,
         report_to=args.report_to,
         record_dir=args.record_dir,
@@ -396,7 +428,8 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         rollout=RolloutSettings(
             height=args.h, width=args.w, sampling_steps=args.sampling_steps, eta=args.eta,
             shift=args.shift, guidance_scale=args.guidance_scale,
-            quantize_timestep=not args.no_quantize_timestep, num_generations=args.num_generations,
+            quantize_timestep=not args.no_quantize_timestep,
+            num_generations=args.num_generations if args.use_group else 1,
             rollout_batch_size=args.rollout_batch_size, init_same_noise=args.init_same_noise,
         ),
         reward=RewardSettings(
@@ -404,10 +437,10 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             hps_ckpt_dir=args.hps_ckpt_dir, hps_model_name=args.hps_model_name,
             pickscore_dir=args.pickscore_dir, pickscore_processor_dir=args.pickscore_processor_dir,
             clip_dir=args.clip_dir, device=args.reward_device, batch_size=args.reward_batch_size,
-            overlap=args.reward_overlap,
+            overlap=args.reward_overlap, precision=args.reward_precision,
         ),
         grpo=GRPOSettings(
-            use_group=args.use_group, ignore_last=args.ignore_last,
+            use_group=args.use_group, adv_std=args.adv_std, train_last_step=args.train_last_step,
             timestep_fraction=args.timestep_fraction, clip_range=args.clip_range,
             adv_clip_max=args.adv_clip_max, loss_coef=args.loss_coef,
             train_micro_batch_size=args.train_micro_batch_size,

@@ -303,17 +303,3 @@ def device_name(device: torch.device | str) -> str:
     import platform as _pyplatform
 
     return _pyplatform.processor() or _pyplatform.machine()
-
-
-@contextlib.contextmanager
-def device_env(dtype: str) -> Iterator[None]:
-    """Temporarily force FASTVIDEO_DEVICE (tests and tools)."""
-    old = os.environ.get(ENV_DEVICE)
-    os.environ[ENV_DEVICE] = dtype
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(ENV_DEVICE, None)
-        else:
-            os.environ[ENV_DEVICE] = old

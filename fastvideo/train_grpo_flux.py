@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 import warnings
 
 # torch's FSDP1 optimizer-state gather warns about gloo/CPU process groups at every checkpoint;
@@ -22,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     # Imports inside main so that `--help` and flag errors come back fast.
     from fastvideo import platform
     from fastvideo.config import parse_config
+    from fastvideo.errors import report_failure
     from fastvideo.training.trainer import GRPOTrainer
 
     cfg = parse_config(argv)
@@ -33,14 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         if isinstance(exc, SystemExit) and not exc.code:
             raise
-        # Say which rank failed and why, then exit non-zero without waiting on collectives:
-        # torchrun sees the failure and stops the other ranks instead of letting them hang.
-        sys.stderr.write(f"[rank {info.rank}] training failed: {type(exc).__name__}: {exc}\n")
-        traceback.print_exc()
-        sys.stderr.flush()
+        # Say which rank failed and why (a user error as its message alone, exit 2; anything else
+        # with its traceback, exit 1), then exit without waiting on collectives: torchrun sees the
+        # failure and stops the other ranks instead of letting them hang.
+        code = report_failure(exc, "train_grpo_flux", info.rank if info.world_size > 1 else None)
         if info.world_size > 1:
-            os._exit(1)
-        return 1
+            os._exit(code)
+        return code
     platform.barrier()
     platform.destroy_distributed()
     return 0

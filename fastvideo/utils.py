@@ -9,8 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fastvideo.errors import UserError
 
-class MissingExtraError(ImportError):
+
+class MissingExtraError(UserError, ImportError):
     """An optional feature was used without its pip extra installed."""
 
 

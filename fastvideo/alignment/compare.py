@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from fastvideo.alignment import probes as probes_mod
+from fastvideo.errors import UserError
 from fastvideo.alignment.recorder import IMAGES, MANIFEST, METRICS
 
 # Relative-error tolerance per probe kind. The probes run in the models' dtypes (fp32 master
@@ -36,7 +37,7 @@ DEFAULT_LAYER_TOL = {"rope": 1e-3, "norm": 1e-2, "attention": 1e-2, "block": 1e-
 NOISE_MATCH_TOL = 1e-6  # initial noise is drawn on the CPU: it should agree exactly
 
 
-class RunFolderError(ValueError):
+class RunFolderError(UserError, ValueError):
     """A path given as a run folder is missing or holds no record (a usage error)."""
 
 

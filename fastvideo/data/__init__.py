@@ -4,9 +4,7 @@ from fastvideo.data.dataset import (
     EmbeddingDatasetError,
     EmbeddingShapeError,
     ExpectedDims,
-    PromptBatch,
     PromptEmbeddingDataset,
-    collate_prompt_embeddings,
 )
 from fastvideo.data.prompts import PromptFileError, PromptList, load_prompts
 from fastvideo.data.sampler import (
@@ -21,11 +19,9 @@ __all__ = [
     "EmbeddingShapeError",
     "ExpectedDims",
     "GroupDistributedSampler",
-    "PromptBatch",
     "PromptEmbeddingDataset",
     "PromptFileError",
     "PromptList",
-    "collate_prompt_embeddings",
     "epoch_order_fn",
     "load_prompts",
     "repeat_first_epoch_order_fn",

@@ -17,6 +17,8 @@ from typing import Any, Mapping
 
 import torch
 
+from fastvideo.errors import UserError
+
 JSON_KEYS = ("prompt_embed_path", "text_ids", "pooled_prompt_embeds_path", "caption")
 # json key -> folder holding the file it names
 FOLDERS = {
@@ -34,7 +36,7 @@ MODEL_HINT = (
 )
 
 
-class EmbeddingDatasetError(ValueError):
+class EmbeddingDatasetError(UserError, ValueError):
     """The embedding index or one of its files is missing or malformed."""
 
 
@@ -58,33 +60,6 @@ class ExpectedDims:
             return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
 
         return cls(get("joint_attention_dim"), get("pooled_projection_dim"), max_sequence_length)
-
-
-@dataclass
-class PromptBatch:
-    """One collated batch: prompt_embeds [B, L, D], pooled_prompt_embeds [B, P], text_ids [B, L, 3]."""
-
-    prompt_embeds: torch.Tensor
-    pooled_prompt_embeds: torch.Tensor
-    text_ids: torch.Tensor
-    captions: list[str]
-
-    def __len__(self) -> int:
-        return len(self.captions)
-
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "PromptBatch":
-        return PromptBatch(
-            self.prompt_embeds.to(device, dtype), self.pooled_prompt_embeds.to(device, dtype),
-            self.text_ids.to(device, dtype), list(self.captions),
-        )
-
-
-def collate_prompt_embeddings(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]]) -> PromptBatch:
-    """Stack dataset items (prompt_embed [L, D], pooled [P], text_ids [L, 3], caption) into a batch."""
-    if not items:
-        raise ValueError("cannot collate an empty list of prompts")
-    embeds, pooled, ids, captions = zip(*items)
-    return PromptBatch(torch.stack(embeds), torch.stack(pooled), torch.stack(ids), list(captions))
 
 
 def _read_index(json_path: Path) -> list[dict]:
@@ -200,7 +175,3 @@ class PromptEmbeddingDataset(torch.utils.data.Dataset):
     ) -> None:
         """Check against a FluxTransformer2DModel config (object or dict); see ``check``."""
         self.check(ExpectedDims.from_transformer_config(transformer_config, max_sequence_length))
-
-    def batch(self, indices: list[int]) -> PromptBatch:
-        """Load and collate the prompts at ``indices`` (e.g. one ``GroupSampler.next_batch()``)."""
-        return collate_prompt_embeddings([self[i] for i in indices])

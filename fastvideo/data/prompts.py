@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastvideo.errors import UserError
+
 # U+3040-30FF kana, U+3400-4DBF ext. A, U+4E00-9FFF unified (upstream's range), U+AC00-D7AF Hangul
 # syllables, U+1100-11FF Hangul jamo, U+F900-FAFF compatibility ideographs, U+20000-2FA1F ext. B+.
 CJK_PATTERN = re.compile(
@@ -23,7 +25,7 @@ CJK_PATTERN = re.compile(
 PROMPT_FILE_HINT = "pass a UTF-8 text file with one English prompt per line (for example assets/prompts.txt)"
 
 
-class PromptFileError(ValueError):
+class PromptFileError(UserError, ValueError):
     """A prompts file is missing, unreadable, not UTF-8 or holds no usable prompt."""
 
 

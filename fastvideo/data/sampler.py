@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from fastvideo.errors import CheckpointError
+
 # order_fn(epoch, num_prompts) -> LongTensor [num_prompts], a permutation of range(num_prompts)
 OrderFn = Callable[[int, int], torch.Tensor]
 
@@ -154,7 +156,7 @@ class GroupDistributedSampler:
         """Restore a position saved by ``state_dict``; the data and layout must be the same."""
         for key in ("num_prompts", "world_size", "prompts_per_rank", "sampler_seed"):
             if key in state and state[key] != getattr(self, key):
-                raise ValueError(
+                raise CheckpointError(
                     f"the checkpoint's sampler was made with {key}={state[key]} but this run has "
                     f"{key}={getattr(self, key)}: resume with the same prompts, process count, "
                     "train_batch_size and sampler_seed"

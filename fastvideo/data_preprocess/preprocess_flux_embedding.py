@@ -55,5 +55,22 @@ def main(argv: list[str] | None = None):
     return run_preprocess(cfg)
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """main() for the command line: a user error prints its message alone and exits 2."""
+    import os
+
+    from fastvideo.errors import report_failure
+
+    try:
+        main(argv)
+    except Exception as exc:  # noqa: BLE001 - reported, then the process exits
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        code = report_failure(exc, "preprocess_flux_embedding", int(os.environ.get("RANK", "0")) if world > 1 else None)
+        if world > 1:
+            os._exit(code)  # the other ranks may be waiting in a collective: torchrun stops them
+        return code
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -4,7 +4,7 @@
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], ...)
     ...loss.backward()...
     norm = clip_grad_norm(model, max_grad_norm)   # same value on every rank
-    if guard.observe(norm): optimizer.step()      # guard = NonFiniteGradCounter()
+    optimizer.step()
 
 Strategies: "full" shards parameters, gradients and optimizer state over all ranks; "hybrid" shards
 within a node and replicates across nodes (a 2-D mesh); "none" keeps a full replica per rank and
@@ -37,7 +37,6 @@ extra call in the training loop (a forgotten manual sync would silently train di
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -299,19 +298,6 @@ def free_unsharded_params(model: nn.Module) -> None:
             _reshard(module, handle, True)
 
 
-def no_sync(model: nn.Module, enabled: bool = True):
-    """Skip DDP's gradient all-reduce (for accumulation micro-batches that are not the last).
-
-    A no-op for FSDP on purpose: FSDP1's no_sync keeps full unsharded gradients on every rank,
-    which costs as much memory as not sharding at all; reducing every micro-batch is correct too.
-    """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    if enabled and isinstance(model, DDP):
-        return model.no_sync()
-    return contextlib.nullcontext()
-
-
 def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
     """Clip the global gradient norm to ``max_norm`` (None or <= 0: measure only) and return the
     total norm before clipping as a 0-d float tensor on the gradients' device (no host sync).
@@ -328,36 +314,6 @@ def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(params, limit)
     full_tensor = getattr(norm, "full_tensor", None)  # a DTensor norm (per-parameter sharding)
     return full_tensor() if callable(full_tensor) else norm
-
-
-class NonFiniteGradCounter:
-    """Counts optimizer steps whose gradient norm was inf / nan (the loop skips those steps).
-
-        if counter.observe(norm): optimizer.step()
-        else: optimizer.zero_grad(set_to_none=True)
-
-    ``observe`` synchronises with the host once (one scalar per optimizer step).
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.consecutive = 0
-
-    def observe(self, total_norm: torch.Tensor | float) -> bool:
-        finite = bool(torch.isfinite(torch.as_tensor(total_norm)).all())
-        if finite:
-            self.consecutive = 0
-        else:
-            self.count += 1
-            self.consecutive += 1
-        return finite
-
-    def state_dict(self) -> dict:
-        return {"count": self.count, "consecutive": self.consecutive}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.count = int(state["count"])
-        self.consecutive = int(state["consecutive"])
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -7,24 +7,28 @@ import torch
 EPS = 1e-8
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, clip_max: float) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, group_size: int, clip_max: float, unbiased: bool = True) -> torch.Tensor:
     """Per-group normalised advantages.
 
     rewards: [B] with B = num_groups * group_size, the G samples of a group contiguous.
-    Returns [B]: (r - mean_group) / (std_group + 1e-8), clipped to +-clip_max. std is the
-    population std (unbiased=False): a group of identical rewards gets advantage 0.
+    Returns [B]: (r - mean_group) / (std_group + 1e-8), clipped to +-clip_max. std is the sample
+    std by default (torch.std, as upstream DanceGRPO's ``group_rewards.std()``); ``unbiased=False``
+    gives the population std (Flow-GRPO). A group of identical rewards gets advantage 0.
     """
-    if rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")
+    if group_size < 2 or rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size} >= 2")
     r = rewards.float().view(-1, group_size)
-    adv = (r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, unbiased=False, keepdim=True) + EPS)
+    adv = (r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, unbiased=unbiased, keepdim=True) + EPS)
     return adv.clamp(-clip_max, clip_max).reshape(-1)
 
 
-def batch_advantages(rewards: torch.Tensor, clip_max: float) -> torch.Tensor:
-    """Advantages normalised over the whole batch (upstream's behaviour without --use_group). [B] -> [B]."""
+def batch_advantages(rewards: torch.Tensor, clip_max: float, unbiased: bool = True) -> torch.Tensor:
+    """Advantages normalised over the whole (gathered) batch: upstream's behaviour without
+    --use_group, ``(r - mean) / (std + 1e-8)`` with torch.std's sample std by default. [B] -> [B]."""
+    if rewards.ndim != 1 or rewards.numel() < 2:
+        raise ValueError(f"batch advantages need at least 2 rewards; got shape {tuple(rewards.shape)}")
     r = rewards.float()
-    return ((r - r.mean()) / (r.std(unbiased=False) + EPS)).clamp(-clip_max, clip_max)
+    return ((r - r.mean()) / (r.std(unbiased=unbiased) + EPS)).clamp(-clip_max, clip_max)
 
 
 def zero_std_ratio(rewards: torch.Tensor, group_size: int, tol: float = 0.0) -> torch.Tensor:

@@ -16,6 +16,17 @@ class LossStats:
     clip_fraction: torch.Tensor
 
 
+def candidate_steps(sampling_steps: int, train_last_step: bool = False) -> int:
+    """How many transitions a sample may train on: 0 .. N-2 as upstream DanceGRPO (its [:, :-1] drops
+    the last one), all N with ``train_last_step``."""
+    return sampling_steps if train_last_step else sampling_steps - 1
+
+
+def num_trained_steps(sampling_steps: int, timestep_fraction: float, train_last_step: bool = False) -> int:
+    """T = int(candidates * timestep_fraction), at least 1 (N=16, 0.6 -> 9)."""
+    return max(1, int(candidate_steps(sampling_steps, train_last_step) * timestep_fraction))
+
+
 def timestep_selection(permutations: torch.Tensor, num_trained: int) -> torch.Tensor:
     """The first T indices of each sample's permutation. [B, n] -> [B, T]."""
     return permutations[:, :num_trained]

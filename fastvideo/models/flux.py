@@ -8,11 +8,12 @@ Shapes (FLUX.1-dev): image h x w -> latent [B, 16, h/8, w/8] -> packed [B, (h/16
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from fastvideo.errors import UserError
 
 # Sub-folders of a diffusers FLUX folder and the files that must be in each.
 REQUIRED_FILES = {
@@ -32,7 +33,7 @@ FLUX_DOWNLOAD_HINT = (
 )
 
 
-class FluxFolderError(FileNotFoundError):
+class FluxFolderError(UserError, FileNotFoundError):
     """A FLUX model folder is missing or incomplete."""
 
 
@@ -212,7 +213,3 @@ def decode_latents(vae, packed: torch.Tensor, latent_h: int, latent_w: int) -> t
     z = z.to(dtype=next(vae.parameters()).dtype)
     image = vae.decode(z, return_dict=False)[0]
     return (image.float() / 2 + 0.5).clamp(0, 1)
-
-
-def read_model_index(path: str | Path) -> dict:
-    return json.loads((Path(path) / "model_index.json").read_text())

@@ -227,12 +227,6 @@ def vae_decoder_flops(vae_cfg: Mapping | None, latent_h: int, latent_w: int, bat
 # ----------------------------------------------------------------------------- one GRPO iteration
 
 
-def trained_steps(sampling_steps: int, timestep_fraction: float, ignore_last: bool) -> int:
-    """T, the transitions each sample trains on (same rule as config.GRPOSettings.trained_steps)."""
-    candidates = sampling_steps - 1 if ignore_last else sampling_steps
-    return max(1, int(candidates * timestep_fraction))
-
-
 @dataclass(frozen=True)
 class IterationShape:
     """What one GRPO iteration does, over all ranks together.

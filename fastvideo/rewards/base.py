@@ -26,6 +26,7 @@ import torch
 from PIL import Image
 
 from fastvideo import platform
+from fastvideo.errors import CheckpointError, UserError
 
 ImageBatch = Union[Sequence[Image.Image], torch.Tensor]
 
@@ -44,15 +45,11 @@ class Reward(Protocol):
     def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor: ...
 
 
-class RewardInputError(ValueError):
+class RewardInputError(UserError, ValueError):
     """Images or prompts given to a reward have the wrong type, shape or range."""
 
 
-class CheckpointError(RuntimeError):
-    """A reward checkpoint is missing, unsafe to load, or has the wrong content."""
-
-
-class UnknownRewardError(ValueError):
+class UnknownRewardError(UserError, ValueError):
     """A reward name that is not in the registry."""
 
 
@@ -210,9 +207,11 @@ def load_state_dict_strict(model: torch.nn.Module, state_dict: dict, source: str
 class BatchedReward(abc.ABC):
     """Validates inputs, splits them into chunks of ``batch_size`` and concatenates the scores.
 
-    Subclasses implement :meth:`_score` for one chunk. Model rewards run on ``device`` and, when
-    that is an accelerator, under ``platform.autocast(device, dtype)``; on CPU they run in
-    float32 (exact, reproducible).
+    Subclasses implement :meth:`_score` for one chunk. Model rewards run on ``device`` under
+    ``platform.autocast(device, dtype)`` (float32: no autocast). ``dtype=None`` picks what upstream
+    DanceGRPO and the Ascend recipe score with: float16 autocast on an accelerator
+    (``torch.amp.autocast('cuda')`` / ``('npu')`` default to float16), float32 on the CPU (exact,
+    reproducible).
     """
 
     name: str = "reward"
@@ -220,7 +219,7 @@ class BatchedReward(abc.ABC):
     def __init__(
         self,
         device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.bfloat16,
+        dtype: torch.dtype | None = None,
         batch_size: int = 8,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -229,9 +228,14 @@ class BatchedReward(abc.ABC):
         self.dtype = dtype
         self.batch_size = batch_size
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return self.dtype
+        return torch.float16 if platform.is_accelerator(self.device) else torch.float32
+
     def autocast(self):
-        on_accelerator = platform.is_accelerator(self.device)
-        return platform.autocast(self.device, self.dtype, enabled=on_accelerator)
+        return platform.autocast(self.device, self.compute_dtype)
 
     @abc.abstractmethod
     def _score(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:

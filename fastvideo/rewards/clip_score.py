@@ -59,7 +59,7 @@ class HFClipReward(BatchedReward):
         what: str,
         published_at: str,
         device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.bfloat16,
+        dtype: torch.dtype | None = None,
         batch_size: int = 8,
     ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
@@ -117,7 +117,7 @@ class ClipScoreReward(HFClipReward):
         clip_dir: str | Path = DEFAULT_CLIP_DIR,
         processor_dir: str | Path | None = None,
         device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.bfloat16,
+        dtype: torch.dtype | None = None,
         batch_size: int = 8,
     ) -> None:
         super().__init__(

@@ -15,10 +15,11 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from fastvideo.errors import UserError
 from fastvideo.rewards.base import ImageBatch, Reward, build_reward, check_reward_name
 
 
-class RewardSpecError(ValueError):
+class RewardSpecError(UserError, ValueError):
     """A --rewards string that cannot be parsed."""
 
 

@@ -37,7 +37,7 @@ class JpegCompressibilityReward(BatchedReward):
         self,
         quality: int = 95,
         device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.bfloat16,
+        dtype: torch.dtype | None = None,
         batch_size: int = 64,
     ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)

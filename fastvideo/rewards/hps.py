@@ -207,7 +207,7 @@ class HPSv2Reward(BatchedReward):
         model_config: str | Path | None = None,
         checkpoint_name: str = HPS_CHECKPOINT,
         device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.bfloat16,
+        dtype: torch.dtype | None = None,
         batch_size: int = 8,
     ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)

@@ -43,7 +43,7 @@ class PickScoreReward(HFClipReward):
         pickscore_dir: str | Path = DEFAULT_PICKSCORE_DIR,
         processor_dir: str | Path | None = None,
         device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.bfloat16,
+        dtype: torch.dtype | None = None,
         batch_size: int = 8,
     ) -> None:
         super().__init__(

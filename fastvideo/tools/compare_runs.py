@@ -56,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cmp = compare_runs(args.run_a, args.run_b, th)
-    except RunFolderError as exc:
-        print(f"compare_runs: error: {exc}", file=sys.stderr)
+    except RunFolderError as exc:  # a UserError: the message alone (FASTVIDEO_DEBUG=1 adds the traceback)
+        from fastvideo.errors import report_failure
+
+        report_failure(exc, "compare_runs")
         return EXIT_USAGE
     report = write_report(cmp, args.out)
     verdict = "PASS" if cmp.passed else "FAIL"

@@ -1,7 +1,7 @@
 """FLOPs of one FLUX GRPO iteration by phase, and the utilisation a measured iteration time implies.
 
     python -m fastvideo.tools.cost_model [--h 720 --w 720 --sampling_steps 16 --num_generations 12
-        --prompts_per_rank 1 --timestep_fraction 0.6 --ignore_last --world_size 16
+        --prompts_per_rank 1 --timestep_fraction 0.6 --world_size 16
         --gradient_checkpointing --model flux-dev|small|tiny|PATH
         --seconds_per_iteration S --peak_tflops P --device_name NAME]
 
@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from fastvideo.grpo.loss import num_trained_steps
 from fastvideo.perf.flops import (
     FLUX_DEV,
     FLUX_DEV_VAE_CONFIG,
@@ -27,7 +28,6 @@ from fastvideo.perf.flops import (
     human,
     iteration_flops,
     peak_tflops_for,
-    trained_steps,
     transformer_flops_breakdown,
     utilisation,
 )
@@ -72,10 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prompts_per_rank", "--train_batch_size", dest="prompts_per_rank", type=int, default=1)
     ap.add_argument("--world_size", type=int, default=16)
     ap.add_argument("--timestep_fraction", type=float, default=0.6)
-    ap.add_argument("--ignore_last", action=argparse.BooleanOptionalAction, default=True,
-                    help="do not train the last sampling step (DanceGRPO's FLUX script sets it)")
+    ap.add_argument("--train_last_step", action="store_true",
+                    help="also train the last transition (the trainer's flag; upstream never trains it)")
     ap.add_argument("--trained_steps", type=int, default=None,
-                    help="override T (default: int((sampling_steps - ignore_last) * timestep_fraction))")
+                    help="override T (default: int((sampling_steps - 1 + train_last_step) * timestep_fraction))")
     ap.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--seconds_per_iteration", type=float, default=None, help="measured wall time of one iteration")
     ap.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak per device, TFLOPS")
@@ -85,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.trained_steps is None:
         if not 0.0 < args.timestep_fraction <= 1.0:
             ap.error(f"--timestep_fraction {args.timestep_fraction} must be in (0, 1]")
-        args.trained_steps = trained_steps(args.sampling_steps, args.timestep_fraction, args.ignore_last)
+        args.trained_steps = num_trained_steps(args.sampling_steps, args.timestep_fraction, args.train_last_step)
     if args.seconds_per_iteration is not None and args.seconds_per_iteration <= 0:
         ap.error("--seconds_per_iteration must be positive")
     return args

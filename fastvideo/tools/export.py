@@ -26,12 +26,13 @@ from pathlib import Path
 import torch
 
 from fastvideo.training import checkpoint as ckpt_lib
+from fastvideo.errors import UserError
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     """The export cannot be done as asked."""
 
 
@@ -145,8 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     try:
         out = export_checkpoint(args.checkpoint, args.out, args.ema, args.base, args.dtype, args.overwrite)
-    except (ExportError, ckpt_lib.CheckpointError, FileNotFoundError) as exc:
-        raise SystemExit(f"export: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - a user error prints alone, anything else with its traceback
+        from fastvideo.errors import report_failure
+
+        raise SystemExit(report_failure(exc, "export")) from exc
     kind = "pipeline folder" if args.base else "transformer folder"
     print(f"exported {'EMA' if args.ema else 'policy'} weights of {args.checkpoint} as a diffusers {kind}: {out}")
 

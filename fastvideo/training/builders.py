@@ -104,6 +104,12 @@ def reward_device_for(cfg: TrainConfig, device: torch.device) -> torch.device:
     return device if cfg.reward.device == "train" else torch.device("cpu")
 
 
+def reward_dtype(precision: str) -> torch.dtype | None:
+    """--reward_precision -> the rewards' autocast dtype; None (auto) lets each reward pick float16
+    on an accelerator, as upstream scores HPS, and float32 on the CPU."""
+    return {"auto": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+
+
 def build_rewards(cfg: TrainConfig, device: torch.device):
     from fastvideo.rewards.combine import build_multi_reward
 
@@ -114,7 +120,7 @@ def build_rewards(cfg: TrainConfig, device: torch.device):
         "pickscore": {"pickscore_dir": r.pickscore_dir, "processor_dir": r.pickscore_processor_dir},
         "clip": {"clip_dir": r.clip_dir},
     }
-    common = {"device": reward_device, "batch_size": r.batch_size}
+    common = {"device": reward_device, "batch_size": r.batch_size, "dtype": reward_dtype(r.precision)}
     return build_multi_reward(r.spec, reward_kwargs=per_reward, common_kwargs=common,
                               normalize=r.group_norm, num_generations=cfg.rollout.num_generations)
 

@@ -61,7 +61,6 @@ from fastvideo.training.state_io import (  # noqa: F401  (re-exported: part of t
     decode_tree,
     encode_tree,
     load_tree,
-    safe_torch_load,
     save_tree,
 )
 PREFIX = "checkpoint-"
@@ -457,6 +456,13 @@ def _load_rank_state(path: Path, meta: dict) -> dict | None:
         )
         return None
     return load_tree(folder, f"rank-{platform.rank():05d}")
+
+
+def read_resume_point(spec: str | os.PathLike, output_dir: str | os.PathLike) -> tuple[str, dict]:
+    """Collective and cheap (no weights read): the checkpoint ``spec`` resolves to and its extra
+    state, so a resume can be checked before any model is built."""
+    found = _rank0_then_share(lambda: str(resolve_checkpoint(spec, output_dir)))
+    return found, _rank0_then_share(lambda: load_tree(Path(found), "extra_state"))
 
 
 def resume_from_checkpoint(

@@ -1,7 +1,7 @@
 """Pickle-free state files: nested Python state as JSON plus one safetensors file of its tensors.
 
-Used by checkpoint.py. Nothing here ever unpickles: foreign .pt/.bin weight files go through
-safe_torch_load (torch.load with weights_only=True).
+Used by checkpoint.py. Nothing here ever unpickles (foreign .pt/.bin weight files go through
+fastvideo.rewards.base.load_weights_only, torch.load with weights_only=True).
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastvideo.errors import CheckpointError  # noqa: F401  (re-exported: one class for every checkpoint)
+
 FORMAT_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, or holds something that cannot be loaded safely."""
 
 
 # ======================================================================== pickle-free trees
@@ -170,16 +168,3 @@ def load_tree(folder: Path, stem: str) -> Any:
     tensor_file = folder / f"{stem}.safetensors"
     tensors = _read_tensors(tensor_file) if tensor_file.exists() else {}
     return decode_tree(doc["tree"], tensors)
-
-
-def safe_torch_load(path: str | os.PathLike, map_location="cpu"):
-    """torch.load restricted to tensors and plain containers (for foreign .pt/.bin weight files)."""
-    import pickle
-
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"{path} holds pickled Python objects that are not plain tensors; refusing to load it "
-            "(only weights_only=True loads are allowed)"
-        ) from exc

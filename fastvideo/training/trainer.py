@@ -20,6 +20,7 @@ from fastvideo.grpo.advantages import batch_advantages, group_advantages, zero_s
 from fastvideo.grpo.loss import clipped_policy_loss, timestep_selection
 from fastvideo.sampling import sde
 from fastvideo.sampling.rollout import RolloutConfig, Trajectory, decode_images, predict_velocity, rollout
+from fastvideo.training.run_identity import run_identity
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, plot_reward_curve, reduce_scalars
 from fastvideo.utils import main_print
 
@@ -39,7 +40,7 @@ class UpdateStats:
     loss: float
     grad_norm: float
     ratio_mean: float
-    first_ratio_dev: float  # max |ratio - 1| over the first micro-batch, before any update
+    first_ratio_dev: float  # max |ratio - 1| over the first micro-batch's trained steps, before any update
     clip_fraction: float
     optimizer_steps: int
     skipped_steps: int
@@ -84,6 +85,8 @@ class GRPOTrainer:
         from fastvideo.training import builders
 
         cfg = self.cfg
+        self._check_batch_layout()
+        self.resume_path = self._check_resume()  # before any model loads: a refused resume costs nothing
         if cfg.model.allow_tf32:
             platform.enable_fast_matmul(self.device)
         platform.seed_everything(cfg.optim.seed)
@@ -134,11 +137,35 @@ class GRPOTrainer:
         main_print("[config] " + json.dumps({k: v for k, v in resolved.items() if k != "derived"}, default=str))
         main_print("[config] derived: " + " ".join(f"{k}={v}" for k, v in derived.items()))
 
-    def _maybe_resume(self) -> None:
+    def _check_batch_layout(self) -> None:
+        from fastvideo.config import ConfigError
+
+        samples = self.info.world_size * self.cfg.prompts_per_rank
+        if not self.cfg.grpo.use_group and samples < 2:
+            raise ConfigError(
+                f"without --use_group each prompt gets one sample and advantages are normalised over the "
+                f"{samples} sample(s) of all ranks; that needs at least 2: raise --train_batch_size or add "
+                "--use_group --num_generations G"
+            )
+
+    def _check_resume(self):
+        """Resolve --resume_from_checkpoint and refuse a changed run (run_identity.check_resume)."""
         spec = self.cfg.output.resume_from_checkpoint
         if not spec:
+            return None
+        from fastvideo.training import checkpoint
+        from fastvideo.training.run_identity import check_resume
+
+        path, saved = checkpoint.read_resume_point(spec, self.cfg.output.output_dir)
+        for diff in check_resume(saved, self.cfg, self.info.world_size, str(spec)):
+            main_print(f"[resume] --resume_allow_changes: continuing with a changed setting: {diff}")
+        return path
+
+    def _maybe_resume(self) -> None:
+        if self.resume_path is None:
             self.metrics.reset()
             return
+        spec = self.resume_path
         extra = self.checkpointer.load(
             spec, model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler, ema=self.ema
         )
@@ -154,6 +181,7 @@ class GRPOTrainer:
             "consecutive_nonfinite": self.consecutive_nonfinite,
             "sampler": self.sampler.state_dict(),
             "seed": self.cfg.optim.seed,
+            "run_identity": run_identity(self.cfg, self.info.world_size),
         }
         path = self.checkpointer.save(
             self.iteration, model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler,
@@ -187,10 +215,11 @@ class GRPOTrainer:
         """[B] local rewards -> [B] advantages. Groups live on one rank; without --use_group the
         whole global batch is normalised, so rewards are gathered first."""
         g = self.cfg.grpo
+        unbiased = g.adv_std == "sample"
         if g.use_group:
-            return group_advantages(rewards, self.cfg.rollout.num_generations, g.adv_clip_max)
+            return group_advantages(rewards, self.cfg.rollout.num_generations, g.adv_clip_max, unbiased)
         everything = gather_cat(rewards.to(self.device)).cpu()
-        adv = batch_advantages(everything, g.adv_clip_max)
+        adv = batch_advantages(everything, g.adv_clip_max, unbiased)
         b = rewards.numel()
         return adv[platform.rank() * b:(platform.rank() + 1) * b]
 
@@ -210,9 +239,14 @@ class GRPOTrainer:
         return logp
 
     def update(self, traj: Trajectory, advantages: torch.Tensor, iteration: int) -> UpdateStats:
-        """Clipped GRPO update over micro-batches; one optimizer step per accumulation window."""
+        """Clipped GRPO update over micro-batches; one optimizer step per accumulation window.
+
+        Every sample's loss term at every trained step is weighted 1 / (mb * GA * T): a micro-batch's
+        mean is scaled by rows / mb so a short last micro-batch weighs its samples like the others,
+        and a trailing window of fewer than GA micro-batches still steps (upstream drops its
+        gradients; docs/upstream.md)."""
         g = self.cfg.grpo
-        n_candidates = traj.num_steps - 1 if g.ignore_last else traj.num_steps
+        n_candidates = g.candidate_steps(traj.num_steps)
         num_trained = g.trained_steps(traj.num_steps)
         perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, n_candidates)
         selected = timestep_selection(perms, num_trained)  # [B, T] on CPU
@@ -237,14 +271,15 @@ class GRPOTrainer:
                 logp = self._log_prob(traj, rows, steps)
                 old = old_logp[rows.to(old_logp.device), steps.to(old_logp.device)]
                 loss, stats = clipped_policy_loss(logp, old, adv[rows.to(adv.device)], g.clip_range)
-                (loss * scale).backward()
-                loss_sum += loss.detach() * scale
-                window_loss += loss.detach() * scale
+                loss = loss * (scale * rows.numel() / mb)
+                loss.backward()
+                loss_sum += loss.detach()
+                window_loss += loss.detach()
                 ratio_sum += stats.ratio_mean
                 clip_sum += stats.clip_fraction
                 terms += 1
-                if m == 0 and t == 0:
-                    first_dev = stats.ratio_abs_dev_max
+                if m == 0:  # every trained step of the first micro-batch precedes any optimizer step
+                    first_dev = torch.maximum(first_dev, stats.ratio_abs_dev_max)
             last = m == n_micro - 1
             if (m + 1) % g.gradient_accumulation_steps == 0 or last:
                 norm, ok = self._optimizer_step(window_loss)
@@ -286,9 +321,13 @@ class GRPOTrainer:
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.consecutive_nonfinite = 0
-        if self.ema is not None and self.iteration + 1 >= self.cfg.optim.ema_start_step:
-            self.ema.update(self.model)
         return float(norm), True
+
+    def _update_ema(self, iteration: int) -> None:
+        """Once per iteration, after its optimizer steps (upstream's ema_handler.update after
+        train_one_step), from --ema_start_step on."""
+        if self.ema is not None and iteration >= self.cfg.optim.ema_start_step:
+            self.ema.update(self.model)
 
     # ------------------------------------------------------------------ loop
     def run_iteration(self) -> dict:
@@ -315,6 +354,7 @@ class GRPOTrainer:
             advantages = self.compute_advantages(rewards.total)
         with self.timer.phase("update"):
             stats = self.update(traj, advantages, iteration)
+            self._update_ema(iteration)
         self.iteration = iteration
         record = self._iteration_metrics(iteration, traj, rewards, advantages, stats, time.perf_counter() - t0)
         self._save_images(iteration, traj, rewards)
@@ -355,7 +395,8 @@ class GRPOTrainer:
             "iteration": iteration,
             "reward_mean": all_rewards.mean().item(),
             "reward_std": all_rewards.std(unbiased=False).item(),
-            "zero_std_ratio": zero_std_ratio(all_rewards, G).item(),
+            # Without --use_group the whole gathered batch is the one normalisation group.
+            "zero_std_ratio": zero_std_ratio(all_rewards, G if self.cfg.grpo.use_group else all_rewards.numel()).item(),
         }
         for name, vals in rewards.per_reward.items():
             everything = gather_cat(vals.to(self.device)).cpu()

@@ -36,7 +36,7 @@ fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-1
   --eta 0.3 \
   --lr_warmup_steps 0 \
   --sampler_seed 1223627 \
-  --max_grad_norm 1.0 \
+  --max_grad_norm 0.01 \
   --weight_decay 0.0001 \
   --use_hpsv2 \
   --num_generations 12 \

@@ -10,7 +10,6 @@ from fastvideo.data.dataset import (
     EmbeddingShapeError,
     ExpectedDims,
     PromptEmbeddingDataset,
-    collate_prompt_embeddings,
 )
 from fastvideo.data_preprocess.embeddings import save_prompt_embeddings, write_caption_json
 
@@ -32,7 +31,7 @@ def make_embeddings(root, captions=CAPTIONS, seq=L, width=D, pooled=P, dtype=tor
     return write_caption_json(root, captions), tensors
 
 
-def test_items_shapes_values_and_collate(tmp_path):
+def test_items_shapes_and_values(tmp_path):
     json_path, tensors = make_embeddings(tmp_path, dtype=torch.bfloat16)
     ds = PromptEmbeddingDataset(json_path, expected=ExpectedDims(D, P, L))
     assert len(ds) == 3 and ds.captions == CAPTIONS and ds.dims() == (L, D, P)
@@ -42,23 +41,14 @@ def test_items_shapes_values_and_collate(tmp_path):
         assert embed.dtype == torch.bfloat16
         assert torch.equal(embed, e) and torch.equal(pooled, p) and torch.equal(text_ids, ids)
         assert caption == CAPTIONS[i]
-    batch = collate_prompt_embeddings([ds[2], ds[0]])
-    assert batch.prompt_embeds.shape == (2, L, D) and batch.pooled_prompt_embeds.shape == (2, P)
-    assert batch.text_ids.shape == (2, L, 3) and batch.captions == [CAPTIONS[2], CAPTIONS[0]]
-    assert torch.equal(batch.prompt_embeds[0], tensors[2][0])
-    same = ds.batch([2, 0])
-    assert torch.equal(same.pooled_prompt_embeds, batch.pooled_prompt_embeds) and len(same) == 2
-    as_f32 = batch.to("cpu", torch.float32)
-    assert as_f32.prompt_embeds.dtype == torch.float32
 
 
 def test_works_in_a_dataloader(tmp_path):
     json_path, _ = make_embeddings(tmp_path)
-    loader = torch.utils.data.DataLoader(
-        PromptEmbeddingDataset(json_path), batch_size=2, collate_fn=collate_prompt_embeddings
-    )
-    sizes = [len(b) for b in loader]
-    assert sizes == [2, 1]
+    loader = torch.utils.data.DataLoader(PromptEmbeddingDataset(json_path), batch_size=2)
+    batches = list(loader)
+    assert [len(b[3]) for b in batches] == [2, 1]
+    assert batches[0][0].shape == (2, L, D) and batches[0][3] == CAPTIONS[:2]
 
 
 def test_width_mismatch_names_the_fix(tmp_path):

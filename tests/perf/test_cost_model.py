@@ -45,7 +45,7 @@ def test_json_and_overrides(capsys):
     assert s["samples"] == 384 and s["trained_steps"] == 4
     assert s["flops"]["recompute"] == 0 and s["flops"]["hardware_total"] == it.hardware_flops
     assert s["mfu"] == pytest.approx(F.utilisation(it.model_flops, 151, 32, 989.4))
-    s = json.loads(_run(capsys, "--json", "--no-ignore_last", "--sampling_steps", "10", "--timestep_fraction", "0.5"))
+    s = json.loads(_run(capsys, "--json", "--train_last_step", "--sampling_steps", "10", "--timestep_fraction", "0.5"))
     assert s["trained_steps"] == 5
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from fastvideo.config import GRPOSettings
+from fastvideo.grpo.loss import num_trained_steps
 from fastvideo.perf import flops as F
 
 # A toy transformer small enough to count by hand: D = 2 x 2 = 4, MLP 16, in/out 8, text 6, pooled 5.
@@ -73,12 +74,17 @@ def test_vae_decoder_by_hand():
     assert F.vae_decoder_flops(vae, 2, 2) == expect
 
 
-def test_trained_steps_match_the_trainer_rule():
-    for n, frac, last in [(16, 0.6, True), (16, 0.6, False), (25, 0.6, True), (10, 1.0, False), (2, 0.1, True)]:
-        g = GRPOSettings(use_group=True, ignore_last=last, timestep_fraction=frac, clip_range=1e-4,
-                         adv_clip_max=5.0, loss_coef=1.0, train_micro_batch_size=1, gradient_accumulation_steps=1)
-        assert F.trained_steps(n, frac, last) == g.trained_steps(n)
-    assert F.trained_steps(16, 0.6, True) == 9
+def test_cost_model_trained_steps_follow_the_trainer_rule():
+    from fastvideo.tools import cost_model
+
+    for n, frac, last in [(16, 0.6, False), (16, 0.6, True), (25, 0.6, False), (10, 1.0, True), (2, 0.1, False)]:
+        g = GRPOSettings(use_group=True, adv_std="sample", train_last_step=last, timestep_fraction=frac,
+                         clip_range=1e-4, adv_clip_max=5.0, loss_coef=1.0, train_micro_batch_size=1,
+                         gradient_accumulation_steps=1)
+        argv = ["--sampling_steps", str(n), "--timestep_fraction", str(frac)] + (["--train_last_step"] if last else [])
+        assert cost_model.parse_args(argv).trained_steps == g.trained_steps(n)
+    assert num_trained_steps(16, 0.6) == 9 and num_trained_steps(16, 0.6, train_last_step=True) == 9  # int(15 * 0.6)
+    assert num_trained_steps(10, 1.0) == 9 and num_trained_steps(10, 1.0, True) == 10
 
 
 def test_reference_iteration_is_about_3_7e17():

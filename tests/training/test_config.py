@@ -16,7 +16,10 @@ def _validate(*extra):
 
 @pytest.mark.parametrize("flags, message", [
     (["--sp_size", "2"], "sequence parallelism is not supported"),
-    (["--num_generations", "1"], "at least 2 samples"),
+    (["--num_generations", "1", "--use_group"], "at least 2 samples"),
+    (["--reward_group_norm"], "needs --use_group"),
+    (["--train_last_step", "--ignore_last"], "contradict"),
+    (["--sampling_steps", "1"], "too small"),
     (["--h", "100"], "multiples of 16"),
     (["--timestep_fraction", "0"], r"must be in \(0, 1\]"),
     (["--timestep_fraction", "1.5"], r"must be in \(0, 1\]"),
@@ -49,7 +52,7 @@ def test_legacy_aliases_and_derived_quantities():
         ["--data_json_path", "d", "--pretrained_model_name_or_path", "m", "--use_hpsv2",
          "--num_generations", "12", "--train_batch_size", "1", "--train_micro_batch_size", "1",
          "--gradient_accumulation_steps", "4", "--sampling_steps", "16", "--timestep_fraction", "0.6",
-         "--ignore_last", "--cache_dir", "x"]))
+         "--ignore_last", "--cache_dir", "x", "--use_group"]))
     assert [(s.name, s.weight) for s in cfg.reward.spec] == [("hpsv2", 1.0)]
     d = cfg.derived(world_size=16)
     assert d["train_global_batch_size"] == 64  # the recipe's 1 x 4 x 16
@@ -83,3 +86,50 @@ def test_launcher_dry_run_is_accepted_by_the_parser(script):
     argv = words[words.index(next(w for w in words if w.endswith("train_grpo_flux.py"))) + 1:]
     cfg = validate_args(build_parser().parse_args(argv))
     assert cfg.rollout.num_generations >= 2
+
+
+def test_upstream_defaults_for_behaviour():
+    cfg = _validate("--num_generations", "12")
+    # Without --use_group: one sample per prompt (upstream L474-490), said in a start-up note.
+    assert cfg.rollout.num_generations == 1 and not cfg.grpo.use_group
+    assert any("--num_generations 12 has no effect without --use_group" in n for n in cfg.compat_notes)
+    grouped = _validate("--num_generations", "12", "--use_group")
+    assert grouped.rollout.num_generations == 12 and not grouped.compat_notes
+    # The last transition is never trained unless asked: T = int((N - 1) * fraction).
+    assert cfg.grpo.candidate_steps(16) == 15 and cfg.grpo.trained_steps(16) == 9
+    last = _validate("--train_last_step")
+    assert last.grpo.candidate_steps(16) == 16 and last.grpo.trained_steps(16) == 9
+    assert _validate("--train_last_step", "--timestep_fraction", "1").grpo.trained_steps(16) == 16
+    assert _validate("--ignore_last").grpo.candidate_steps(16) == 15
+    assert cfg.grpo.adv_std == "sample" and cfg.reward.precision == "auto"
+    assert _validate("--adv_std", "population").grpo.adv_std == "population"
+    assert not cfg.output.resume_allow_changes and _validate("--resume_allow_changes").output.resume_allow_changes
+
+
+def test_reward_precision_maps_to_autocast_dtypes():
+    import torch
+
+    from fastvideo.rewards.compressibility import JpegCompressibilityReward as CompressibilityReward
+    from fastvideo.training.builders import reward_dtype
+
+    assert reward_dtype("auto") is None and reward_dtype("fp16") is torch.float16
+    assert reward_dtype("bf16") is torch.bfloat16 and reward_dtype("fp32") is torch.float32
+    # auto: float16 on an accelerator (upstream's torch.amp.autocast default), float32 on the CPU.
+    assert CompressibilityReward(device="cpu").compute_dtype is torch.float32
+    assert CompressibilityReward(device="meta").compute_dtype is torch.float32
+    assert CompressibilityReward(device="cpu", dtype=torch.bfloat16).compute_dtype is torch.bfloat16
+
+
+def test_reward_autocast_is_float16_on_an_accelerator(monkeypatch):
+    import torch
+
+    from fastvideo import platform
+    from fastvideo.rewards.compressibility import JpegCompressibilityReward as CompressibilityReward
+
+    seen = []
+    monkeypatch.setattr(platform, "is_accelerator", lambda device: True)
+    monkeypatch.setattr(platform, "autocast", lambda device, dtype=None, enabled=True: seen.append(dtype))
+    r = CompressibilityReward(device="cpu")
+    assert r.compute_dtype is torch.float16
+    r.autocast()
+    assert seen == [torch.float16]

@@ -129,3 +129,27 @@ def _sharded_vs_unsharded(info):
 
 def test_sharded_ema_equals_unsharded():
     assert run_distributed(_sharded_vs_unsharded) == [True, True]
+
+
+def test_trainer_updates_the_ema_once_per_iteration(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch):
+    """Two optimizer steps per iteration (4 micro-batches, accumulation 2): the trainer's EMA is the
+    closed form over the weights after each iteration from --ema_start_step on (upstream updates its
+    EMA once per train_one_step), not over the weights after each optimizer step."""
+    from helpers import single_process_trainer, train_args
+
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "ema", use_ema=True, ema_decay=DECAY,
+                      ema_start_step=2, num_generations=4, rollout_batch_size=4, train_micro_batch_size=1,
+                      gradient_accumulation_steps=2, timestep_fraction=0.34, max_train_steps=3,
+                      save_images_every=0, checkpointing_steps=100, fsdp_sharding_strategy="none")
+    trainer = single_process_trainer(argv, monkeypatch)
+    start = {k: v.clone() for k, v in fsdp.full_model_state_dict(trainer.model).items()}
+    after = []
+    for _ in range(3):
+        record = trainer.run_iteration()
+        assert record["optimizer_steps"] == 2
+        after.append({k: v.clone() for k, v in fsdp.full_model_state_dict(trainer.model).items()})
+    expected = closed_form(start, after[1:], DECAY)  # iteration 1 < ema_start_step 2: not averaged
+    got = trainer.ema.full_state_dict(trainer.model)
+    assert trainer.ema.num_updates == 2
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name].double(), value, rtol=1e-6, atol=1e-7, msg=name)

@@ -1,0 +1,41 @@
+"""Errors a user can fix, and how command-line entry points report them.
+
+A ``UserError`` is about a flag, a missing or malformed input, or a checkpoint: its message already
+names the problem and the fix, so a traceback would only hide it. Entry points print the message
+alone and exit 2; anything else is a bug or an environment failure and keeps its traceback.
+``FASTVIDEO_DEBUG=1`` prints the traceback for user errors too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+USER_ERROR_EXIT = 2
+
+
+class UserError(Exception):
+    """Something the user can fix; the message says what and how."""
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint (training state or reward weights) is missing, incomplete, or unsafe to load."""
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("FASTVIDEO_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def report_failure(exc: BaseException, prog: str, rank: int | None = None) -> int:
+    """Print ``exc`` for the user and return the exit status (2 for a UserError, else 1)."""
+    where = f"[rank {rank}] " if rank is not None else ""
+    user = isinstance(exc, UserError)
+    if user:
+        sys.stderr.write(f"{where}{prog}: error: {exc}\n")
+    else:
+        sys.stderr.write(f"{where}{prog} failed: {type(exc).__name__}: {exc}\n")
+    if not user or debug_enabled():
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    sys.stderr.flush()
+    return USER_ERROR_EXIT if user else 1
