@@ -468,6 +468,6 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     args = parser.parse_args(argv)
     try:
         return validate_args(args)
-    except ConfigError as exc:
+    except UserError as exc:  # ConfigError, and a reward spec's own errors (unknown name, bad weight)
         parser.error(str(exc))
         raise  # unreachable: parser.error exits

@@ -23,6 +23,10 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint (training state or reward weights) is missing, incomplete, or unsafe to load."""
 
 
+class MissingInputError(UserError, FileNotFoundError):
+    """A file or folder the run needs (weights, a config) is not where the flags say."""
+
+
 def debug_enabled() -> bool:
     return os.environ.get("FASTVIDEO_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 

@@ -29,6 +29,7 @@ import torch
 
 from fastvideo import platform
 from fastvideo.config import PROBE_KINDS
+from fastvideo.errors import MissingInputError
 
 PROBE_TENSORS = "probes.safetensors"
 PROBE_INDEX = "probes.json"
@@ -336,7 +337,7 @@ def load_probes(path: str | Path) -> ProbeRecording:
 
     folder = find_probe_dir(path)
     if folder is None:
-        raise FileNotFoundError(f"no {PROBE_INDEX} in {str(path)!r} or {str(Path(path) / PROBE_SUBDIR)!r}")
+        raise MissingInputError(f"no {PROBE_INDEX} in {str(path)!r} or {str(Path(path) / PROBE_SUBDIR)!r}")
     index = json.loads((folder / PROBE_INDEX).read_text())
     tensors = load_file(str(folder / PROBE_TENSORS))
     entries = [ProbeEntry(**e) for e in index.pop("entries")]

@@ -152,10 +152,11 @@ class GroupDistributedSampler:
             "sampler_seed": self.sampler_seed,
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore a position saved by ``state_dict``; the data and layout must be the same."""
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Restore a position saved by ``state_dict``; the data and layout must be the same unless
+        ``strict`` is False (--resume_allow_changes: the saved position is kept, its meaning changes)."""
         for key in ("num_prompts", "world_size", "prompts_per_rank", "sampler_seed"):
-            if key in state and state[key] != getattr(self, key):
+            if strict and key in state and state[key] != getattr(self, key):
                 raise CheckpointError(
                     f"the checkpoint's sampler was made with {key}={state[key]} but this run has "
                     f"{key}={getattr(self, key)}: resume with the same prompts, process count, "
@@ -163,5 +164,7 @@ class GroupDistributedSampler:
                 )
         position = int(state["position"])
         if not 0 <= position <= self.iterations_per_epoch:
-            raise ValueError(f"sampler position {position} is outside 0..{self.iterations_per_epoch}")
+            if strict:
+                raise CheckpointError(f"sampler position {position} is outside 0..{self.iterations_per_epoch}")
+            position = self.iterations_per_epoch  # the next batch starts the next epoch
         self.epoch, self.position = int(state["epoch"]), position

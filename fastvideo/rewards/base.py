@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from fastvideo import platform
-from fastvideo.errors import CheckpointError, UserError
+from fastvideo.errors import CheckpointError, MissingInputError, UserError
 
 ImageBatch = Union[Sequence[Image.Image], torch.Tensor]
 
@@ -173,11 +173,23 @@ def load_weights_only(path: str | Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        if "global" not in str(exc).lower():  # no refused class (GLOBAL opcode): the bytes are no torch file
+            raise CheckpointError(
+                f"{path} is not a readable torch checkpoint (torch.load could not parse it); it may be "
+                "truncated or another kind of file: download it again"
+            ) from exc
         raise CheckpointError(
             f"refusing to load {path}: it contains pickled Python objects, not only tensors "
             f"(torch.load(weights_only=True) said: {str(exc).splitlines()[0]}). Re-save it from a "
             "trusted environment as plain tensors, e.g. torch.save({'state_dict': "
             "{k: v for k, v in sd.items()}}, path)."
+        ) from exc
+    except FileNotFoundError as exc:
+        raise MissingInputError(f"{path} does not exist") from exc
+    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+        raise CheckpointError(
+            f"{path} is not a readable torch checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "it may be truncated or another kind of file: download it again"
         ) from exc
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from fastvideo.rewards.base import BatchedReward, ImageBatch, as_pils
+from fastvideo.errors import MissingInputError
 
 DEFAULT_CLIP_DIR = "./clip_ckpt"
 CLIP_PUBLISHED_AT = "https://huggingface.co/openai/clip-vit-large-patch14"
@@ -28,13 +29,13 @@ def check_hf_folder(folder: str | Path, what: str, files: str, published_at: str
     """A local save_pretrained folder, or an error naming the files and where to get them."""
     path = Path(folder)
     if not path.is_dir():
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"{what} folder {str(path)!r} does not exist. It must hold {files} as written by "
             f"save_pretrained; download {published_at} into it, or pass the folder explicitly."
         )
     needed = "preprocessor_config.json" if "preprocessor" in files else "config.json"
     if not (path / needed).is_file():
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"{what} folder {str(path)!r} has no {needed}; it must hold {files} "
             f"(from {published_at})."
         )

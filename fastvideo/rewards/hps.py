@@ -40,6 +40,7 @@ from fastvideo.rewards.base import (
     load_weights_only,
     strip_module_prefix,
 )
+from fastvideo.errors import MissingInputError
 
 HPS_CHECKPOINT = "HPS_v2.1_compressed.pt"
 OPEN_CLIP_CHECKPOINT = "open_clip_pytorch_model.bin"
@@ -66,14 +67,14 @@ def resolve_hps_files(
     folder = Path(hps_ckpt_dir)
     expected = [OPEN_CLIP_CHECKPOINT, checkpoint_name]
     if not folder.is_dir():
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"HPS checkpoint folder {str(folder)!r} does not exist. It must hold "
             f"{' and '.join(expected)}: download {_where_to_get(expected)}, "
             "or pass hps_ckpt_dir=<folder>."
         )
     missing = [n for n in expected if not (folder / n).is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"HPS checkpoint folder {str(folder)!r} lacks {', '.join(missing)}. "
             f"Download {_where_to_get(missing)} into it."
         )
@@ -104,7 +105,7 @@ def ensure_open_clip_config(
             f"{DEFAULT_MODEL_NAME!r}"
         )
     if not path.is_file():
-        raise FileNotFoundError(f"open_clip model config {str(path)!r} does not exist")
+        raise MissingInputError(f"open_clip model config {str(path)!r} does not exist")
     if path.stem != model_name:
         raise ValueError(
             f"open_clip names a config after its file: {path.name} registers {path.stem!r}, "

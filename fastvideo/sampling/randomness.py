@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 
 from fastvideo.utils import atomic_write_bytes
+from fastvideo.errors import MissingInputError
 
 INITIAL_NOISE = "initial_noise"
 STEP_NOISE = "step_noise"
@@ -100,7 +101,7 @@ class RandomSource:
         """Serve every draw from the files of a captured run (all ranks' files of an iteration)."""
         directory = Path(directory)
         if not directory.is_dir():
-            raise FileNotFoundError(
+            raise MissingInputError(
                 f"randomness replay folder {str(directory)!r} does not exist; point it at the folder a "
                 "run wrote with RandomSource.capture (its randomness_*.safetensors files)"
             )

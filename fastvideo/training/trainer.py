@@ -171,7 +171,7 @@ class GRPOTrainer:
         )
         self.iteration = int(extra["iteration"])
         self.consecutive_nonfinite = int(extra.get("consecutive_nonfinite", 0))
-        self.sampler.load_state_dict(extra["sampler"])
+        self.sampler.load_state_dict(extra["sampler"], strict=not self.cfg.output.resume_allow_changes)
         self.metrics.truncate_after(self.iteration)
         main_print(f"[resume] continuing after iteration {self.iteration} from {spec}")
 

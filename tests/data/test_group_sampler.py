@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from fastvideo.data.sampler import GroupDistributedSampler, repeat_first_epoch_order_fn
+from fastvideo.errors import CheckpointError
 
 
 def samplers(n, world, per_rank, seed=1223627, **kw):
@@ -78,11 +79,11 @@ def test_state_dict_restores_the_exact_position_across_epochs():
 def test_load_state_dict_rejects_another_layout():
     s = GroupDistributedSampler(12, 0, 2, 2, sampler_seed=1)
     state = s.state_dict()
-    with pytest.raises(ValueError, match="world_size=2 but this run has world_size=3"):
+    with pytest.raises(CheckpointError, match="world_size=2 but this run has world_size=3"):
         GroupDistributedSampler(12, 0, 3, 2, sampler_seed=1).load_state_dict(state)
-    with pytest.raises(ValueError, match="sampler_seed=1 but this run has sampler_seed=2"):
+    with pytest.raises(CheckpointError, match="sampler_seed=1 but this run has sampler_seed=2"):
         GroupDistributedSampler(12, 0, 2, 2, sampler_seed=2).load_state_dict(state)
-    with pytest.raises(ValueError, match="position 9 is outside"):
+    with pytest.raises(CheckpointError, match="position 9 is outside"):
         s.load_state_dict({**state, "position": 9})
 
 

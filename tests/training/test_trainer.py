@@ -111,13 +111,13 @@ def test_non_finite_loss_skips_then_aborts(tiny_flux_dir, tiny_embeddings, tmp_p
 
 def test_missing_inputs_fail_early(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch, capsys):
     argv = train_args(tmp_path / "nope.json", tiny_flux_dir, tmp_path / "o1")
-    assert _run_single(argv, monkeypatch) == 1
+    assert _run_single(argv, monkeypatch) == 2  # user errors: exit 2, the message alone
     assert "nope.json" in capsys.readouterr().err
     argv = train_args(tiny_embeddings, tmp_path / "no_model", tmp_path / "o2")
-    assert _run_single(argv, monkeypatch) == 1
+    assert _run_single(argv, monkeypatch) == 2
     assert "make_tiny_flux" in capsys.readouterr().err
     argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "o3", resume_from_checkpoint="latest")
-    assert _run_single(argv, monkeypatch) == 1
+    assert _run_single(argv, monkeypatch) == 2
     assert "checkpoint" in capsys.readouterr().err.lower()
 
 
@@ -148,7 +148,7 @@ def test_wandb_without_its_extra_names_the_extra(tiny_flux_dir, tiny_embeddings,
 
     monkeypatch.setattr(builtins, "__import__", no_wandb)
     argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "w", report_to="wandb", max_train_steps=1)
-    assert _run_single(argv, monkeypatch) == 1
+    assert _run_single(argv, monkeypatch) == 2
     assert "flux-grpo[wandb]" in capsys.readouterr().err
 
 
@@ -184,7 +184,7 @@ def test_a_failing_rank_brings_the_job_down_with_its_reason(tiny_flux_dir, tiny_
     start = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
     assert proc.returncode != 0
-    assert "[rank 1] training failed: RuntimeError: injected failure on rank 1" in proc.stderr
+    assert "[rank 1] train_grpo_flux failed: RuntimeError: injected failure on rank 1" in proc.stderr
     assert time.time() - start < 200
 
 
