@@ -133,3 +133,62 @@ def test_reward_autocast_is_float16_on_an_accelerator(monkeypatch):
     assert r.compute_dtype is torch.float16
     r.autocast()
     assert seen == [torch.float16]
+
+
+def _launcher_flags(script) -> dict:
+    """The DRY_RUN command line of a launcher as {flag: value or True}."""
+    import os
+    import sys
+
+    env = {"DRY_RUN": "1", "FASTVIDEO_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+           "HOME": os.environ.get("HOME", "/root")}
+    out = subprocess.run(["bash", str(ROOT / script)], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    words = shlex.split([ln for ln in out.stdout.splitlines() if "train_grpo_flux.py" in ln][-1])
+    argv = words[words.index(next(w for w in words if w.endswith("train_grpo_flux.py"))) + 1:]
+    flags, i = {}, 0
+    while i < len(argv):
+        name = argv[i].removeprefix("--")
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            flags[name], i = argv[i + 1], i + 2
+        else:
+            flags[name], i = True, i + 1
+    return flags
+
+
+# Upstream DanceGRPO 15cc71d scripts/finetune/finetune_flux_grpo_8gpus.sh, flag for flag.
+UPSTREAM_8GPU = {
+    "seed": "42", "pretrained_model_name_or_path": "data/flux", "vae_model_path": "data/flux",
+    "cache_dir": "data/.cache", "data_json_path": "data/rl_embeddings/videos2caption.json",
+    "gradient_checkpointing": True, "train_batch_size": "2", "num_latent_t": "1", "sp_size": "1",
+    "train_sp_batch_size": "2", "dataloader_num_workers": "4", "gradient_accumulation_steps": "12",
+    "max_train_steps": "300", "learning_rate": "1e-5", "mixed_precision": "bf16", "checkpointing_steps": "40",
+    "allow_tf32": True, "cfg": "0.0", "output_dir": "data/outputs/grpo", "h": "720", "w": "720", "t": "1",
+    "sampling_steps": "16", "eta": "0.3", "lr_warmup_steps": "0", "sampler_seed": "1223627",
+    "max_grad_norm": "0.01", "weight_decay": "0.0001", "use_hpsv2": True, "num_generations": "12", "shift": "3",
+    "use_group": True, "ignore_last": True, "timestep_fraction": "0.6", "clip_range": "1e-4",
+    "adv_clip_max": "5.0", "use_ema": True, "ema_decay": "0.995", "init_same_noise": True,
+}
+# The Ascend recipe's A3 16-die run (shared/ALGORITHM.md "Reference configuration", from the recipe's
+# finetune_flux_grpo_a3_16die.sh): train GBS 1 x 4 x 16, rollout batch 4, max_grad_norm 1.0.
+RECIPE_A3_16DIE = {
+    **{k: v for k, v in UPSTREAM_8GPU.items() if k not in ("use_ema", "ema_decay")},
+    "train_batch_size": "1", "train_sp_batch_size": "1", "gradient_accumulation_steps": "4",
+    "max_grad_norm": "1.0", "rollout_batch_size": "4", "train_micro_batch_size": "1",
+}
+# Flags a launcher may add to its source's, each for a stated reason.
+ADDED = {
+    "scripts/finetune/finetune_flux_grpo_8gpus.sh": {
+        # The recipe's 8-die adaptation batches the rollout 4 at a time; trajectories are the same.
+        "rollout_batch_size": "4", "train_micro_batch_size": "1"},
+    "scripts/finetune/finetune_flux_grpo_a3_16die.sh": {},
+}
+
+
+@pytest.mark.parametrize("script, source", [
+    ("scripts/finetune/finetune_flux_grpo_8gpus.sh", UPSTREAM_8GPU),
+    ("scripts/finetune/finetune_flux_grpo_a3_16die.sh", RECIPE_A3_16DIE),
+])
+def test_reference_launchers_pass_their_sources_flags(script, source):
+    assert _launcher_flags(script) == {**source, **ADDED[script]}
