@@ -228,3 +228,27 @@ def test_bf16_first_micro_batch_ratio_is_near_one(tiny_flux_dir, tiny_embeddings
         assert max(rank["devs"]) < BF16_RATIO_BOUND, rank["devs"]
     assert out[0]["logged"] == max(max(r["devs"]) for r in out)
     print("bf16 first micro-batch |ratio - 1| per rank:", [max(r["devs"]) for r in out])
+
+
+def test_first_ratio_dev_is_the_max_over_the_first_micro_batch(tiny_flux_dir, tiny_embeddings, tmp_path,
+                                                                 monkeypatch):
+    """first_ratio_dev is the largest |ratio - 1| over every trained step of the first micro-batch
+    and nothing after it (the deviations are injected: T = 3 steps, then 3 of the second micro-batch)."""
+    import fastvideo.training.trainer as trainer_mod
+    from helpers import single_process_trainer
+
+    injected = iter([0.1, 0.5, 0.2, 0.9, 0.9, 0.9])
+    real_loss = trainer_mod.clipped_policy_loss
+
+    def loss(*args, **kwargs):
+        value, stats = real_loss(*args, **kwargs)
+        stats.ratio_abs_dev_max = torch.tensor(next(injected))
+        return value, stats
+
+    monkeypatch.setattr(trainer_mod, "clipped_policy_loss", loss)
+    flags = {**BASE, "use_group": True, "num_generations": 2, "train_batch_size": 1, "train_micro_batch_size": 1,
+             "gradient_accumulation_steps": 1, "rollout_batch_size": 2, "fsdp_sharding_strategy": "none"}
+    trainer = single_process_trainer(train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "dev", **flags),
+                                     monkeypatch)
+    record = trainer.run_iteration()
+    assert record["first_ratio_dev"] == pytest.approx(0.5)
