@@ -7,7 +7,8 @@
 #   ASCEND_RT_VISIBLE_DEVICES=0,1,2,3 source scripts/npu_env.sh
 # CANN's set_env.sh is sourced from CANN_SET_ENV when that is set, otherwise from the first of
 # /usr/local/Ascend/cann/set_env.sh and /usr/local/Ascend/ascend-toolkit/set_env.sh that exists;
-# when none exists this says so and goes on (CANN may already be in the environment).
+# when none exists this says so and goes on (CANN may already be in the environment). The file
+# sourced is left in CANN_SET_ENV_SOURCED (the launchers print it with DRY_RUN=1).
 # Values follow the Ascend recipe for Atlas A3 (16 dies); see docs/npu.md.
 
 # Visible devices, re-indexed from 0 inside the process. CANN reads a comma-separated list and stops
@@ -52,6 +53,7 @@ _npu_env_source_cann() {
             source "$f"
             if [ "$had_nounset" -eq 1 ]; then set -u; fi
             echo "npu_env: sourced CANN environment from $f" >&2
+            export CANN_SET_ENV_SOURCED="$f"
             return 0
         fi
     done
