@@ -37,7 +37,7 @@ def reduce_scalars(values: dict[str, float | torch.Tensor], device: torch.device
     """Reduce a flat dict of scalars across ranks in one collective (mean or max).
 
     Packed as float32: HCCL's allreduce refuses float64 ("HCCL allreduce: Unsupported data type
-    at::kDouble", torch_npu 2.7.1 ProcessGroupHCCL.cpp checkSupportedDataType), and an NPU tensor
+    at::kDouble", torch-npu 2.7.1 ProcessGroupHCCL.cpp checkSupportedDataType), and an NPU tensor
     cannot hold float64 anyway. float32 keeps ~7 significant digits, ample for logged metrics.
     """
     if not values:
