@@ -207,16 +207,30 @@ def autocast(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, en
     return torch.autocast(dev_type, dtype=dtype)
 
 
-def enable_fast_matmul(device: torch.device | str) -> None:
-    """TF32 on CUDA, HF32 on NPU; nothing on CPU (keeps CPU runs exact)."""
-    dev_type = torch.device(device).type
+def set_fast_matmul(device: torch.device | str, enabled: bool) -> None:
+    """--allow_tf32: TF32 on CUDA, HF32 on NPU, for matmuls AND convolutions; off, fp32 is fp32.
+
+    Set both ways on purpose: cuDNN convolutions default to TF32 in torch, and torch_npu 2.7.1
+    defaults ``npu.conv.allow_hf32`` to True (``npu.matmul.allow_hf32`` to False; Ascend/pytorch
+    v7.2.0-pytorch2.7.1 torch_npu/csrc/framework/LazyInitAclops.cpp), so without this the VAE and
+    the reward towers would run reduced-precision convolutions while CPU runs are exact, and the
+    alignment method (which compares fp32 work across devices) would see the difference.
+    Nothing on CPU.
+    """
+    # A string is parsed by hand: "npu" is a torch device type only once torch_npu is loaded.
+    dev_type = device.split(":")[0] if isinstance(device, str) else torch.device(device).type
     if dev_type == CUDA:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
     elif dev_type == NPU:
         torch_npu = import_torch_npu()
         if torch_npu is not None:
-            torch_npu.npu.matmul.allow_hf32 = True
+            torch_npu.npu.matmul.allow_hf32 = enabled
+            torch_npu.npu.conv.allow_hf32 = enabled
+
+
+def enable_fast_matmul(device: torch.device | str) -> None:
+    set_fast_matmul(device, True)
 
 
 def synchronize(device: torch.device | str) -> None:

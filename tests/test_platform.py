@@ -106,3 +106,33 @@ def test_on_stream_waits_for_the_event_then_switches_stream(monkeypatch):
     with platform.on_stream(dev, stream, after=event):
         calls.append("work")
     assert calls == ["record", ("stream", "cuda:3"), ("wait", "FakeEvent"), "enter", "work", "exit"]
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_fast_matmul_switches_matmul_and_conv_on_npu(monkeypatch, allow):
+    """Without --allow_tf32 HF32 is off for matmuls AND convolutions (torch_npu 2.7.1 defaults the
+    convolution switch to True); with it, both are on."""
+    import sys
+
+    import npu_stub
+
+    stub = npu_stub.make_module()
+    assert stub.npu.matmul.allow_hf32 is False and stub.npu.conv.allow_hf32 is True  # 2.7.1 defaults
+    monkeypatch.setitem(sys.modules, "torch_npu", stub)
+    monkeypatch.setattr(platform, "_torch_npu", None)
+    monkeypatch.setattr(platform, "_torch_npu_checked", False)
+    platform.set_fast_matmul("npu", allow)
+    assert stub.npu.matmul.allow_hf32 is allow and stub.npu.conv.allow_hf32 is allow
+
+
+def test_fast_matmul_switches_cuda_tf32_both_ways():
+    """The switches are plain flags (no GPU needed); cuDNN's convolution TF32 defaults to on."""
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        platform.set_fast_matmul(torch.device("cuda", 0), False)
+        assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+        platform.set_fast_matmul("cuda", True)
+        assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

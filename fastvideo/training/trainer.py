@@ -84,8 +84,7 @@ class GRPOTrainer:
         from fastvideo.training import builders
 
         cfg = self.cfg
-        if cfg.model.allow_tf32:
-            platform.enable_fast_matmul(self.device)
+        platform.set_fast_matmul(self.device, cfg.model.allow_tf32)
         platform.seed_everything(cfg.optim.seed)
         self.dataset = builders.build_dataset(cfg)
         self.transformer_config, self.model, self.vae = builders.build_models(cfg, self.device)
