@@ -135,6 +135,59 @@ def dist_env() -> tuple[int, int, int]:
     )
 
 
+# HCCL's all_gather_into_tensor / reduce_scatter_tensor (FSDP's collectives) do not support these
+# world sizes (CANN collective documentation, as summarised in issue #19).
+HCCL_UNSUPPORTED_WORLD_SIZES = (3, 5, 6, 7)
+ENV_VISIBLE_NPUS = "ASCEND_RT_VISIBLE_DEVICES"
+
+
+def parse_visible_npus(value: str) -> list[int]:
+    """ASCEND_RT_VISIBLE_DEVICES -> die ids; ValueError unless comma-separated ascending integers.
+    CANN stops reading at the first other character, so "0-15" would silently mean die 0 only."""
+    parts = value.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        n = value.split("-")[-1] if "-" in value else None
+        example = ",".join(str(i) for i in range(int(n) + 1)) if n and n.isdigit() and int(n) < 64 else "0,1,2,3"
+        raise ValueError(f"{ENV_VISIBLE_NPUS}={value!r}: list the dies one by one, comma-separated "
+                         f"(e.g. {ENV_VISIBLE_NPUS}={example}); CANN reads no ranges and stops at the first "
+                         "other character")
+    ids = [int(p) for p in parts]
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        raise ValueError(f"{ENV_VISIBLE_NPUS}={value!r}: die ids must be ascending without repeats "
+                         f"(e.g. {','.join(map(str, sorted(set(ids))))})")
+    return ids
+
+
+def npu_launch_problems(world_size: int, local_world_size: int, visible: str | None,
+                        device_count: int | None) -> list[str]:
+    """What would make an NPU run fail or misbehave, found before any model loads (empty if none)."""
+    problems = []
+    if world_size in HCCL_UNSUPPORTED_WORLD_SIZES:
+        problems.append(f"world size {world_size}: HCCL's all_gather_into_tensor and reduce_scatter_tensor "
+                        f"(used by FSDP) do not support {HCCL_UNSUPPORTED_WORLD_SIZES}; use 1, 2, 4, 8 or 16 "
+                        "processes")
+    dies = device_count
+    if visible:
+        try:
+            dies = len(parse_visible_npus(visible))
+        except ValueError as err:
+            problems.append(str(err))
+    if dies is not None and local_world_size > dies:
+        problems.append(f"{local_world_size} processes on this node but only {dies} NPU dies visible: lower "
+                        f"--nproc_per_node (NPROC) or widen {ENV_VISIBLE_NPUS}")
+    return problems
+
+
+def check_npu_launch(world_size: int) -> None:
+    """Raise ValueError naming every problem of npu_launch_problems for this process's launch."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    module = _device_module(NPU)
+    count = int(module.device_count()) if module is not None and hasattr(module, "device_count") else None
+    problems = npu_launch_problems(world_size, local, os.environ.get(ENV_VISIBLE_NPUS), count)
+    if problems:
+        raise ValueError("cannot start on NPU:\n  - " + "\n  - ".join(problems))
+
+
 def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
     """Initialise the process group (when launched by torchrun) and bind the local device.
 
@@ -143,6 +196,8 @@ def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
     """
     rank, local_rank, world_size = dist_env()
     dtype = device_type()
+    if dtype == NPU:
+        check_npu_launch(world_size)
     device = get_device(local_rank, dtype)
     set_device(device)
     if world_size > 1 and not dist.is_initialized():
