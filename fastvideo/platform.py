@@ -135,6 +135,59 @@ def dist_env() -> tuple[int, int, int]:
     )
 
 
+# HCCL's all_gather_into_tensor / reduce_scatter_tensor (FSDP's collectives) do not support these
+# world sizes (CANN collective documentation, as summarised in issue #19).
+HCCL_UNSUPPORTED_WORLD_SIZES = (3, 5, 6, 7)
+ENV_VISIBLE_NPUS = "ASCEND_RT_VISIBLE_DEVICES"
+
+
+def parse_visible_npus(value: str) -> list[int]:
+    """ASCEND_RT_VISIBLE_DEVICES -> die ids; ValueError unless comma-separated ascending integers.
+    CANN stops reading at the first other character, so "0-15" would silently mean die 0 only."""
+    parts = value.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        n = value.split("-")[-1] if "-" in value else None
+        example = ",".join(str(i) for i in range(int(n) + 1)) if n and n.isdigit() and int(n) < 64 else "0,1,2,3"
+        raise ValueError(f"{ENV_VISIBLE_NPUS}={value!r}: list the dies one by one, comma-separated "
+                         f"(e.g. {ENV_VISIBLE_NPUS}={example}); CANN reads no ranges and stops at the first "
+                         "other character")
+    ids = [int(p) for p in parts]
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        raise ValueError(f"{ENV_VISIBLE_NPUS}={value!r}: die ids must be ascending without repeats "
+                         f"(e.g. {','.join(map(str, sorted(set(ids))))})")
+    return ids
+
+
+def npu_launch_problems(world_size: int, local_world_size: int, visible: str | None,
+                        device_count: int | None) -> list[str]:
+    """What would make an NPU run fail or misbehave, found before any model loads (empty if none)."""
+    problems = []
+    if world_size in HCCL_UNSUPPORTED_WORLD_SIZES:
+        problems.append(f"world size {world_size}: HCCL's all_gather_into_tensor and reduce_scatter_tensor "
+                        f"(used by FSDP) do not support {HCCL_UNSUPPORTED_WORLD_SIZES}; use 1, 2, 4, 8 or 16 "
+                        "processes")
+    dies = device_count
+    if visible:
+        try:
+            dies = len(parse_visible_npus(visible))
+        except ValueError as err:
+            problems.append(str(err))
+    if dies is not None and local_world_size > dies:
+        problems.append(f"{local_world_size} processes on this node but only {dies} NPU dies visible: lower "
+                        f"--nproc_per_node (NPROC) or widen {ENV_VISIBLE_NPUS}")
+    return problems
+
+
+def check_npu_launch(world_size: int) -> None:
+    """Raise ValueError naming every problem of npu_launch_problems for this process's launch."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    module = _device_module(NPU)
+    count = int(module.device_count()) if module is not None and hasattr(module, "device_count") else None
+    problems = npu_launch_problems(world_size, local, os.environ.get(ENV_VISIBLE_NPUS), count)
+    if problems:
+        raise ValueError("cannot start on NPU:\n  - " + "\n  - ".join(problems))
+
+
 def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
     """Initialise the process group (when launched by torchrun) and bind the local device.
 
@@ -143,6 +196,8 @@ def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
     """
     rank, local_rank, world_size = dist_env()
     dtype = device_type()
+    if dtype == NPU:
+        check_npu_launch(world_size)
     device = get_device(local_rank, dtype)
     set_device(device)
     if world_size > 1 and not dist.is_initialized():
@@ -207,16 +262,30 @@ def autocast(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, en
     return torch.autocast(dev_type, dtype=dtype)
 
 
-def enable_fast_matmul(device: torch.device | str) -> None:
-    """TF32 on CUDA, HF32 on NPU; nothing on CPU (keeps CPU runs exact)."""
-    dev_type = torch.device(device).type
+def set_fast_matmul(device: torch.device | str, enabled: bool) -> None:
+    """--allow_tf32: TF32 on CUDA, HF32 on NPU, for matmuls AND convolutions; off, fp32 is fp32.
+
+    Set both ways on purpose: cuDNN convolutions default to TF32 in torch, and torch_npu 2.7.1
+    defaults ``npu.conv.allow_hf32`` to True (``npu.matmul.allow_hf32`` to False; Ascend/pytorch
+    v7.2.0-pytorch2.7.1 torch_npu/csrc/framework/LazyInitAclops.cpp), so without this the VAE and
+    the reward towers would run reduced-precision convolutions while CPU runs are exact, and the
+    alignment method (which compares fp32 work across devices) would see the difference.
+    Nothing on CPU.
+    """
+    # A string is parsed by hand: "npu" is a torch device type only once torch_npu is loaded.
+    dev_type = device.split(":")[0] if isinstance(device, str) else torch.device(device).type
     if dev_type == CUDA:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
     elif dev_type == NPU:
         torch_npu = import_torch_npu()
         if torch_npu is not None:
-            torch_npu.npu.matmul.allow_hf32 = True
+            torch_npu.npu.matmul.allow_hf32 = enabled
+            torch_npu.npu.conv.allow_hf32 = enabled
+
+
+def enable_fast_matmul(device: torch.device | str) -> None:
+    set_fast_matmul(device, True)
 
 
 def synchronize(device: torch.device | str) -> None:

@@ -1,20 +1,76 @@
 #!/usr/bin/env bash
-# Sourced by every launcher: picks the Python, detects the device, loads NPU settings on Ascend.
-# Overridable: PYTHON, FASTVIDEO_DEVICE (npu|cuda|cpu), NPU_ENV_FILE.
+# Sourced by every launcher: picks the Python, detects the device, loads the NPU environment on
+# Ascend, and (DRY_RUN=1) prints `device: <npu|cuda|cpu>; cann: <set_env.sh sourced, or none>`.
+# Overridable: PYTHON, FASTVIDEO_DEVICE (npu|cuda|cpu), NPU_ENV_FILE, CANN_SET_ENV, ASCEND_ROOT.
+#
+# Order matters on Ascend: with torch-npu installed, `import torch` itself fails until CANN's
+# set_env.sh is sourced (torch_npu 2.7.1 registers a `torch.backends` entry point that torch loads
+# at import; Ascend/pytorch v7.2.0-pytorch2.7.1 setup.py). So the device is first guessed WITHOUT
+# Python (FASTVIDEO_DEVICE, then npu-smi on PATH or an Ascend install folder), CANN is sourced,
+# and only then is the guess confirmed with torch.
 _FG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$_FG_ROOT/.venv/bin/python" ]; then PYTHON="$_FG_ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
 export PYTHON
-if [ -z "${FASTVIDEO_DEVICE:-}" ]; then
-  FASTVIDEO_DEVICE=$("$PYTHON" -c "from fastvideo.platform import device_type; print(device_type())" 2>/dev/null || echo cpu)
-fi
-export FASTVIDEO_DEVICE
-if [ "$FASTVIDEO_DEVICE" = "npu" ]; then
+
+# fg_guess_device: npu|cuda|cpu from FASTVIDEO_DEVICE, "npu" when Ascend hardware is visible, else
+# empty (torch decides between cuda and cpu).
+fg_guess_device() {
+  if [ -n "${FASTVIDEO_DEVICE:-}" ]; then echo "$FASTVIDEO_DEVICE"
+  elif command -v npu-smi >/dev/null 2>&1 || [ -d "${ASCEND_ROOT:-/usr/local/Ascend}" ]; then echo npu
+  fi
+}
+
+# fg_source_npu_env: the NPU runtime variables and CANN's set_env.sh (sets CANN_SET_ENV_SOURCED).
+fg_source_npu_env() {
+  [ -n "${_FG_NPU_ENV_DONE:-}" ] && return 0
+  _FG_NPU_ENV_DONE=1
   # shellcheck disable=SC1090
   source "${NPU_ENV_FILE:-$_FG_ROOT/scripts/npu_env.sh}"
-fi
+}
+
+# fg_confirm_device GUESS: the device torch sees (fastvideo.platform.device_type), or exit 1 with
+# the fix when torch cannot be imported or disagrees with the hardware.
+fg_confirm_device() {
+  local guess=$1 err out
+  err=$(mktemp)
+  if ! out=$(cd "$_FG_ROOT" && "$PYTHON" -c "from fastvideo.platform import device_type; print(device_type())" 2>"$err"); then
+    if grep -q "Failed to load the backend extension: torch_npu" "$err"; then
+      echo "common.sh: 'import torch' fails: torch-npu is installed but CANN's environment is not loaded" \
+        "(cann: ${CANN_SET_ENV_SOURCED:-none})." >&2
+      echo "  On an Ascend machine: source CANN's set_env.sh first, or set CANN_SET_ENV=/path/to/set_env.sh." >&2
+      echo "  On a machine without an NPU: $PYTHON -m pip uninstall torch-npu" >&2
+    else
+      echo "common.sh: device detection failed ($PYTHON):" >&2
+      tail -n 5 "$err" >&2
+    fi
+    rm -f "$err"
+    exit 1
+  fi
+  rm -f "$err"
+  if [ "$guess" = npu ] && [ "$out" != npu ]; then
+    echo "common.sh: Ascend hardware found (npu-smi or ${ASCEND_ROOT:-/usr/local/Ascend}) but torch sees '$out':" \
+      "install the NPU stack (bash env_setup.sh --target npu) with CANN sourced, or set FASTVIDEO_DEVICE=$out" >&2
+    exit 1
+  fi
+  echo "$out"
+}
+
+CANN_SET_ENV_SOURCED=${CANN_SET_ENV_SOURCED:-}
+_FG_GUESS=$(fg_guess_device)
+# A run forced onto the CPU does not need torch-npu: keep torch from auto-loading it (which fails
+# without CANN) so the CPU demo and tests also work on an Ascend machine.
+if [ "$_FG_GUESS" = cpu ]; then export TORCH_DEVICE_BACKEND_AUTOLOAD=${TORCH_DEVICE_BACKEND_AUTOLOAD:-0}; fi
+if [ "$_FG_GUESS" = npu ]; then fg_source_npu_env; fi
+FASTVIDEO_DEVICE=$(fg_confirm_device "$_FG_GUESS") || exit 1
+export FASTVIDEO_DEVICE
+# torch found an NPU that the hardware probe missed (CANN loaded by hand, unusual install path).
+if [ "$FASTVIDEO_DEVICE" = npu ]; then fg_source_npu_env; fi
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  echo "device: $FASTVIDEO_DEVICE; cann: ${CANN_SET_ENV_SOURCED:-none}"
+fi
 # torchrun (from the same environment as PYTHON)
 TORCHRUN=("$PYTHON" -m torch.distributed.run)
 

@@ -7,7 +7,8 @@
 #   ASCEND_RT_VISIBLE_DEVICES=0,1,2,3 source scripts/npu_env.sh
 # CANN's set_env.sh is sourced from CANN_SET_ENV when that is set, otherwise from the first of
 # /usr/local/Ascend/cann/set_env.sh and /usr/local/Ascend/ascend-toolkit/set_env.sh that exists;
-# when none exists this says so and goes on (CANN may already be in the environment).
+# when none exists this says so and goes on (CANN may already be in the environment). The file
+# sourced is left in CANN_SET_ENV_SOURCED (the launchers print it with DRY_RUN=1).
 # Values follow the Ascend recipe for Atlas A3 (16 dies); see docs/npu.md.
 
 # Visible devices, re-indexed from 0 inside the process. CANN reads a comma-separated list and stops
@@ -23,14 +24,14 @@ export CPU_AFFINITY_CONF=${CPU_AFFINITY_CONF:-2}
 export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
 # HCCL buffer per communicator, in MB.
 export HCCL_BUFFSIZE=${HCCL_BUFFSIZE:-800}
-# Silent-data-corruption checking off.
-export NPU_ASD_ENABLE=${NPU_ASD_ENABLE:-0}
+# HCCL_BUFFSIZE costs device memory: each communicator takes 2 x HCCL_BUFFSIZE MB.
+# Not set here: NPU_ASD_ENABLE applies only to torch_npu 7.0.0 and earlier (this stack is 7.2.0).
 # Asynchronous kernel launches (set 1 only to debug: it serialises everything).
 export ASCEND_LAUNCH_BLOCKING=${ASCEND_LAUNCH_BLOCKING:-0}
 # Host-side operator cache entries.
 export ACLNN_CACHE_LIMIT=${ACLNN_CACHE_LIMIT:-100000}
-# Keep strong tensor references across streams instead of recordStream.
-export MULTI_STREAM_MEMORY_REUSE=${MULTI_STREAM_MEMORY_REUSE:-2}
+# Not set here: MULTI_STREAM_MEMORY_REUSE=2 is documented as "not currently recommended"; torch_npu
+# 2.7.1 defaults to 1 (Ascend/pytorch v7.2.0-pytorch2.7.1 torch_npu/csrc/core/npu/register/OptionsManager.cpp).
 # Growable memory segments: less fragmentation.
 export PYTORCH_NPU_ALLOC_CONF=${PYTORCH_NPU_ALLOC_CONF:-expandable_segments:True}
 export WANDB_DISABLED=${WANDB_DISABLED:-true}
@@ -52,6 +53,7 @@ _npu_env_source_cann() {
             source "$f"
             if [ "$had_nounset" -eq 1 ]; then set -u; fi
             echo "npu_env: sourced CANN environment from $f" >&2
+            export CANN_SET_ENV_SOURCED="$f"
             return 0
         fi
     done

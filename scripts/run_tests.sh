@@ -7,7 +7,8 @@ cd "$ROOT"
 bash env_setup.sh --target cpu --with-parity
 export FASTVIDEO_DEVICE=cpu
 source scripts/common.sh
-export FASTVIDEO_DEVICE=cpu FLUX_GRPO_REQUIRE_PARITY=${FLUX_GRPO_REQUIRE_PARITY:-1}
+# FLUX_GRPO_HCCL_RULES=1: every 2-rank test checks its collectives against HCCL's rules (tests/hccl_rules.py).
+export FASTVIDEO_DEVICE=cpu FLUX_GRPO_REQUIRE_PARITY=${FLUX_GRPO_REQUIRE_PARITY:-1} FLUX_GRPO_HCCL_RULES=${FLUX_GRPO_HCCL_RULES:-1}
 set +e
 "$PYTHON" -m pytest -q "$@"
 rc=$?

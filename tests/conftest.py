@@ -4,6 +4,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("FASTVIDEO_DEVICE", "cpu")
+# HCCL's collective rules (tests/hccl_rules.py) in every distributed test: run_distributed's children
+# install them, and torchrun's children through tests/hccl_site/sitecustomize.py on PYTHONPATH.
+# FLUX_GRPO_HCCL_RULES=0 turns them off.
+os.environ.setdefault("FLUX_GRPO_HCCL_RULES", "1")
+HCCL_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hccl_site")
+if HCCL_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), HCCL_SITE) if p)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@ Return values travel by torch.save / torch.load(weights_only=True): tensors, num
 None and lists / tuples / dicts of them.
 
 Each child gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_*) and
-FASTVIDEO_DEVICE=cpu, initialises the process group through fastvideo.platform.init_distributed,
+FASTVIDEO_DEVICE=cpu, installs HCCL's collective rules (tests/hccl_rules.py) when
+FLUX_GRPO_HCCL_RULES=1 (tests/conftest.py's default; pass env={"FLUX_GRPO_HCCL_RULES": "0"} to opt out), initialises the process group through fastvideo.platform.init_distributed,
 and runs one thread. A child's exception fails the test with the child's full traceback; the other
 children are terminated at once instead of waiting in a collective.
 """
@@ -19,11 +20,16 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
 from typing import Any, Callable
 
 import torch
+
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+if _TESTS not in sys.path:  # children import hccl_rules from here
+    sys.path.insert(0, _TESTS)
 
 
 def free_port() -> int:
@@ -41,6 +47,10 @@ def _child(fn, rank, world_size, port, env, results, args):
     )
     os.environ.update({k: str(v) for k, v in env.items()})
     torch.set_num_threads(1)
+    if os.environ.get("FLUX_GRPO_HCCL_RULES", "0") == "1":
+        import hccl_rules
+
+        hccl_rules.install()
     from fastvideo import platform
 
     try:

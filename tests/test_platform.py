@@ -106,3 +106,76 @@ def test_on_stream_waits_for_the_event_then_switches_stream(monkeypatch):
     with platform.on_stream(dev, stream, after=event):
         calls.append("work")
     assert calls == ["record", ("stream", "cuda:3"), ("wait", "FakeEvent"), "enter", "work", "exit"]
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_fast_matmul_switches_matmul_and_conv_on_npu(monkeypatch, allow):
+    """Without --allow_tf32 HF32 is off for matmuls AND convolutions (torch_npu 2.7.1 defaults the
+    convolution switch to True); with it, both are on."""
+    import sys
+
+    import npu_stub
+
+    stub = npu_stub.make_module()
+    assert stub.npu.matmul.allow_hf32 is False and stub.npu.conv.allow_hf32 is True  # 2.7.1 defaults
+    monkeypatch.setitem(sys.modules, "torch_npu", stub)
+    monkeypatch.setattr(platform, "_torch_npu", None)
+    monkeypatch.setattr(platform, "_torch_npu_checked", False)
+    platform.set_fast_matmul("npu", allow)
+    assert stub.npu.matmul.allow_hf32 is allow and stub.npu.conv.allow_hf32 is allow
+
+
+def test_fast_matmul_switches_cuda_tf32_both_ways():
+    """The switches are plain flags (no GPU needed); cuDNN's convolution TF32 defaults to on."""
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        platform.set_fast_matmul(torch.device("cuda", 0), False)
+        assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+        platform.set_fast_matmul("cuda", True)
+        assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.mark.parametrize("value,ids", [("0", [0]), ("0,1,2,3", [0, 1, 2, 3]), ("2,5,7", [2, 5, 7])])
+def test_visible_npus_parsed(value, ids):
+    assert platform.parse_visible_npus(value) == ids
+
+
+@pytest.mark.parametrize("value,match", [
+    ("0-15", r"one by one.*ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15"),
+    ("0, 1;2", "one by one"), ("3,1,2", r"ascending.*1,2,3"), ("0,0", "ascending"), ("", "one by one"),
+])
+def test_visible_npus_refused(value, match):
+    with pytest.raises(ValueError, match=match):
+        platform.parse_visible_npus(value)
+
+
+def test_npu_launch_problems():
+    ok = platform.npu_launch_problems(16, 16, ",".join(map(str, range(16))), 16)
+    assert ok == []
+    assert platform.npu_launch_problems(8, 8, None, 16) == []
+    for bad in (3, 5, 6, 7):
+        (msg,) = platform.npu_launch_problems(bad, bad, None, 16)
+        assert f"world size {bad}" in msg and "all_gather_into_tensor" in msg
+    (msg,) = platform.npu_launch_problems(8, 8, "0,1,2,3", 16)
+    assert "8 processes on this node but only 4 NPU dies visible" in msg
+    (msg,) = platform.npu_launch_problems(4, 4, None, 2)
+    assert "only 2 NPU dies visible" in msg
+    msgs = platform.npu_launch_problems(6, 6, "0-15", 16)
+    assert len(msgs) == 2 and "world size 6" in msgs[0] and "one by one" in msgs[1]
+
+
+def test_init_distributed_refuses_a_bad_npu_launch(monkeypatch):
+    """Checked in init_distributed, before the process group (and so before any model)."""
+    import types
+
+    monkeypatch.setattr(platform, "device_type", lambda: "npu")
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(device_count=lambda: 16), raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "6")
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0-15")
+    with pytest.raises(ValueError, match="cannot start on NPU") as err:
+        platform.init_distributed()
+    assert "world size 6" in str(err.value) and "ASCEND_RT_VISIBLE_DEVICES=0,1,2" in str(err.value)

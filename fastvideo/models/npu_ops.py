@@ -44,7 +44,10 @@ logger = logging.getLogger(__name__)
 
 # The names under which diffusers' Attention keeps its q/k RMS norms.
 QK_NORM_NAMES = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
-# npu_fusion_attention takes half-precision inputs; fp32 attention goes through SDPA.
+# npu_fusion_attention accepts fp16, bf16 and (since 2.7.1) fp32 (Ascend/op-plugin branch 7.2.0,
+# docs/context/torch_npu-npu_fusion_attention.md). fp32 attention still goes through SDPA: the
+# fused kernel's fp32 accumulation is not documented, and fp32 runs are the ones the alignment
+# method compares across devices.
 FUSED_ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
 # Processors whose maths NpuFluxAttnProcessor reproduces (separate q/k/v projections).
 _FLUX_PROCESSORS = (FluxAttnProcessor2_0, FluxAttnProcessor2_0_NPU)

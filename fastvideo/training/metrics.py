@@ -34,11 +34,16 @@ class PhaseTimer:
 
 
 def reduce_scalars(values: dict[str, float | torch.Tensor], device: torch.device, op: str = "mean") -> dict[str, float]:
-    """Reduce a flat dict of scalars across ranks in one collective (mean or max)."""
+    """Reduce a flat dict of scalars across ranks in one collective (mean or max).
+
+    Packed as float32: HCCL's allreduce refuses float64 ("HCCL allreduce: Unsupported data type
+    at::kDouble", torch-npu 2.7.1 ProcessGroupHCCL.cpp checkSupportedDataType), and an NPU tensor
+    cannot hold float64 anyway. float32 keeps ~7 significant digits, ample for logged metrics.
+    """
     if not values:
         return {}
     keys = sorted(values)
-    packed = torch.stack([torch.as_tensor(values[k], dtype=torch.float64).reshape(()) for k in keys]).to(device)
+    packed = torch.stack([torch.as_tensor(values[k]).to(torch.float32).reshape(()) for k in keys]).to(device)
     if op == "mean":
         platform.all_reduce_mean(packed)
     elif op == "max":

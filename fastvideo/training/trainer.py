@@ -87,8 +87,7 @@ class GRPOTrainer:
         cfg = self.cfg
         self._check_batch_layout()
         self.resume_path = self._check_resume()  # before any model loads: a refused resume costs nothing
-        if cfg.model.allow_tf32:
-            platform.enable_fast_matmul(self.device)
+        platform.set_fast_matmul(self.device, cfg.model.allow_tf32)
         platform.seed_everything(cfg.optim.seed)
         self.dataset = builders.build_dataset(cfg)
         self.transformer_config, self.model, self.vae = builders.build_models(cfg, self.device)

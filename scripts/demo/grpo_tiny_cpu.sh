@@ -6,7 +6,7 @@
 # Overridable: DEMO_DIR (data/demo), NPROC (2), STEPS (iterations), EXTRA_ARGS, DRY_RUN=1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-bash env_setup.sh --target cpu
+if [ "${DRY_RUN:-0}" != 1 ]; then bash env_setup.sh --target cpu; fi  # a dry run installs nothing
 export FASTVIDEO_DEVICE=cpu
 source scripts/common.sh
 DEMO_DIR=${DEMO_DIR:-data/demo}

@@ -51,9 +51,15 @@ def train_args(json_path, model_dir, out_dir, **overrides) -> list[str]:
     return argv
 
 
+def python_path(*first) -> str:
+    """PYTHONPATH for a child: ``first`` ahead of the test session's own (which carries
+    tests/hccl_site, so the child checks its collectives against HCCL's rules)."""
+    return os.pathsep.join([*(str(p) for p in first), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+
 def torchrun(argv: list[str], nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(ROOT))
+               PYTHONPATH=python_path(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(ROOT / "fastvideo" / "train_grpo_flux.py"), *argv]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import read_metrics, torchrun, train_args
+from helpers import python_path, read_metrics, torchrun, train_args
 
 REQUIRED_KEYS = {
     "iteration", "reward_mean", "reward_std", "reward/compressibility_mean", "adv_mean", "adv_std",
@@ -177,7 +177,7 @@ def test_a_failing_rank_brings_the_job_down_with_its_reason(tiny_flux_dir, tiny_
         "    t.GRPOTrainer.run_iteration = failing\n"
     )
     env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=f"{inject}{os.pathsep}{ROOT}")
+               PYTHONPATH=python_path(inject, ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "fastvideo" / "train_grpo_flux.py"),
            *train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out", max_train_steps=4, save_images_every=0)]
