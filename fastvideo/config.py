@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("rewards")
     g.add_argument("--rewards", type=str, default=None,
-                   help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, compressibility)')
+                   help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, compressibility, detail, saturation)')
     g.add_argument("--use_hpsv2", action="store_true", help="alias of --rewards hpsv2:1.0")
     g.add_argument("--use_pickscore", action="store_true", help="alias of --rewards pickscore:1.0")
     g.add_argument("--reward_group_norm", action="store_true",
