@@ -6,9 +6,9 @@ image statistic such as ``detail``). An evaluation *looks like hacking* when the
 above the base model's (the first evaluation) while the guard score is more than ``drop`` below
 its best so far. ``patience`` such evaluations in a row fire the guard (warn, or stop the run).
 
-The best checkpoint is the trained evaluation (iteration >= 1) with the highest trained score
-among those whose guard score is within ``drop`` of the guard's best at that time (without a guard,
-simply the highest trained score). It is published as OUTPUT_DIR/best: hard links to (or copies
+The best checkpoint (the guard-adjusted choice) is the trained evaluation (iteration >= 1) with
+the highest trained score among those the guard did not flag as hacking (without a guard, simply
+the highest trained score; ties keep the earlier one). It is published as OUTPUT_DIR/best: hard links to (or copies
 of) the checkpoint's files, so deleting the checkpoint during rotation leaves it intact.
 
 The state is a fold over the evaluation records, so a resumed run rebuilds it from eval.jsonl.
@@ -61,15 +61,14 @@ class RewardHackingGuard:
             raise ValueError("the guard is on but no guard score was given")
         if self.base_trained is None:
             self.base_trained = trained
-        hacking, within = False, True
+        hacking = False
         if self.enabled:
             self.guard_best = guard if self.guard_best is None else max(self.guard_best, guard)
-            within = guard >= self.guard_best - self.drop
             fell = guard < self.guard_best - self.drop
             hacking = fell and trained > self.base_trained
         self.streak = self.streak + 1 if hacking else 0
         fired = hacking and self.streak >= self.patience
-        new_best = iteration >= 1 and within and trained > self.best_score
+        new_best = iteration >= 1 and not hacking and trained > self.best_score
         if new_best:
             self.best_iteration, self.best_score = iteration, trained
         return GuardDecision(hacking, self.streak, fired, new_best, self.guard_best)
