@@ -71,6 +71,27 @@ class TrainingEvaluation:
         for rec in (report.truncate_jsonl(path, trainer.iteration) if self.is_main else []):
             self.guard.update(rec["iteration"], rec["trained_score"], rec.get("guard_score"))
         self._share_guard_state(trainer)
+        if self.is_main:
+            self._forget_future_best(trainer.iteration)
+
+    def _forget_future_best(self, iteration: int) -> None:
+        """A best/ from after the resumed iteration belongs to an abandoned continuation: point it
+        back at the best checkpoint of the records kept, or remove it if that one is gone."""
+        import json
+        import shutil
+
+        from fastvideo.training.checkpoint import checkpoint_dir, is_complete
+        from fastvideo.training.guard import BEST_DIR, BEST_MARKER
+
+        marker = self.out / BEST_DIR / BEST_MARKER
+        if not marker.is_file() or json.loads(marker.read_text())["iteration"] <= iteration:
+            return
+        best = self.guard.best_iteration
+        if best is not None and is_complete(checkpoint_dir(self.out, best)):
+            publish_best(checkpoint_dir(self.out, best), self.out, best, self.guard.best_score)
+        else:
+            shutil.rmtree(self.out / BEST_DIR)
+            main_print(f"[eval] removed {self.out / BEST_DIR}: it was from after the resumed iteration {iteration}")
 
     def after_iteration(self, trainer) -> bool:
         """Evaluate when due; True when the guard stops the run (a checkpoint has been written)."""

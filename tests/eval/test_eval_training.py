@@ -123,3 +123,42 @@ def test_without_the_guard_the_same_run_goes_on(tiny_flux_dir, tiny_embeddings, 
     assert [r["iteration"] for r in records] == list(range(8)) and "guard" not in records[-1]
     best = max(records[1:], key=lambda r: r["trained_score"])["iteration"]
     assert json.loads((out / "best" / "BEST.json").read_text())["iteration"] == best
+
+
+def test_resumed_run_continues_eval_jsonl_and_guard(tiny_flux_dir, tiny_embeddings, eval_prompt_file, tmp_path,
+                                                    monkeypatch):
+    common = dict(eval_every=1, guard_reward="detail", guard_patience=5, guard_drop=1.0, checkpointing_steps=2)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert _run_single(_eval_args(tiny_embeddings, tiny_flux_dir, straight, eval_prompt_file, max_train_steps=3,
+                                  **common), monkeypatch) == 0
+    assert _run_single(_eval_args(tiny_embeddings, tiny_flux_dir, split, eval_prompt_file, max_train_steps=3,
+                                  **common), monkeypatch) == 0
+    # Resume from iteration 2: the record of iteration 3 is dropped and written again.
+    assert _run_single(_eval_args(tiny_embeddings, tiny_flux_dir, split, eval_prompt_file, max_train_steps=3,
+                                  resume_from_checkpoint=str(split / "checkpoint-2"), **common), monkeypatch) == 0
+    a, b = read_jsonl(straight / "eval.jsonl"), read_jsonl(split / "eval.jsonl")
+    assert [r["iteration"] for r in b] == [0, 1, 2, 3]
+    assert _without_time(a) == _without_time(b)  # including the guard's streak and best_iteration
+    best = json.loads((straight / "best" / "BEST.json").read_text())["iteration"]
+    assert json.loads((split / "best" / "BEST.json").read_text())["iteration"] == best
+
+
+def test_resume_forgets_a_best_from_the_abandoned_future(tmp_path):
+    from fastvideo.eval.loop import TrainingEvaluation
+    from fastvideo.training.guard import publish_best
+
+    for it in (2, 4):
+        ckpt = tmp_path / f"checkpoint-{it}"
+        ckpt.mkdir()
+        (ckpt / "COMPLETE.json").write_text(json.dumps({"iteration": it, "files": {}}))
+    publish_best(tmp_path / "checkpoint-4", tmp_path, 4, 9.0)
+    ev = TrainingEvaluation.__new__(TrainingEvaluation)
+    ev.out, ev.guard = tmp_path, RewardHackingGuard(guard_enabled=False)
+    for it, score in ((0, 0.0), (1, 2.0), (2, 3.0)):
+        ev.guard.update(it, score)
+    ev._forget_future_best(3)
+    assert json.loads((tmp_path / "best" / "BEST.json").read_text())["iteration"] == 2
+    ev.guard.best_iteration = 1  # its checkpoint is gone: best/ is removed rather than left wrong
+    publish_best(tmp_path / "checkpoint-4", tmp_path, 4, 9.0)
+    ev._forget_future_best(3)
+    assert not (tmp_path / "best").exists()
