@@ -56,6 +56,7 @@ class TrainingEvaluation:
         g = settings.guard
         self.guard = RewardHackingGuard(g.patience if g else 1, g.drop if g else 0.0, guard_enabled=g is not None)
         self.is_main = trainer.info.is_main
+        self._saved_at: int | None = None  # iteration of a checkpoint written outside the schedule
         main_print(f"[eval] {len(self.prompts)} held-out prompts x {settings.num_images_per_prompt} images, "
                    f"rewards {', '.join(settings.rewards)}, every {settings.every} iterations")
 
@@ -145,13 +146,18 @@ class TrainingEvaluation:
         report.plot_eval_curve(records, self.out / "eval_curve.png", self.s.guard.reward if self.s.guard else None)
 
     def _ensure_checkpoint(self, trainer) -> Path:
-        """The checkpoint of the current iteration, written now if the schedule did not (collective)."""
-        from fastvideo.training.checkpoint import checkpoint_dir, is_complete
+        """The checkpoint of the current iteration, written now if the schedule did not (collective).
 
-        path = checkpoint_dir(self.out, trainer.iteration)
-        if not is_complete(path):
-            path = trainer.save_checkpoint()
-        return path
+        Decided from the schedule, not from the file system, so every rank makes the same choice
+        even where only rank 0 sees OUTPUT_DIR."""
+        from fastvideo.training.checkpoint import checkpoint_dir
+
+        it, o = trainer.iteration, trainer.cfg
+        scheduled = it % o.output.checkpointing_steps == 0 or it == o.optim.max_train_steps
+        if not scheduled and self._saved_at != it:
+            trainer.save_checkpoint()
+            self._saved_at = it
+        return checkpoint_dir(self.out, it)
 
     def _publish_best(self, trainer, iteration: int, score: float) -> None:
         path = self._ensure_checkpoint(trainer)

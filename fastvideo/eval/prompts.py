@@ -70,6 +70,9 @@ def _encode_text_file(path: Path, model_dir: str, max_sequence_length: int, devi
         embeds.append(e.float().cpu())
         pooled.append(p.float().cpu())
     del encoders  # the text encoders are not needed again (T5-XXL alone is ~9 GB)
+    from fastvideo import platform
+
+    platform.empty_cache(device)
     return EvalPrompts(captions, torch.cat(embeds), torch.cat(pooled), ids.float().cpu())
 
 

@@ -77,7 +77,8 @@ class RewardHackingGuard:
         return (f"[guard] reward hacking suspected at iteration {iteration}: the trained reward on the held-out "
                 f"prompts rose to {trained:.4g} (base {self.base_trained:.4g}) while {guard_name} fell to "
                 f"{guard:.4g}, more than {self.drop:g} below its best {self.guard_best:.4g}, for {self.streak} "
-                f"evaluations in a row. Best checkpoint so far: iteration {self.best_iteration} (OUTPUT_DIR/best).")
+                f"evaluations in a row. " + (f"Best checkpoint so far: iteration {self.best_iteration} (OUTPUT_DIR/best)."
+                                            if self.best_iteration is not None else "No best checkpoint yet."))
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
