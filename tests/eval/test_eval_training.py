@@ -52,8 +52,6 @@ def test_two_rank_eval_is_identical_across_reruns_and_world_sizes(
     out = tmp_path / "a"
     for name in ("eval_grid.png", "eval_curve.png", "eval/rows/row_000004.png"):
         assert (out / name).stat().st_size > 500, name
-    # Evaluation time is not in the training figures: an iteration takes far less than rollout+eval.
-    assert all("time_eval" not in r for r in read_metrics(out))
 
     one = tmp_path / "one"
     assert _run_single(_eval_args(tiny_embeddings, tiny_flux_dir, one, eval_prompt_file, max_train_steps=1,

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from helpers import train_args
+from helpers import read_metrics, train_args
 from fastvideo.eval.report import read_jsonl
 from fastvideo.tools.evaluate import main
 
@@ -26,6 +26,17 @@ def test_base_and_checkpoint_reproduce_the_training_evaluation(tiny_flux_dir, ti
                                                                tmp_path, monkeypatch, capsys):
     from fastvideo.train_grpo_flux import main as train
 
+    import time
+
+    import fastvideo.eval.loop as loop
+
+    real = loop.evaluate
+
+    def slow_evaluate(*args, **kwargs):  # makes evaluation time stand out from iteration time
+        time.sleep(2.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", slow_evaluate)
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     run = tmp_path / "run"
@@ -34,6 +45,9 @@ def test_base_and_checkpoint_reproduce_the_training_evaluation(tiny_flux_dir, ti
                       eval_num_images_per_prompt=2, eval_batch_size=4, max_train_steps=2, checkpointing_steps=2)
     assert train(argv) == 0
     capsys.readouterr()
+    # Evaluation time is recorded in eval.jsonl and is not part of the iterations' times.
+    assert all(r["time_eval"] >= 2.0 for r in read_jsonl(run / "eval.jsonl"))
+    assert all(r["time_iteration"] < 2.0 for r in read_metrics(run))
     out = tmp_path / "cmp"
     assert main(_tool_args(eval_prompt_file, out, f"base={tiny_flux_dir}", f"tuned={run / 'checkpoint-2'}")) == 0
     printed = capsys.readouterr().out
