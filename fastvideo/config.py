@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("rewards")
     g.add_argument("--rewards", type=str, default=None,
-                   help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, compressibility)')
+                   help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, compressibility, detail, saturation)')
     g.add_argument("--use_hpsv2", action="store_true", help="alias of --rewards hpsv2:1.0")
     g.add_argument("--use_pickscore", action="store_true", help="alias of --rewards pickscore:1.0")
     g.add_argument("--reward_group_norm", action="store_true",
@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--probe_layers", type=str, default=None,
                    help='record module outputs for one fixed input: "all" or comma-separated kinds '
                         "(rope,norm,attention,block,vae)")
+    from fastvideo.eval.settings import add_eval_args
+
+    add_eval_args(p)  # --eval_* and --guard_* (fastvideo/eval/settings.py)
     return p
 
 
@@ -277,6 +280,7 @@ class TrainConfig:
     fsdp_strategy: str
     cpu_offload: bool
     compat_notes: list[str] = field(default_factory=list)
+    eval: object = None  # fastvideo.eval.settings.EvalSettings, None when evaluation is off
 
     def derived(self, world_size: int) -> dict:
         """Quantities users otherwise compute by hand; logged at start-up."""
@@ -460,7 +464,17 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         fsdp_strategy=args.fsdp_sharding_strategy,
         cpu_offload=args.use_cpu_offload,
         compat_notes=notes,
+        eval=_eval_settings(args),
     )
+
+
+def _eval_settings(args):
+    from fastvideo.eval.settings import eval_settings_from_args
+
+    try:
+        return eval_settings_from_args(args, _reward_spec(args))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:

@@ -1,6 +1,6 @@
 """Reward models: ``reward(images, prompts) -> FloatTensor[B]``.
 
-Build one with ``build_reward(name, **kwargs)`` (names: clip, compressibility, hpsv2, pickscore)
+Build one with ``build_reward(name, **kwargs)`` (names: clip, compressibility, detail, hpsv2, pickscore, saturation)
 or several with ``build_multi_reward("hpsv2:1.0,pickscore:0.5", ...)``. Model classes live in
 their modules (hps, pickscore, clip_score, compressibility) and are imported on first use.
 """

@@ -282,6 +282,8 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "pickscore": ("fastvideo.rewards.pickscore", "PickScoreReward"),
     "clip": ("fastvideo.rewards.clip_score", "ClipScoreReward"),
     "compressibility": ("fastvideo.rewards.compressibility", "JpegCompressibilityReward"),
+    "detail": ("fastvideo.rewards.image_stats", "DetailReward"),
+    "saturation": ("fastvideo.rewards.image_stats", "SaturationReward"),
 }
 
 

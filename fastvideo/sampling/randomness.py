@@ -27,6 +27,8 @@ INITIAL_NOISE = "initial_noise"
 STEP_NOISE = "step_noise"
 TIMESTEP_PERM = "timestep_perm"
 DATA_ORDER = "data_order"
+EVAL_NOISE = "eval_noise"
+EVAL_STEP_NOISE = "eval_step_noise"
 
 GENERATE, CAPTURE, REPLAY = "generate", "capture", "replay"
 
@@ -134,6 +136,20 @@ class RandomSource:
         n = int(n)
         return self._draw(DATA_ORDER, epoch, None, None, (n,), lambda g: torch.randperm(n, generator=g))
 
+    def eval_noise(self, prompt: str, image_index: int, shape_per_sample: Sequence[int],
+                   step: int | None = None) -> torch.Tensor:
+        """N(0, I) float32 [*shape_per_sample] for image ``image_index`` of evaluation prompt
+        ``prompt``: its initial noise (step None) or its step noise at ``step`` (eta > 0).
+
+        Keyed on the prompt's text and the image index only, not on the iteration, rank or
+        batch, so every evaluation of every checkpoint, at any world size, sees the same noise."""
+        shape = tuple(int(s) for s in shape_per_sample)
+        kind = EVAL_NOISE if step is None else EVAL_STEP_NOISE
+        # The prompt's hash stands in for a sample id; the image index and step follow it.
+        key_id = stable_seed("eval_prompt", prompt)
+        sub = int(image_index) if step is None else int(image_index) * 100_000 + int(step)
+        return self._draw(kind, 0, key_id, sub, shape, lambda g: torch.randn(shape, generator=g))
+
     # ------------------------------------------------------------------ machinery
     def _per_id(self, kind, iteration, ids, step, shape, make) -> torch.Tensor:
         ids = _ids_list(ids)
@@ -154,10 +170,15 @@ class RandomSource:
 
     @staticmethod
     def _file_tag(kind: str) -> str:
-        # Data order is per epoch, everything else per iteration: separate files, no clashes.
+        # Data order is per epoch, evaluation noise has its own file, everything else is per
+        # iteration: separate files, no clashes.
+        if kind in (EVAL_NOISE, EVAL_STEP_NOISE):
+            return "eval"
         return "epoch" if kind == DATA_ORDER else "iteration"
 
     def _file_stem(self, tag: str, index: int) -> str:
+        if tag == "eval":
+            return "randomness_eval"
         return f"randomness_{index:06d}" if tag == "iteration" else f"randomness_epoch_{index:06d}"
 
     def _record(self, kind: str, index: int, key: str, value: torch.Tensor) -> None:

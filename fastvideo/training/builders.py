@@ -110,17 +110,23 @@ def reward_dtype(precision: str) -> torch.dtype | None:
     return {"auto": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[precision]
 
 
-def build_rewards(cfg: TrainConfig, device: torch.device):
-    from fastvideo.rewards.combine import build_multi_reward
-
+def reward_build_kwargs(cfg: TrainConfig, device: torch.device) -> tuple[dict, dict]:
+    """(per-reward keyword arguments, arguments every reward takes) from the reward flags."""
     r = cfg.reward
-    reward_device = reward_device_for(cfg, device)
     per_reward = {
         "hpsv2": {"hps_ckpt_dir": r.hps_ckpt_dir, "model_name": r.hps_model_name},
         "pickscore": {"pickscore_dir": r.pickscore_dir, "processor_dir": r.pickscore_processor_dir},
         "clip": {"clip_dir": r.clip_dir},
     }
-    common = {"device": reward_device, "batch_size": r.batch_size, "dtype": reward_dtype(r.precision)}
+    return per_reward, {"device": reward_device_for(cfg, device), "batch_size": r.batch_size,
+                        "dtype": reward_dtype(r.precision)}
+
+
+def build_rewards(cfg: TrainConfig, device: torch.device):
+    from fastvideo.rewards.combine import build_multi_reward
+
+    r = cfg.reward
+    per_reward, common = reward_build_kwargs(cfg, device)
     return build_multi_reward(r.spec, reward_kwargs=per_reward, common_kwargs=common,
                               normalize=r.group_norm, num_generations=cfg.rollout.num_generations)
 

@@ -79,6 +79,7 @@ class GRPOTrainer:
         self.wandb_run = None
         self.recorder = None
         self.scorer = None  # ChunkScorer when decode + reward overlap the rollout
+        self.evaluation = None  # fastvideo.eval.loop.TrainingEvaluation with --eval_every
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -111,6 +112,9 @@ class GRPOTrainer:
             self.recorder = RunRecorder(cfg, self.info)
         self.checkpointer = builders.build_checkpointer(cfg)
         self._maybe_resume()
+        from fastvideo.eval.loop import build_training_evaluation
+
+        self.evaluation = build_training_evaluation(self)  # None without --eval_every
         if cfg.output.probe_layers:
             from fastvideo.alignment.probes import run_probes_for_config
 
@@ -443,6 +447,8 @@ class GRPOTrainer:
         records = []
         bar = tqdm(total=cfg.optim.max_train_steps, initial=self.iteration, desc="GRPO", unit="it",
                    disable=not self.info.is_main, dynamic_ncols=True)
+        if self.evaluation is not None:
+            self.evaluation.start(self)  # evaluates the base model at iteration 0
         while self.iteration < cfg.optim.max_train_steps:
             record = self.run_iteration()
             records.append(record)
@@ -451,6 +457,8 @@ class GRPOTrainer:
                             s_it=f"{record['time_iteration']:.1f}")
             if self.iteration % cfg.output.checkpointing_steps == 0 or self.iteration == cfg.optim.max_train_steps:
                 self.save_checkpoint()
+            if self.evaluation is not None and self.evaluation.after_iteration(self):
+                break  # the reward-hacking guard stopped the run (after writing a checkpoint)
         bar.close()
         if self.scorer is not None:
             self.scorer.close()

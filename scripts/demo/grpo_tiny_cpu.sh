@@ -2,7 +2,8 @@
 # The embedded default: a complete GRPO run on a laptop CPU in a few minutes.
 # Builds the tiny FLUX model, preprocesses the bundled prompts, and trains with the JPEG
 # compressibility reward (no weights needed) on 2 CPU processes (gloo, FSDP full shard).
-# Writes DEMO_DIR/outputs/{metrics.jsonl, reward_curve.png, images/, checkpoint-*}.
+# Writes DEMO_DIR/outputs/{metrics.jsonl, reward_curve.png, images/, checkpoint-*} and the held-out
+# evaluation: eval.jsonl, eval_grid.png, eval_curve.png, best/ (reward-hacking guard on detail, warn only).
 # Overridable: DEMO_DIR (data/demo), NPROC (2), STEPS (iterations), EXTRA_ARGS, DRY_RUN=1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -54,6 +55,12 @@ fg_run --standalone --nnodes=1 --nproc_per_node="$NPROC" \
   --save_images_every 10 \
   --dataloader_num_workers 0 \
   --sampler_seed 1223627 \
+  --eval_every 10 \
+  --eval_prompts assets/eval_prompts.txt \
+  --eval_rewards detail,saturation \
+  --eval_batch_size 16 \
+  --guard_reward detail \
+  --guard_action warn \
   ${EXTRA_ARGS:-}
 
 [ "${DRY_RUN:-0}" = 1 ] && exit 0
@@ -66,5 +73,5 @@ last = sum(r["reward_mean"] for r in rows[-k:]) / k
 print(f"demo: reward (minus JPEG kB) first {k} iterations {first:.3f} -> last {k} iterations {last:.3f} "
       f"({'rose' if last > first else 'did not rise'}); {len(rows)} iterations, "
       f"{sum(r['time_iteration'] for r in rows):.0f} s")
-print("demo: see data/demo/outputs/reward_curve.png and data/demo/outputs/images/")
+print("demo: see data/demo/outputs/reward_curve.png, eval_grid.png, eval_curve.png and images/")
 PY

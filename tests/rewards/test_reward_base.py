@@ -21,7 +21,7 @@ from fastvideo.rewards import (
 
 
 def test_registry_names():
-    assert available_rewards() == ("clip", "compressibility", "hpsv2", "pickscore")
+    assert available_rewards() == ("clip", "compressibility", "detail", "hpsv2", "pickscore", "saturation")
 
 
 def test_unknown_reward_lists_valid_names():

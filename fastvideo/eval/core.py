@@ -1,0 +1,145 @@
+"""Sample the evaluation images with fixed noise and score them, spread over ranks.
+
+Items are (prompt p, image k) pairs in prompt-major order. They are cut into a fixed grid of
+batches (batch j holds items j*B .. j*B+B-1) dealt round-robin to ranks, so every image is
+computed in the same batch, with the same noise (RandomSource.eval_noise, keyed on the prompt's
+text and k), whatever the world size: scores are the same at 1 and 2 ranks. Every rank runs the
+same number of batches (a spare rank repeats batch 0 and drops it) because an FSDP forward is a
+collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from fastvideo import platform
+from fastvideo.eval.prompts import EvalPrompts
+from fastvideo.models import flux
+from fastvideo.sampling import sde
+from fastvideo.sampling.randomness import RandomSource
+from fastvideo.sampling.rollout import predict_velocity
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    height: int
+    width: int
+    steps: int
+    eta: float  # 0: deterministic ODE (Euler) sampling
+    shift: float
+    guidance_scale: float
+    quantize_timestep: bool
+    batch_size: int  # images per transformer call
+    num_images_per_prompt: int  # K
+
+
+@dataclass
+class EvalResult:
+    """scores: reward name -> [P, K] float64; grid: [G, 3, H, W] float32 in [0, 1], image 0 of the
+    first G prompts (identical on every rank); seconds: wall time of the evaluation."""
+
+    captions: list[str]
+    scores: dict[str, torch.Tensor]
+    grid: torch.Tensor
+    seconds: float
+
+    def summary(self) -> dict[str, dict]:
+        """name -> {mean, std (over all P*K images, population), per_prompt (mean over k)}."""
+        out = {}
+        for name, s in self.scores.items():
+            out[name] = {"mean": s.mean().item(), "std": s.std(unbiased=False).item(),
+                         "per_prompt": [round(v, 6) for v in s.mean(dim=1).tolist()]}
+        return out
+
+
+def batch_grid(num_items: int, batch_size: int) -> list[list[int]]:
+    """Fixed batches of item indices: [[0..B-1], [B..2B-1], ...] (the last may be shorter)."""
+    return [list(range(s, min(num_items, s + batch_size))) for s in range(0, num_items, batch_size)]
+
+
+@torch.no_grad()
+def sample_images(model, vae, prompts: EvalPrompts, items: list[tuple[int, int]], randomness: RandomSource,
+                  s: SampleSettings, device, autocast_dtype=None) -> torch.Tensor:
+    """Images [b, 3, H, W] float32 in [0, 1] for items (prompt index, image index)."""
+    device = torch.device(device)
+    lat_h, lat_w = flux.latent_hw(s.height, s.width, flux.vae_scale_factor(vae.config))
+    in_channels = getattr(model, "module", model).config.in_channels
+    shape = ((lat_h // 2) * (lat_w // 2), in_channels)
+    caps = [prompts.captions[p] for p, _ in items]
+    rows = torch.tensor([p for p, _ in items])
+    x = torch.stack([randomness.eval_noise(c, k, shape) for c, (_, k) in zip(caps, items)]).to(device)
+    embeds, pooled = prompts.embeds[rows].to(device), prompts.pooled[rows].to(device)
+    txt_ids, img_ids = prompts.text_ids.to(device), flux.image_ids(lat_h, lat_w, device=device)
+    sigmas = sde.sigma_schedule(s.steps, s.shift).to(device)
+    amp = platform.autocast(device, autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    with amp:
+        for step in range(s.steps):
+            v = predict_velocity(model, x, sigmas[step], embeds, pooled, txt_ids, img_ids,
+                                 s.guidance_scale, s.quantize_timestep)
+            if step == s.steps - 1:
+                x0 = sde.x0_prediction(x, v, sigmas[step])  # decoded, as the rollout does
+            eps = None
+            if s.eta > 0:
+                eps = torch.stack([randomness.eval_noise(c, k, shape, step=step)
+                                   for c, (_, k) in zip(caps, items)]).to(device)
+            x, _ = sde.sde_step(x, v, sigmas[step], sigmas[step + 1], s.eta, noise=eps)
+        return flux.decode_latents(vae, x0, lat_h, lat_w).float().clamp(0, 1)
+
+
+def _all_gather_stack(t: torch.Tensor, device) -> torch.Tensor:
+    """[...] on every rank -> [W, ...] (rank order); [1, ...] on one process."""
+    if platform.world_size() == 1:
+        return t.unsqueeze(0)
+    import torch.distributed as dist
+
+    t = t.to(device)
+    parts = [torch.empty_like(t) for _ in range(platform.world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.stack(parts).cpu()
+
+
+def score_images(rewards: Mapping[str, object], images: torch.Tensor, captions: list[str]) -> torch.Tensor:
+    """[b, R] float64: each reward (in mapping order) on each image."""
+    return torch.stack([rewards[n](images, captions).double().cpu() for n in rewards], dim=1)
+
+
+def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], randomness: RandomSource,
+             s: SampleSettings, device, autocast_dtype=None, grid_prompts: int = 8, progress: bool = False
+             ) -> EvalResult:
+    """Collective: every rank calls it with the same arguments; all get the same EvalResult."""
+    t0 = time.perf_counter()
+    world, rank = platform.world_size(), platform.rank()
+    K, P, B = s.num_images_per_prompt, len(prompts), s.batch_size
+    items = [(p, k) for p in range(P) for k in range(K)]
+    batches = batch_grid(len(items), B)
+    rounds = math.ceil(len(batches) / world)
+    g = min(grid_prompts, P)
+    local = torch.full((rounds, B, len(rewards)), float("nan"), dtype=torch.float64)
+    grid = torch.zeros(g, 3, s.height, s.width)
+    from tqdm.auto import tqdm
+
+    for r in tqdm(range(rounds), desc="eval", disable=not (progress and rank == 0), leave=False):
+        j = r * world + rank
+        chosen = batches[j] if j < len(batches) else batches[0]  # a spare round keeps FSDP in step
+        batch_items = [items[i] for i in chosen]
+        images = sample_images(model, vae, prompts, batch_items, randomness, s, device, autocast_dtype)
+        if j >= len(batches):
+            continue
+        local[r, :len(chosen)] = score_images(rewards, images, [prompts.captions[p] for p, _ in batch_items])
+        for row, (p, k) in enumerate(batch_items):
+            if k == 0 and p < g:
+                grid[p] = images[row].cpu()
+    gathered = _all_gather_stack(local, device)  # [W, rounds, B, R]
+    flat = torch.cat([gathered[j % world, j // world, :len(b)] for j, b in enumerate(batches)])  # [P*K, R]
+    if world > 1:
+        grid = grid.to(device)
+        platform.all_reduce_sum(grid)  # each grid image was filled on exactly one rank
+        grid = grid.cpu()
+    scores = {n: flat[:, i].reshape(P, K) for i, n in enumerate(rewards)}
+    return EvalResult(list(prompts.captions), scores, grid, time.perf_counter() - t0)

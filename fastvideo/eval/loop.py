@@ -1,0 +1,177 @@
+"""Evaluation inside a training run: what GRPOTrainer calls (build, start, after_iteration).
+
+Files under OUTPUT_DIR: eval.jsonl (one record per evaluation), eval/rows/row_NNNNNN.png,
+eval_grid.png (one row per evaluation), eval_curve.png, and best/ (see training/guard.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastvideo import platform
+from fastvideo.eval import report
+from fastvideo.eval.core import EvalResult, SampleSettings, evaluate
+from fastvideo.eval.prompts import check_no_overlap, load_eval_prompts
+from fastvideo.eval.settings import EvalSettings
+from fastvideo.training.guard import RewardHackingGuard, publish_best
+from fastvideo.utils import main_print
+
+EVAL_JSONL = "eval.jsonl"
+
+
+def build_training_evaluation(trainer) -> "TrainingEvaluation | None":
+    """None when --eval_every is 0; else encodes the prompts and builds the rewards (collective-free)."""
+    settings = trainer.cfg.eval
+    return None if settings is None else TrainingEvaluation(settings, trainer)
+
+
+def build_eval_rewards(names, trainer) -> dict:
+    """name -> reward; the trained rewards' objects are reused, the others built like them."""
+    from fastvideo.rewards.base import build_reward
+    from fastvideo.training import builders
+
+    existing = {name: r for name, _, r in trainer.reward.components}
+    per_reward, common = builders.reward_build_kwargs(trainer.cfg, trainer.device)
+    return {n: existing.get(n) or build_reward(n, **{**common, **per_reward.get(n, {})}) for n in names}
+
+
+class TrainingEvaluation:
+    def __init__(self, settings: EvalSettings, trainer):
+        cfg = trainer.cfg
+        self.s = settings
+        self.out = Path(cfg.output.output_dir)
+        seq_len = settings.max_sequence_length or trainer.dataset.dims()[0]
+        self.prompts = load_eval_prompts(settings.prompts, cfg.model.pretrained_model_name_or_path, seq_len,
+                                         trainer.device)
+        check_no_overlap(self.prompts.captions, trainer.dataset.captions)
+        if self.prompts.embeds.shape[1:] != trainer.dataset.dims()[:2]:
+            raise ValueError(f"--eval_prompts embeddings are {tuple(self.prompts.embeds.shape[1:])} but the "
+                             f"training embeddings are {trainer.dataset.dims()[:2]} (L, D); use the same encoders")
+        self.rewards = build_eval_rewards(settings.rewards, trainer)
+        r = cfg.rollout
+        self.sample = SampleSettings(
+            height=r.height, width=r.width, steps=settings.steps, eta=settings.eta, shift=r.shift,
+            guidance_scale=r.guidance_scale, quantize_timestep=r.quantize_timestep,
+            batch_size=settings.batch_size, num_images_per_prompt=settings.num_images_per_prompt)
+        g = settings.guard
+        self.guard = RewardHackingGuard(g.patience if g else 1, g.drop if g else 0.0, guard_enabled=g is not None)
+        self.is_main = trainer.info.is_main
+        self._saved_at: int | None = None  # iteration of a checkpoint written outside the schedule
+        main_print(f"[eval] {len(self.prompts)} held-out prompts x {settings.num_images_per_prompt} images, "
+                   f"rewards {', '.join(settings.rewards)}, every {settings.every} iterations")
+
+    # ------------------------------------------------------------------ trainer hooks
+    def start(self, trainer) -> None:
+        """Before the first iteration: evaluate the base model, or on resume rebuild the guard."""
+        path = self.out / EVAL_JSONL
+        if trainer.iteration == 0:
+            if self.is_main and path.exists():
+                path.unlink()
+            self.run(trainer)
+            return
+        for rec in (report.truncate_jsonl(path, trainer.iteration) if self.is_main else []):
+            self.guard.update(rec["iteration"], rec["trained_score"], rec.get("guard_score"))
+        self._share_guard_state(trainer)
+        if self.is_main:
+            self._forget_future_best(trainer.iteration)
+
+    def _forget_future_best(self, iteration: int) -> None:
+        """A best/ from after the resumed iteration belongs to an abandoned continuation: point it
+        back at the best checkpoint of the records kept, or remove it if that one is gone."""
+        import json
+        import shutil
+
+        from fastvideo.training.checkpoint import checkpoint_dir, is_complete
+        from fastvideo.training.guard import BEST_DIR, BEST_MARKER
+
+        marker = self.out / BEST_DIR / BEST_MARKER
+        if not marker.is_file() or json.loads(marker.read_text())["iteration"] <= iteration:
+            return
+        best = self.guard.best_iteration
+        if best is not None and is_complete(checkpoint_dir(self.out, best)):
+            publish_best(checkpoint_dir(self.out, best), self.out, best, self.guard.best_score)
+        else:
+            shutil.rmtree(self.out / BEST_DIR)
+            main_print(f"[eval] removed {self.out / BEST_DIR}: it was from after the resumed iteration {iteration}")
+
+    def after_iteration(self, trainer) -> bool:
+        """Evaluate when due; True when the guard stops the run (a checkpoint has been written)."""
+        if trainer.iteration % self.s.every:
+            return False
+        return self.run(trainer)
+
+    # ------------------------------------------------------------------ one evaluation
+    def run(self, trainer) -> bool:
+        trainer.model.eval()
+        result = evaluate(trainer.model, trainer.vae, self.prompts, self.rewards, trainer.randomness, self.sample,
+                          trainer.device, trainer.autocast_dtype, self.s.grid_prompts, progress=True)
+        it = trainer.iteration
+        trained = sum(w * result.scores[n].mean().item() for n, w in self.s.trained)
+        guard_name = self.s.guard.reward if self.s.guard else None
+        guard_score = result.scores[guard_name].mean().item() if guard_name else None
+        decision = self.guard.update(it, trained, guard_score)
+        record = {"iteration": it, "time_eval": result.seconds, "trained_score": trained,
+                  "rewards": result.summary(), "best_iteration": self.guard.best_iteration}
+        if guard_name:
+            record.update(guard_score=guard_score, guard=decision.as_dict())
+        if decision.new_best:
+            self._publish_best(trainer, it, trained)
+        self._write(trainer, record, result)
+        main_print(f"[eval] iteration {it}: trained score {trained:.4g}"
+                   + "".join(f", {n} {v['mean']:.4g}" for n, v in record["rewards"].items())
+                   + f" ({result.seconds:.1f} s, not counted in training time)")
+        if decision.fired:
+            main_print(self.guard.message(it, trained, guard_name, guard_score))
+            if self.s.guard.action == "stop":
+                self._ensure_checkpoint(trainer)
+                main_print(f"[guard] stopping the run at iteration {it} (--guard_action stop); "
+                           f"checkpoint written, best checkpoint: iteration {self.guard.best_iteration}")
+                return True
+        return False
+
+    def _write(self, trainer, record: dict, result: EvalResult) -> None:
+        if trainer.wandb_run is not None:
+            flat = {f"eval/{n}_mean": v["mean"] for n, v in record["rewards"].items()}
+            flat.update({f"eval/{n}_std": v["std"] for n, v in record["rewards"].items()})
+            trainer.wandb_run.log({**flat, "eval/trained_score": record["trained_score"],
+                                   "eval/time": record["time_eval"]}, step=record["iteration"])
+        if not self.is_main:
+            return
+        report.append_jsonl(self.out / EVAL_JSONL, record)
+        report.save_row(result.grid, report.row_path(self.out / "eval", record["iteration"]))
+        records = report.read_jsonl(self.out / EVAL_JSONL)
+        rows = [(f"it {r['iteration']}", report.row_path(self.out / "eval", r["iteration"])) for r in records]
+        report.compose_grid([r for r in rows if r[1].exists()], self.out / "eval_grid.png",
+                            result.captions[:self.s.grid_prompts])
+        report.plot_eval_curve(records, self.out / "eval_curve.png", self.s.guard.reward if self.s.guard else None)
+
+    def _ensure_checkpoint(self, trainer) -> Path:
+        """The checkpoint of the current iteration, written now if the schedule did not (collective).
+
+        Decided from the schedule, not from the file system, so every rank makes the same choice
+        even where only rank 0 sees OUTPUT_DIR."""
+        from fastvideo.training.checkpoint import checkpoint_dir
+
+        it, o = trainer.iteration, trainer.cfg
+        scheduled = it % o.output.checkpointing_steps == 0 or it == o.optim.max_train_steps
+        if not scheduled and self._saved_at != it:
+            trainer.save_checkpoint()
+            self._saved_at = it
+        return checkpoint_dir(self.out, it)
+
+    def _publish_best(self, trainer, iteration: int, score: float) -> None:
+        path = self._ensure_checkpoint(trainer)
+        if self.is_main:
+            publish_best(path, self.out, iteration, score)
+            main_print(f"[eval] best checkpoint is now iteration {iteration} -> {self.out / 'best'}")
+        platform.barrier()
+
+    def _share_guard_state(self, trainer) -> None:
+        """On resume rank 0 read eval.jsonl; every rank needs the same guard state."""
+        if platform.world_size() == 1:
+            return
+        import torch.distributed as dist
+
+        box = [self.guard.__dict__ if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        self.guard.__dict__.update(box[0])

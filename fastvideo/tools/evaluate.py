@@ -1,0 +1,157 @@
+"""Evaluate and compare models on held-out prompts with the same noise.
+
+    python -m fastvideo.tools.evaluate --model BASE_FLUX_DIR --model trained=OUTPUT_DIR/best \\
+        --prompts assets/eval_prompts.txt --rewards hpsv2,pickscore,detail --out eval_out [--h 720 --w 720]
+
+Each --model is a diffusers FLUX folder, a training checkpoint folder (checkpoint-N, best) or an
+exported transformer folder (optionally LABEL=PATH). The text encoders and VAE come from --base
+(default: the first FLUX folder among the models). Every model sees the same initial noise per
+(prompt, image), drawn from RandomSource(--seed) exactly as the training run's evaluation draws it,
+so with the run's --seed and sampling flags a checkpoint scores what eval.jsonl recorded.
+
+Writes OUT/results.md and results.csv (per model and reward: mean, std, 95% CI, win rate against
+the first model on the same noise), OUT/scores.jsonl (every image's scores), OUT/grid_NN.png
+(one row per model, same prompts and noise side by side), and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import torch
+
+from fastvideo.eval.models import FLUX_FOLDER, ModelSpecError, load_transformer_for, parse_model_arg
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fastvideo.tools.evaluate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", action="append", required=True, help="[LABEL=]PATH; repeat to compare (first = reference)")
+    p.add_argument("--prompts", required=True, help="prompts .txt (e.g. assets/eval_prompts.txt) or videos2caption.json")
+    p.add_argument("--rewards", required=True, help='comma-separated reward names, e.g. "hpsv2,pickscore,detail"')
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--base", default=None, help="FLUX folder for the VAE and text encoders (default: first FLUX model)")
+    p.add_argument("--seed", type=int, default=42, help="the training run's --seed, to reproduce its evaluation noise")
+    p.add_argument("--h", type=int, default=720)
+    p.add_argument("--w", type=int, default=720)
+    p.add_argument("--steps", type=int, default=16, help="sampling steps")
+    p.add_argument("--eta", type=float, default=0.0, help="0: ODE sampling")
+    p.add_argument("--shift", type=float, default=3.0)
+    p.add_argument("--guidance_scale", type=float, default=3.5)
+    p.add_argument("--no_quantize_timestep", action="store_true")
+    p.add_argument("--num_images_per_prompt", type=int, default=1)
+    p.add_argument("--batch_size", type=int, default=1, help="images per transformer call")
+    p.add_argument("--max_sequence_length", type=int, default=512, help="T5 length when encoding a .txt file")
+    p.add_argument("--grid_prompts", type=int, default=8, help="prompts per grid PNG")
+    p.add_argument("--mixed_precision", choices=["no", "bf16"], default="bf16",
+                   help="autocast for sampling on GPU/NPU (always fp32 on CPU)")
+    p.add_argument("--hps_ckpt_dir", default="./hps_ckpt")
+    p.add_argument("--hps_model_name", default="ViT-H-14")
+    p.add_argument("--pickscore_dir", default="./pickscore_ckpt")
+    p.add_argument("--pickscore_processor_dir", default=None)
+    p.add_argument("--clip_dir", default="./clip_ckpt")
+    p.add_argument("--reward_batch_size", type=int, default=8)
+    return p
+
+
+def _rewards(args, device) -> dict:
+    from fastvideo.rewards.base import build_reward
+
+    per = {"hpsv2": {"hps_ckpt_dir": args.hps_ckpt_dir, "model_name": args.hps_model_name},
+           "pickscore": {"pickscore_dir": args.pickscore_dir, "processor_dir": args.pickscore_processor_dir},
+           "clip": {"clip_dir": args.clip_dir}}
+    names = list(dict.fromkeys(n.strip() for n in args.rewards.split(",")))
+    return {n: build_reward(n, device=device, batch_size=args.reward_batch_size, **per.get(n, {})) for n in names}
+
+
+def _check(args, models) -> Path:
+    from fastvideo.rewards.base import check_reward_name
+
+    for n in args.rewards.split(","):
+        check_reward_name(n.strip())
+    if args.h % 16 or args.w % 16 or min(args.h, args.w, args.steps, args.batch_size,
+                                         args.num_images_per_prompt, args.grid_prompts) < 1:
+        raise ValueError("--h/--w must be positive multiples of 16; --steps, --batch_size, "
+                         "--num_images_per_prompt and --grid_prompts at least 1")
+    base = Path(args.base) if args.base else next((m.path for m in models if m.kind == FLUX_FOLDER), None)
+    if base is None:
+        raise ModelSpecError("no FLUX folder among the models: pass --base FLUX_DIR for the VAE and text encoders")
+    return base
+
+
+def _write(out: Path, labels, results, rows, table: str, grid_prompts: int) -> None:
+    from fastvideo.eval import report
+
+    (out / "results.md").write_text(f"# Evaluation\n\n{table}", encoding="utf-8")
+    with open(out / "results.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with open(out / "scores.jsonl", "w", encoding="utf-8") as f:
+        for label, res in zip(labels, results):
+            for p, caption in enumerate(res.captions):
+                for k in range(next(iter(res.scores.values())).shape[1]):
+                    scores = {n: s[p, k].item() for n, s in res.scores.items()}
+                    f.write(json.dumps({"model": label, "prompt": caption, "image": k, "scores": scores}) + "\n")
+    num = len(results[0].captions)
+    for page, start in enumerate(range(0, num, grid_prompts)):
+        rows_png = []
+        for i, (label, res) in enumerate(zip(labels, results)):
+            path = report.save_row(res.grid[start:start + grid_prompts], out / "rows" / f"{page:02d}_{i:02d}.png")
+            rows_png.append((label[:9], path))
+        report.compose_grid(rows_png, out / f"grid_{page:02d}.png", results[0].captions[start:start + grid_prompts])
+
+
+def run(args) -> str:
+    from fastvideo import platform
+    from fastvideo.eval.core import SampleSettings, evaluate
+    from fastvideo.eval.prompts import load_eval_prompts
+    from fastvideo.eval.stats import markdown_table, table_rows
+    from fastvideo.models import flux
+    from fastvideo.sampling.randomness import RandomSource
+
+    models = [parse_model_arg(m) for m in args.model]
+    base = _check(args, models)
+    device = platform.get_device()
+    amp = torch.bfloat16 if args.mixed_precision == "bf16" and platform.is_accelerator(device) else None
+    prompts = load_eval_prompts(args.prompts, str(base), args.max_sequence_length, device)
+    vae = flux.load_vae(base, device=device, dtype=torch.float32)
+    rewards = _rewards(args, device)
+    s = SampleSettings(height=args.h, width=args.w, steps=args.steps, eta=args.eta, shift=args.shift,
+                       guidance_scale=args.guidance_scale, quantize_timestep=not args.no_quantize_timestep,
+                       batch_size=args.batch_size, num_images_per_prompt=args.num_images_per_prompt)
+    results = []
+    for m in models:
+        print(f"[evaluate] {m.label}: {m.kind} {m.path}", flush=True)
+        model = load_transformer_for(m, base, device)
+        results.append(evaluate(model, vae, prompts, rewards, RandomSource(args.seed), s, device, amp,
+                                grid_prompts=len(prompts), progress=True))
+        del model
+    labels = [m.label for m in models]
+    if len(set(labels)) != len(labels):
+        labels = [f"{i}:{label}" for i, label in enumerate(labels)]
+    rows = table_rows(labels, [r.scores for r in results])
+    table = markdown_table(rows, labels[0])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _write(out, labels, results, rows, table, args.grid_prompts)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        table = run(args)
+    except (ModelSpecError, ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))
+    print(table)
+    print(f"[evaluate] wrote {args.out}/results.md, results.csv, scores.jsonl and grid_*.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

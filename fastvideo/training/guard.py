@@ -1,0 +1,116 @@
+"""Reward-hacking guard and the best checkpoint, decided from the held-out evaluations.
+
+After each evaluation: the trained score is the weighted sum of the trained rewards' means on
+the eval images; the guard score is a reward the run does not optimise (a preference model, or an
+image statistic such as ``detail``). An evaluation *looks like hacking* when the trained score is
+above the base model's (the first evaluation) while the guard score is more than ``drop`` below
+its best so far. ``patience`` such evaluations in a row fire the guard (warn, or stop the run).
+
+The best checkpoint (the guard-adjusted choice) is the trained evaluation (iteration >= 1) with
+the highest trained score among those the guard did not flag as hacking (without a guard, simply
+the highest trained score; ties keep the earlier one). It is published as OUTPUT_DIR/best: hard links to (or copies
+of) the checkpoint's files, so deleting the checkpoint during rotation leaves it intact.
+
+The state is a fold over the evaluation records, so a resumed run rebuilds it from eval.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+BEST_DIR = "best"
+BEST_MARKER = "BEST.json"
+
+
+@dataclass
+class GuardDecision:
+    hacking: bool  # this evaluation looks like hacking
+    streak: int  # hacking evaluations in a row, this one included
+    fired: bool  # streak reached patience (at this evaluation)
+    new_best: bool  # this evaluation is the new best checkpoint
+    guard_best: float | None
+
+    def as_dict(self) -> dict:
+        return {"hacking": self.hacking, "streak": self.streak, "fired": self.fired,
+                "guard_best": self.guard_best}
+
+
+class RewardHackingGuard:
+    """Feed it one evaluation at a time with :meth:`update`.
+
+    patience / drop: see the module docstring; guard_enabled False tracks the best checkpoint only."""
+
+    def __init__(self, patience: int = 2, drop: float = 0.0, guard_enabled: bool = True):
+        if patience < 1 or drop < 0:
+            raise ValueError(f"patience must be >= 1 and drop >= 0, got {patience}, {drop}")
+        self.patience, self.drop, self.enabled = patience, drop, guard_enabled
+        self.base_trained: float | None = None
+        self.guard_best: float | None = None
+        self.streak = 0
+        self.best_iteration: int | None = None
+        self.best_score = -math.inf
+
+    def update(self, iteration: int, trained: float, guard: float | None = None) -> GuardDecision:
+        if self.enabled and guard is None:
+            raise ValueError("the guard is on but no guard score was given")
+        if self.base_trained is None:
+            self.base_trained = trained
+        hacking = False
+        if self.enabled:
+            self.guard_best = guard if self.guard_best is None else max(self.guard_best, guard)
+            fell = guard < self.guard_best - self.drop
+            hacking = fell and trained > self.base_trained
+        self.streak = self.streak + 1 if hacking else 0
+        fired = hacking and self.streak >= self.patience
+        new_best = iteration >= 1 and not hacking and trained > self.best_score
+        if new_best:
+            self.best_iteration, self.best_score = iteration, trained
+        return GuardDecision(hacking, self.streak, fired, new_best, self.guard_best)
+
+    def message(self, iteration: int, trained: float, guard_name: str, guard: float) -> str:
+        return (f"[guard] reward hacking suspected at iteration {iteration}: the trained reward on the held-out "
+                f"prompts rose to {trained:.4g} (base {self.base_trained:.4g}) while {guard_name} fell to "
+                f"{guard:.4g}, more than {self.drop:g} below its best {self.guard_best:.4g}, for {self.streak} "
+                f"evaluations in a row. " + (f"Best checkpoint so far: iteration {self.best_iteration} (OUTPUT_DIR/best)."
+                                            if self.best_iteration is not None else "No best checkpoint yet."))
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed
+        shutil.copy2(src, dst)
+
+
+def publish_best(checkpoint: str | os.PathLike, output_dir: str | os.PathLike, iteration: int,
+                 score: float) -> Path:
+    """Make OUTPUT_DIR/best a hard-linked copy of ``checkpoint`` plus BEST.json; rank 0 only.
+
+    Swapped in by renames, so a crash leaves the old best or the new one, never half of one."""
+    src, out = Path(checkpoint), Path(output_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{BEST_DIR}.tmp-", dir=out))
+    for f in sorted(src.rglob("*")):
+        target = tmp / f.relative_to(src)
+        if f.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(f, target)
+    marker = {"iteration": int(iteration), "score": float(score), "source": src.name}
+    (tmp / BEST_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    final = out / BEST_DIR
+    old = None
+    if final.exists():
+        old = Path(tempfile.mkdtemp(prefix=f"{BEST_DIR}.old-", dir=out))
+        os.rmdir(old)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final

@@ -1,0 +1,84 @@
+"""python -m fastvideo.tools.evaluate on the tiny base model and a checkpoint of a tiny run."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from helpers import read_metrics, train_args
+from fastvideo.eval.report import read_jsonl
+from fastvideo.tools.evaluate import main
+
+
+def _tool_args(prompts, out, *models, **extra):
+    argv = [a for m in models for a in ("--model", str(m))]
+    argv += ["--prompts", str(prompts), "--rewards", "compressibility,detail,saturation", "--out", str(out),
+             "--h", "32", "--w", "32", "--steps", "4", "--shift", "3", "--seed", "7",
+             "--num_images_per_prompt", "2", "--batch_size", "4", "--max_sequence_length", "32",
+             "--grid_prompts", "4"]
+    for k, v in extra.items():
+        argv += [f"--{k}", str(v)]
+    return argv
+
+
+def test_base_and_checkpoint_reproduce_the_training_evaluation(tiny_flux_dir, tiny_embeddings, eval_prompt_file,
+                                                               tmp_path, monkeypatch, capsys):
+    from fastvideo.train_grpo_flux import main as train
+
+    import time
+
+    import fastvideo.eval.core as core
+
+    real = core.sample_images
+
+    def slow_sample_images(*args, **kwargs):  # makes evaluation time stand out from iteration time
+        time.sleep(1.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(core, "sample_images", slow_sample_images)
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    run = tmp_path / "run"
+    argv = train_args(tiny_embeddings, tiny_flux_dir, run, save_images_every=0, eval_every=2,
+                      eval_prompts=str(eval_prompt_file), eval_rewards="detail,saturation",
+                      eval_num_images_per_prompt=2, eval_batch_size=4, max_train_steps=2, checkpointing_steps=2)
+    assert train(argv) == 0
+    capsys.readouterr()
+    # Evaluation time is recorded in eval.jsonl and is not part of the iterations' times.
+    assert all(r["time_eval"] >= 3.0 for r in read_jsonl(run / "eval.jsonl"))  # 12 images in 3 batches
+    assert all(r["time_iteration"] < 3.0 for r in read_metrics(run))
+    out = tmp_path / "cmp"
+    assert main(_tool_args(eval_prompt_file, out, f"base={tiny_flux_dir}", f"tuned={run / 'checkpoint-2'}")) == 0
+    printed = capsys.readouterr().out
+    assert "| model | reward | mean | std | 95% CI | win rate vs base | n |" in printed
+    assert "| tuned | detail |" in printed
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [(r["model"], r["reward"]) for r in rows][:4] == [("base", "compressibility"), ("base", "detail"),
+                                                             ("base", "saturation"), ("tuned", "compressibility")]
+    assert all(r["n"] == "12" for r in rows)
+    # Same noise, same sampler: the checkpoint scores what the run's evaluation recorded.
+    recorded = {r["iteration"]: r["rewards"] for r in read_jsonl(run / "eval.jsonl")}
+    for label, it in (("base", 0), ("tuned", 2)):
+        for r in (r for r in rows if r["model"] == label):
+            assert float(r["mean"]) == pytest.approx(recorded[it][r["reward"]]["mean"], rel=1e-6, abs=1e-9)
+    scores = read_jsonl(out / "scores.jsonl")
+    assert len(scores) == 2 * 6 * 2
+    for name in ("grid_00.png", "grid_01.png", "results.md"):
+        assert (out / name).stat().st_size > 200, name
+
+
+def test_lora_and_unknown_models_fail_clearly(tiny_flux_dir, eval_prompt_file, tmp_path, capsys):
+    lora = tmp_path / "my_lora"
+    lora.mkdir()
+    (lora / "adapter_config.json").write_text("{}")
+    with pytest.raises(SystemExit) as exc:
+        main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir, lora))
+    assert exc.value.code == 2
+    assert "LoRA models need --use_lora support, not available yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(_tool_args(eval_prompt_file, tmp_path / "o", tmp_path))
+    assert "neither a FLUX folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir, rewards="nope"))
+    assert "unknown reward 'nope'" in capsys.readouterr().err

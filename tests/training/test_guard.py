@@ -1,0 +1,77 @@
+"""The reward-hacking guard's decisions and the published best checkpoint (pure, no training)."""
+
+import json
+import os
+
+import pytest
+
+from fastvideo.training.guard import RewardHackingGuard, publish_best
+
+
+def _run(guard, rows):
+    return [guard.update(it, t, g) for it, t, g in rows]
+
+
+def test_fires_after_patience_hacking_evaluations_in_a_row():
+    guard = RewardHackingGuard(patience=2, drop=0.05)
+    rows = [(0, 1.0, 0.50), (2, 1.2, 0.52), (4, 1.3, 0.46), (6, 1.4, 0.45), (8, 1.5, 0.44)]
+    d = _run(guard, rows)
+    # guard best 0.52 from iteration 2; 0.46 < 0.47 counts, so 4 and 6 are hacking
+    assert [x.hacking for x in d] == [False, False, True, True, True]
+    assert [x.streak for x in d] == [0, 0, 1, 2, 3]
+    assert [x.fired for x in d] == [False, False, False, True, True]
+    assert guard.best_iteration == 2 and guard.best_score == 1.2
+    assert "iteration 6" in guard.message(6, 1.4, "detail", 0.45)
+
+
+def test_a_fall_within_drop_or_without_a_trained_gain_is_not_hacking():
+    guard = RewardHackingGuard(patience=1, drop=0.1)
+    d = _run(guard, [(0, 1.0, 0.5), (1, 1.1, 0.45), (2, 0.9, 0.1), (3, 1.05, 0.39)])
+    # 0.45 is within 0.1 of 0.5; at 2 the trained score is below the base; 3 counts
+    assert [x.hacking for x in d] == [False, False, False, True]
+    assert d[3].fired and guard.best_iteration == 1
+
+
+def test_streak_resets_and_best_ignores_flagged_evaluations():
+    guard = RewardHackingGuard(patience=3, drop=0.0)
+    d = _run(guard, [(0, 0.0, 1.0), (1, 5.0, 0.9), (2, 1.0, 1.1), (3, 9.0, 1.0), (4, 2.0, 1.2)])
+    assert [x.streak for x in d] == [0, 1, 0, 1, 0]
+    assert not any(x.fired for x in d)
+    # 1 and 3 score highest but were flagged; of 2 and 4 the higher trained score wins
+    assert guard.best_iteration == 4
+    assert [x.new_best for x in d] == [False, False, True, False, True]
+
+
+def test_without_a_guard_best_is_the_highest_trained_score():
+    guard = RewardHackingGuard(guard_enabled=False)
+    d = _run(guard, [(0, 9.0, None), (1, 1.0, None), (2, 3.0, None), (3, 3.0, None)])
+    assert not any(x.hacking for x in d)
+    assert guard.best_iteration == 2  # iteration 0 (the base model) is never 'best'; ties keep the first
+
+
+def test_guard_needs_its_score_and_sane_settings():
+    with pytest.raises(ValueError, match="no guard score"):
+        RewardHackingGuard().update(0, 1.0, None)
+    with pytest.raises(ValueError, match="patience"):
+        RewardHackingGuard(patience=0)
+
+
+def test_publish_best_survives_deleting_the_checkpoint(tmp_path):
+    ckpt = tmp_path / "checkpoint-4"
+    (ckpt / "sub").mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"weights-4")
+    (ckpt / "sub" / "x.bin").write_bytes(b"x")
+    best = publish_best(ckpt, tmp_path, 4, 1.5)
+    assert json.loads((best / "BEST.json").read_text()) == {"iteration": 4, "score": 1.5, "source": "checkpoint-4"}
+    ckpt6 = tmp_path / "checkpoint-6"
+    ckpt6.mkdir()
+    (ckpt6 / "model.safetensors").write_bytes(b"weights-6")
+    import shutil
+
+    shutil.rmtree(ckpt)
+    assert (best / "model.safetensors").read_bytes() == b"weights-4"
+    assert (best / "sub" / "x.bin").read_bytes() == b"x"
+    publish_best(ckpt6, tmp_path, 6, 2.0)
+    assert (best / "model.safetensors").read_bytes() == b"weights-6"
+    assert not (best / "sub").exists()
+    assert sorted(os.listdir(tmp_path)) == ["best", "checkpoint-6"]  # no scratch folders left
