@@ -15,6 +15,7 @@ from typing import Sequence
 
 from fastvideo.errors import UserError
 from fastvideo.grpo.loss import candidate_steps, num_trained_steps
+from fastvideo.training.lora import LoraSettings, add_lora_args, lora_settings
 
 # Flags accepted only so that upstream launch lines keep working; they change nothing here.
 COMPAT_ONLY_FLAGS = {
@@ -105,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--clip_range", type=float, default=1e-4)
     g.add_argument("--adv_clip_max", type=float, default=5.0)
     g.add_argument("--loss_coef", type=float, default=1.0, help="multiplies the loss")
+    g.add_argument("--kl_coef", type=float, default=0.0,
+                   help="beta of a KL penalty to the frozen base policy (closed-form KL of each trained SDE "
+                        "step; LoRA: the adapters switched off; full fine-tuning: a frozen copy of the initial "
+                        "weights, sharded like the model). 0: off")
     g.add_argument("--rollout_batch_size", type=int, default=1, help="samples per transformer call in the rollout")
     g.add_argument("--train_micro_batch_size", type=int, default=1, help="samples per micro-batch in the update")
     g.add_argument("--cfg", type=float, default=0.0, help="classifier-free guidance; must be 0 (FLUX.1-dev is guidance-distilled)")
@@ -162,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--probe_layers", type=str, default=None,
                    help='record module outputs for one fixed input: "all" or comma-separated kinds '
                         "(rope,norm,attention,block,vae)")
+    add_lora_args(p)
     return p
 
 
@@ -218,6 +224,7 @@ class GRPOSettings:
     loss_coef: float
     train_micro_batch_size: int
     gradient_accumulation_steps: int
+    kl_coef: float = 0.0
 
     def candidate_steps(self, sampling_steps: int) -> int:
         """Transitions a sample may train on: 0 .. N-2 upstream (the last one never), N with --train_last_step."""
@@ -277,6 +284,7 @@ class TrainConfig:
     fsdp_strategy: str
     cpu_offload: bool
     compat_notes: list[str] = field(default_factory=list)
+    lora: LoraSettings = field(default_factory=lambda: LoraSettings(False, 128, 256.0, 0.0, (), None))
 
     def derived(self, world_size: int) -> dict:
         """Quantities users otherwise compute by hand; logged at start-up."""
@@ -356,6 +364,9 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             _fail(f"--{name} must be at least 1")
     if args.dataloader_num_workers < 0:
         _fail("--dataloader_num_workers must be >= 0")
+    if args.kl_coef < 0:
+        _fail(f"--kl_coef {args.kl_coef} must be >= 0 (0 turns the KL penalty off)")
+    lora = lora_settings(args)  # may set args.resume_from_checkpoint (--resume_from_lora_checkpoint)
     if args.clip_range <= 0 or args.adv_clip_max <= 0:
         _fail("--clip_range and --adv_clip_max must be positive")
     if not 0.0 <= args.selective_checkpointing <= 1.0:
@@ -444,7 +455,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             timestep_fraction=args.timestep_fraction, clip_range=args.clip_range,
             adv_clip_max=args.adv_clip_max, loss_coef=args.loss_coef,
             train_micro_batch_size=args.train_micro_batch_size,
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            gradient_accumulation_steps=args.gradient_accumulation_steps, kl_coef=args.kl_coef,
         ),
         optim=OptimSettings(
             seed=args.seed,
@@ -460,6 +471,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         fsdp_strategy=args.fsdp_sharding_strategy,
         cpu_offload=args.use_cpu_offload,
         compat_notes=notes,
+        lora=lora,
     )
 
 

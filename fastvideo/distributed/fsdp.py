@@ -169,6 +169,7 @@ def wrap_model(
     gradient_checkpointing: bool = False,
     block_classes: Sequence[type[nn.Module]] | None = None,
     checkpoint_fraction: float = 1.0,
+    extra_units=None,
 ) -> nn.Module:
     """Wrap ``model`` for data-parallel training; returns the module to call, optimise and checkpoint.
 
@@ -180,6 +181,9 @@ def wrap_model(
       this None and uses platform.autocast over fp32 master weights instead.
     cpu_offload: keep the FSDP shards (and so the optimizer step) in host memory.
     gradient_checkpointing / checkpoint_fraction: recompute the first fraction of the blocks in backward.
+
+    extra_units: optional predicate (module -> bool) naming more modules to make FSDP units of
+      their own, nested inside the blocks (LoRA adapters: training/lora.is_adapter_unit).
 
     Build the optimizer from the returned module's parameters, after this call. Every rank must call
     this with the same model weights (all ranks load the same files).
@@ -214,7 +218,7 @@ def wrap_model(
         return model.to(device)
     if strategy == "none":
         return _wrap_ddp(model, device)
-    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world)
+    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units)
 
 
 def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -225,10 +229,17 @@ def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     return DDP(model, device_ids=device_ids)
 
 
-def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world) -> nn.Module:
+def _wrap_policy(classes, extra_units):
+    from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+
+    if extra_units is None:
+        return ModuleWrapPolicy(set(classes))
+    return CustomPolicy(lambda m: isinstance(m, classes) or bool(extra_units(m)))
+
+
+def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units=None) -> nn.Module:
     from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     kwargs = {}
     sharding = ShardingStrategy.FULL_SHARD
@@ -253,7 +264,7 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world) -> 
         model.to("cpu")  # FSDP shards on the host; each unit is copied to device_id for its compute
     return FSDP(
         model,
-        auto_wrap_policy=ModuleWrapPolicy(set(classes)),
+        auto_wrap_policy=_wrap_policy(classes, extra_units),
         sharding_strategy=sharding,
         device_id=device,
         use_orig_params=False,  # flat parameters: see the module docstring
@@ -350,13 +361,15 @@ def _rank0_only(state: dict) -> dict:
     return state if platform.rank() == 0 else {}
 
 
-def full_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+def full_model_state_dict(model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     """Collective. The full, unsharded state dict with the unwrapped model's parameter names
     (diffusers' names for FLUX) on rank 0; {} on the other ranks. Values may alias live parameters
-    on a single process: copy them before changing the model."""
+    on a single process: copy them before changing the model. trainable_only: only the parameters
+    that require grad (LoRA adapters), no buffers."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return _rank0_only(get_model_state_dict(model, options=_options(model, load=False)))
+    options = _options(model, load=False, ignore_frozen_params=trainable_only)
+    return _rank0_only(get_model_state_dict(model, options=options))
 
 
 def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
