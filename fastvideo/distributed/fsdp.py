@@ -37,6 +37,7 @@ extra call in the training loop (a forgotten manual sync would silently train di
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -374,10 +375,70 @@ def full_model_state_dict(model: nn.Module, trainable_only: bool = False) -> dic
 
 def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
     """Collective. Load a full state dict that rank 0 holds (other ranks may pass {}); the wrapper
-    shards it. Consumes ``state_dict``."""
+    shards it. Consumes ``state_dict``. strict=False: rank 0's dict holds exactly the trainable
+    parameters (LoRA adapters) and the frozen ones are left as they are (load_trainable_state_dict)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
+    if not strict:
+        load_trainable_state_dict(model, state_dict)
+        return
+
     set_model_state_dict(model, _rank0_only(state_dict), options=_options(model, load=True, strict=strict))
+
+
+def _clean_name(name: str) -> str:
+    """A wrapped module's name as in the unwrapped model (no FSDP / DDP / checkpoint prefixes)."""
+    return ".".join(p for p in name.split(".") if p not in ("_fsdp_wrapped_module", "_checkpoint_wrapped_module"))
+
+
+def _trainable_leaves(model: nn.Module):
+    """(module name in the unwrapped model, module) of every module that directly owns trainable
+    parameters; FSDP1 units of trainable parameters stand for their wrapped module."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    root = unwrap_model(model) if not is_fsdp(model) else model
+    out = []
+    for name, module in root.named_modules():
+        if isinstance(module, FSDP):
+            flat = getattr(getattr(module, "_handle", None), "flat_param", None)
+            if flat is not None and flat.requires_grad:
+                out.append((_clean_name(name), module))
+        elif not is_fsdp(model) and any(p.requires_grad for p in module.parameters(recurse=False)):
+            out.append((name, module))
+    return out
+
+
+def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Collective. Copy rank 0's trainable parameters (names as the unwrapped model's) into every
+    rank's model, leaving frozen ones alone: each tensor is broadcast and written into its
+    parameter, under FSDP1 by gathering that adapter unit alone (summon_full_params with
+    writeback), so no rank ever holds the full frozen base. torch's set_model_state_dict with
+    strict=False cannot do this for FSDP1 flat parameters: it mixes the frozen units' local shards
+    into the full dict it loads (size mismatch, measured on torch 2.14)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    distributed = _distributed() and platform.world_size() > 1
+    seen = set()
+    for name, module in _trainable_leaves(model):
+        inner = module.module if isinstance(module, FSDP) else module
+        ctx = FSDP.summon_full_params(module, recurse=False, writeback=True) if isinstance(module, FSDP) \
+            else contextlib.nullcontext()
+        with ctx, torch.no_grad():
+            for pname, param in inner.named_parameters(recurse=False):
+                key = f"{name}.{pname}" if name else pname
+                seen.add(key)
+                if platform.rank() == 0:
+                    if key not in state_dict:
+                        raise KeyError(f"trainable parameter {key} is missing from the state dict")
+                    buf = state_dict[key].to(device=param.device, dtype=param.dtype)
+                else:
+                    buf = torch.empty_like(param)
+                if distributed:
+                    dist.broadcast(buf, src=0)
+                param.copy_(buf.view_as(param))
+    extra = set(state_dict) - seen if platform.rank() == 0 else set()
+    if extra:
+        raise KeyError(f"state dict entries that are not trainable parameters of the model: {sorted(extra)[:5]}")
 
 
 def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
