@@ -418,6 +418,13 @@ def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tens
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     distributed = _distributed() and platform.world_size() > 1
+    if is_fsdp(model):
+        # Summoning a nested unit first would make it believe it is a root (FSDP1 initialises
+        # lazily from whichever unit is used first); initialise from the real root, as a forward
+        # would. Private helper, unchanged from torch 2.7 to 2.14 (like _reshard above).
+        from torch.distributed.fsdp._runtime_utils import _lazy_init
+
+        _lazy_init(model, model)
     seen = set()
     for name, module in _trainable_leaves(model):
         inner = module.module if isinstance(module, FSDP) else module

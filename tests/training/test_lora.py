@@ -100,7 +100,8 @@ def test_upstream_lora_line_two_ranks_and_exact_resume(tiny_flux_dir, tiny_embed
     ma, mb = read_metrics(straight), read_metrics(split)
     assert [r["iteration"] for r in mb] == [1, 2, 3, 4]
     assert [r["reward_mean"] for r in ma] == [r["reward_mean"] for r in mb]
-    assert [r["kl"] for r in ma] == [r["kl"] for r in mb] and ma[0]["kl"] == 0.0 and ma[-1]["kl"] > 0
+    # (two optimizer steps per iteration here, so even iteration 1 has a KL after its first step)
+    assert [r["kl"] for r in ma] == [r["kl"] for r in mb] and ma[-1]["kl"] > 0
     info = json.loads((straight / "config.json").read_text())
     assert info["lora"]["enabled"] and info["model"]["mixed_precision"] == "bf16"
 
