@@ -145,7 +145,16 @@ def apply_lora(model: nn.Module, s: LoraSettings, base_dtype: torch.dtype, adapt
                     module.weight.zero_()
             module.weight.requires_grad_(True)
     if s.init_weights:
-        load_adapter_weights(model, from_diffusers(read_lora_file(s.init_weights), s.scale))
+        from fastvideo.utils import main_print
+
+        try:
+            state = from_diffusers(read_lora_file(s.init_weights), s.scale)
+        except ValueError as exc:
+            raise ConfigError(f"--resume_from_lora_checkpoint {s.init_weights}: {exc}") from exc
+        load_adapter_weights(model, state)
+        main_print(f"[lora] adapters start from {s.init_weights} at iteration 0; an upstream lora_optimizer.pt "
+                   "(a pickle, which this project never loads) and step count are not restored. Resume a run of "
+                   "this trainer exactly with --resume_from_lora_checkpoint latest")
 
 
 def _adapter_role(module_name: str) -> str | None:

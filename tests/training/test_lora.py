@@ -138,3 +138,44 @@ def _flat_param_kinds(info, model_dir):
                torch.bfloat16, torch.float32, seed=0)
     wrapped = wrap_model(model, "full", info.device, extra_units=is_adapter_unit)
     return sorted({("trainable" if p.requires_grad else "frozen", str(p.dtype)) for p in wrapped.parameters()})
+
+
+def test_diffusers_names_and_scale_round_trip(tmp_path):
+    """Our export (scale folded in, read at scale 1) and upstream's lora-checkpoint-N folder (raw
+    adapters + lora_config.json with its rank / alpha) both read back as the same adapters."""
+    from safetensors.torch import save_file
+
+    from fastvideo.training import lora
+
+    g = torch.Generator().manual_seed(0)
+    adapters = {"transformer_blocks.0.attn.to_q.lora_A.default.weight": torch.randn(4, 8, generator=g),
+                "transformer_blocks.0.attn.to_q.lora_B.default.weight": torch.randn(8, 4, generator=g)}
+    exported = lora.to_diffusers(adapters, scale=2.0)
+    assert set(exported) == {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight",
+                             "transformer.transformer_blocks.0.attn.to_q.lora_B.weight"}
+    assert torch.equal(exported["transformer.transformer_blocks.0.attn.to_q.lora_B.weight"],
+                       2 * adapters["transformer_blocks.0.attn.to_q.lora_B.default.weight"])
+    ours, upstream = tmp_path / "ours", tmp_path / "lora-checkpoint-60-0"
+    ours.mkdir(), upstream.mkdir()
+    save_file(exported, str(ours / lora.LORA_WEIGHTS_NAME))
+    save_file(lora.to_diffusers(adapters, scale=1.0), str(upstream / lora.LORA_WEIGHTS_NAME))  # raw, as upstream
+    (upstream / "lora_config.json").write_text(json.dumps({"step": 60, "lora_params": {"lora_rank": 4,
+                                                                                       "lora_alpha": 8}}))
+    for folder in (ours, upstream):
+        back = lora.from_diffusers(lora.read_lora_file(folder), scale=2.0)
+        assert set(back) == set(adapters) and all(torch.equal(back[k], adapters[k]) for k in adapters)
+    with pytest.raises(ValueError, match="diffusers format"):
+        lora.from_diffusers({"lora_unet_x.lora_down.weight": torch.zeros(1)}, 2.0)
+
+
+def test_merge_into_base_is_w_plus_scale_b_a():
+    from fastvideo.training.lora import merge_into_base
+
+    w = torch.randn(6, 5)
+    a, b = torch.randn(2, 5), torch.randn(6, 2)
+    out = merge_into_base({"blk.to_q.weight": w, "blk.to_q.bias": torch.zeros(6)},
+                          {"blk.to_q.lora_A.default.weight": a, "blk.to_q.lora_B.default.weight": b}, 2.0)
+    torch.testing.assert_close(out["blk.to_q.weight"], w + 2.0 * b @ a)
+    with pytest.raises(ValueError, match="cannot merge"):
+        merge_into_base({"blk.to_q.weight": w}, {"blk.to_k.lora_A.default.weight": a,
+                                                  "blk.to_k.lora_B.default.weight": b}, 2.0)
