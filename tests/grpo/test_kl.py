@@ -153,3 +153,16 @@ def test_large_beta_keeps_the_policy_closer_to_the_base(tiny_flux_dir, tiny_embe
         gaps[beta] = _velocity_gap(trainer)
     print(f"velocity gap to the base after 4 iterations: {gaps}")
     assert gaps[0.0] > 0 and gaps[1e4] < 0.5 * gaps[0.0], gaps
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_kl_with_a_sharded_reference_two_ranks(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """Full fine-tuning under FSDP (2 gloo ranks) with the frozen reference copy sharded like the
+    model: KL exactly 0 in iteration 1 (one optimizer step, after every term), positive after."""
+    from helpers import read_metrics, torchrun
+
+    proc = torchrun(train_args(tiny_embeddings, tiny_flux_dir, tmp_path, kl_coef=0.5, max_train_steps=2,
+                               save_images_every=0, gradient_checkpointing=True))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    kl = [r["kl"] for r in read_metrics(tmp_path)]
+    assert kl[0] == 0.0 and kl[1] > 0.0
