@@ -30,6 +30,12 @@ Both exist as public API in torch 2.7.1 (FSDP2 moved to ``torch.distributed.fsdp
 * EMA: with flat parameters each rank holds one flat shard per FSDP unit; the EMA shadows exactly
   those tensors and updates them with a handful of foreach kernels, without any gathering.
 
+LoRA (frozen bf16 base + trainable fp32 adapters): FSDP1 flat parameters must be uniform in
+requires_grad and dtype, so ``extra_units`` makes each adapter Linear an FSDP unit of its own,
+nested in its block's unit, which then holds only frozen weights (training/lora.is_adapter_unit
+says why this beats use_orig_params=True). Adapter-only checkpoints load through
+load_trainable_state_dict, which gathers one adapter unit at a time.
+
 "none" uses DDP rather than a manual all-reduce after backward: DDP buckets and overlaps the
 all-reduce with backward, works with gloo and HCCL, is understood by the state-dict API, and needs no
 extra call in the training loop (a forgotten manual sync would silently train diverging replicas).
