@@ -115,3 +115,21 @@ def test_exported_file_starts_a_new_run_with_the_same_adapters(lora_run, tiny_fl
     for k, v in saved.items():
         assert torch.equal(params[k].detach(), v), k
     assert trainer.iteration == 0
+
+
+def test_ema_adapters_export(lora_run, tmp_path):
+    """--lora --ema writes the adapters' EMA (decay 0.5 after one update: halfway between the
+    initial and the trained adapters), in the same format."""
+    from safetensors.torch import load_file
+
+    from fastvideo.tools.export import main
+    from fastvideo.training.lora import to_diffusers
+
+    _, ckpt = lora_run
+    main([str(ckpt), str(tmp_path / "ema"), "--lora", "--ema"])
+    got = load_file(str(tmp_path / "ema" / "pytorch_lora_weights.safetensors"))
+    expected = to_diffusers(load_file(str(ckpt / "ema.safetensors")), scale=2.0)
+    assert set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in got)
+    trained = to_diffusers(load_file(str(ckpt / "lora.safetensors")), scale=2.0)
+    b = next(k for k in got if ".lora_B." in k)
+    torch.testing.assert_close(got[b], 0.5 * trained[b])  # lora_B starts at 0: EMA = 0.5 * trained
