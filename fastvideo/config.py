@@ -15,6 +15,7 @@ from typing import Sequence
 
 from fastvideo.errors import UserError
 from fastvideo.grpo.loss import candidate_steps, num_trained_steps
+from fastvideo.training.lora import LoraSettings, add_lora_args, lora_settings
 
 # Flags accepted only so that upstream launch lines keep working; they change nothing here.
 COMPAT_ONLY_FLAGS = {
@@ -105,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--clip_range", type=float, default=1e-4)
     g.add_argument("--adv_clip_max", type=float, default=5.0)
     g.add_argument("--loss_coef", type=float, default=1.0, help="multiplies the loss")
+    g.add_argument("--kl_coef", type=float, default=0.0,
+                   help="beta of a KL penalty to the frozen base policy (closed-form KL of each trained SDE "
+                        "step; LoRA: the adapters switched off; full fine-tuning: a frozen copy of the initial "
+                        "weights, sharded like the model). 0: off")
     g.add_argument("--rollout_batch_size", type=int, default=1, help="samples per transformer call in the rollout")
     g.add_argument("--train_micro_batch_size", type=int, default=1, help="samples per micro-batch in the update")
     g.add_argument("--cfg", type=float, default=0.0, help="classifier-free guidance; must be 0 (FLUX.1-dev is guidance-distilled)")
@@ -165,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     from fastvideo.eval.settings import add_eval_args
 
     add_eval_args(p)  # --eval_* and --guard_* (fastvideo/eval/settings.py)
+    add_lora_args(p)
     return p
 
 
@@ -221,6 +227,7 @@ class GRPOSettings:
     loss_coef: float
     train_micro_batch_size: int
     gradient_accumulation_steps: int
+    kl_coef: float = 0.0
 
     def candidate_steps(self, sampling_steps: int) -> int:
         """Transitions a sample may train on: 0 .. N-2 upstream (the last one never), N with --train_last_step."""
@@ -281,6 +288,7 @@ class TrainConfig:
     cpu_offload: bool
     compat_notes: list[str] = field(default_factory=list)
     eval: object = None  # fastvideo.eval.settings.EvalSettings, None when evaluation is off
+    lora: LoraSettings = field(default_factory=lambda: LoraSettings(False, 128, 256.0, 0.0, (), None))
 
     def derived(self, world_size: int) -> dict:
         """Quantities users otherwise compute by hand; logged at start-up."""
@@ -360,6 +368,9 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             _fail(f"--{name} must be at least 1")
     if args.dataloader_num_workers < 0:
         _fail("--dataloader_num_workers must be >= 0")
+    if args.kl_coef < 0:
+        _fail(f"--kl_coef {args.kl_coef} must be >= 0 (0 turns the KL penalty off)")
+    lora = lora_settings(args)  # may set args.resume_from_checkpoint (--resume_from_lora_checkpoint)
     if args.clip_range <= 0 or args.adv_clip_max <= 0:
         _fail("--clip_range and --adv_clip_max must be positive")
     if not 0.0 <= args.selective_checkpointing <= 1.0:
@@ -448,7 +459,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             timestep_fraction=args.timestep_fraction, clip_range=args.clip_range,
             adv_clip_max=args.adv_clip_max, loss_coef=args.loss_coef,
             train_micro_batch_size=args.train_micro_batch_size,
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            gradient_accumulation_steps=args.gradient_accumulation_steps, kl_coef=args.kl_coef,
         ),
         optim=OptimSettings(
             seed=args.seed,
@@ -465,6 +476,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         cpu_offload=args.use_cpu_offload,
         compat_notes=notes,
         eval=_eval_settings(args),
+        lora=lora,
     )
 
 

@@ -30,6 +30,12 @@ Both exist as public API in torch 2.7.1 (FSDP2 moved to ``torch.distributed.fsdp
 * EMA: with flat parameters each rank holds one flat shard per FSDP unit; the EMA shadows exactly
   those tensors and updates them with a handful of foreach kernels, without any gathering.
 
+LoRA (frozen bf16 base + trainable fp32 adapters): FSDP1 flat parameters must be uniform in
+requires_grad and dtype, so ``extra_units`` makes each adapter Linear an FSDP unit of its own,
+nested in its block's unit, which then holds only frozen weights (training/lora.is_adapter_unit
+says why this beats use_orig_params=True). Adapter-only checkpoints load through
+load_trainable_state_dict, which gathers one adapter unit at a time.
+
 "none" uses DDP rather than a manual all-reduce after backward: DDP buckets and overlaps the
 all-reduce with backward, works with gloo and HCCL, is understood by the state-dict API, and needs no
 extra call in the training loop (a forgotten manual sync would silently train diverging replicas).
@@ -37,6 +43,7 @@ extra call in the training loop (a forgotten manual sync would silently train di
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -169,6 +176,7 @@ def wrap_model(
     gradient_checkpointing: bool = False,
     block_classes: Sequence[type[nn.Module]] | None = None,
     checkpoint_fraction: float = 1.0,
+    extra_units=None,
 ) -> nn.Module:
     """Wrap ``model`` for data-parallel training; returns the module to call, optimise and checkpoint.
 
@@ -180,6 +188,9 @@ def wrap_model(
       this None and uses platform.autocast over fp32 master weights instead.
     cpu_offload: keep the FSDP shards (and so the optimizer step) in host memory.
     gradient_checkpointing / checkpoint_fraction: recompute the first fraction of the blocks in backward.
+
+    extra_units: optional predicate (module -> bool) naming more modules to make FSDP units of
+      their own, nested inside the blocks (LoRA adapters: training/lora.is_adapter_unit).
 
     Build the optimizer from the returned module's parameters, after this call. Every rank must call
     this with the same model weights (all ranks load the same files).
@@ -214,7 +225,7 @@ def wrap_model(
         return model.to(device)
     if strategy == "none":
         return _wrap_ddp(model, device)
-    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world)
+    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units)
 
 
 def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -225,10 +236,17 @@ def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     return DDP(model, device_ids=device_ids)
 
 
-def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world) -> nn.Module:
+def _wrap_policy(classes, extra_units):
+    from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+
+    if extra_units is None:
+        return ModuleWrapPolicy(set(classes))
+    return CustomPolicy(lambda m: isinstance(m, classes) or bool(extra_units(m)))
+
+
+def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units=None) -> nn.Module:
     from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     kwargs = {}
     sharding = ShardingStrategy.FULL_SHARD
@@ -253,7 +271,7 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world) -> 
         model.to("cpu")  # FSDP shards on the host; each unit is copied to device_id for its compute
     return FSDP(
         model,
-        auto_wrap_policy=ModuleWrapPolicy(set(classes)),
+        auto_wrap_policy=_wrap_policy(classes, extra_units),
         sharding_strategy=sharding,
         device_id=device,
         use_orig_params=False,  # flat parameters: see the module docstring
@@ -350,21 +368,90 @@ def _rank0_only(state: dict) -> dict:
     return state if platform.rank() == 0 else {}
 
 
-def full_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+def full_model_state_dict(model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     """Collective. The full, unsharded state dict with the unwrapped model's parameter names
     (diffusers' names for FLUX) on rank 0; {} on the other ranks. Values may alias live parameters
-    on a single process: copy them before changing the model."""
+    on a single process: copy them before changing the model. trainable_only: only the parameters
+    that require grad (LoRA adapters), no buffers."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return _rank0_only(get_model_state_dict(model, options=_options(model, load=False)))
+    options = _options(model, load=False, ignore_frozen_params=trainable_only)
+    return _rank0_only(get_model_state_dict(model, options=options))
 
 
 def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
     """Collective. Load a full state dict that rank 0 holds (other ranks may pass {}); the wrapper
-    shards it. Consumes ``state_dict``."""
+    shards it. Consumes ``state_dict``. strict=False: rank 0's dict holds exactly the trainable
+    parameters (LoRA adapters) and the frozen ones are left as they are (load_trainable_state_dict)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
+    if not strict:
+        load_trainable_state_dict(model, state_dict)
+        return
+
     set_model_state_dict(model, _rank0_only(state_dict), options=_options(model, load=True, strict=strict))
+
+
+def _clean_name(name: str) -> str:
+    """A wrapped module's name as in the unwrapped model (no FSDP / DDP / checkpoint prefixes)."""
+    return ".".join(p for p in name.split(".") if p not in ("_fsdp_wrapped_module", "_checkpoint_wrapped_module"))
+
+
+def _trainable_leaves(model: nn.Module):
+    """(module name in the unwrapped model, module) of every module that directly owns trainable
+    parameters; FSDP1 units of trainable parameters stand for their wrapped module."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    root = unwrap_model(model) if not is_fsdp(model) else model
+    out = []
+    for name, module in root.named_modules():
+        if isinstance(module, FSDP):
+            flat = getattr(getattr(module, "_handle", None), "flat_param", None)
+            if flat is not None and flat.requires_grad:
+                out.append((_clean_name(name), module))
+        elif not is_fsdp(model) and any(p.requires_grad for p in module.parameters(recurse=False)):
+            out.append((name, module))
+    return out
+
+
+def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Collective. Copy rank 0's trainable parameters (names as the unwrapped model's) into every
+    rank's model, leaving frozen ones alone: each tensor is broadcast and written into its
+    parameter, under FSDP1 by gathering that adapter unit alone (summon_full_params with
+    writeback), so no rank ever holds the full frozen base. torch's set_model_state_dict with
+    strict=False cannot do this for FSDP1 flat parameters: it mixes the frozen units' local shards
+    into the full dict it loads (size mismatch, measured on torch 2.14)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    distributed = _distributed() and platform.world_size() > 1
+    if is_fsdp(model):
+        # Summoning a nested unit first would make it believe it is a root (FSDP1 initialises
+        # lazily from whichever unit is used first); initialise from the real root, as a forward
+        # would. Private helper, unchanged from torch 2.7 to 2.14 (like _reshard above).
+        from torch.distributed.fsdp._runtime_utils import _lazy_init
+
+        _lazy_init(model, model)
+    seen = set()
+    for name, module in _trainable_leaves(model):
+        inner = module.module if isinstance(module, FSDP) else module
+        ctx = FSDP.summon_full_params(module, recurse=False, writeback=True) if isinstance(module, FSDP) \
+            else contextlib.nullcontext()
+        with ctx, torch.no_grad():
+            for pname, param in inner.named_parameters(recurse=False):
+                key = f"{name}.{pname}" if name else pname
+                seen.add(key)
+                if platform.rank() == 0:
+                    if key not in state_dict:
+                        raise KeyError(f"trainable parameter {key} is missing from the state dict")
+                    buf = state_dict[key].to(device=param.device, dtype=param.dtype)
+                else:
+                    buf = torch.empty_like(param)
+                if distributed:
+                    dist.broadcast(buf, src=0)
+                param.copy_(buf.view_as(param))
+    extra = set(state_dict) - seen if platform.rank() == 0 else set()
+    if extra:
+        raise KeyError(f"state dict entries that are not trainable parameters of the model: {sorted(extra)[:5]}")
 
 
 def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:

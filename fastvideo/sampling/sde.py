@@ -87,10 +87,7 @@ def sde_step(
         sample = x + delta * v if prev_sample is None else prev_sample.float()
         return sample, torch.zeros(batch, dtype=torch.float32, device=x.device)
 
-    x0_hat = x - s * v
-    score = -(x - (1.0 - s) * x0_hat) / (s * s)
-    mean = x + delta * (v - 0.5 * eta * eta * score)
-    std = eta * torch.sqrt(s - s_next)
+    mean, std = _gaussian(x, v, s, s_next, eta)
 
     if prev_sample is None:
         if noise is None:
@@ -105,6 +102,29 @@ def sde_step(
 
     log_prob = -((sample.detach() - mean) ** 2) / (2.0 * std * std) - torch.log(std) - _LOG_SQRT_2PI
     return sample, log_prob.mean(dim=tuple(range(1, ndim)))
+
+
+def _gaussian(x, v, s, s_next, eta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean [B, ...] and std (broadcastable) of the step's Gaussian; float32 inputs."""
+    x0_hat = x - s * v
+    score = -(x - (1.0 - s) * x0_hat) / (s * s)
+    mean = x + (s_next - s) * (v - 0.5 * eta * eta * score)
+    std = eta * torch.sqrt(s - s_next)
+    return mean, std
+
+
+def step_gaussian(
+    latents: torch.Tensor, velocity: torch.Tensor, sigma: torch.Tensor | float, sigma_next: torch.Tensor | float,
+    eta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gaussian of one SDE step x_k -> x_{k+1}: (mean float32 [B, ...], std float32,
+    broadcastable to it: 0-d or [B, 1, ...]). The same numbers sde_step samples from and scores."""
+    if eta <= 0:
+        raise ValueError(f"step_gaussian needs eta > 0 (eta = 0 has no density), got {eta}")
+    x = latents.float()
+    s = _per_sample(sigma, x.shape[0], x.ndim, x.device)
+    s_next = _per_sample(sigma_next, x.shape[0], x.ndim, x.device)
+    return _gaussian(x, velocity.float(), s, s_next, eta)
 
 
 def x0_prediction(latents: torch.Tensor, velocity: torch.Tensor, sigma: torch.Tensor | float) -> torch.Tensor:

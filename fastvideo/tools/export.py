@@ -1,6 +1,8 @@
 """Export a training checkpoint's transformer as a diffusers folder.
 
     python -m fastvideo.tools.export CKPT OUT [--ema] [--base MODEL_DIR] [--dtype fp32|bf16]
+    python -m fastvideo.tools.export LORA_CKPT OUT --lora  [--ema]    # OUT/pytorch_lora_weights.safetensors
+    python -m fastvideo.tools.export LORA_CKPT OUT --merge [--ema] [--base MODEL_DIR] [--dtype ...]
 
 Without --base, OUT is a transformer folder (config.json + diffusion_pytorch_model.safetensors):
 
@@ -12,6 +14,13 @@ when the file system allows, else copied) with its transformer/ replaced by the 
 ``FluxPipeline.from_pretrained(OUT)`` works directly and the trainer accepts it as
 --pretrained_model_name_or_path. The transformer config comes from the checkpoint itself; the
 base folder is needed only for the other components. --ema exports the EMA weights.
+
+A LoRA checkpoint (--use_lora; it holds lora.safetensors, the adapters only) exports with --lora as
+a diffusers LoRA file, ``pipe.load_lora_weights(OUT)`` on the stock FluxPipeline of the base model
+(the scale alpha / rank is folded into lora_B: diffusers 0.32 loads a file at scale 1), or with
+--merge as a full transformer folder (base + scale * B @ A) like a full fine-tuning export. The
+base transformer for --merge is the one the run trained on (recorded in the checkpoint) unless
+--base names a FLUX folder.
 """
 
 from __future__ import annotations
@@ -111,21 +120,50 @@ def export_checkpoint(
     base_dir = Path(base) if base is not None else None
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if (ckpt / ckpt_lib.LORA_FILE).is_file():
+        raise ExportError(f"{ckpt} is a LoRA checkpoint (adapters only): export it with --lora (a diffusers LoRA "
+                          "file) or --merge (a full transformer folder)")
     weights = ckpt / (ckpt_lib.EMA_FILE if ema else ckpt_lib.MODEL_FILE)
     if not weights.is_file():
         raise ExportError(f"{ckpt} has no {weights.name}" + (" (the run did not use --use_ema)" if ema else ""))
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ExportError(f"{out} exists and is not empty; choose another folder or pass --overwrite")
     config = _transformer_config(ckpt, base_dir)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    def fill(tmp: Path) -> None:
         if base_dir is not None:
             _copy_base(base_dir, tmp)
             _write_transformer(tmp / "transformer", weights, config, DTYPES.get(dtype))
         else:
             _write_transformer(tmp, weights, config, DTYPES.get(dtype))
+
+    return _atomic_folder(out, overwrite, fill)
+
+
+def _lora_info(ckpt: Path) -> dict:
+    if not (ckpt / ckpt_lib.LORA_FILE).is_file():
+        raise ExportError(f"{ckpt} is not a LoRA checkpoint (no {ckpt_lib.LORA_FILE}); --lora and --merge are for "
+                          "runs with --use_lora. Export a full fine-tuning checkpoint without them")
+    info = ckpt_lib.load_tree(ckpt, "extra_state").get("lora")
+    if not isinstance(info, dict):
+        raise ExportError(f"{ckpt}/extra_state.json records no LoRA settings; was it written by this trainer?")
+    return info
+
+
+def _adapters(ckpt: Path, ema: bool) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    weights = ckpt / (ckpt_lib.EMA_FILE if ema else ckpt_lib.LORA_FILE)
+    if not weights.is_file():
+        raise ExportError(f"{ckpt} has no {weights.name}" + (" (the run did not use --use_ema)" if ema else ""))
+    return load_file(str(weights))
+
+
+def _atomic_folder(out: Path, overwrite: bool, fill) -> Path:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty; choose another folder or pass --overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        fill(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -133,6 +171,59 @@ def export_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def export_lora(checkpoint, out, ema: bool = False, overwrite: bool = False) -> Path:
+    """OUT/pytorch_lora_weights.safetensors in diffusers' FLUX LoRA format (scale folded in)."""
+    from safetensors.torch import save_file
+
+    from fastvideo.training import lora
+
+    ckpt = Path(checkpoint)
+    ckpt_lib.verify_checkpoint(ckpt)
+    info = _lora_info(ckpt)
+    state = lora.to_diffusers(_adapters(ckpt, ema), float(info["alpha"]) / float(info["rank"]))
+
+    def fill(tmp: Path) -> None:
+        save_file(state, str(tmp / lora.LORA_WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / "lora_settings.json").write_text(json.dumps(
+            {**info, "note": "lora_B already includes the scale lora_alpha / lora_rank; load at scale 1"},
+            indent=2) + "\n", encoding="utf-8")
+
+    return _atomic_folder(Path(out), overwrite, fill)
+
+
+def _base_transformer(info: dict, base: str | None) -> Path:
+    if base is not None:
+        return Path(base) / "transformer"
+    if info.get("base_transformer"):
+        root = Path(info["base_transformer"])
+        return root / "transformer" if (root / "transformer" / "config.json").is_file() else root
+    return Path(info["base_model"]) / "transformer"
+
+
+def export_merged(checkpoint, out, ema: bool = False, base: str | None = None, dtype: str | None = None,
+                  overwrite: bool = False) -> Path:
+    """A full transformer folder: the base transformer with every adapter merged in."""
+    from diffusers import FluxTransformer2DModel
+
+    from fastvideo.training import lora
+
+    ckpt = Path(checkpoint)
+    ckpt_lib.verify_checkpoint(ckpt)
+    info = _lora_info(ckpt)
+    folder = _base_transformer(info, base)
+    if not (folder / "config.json").is_file():
+        raise ExportError(f"--merge needs the base transformer the adapters were trained on; {folder} holds no "
+                          "config.json: pass --base FLUX_DIR")
+    if dtype is not None and dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    model = FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
+    merged = lora.merge_into_base(model.state_dict(), _adapters(ckpt, ema), float(info["alpha"]) / float(info["rank"]))
+    model.load_state_dict(merged)
+    if dtype is not None:
+        model.to(DTYPES[dtype])
+    return _atomic_folder(Path(out), overwrite, lambda tmp: model.save_pretrained(tmp, safe_serialization=True))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -143,8 +234,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base", default=None, help="FLUX folder whose other components complete a pipeline folder")
     ap.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast the weights (default: as saved)")
     ap.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    ap.add_argument("--lora", action="store_true",
+                    help="LoRA checkpoint -> OUT/pytorch_lora_weights.safetensors for FluxPipeline.load_lora_weights")
+    ap.add_argument("--merge", action="store_true",
+                    help="LoRA checkpoint -> a full transformer folder with the adapters merged into the base")
     args = ap.parse_args(argv)
+    if args.lora and args.merge:
+        ap.error("--lora and --merge are two different exports; give one")
+    if args.lora and (args.base or args.dtype):
+        ap.error("--lora writes the adapters only (float32); --base and --dtype apply to full and --merge exports")
     try:
+        if args.lora:
+            out = export_lora(args.checkpoint, args.out, args.ema, args.overwrite)
+            print(f"exported the {'EMA ' if args.ema else ''}LoRA adapters of {args.checkpoint}: "
+                  f"{out / 'pytorch_lora_weights.safetensors'} (pipe.load_lora_weights({str(out)!r}, weight_name='pytorch_lora_weights.safetensors'))")
+            return
+        if args.merge:
+            out = export_merged(args.checkpoint, args.out, args.ema, args.base, args.dtype, args.overwrite)
+            print(f"exported {args.checkpoint} with its LoRA merged as a diffusers transformer folder: {out}")
+            return
         out = export_checkpoint(args.checkpoint, args.out, args.ema, args.base, args.dtype, args.overwrite)
     except Exception as exc:  # noqa: BLE001 - a user error prints alone, anything else with its traceback
         from fastvideo.errors import report_failure

@@ -30,13 +30,9 @@ def _transformer_root(cfg: TrainConfig) -> tuple[Path, str | None]:
     )
 
 
-def build_models(cfg: TrainConfig, device: torch.device):
-    """Transformer (master weights in --master_weight_type, wrapped for FSDP) and frozen VAE."""
+def _load_transformer(cfg: TrainConfig, device: torch.device, dtype: torch.dtype):
     from diffusers import FluxTransformer2DModel
 
-    from fastvideo.distributed.fsdp import wrap_model
-
-    dtype = torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
     root, sub = _transformer_root(cfg)
     if sub is None:
         model = FluxTransformer2DModel.from_pretrained(root, torch_dtype=dtype).to(device)
@@ -45,10 +41,27 @@ def build_models(cfg: TrainConfig, device: torch.device):
         if cfg.model.dit_model_name_or_path is None:
             flux.check_flux_folder(root, ("transformer", "vae", "text_encoder", "text_encoder_2"))
         model = flux.load_transformer(root, device=device, dtype=dtype)
+    return model
+
+
+def build_models(cfg: TrainConfig, device: torch.device):
+    """Transformer (master weights in --master_weight_type, wrapped for FSDP) and frozen VAE.
+    With --use_lora: a frozen base in the compute dtype with trainable adapters (training/lora.py)."""
+    from fastvideo.distributed.fsdp import wrap_model
+
+    dtype = torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
+    model = _load_transformer(cfg, device, dtype)
     # JSON-safe copy (diffusers keeps the load path as a Path under _name_or_path).
     transformer_config = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
     transformer_config["_class_name"] = type(model).__name__
-    model.requires_grad_(True)
+    extra_units = None
+    if cfg.lora.enabled:
+        from fastvideo.training import lora
+
+        lora.apply_lora(model, cfg.lora, base_dtype=lora_base_dtype(cfg), adapter_dtype=dtype, seed=cfg.optim.seed)
+        extra_units = lora.is_adapter_unit
+    else:
+        model.requires_grad_(True)
     model = wrap_model(
         model,
         strategy=cfg.fsdp_strategy,
@@ -56,10 +69,40 @@ def build_models(cfg: TrainConfig, device: torch.device):
         cpu_offload=cfg.cpu_offload,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         checkpoint_fraction=cfg.model.selective_checkpointing,
+        extra_units=extra_units,
     )
     vae_dtype = vae_dtype_for(cfg.model.vae_precision, device)
     vae = flux.load_vae(cfg.model.vae_model_path, device=device, dtype=vae_dtype)
     return transformer_config, model, vae
+
+
+def lora_base_dtype(cfg: TrainConfig) -> torch.dtype:
+    """The frozen base's dtype under LoRA: the compute dtype (bf16 under --mixed_precision bf16,
+    half the memory of fp32 master weights; nothing trains it, so no master copy is needed)."""
+    if cfg.model.mixed_precision == "bf16":
+        return torch.bfloat16
+    return torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
+
+
+def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.device):
+    """The reference policy of --kl_coef (None when 0): the model itself with its adapters off
+    under LoRA (no copy); for full fine-tuning a frozen copy of the initial weights in the master
+    dtype (so that the KL is exactly 0 before the first update), sharded like the model under
+    FSDP (one more model's worth of parameters / world size per rank), a replica under DDP or on
+    one process."""
+    if cfg.grpo.kl_coef <= 0:
+        return None
+    from fastvideo.training.kl_reference import AdapterOffReference, FrozenCopyReference
+
+    if cfg.lora.enabled:
+        return AdapterOffReference(model)
+    from fastvideo.distributed.fsdp import wrap_model
+
+    dtype = torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
+    ref = _load_transformer(cfg, device, dtype).requires_grad_(False).eval()
+    if cfg.fsdp_strategy != "none" and platform.world_size() > 1:
+        ref = wrap_model(ref, strategy=cfg.fsdp_strategy, device=device, cpu_offload=cfg.cpu_offload)
+    return FrozenCopyReference(ref)
 
 
 def build_dataset(cfg: TrainConfig):
@@ -175,7 +218,8 @@ def build_randomness(cfg: TrainConfig, info: platform.DistInfo, kind: str = "tra
 def build_checkpointer(cfg: TrainConfig):
     from fastvideo.training.checkpoint import Checkpointer
 
-    return Checkpointer(cfg.output.output_dir, keep_last=cfg.output.checkpoints_total_limit)
+    return Checkpointer(cfg.output.output_dir, keep_last=cfg.output.checkpoints_total_limit,
+                        trainable_only=cfg.lora.enabled)
 
 
 def start_wandb(cfg: TrainConfig):

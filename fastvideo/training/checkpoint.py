@@ -9,6 +9,9 @@
 Layout of ``OUTPUT_DIR/checkpoint-{iteration}/``:
 
     model.safetensors          full fp32 transformer weights, diffusers parameter names
+    lora.safetensors           instead of model.safetensors in a LoRA run (trainable_only): the
+                               adapters alone, in-model peft names (training/lora.py); the EMA file
+                               then holds the adapters' EMA
     transformer_config.json    the transformer's diffusers config (export needs no base folder)
     optimizer.json/.safetensors    full AdamW state keyed by parameter name (any world size)
     scheduler.json             LR scheduler state
@@ -68,6 +71,7 @@ MARKER = "COMPLETE.json"
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "transformer_config.json"
 EMA_FILE = "ema.safetensors"
+LORA_FILE = "lora.safetensors"
 _FINAL_RE = re.compile(r"^checkpoint-(\d+)$")
 _SCRATCH_RE = re.compile(r"^checkpoint-\d+\.(tmp|old|deleting)-")
 
@@ -274,12 +278,12 @@ def _open_temp(output_dir: Path, iteration: int) -> Path:
 
 
 def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimizer, lr_scheduler, ema,
-                      extra_state, transformer_config) -> None:
+                      extra_state, transformer_config, trainable_only=False) -> None:
     """Gather one component at a time (every rank takes part), write it on rank 0 and drop it:
     rank 0 never holds the model, the optimizer state and the EMA in host memory at once."""
-    state = fsdp.full_model_state_dict(model)
+    state = fsdp.full_model_state_dict(model, trainable_only)
     if is_main:
-        w.tensors(MODEL_FILE, state)
+        w.tensors(LORA_FILE if trainable_only else MODEL_FILE, state)
         config = _clean_config(transformer_config) if transformer_config is not None else _model_config(model)
         if config is not None:
             w.json(CONFIG_FILE, config)
@@ -290,7 +294,7 @@ def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimize
             w.tree("optimizer", state)
         del state
     if ema is not None:
-        state = ema.full_state_dict(model)
+        state = ema.full_state_dict(model, trainable_only)
         if is_main:
             w.tensors(EMA_FILE, state)
             w.tree("ema", {"decay": ema.decay, "num_updates": ema.num_updates})
@@ -315,6 +319,7 @@ def save_checkpoint(
     transformer_config: dict | None = None,
     rank_state: dict | None = None,
     keep_last: int | None = None,
+    trainable_only: bool = False,
 ) -> Path:
     """Collective: every rank calls it. Writes OUTPUT_DIR/checkpoint-{iteration} atomically and
     returns its path; then keeps only the newest ``keep_last`` checkpoints. ``extra_state`` is saved
@@ -327,7 +332,8 @@ def save_checkpoint(
     if is_main:
         w.run(lambda: setattr(w, "folder", _open_temp(output_dir, iteration)))
     w.folder = _broadcast_from_rank0(w.folder)
-    _write_components(w, is_main, iteration, model, optimizer, lr_scheduler, ema, extra_state, transformer_config)
+    _write_components(w, is_main, iteration, model, optimizer, lr_scheduler, ema, extra_state, transformer_config,
+                      trainable_only)
     if rank_state is not None and w.folder is not None:
         w.run(lambda: (w.folder / "rank_state").mkdir(exist_ok=True))
         w.tree(f"rank_state/rank-{platform.rank():05d}", rank_state)
@@ -396,10 +402,16 @@ def _check_safetensors(path: Path) -> None:
         ) from exc
 
 
-def _check_loadable(path: Path, optimizer, lr_scheduler, ema) -> None:
+def _check_loadable(path: Path, optimizer, lr_scheduler, ema, trainable_only=False) -> None:
     """Everything rank 0 will read, checked before the first collective: marker, sizes, headers."""
     verify_checkpoint(path)
-    wanted = {MODEL_FILE: "model weights", "extra_state.json": "extra state", "meta.json": "metadata"}
+    if trainable_only and not (path / LORA_FILE).is_file() and (path / MODEL_FILE).is_file():
+        raise CheckpointError(f"{path} is a full fine-tuning checkpoint; resume it without --use_lora (or start the "
+                              "LoRA run from its exported weights with --dit_model_name_or_path)")
+    if not trainable_only and (path / LORA_FILE).is_file():
+        raise CheckpointError(f"{path} is a LoRA checkpoint (adapters only); resume it with --use_lora")
+    weights = LORA_FILE if trainable_only else MODEL_FILE
+    wanted = {weights: "model weights", "extra_state.json": "extra state", "meta.json": "metadata"}
     if optimizer is not None:
         wanted["optimizer.json"] = "optimizer state"
     if lr_scheduler is not None:
@@ -424,17 +436,20 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     lr_scheduler=None,
     ema=None,
+    trainable_only: bool = False,
 ) -> LoadedCheckpoint:
     """Collective. Restore what is passed from a checkpoint folder; rank 0 reads the model,
-    optimizer and EMA files and the wrapper distributes them, so it works for any world size."""
+    optimizer and EMA files and the wrapper distributes them, so it works for any world size.
+    trainable_only: a LoRA checkpoint (lora.safetensors); the frozen base is left as built."""
     path = Path(path)
     is_main = platform.rank() == 0
-    _rank0_then_share(lambda: _check_loadable(path, optimizer, lr_scheduler, ema))
-    fsdp.load_full_model_state_dict(model, _read_tensors(path / MODEL_FILE) if is_main else {})
+    _rank0_then_share(lambda: _check_loadable(path, optimizer, lr_scheduler, ema, trainable_only))
+    weights = path / (LORA_FILE if trainable_only else MODEL_FILE)
+    fsdp.load_full_model_state_dict(model, _read_tensors(weights) if is_main else {}, strict=not trainable_only)
     if optimizer is not None:
         fsdp.load_full_optimizer_state_dict(model, optimizer, load_tree(path, "optimizer") if is_main else {})
     if ema is not None:
-        ema.load_full_state_dict(model, _read_tensors(path / EMA_FILE) if is_main else {})
+        ema.load_full_state_dict(model, _read_tensors(path / EMA_FILE) if is_main else {}, strict=not trainable_only)
         ema.num_updates = int(_rank0_then_share(lambda: load_tree(path, "ema")["num_updates"]))
     if lr_scheduler is not None:
         lr_scheduler.load_state_dict(_rank0_then_share(lambda: load_tree(path, "scheduler")))
@@ -467,28 +482,30 @@ def read_resume_point(spec: str | os.PathLike, output_dir: str | os.PathLike) ->
 
 def resume_from_checkpoint(
     spec: str | os.PathLike, output_dir: str | os.PathLike, model: nn.Module, optimizer=None, lr_scheduler=None,
-    ema=None,
+    ema=None, trainable_only: bool = False,
 ) -> LoadedCheckpoint:
     """Collective. ``spec`` is 'latest' (newest complete checkpoint in output_dir) or a folder."""
     found = _rank0_then_share(lambda: str(resolve_checkpoint(spec, output_dir)))
-    return load_checkpoint(found, model, optimizer, lr_scheduler, ema)
+    return load_checkpoint(found, model, optimizer, lr_scheduler, ema, trainable_only)
 
 
 class Checkpointer:
     """The training loop's handle: where checkpoints go and how many are kept."""
 
-    def __init__(self, output_dir: str | os.PathLike, keep_last: int | None = None):
+    def __init__(self, output_dir: str | os.PathLike, keep_last: int | None = None, trainable_only: bool = False):
         self.output_dir = Path(output_dir)
         self.keep_last = keep_last
+        self.trainable_only = trainable_only  # LoRA: save and load the adapters only
 
     def save(self, iteration: int, *, model, optimizer=None, lr_scheduler=None, ema=None, extra=None,
              transformer_config=None, rank_state=None) -> Path:
         return save_checkpoint(self.output_dir, iteration, model, optimizer, lr_scheduler, ema, extra,
-                               transformer_config, rank_state, self.keep_last)
+                               transformer_config, rank_state, self.keep_last, self.trainable_only)
 
     def load(self, spec, *, model, optimizer=None, lr_scheduler=None, ema=None) -> dict:
         """Restore everything passed; returns the saved extra dict (with 'iteration' always set)."""
-        loaded = resume_from_checkpoint(spec, self.output_dir, model, optimizer, lr_scheduler, ema)
+        loaded = resume_from_checkpoint(spec, self.output_dir, model, optimizer, lr_scheduler, ema,
+                                        self.trainable_only)
         extra = dict(loaded.extra_state)
         extra.setdefault("iteration", loaded.iteration)
         return extra

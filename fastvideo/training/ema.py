@@ -104,18 +104,21 @@ class EMA:
         self.num_updates = int(state["num_updates"])
 
     # ------------------------------------------------------------------ full (gathered) state
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
         """Collective. The EMA weights as a full model state dict (parameter names as the unwrapped
-        model's; non-trainable entries are the model's own) on rank 0, {} on the other ranks."""
+        model's; non-trainable entries are the model's own, or left out with trainable_only) on
+        rank 0, {} on the other ranks."""
         with self.swapped_in(model):
-            state = fsdp.full_model_state_dict(model)
+            state = fsdp.full_model_state_dict(model, trainable_only)
             state = _without_aliases(state, model)
         return state
 
-    def load_full_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor], num_updates: int | None = None):
-        """Collective. Set the shadows from a full EMA state dict held by rank 0 (any world size)."""
+    def load_full_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor], num_updates: int | None = None,
+                             strict: bool = True):
+        """Collective. Set the shadows from a full EMA state dict held by rank 0 (any world size);
+        strict=False for an adapters-only dict (LoRA)."""
         with self.swapped_in(model):  # restores the training weights afterwards
-            fsdp.load_full_model_state_dict(model, state)
+            fsdp.load_full_model_state_dict(model, state, strict=strict)
             with torch.no_grad():
                 for shadow, param in zip(self.shadow, self._params):
                     shadow.copy_(_local(param))

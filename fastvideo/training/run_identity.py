@@ -25,6 +25,10 @@ FLAGS = {
     "use_group": "--use_group",
     "world_size": "the number of processes",
     "train_batch_size": "--train_batch_size",
+    "use_lora": "--use_lora",
+    "lora_rank": "--lora_rank",
+    "lora_alpha": "--lora_alpha",
+    "lora_target_modules": "--lora_target_modules",
 }
 
 
@@ -44,6 +48,9 @@ def run_identity(cfg: TrainConfig, world_size: int) -> dict:
         "use_group": cfg.grpo.use_group,
         "world_size": world_size,
         "train_batch_size": cfg.prompts_per_rank,
+        "use_lora": cfg.lora.enabled,
+        **({"lora_rank": cfg.lora.rank, "lora_alpha": cfg.lora.alpha,
+            "lora_target_modules": ",".join(cfg.lora.target_modules)} if cfg.lora.enabled else {}),
     }
 
 

@@ -17,9 +17,11 @@ import torch
 from fastvideo import platform
 from fastvideo.config import TrainConfig
 from fastvideo.grpo.advantages import batch_advantages, group_advantages, zero_std_ratio
+from fastvideo.grpo.kl import gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss, timestep_selection
 from fastvideo.sampling import sde
 from fastvideo.sampling.rollout import RolloutConfig, Trajectory, decode_images, predict_velocity, rollout
+from fastvideo.training.lora import lora_checkpoint_info
 from fastvideo.training.run_identity import run_identity
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, plot_reward_curve, reduce_scalars
 from fastvideo.utils import main_print
@@ -45,6 +47,7 @@ class UpdateStats:
     optimizer_steps: int
     skipped_steps: int
     forward_passes: int
+    kl: float | None = None  # mean KL to the reference policy over the trained terms (--kl_coef > 0)
 
 
 def gather_cat(t: torch.Tensor) -> torch.Tensor:
@@ -93,6 +96,7 @@ class GRPOTrainer:
         self.dataset = builders.build_dataset(cfg)
         self.transformer_config, self.model, self.vae = builders.build_models(cfg, self.device)
         self.dataset.check_against_transformer(self.transformer_config)
+        self.kl_reference = builders.build_kl_reference(cfg, self.model, self.device)
         if cfg.output.dump_randomness or cfg.output.load_randomness:
             self.data_randomness = builders.build_randomness(cfg, self.info, kind="data")
         self.sampler = builders.build_sampler(cfg, len(self.dataset), self.info, self.data_randomness)
@@ -185,6 +189,7 @@ class GRPOTrainer:
             "sampler": self.sampler.state_dict(),
             "seed": self.cfg.optim.seed,
             "run_identity": run_identity(self.cfg, self.info.world_size),
+            **lora_checkpoint_info(self.cfg),
         }
         path = self.checkpointer.save(
             self.iteration, model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler,
@@ -226,20 +231,30 @@ class GRPOTrainer:
         b = rewards.numel()
         return adv[platform.rank() * b:(platform.rank() + 1) * b]
 
-    def _log_prob(self, traj: Trajectory, rows: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-        """Log-prob under the current policy of the stored transitions (rows[i], steps[i]). -> [b]."""
+    def _log_prob(self, traj: Trajectory, rows: torch.Tensor, steps: torch.Tensor):
+        """Log-prob under the current policy of the stored transitions (rows[i], steps[i]) -> [b],
+        and with --kl_coef the KL of each step to the reference policy's -> [b] (else None)."""
         lat = traj.latents[rows.to(traj.latents.device), steps.to(traj.latents.device)]
         nxt = traj.latents[rows.to(traj.latents.device), (steps + 1).to(traj.latents.device)]
         sig = traj.sigmas[steps.to(traj.sigmas.device)]
         sig_next = traj.sigmas[(steps + 1).to(traj.sigmas.device)]
         r = rows.to(traj.prompt_embeds.device)
-        with platform.autocast(self.device, self.autocast_dtype, enabled=self.autocast_dtype is not None):
-            v = predict_velocity(
-                self.model, lat, sig, traj.prompt_embeds[r], traj.pooled[r], traj.text_ids, traj.image_ids,
-                self.rollout_cfg.guidance_scale, self.rollout_cfg.quantize_timestep,
-            )
+
+        def velocity(model):
+            with platform.autocast(self.device, self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                return predict_velocity(
+                    model, lat, sig, traj.prompt_embeds[r], traj.pooled[r], traj.text_ids, traj.image_ids,
+                    self.rollout_cfg.guidance_scale, self.rollout_cfg.quantize_timestep,
+                )
+
+        v = velocity(self.model)
         _, logp = sde.sde_step(lat, v, sig, sig_next, self.rollout_cfg.eta, prev_sample=nxt)
-        return logp
+        if self.kl_reference is None:
+            return logp, None
+        with torch.no_grad(), self.kl_reference.policy() as ref:
+            ref_mean, _ = sde.step_gaussian(lat, velocity(ref), sig, sig_next, self.rollout_cfg.eta)
+        mean, std = sde.step_gaussian(lat, v, sig, sig_next, self.rollout_cfg.eta)
+        return logp, gaussian_step_kl(mean, ref_mean, std)
 
     def update(self, traj: Trajectory, advantages: torch.Tensor, iteration: int) -> UpdateStats:
         """Clipped GRPO update over micro-batches; one optimizer step per accumulation window.
@@ -266,14 +281,18 @@ class GRPOTrainer:
         ratio_sum = torch.zeros((), device=self.device)
         clip_sum = torch.zeros((), device=self.device)
         first_dev = torch.zeros((), device=self.device)
+        kl_sum = torch.zeros((), device=self.device)
         grad_norms, opt_steps, skipped, terms = [], 0, 0, 0
         for m in range(n_micro):
             rows = torch.arange(m * mb, min(b, (m + 1) * mb))
             for t in range(num_trained):
                 steps = selected[rows, t]
-                logp = self._log_prob(traj, rows, steps)
+                logp, kl = self._log_prob(traj, rows, steps)
                 old = old_logp[rows.to(old_logp.device), steps.to(old_logp.device)]
                 loss, stats = clipped_policy_loss(logp, old, adv[rows.to(adv.device)], g.clip_range)
+                if kl is not None:  # beta * mean KL, normalised like the policy term below
+                    loss = loss + g.kl_coef * kl.mean()
+                    kl_sum += kl.detach().mean()
                 loss = loss * (scale * rows.numel() / mb)
                 loss.backward()
                 loss_sum += loss.detach()
@@ -298,6 +317,7 @@ class GRPOTrainer:
             ratio_mean=float(ratio_sum / max(1, terms)), first_ratio_dev=float(first_dev),
             clip_fraction=float(clip_sum / max(1, terms)), optimizer_steps=opt_steps,
             skipped_steps=skipped, forward_passes=terms,
+            kl=float(kl_sum / max(1, terms)) if self.kl_reference is not None else None,
         )
 
     def _optimizer_step(self, window_loss: torch.Tensor) -> tuple[float, bool]:
@@ -411,6 +431,7 @@ class GRPOTrainer:
         means = reduce_scalars({
             "loss": stats.loss, "grad_norm": stats.grad_norm, "ratio_mean": stats.ratio_mean,
             "clip_fraction": stats.clip_fraction,
+            **({"kl": stats.kl} if stats.kl is not None else {}),
             **{f"time_{k}": v for k, v in self.timer.seconds.items()},
         }, self.device, "mean")
         maxes = reduce_scalars({

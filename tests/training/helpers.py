@@ -57,11 +57,12 @@ def python_path(*first) -> str:
     return os.pathsep.join([*(str(p) for p in first), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 
-def torchrun(argv: list[str], nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+def torchrun(argv: list[str], nproc: int = 2, timeout: int = 300,
+             script: str = "train_grpo_flux.py") -> subprocess.CompletedProcess:
     env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                PYTHONPATH=python_path(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(ROOT / "fastvideo" / "train_grpo_flux.py"), *argv]
+           str(ROOT / "fastvideo" / script), *argv]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
