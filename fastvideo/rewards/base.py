@@ -221,9 +221,8 @@ class BatchedReward(abc.ABC):
 
     Subclasses implement :meth:`_score` for one chunk. Model rewards run on ``device`` under
     ``platform.autocast(device, dtype)`` (float32: no autocast). ``dtype=None`` picks what upstream
-    DanceGRPO and the Ascend recipe score with: float16 autocast on an accelerator
-    (``torch.amp.autocast('cuda')`` / ``('npu')`` default to float16), float32 on the CPU (exact,
-    reproducible).
+    DanceGRPO and the Ascend recipe score with: float16 autocast on an accelerator (torch.amp's
+    GPU and NPU autocast default to float16), float32 on the CPU (exact, reproducible).
     """
 
     name: str = "reward"

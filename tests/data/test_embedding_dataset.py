@@ -48,7 +48,7 @@ def test_works_in_a_dataloader(tmp_path):
     loader = torch.utils.data.DataLoader(PromptEmbeddingDataset(json_path), batch_size=2)
     batches = list(loader)
     assert [len(b[3]) for b in batches] == [2, 1]
-    assert batches[0][0].shape == (2, L, D) and batches[0][3] == CAPTIONS[:2]
+    assert batches[0][0].shape == (2, L, D) and list(batches[0][3]) == CAPTIONS[:2]
 
 
 def test_width_mismatch_names_the_fix(tmp_path):
