@@ -129,7 +129,7 @@ case "$TARGET" in
   cpu|cuda)
     # Keep an already-installed torch when it is in range; never install torch-npu here.
     if ! "$PY" -c 'import torch, torchvision' 2>/dev/null; then
-      if [ -n "$WHEELHOUSE" ] && ! ls "$PIP_FIND_LINKS"/torch-[0-9]*.whl >/dev/null 2>&1; then
+      if [ -n "$WHEELHOUSE" ] && ! "$PY" -c 'import torch' 2>/dev/null && ! ls "$PIP_FIND_LINKS"/torch-[0-9]*.whl >/dev/null 2>&1; then
         echo "env_setup.sh: torch is neither installed in $PY nor in the wheelhouse (it was made with --preinstalled torch==...). Install torch first, or download the wheelhouse again without --preinstalled." >&2
         exit 2
       fi
