@@ -170,6 +170,7 @@ def wrap_model(
     gradient_checkpointing: bool = False,
     block_classes: Sequence[type[nn.Module]] | None = None,
     checkpoint_fraction: float = 1.0,
+    param_init_fn=None,
 ) -> nn.Module:
     """Wrap ``model`` for data-parallel training; returns the module to call, optimise and checkpoint.
 
@@ -181,6 +182,10 @@ def wrap_model(
       this None and uses platform.autocast over fp32 master weights instead.
     cpu_offload: keep the FSDP shards (and so the optimizer step) in host memory.
     gradient_checkpointing / checkpoint_fraction: recompute the first fraction of the blocks in backward.
+
+    param_init_fn: for a model built on the meta device (FSDP strategies on > 1 rank only): called by
+      FSDP on each module of a unit to materialise and fill it just before that unit is sharded
+      (fastvideo.models.sharded_load.UnitLoader).
 
     Build the optimizer from the returned module's parameters, after this call. Every rank must call
     this with the same model weights (all ranks load the same files).
@@ -205,6 +210,9 @@ def wrap_model(
         apply_activation_checkpointing(model, classes, checkpoint_fraction)
 
     world = platform.world_size()
+    if param_init_fn is not None and (world == 1 or strategy == "none"):
+        raise ValueError("param_init_fn (a meta-device model filled unit by unit) needs an FSDP strategy on more "
+                         "than one rank; load the model normally for DDP or a single process")
     if world == 1:
         # Sharding over one rank would only add copies; the plain module is the same computation.
         if policy is not None:
@@ -215,7 +223,7 @@ def wrap_model(
         return model.to(device)
     if strategy == "none":
         return _wrap_ddp(model, device)
-    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world)
+    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, param_init_fn)
 
 
 def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -226,7 +234,7 @@ def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     return DDP(model, device_ids=device_ids)
 
 
-def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world) -> nn.Module:
+def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, param_init_fn=None) -> nn.Module:
     from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -251,7 +259,10 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world) -> 
         kwargs["mixed_precision"] = MixedPrecision(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)
     if cpu_offload:
         kwargs["cpu_offload"] = CPUOffload(offload_params=True)
-        model.to("cpu")  # FSDP shards on the host; each unit is copied to device_id for its compute
+        if param_init_fn is None:
+            model.to("cpu")  # FSDP shards on the host; each unit is copied to device_id for its compute
+    if param_init_fn is not None:
+        kwargs["param_init_fn"] = param_init_fn
     return FSDP(
         model,
         auto_wrap_policy=ModuleWrapPolicy(set(classes)),

@@ -9,7 +9,7 @@ import torch
 
 from fastvideo import platform
 from fastvideo.config import TrainConfig
-from fastvideo.models import flux
+from fastvideo.models import flux, sharded_load
 from fastvideo.utils import main_print
 
 
@@ -38,12 +38,18 @@ def build_models(cfg: TrainConfig, device: torch.device):
 
     dtype = torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
     root, sub = _transformer_root(cfg)
-    if sub is None:
+    loader = None
+    if sub is not None and cfg.model.dit_model_name_or_path is None:
+        flux.check_flux_folder(root, ("transformer", "vae", "text_encoder", "text_encoder_2"))
+    if sharded_load.uses_sharded_load(cfg.fsdp_strategy, platform.world_size()):
+        # FSDP: built on meta, each unit read from the files onto the device as it is sharded.
+        init_device = torch.device("cpu") if cfg.cpu_offload else device
+        model, loader = sharded_load.meta_transformer(root, sub, dtype, init_device)
+        flux.adapt_for_device(model, device)
+    elif sub is None:
         model = FluxTransformer2DModel.from_pretrained(root, torch_dtype=dtype).to(device)
         flux.adapt_for_device(model, device)
     else:
-        if cfg.model.dit_model_name_or_path is None:
-            flux.check_flux_folder(root, ("transformer", "vae", "text_encoder", "text_encoder_2"))
         model = flux.load_transformer(root, device=device, dtype=dtype)
     # JSON-safe copy (diffusers keeps the load path as a Path under _name_or_path).
     transformer_config = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
@@ -56,7 +62,10 @@ def build_models(cfg: TrainConfig, device: torch.device):
         cpu_offload=cfg.cpu_offload,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         checkpoint_fraction=cfg.model.selective_checkpointing,
+        param_init_fn=loader,
     )
+    if loader is not None:
+        loader.check_complete()
     vae_dtype = vae_dtype_for(cfg.model.vae_precision, device)
     vae = flux.load_vae(cfg.model.vae_model_path, device=device, dtype=vae_dtype)
     return transformer_config, model, vae
