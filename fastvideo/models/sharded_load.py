@@ -2,8 +2,8 @@
 
 The transformer is built on the meta device (no memory) and FSDP fills it unit by unit: for each
 transformer block it wraps, FSDP calls ``UnitLoader`` on the block's modules, which allocates their
-parameters on the device and reads their values from the safetensors files (memory-mapped, so the
-page cache holds one copy per node whatever the rank count); FSDP then flattens and shards the unit
+parameters on the device and reads their values from the safetensors files (plain reads: the page
+cache holds one copy per node whatever the rank count); FSDP then flattens and shards the unit
 and frees the unsharded copy before it moves on. Peak memory per rank during set-up is therefore the
 rank's shard plus about one unit, instead of the whole fp32 model (47.6 GB for FLUX.1-dev).
 
@@ -31,38 +31,67 @@ def uses_sharded_load(strategy: str, world_size: int) -> bool:
     return world_size > 1 and strategy in ("full", "hybrid")
 
 
+# safetensors dtype names -> torch dtypes (the ones a diffusers checkpoint can hold).
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+    """(tensor name -> {"dtype", "shape", "data_offsets"}, byte offset of the data) of a .safetensors file:
+    an 8-byte little-endian header length, a JSON header, then the raw tensor bytes."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
 class SafetensorsSource:
-    """Tensor name -> its file, for a single or an indexed (sharded) diffusers checkpoint."""
+    """Reads named tensors of a single or indexed (sharded) diffusers safetensors checkpoint straight
+    into given tensors with plain file reads: no memory map (whose touched pages would count in every
+    rank's resident memory) and, for a CPU tensor of the file's dtype, no intermediate copy."""
 
     def __init__(self, folder: Path):
         folder = Path(folder)
         if (folder / INDEX_NAME).is_file():
-            weight_map = json.loads((folder / INDEX_NAME).read_text())["weight_map"]
-            self.files = {name: folder / f for name, f in weight_map.items()}
+            files = sorted({folder / f for f in json.loads((folder / INDEX_NAME).read_text())["weight_map"].values()})
         elif (folder / SINGLE_NAME).is_file():
-            from safetensors import safe_open
-
-            with safe_open(folder / SINGLE_NAME, framework="pt") as f:
-                self.files = {name: folder / SINGLE_NAME for name in f.keys()}
+            files = [folder / SINGLE_NAME]
         else:
             raise FileNotFoundError(
                 f"{folder} has neither {SINGLE_NAME} nor {INDEX_NAME}: sharded FSDP loading reads safetensors "
                 "only; convert the checkpoint (python -m fastvideo.tools.export) or use --fsdp_sharding_strategy none"
             )
-        self._open: dict[Path, object] = {}
+        self.entries: dict[str, tuple[Path, int, dict]] = {}
+        for path in files:
+            header, data_start = read_header(path)
+            for name, meta in header.items():
+                self.entries[name] = (path, data_start, meta)
 
-    def get(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        if name not in self.files:
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Fill ``out`` with tensor ``name`` (converted to out's dtype, moved to out's device)."""
+        if name not in self.entries:
             raise KeyError(f"the checkpoint has no tensor {name!r} that the model needs")
-        path = self.files[name]
-        if path not in self._open:
-            self._open[path] = safe_open(path, framework="pt", device="cpu")
-        return self._open[path].get_tensor(name)
+        path, data_start, meta = self.entries[name]
+        shape = tuple(meta["shape"])
+        if shape != tuple(out.shape):
+            raise ValueError(f"checkpoint tensor {name} has shape {shape}, the model expects {tuple(out.shape)}: "
+                             "the config.json does not match the weights")
+        dtype = _DTYPES[meta["dtype"]]
+        begin, end = meta["data_offsets"]
+        direct = out.device.type == "cpu" and out.dtype == dtype and out.is_contiguous() and out.numel() > 0
+        buffer = out if direct else torch.empty(shape, dtype=dtype)
+        with open(path, "rb") as f:
+            f.seek(data_start + begin)
+            got = f.readinto(buffer.view(-1).view(torch.uint8).numpy()) if buffer.numel() else 0
+        if got != end - begin:
+            raise ValueError(f"{path} is truncated: tensor {name} has {got} of {end - begin} bytes")
+        if not direct:
+            out.copy_(buffer)
 
     def close(self) -> None:
-        self._open.clear()
+        self.entries = {}
 
 
 class UnitLoader:
@@ -86,13 +115,8 @@ class UnitLoader:
         module.to_empty(device=self.device, recurse=False)
         prefix = self.prefix[id(module)]
         for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
-            full = prefix + name
-            value = self.source.get(full)
-            if value.shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {full} has shape {tuple(value.shape)}, the model expects "
-                                 f"{tuple(tensor.shape)}: the config.json does not match the weights")
-            tensor.copy_(value)
-            self.loaded.add(full)
+            self.source.read_into(prefix + name, tensor)
+            self.loaded.add(prefix + name)
 
     def check_complete(self) -> None:
         """Every parameter and buffer was read (none is left as garbage from to_empty)."""
