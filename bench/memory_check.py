@@ -3,7 +3,7 @@ next to the memory model's prediction (python -m fastvideo.tools.cost_model --me
 
     python bench/memory_check.py [--configs full,none,full_ckpt,none_ckpt] [--json out.json]
 
-Memory on CPU is the resident set: a rank's figure is its peak RSS over set-up and one iteration
+Memory on CPU is the resident set (with glibc's mmap threshold fixed, see main): a rank's figure is its peak RSS over set-up and one iteration
 minus its RSS just before set-up, after importing everything set-up imports (the Python / torch /
 diffusers runtime is not the model's, as a CUDA or CANN context is not on an accelerator).
 """
@@ -107,7 +107,12 @@ def main() -> None:
                                output_dir=str(Path(tmp) / "emb"), max_sequence_length=32, batch_size=8,
                                dataloader_num_workers=0)
         json_path = run_preprocess(pre).json_path
-        env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+        # glibc keeps freed blocks below its dynamic mmap threshold (which grows to 32 MB) in its heap,
+        # so RSS would record the allocator's high-water mark, not the live tensors. A fixed 64 kB
+        # threshold returns large blocks at free: RSS then follows the live bytes, as an accelerator's
+        # allocator statistics (max_memory_allocated) do.
+        env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+                   MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
         for name in args.configs.split(","):
             out = Path(tmp) / name
             out.mkdir()

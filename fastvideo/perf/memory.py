@@ -5,7 +5,8 @@ two moments, the EMA shadow, all divided by the shard count under FSDP (full: wo
 ranks per node; none = DDP: a full replica, plus DDP's gradient buckets, one more gradient copy).
 FSDP also holds the unsharded parameters of the units in flight (two blocks with limit_all_gathers,
 plus the root unit: embedders and output layers stay gathered) and one block's unsharded gradients.
-Dynamic, per phase (the peak is the largest phase): the rollout's no-grad forwards, the VAE decode,
+Dynamic, per phase (the peak is the largest phase): set-up (FSDP fills the model one unit at a time:
+fastvideo.models.sharded_load), the rollout's no-grad forwards, the VAE decode,
 the update's forward + backward on one micro-batch (with or without (selective) checkpointing). The
 transformer's activation figures are not estimated: the real diffusers model is run on the meta
 device under fastvideo.perf.live_bytes.LiveBytes, which counts every tensor from creation to death.
@@ -19,6 +20,7 @@ pre-embedded).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -96,6 +98,34 @@ class MemoryEstimate:
 
 
 # ---------------------------------------------------------------- meta-device profiling
+class _FusedAttention(torch.autograd.Function):
+    """Memory stand-in for a fused attention kernel (flash attention, CPU flash, NPU fusion
+    attention): keeps q, k, v, the output and a float32 log-sum-exp per query for backward, never the
+    [B, H, S, S] score matrix that the meta device's math fallback would materialise."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@contextlib.contextmanager
+def _fused_attention():
+    original = torch.nn.functional.scaled_dot_product_attention
+    torch.nn.functional.scaled_dot_product_attention = lambda q, k, v, *a, **kw: _FusedAttention.apply(q, k, v)
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
 def _meta_transformer(config: dict, dtype: torch.dtype, checkpoint_fraction: float):
     from diffusers import FluxTransformer2DModel
 
@@ -135,7 +165,7 @@ def transformer_activation_peak(config: dict, batch: int, latent_h: int, latent_
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     tracker = LiveBytes()
-    with torch.set_grad_enabled(train), tracker:
+    with torch.set_grad_enabled(train), _fused_attention(), tracker:
         out = model(**inputs)[0]
         if train:
             out.float().square().mean().backward()
@@ -148,8 +178,12 @@ def vae_decode_peak(vae_config: dict, batch: int, latent_h: int, latent_w: int, 
 
     from fastvideo.perf.live_bytes import LiveBytes
 
+    cfg = {k: v for k, v in vae_config.items() if not k.startswith("_")}
+    n = len(cfg["block_out_channels"])  # a short config (FLUX_DEV_VAE_CONFIG) lists no block types
+    cfg.setdefault("down_block_types", ["DownEncoderBlock2D"] * n)
+    cfg.setdefault("up_block_types", ["UpDecoderBlock2D"] * n)
     with torch.device("meta"):
-        vae = AutoencoderKL.from_config({k: v for k, v in vae_config.items() if not k.startswith("_")})
+        vae = AutoencoderKL.from_config(cfg)
     vae.to(dtype)
     z = torch.empty(batch, vae_config["latent_channels"], latent_h, latent_w, device="meta", dtype=dtype)
     tracker = LiveBytes()
@@ -216,7 +250,16 @@ def estimate(config: dict, vae_config: dict, s: MemoryShape, prof: ModelProfile 
         "hccl_buffers": s.communicators * 2 * s.hccl_buffsize_mb * 2**20,
     }
     held = {k: v for k, v in static.items() if k not in ("gradients", "fsdp_unsharded_grads", "ddp_buckets")}
+    # Set-up: FSDP loads unit by unit (a unit read, then flattened: two copies of it at once) on top
+    # of the shards made so far; DDP / one process holds the whole model.
+    if "fsdp_unsharded" in static:
+        loading = 2 * max(prof.largest_block_params, prof.root_params) * s.master_bytes
+    else:
+        loading = 0
     phases = {
+        "setup": {"parameters": static["parameters"], "loading": loading,
+                  "reward_model": common["reward_model"], "vae_weights": common["vae_weights"],
+                  "hccl_buffers": common["hccl_buffers"]},
         "rollout": {**held, **common, "activations": prof.rollout_activations},
         "vae_decode": {**held, **common, "activations": prof.vae_decode},
         "update": {**static, **common, "activations": prof.update_activations},
