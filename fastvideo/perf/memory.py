@@ -49,6 +49,10 @@ class MemoryShape:
     compute_dtype: torch.dtype = torch.bfloat16  # autocast dtype (float32 for --mixed_precision no)
     checkpoint_fraction: float = 1.0  # 0 = no gradient checkpointing
     use_ema: bool = False
+    # Gradients exist while activations peak when a micro-batch trains more than one timestep or
+    # gradients accumulate over micro-batches (the trainer's loop); otherwise they are set to None
+    # after each optimizer step and grow only during the backward.
+    grads_held: bool = True
     cpu_offload: bool = False
     vae_bytes: int = 2
     rewards: tuple[str, ...] = ("hpsv2",)
@@ -249,7 +253,8 @@ def estimate(config: dict, vae_config: dict, s: MemoryShape, prof: ModelProfile 
         "trajectory": trajectory_bytes(config, s),
         "hccl_buffers": s.communicators * 2 * s.hccl_buffsize_mb * 2**20,
     }
-    held = {k: v for k, v in static.items() if k not in ("gradients", "fsdp_unsharded_grads", "ddp_buckets")}
+    # DDP's buckets are allocated when the model is wrapped, so they are held in every phase.
+    held = {k: v for k, v in static.items() if k not in ("gradients", "fsdp_unsharded_grads")}
     # Set-up: FSDP loads unit by unit (a unit read, then flattened: two copies of it at once) on top
     # of the shards made so far; DDP / one process holds the whole model.
     if "fsdp_unsharded" in static:
@@ -264,6 +269,12 @@ def estimate(config: dict, vae_config: dict, s: MemoryShape, prof: ModelProfile 
         "vae_decode": {**held, **common, "activations": prof.vae_decode},
         "update": {**static, **common, "activations": prof.update_activations},
     }
+    if not s.grads_held:
+        # Activations peak at the start of the backward, before any gradient exists; the gradients
+        # peak at its end, when the activations are gone.
+        at_activation_peak = {**phases["update"], "gradients": 0}
+        at_gradient_peak = {**phases["update"], "activations": 0}
+        phases["update"] = max(at_activation_peak, at_gradient_peak, key=lambda p: sum(p.values()))
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
     peak_phase = max(totals, key=totals.get)
     return MemoryEstimate(components=phases[peak_phase], phases=totals, peak_phase=peak_phase,

@@ -103,6 +103,7 @@ def _memory_flags(g) -> None:
     g.add_argument("--ranks_per_node", type=int, default=None, help="hybrid sharding: the shard group size")
     g.add_argument("--rollout_batch_size", type=int, default=1)
     g.add_argument("--train_micro_batch_size", type=int, default=1)
+    g.add_argument("--gradient_accumulation_steps", type=int, default=1)
     g.add_argument("--mixed_precision", default="bf16", choices=["bf16", "no"])
     g.add_argument("--master_weight_type", default="fp32", choices=["fp32", "bf16"])
     g.add_argument("--vae_precision", default="bf16", choices=["bf16", "fp32", "auto"],
@@ -135,7 +136,8 @@ def memory_shape(args):
         ranks_per_node=args.ranks_per_node, master_bytes=4 if args.master_weight_type == "fp32" else 2,
         compute_dtype=torch.bfloat16 if args.mixed_precision == "bf16" else torch.float32,
         checkpoint_fraction=args.selective_checkpointing if args.gradient_checkpointing else 0.0,
-        use_ema=args.use_ema, cpu_offload=args.use_cpu_offload and args.device != "cpu",
+        use_ema=args.use_ema, grads_held=args.trained_steps > 1 or args.gradient_accumulation_steps > 1,
+        cpu_offload=args.use_cpu_offload and args.device != "cpu",
         vae_bytes=4 if vae_fp32 else 2, rewards=tuple(r.split(":")[0] for r in args.rewards.split(",") if r),
         communicators=comms,
         hccl_buffsize_mb=args.hccl_buffsize_mb or int(os.environ.get("HCCL_BUFFSIZE", 800)),

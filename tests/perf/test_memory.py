@@ -82,3 +82,13 @@ def test_cli_small_preset(capsys):
     assert out["verdict"].startswith("does not fit in 1 GB") or out["verdict"].startswith("fits in 1 GB")
     with pytest.raises(SystemExit, match="ranks_per_node"):
         main(["--memory", "--model", "small", "--fsdp_sharding_strategy", "hybrid"])
+
+
+def test_gradients_and_activations_peak_apart_without_accumulation():
+    prof = memory.ModelProfile(params=1000, largest_block_params=100, root_params=0, update_activations=5000,
+                               rollout_activations=0, vae_params=0, vae_decode=0)
+    cfg = {"in_channels": 64, "joint_attention_dim": 8, "pooled_projection_dim": 4}
+    held = memory.estimate(cfg, {}, _shape(strategy="none", world_size=2), prof)
+    apart = memory.estimate(cfg, {}, _shape(strategy="none", world_size=2, grads_held=False), prof)
+    assert held.peak_bytes - apart.peak_bytes == 1000 * 4  # no gradients yet at the activation peak
+    assert apart.components["gradients"] == 0 and apart.components["ddp_buckets"] == 4000
