@@ -22,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from fastvideo import platform
 from fastvideo.perf.flops import (
     FLUX_DEV,
     FLUX_DEV_VAE_CONFIG,
@@ -112,7 +113,7 @@ def _memory_flags(g) -> None:
     g.add_argument("--use_ema", action="store_true")
     g.add_argument("--use_cpu_offload", action="store_true")
     g.add_argument("--rewards", default="hpsv2:1.0", help="the run's reward spec (names count, weights do not)")
-    g.add_argument("--device", default="npu", choices=["npu", "cuda", "cpu"], help="npu adds HCCL buffers")
+    g.add_argument("--device", default=platform.NPU, choices=platform.DEVICE_TYPES, help="npu adds HCCL buffers")
     g.add_argument("--hccl_buffsize_mb", type=int, default=None,
                    help="HCCL_BUFFSIZE (default: the environment's, else scripts/npu_env.sh's 800)")
     g.add_argument("--device_memory_gb", type=float, default=None, help="memory per device, for the verdict")
@@ -127,8 +128,8 @@ def memory_shape(args):
 
     if args.fsdp_sharding_strategy == "hybrid" and args.ranks_per_node is None:
         raise SystemExit("--fsdp_sharding_strategy hybrid needs --ranks_per_node (the shard group size)")
-    comms = {"full": 1, "none": 1, "hybrid": 3}[args.fsdp_sharding_strategy] if args.device == "npu" else 0
-    vae_fp32 = args.vae_precision == "fp32" or (args.vae_precision == "auto" and args.device == "cpu")
+    comms = {"full": 1, "none": 1, "hybrid": 3}[args.fsdp_sharding_strategy] if args.device == platform.NPU else 0
+    vae_fp32 = args.vae_precision == "fp32" or (args.vae_precision == "auto" and args.device == platform.CPU)
     return MemoryShape(
         height=args.h, width=args.w, text_tokens=args.text_tokens, sampling_steps=args.sampling_steps,
         samples_per_rank=args.prompts_per_rank * args.num_generations, rollout_batch=args.rollout_batch_size,
@@ -137,7 +138,7 @@ def memory_shape(args):
         compute_dtype=torch.bfloat16 if args.mixed_precision == "bf16" else torch.float32,
         checkpoint_fraction=args.selective_checkpointing if args.gradient_checkpointing else 0.0,
         use_ema=args.use_ema, grads_held=args.trained_steps > 1 or args.gradient_accumulation_steps > 1,
-        cpu_offload=args.use_cpu_offload and args.device != "cpu",
+        cpu_offload=args.use_cpu_offload and args.device != platform.CPU,
         vae_bytes=4 if vae_fp32 else 2, rewards=tuple(r.split(":")[0] for r in args.rewards.split(",") if r),
         communicators=comms,
         hccl_buffsize_mb=args.hccl_buffsize_mb or int(os.environ.get("HCCL_BUFFSIZE", 800)),
