@@ -4,7 +4,8 @@ rank (load, then shard) against the meta build filled unit by unit (fastvideo.mo
     python bench/setup_memory.py [--preset small] [--nproc 2]
 
 CPU / gloo: memory is the process's resident set (peak from getrusage, minus the resident set just
-before loading, after every import); on an accelerator the allocator's peak would be the measure.
+before loading, after every import; glibc's mmap threshold fixed so that RSS follows live bytes); on
+an accelerator the allocator's peak would be the measure.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = make_tiny_flux(Path(tmp) / "m", preset=args.preset, seed=0)
         full = sum(f.stat().st_size for f in (model / "transformer").glob("*.safetensors"))
-        env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+        # A fixed glibc mmap threshold, so RSS follows live bytes (see bench/memory_check.py).
+        env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+                   MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
         rows = []
         for mode in ("full_copy", "sharded"):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
