@@ -22,7 +22,7 @@
 #   summary.txt            every figure above, one line each
 # FASTVIDEO_DEVICE=cpu makes the CPU stand in for the accelerator (the script's own test does that).
 set -uo pipefail
-if [ $# -ne 2 ]; then sed -n '2,26p' "$0"; exit 2; fi
+if [ $# -ne 2 ]; then sed -n '2,23p' "$0"; exit 2; fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WHEELHOUSE="$1"
 mkdir -p "$2" && OUT="$(cd "$2" && pwd)"

@@ -13,7 +13,8 @@ on Python 3.10+), so env_setup.sh can call it with any interpreter.
 
 Errors go to stderr with the fix and exit status 2.
 
-NPU facts (Ascend Extension for PyTorch README, version table, branch v2.7.1-*): torch-npu 2.7.1 pairs
+NPU facts (Ascend Extension for PyTorch README, "Version Matching Table", gitcode.com/Ascend/pytorch,
+read from a mirror of its master README; Python range from Ascend's version tables for 2.7.1): torch-npu 2.7.1 pairs
 with CANN 8.3.RC1, 2.7.1.post2 with CANN 8.5.0, 2.7.1.post4 with CANN 9.0.0; all three need torch
 2.7.1 and Python 3.9-3.11. x86_64 hosts take PyTorch's CPU build (torch==2.7.1+cpu from PyTorch's CPU
 wheel index); aarch64 hosts (Atlas A3) take plain torch==2.7.1 from PyPI.
