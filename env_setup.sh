@@ -118,7 +118,7 @@ fi
 SET_ENV=""
 case "$TARGET" in
   npu)
-    ARCH="${FLUX_GRPO_ARCH:-$(uname -m)}"
+    ARCH="${FLUX_GRPO_ARCH:-$(uname -m)}"  # FLUX_GRPO_ARCH: plan for another host (tests)
     # Python range, CANN version, torch-npu pairing and set_env.sh are all checked before pip runs.
     PLAN_OUT="$("$PY" "${PLAN[@]}" torch --target npu --python-version "$PYVER" --arch "$ARCH" "${CANN_ARGS[@]}")" || exit 2
     mapfile -t TORCH_ARGS <<< "$PLAN_OUT"
