@@ -177,6 +177,7 @@ def wrap_model(
     block_classes: Sequence[type[nn.Module]] | None = None,
     checkpoint_fraction: float = 1.0,
     extra_units=None,
+    param_init_fn=None,
 ) -> nn.Module:
     """Wrap ``model`` for data-parallel training; returns the module to call, optimise and checkpoint.
 
@@ -191,6 +192,9 @@ def wrap_model(
 
     extra_units: optional predicate (module -> bool) naming more modules to make FSDP units of
       their own, nested inside the blocks (LoRA adapters: training/lora.is_adapter_unit).
+    param_init_fn: for a model built on the meta device (FSDP strategies on > 1 rank only): called by
+      FSDP on each module of a unit to materialise and fill it just before that unit is sharded
+      (fastvideo.models.sharded_load.UnitLoader).
 
     Build the optimizer from the returned module's parameters, after this call. Every rank must call
     this with the same model weights (all ranks load the same files).
@@ -215,6 +219,9 @@ def wrap_model(
         apply_activation_checkpointing(model, classes, checkpoint_fraction)
 
     world = platform.world_size()
+    if param_init_fn is not None and (world == 1 or strategy == "none"):
+        raise ValueError("param_init_fn (a meta-device model filled unit by unit) needs an FSDP strategy on more "
+                         "than one rank; load the model normally for DDP or a single process")
     if world == 1:
         # Sharding over one rank would only add copies; the plain module is the same computation.
         if policy is not None:
@@ -225,7 +232,7 @@ def wrap_model(
         return model.to(device)
     if strategy == "none":
         return _wrap_ddp(model, device)
-    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units)
+    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn)
 
 
 def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -244,7 +251,8 @@ def _wrap_policy(classes, extra_units):
     return CustomPolicy(lambda m: isinstance(m, classes) or bool(extra_units(m)))
 
 
-def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units=None) -> nn.Module:
+def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units=None,
+               param_init_fn=None) -> nn.Module:
     from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -268,7 +276,10 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
         kwargs["mixed_precision"] = MixedPrecision(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)
     if cpu_offload:
         kwargs["cpu_offload"] = CPUOffload(offload_params=True)
-        model.to("cpu")  # FSDP shards on the host; each unit is copied to device_id for its compute
+        if param_init_fn is None:
+            model.to("cpu")  # FSDP shards on the host; each unit is copied to device_id for its compute
+    if param_init_fn is not None:
+        kwargs["param_init_fn"] = param_init_fn
     return FSDP(
         model,
         auto_wrap_policy=_wrap_policy(classes, extra_units),

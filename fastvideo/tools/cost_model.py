@@ -4,6 +4,10 @@
         --prompts_per_rank 1 --timestep_fraction 0.6 --world_size 16
         --gradient_checkpointing --model flux-dev|small|tiny|PATH
         --seconds_per_iteration S --peak_tflops P --device_name NAME]
+    python -m fastvideo.tools.cost_model --memory [the run's flags: --fsdp_sharding_strategy full|hybrid|none
+        --rollout_batch_size --train_micro_batch_size --mixed_precision --master_weight_type --use_ema
+        --selective_checkpointing --use_cpu_offload --rewards ...] [--device npu|cuda|cpu --ranks_per_node N
+        --hccl_buffsize_mb MB --device_memory_gb G]
 
 Defaults are the reference configuration (DanceGRPO's FLUX script, 16 ranks). PATH is a
 transformer config.json, a transformer folder or a diffusers FLUX folder (its vae/config.json
@@ -19,6 +23,7 @@ import sys
 from pathlib import Path
 
 from fastvideo.grpo.loss import num_trained_steps
+from fastvideo import platform
 from fastvideo.perf.flops import (
     FLUX_DEV,
     FLUX_DEV_VAE_CONFIG,
@@ -81,6 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak per device, TFLOPS")
     ap.add_argument("--device_name", default=None, help="look the peak up by name (H800, H200, A100, 910C, ...)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    _memory_flags(ap.add_argument_group("memory model (--memory)"))
     args = ap.parse_args(argv)
     if args.trained_steps is None:
         if not 0.0 < args.timestep_fraction <= 1.0:
@@ -89,6 +95,75 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.seconds_per_iteration is not None and args.seconds_per_iteration <= 0:
         ap.error("--seconds_per_iteration must be positive")
     return args
+
+
+def _memory_flags(g) -> None:
+    g.add_argument("--memory", action="store_true", help="per-device peak memory instead of FLOPs")
+    g.add_argument("--fsdp_sharding_strategy", "--fsdp_sharding_startegy", dest="fsdp_sharding_strategy",
+                   default="full", choices=["full", "hybrid", "none"])
+    g.add_argument("--ranks_per_node", type=int, default=None, help="hybrid sharding: the shard group size")
+    g.add_argument("--rollout_batch_size", type=int, default=1)
+    g.add_argument("--train_micro_batch_size", type=int, default=1)
+    g.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    g.add_argument("--mixed_precision", default="bf16", choices=["bf16", "no"])
+    g.add_argument("--master_weight_type", default="fp32", choices=["fp32", "bf16"])
+    g.add_argument("--vae_precision", default="bf16", choices=["bf16", "fp32", "auto"],
+                   help="auto = bf16 on an accelerator, fp32 on CPU (as the run)")
+    g.add_argument("--selective_checkpointing", type=float, default=1.0)
+    g.add_argument("--use_ema", action="store_true")
+    g.add_argument("--use_cpu_offload", action="store_true")
+    g.add_argument("--rewards", default="hpsv2:1.0", help="the run's reward spec (names count, weights do not)")
+    g.add_argument("--device", default=platform.NPU, choices=platform.DEVICE_TYPES, help="npu adds HCCL buffers")
+    g.add_argument("--hccl_buffsize_mb", type=int, default=None,
+                   help="HCCL_BUFFSIZE (default: the environment's, else scripts/npu_env.sh's 800)")
+    g.add_argument("--device_memory_gb", type=float, default=None, help="memory per device, for the verdict")
+
+
+def memory_shape(args):
+    import os
+
+    import torch
+
+    from fastvideo.perf.memory import MemoryShape
+
+    if args.fsdp_sharding_strategy == "hybrid" and args.ranks_per_node is None:
+        raise SystemExit("--fsdp_sharding_strategy hybrid needs --ranks_per_node (the shard group size)")
+    comms = {"full": 1, "none": 1, "hybrid": 3}[args.fsdp_sharding_strategy] if args.device == platform.NPU else 0
+    vae_fp32 = args.vae_precision == "fp32" or (args.vae_precision == "auto" and args.device == platform.CPU)
+    return MemoryShape(
+        height=args.h, width=args.w, text_tokens=args.text_tokens, sampling_steps=args.sampling_steps,
+        samples_per_rank=args.prompts_per_rank * args.num_generations, rollout_batch=args.rollout_batch_size,
+        micro_batch=args.train_micro_batch_size, world_size=args.world_size, strategy=args.fsdp_sharding_strategy,
+        ranks_per_node=args.ranks_per_node, master_bytes=4 if args.master_weight_type == "fp32" else 2,
+        compute_dtype=torch.bfloat16 if args.mixed_precision == "bf16" else torch.float32,
+        checkpoint_fraction=args.selective_checkpointing if args.gradient_checkpointing else 0.0,
+        use_ema=args.use_ema, grads_held=args.trained_steps > 1 or args.gradient_accumulation_steps > 1,
+        cpu_offload=args.use_cpu_offload and args.device != platform.CPU,
+        vae_bytes=4 if vae_fp32 else 2, rewards=tuple(r.split(":")[0] for r in args.rewards.split(",") if r),
+        communicators=comms,
+        hccl_buffsize_mb=args.hccl_buffsize_mb or int(os.environ.get("HCCL_BUFFSIZE", 800)),
+    )
+
+
+def memory_report(args, config: dict, vae_cfg: dict, desc: str) -> str:
+    from fastvideo.perf.memory import GB, estimate
+
+    shape = memory_shape(args)
+    est = estimate(config, vae_cfg, shape)
+    if args.json:
+        return json.dumps({"model": desc, "shape": {k: str(v) for k, v in vars(shape).items()}, **est.as_dict(),
+                           "verdict": est.verdict(args.device_memory_gb)}, indent=2)
+    lines = [f"model {desc}: {args.h}x{args.w}, {shape.samples_per_rank} samples per rank, {args.world_size} ranks, "
+             f"{shape.strategy} sharding ({shape.shards} shards), checkpointing {shape.checkpoint_fraction:g}, "
+             f"micro-batch {shape.micro_batch}, rollout batch {shape.rollout_batch}",
+             "", f"{'component':<24}{'GB':>10}"]
+    for name, value in est.components.items():
+        lines.append(f"{name:<24}{value / GB:>10.2f}")
+    lines.append(f"{'peak (' + est.peak_phase + ')':<24}{est.peak_bytes / GB:>10.2f}")
+    lines.append("phases: " + ", ".join(f"{k} {v / GB:.2f} GB" for k, v in est.phases.items()))
+    lines.append(est.verdict(args.device_memory_gb))
+    lines.append("not counted: framework context and workspaces, allocator fragmentation, reward activations")
+    return "\n".join(lines)
 
 
 def _peak(args) -> float | None:
@@ -169,9 +244,28 @@ def format_table(s: dict, model_desc: str) -> str:
     return "\n".join(lines)
 
 
+def transformer_config_for(spec: str, dims: FluxDims) -> dict:
+    """The full diffusers config (for the meta-device build the memory model runs)."""
+    from dataclasses import asdict
+
+    if spec in ("tiny", "small"):
+        from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config
+
+        return transformer_config(PRESETS[spec])
+    path = Path(spec)
+    for c in (path, path / "config.json", path / "transformer" / "config.json"):
+        if c.is_file():
+            return json.loads(c.read_text())
+    config = {k: v for k, v in asdict(dims).items() if k != "mlp_ratio"}
+    return {**config, "axes_dims_rope": [16, 56, 56]}  # FLUX.1-dev
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     dims, vae_cfg, desc = resolve_model(args.model)
+    if args.memory:
+        print(memory_report(args, transformer_config_for(args.model, dims), vae_cfg, desc))
+        return
     try:
         s = summarise(args, dims, vae_cfg)
     except ValueError as err:

@@ -9,7 +9,7 @@ import torch
 
 from fastvideo import platform
 from fastvideo.config import TrainConfig
-from fastvideo.models import flux
+from fastvideo.models import flux, sharded_load
 from fastvideo.utils import main_print
 
 
@@ -34,14 +34,22 @@ def _load_transformer(cfg: TrainConfig, device: torch.device, dtype: torch.dtype
     from diffusers import FluxTransformer2DModel
 
     root, sub = _transformer_root(cfg)
-    if sub is None:
+    loader = None
+    if sub is not None and cfg.model.dit_model_name_or_path is None:
+        flux.check_flux_folder(root, ("transformer", "vae", "text_encoder", "text_encoder_2"))
+    # LoRA adds adapters that are not in the files, and its base is cast before wrapping: it keeps
+    # the plain load (its frozen base is what it saves memory on).
+    if sharded_load.uses_sharded_load(cfg.fsdp_strategy, platform.world_size()) and not cfg.lora.enabled:
+        # FSDP: built on meta, each unit read from the files onto the device as it is sharded.
+        init_device = torch.device("cpu") if cfg.cpu_offload else device
+        model, loader = sharded_load.meta_transformer(root, sub, dtype, init_device)
+        flux.adapt_for_device(model, device)
+    elif sub is None:
         model = FluxTransformer2DModel.from_pretrained(root, torch_dtype=dtype).to(device)
         flux.adapt_for_device(model, device)
     else:
-        if cfg.model.dit_model_name_or_path is None:
-            flux.check_flux_folder(root, ("transformer", "vae", "text_encoder", "text_encoder_2"))
         model = flux.load_transformer(root, device=device, dtype=dtype)
-    return model
+    return model, loader
 
 
 def build_models(cfg: TrainConfig, device: torch.device):
@@ -50,7 +58,7 @@ def build_models(cfg: TrainConfig, device: torch.device):
     from fastvideo.distributed.fsdp import wrap_model
 
     dtype = torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
-    model = _load_transformer(cfg, device, dtype)
+    model, loader = _load_transformer(cfg, device, dtype)
     # JSON-safe copy (diffusers keeps the load path as a Path under _name_or_path).
     transformer_config = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
     transformer_config["_class_name"] = type(model).__name__
@@ -70,7 +78,10 @@ def build_models(cfg: TrainConfig, device: torch.device):
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         checkpoint_fraction=cfg.model.selective_checkpointing,
         extra_units=extra_units,
+        param_init_fn=loader,
     )
+    if loader is not None:
+        loader.check_complete()
     vae_dtype = vae_dtype_for(cfg.model.vae_precision, device)
     vae = flux.load_vae(cfg.model.vae_model_path, device=device, dtype=vae_dtype)
     return transformer_config, model, vae
@@ -99,9 +110,13 @@ def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.d
     from fastvideo.distributed.fsdp import wrap_model
 
     dtype = torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
-    ref = _load_transformer(cfg, device, dtype).requires_grad_(False).eval()
+    ref, loader = _load_transformer(cfg, device, dtype)
+    ref.requires_grad_(False).eval()
     if cfg.fsdp_strategy != "none" and platform.world_size() > 1:
-        ref = wrap_model(ref, strategy=cfg.fsdp_strategy, device=device, cpu_offload=cfg.cpu_offload)
+        ref = wrap_model(ref, strategy=cfg.fsdp_strategy, device=device, cpu_offload=cfg.cpu_offload,
+                         param_init_fn=loader)
+    if loader is not None:
+        loader.check_complete()
     return FrozenCopyReference(ref)
 
 

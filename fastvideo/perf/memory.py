@@ -1,0 +1,281 @@
+"""Per-device peak memory of one GRPO iteration, by component, and whether it fits a device.
+
+Static (held the whole iteration): master parameters, their gradients (during the update), AdamW's
+two moments, the EMA shadow, all divided by the shard count under FSDP (full: world size; hybrid:
+ranks per node; none = DDP: a full replica, plus DDP's gradient buckets, one more gradient copy).
+FSDP also holds the unsharded parameters of the units in flight (two blocks with limit_all_gathers,
+plus the root unit: embedders and output layers stay gathered) and one block's unsharded gradients.
+Dynamic, per phase (the peak is the largest phase): set-up (FSDP fills the model one unit at a time:
+fastvideo.models.sharded_load), the rollout's no-grad forwards, the VAE decode,
+the update's forward + backward on one micro-batch (with or without (selective) checkpointing). The
+transformer's activation figures are not estimated: the real diffusers model is run on the meta
+device under fastvideo.perf.live_bytes.LiveBytes, which counts every tensor from creation to death.
+The trajectory (latents of every step, log-probs, prompt embeddings, decoded images), the reward
+model's weights and, on NPU, HCCL's buffers (2 x HCCL_BUFFSIZE per communicator) are added.
+
+Not counted: the framework's own memory (CUDA/CANN context, kernels' workspaces, on CPU the Python
+runtime), allocator fragmentation, the reward model's activations, text encoders (prompts come
+pre-embedded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+GB = 1e9
+# Reward models' parameter counts (open_clip ViT-H-14 for HPSv2.1 and PickScore, ViT-L-14 for CLIP).
+REWARD_PARAMS = {"hpsv2": 986_109_440, "pickscore": 986_109_440, "clip": 427_616_513, "compressibility": 0}
+
+
+@dataclass(frozen=True)
+class MemoryShape:
+    """One configuration: what the run's flags say that matters for memory."""
+
+    height: int
+    width: int
+    text_tokens: int
+    sampling_steps: int
+    samples_per_rank: int  # prompts per rank x generations
+    rollout_batch: int
+    micro_batch: int
+    world_size: int
+    strategy: str = "full"  # full | hybrid | none
+    ranks_per_node: int | None = None
+    master_bytes: int = 4  # fp32 master weights (2 for bf16)
+    compute_dtype: torch.dtype = torch.bfloat16  # autocast dtype (float32 for --mixed_precision no)
+    checkpoint_fraction: float = 1.0  # 0 = no gradient checkpointing
+    use_ema: bool = False
+    # Gradients exist while activations peak when a micro-batch trains more than one timestep or
+    # gradients accumulate over micro-batches (the trainer's loop); otherwise they are set to None
+    # after each optimizer step and grow only during the backward.
+    grads_held: bool = True
+    cpu_offload: bool = False
+    vae_bytes: int = 2
+    rewards: tuple[str, ...] = ("hpsv2",)
+    reward_bytes: int = 4
+    communicators: int = 0  # HCCL communicators (0 off NPU)
+    hccl_buffsize_mb: int = 200
+
+    @property
+    def shards(self) -> int:
+        if self.strategy == "none" or self.world_size == 1:
+            return 1
+        if self.strategy == "hybrid":
+            return self.ranks_per_node or self.world_size
+        return self.world_size
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Parameter counts of the transformer and its activation peaks (bytes) for the shape's batches."""
+
+    params: int
+    largest_block_params: int
+    root_params: int  # outside the blocks (embedders, norm_out, proj_out)
+    update_activations: int  # forward + backward of one micro-batch
+    rollout_activations: int  # one no-grad forward of one rollout batch
+    vae_params: int
+    vae_decode: int  # one no-grad decode of one rollout batch
+
+
+@dataclass
+class MemoryEstimate:
+    components: dict[str, int] = field(default_factory=dict)  # component -> bytes at the peak phase
+    phases: dict[str, int] = field(default_factory=dict)  # phase -> bytes
+    peak_phase: str = ""
+    peak_bytes: int = 0
+
+    def verdict(self, device_memory_gb: float | None) -> str:
+        if device_memory_gb is None:
+            return f"peak {self.peak_bytes / GB:.1f} GB per device (pass --device_memory_gb for a verdict)"
+        margin = device_memory_gb - self.peak_bytes / GB
+        if margin >= 0:
+            return f"fits in {device_memory_gb:g} GB, with {margin:.1f} GB to spare"
+        return f"does not fit in {device_memory_gb:g} GB, by {-margin:.1f} GB"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- meta-device profiling
+class _FusedAttention(torch.autograd.Function):
+    """Memory stand-in for a fused attention kernel (flash attention, CPU flash, NPU fusion
+    attention): keeps q, k, v, the output and a float32 log-sum-exp per query for backward, never the
+    [B, H, S, S] score matrix that the meta device's math fallback would materialise."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@contextlib.contextmanager
+def _fused_attention():
+    original = torch.nn.functional.scaled_dot_product_attention
+    torch.nn.functional.scaled_dot_product_attention = lambda q, k, v, *a, **kw: _FusedAttention.apply(q, k, v)
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
+def _meta_transformer(config: dict, dtype: torch.dtype, checkpoint_fraction: float):
+    from diffusers import FluxTransformer2DModel
+
+    from fastvideo.distributed.fsdp import apply_activation_checkpointing
+
+    with torch.device("meta"):
+        model = FluxTransformer2DModel.from_config({k: v for k, v in config.items() if not k.startswith("_")})
+    model.to(dtype)
+    if checkpoint_fraction > 0:
+        apply_activation_checkpointing(model, fraction=checkpoint_fraction)
+    return model
+
+
+def _meta_inputs(config: dict, batch: int, latent_h: int, latent_w: int, text_tokens: int, dtype) -> dict:
+    from fastvideo.models import flux
+
+    m = "meta"
+    tokens = (latent_h // 2) * (latent_w // 2)
+    return dict(
+        hidden_states=torch.empty(batch, tokens, config["in_channels"], device=m, dtype=dtype),
+        encoder_hidden_states=torch.empty(batch, text_tokens, config["joint_attention_dim"], device=m, dtype=dtype),
+        pooled_projections=torch.empty(batch, config["pooled_projection_dim"], device=m, dtype=dtype),
+        timestep=torch.empty(batch, device=m, dtype=dtype), guidance=torch.empty(batch, device=m, dtype=dtype),
+        img_ids=flux.image_ids(latent_h, latent_w).to(m), txt_ids=flux.text_ids(text_tokens).to(m),
+        return_dict=False,
+    )
+
+
+def transformer_activation_peak(config: dict, batch: int, latent_h: int, latent_w: int, text_tokens: int,
+                                dtype: torch.dtype, train: bool, checkpoint_fraction: float = 0.0) -> int:
+    """Peak bytes of the tensors one forward (and, if ``train``, backward) creates; parameter
+    gradients are dropped as soon as they are made (they are counted as a static component)."""
+    from fastvideo.perf.live_bytes import LiveBytes
+
+    model = _meta_transformer(config, dtype, checkpoint_fraction if train else 0.0)
+    inputs = _meta_inputs(config, batch, latent_h, latent_w, text_tokens, dtype)
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    tracker = LiveBytes()
+    with torch.set_grad_enabled(train), _fused_attention(), tracker:
+        out = model(**inputs)[0]
+        if train:
+            out.float().square().mean().backward()
+    return tracker.peak
+
+
+def vae_decode_peak(vae_config: dict, batch: int, latent_h: int, latent_w: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(VAE parameter count, peak bytes of one no-grad decode of ``batch`` latents)."""
+    from diffusers import AutoencoderKL
+
+    from fastvideo.perf.live_bytes import LiveBytes
+
+    cfg = {k: v for k, v in vae_config.items() if not k.startswith("_")}
+    n = len(cfg["block_out_channels"])  # a short config (FLUX_DEV_VAE_CONFIG) lists no block types
+    cfg.setdefault("down_block_types", ["DownEncoderBlock2D"] * n)
+    cfg.setdefault("up_block_types", ["UpDecoderBlock2D"] * n)
+    with torch.device("meta"):
+        vae = AutoencoderKL.from_config(cfg)
+    vae.to(dtype)
+    z = torch.empty(batch, vae_config["latent_channels"], latent_h, latent_w, device="meta", dtype=dtype)
+    tracker = LiveBytes()
+    with torch.no_grad(), tracker:
+        vae.decode(z, return_dict=False)
+    return sum(p.numel() for p in vae.parameters()), tracker.peak
+
+
+def profile_model(config: dict, vae_config: dict, shape: MemoryShape) -> ModelProfile:
+    from fastvideo.models import flux
+
+    lat_h, lat_w = flux.latent_hw(shape.height, shape.width, 8)
+    model = _meta_transformer(config, torch.float32, 0.0)
+    blocks = list(model.transformer_blocks) + list(model.single_transformer_blocks)
+    block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
+    params = sum(p.numel() for p in model.parameters())
+    vae_params, vae_peak = vae_decode_peak(vae_config, shape.rollout_batch, lat_h, lat_w,
+                                           torch.bfloat16 if shape.vae_bytes == 2 else torch.float32)
+    act = shape.compute_dtype
+    return ModelProfile(
+        params=params, largest_block_params=max(block_params), root_params=params - sum(block_params),
+        update_activations=transformer_activation_peak(config, shape.micro_batch, lat_h, lat_w, shape.text_tokens, act,
+                                                       True, shape.checkpoint_fraction),
+        rollout_activations=transformer_activation_peak(config, shape.rollout_batch, lat_h, lat_w, shape.text_tokens,
+                                                        act, False),
+        vae_params=vae_params, vae_decode=vae_peak,
+    )
+
+
+# ---------------------------------------------------------------- the arithmetic
+def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
+    """Bytes held on the device across phases (gradients only during the update)."""
+    m = s.master_bytes
+    on_device = 0 if s.cpu_offload else 1  # CPU offload keeps shards, gradients and AdamW in host memory
+    sharded = math.ceil(prof.params / s.shards) * m * on_device
+    out = {"parameters": sharded, "gradients": sharded, "adamw_states": 2 * sharded,
+           "ema": sharded if s.use_ema else 0}
+    if s.strategy == "none" or s.shards == 1:
+        out["ddp_buckets"] = prof.params * m if s.world_size > 1 else 0
+    else:
+        # Two blocks gathered (limit_all_gathers) + the root unit, and one block's unsharded gradients.
+        out["fsdp_unsharded"] = (2 * prof.largest_block_params + prof.root_params) * m
+        out["fsdp_unsharded_grads"] = prof.largest_block_params * m
+    return out
+
+
+def trajectory_bytes(prof_config: dict, s: MemoryShape) -> int:
+    """Latents of every step [B, N+1, L, C] fp32, log-probs, prompt embeddings and decoded images fp32."""
+    tokens = (s.height // 16) * (s.width // 16)
+    b = s.samples_per_rank
+    latents = b * (s.sampling_steps + 1) * tokens * prof_config["in_channels"] * 4
+    embeds = b * (s.text_tokens * prof_config["joint_attention_dim"] + prof_config["pooled_projection_dim"]) * 4
+    images = b * 3 * s.height * s.width * 4
+    return latents + b * s.sampling_steps * 4 + embeds + images
+
+
+def estimate(config: dict, vae_config: dict, s: MemoryShape, prof: ModelProfile | None = None) -> MemoryEstimate:
+    prof = prof or profile_model(config, vae_config, s)
+    static = static_components(prof, s)
+    common = {
+        "reward_model": sum(REWARD_PARAMS.get(r, 0) for r in s.rewards) * s.reward_bytes,
+        "vae_weights": prof.vae_params * s.vae_bytes,
+        "trajectory": trajectory_bytes(config, s),
+        "hccl_buffers": s.communicators * 2 * s.hccl_buffsize_mb * 2**20,
+    }
+    # DDP's buckets are allocated when the model is wrapped, so they are held in every phase.
+    held = {k: v for k, v in static.items() if k not in ("gradients", "fsdp_unsharded_grads")}
+    # Set-up: FSDP loads unit by unit (a unit read, then flattened: two copies of it at once) on top
+    # of the shards made so far; DDP / one process holds the whole model.
+    if "fsdp_unsharded" in static:
+        loading = 2 * max(prof.largest_block_params, prof.root_params) * s.master_bytes
+    else:
+        loading = 0
+    phases = {
+        "setup": {"parameters": static["parameters"], "loading": loading,
+                  "reward_model": common["reward_model"], "vae_weights": common["vae_weights"],
+                  "hccl_buffers": common["hccl_buffers"]},
+        "rollout": {**held, **common, "activations": prof.rollout_activations},
+        "vae_decode": {**held, **common, "activations": prof.vae_decode},
+        "update": {**static, **common, "activations": prof.update_activations},
+    }
+    if not s.grads_held:
+        # Activations peak at the start of the backward, before any gradient exists; the gradients
+        # peak at its end, when the activations are gone.
+        at_activation_peak = {**phases["update"], "gradients": 0}
+        at_gradient_peak = {**phases["update"], "activations": 0}
+        phases["update"] = max(at_activation_peak, at_gradient_peak, key=lambda p: sum(p.values()))
+    totals = {name: sum(parts.values()) for name, parts in phases.items()}
+    peak_phase = max(totals, key=totals.get)
+    return MemoryEstimate(components=phases[peak_phase], phases=totals, peak_phase=peak_phase,
+                          peak_bytes=totals[peak_phase])
