@@ -10,7 +10,8 @@
 #   --venv DIR     virtual environment to create/use (default: .venv in this folder, unless a
 #                  virtualenv or conda environment is already active, which is then used as is).
 #   --no-venv      install into the current Python environment.
-#   --with-parity  also install the hpsv2 package (no deps) for the HPS parity test.
+#   --with-parity  also install the hpsv2 package (no deps) for the HPS parity test, and the
+#                  aesthetic / ImageReward references (scripts/install_reward_parity.sh).
 #   --force        reinstall even if the stamp says the environment is up to date.
 # Nothing is downloaded from a model hub: weights go to data/flux and hps_ckpt by hand (README).
 set -euo pipefail
@@ -60,7 +61,7 @@ fi
 
 STAMP_DIR="$("$PY" -c 'import sys; print(sys.prefix)')"
 STAMP="$STAMP_DIR/.flux_grpo_setup"
-WANT="$TARGET parity=$PARITY $(cat pyproject.toml scripts/install_hpsv2_parity.sh 2>/dev/null | cksum | cut -d' ' -f1)"
+WANT="$TARGET parity=$PARITY $(cat pyproject.toml scripts/install_hpsv2_parity.sh scripts/install_reward_parity.sh 2>/dev/null | cksum | cut -d' ' -f1)"
 if [ "$FORCE" = 0 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import fastvideo, torch, diffusers" 2>/dev/null; then
   echo "env_setup.sh: environment up to date ($PY, target $TARGET)"
   exit 0

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("rewards")
     g.add_argument("--rewards", type=str, default=None,
-                   help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, compressibility)')
+                   help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, '
+                        'compressibility, aesthetic, imagereward; remote:URL/NAME:W; vlm:URL?model=M:W)')
     g.add_argument("--use_hpsv2", action="store_true", help="alias of --rewards hpsv2:1.0")
     g.add_argument("--use_pickscore", action="store_true", help="alias of --rewards pickscore:1.0")
     g.add_argument("--reward_group_norm", action="store_true",
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score each rollout chunk on a worker thread while the next chunk samples; auto: on "
                         "only when the reward runs on another device than the rollout (--reward_device cpu "
                         "with a GPU/NPU), where the two do not compete (docs/performance.md)")
+    from fastvideo.rewards.flags import add_reward_flags
+
+    add_reward_flags(p)
 
     g = p.add_argument_group("GRPO")
     g.add_argument("--h", type=int, default=720, help="image height (multiple of 16)")
@@ -187,6 +191,7 @@ class RewardSettings:
     device: str
     batch_size: int
     overlap: str  # auto | on | off (see builders.overlap_reward_scoring)
+    extras: object = None  # rewards.flags.RewardExtras: newer rewards' paths, remote settings
 
 
 @dataclass
@@ -279,6 +284,15 @@ PROBE_KINDS = ("rope", "norm", "attention", "block", "vae")
 
 def _fail(msg: str) -> None:
     raise ConfigError(msg)
+
+
+def _reward_extras(args):
+    from fastvideo.rewards.flags import extras_from_args
+
+    try:
+        return extras_from_args(args)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _reward_spec(args) -> list:
@@ -404,7 +418,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             hps_ckpt_dir=args.hps_ckpt_dir, hps_model_name=args.hps_model_name,
             pickscore_dir=args.pickscore_dir, pickscore_processor_dir=args.pickscore_processor_dir,
             clip_dir=args.clip_dir, device=args.reward_device, batch_size=args.reward_batch_size,
-            overlap=args.reward_overlap,
+            overlap=args.reward_overlap, extras=_reward_extras(args),
         ),
         grpo=GRPOSettings(
             use_group=args.use_group, ignore_last=args.ignore_last,

@@ -266,6 +266,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "pickscore": ("fastvideo.rewards.pickscore", "PickScoreReward"),
     "clip": ("fastvideo.rewards.clip_score", "ClipScoreReward"),
     "compressibility": ("fastvideo.rewards.compressibility", "JpegCompressibilityReward"),
+    "aesthetic": ("fastvideo.rewards.aesthetic", "AestheticReward"),
 }
 
 

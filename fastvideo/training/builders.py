@@ -106,6 +106,7 @@ def reward_device_for(cfg: TrainConfig, device: torch.device) -> torch.device:
 
 def build_rewards(cfg: TrainConfig, device: torch.device):
     from fastvideo.rewards.combine import build_multi_reward
+    from fastvideo.rewards.flags import RewardExtras, reward_kwargs
 
     r = cfg.reward
     reward_device = reward_device_for(cfg, device)
@@ -113,6 +114,7 @@ def build_rewards(cfg: TrainConfig, device: torch.device):
         "hpsv2": {"hps_ckpt_dir": r.hps_ckpt_dir, "model_name": r.hps_model_name},
         "pickscore": {"pickscore_dir": r.pickscore_dir, "processor_dir": r.pickscore_processor_dir},
         "clip": {"clip_dir": r.clip_dir},
+        **reward_kwargs(r.extras or RewardExtras()),
     }
     common = {"device": reward_device, "batch_size": r.batch_size}
     return build_multi_reward(r.spec, reward_kwargs=per_reward, common_kwargs=common,

@@ -21,12 +21,12 @@ from fastvideo.rewards import (
 
 
 def test_registry_names():
-    assert available_rewards() == ("clip", "compressibility", "hpsv2", "pickscore")
+    assert available_rewards() == ("aesthetic", "clip", "compressibility", "hpsv2", "pickscore")
 
 
 def test_unknown_reward_lists_valid_names():
     with pytest.raises(UnknownRewardError) as err:
-        build_reward("hpsv3")
+        build_reward("hpsv9")
     for name in ("clip", "compressibility", "hpsv2", "pickscore"):
         assert name in str(err.value)
 

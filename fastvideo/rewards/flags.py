@@ -1,0 +1,71 @@
+"""Flags of the reward models added after the first four, of remote rewards, and MixGRPO's
+reward flags; assembled into the trainer's parser by fastvideo/config.py.
+
+The typed result is :class:`RewardExtras` (TrainConfig.reward.extras); builders.build_rewards
+turns it into per-reward constructor arguments with :func:`reward_kwargs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass
+class RewardExtras:
+    aesthetic_dir: str = "./aesthetic_ckpt"
+    aesthetic_clip_name: str = "ViT-L-14-quickgelu"
+    image_reward_dir: str = "./image_reward_ckpt"
+    remote_timeout_s: float = 120.0
+    remote_retries: int = 3
+    vlm_concurrency: int = 8
+    vlm_timeout_s: float = 120.0
+    multi_reward_mix: str | None = None  # advantage_aggr | reward_aggr (MixGRPO), None: --rewards
+
+
+def add_reward_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("more rewards (aesthetic, imagereward, remote:, vlm:)")
+    g.add_argument("--aesthetic_dir", type=str, default=RewardExtras.aesthetic_dir,
+                   help="folder with sac+logos+ava1-l14-linearMSE.pth and the CLIP ViT-L/14 weights "
+                        "(open_clip_pytorch_model.bin) for --rewards aesthetic")
+    g.add_argument("--aesthetic_clip_name", type=str, default=RewardExtras.aesthetic_clip_name,
+                   help="open_clip architecture of those CLIP weights")
+    g.add_argument("--image_reward_dir", type=str, default=RewardExtras.image_reward_dir,
+                   help="folder with ImageReward.pt, med_config.json and the bert-base-uncased "
+                        "tokenizer files (vocab.txt) for --rewards imagereward")
+    g.add_argument("--reward_timeout", type=float, default=RewardExtras.remote_timeout_s,
+                   help="seconds one request to a remote: reward server may take")
+    g.add_argument("--reward_retries", type=int, default=RewardExtras.remote_retries,
+                   help="retries (exponential backoff from 0.5 s) of a failed remote: request")
+    g.add_argument("--vlm_concurrency", type=int, default=RewardExtras.vlm_concurrency,
+                   help="requests in flight at once to a vlm: judge")
+    g.add_argument("--vlm_timeout", type=float, default=RewardExtras.vlm_timeout_s,
+                   help="seconds one vlm: judge request may take")
+
+
+def extras_from_args(args: argparse.Namespace) -> RewardExtras:
+    """Validated RewardExtras; raises ValueError naming the flag."""
+    for flag in ("reward_timeout", "vlm_timeout"):
+        if not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag} must be positive; got {getattr(args, flag)}")
+    if args.reward_retries < 0:
+        raise ValueError(f"--reward_retries must be >= 0; got {args.reward_retries}")
+    if args.vlm_concurrency < 1:
+        raise ValueError(f"--vlm_concurrency must be >= 1; got {args.vlm_concurrency}")
+    return RewardExtras(
+        aesthetic_dir=args.aesthetic_dir, aesthetic_clip_name=args.aesthetic_clip_name,
+        image_reward_dir=args.image_reward_dir, remote_timeout_s=args.reward_timeout,
+        remote_retries=args.reward_retries, vlm_concurrency=args.vlm_concurrency,
+        vlm_timeout_s=args.vlm_timeout, multi_reward_mix=getattr(args, "multi_reward_mix", None),
+    )
+
+
+def reward_kwargs(extras: RewardExtras) -> dict[str, dict]:
+    """Per-reward constructor arguments (see rewards.combine.build_multi_reward)."""
+    return {
+        "aesthetic": {"aesthetic_dir": extras.aesthetic_dir,
+                      "clip_model_name": extras.aesthetic_clip_name},
+        "imagereward": {"image_reward_dir": extras.image_reward_dir},
+        "remote": {"timeout_s": extras.remote_timeout_s, "retries": extras.remote_retries},
+        "vlm": {"timeout_s": extras.vlm_timeout_s, "concurrency": extras.vlm_concurrency},
+    }
