@@ -104,6 +104,14 @@ def reward_device_for(cfg: TrainConfig, device: torch.device) -> torch.device:
     return device if cfg.reward.device == "train" else torch.device("cpu")
 
 
+def check_reward_endpoints(cfg: TrainConfig) -> None:
+    """remote:/vlm: rewards must answer at start-up (rewards/remote.py); nothing to do otherwise."""
+    if any(s.url for s in cfg.reward.spec):
+        from fastvideo.rewards.remote import check_reward_endpoints as check
+
+        check(cfg.reward.spec)
+
+
 def build_rewards(cfg: TrainConfig, device: torch.device):
     from fastvideo.rewards.combine import build_multi_reward
     from fastvideo.rewards.flags import RewardExtras, reward_kwargs

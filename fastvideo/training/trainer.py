@@ -87,6 +87,7 @@ class GRPOTrainer:
         if cfg.model.allow_tf32:
             platform.enable_fast_matmul(self.device)
         platform.seed_everything(cfg.optim.seed)
+        builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
         self.dataset = builders.build_dataset(cfg)
         self.transformer_config, self.model, self.vae = builders.build_models(cfg, self.device)
         self.dataset.check_against_transformer(self.transformer_config)
