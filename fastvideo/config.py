@@ -298,10 +298,15 @@ def _reward_extras(args):
 def _reward_spec(args) -> list:
     from fastvideo.rewards.combine import RewardSpecError, legacy_reward_spec, parse_reward_spec
 
+    from fastvideo.rewards.flags import spec_from_args
+
     try:
+        mixgrpo = spec_from_args(args)  # MixGRPO's --reward_model flags; [] when not used
         spec = parse_reward_spec(args.rewards) if args.rewards else []
-    except RewardSpecError as exc:
+    except (RewardSpecError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
+    if mixgrpo:
+        return mixgrpo
     legacy = legacy_reward_spec(use_hpsv2=args.use_hpsv2, use_pickscore=args.use_pickscore)
     if spec and legacy:
         _fail("give the rewards either with --rewards or with --use_hpsv2/--use_pickscore, not both")

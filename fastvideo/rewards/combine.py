@@ -163,6 +163,7 @@ class MultiReward:
         normalize: bool = False,
         num_generations: int | None = None,
         eps: float = 1e-8,
+        mix: str | None = None,
     ) -> None:
         if not components:
             raise ValueError("MultiReward needs at least one reward")
@@ -170,7 +171,10 @@ class MultiReward:
             raise ValueError(
                 f"per-group normalisation needs num_generations >= 2; got {num_generations}"
             )
+        if mix is not None and (num_generations is None or num_generations < 2):
+            raise ValueError(f"--multi_reward_mix {mix} needs groups: num_generations >= 2")
         self.components = list(components)
+        self.mix = mix  # MixGRPO's advantage_aggr / reward_aggr (rewards/mix.py), or None
         self.normalize = normalize
         self.num_generations = num_generations
         self.eps = eps
@@ -186,6 +190,13 @@ class MultiReward:
         """name -> [B] float32 raw scores. Per sample, so it may be called on any slice of a
         batch (e.g. one rollout chunk) and the slices concatenated before :meth:`combine`."""
         return {name: reward(images, prompts).float() for name, _, reward in self.components}
+
+    def mixed_advantages(self, raw: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """[B] advantages the MixGRPO way (self.mix), from raw scores of whole groups."""
+        from fastvideo.rewards.mix import mix_advantages
+
+        weights = {name: weight for name, weight, _ in self.components}
+        return mix_advantages(raw, weights, self.num_generations, self.mix)
 
     def combine(self, raw: Mapping[str, torch.Tensor]) -> MultiRewardOutput:
         """Weighted (optionally group-normalised) sum of raw scores [B]; B must hold whole groups
@@ -220,6 +231,7 @@ def build_multi_reward(
     common_kwargs: Mapping[str, Any] | None = None,
     normalize: bool = False,
     num_generations: int | None = None,
+    mix: str | None = None,
 ) -> MultiReward:
     """Build each reward of a spec with ``{**common_kwargs, **reward_kwargs[name]}``.
 
@@ -237,4 +249,4 @@ def build_multi_reward(
             kwargs = {**(common_kwargs or {}), **reward_kwargs.get(s.name, {})}
             reward = build_reward(s.name, **kwargs)
         components.append((s.name, s.weight, reward))
-    return MultiReward(components, normalize=normalize, num_generations=num_generations)
+    return MultiReward(components, normalize=normalize, num_generations=num_generations, mix=mix)

@@ -41,6 +41,9 @@ def add_reward_flags(p: argparse.ArgumentParser) -> None:
                    help="requests in flight at once to a vlm: judge")
     g.add_argument("--vlm_timeout", type=float, default=RewardExtras.vlm_timeout_s,
                    help="seconds one vlm: judge request may take")
+    from fastvideo.rewards.mix import add_mixgrpo_flags
+
+    add_mixgrpo_flags(p)
 
 
 def extras_from_args(args: argparse.Namespace) -> RewardExtras:
@@ -56,8 +59,35 @@ def extras_from_args(args: argparse.Namespace) -> RewardExtras:
         aesthetic_dir=args.aesthetic_dir, aesthetic_clip_name=args.aesthetic_clip_name,
         image_reward_dir=args.image_reward_dir, remote_timeout_s=args.reward_timeout,
         remote_retries=args.reward_retries, vlm_concurrency=args.vlm_concurrency,
-        vlm_timeout_s=args.vlm_timeout, multi_reward_mix=getattr(args, "multi_reward_mix", None),
+        vlm_timeout_s=args.vlm_timeout, multi_reward_mix=mix_mode(args),
     )
+
+
+def mix_mode(args: argparse.Namespace) -> str | None:
+    """MixGRPO's --multi_reward_mix (its default advantage_aggr with --reward_model); None when
+    the rewards come from --rewards. Needs --use_group, as in MixGRPO."""
+    if getattr(args, "reward_model", None) is None:
+        return None
+    mode = args.multi_reward_mix or "advantage_aggr"
+    if getattr(args, "reward_group_norm", False):
+        raise ValueError(f"--reward_group_norm does not apply with --multi_reward_mix {mode}, which "
+                         "normalises the MixGRPO way; drop it")
+    if not getattr(args, "use_group", True):
+        raise ValueError(f"--multi_reward_mix {mode} (MixGRPO's --reward_model) needs --use_group")
+    return mode
+
+
+def spec_from_args(args: argparse.Namespace) -> list:
+    """MixGRPO's --reward_model flags as RewardSpecs ([] when not used); ValueError if mixed
+    with --rewards or the legacy --use_hpsv2/--use_pickscore."""
+    from fastvideo import platform
+    from fastvideo.rewards.mix import mixgrpo_specs
+
+    specs = mixgrpo_specs(args, rank=platform.dist_env()[0])
+    if specs and (args.rewards or args.use_hpsv2 or args.use_pickscore):
+        raise ValueError("give the rewards either with --reward_model (MixGRPO) or with --rewards / "
+                         "--use_hpsv2 / --use_pickscore, not both")
+    return specs
 
 
 def reward_kwargs(extras: RewardExtras) -> dict[str, dict]:

@@ -126,7 +126,8 @@ def build_rewards(cfg: TrainConfig, device: torch.device):
     }
     common = {"device": reward_device, "batch_size": r.batch_size}
     return build_multi_reward(r.spec, reward_kwargs=per_reward, common_kwargs=common,
-                              normalize=r.group_norm, num_generations=cfg.rollout.num_generations)
+                              normalize=r.group_norm, num_generations=cfg.rollout.num_generations,
+                              mix=(r.extras or RewardExtras()).multi_reward_mix)
 
 
 def build_optimizer(cfg: TrainConfig, model: torch.nn.Module):

@@ -313,7 +313,11 @@ class GRPOTrainer:
             with self.timer.phase("reward"):
                 rewards = self.compute_rewards(traj)
         with self.timer.phase("reward"):
-            advantages = self.compute_advantages(rewards.total)
+            if getattr(self.reward, "mix", None):  # MixGRPO's --multi_reward_mix (rewards/mix.py)
+                advantages = self.reward.mixed_advantages(rewards.per_reward).clamp(
+                    -self.cfg.grpo.adv_clip_max, self.cfg.grpo.adv_clip_max)
+            else:
+                advantages = self.compute_advantages(rewards.total)
         with self.timer.phase("update"):
             stats = self.update(traj, advantages, iteration)
         self.iteration = iteration
