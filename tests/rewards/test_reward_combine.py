@@ -50,8 +50,8 @@ def test_parse_spec():
         ("hpsv2:nan", RewardSpecError, "finite"),
         ("hpsv2:1,hpsv2:2", RewardSpecError, "twice"),
         ("hpsv2:0,clip:0", RewardSpecError, "all reward weights are zero"),
-        ("imagereward:1", UnknownRewardError,
-         "valid names: clip, compressibility, hpsv2, pickscore"),
+        ("nosuchreward:1", UnknownRewardError,
+         "valid names: aesthetic, clip, compressibility, hpsv2"),
     ],
 )
 def test_parse_spec_errors(spec, error, match):
