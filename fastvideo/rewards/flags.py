@@ -97,5 +97,6 @@ def reward_kwargs(extras: RewardExtras) -> dict[str, dict]:
                       "clip_model_name": extras.aesthetic_clip_name},
         "imagereward": {"image_reward_dir": extras.image_reward_dir},
         "remote": {"timeout_s": extras.remote_timeout_s, "retries": extras.remote_retries},
-        "vlm": {"timeout_s": extras.vlm_timeout_s, "concurrency": extras.vlm_concurrency},
+        "vlm": {"timeout_s": extras.vlm_timeout_s, "concurrency": extras.vlm_concurrency,
+                "retries": extras.remote_retries},
     }
