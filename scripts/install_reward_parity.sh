@@ -30,4 +30,15 @@ if ! "$PYTHON" -c "import ftfy, regex, tqdm, timm" 2>/dev/null; then
     "$PYTHON" -m pip install --quiet --disable-pip-version-check ftfy regex tqdm "timm>=0.9"
 fi
 want openai-clip 1.0.1
+want fairscale 0.4.13
+want image-reward 1.5
+# What the parity test imports of image-reward must import here (its package __init__ is bypassed).
+"$PYTHON" -W ignore - <<'PY'
+import importlib.util, sys, types
+from pathlib import Path
+root = Path(importlib.util.find_spec("ImageReward").origin).parent
+for name, folder in (("ImageReward", root), ("ImageReward.models", root / "models")):
+    stub = types.ModuleType(name); stub.__path__ = [str(folder)]; sys.modules[name] = stub
+import ImageReward.ImageReward  # noqa: F401  (BLIP: timm, fairscale, transformers)
+PY
 echo "reward parity references ready ($("$PYTHON" -c 'import sys; print(sys.executable)'))"

@@ -267,6 +267,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "clip": ("fastvideo.rewards.clip_score", "ClipScoreReward"),
     "compressibility": ("fastvideo.rewards.compressibility", "JpegCompressibilityReward"),
     "aesthetic": ("fastvideo.rewards.aesthetic", "AestheticReward"),
+    "imagereward": ("fastvideo.rewards.imagereward", "ImageRewardReward"),
 }
 
 

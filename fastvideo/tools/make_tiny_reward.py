@@ -14,6 +14,8 @@ writes
     OUT_DIR/aesthetic/open_clip_pytorch_model.bin    tiny QuickGELU open_clip CLIP (OpenAI key layout)
     OUT_DIR/aesthetic/sac+logos+ava1-l14-linearMSE.pth   the aesthetic MLP (published layout)
     OUT_DIR/aesthetic/<TINY_AESTHETIC_CLIP_NAME>.json     its open_clip config
+    OUT_DIR/image_reward/ImageReward.pt              tiny BLIP + MLP state dict, the package's key names
+    OUT_DIR/image_reward/med_config.json             its BERT config; vocab.txt etc.: a tiny WordPiece
 
 No download: the CLIP tokenizer is built from a byte-level vocabulary written here (256 byte
 symbols, their '</w>' variants, <|startoftext|>, <|endoftext|>; no merges). The same seed gives
@@ -70,6 +72,7 @@ class TinyRewardPaths:
     pickscore_dir: Path
     aesthetic_dir: Path
     aesthetic_clip_name: str
+    image_reward_dir: Path
 
 
 def write_hps(out_dir: Path, seed: int, preset: str = "tiny") -> tuple[Path, Path]:
@@ -179,8 +182,11 @@ def make_tiny_reward(out_dir: str | Path, seed: int = 0) -> TinyRewardPaths:
     hps_dir, config_path = write_hps(out_dir / "hps_ckpt", seed)
     pick_dir = write_pickscore(out_dir / "pickscore", seed)
     aesthetic_dir = write_aesthetic(out_dir / "aesthetic", seed)
+    from fastvideo.tools.make_tiny_image_reward import write_image_reward
+
+    image_reward_dir = write_image_reward(out_dir / "image_reward", seed)
     return TinyRewardPaths(hps_dir, TINY_HPS_MODEL_NAME, config_path, pick_dir,
-                           aesthetic_dir, TINY_AESTHETIC_CLIP_NAME)
+                           aesthetic_dir, TINY_AESTHETIC_CLIP_NAME, image_reward_dir)
 
 
 def main(argv: list[str] | None = None) -> TinyRewardPaths:
@@ -192,6 +198,7 @@ def main(argv: list[str] | None = None) -> TinyRewardPaths:
     print(f"HPS:       {paths.hps_ckpt_dir} (model_name={paths.hps_model_name})")
     print(f"PickScore: {paths.pickscore_dir}")
     print(f"Aesthetic: {paths.aesthetic_dir} (clip_model_name={paths.aesthetic_clip_name})")
+    print(f"ImageReward: {paths.image_reward_dir}")
     return paths
 
 

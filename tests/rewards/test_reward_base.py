@@ -21,7 +21,7 @@ from fastvideo.rewards import (
 
 
 def test_registry_names():
-    assert available_rewards() == ("aesthetic", "clip", "compressibility", "hpsv2", "pickscore")
+    assert available_rewards() == ("aesthetic", "clip", "compressibility", "hpsv2", "imagereward", "pickscore")
 
 
 def test_unknown_reward_lists_valid_names():

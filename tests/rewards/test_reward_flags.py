@@ -42,3 +42,20 @@ def test_missing_aesthetic_folder_names_the_files(tmp_path):
 def test_bad_remote_settings_fail_early(tmp_path, flags, message):
     with pytest.raises(ConfigError, match=message):
         _cfg(tmp_path, "--rewards", "compressibility", *flags)
+
+
+def test_image_reward_flags_build_the_reward(tmp_path, tiny_rewards, make_images):
+    cfg = _cfg(tmp_path, "--rewards", "imagereward:0.5,compressibility:0.1",
+               "--image_reward_dir", str(tiny_rewards.image_reward_dir))
+    multi = builders.build_rewards(cfg, torch.device("cpu"))
+    assert multi.names == ["imagereward", "compressibility"]
+    out = multi(make_images(2), ["a red cube", "a dog"])
+    assert out.raw["imagereward"].shape == (2,) and torch.isfinite(out.raw["imagereward"]).all()
+
+
+def test_missing_image_reward_files_are_named(tmp_path):
+    (tmp_path / "ir").mkdir()
+    (tmp_path / "ir" / "ImageReward.pt").write_bytes(b"")
+    cfg = _cfg(tmp_path, "--rewards", "imagereward", "--image_reward_dir", str(tmp_path / "ir"))
+    with pytest.raises(FileNotFoundError, match="med_config.json, vocab.txt"):
+        builders.build_rewards(cfg, torch.device("cpu"))
