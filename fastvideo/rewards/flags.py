@@ -23,7 +23,9 @@ class RewardExtras:
     multi_reward_mix: str | None = None  # advantage_aggr | reward_aggr (MixGRPO), None: --rewards
 
 
-def add_reward_flags(p: argparse.ArgumentParser) -> None:
+def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
+    """The newer rewards' file flags; with client=True (the trainer) also the remote:/vlm: client
+    settings and MixGRPO's flags (a reward server takes only the file flags)."""
     g = p.add_argument_group("more rewards (aesthetic, imagereward, remote:, vlm:)")
     g.add_argument("--aesthetic_dir", type=str, default=RewardExtras.aesthetic_dir,
                    help="folder with sac+logos+ava1-l14-linearMSE.pth and the CLIP ViT-L/14 weights "
@@ -33,10 +35,12 @@ def add_reward_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--image_reward_dir", type=str, default=RewardExtras.image_reward_dir,
                    help="folder with ImageReward.pt, med_config.json and the bert-base-uncased "
                         "tokenizer files (vocab.txt) for --rewards imagereward")
+    if not client:
+        return
     g.add_argument("--reward_timeout", type=float, default=RewardExtras.remote_timeout_s,
                    help="seconds one request to a remote: reward server may take")
     g.add_argument("--reward_retries", type=int, default=RewardExtras.remote_retries,
-                   help="retries (exponential backoff from 0.5 s) of a failed remote: request")
+                   help="retries (exponential backoff from 0.5 s) of a failed remote:/vlm: request")
     g.add_argument("--vlm_concurrency", type=int, default=RewardExtras.vlm_concurrency,
                    help="requests in flight at once to a vlm: judge")
     g.add_argument("--vlm_timeout", type=float, default=RewardExtras.vlm_timeout_s,
@@ -47,7 +51,11 @@ def add_reward_flags(p: argparse.ArgumentParser) -> None:
 
 
 def extras_from_args(args: argparse.Namespace) -> RewardExtras:
-    """Validated RewardExtras; raises ValueError naming the flag."""
+    """Validated RewardExtras; raises ValueError naming the flag. Client flags a parser did not
+    define (a reward server's) keep their defaults."""
+    if not hasattr(args, "reward_timeout"):
+        return RewardExtras(aesthetic_dir=args.aesthetic_dir, aesthetic_clip_name=args.aesthetic_clip_name,
+                            image_reward_dir=args.image_reward_dir)
     for flag in ("reward_timeout", "vlm_timeout"):
         if not getattr(args, flag) > 0:
             raise ValueError(f"--{flag} must be positive; got {getattr(args, flag)}")

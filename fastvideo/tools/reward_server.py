@@ -11,6 +11,12 @@ Endpoints (FastAPI on uvicorn; ``pip install -e .[server]``):
   prompts); reply ``{"scores": [B floats]}``, the raw (unweighted) scores. Weights in
   ``--rewards`` are accepted and ignored here: the trainer's ``--rewards`` weighs.
 
+``--plugin NAME=MODULE:FACTORY`` serves a reward that is not built in (e.g. one whose package
+needs other library versions than the trainer's, run in its own environment): the server imports
+MODULE, calls ``FACTORY(device=torch.device, batch_size=int)`` once and serves the callable it
+returns as NAME; that callable takes ``(images, prompts)`` like every reward (a float tensor
+``[B, 3, H, W]`` in [0, 1] or a list of PIL images, and B strings) and returns B scores.
+
 One model call at a time per reward (a lock): requests from several trainer ranks queue instead of
 running two forward passes on one device at once. The trainer side is rewards/remote.py.
 """
@@ -18,6 +24,7 @@ running two forward passes on one device at once. The trainer side is rewards/re
 # No `from __future__ import annotations`: FastAPI reads the endpoint annotations (Request) as objects.
 
 import argparse
+import logging
 import threading
 from typing import Any, Mapping
 
@@ -25,13 +32,14 @@ import torch
 
 import fastvideo
 from fastvideo import platform
-from fastvideo.rewards.base import Reward, RewardInputError, build_reward
+from fastvideo.rewards.base import Reward, RewardInputError, build_reward, check_inputs
 from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
 from fastvideo.rewards.flags import add_reward_flags, extras_from_args, reward_kwargs
 from fastvideo.rewards.wire import WireFormatError, decode_request
 from fastvideo.utils import require
 
 SERVER_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 def served_info(name: str, reward: Reward, kwargs: Mapping[str, Any]) -> dict:
@@ -68,6 +76,9 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
                 scores = rewards[name](images, prompts)
         except (WireFormatError, RewardInputError) as exc:
             return JSONResponse({"detail": f"bad request: {exc}"}, 400)
+        except Exception as exc:  # noqa: BLE001 - the client gets the reason (and retries a 5xx)
+            log.exception("scoring with %s failed", name)
+            return JSONResponse({"detail": f"{name} failed: {type(exc).__name__}: {exc}"}, 500)
         return JSONResponse({"scores": scores.float().tolist()})
 
     @app.post("/score/{name}")
@@ -81,8 +92,10 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reward_server", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--rewards", required=True, help='rewards to serve, e.g. "hpsv2,pickscore" '
+    p.add_argument("--rewards", default=None, help='rewards to serve, e.g. "hpsv2,pickscore" '
                    "(weights, if given, are ignored: the client weighs)")
+    p.add_argument("--plugin", action="append", default=[], metavar="NAME=MODULE:FACTORY",
+                   help="also serve FACTORY(device=..., batch_size=...)'s reward as NAME (repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="auto", choices=["auto", "cpu"],
@@ -97,12 +110,43 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pickscore_dir", default="./pickscore_ckpt")
     g.add_argument("--pickscore_processor_dir", default=None)
     g.add_argument("--clip_dir", default="./clip_ckpt")
-    add_reward_flags(p)
+    add_reward_flags(p, client=False)
     return p
 
 
+class PluginReward:
+    """A plugin's callable with the reward contract enforced: inputs checked, [B] float32 out."""
+
+    def __init__(self, name: str, fn, batch_size: int) -> None:
+        self.name, self.fn, self.batch_size = name, fn, batch_size
+
+    def __call__(self, images, prompts) -> torch.Tensor:
+        n = check_inputs(images, prompts)
+        scores = torch.as_tensor(self.fn(images, list(prompts))).detach().float().reshape(-1).cpu()
+        if scores.shape != (n,):
+            raise RuntimeError(f"plugin reward {self.name!r} returned {list(scores.shape)} scores for {n} images")
+        return scores
+
+
+def load_plugin(text: str, device: torch.device, batch_size: int) -> tuple[str, PluginReward, dict]:
+    """``NAME=MODULE:FACTORY`` -> (NAME, reward, its /health record)."""
+    import importlib
+
+    name, eq, target = text.partition("=")
+    module, colon, factory = target.partition(":")
+    if not (eq and colon and name.strip() and module and factory):
+        raise ValueError(f"--plugin {text!r}: use NAME=MODULE:FACTORY, e.g. hpsv3=my_hpsv3:build")
+    fn = getattr(importlib.import_module(module), factory)(device=device, batch_size=batch_size)
+    if not callable(fn):
+        raise TypeError(f"--plugin {text!r}: {module}.{factory}(...) returned a {type(fn).__name__}, not a callable")
+    info = {"class": type(fn).__name__, "module": module, "batch_size": batch_size, "files": {}, "plugin": target}
+    return name.strip(), PluginReward(name.strip(), fn, batch_size), info
+
+
 def build_rewards(args: argparse.Namespace) -> tuple[dict[str, Reward], dict[str, dict], torch.device]:
-    specs = parse_reward_spec(args.rewards)
+    if not args.rewards and not args.plugin:
+        raise ValueError("nothing to serve: give --rewards NAMES and/or --plugin NAME=MODULE:FACTORY")
+    specs = parse_reward_spec(args.rewards) if args.rewards else []
     remote = [s.name for s in specs if s.url is not None]
     if remote:
         raise RewardSpecError(f"a reward server serves local rewards only; got {remote}")
@@ -120,6 +164,11 @@ def build_rewards(args: argparse.Namespace) -> tuple[dict[str, Reward], dict[str
         kwargs = {**common, **per.get(s.name, {})}
         rewards[s.name] = build_reward(s.name, **kwargs)
         info[s.name] = served_info(s.name, rewards[s.name], kwargs)
+    for text in args.plugin:
+        name, reward, record = load_plugin(text, device, args.batch_size)
+        if name in rewards:
+            raise ValueError(f"--plugin {text!r}: {name!r} is already served")
+        rewards[name], info[name] = reward, record
     return rewards, info, device
 
 

@@ -128,7 +128,8 @@ class GRPOTrainer:
         cfg = self.cfg
         derived = cfg.derived(self.info.world_size)
         resolved = {**cfg.to_dict(), "derived": derived, "device": str(self.device)}
-        resolved["reward"]["spec"] = [f"{s.name}:{s.weight:g}" for s in cfg.reward.spec]
+        resolved["reward"]["spec"] = [f"{s.kind}:{s.url}:{s.weight:g}" if s.url else f"{s.name}:{s.weight:g}"
+                                      for s in cfg.reward.spec]
         atomic_write_json(Path(cfg.output.output_dir) / "config.json", resolved)
         for note in cfg.compat_notes:
             main_print(f"[config] {note}")

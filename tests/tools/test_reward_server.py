@@ -5,6 +5,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import torch
 
 import fastvideo
 from fastvideo.rewards.combine import RewardSpecError
@@ -59,3 +60,41 @@ def test_model_files_flags_reach_the_reward():
                                       "--aesthetic_dir", "/nonexistent/aes"])
     with pytest.raises(FileNotFoundError, match="/nonexistent/aes"):
         build_rewards(args)
+
+
+PLUGIN = '''
+import torch
+
+def build(device, batch_size):
+    def mean_brightness(images, prompts):
+        return images.mean(dim=(1, 2, 3)) if isinstance(images, torch.Tensor) else [0.0] * len(images)
+    return mean_brightness
+
+def wrong_count(device, batch_size):
+    return lambda images, prompts: [1.0]
+'''
+
+
+def test_plugin_rewards_are_served(tmp_path, monkeypatch):
+    from fastvideo.rewards.remote import RemoteReward
+
+    (tmp_path / "my_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = build_parser().parse_args(["--plugin", "bright=my_plugin:build", "--plugin", "bad=my_plugin:wrong_count",
+                                      "--device", "cpu"])
+    rewards, info, _ = build_rewards(args)
+    assert info["bright"]["plugin"] == "my_plugin:build"
+    images = torch.rand(3, 3, 8, 8)
+    with serve_in_thread(build_app(rewards, info)) as (url, _):
+        assert torch.equal(RemoteReward(f"{url}/bright")(images, ["a", "b", "c"]), images.mean(dim=(1, 2, 3)))
+        with pytest.raises(Exception, match="returned \\[1\\] scores for 3 images"):
+            RemoteReward(f"{url}/bad", retries=0)(images, ["a", "b", "c"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "nothing to serve"),
+    (["--plugin", "nameonly"], "NAME=MODULE:FACTORY"),
+])
+def test_bad_plugin_flags(flags, message):
+    with pytest.raises(ValueError, match=message):
+        build_rewards(build_parser().parse_args(["--device", "cpu", *flags]))
