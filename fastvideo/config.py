@@ -297,7 +297,6 @@ def _reward_extras(args):
 
 def _reward_spec(args) -> list:
     from fastvideo.rewards.combine import RewardSpecError, legacy_reward_spec, parse_reward_spec
-
     from fastvideo.rewards.flags import spec_from_args
 
     try:

@@ -38,11 +38,9 @@ class WireFormatError(ValueError):
 
 
 def _image_payloads(images: ImageBatch, encoding: str) -> list[tuple[list[int], bytes]]:
+    """u8 / png payloads, one per image."""
     if encoding == "f32":
-        if not isinstance(images, torch.Tensor):
-            raise RewardInputError("encoding f32 needs a float tensor batch; send PIL images as u8 or png")
-        arr = images.detach().float().cpu().contiguous().numpy().astype("<f4", copy=False)
-        return [(list(a.shape), a.tobytes()) for a in arr]
+        raise RewardInputError("encoding f32 needs a float tensor batch; send PIL images as u8 or png")
     if isinstance(images, torch.Tensor):
         arrays = list(tensor_to_uint8(images))
     else:
@@ -62,11 +60,17 @@ def encode_request(images: ImageBatch, prompts: Sequence[str], encoding: str = "
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown image encoding {encoding!r}; use one of {ENCODINGS}")
     check_inputs(images, prompts)
-    payloads = _image_payloads(images, encoding)
-    header = {"prompts": list(prompts), "encoding": encoding,
-              "images": [{"shape": shape, "nbytes": len(data)} for shape, data in payloads]}
-    head = json.dumps(header).encode("utf-8")
-    return b"".join([struct.pack("<I", len(head)), head, *(data for _, data in payloads)])
+    if encoding == "f32" and isinstance(images, torch.Tensor):
+        # One copy of the whole batch instead of one per image (the images are contiguous anyway).
+        arr = images.detach().float().cpu().contiguous().numpy()
+        metas = [{"shape": list(arr.shape[1:]), "nbytes": arr[0].nbytes}] * arr.shape[0]
+        payload = arr.astype("<f4", copy=False).tobytes()
+    else:
+        pieces = _image_payloads(images, encoding)
+        metas = [{"shape": shape, "nbytes": len(data)} for shape, data in pieces]
+        payload = b"".join(data for _, data in pieces)
+    head = json.dumps({"prompts": list(prompts), "encoding": encoding, "images": metas}).encode("utf-8")
+    return b"".join([struct.pack("<I", len(head)), head, payload])
 
 
 def _decode_one(encoding: str, shape: list[int], data: bytes):
@@ -74,13 +78,9 @@ def _decode_one(encoding: str, shape: list[int], data: bytes):
         im = Image.open(io.BytesIO(data))
         im.load()
         return im.convert("RGB")
-    dtype, size = ("<f4", 4) if encoding == "f32" else (np.uint8, 1)
-    if len(shape) != 3 or int(np.prod(shape)) * size != len(data):
+    if len(shape) != 3 or int(np.prod(shape)) != len(data):
         raise WireFormatError(f"image of shape {shape} does not match its {len(data)} bytes")
-    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
-    if encoding == "f32":
-        return torch.from_numpy(arr.astype(np.float32))
-    return Image.fromarray(arr, mode="RGB")
+    return Image.fromarray(np.frombuffer(data, dtype=np.uint8).reshape(shape), mode="RGB")
 
 
 def decode_request(body: bytes) -> tuple[ImageBatch, list[str]]:
@@ -97,6 +97,8 @@ def decode_request(body: bytes) -> tuple[ImageBatch, list[str]]:
         raise WireFormatError(f"bad request header: {exc}") from None
     if encoding not in ENCODINGS:
         raise WireFormatError(f"unknown encoding {encoding!r}; expected one of {ENCODINGS}")
+    if encoding == "f32":
+        return _decode_f32_batch(body, 4 + n, metas), list(prompts)
     offset, images = 4 + n, []
     for meta in metas:
         data = body[offset:offset + int(meta["nbytes"])]
@@ -104,8 +106,19 @@ def decode_request(body: bytes) -> tuple[ImageBatch, list[str]]:
         images.append(_decode_one(encoding, list(meta["shape"]), data))
     if offset != len(body):
         raise WireFormatError(f"{len(body) - offset} bytes left after the last image")
-    if encoding == "f32":
-        if len({tuple(t.shape) for t in images}) > 1:
-            raise WireFormatError("f32 images of one request must share one size")
-        images = torch.stack(images) if images else torch.empty(0, 3, 1, 1)
     return images, list(prompts)
+
+
+def _decode_f32_batch(body: bytes, offset: int, metas: list[dict]) -> torch.Tensor:
+    """f32 payloads -> one [B, 3, H, W] tensor (one copy); every image must share one shape."""
+    shapes = {tuple(m["shape"]) for m in metas}
+    if len(shapes) > 1:
+        raise WireFormatError("f32 images of one request must share one size")
+    shape = next(iter(shapes), (3, 1, 1))
+    if len(shape) != 3 or any(int(m["nbytes"]) != int(np.prod(shape)) * 4 for m in metas):
+        raise WireFormatError(f"f32 image of shape {list(shape)} does not match its byte count")
+    if len(body) - offset != len(metas) * int(np.prod(shape)) * 4:
+        raise WireFormatError(f"f32 payload of {len(body) - offset} bytes does not match {len(metas)} images "
+                              f"of shape {list(shape)} (truncated, or bytes left after the last image)")
+    arr = np.frombuffer(body, dtype="<f4", offset=offset).reshape(len(metas), *shape)
+    return torch.from_numpy(arr.astype(np.float32))  # a writable copy in native order
