@@ -58,6 +58,10 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
     from starlette.responses import JSONResponse
 
     app = fastapi.FastAPI(title="flux-grpo reward server", version=fastvideo.__version__)
+    # Intra-op threads are a per-thread setting: the pool threads that score would otherwise use
+    # the default count whatever this thread was set to, and a different count can change float
+    # rounding (remote scores are meant to equal in-process ones bit for bit).
+    threads = torch.get_num_threads()
     locks = {name: threading.Lock() for name in rewards}
     health = {"status": "ok", "server_version": SERVER_VERSION, "flux_grpo_version": fastvideo.__version__,
               "device": device, "rewards": dict(info or {n: {} for n in rewards})}
@@ -72,6 +76,8 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
             return JSONResponse({"detail": f"unknown reward {name!r}; served: {sorted(rewards)}"}, 404)
         try:
             images, prompts = decode_request(body)
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
             with locks[name]:
                 scores = rewards[name](images, prompts)
         except (WireFormatError, RewardInputError) as exc:

@@ -14,6 +14,7 @@ FLUX_GRPO_REQUIRE_PARITY is set (CI), where it must run.
 """
 
 import importlib
+import importlib.util
 import os
 import sys
 import types
@@ -29,12 +30,14 @@ SIZES = [(40, 48), (32, 32), (20, 70), (50, 31), (64, 64)]  # h, w
 
 
 def _import_clip():
-    try:
-        import pkg_resources  # noqa: F401  (openai-clip imports packaging through it)
-    except ImportError:
+    """openai-clip's `clip`, or None. It does `from pkg_resources import packaging` at import; newer
+    setuptools have no pkg_resources, so stand in for that one name while importing (and remove
+    the stand-in after: pytest looks for pkg_resources functions when it is in sys.modules)."""
+    stub = None
+    if importlib.util.find_spec("pkg_resources") is None:
         import packaging.version
 
-        sys.modules["pkg_resources"] = types.SimpleNamespace(packaging=packaging)
+        stub = sys.modules["pkg_resources"] = types.SimpleNamespace(packaging=packaging)
     try:
         return importlib.import_module("clip")
     except ImportError as exc:
@@ -44,6 +47,9 @@ def _import_clip():
                 "run scripts/install_hpsv2_parity.sh"
             ) from exc
         return None
+    finally:
+        if stub is not None and sys.modules.get("pkg_resources") is stub:
+            del sys.modules["pkg_resources"]
 
 
 def published_mlp(input_size: int) -> nn.Module:

@@ -1,6 +1,7 @@
 """python -m fastvideo.tools.reward_server: health record, request errors, CLI checks."""
 
 import json
+import sys
 import urllib.error
 import urllib.request
 
@@ -79,7 +80,7 @@ def test_plugin_rewards_are_served(tmp_path, monkeypatch):
     from fastvideo.rewards.remote import RemoteReward
 
     (tmp_path / "my_plugin.py").write_text(PLUGIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     args = build_parser().parse_args(["--plugin", "bright=my_plugin:build", "--plugin", "bad=my_plugin:wrong_count",
                                       "--device", "cpu"])
     rewards, info, _ = build_rewards(args)
