@@ -64,6 +64,9 @@ def parse_args(argv=None):
     ap.add_argument("--remote", action="store_true", help="in-process vs through a loopback reward server")
     ap.add_argument("--remote_batch_sizes", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--encodings", nargs="+", default=["f32", "u8", "png"], choices=["f32", "u8", "png"])
+    ap.add_argument("--transfer", action="store_true",
+                    help="the server's own cost: a reward that returns zeros, served in this process, "
+                         "ms per image round trip for each --remote_batch_sizes and --encodings")
     return ap.parse_args(argv)
 
 
@@ -103,6 +106,8 @@ def make_scorer(reward, batch_size: int, images: torch.Tensor, prompts: list[str
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.transfer:
+        return main_transfer(args)
     if args.remote:
         return main_remote(args)
     device = platform.get_device()
@@ -169,6 +174,33 @@ def best_time(fn, repeats: int) -> tuple[float, torch.Tensor]:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best, scores
+
+
+def main_transfer(args) -> None:
+    """Encode + HTTP + decode cost per image, with no model (uvicorn in a thread of this process)."""
+    import threading
+
+    import uvicorn
+
+    from fastvideo.rewards.remote import RemoteReward
+    from fastvideo.tools.reward_server import build_app
+
+    images = torch.rand(args.num_images, 3, args.size, args.size, generator=torch.Generator().manual_seed(args.seed))
+    prompts = ["p"] * args.num_images
+    server = uvicorn.Server(uvicorn.Config(build_app({"zero": lambda im, p: torch.zeros(len(p))}),
+                                           host="127.0.0.1", port=0, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    print(f"# {args.num_images} images {args.size}x{args.size}, server in-process on 127.0.0.1:{port}\n")
+    print("| encoding | batch | ms per image (round trip) |\n|---|---|---|")
+    for enc in args.encodings:
+        for bs in args.remote_batch_sizes:
+            reward = RemoteReward(f"http://127.0.0.1:{port}/zero?encoding={enc}", batch_size=bs)
+            seconds, _ = best_time(lambda: reward(images, prompts), args.repeats)
+            print(f"| {enc} | {bs} | {seconds / args.num_images * 1e3:.1f} |", flush=True)
+    server.should_exit = True
 
 
 def main_remote(args) -> None:

@@ -68,6 +68,9 @@ def test_rewards_bench_new_rewards_and_remote(capsys):
     rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines() if ln.startswith("| compressibility")]
     assert [(r[1], r[2]) for r in rows] == [("2", "f32"), ("2", "u8"), ("4", "f32"), ("4", "u8")]
     assert all(r[6] == "identical |" and float(r[5]) > 0 for r in rows)
+    mod.main(["--transfer", "--num_images", "4", "--size", "16", "--remote_batch_sizes", "2", "--repeats", "1"])
+    rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines() if ln.startswith(("| f32", "| u8", "| png"))]
+    assert [r[0][2:] for r in rows] == ["f32", "u8", "png"] and all(float(r[2].rstrip(" |")) > 0 for r in rows)
 
 
 def test_rollout_bench_times_both_attention_backends(capsys):
