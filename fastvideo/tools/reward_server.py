@@ -62,6 +62,7 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
     # the default count whatever this thread was set to, and a different count can change float
     # rounding (remote scores are meant to equal in-process ones bit for bit).
     threads = torch.get_num_threads()
+    on_accelerator, bound = platform.is_accelerator(device), threading.local()
     locks = {name: threading.Lock() for name in rewards}
     health = {"status": "ok", "server_version": SERVER_VERSION, "flux_grpo_version": fastvideo.__version__,
               "device": device, "rewards": dict(info or {n: {} for n in rewards})}
@@ -78,6 +79,9 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
             images, prompts = decode_request(body)
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
+            if on_accelerator and not getattr(bound, "done", False):
+                platform.set_device(torch.device(device))  # the current device is per thread too
+                bound.done = True
             with locks[name]:
                 scores = rewards[name](images, prompts)
         except (WireFormatError, RewardInputError) as exc:
