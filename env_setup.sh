@@ -12,7 +12,8 @@
 #   --venv DIR     virtual environment to create/use (default: .venv in this folder, unless a
 #                  virtualenv or conda environment is already active, which is then used as is).
 #   --no-venv      install into the current Python environment.
-#   --with-parity  also install the hpsv2 package (no deps) for the HPS parity test.
+#   --with-parity  also install the hpsv2 package (no deps) for the HPS parity test, and the
+#                  aesthetic / ImageReward references (scripts/install_reward_parity.sh).
 #   --force        reinstall even if the stamp says the environment is up to date.
 #   --cann-version V  (npu) the CANN version to pair torch-npu with (default: read from the CANN tree).
 #   --cann-home DIR   (npu) the CANN tree (default: $ASCEND_TOOLKIT_HOME, /usr/local/Ascend/cann,
@@ -100,7 +101,7 @@ case "$PYVER" in 3.[0-9]) echo "env_setup.sh: flux-grpo needs Python >= 3.10, $P
 
 STAMP_DIR="$("$PY" -c 'import sys; print(sys.prefix)')"
 STAMP="$STAMP_DIR/.flux_grpo_setup"
-WANT="$TARGET parity=$PARITY${CANN_VERSION:+ cann=$CANN_VERSION} $(cat pyproject.toml scripts/install_hpsv2_parity.sh 2>/dev/null | cksum | cut -d' ' -f1)"
+WANT="$TARGET parity=$PARITY${CANN_VERSION:+ cann=$CANN_VERSION} $(cat pyproject.toml scripts/install_hpsv2_parity.sh scripts/install_reward_parity.sh 2>/dev/null | cksum | cut -d' ' -f1)"
 if [ "$FORCE" = 0 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import fastvideo, torch, diffusers" 2>/dev/null; then
   echo "env_setup.sh: environment up to date ($PY, target $TARGET)"
   exit 0

@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("rewards")
     g.add_argument("--rewards", type=str, default=None,
-                   help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, compressibility, detail, saturation)')
+                   help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, '
+                        'compressibility, aesthetic, imagereward, detail, saturation; remote:URL/NAME:W; '
+                        'vlm:URL?model=M:W)')
     g.add_argument("--use_hpsv2", action="store_true", help="alias of --rewards hpsv2:1.0")
     g.add_argument("--use_pickscore", action="store_true", help="alias of --rewards pickscore:1.0")
     g.add_argument("--reward_group_norm", action="store_true",
@@ -77,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score each rollout chunk on a worker thread while the next chunk samples; auto: on "
                         "only when the reward runs on another device than the rollout (--reward_device cpu "
                         "with a GPU/NPU), where the two do not compete (docs/performance.md)")
+    from fastvideo.rewards.flags import add_reward_flags
+
+    add_reward_flags(p)
 
     g = p.add_argument_group("GRPO")
     g.add_argument("--h", type=int, default=720, help="image height (multiple of 16)")
@@ -214,6 +219,7 @@ class RewardSettings:
     batch_size: int
     overlap: str  # auto | on | off (see builders.overlap_reward_scoring)
     precision: str  # auto | fp16 | bf16 | fp32 (see builders.reward_dtype)
+    extras: object = None  # rewards.flags.RewardExtras: newer rewards' paths, remote settings
 
 
 @dataclass
@@ -316,13 +322,26 @@ def _fail(msg: str) -> None:
     raise ConfigError(msg)
 
 
-def _reward_spec(args) -> list:
-    from fastvideo.rewards.combine import RewardSpecError, legacy_reward_spec, parse_reward_spec
+def _reward_extras(args):
+    from fastvideo.rewards.flags import extras_from_args
 
     try:
-        spec = parse_reward_spec(args.rewards) if args.rewards else []
-    except RewardSpecError as exc:
+        return extras_from_args(args)
+    except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _reward_spec(args) -> list:
+    from fastvideo.rewards.combine import RewardSpecError, legacy_reward_spec, parse_reward_spec
+    from fastvideo.rewards.flags import spec_from_args
+
+    try:
+        mixgrpo = spec_from_args(args)  # MixGRPO's --reward_model flags; [] when not used
+        spec = parse_reward_spec(args.rewards) if args.rewards else []
+    except (RewardSpecError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+    if mixgrpo:
+        return mixgrpo
     legacy = legacy_reward_spec(use_hpsv2=args.use_hpsv2, use_pickscore=args.use_pickscore)
     if spec and legacy:
         _fail("give the rewards either with --rewards or with --use_hpsv2/--use_pickscore, not both")
@@ -452,7 +471,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             hps_ckpt_dir=args.hps_ckpt_dir, hps_model_name=args.hps_model_name,
             pickscore_dir=args.pickscore_dir, pickscore_processor_dir=args.pickscore_processor_dir,
             clip_dir=args.clip_dir, device=args.reward_device, batch_size=args.reward_batch_size,
-            overlap=args.reward_overlap, precision=args.reward_precision,
+            overlap=args.reward_overlap, precision=args.reward_precision, extras=_reward_extras(args),
         ),
         grpo=GRPOSettings(
             use_group=args.use_group, adv_std=args.adv_std, train_last_step=args.train_last_step,

@@ -73,3 +73,6 @@ if ! "$PYTHON" -W ignore -c "import hpsv2.img_score" 2>"$err_file"; then
     fi
 fi
 echo "hpsv2 1.2.0 ready for the HPS parity test ($("$PYTHON" -c 'import sys; print(sys.executable)'))"
+
+# The aesthetic and ImageReward parity references.
+PYTHON="$PYTHON" bash "$REPO/scripts/install_reward_parity.sh"

@@ -33,3 +33,11 @@ def tiny_embeddings(tiny_flux_dir, tmp_path_factory):
     cfg = PreprocessConfig(model_path=str(tiny_flux_dir), prompt_file=str(root / "assets" / "prompts_tiny.txt"),
                            output_dir=str(out), max_sequence_length=32, batch_size=8, dataloader_num_workers=0)
     return run_preprocess(cfg).json_path
+
+
+@pytest.fixture(scope="session")
+def tiny_rewards(tmp_path_factory):
+    """Tiny reward checkpoints (hps_ckpt/, pickscore/, aesthetic/...) in the real layouts, built once."""
+    from fastvideo.tools.make_tiny_reward import make_tiny_reward
+
+    return make_tiny_reward(tmp_path_factory.mktemp("tiny_rewards"), seed=0)

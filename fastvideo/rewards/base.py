@@ -283,6 +283,8 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "compressibility": ("fastvideo.rewards.compressibility", "JpegCompressibilityReward"),
     "detail": ("fastvideo.rewards.image_stats", "DetailReward"),
     "saturation": ("fastvideo.rewards.image_stats", "SaturationReward"),
+    "aesthetic": ("fastvideo.rewards.aesthetic", "AestheticReward"),
+    "imagereward": ("fastvideo.rewards.imagereward", "ImageRewardReward"),
 }
 
 

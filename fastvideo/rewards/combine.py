@@ -25,8 +25,26 @@ class RewardSpecError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class RewardSpec:
+    """One --rewards entry. ``url`` is set for rewards scored elsewhere (kind remote or vlm,
+    see rewards/remote.py); their name is the served reward's (``vlm/<model>`` for judges)."""
+
     name: str
     weight: float = 1.0
+    kind: str = "local"  # local | remote | vlm
+    url: str | None = None
+
+
+def _parse_endpoint(item: str, spec: str) -> RewardSpec:
+    from fastvideo.rewards.remote import split_endpoint_item
+
+    try:
+        endpoint, weight = split_endpoint_item(item)
+    except ValueError as exc:
+        raise RewardSpecError(f"{exc} (in --rewards {spec!r})") from None
+    weight = 1.0 if weight is None else weight
+    if not math.isfinite(weight):
+        raise RewardSpecError(f"weight of reward {endpoint.name!r} must be finite; got {weight}")
+    return RewardSpec(endpoint.name, weight, endpoint.kind, endpoint.url)
 
 
 def parse_reward_spec(spec: str) -> list[RewardSpec]:
@@ -44,6 +62,11 @@ def parse_reward_spec(spec: str) -> list[RewardSpec]:
         item = item.strip()
         if not item:
             raise RewardSpecError(f"empty entry in --rewards {spec!r} (stray comma?)")
+        if item.partition(":")[0].strip() in ("remote", "vlm"):
+            specs.append(_parse_endpoint(item, spec))
+            if sum(s.name == specs[-1].name for s in specs) > 1:
+                raise RewardSpecError(f"reward {specs[-1].name!r} appears twice in --rewards {spec!r}")
+            continue
         name, sep, weight_text = item.partition(":")
         name = name.strip()
         if not name or ":" in weight_text:
@@ -68,7 +91,7 @@ def parse_reward_spec(spec: str) -> list[RewardSpec]:
 
 
 def format_reward_spec(specs: Sequence[RewardSpec]) -> str:
-    return ",".join(f"{s.name}:{s.weight:g}" for s in specs)
+    return ",".join(f"{s.kind + ':' + s.url if s.url else s.name}:{s.weight:g}" for s in specs)
 
 
 def legacy_reward_spec(use_hpsv2: bool = False, use_pickscore: bool = False) -> list[RewardSpec]:
@@ -141,6 +164,7 @@ class MultiReward:
         normalize: bool = False,
         num_generations: int | None = None,
         eps: float = 1e-8,
+        mix: str | None = None,
     ) -> None:
         if not components:
             raise ValueError("MultiReward needs at least one reward")
@@ -148,7 +172,10 @@ class MultiReward:
             raise ValueError(
                 f"per-group normalisation needs num_generations >= 2; got {num_generations}"
             )
+        if mix is not None and (num_generations is None or num_generations < 2):
+            raise ValueError(f"--multi_reward_mix {mix} needs groups: num_generations >= 2")
         self.components = list(components)
+        self.mix = mix  # MixGRPO's advantage_aggr / reward_aggr (rewards/mix.py), or None
         self.normalize = normalize
         self.num_generations = num_generations
         self.eps = eps
@@ -165,6 +192,13 @@ class MultiReward:
         batch (e.g. one rollout chunk) and the slices concatenated before :meth:`combine`."""
         return {name: reward(images, prompts).float() for name, _, reward in self.components}
 
+    def mixed_advantages(self, raw: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """[B] advantages the MixGRPO way (self.mix), from raw scores of whole groups."""
+        from fastvideo.rewards.mix import mix_advantages
+
+        weights = {name: weight for name, weight, _ in self.components}
+        return mix_advantages(raw, weights, self.num_generations, self.mix)
+
     def combine(self, raw: Mapping[str, torch.Tensor]) -> MultiRewardOutput:
         """Weighted (optionally group-normalised) sum of raw scores [B]; B must hold whole groups
         when normalising."""
@@ -178,12 +212,27 @@ class MultiReward:
         return MultiRewardOutput(total=total, raw=dict(raw))
 
 
+def _endpoint_reward(spec: RewardSpec, kwargs: Mapping[str, Any], common: Mapping[str, Any]) -> Reward:
+    """The client of a remote:/vlm: entry; of the common kwargs only batch_size applies."""
+    kwargs = dict(kwargs)
+    if "batch_size" in common:
+        kwargs.setdefault("batch_size", common["batch_size"])
+    if spec.kind == "remote":
+        from fastvideo.rewards.remote import RemoteReward
+
+        return RemoteReward(spec.url, **kwargs)
+    from fastvideo.rewards.vlm import VLMJudgeReward
+
+    return VLMJudgeReward(spec.url, **kwargs)
+
+
 def build_multi_reward(
     spec: str | Sequence[RewardSpec],
     reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     common_kwargs: Mapping[str, Any] | None = None,
     normalize: bool = False,
     num_generations: int | None = None,
+    mix: str | None = None,
 ) -> MultiReward:
     """Build each reward of a spec with ``{**common_kwargs, **reward_kwargs[name]}``.
 
@@ -195,6 +244,10 @@ def build_multi_reward(
     reward_kwargs = reward_kwargs or {}
     components = []
     for s in specs:
-        kwargs = {**(common_kwargs or {}), **reward_kwargs.get(s.name, {})}
-        components.append((s.name, s.weight, build_reward(s.name, **kwargs)))
-    return MultiReward(components, normalize=normalize, num_generations=num_generations)
+        if s.url is not None:
+            reward = _endpoint_reward(s, reward_kwargs.get(s.kind, {}), common_kwargs or {})
+        else:
+            kwargs = {**(common_kwargs or {}), **reward_kwargs.get(s.name, {})}
+            reward = build_reward(s.name, **kwargs)
+        components.append((s.name, s.weight, reward))
+    return MultiReward(components, normalize=normalize, num_generations=num_generations, mix=mix)

@@ -11,6 +11,11 @@ writes
                                                      registers it when given that model_name
     OUT_DIR/pickscore/                               CLIPModel + CLIPProcessor (save_pretrained),
                                                      usable for both PickScore and CLIP score
+    OUT_DIR/aesthetic/open_clip_pytorch_model.bin    tiny QuickGELU open_clip CLIP (OpenAI key layout)
+    OUT_DIR/aesthetic/sac+logos+ava1-l14-linearMSE.pth   the aesthetic MLP (published layout)
+    OUT_DIR/aesthetic/<TINY_AESTHETIC_CLIP_NAME>.json     its open_clip config
+    OUT_DIR/image_reward/ImageReward.pt              tiny BLIP + MLP state dict, the package's key names
+    OUT_DIR/image_reward/med_config.json             its BERT config; vocab.txt etc.: a tiny WordPiece
 
 No download: the CLIP tokenizer is built from a byte-level vocabulary written here (256 byte
 symbols, their '</w>' variants, <|startoftext|>, <|endoftext|>; no merges). The same seed gives
@@ -44,6 +49,16 @@ BASE_HPS_CONFIG = {
     "vision_cfg": {"image_size": 224, "layers": 12, "width": 768, "patch_size": 16},
     "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 512, "heads": 8, "layers": 12},
 }
+# Widths are multiples of 64 with 64-wide heads: OpenAI's clip.model.build_model (the aesthetic
+# parity reference) infers heads as width // 64. The text tower is unused by the aesthetic score;
+# a small vocabulary keeps the file small.
+TINY_AESTHETIC_CLIP_NAME = "flux-grpo-tiny-aesthetic-clip"
+TINY_AESTHETIC_CLIP_CONFIG = {
+    "embed_dim": 32,
+    "quick_gelu": True,
+    "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "head_width": 64, "patch_size": 8},
+    "text_cfg": {"context_length": 77, "vocab_size": 1000, "width": 64, "heads": 1, "layers": 1},
+}
 HPS_PRESETS = {"tiny": (TINY_HPS_MODEL_NAME, TINY_HPS_CONFIG), "base": (BASE_HPS_MODEL_NAME, BASE_HPS_CONFIG)}
 TINY_CLIP_IMAGE_SIZE = 32
 START_TOKEN, END_TOKEN = "<|startoftext|>", "<|endoftext|>"
@@ -55,6 +70,9 @@ class TinyRewardPaths:
     hps_model_name: str
     hps_model_config: Path
     pickscore_dir: Path
+    aesthetic_dir: Path
+    aesthetic_clip_name: str
+    image_reward_dir: Path
 
 
 def write_hps(out_dir: Path, seed: int, preset: str = "tiny") -> tuple[Path, Path]:
@@ -82,6 +100,31 @@ def write_hps(out_dir: Path, seed: int, preset: str = "tiny") -> tuple[Path, Pat
     hps_state = {k: v.half() if v.is_floating_point() else v for k, v in tuned.items()}
     torch.save({"state_dict": hps_state}, out_dir / "HPS_v2.1_compressed.pt")
     return out_dir, config_path
+
+
+def write_aesthetic(out_dir: Path, seed: int) -> Path:
+    """Tiny open_clip CLIP (QuickGELU, OpenAI key names) + the aesthetic MLP, random weights."""
+    import open_clip
+
+    from fastvideo.rewards.aesthetic import AESTHETIC_MLP_FILE, AestheticMLP
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = out_dir / f"{TINY_AESTHETIC_CLIP_NAME}.json"
+    config_path.write_text(json.dumps(TINY_AESTHETIC_CLIP_CONFIG, indent=2) + "\n")
+    if open_clip.get_model_config(TINY_AESTHETIC_CLIP_NAME) != TINY_AESTHETIC_CLIP_CONFIG:
+        open_clip.add_model_config(config_path)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 10)
+        clip = open_clip.create_model(TINY_AESTHETIC_CLIP_NAME, pretrained=None, device="cpu")
+        mlp = AestheticMLP(TINY_AESTHETIC_CLIP_CONFIG["embed_dim"])
+        for p in mlp.parameters():  # random biases too (nn.Linear's are small), so tests see them
+            torch.nn.init.normal_(p, std=0.2)
+    # OpenAI released CLIP in float16 (clip.model.build_model rounds to it): keep the float32
+    # values float16-representable, as the real open_clip copy of those weights is.
+    torch.save({k: v.half().float().contiguous() if v.is_floating_point() else v.contiguous()
+                for k, v in clip.state_dict().items()}, out_dir / "open_clip_pytorch_model.bin")
+    torch.save(mlp.state_dict(), out_dir / AESTHETIC_MLP_FILE)
+    return out_dir
 
 
 def write_clip_tokenizer_files(folder: Path) -> tuple[Path, Path]:
@@ -138,7 +181,12 @@ def make_tiny_reward(out_dir: str | Path, seed: int = 0) -> TinyRewardPaths:
     out_dir = Path(out_dir)
     hps_dir, config_path = write_hps(out_dir / "hps_ckpt", seed)
     pick_dir = write_pickscore(out_dir / "pickscore", seed)
-    return TinyRewardPaths(hps_dir, TINY_HPS_MODEL_NAME, config_path, pick_dir)
+    aesthetic_dir = write_aesthetic(out_dir / "aesthetic", seed)
+    from fastvideo.tools.make_tiny_image_reward import write_image_reward
+
+    image_reward_dir = write_image_reward(out_dir / "image_reward", seed)
+    return TinyRewardPaths(hps_dir, TINY_HPS_MODEL_NAME, config_path, pick_dir,
+                           aesthetic_dir, TINY_AESTHETIC_CLIP_NAME, image_reward_dir)
 
 
 def main(argv: list[str] | None = None) -> TinyRewardPaths:
@@ -149,6 +197,8 @@ def main(argv: list[str] | None = None) -> TinyRewardPaths:
     paths = make_tiny_reward(args.out_dir, args.seed)
     print(f"HPS:       {paths.hps_ckpt_dir} (model_name={paths.hps_model_name})")
     print(f"PickScore: {paths.pickscore_dir}")
+    print(f"Aesthetic: {paths.aesthetic_dir} (clip_model_name={paths.aesthetic_clip_name})")
+    print(f"ImageReward: {paths.image_reward_dir}")
     return paths
 
 

@@ -168,13 +168,24 @@ def reward_dtype(precision: str) -> torch.dtype | None:
     return {"auto": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[precision]
 
 
+def check_reward_endpoints(cfg: TrainConfig) -> None:
+    """remote:/vlm: rewards must answer at start-up (rewards/remote.py); nothing to do otherwise."""
+    if any(s.url for s in cfg.reward.spec):
+        from fastvideo.rewards.remote import check_reward_endpoints as check
+
+        check(cfg.reward.spec)
+
+
 def reward_build_kwargs(cfg: TrainConfig, device: torch.device) -> tuple[dict, dict]:
     """(per-reward keyword arguments, arguments every reward takes) from the reward flags."""
+    from fastvideo.rewards.flags import RewardExtras, reward_kwargs
+
     r = cfg.reward
     per_reward = {
         "hpsv2": {"hps_ckpt_dir": r.hps_ckpt_dir, "model_name": r.hps_model_name},
         "pickscore": {"pickscore_dir": r.pickscore_dir, "processor_dir": r.pickscore_processor_dir},
         "clip": {"clip_dir": r.clip_dir},
+        **reward_kwargs(r.extras or RewardExtras()),
     }
     return per_reward, {"device": reward_device_for(cfg, device), "batch_size": r.batch_size,
                         "dtype": reward_dtype(r.precision)}
@@ -182,11 +193,13 @@ def reward_build_kwargs(cfg: TrainConfig, device: torch.device) -> tuple[dict, d
 
 def build_rewards(cfg: TrainConfig, device: torch.device):
     from fastvideo.rewards.combine import build_multi_reward
+    from fastvideo.rewards.flags import RewardExtras
 
     r = cfg.reward
     per_reward, common = reward_build_kwargs(cfg, device)
     return build_multi_reward(r.spec, reward_kwargs=per_reward, common_kwargs=common,
-                              normalize=r.group_norm, num_generations=cfg.rollout.num_generations)
+                              normalize=r.group_norm, num_generations=cfg.rollout.num_generations,
+                              mix=(r.extras or RewardExtras()).multi_reward_mix)
 
 
 def build_optimizer(cfg: TrainConfig, model: torch.nn.Module):

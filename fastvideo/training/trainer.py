@@ -93,6 +93,7 @@ class GRPOTrainer:
         self.resume_path = self._check_resume()  # before any model loads: a refused resume costs nothing
         platform.set_fast_matmul(self.device, cfg.model.allow_tf32)
         platform.seed_everything(cfg.optim.seed)
+        builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
         self.dataset = builders.build_dataset(cfg)
         self.transformer_config, self.model, self.vae = builders.build_models(cfg, self.device)
         self.dataset.check_against_transformer(self.transformer_config)
@@ -137,7 +138,8 @@ class GRPOTrainer:
         cfg = self.cfg
         derived = cfg.derived(self.info.world_size)
         resolved = {**cfg.to_dict(), "derived": derived, "device": str(self.device)}
-        resolved["reward"]["spec"] = [f"{s.name}:{s.weight:g}" for s in cfg.reward.spec]
+        resolved["reward"]["spec"] = [f"{s.kind}:{s.url}:{s.weight:g}" if s.url else f"{s.name}:{s.weight:g}"
+                                      for s in cfg.reward.spec]
         atomic_write_json(Path(cfg.output.output_dir) / "config.json", resolved)
         for note in cfg.compat_notes:
             main_print(f"[config] {note}")
@@ -374,7 +376,11 @@ class GRPOTrainer:
             with self.timer.phase("reward"):
                 rewards = self.compute_rewards(traj)
         with self.timer.phase("reward"):
-            advantages = self.compute_advantages(rewards.total)
+            if getattr(self.reward, "mix", None):  # MixGRPO's --multi_reward_mix (rewards/mix.py)
+                advantages = self.reward.mixed_advantages(rewards.per_reward).clamp(
+                    -self.cfg.grpo.adv_clip_max, self.cfg.grpo.adv_clip_max)
+            else:
+                advantages = self.compute_advantages(rewards.total)
         with self.timer.phase("update"):
             stats = self.update(traj, advantages, iteration)
             self._update_ema(iteration)

@@ -57,6 +57,22 @@ def test_rewards_bench_table(capsys):
     assert all(float(r[5].rstrip(" |")) < 1e-4 for r in rows)  # batching does not change the scores
 
 
+def test_rewards_bench_new_rewards_and_remote(capsys):
+    mod = _load("rewards")
+    mod.main(["--rewards", "aesthetic", "imagereward", "--num_images", "2", "--size", "32", "--batch_sizes", "2",
+              "--repeats", "1"])
+    rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines() if ln.startswith(("| aesthetic", "| image"))]
+    assert [(r[0][2:], r[1]) for r in rows] == [(n, b) for n in ("aesthetic", "imagereward") for b in ("1", "2")]
+    mod.main(["--remote", "--rewards", "compressibility", "--num_images", "4", "--size", "32",
+              "--remote_batch_sizes", "2", "4", "--encodings", "f32", "u8", "--repeats", "1"])
+    rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines() if ln.startswith("| compressibility")]
+    assert [(r[1], r[2]) for r in rows] == [("2", "f32"), ("2", "u8"), ("4", "f32"), ("4", "u8")]
+    assert all(r[6] == "identical |" and float(r[5]) > 0 for r in rows)
+    mod.main(["--transfer", "--num_images", "4", "--size", "16", "--remote_batch_sizes", "2", "--repeats", "1"])
+    rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines() if ln.startswith(("| f32", "| u8", "| png"))]
+    assert [r[0][2:] for r in rows] == ["f32", "u8", "png"] and all(float(r[2].rstrip(" |")) > 0 for r in rows)
+
+
 def test_rollout_bench_times_both_attention_backends(capsys):
     mod = _load("rollout")
     mod.main(["--preset", "tiny", "--height", "32", "--width", "32", "--steps", "1", "--generations", "2",

@@ -11,14 +11,6 @@ PROMPTS = ["a red cube on a table", "a dog running on a beach", "blue sky over m
 
 
 @pytest.fixture(scope="session")
-def tiny_rewards(tmp_path_factory):
-    """Tiny reward checkpoints (hps_ckpt/ + pickscore/) in the real layouts, built once."""
-    from fastvideo.tools.make_tiny_reward import make_tiny_reward
-
-    return make_tiny_reward(tmp_path_factory.mktemp("tiny_rewards"), seed=0)
-
-
-@pytest.fixture(scope="session")
 def hps_reward(tiny_rewards):
     from fastvideo.rewards import build_reward
 

@@ -31,7 +31,22 @@ def test_layout_and_size(tiny_rewards):
     floats = [v for v in ckpt["state_dict"].values() if v.is_floating_point()]
     assert all(v.dtype == torch.float16 for v in floats)
     total = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-    assert total < 8e6, total
+    assert total < 10e6, total
+
+
+def test_aesthetic_and_image_reward_layouts(tiny_rewards):
+    aes, ir = tiny_rewards.aesthetic_dir, tiny_rewards.image_reward_dir
+    assert {p.name for p in aes.iterdir()} == {
+        "open_clip_pytorch_model.bin", "sac+logos+ava1-l14-linearMSE.pth", f"{tiny_rewards.aesthetic_clip_name}.json"}
+    mlp = torch.load(aes / "sac+logos+ava1-l14-linearMSE.pth", weights_only=True)
+    assert sorted(mlp) == sorted(f"layers.{i}.{p}" for i in (0, 2, 4, 6, 7) for p in ("weight", "bias"))
+    assert {"ImageReward.pt", "med_config.json", "vocab.txt"} <= {p.name for p in ir.iterdir()}
+    sd = torch.load(ir / "ImageReward.pt", weights_only=True)
+    prefixes = {k.split(".")[0] + "." + k.split(".")[1] for k in sd if k.startswith("blip.")}
+    assert prefixes == {"blip.visual_encoder", "blip.text_encoder", "blip.vision_proj", "blip.text_proj"}
+    assert "blip.visual_encoder.blocks.1.attn.qkv.weight" in sd and "mlp.layers.7.bias" in sd
+    config = json.loads((ir / "med_config.json").read_text())
+    assert config["add_cross_attention"] and config["vocab_size"] == len((ir / "vocab.txt").read_text().split()) + 2
 
 
 def test_vocab_is_byte_level_with_specials(tiny_rewards):

@@ -21,12 +21,13 @@ from fastvideo.rewards import (
 
 
 def test_registry_names():
-    assert available_rewards() == ("clip", "compressibility", "detail", "hpsv2", "pickscore", "saturation")
+    assert available_rewards() == ("aesthetic", "clip", "compressibility", "detail", "hpsv2", "imagereward",
+                                   "pickscore", "saturation")
 
 
 def test_unknown_reward_lists_valid_names():
     with pytest.raises(UnknownRewardError) as err:
-        build_reward("hpsv3")
+        build_reward("hpsv9")
     for name in ("clip", "compressibility", "hpsv2", "pickscore"):
         assert name in str(err.value)
 

@@ -50,8 +50,8 @@ def test_parse_spec():
         ("hpsv2:nan", RewardSpecError, "finite"),
         ("hpsv2:1,hpsv2:2", RewardSpecError, "twice"),
         ("hpsv2:0,clip:0", RewardSpecError, "all reward weights are zero"),
-        ("imagereward:1", UnknownRewardError,
-         "valid names: clip, compressibility, detail, hpsv2, pickscore, saturation"),
+        ("nosuchreward:1", UnknownRewardError,
+         "valid names: aesthetic, clip, compressibility, detail, hpsv2, imagereward, pickscore, saturation"),
     ],
 )
 def test_parse_spec_errors(spec, error, match):

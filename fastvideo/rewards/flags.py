@@ -1,0 +1,110 @@
+"""Flags of the reward models added after the first four, of remote rewards, and MixGRPO's
+reward flags; assembled into the trainer's parser by fastvideo/config.py.
+
+The typed result is :class:`RewardExtras` (TrainConfig.reward.extras); builders.build_rewards
+turns it into per-reward constructor arguments with :func:`reward_kwargs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass
+class RewardExtras:
+    aesthetic_dir: str = "./aesthetic_ckpt"
+    aesthetic_clip_name: str = "ViT-L-14-quickgelu"
+    image_reward_dir: str = "./image_reward_ckpt"
+    remote_timeout_s: float = 120.0
+    remote_retries: int = 3
+    vlm_concurrency: int = 8
+    vlm_timeout_s: float = 120.0
+    multi_reward_mix: str | None = None  # advantage_aggr | reward_aggr (MixGRPO), None: --rewards
+
+
+def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
+    """The newer rewards' file flags; with client=True (the trainer) also the remote:/vlm: client
+    settings and MixGRPO's flags (a reward server takes only the file flags)."""
+    g = p.add_argument_group("more rewards (aesthetic, imagereward, remote:, vlm:)")
+    g.add_argument("--aesthetic_dir", type=str, default=RewardExtras.aesthetic_dir,
+                   help="folder with sac+logos+ava1-l14-linearMSE.pth and the CLIP ViT-L/14 weights "
+                        "(open_clip_pytorch_model.bin) for --rewards aesthetic")
+    g.add_argument("--aesthetic_clip_name", type=str, default=RewardExtras.aesthetic_clip_name,
+                   help="open_clip architecture of those CLIP weights")
+    g.add_argument("--image_reward_dir", type=str, default=RewardExtras.image_reward_dir,
+                   help="folder with ImageReward.pt, med_config.json and the bert-base-uncased "
+                        "tokenizer files (vocab.txt) for --rewards imagereward")
+    if not client:
+        return
+    g.add_argument("--reward_timeout", type=float, default=RewardExtras.remote_timeout_s,
+                   help="seconds one request to a remote: reward server may take")
+    g.add_argument("--reward_retries", type=int, default=RewardExtras.remote_retries,
+                   help="retries (exponential backoff from 0.5 s) of a failed remote:/vlm: request")
+    g.add_argument("--vlm_concurrency", type=int, default=RewardExtras.vlm_concurrency,
+                   help="requests in flight at once to a vlm: judge")
+    g.add_argument("--vlm_timeout", type=float, default=RewardExtras.vlm_timeout_s,
+                   help="seconds one vlm: judge request may take")
+    from fastvideo.rewards.mix import add_mixgrpo_flags
+
+    add_mixgrpo_flags(p)
+
+
+def extras_from_args(args: argparse.Namespace) -> RewardExtras:
+    """Validated RewardExtras; raises ValueError naming the flag. Client flags a parser did not
+    define (a reward server's) keep their defaults."""
+    if not hasattr(args, "reward_timeout"):
+        return RewardExtras(aesthetic_dir=args.aesthetic_dir, aesthetic_clip_name=args.aesthetic_clip_name,
+                            image_reward_dir=args.image_reward_dir)
+    for flag in ("reward_timeout", "vlm_timeout"):
+        if not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag} must be positive; got {getattr(args, flag)}")
+    if args.reward_retries < 0:
+        raise ValueError(f"--reward_retries must be >= 0; got {args.reward_retries}")
+    if args.vlm_concurrency < 1:
+        raise ValueError(f"--vlm_concurrency must be >= 1; got {args.vlm_concurrency}")
+    return RewardExtras(
+        aesthetic_dir=args.aesthetic_dir, aesthetic_clip_name=args.aesthetic_clip_name,
+        image_reward_dir=args.image_reward_dir, remote_timeout_s=args.reward_timeout,
+        remote_retries=args.reward_retries, vlm_concurrency=args.vlm_concurrency,
+        vlm_timeout_s=args.vlm_timeout, multi_reward_mix=mix_mode(args),
+    )
+
+
+def mix_mode(args: argparse.Namespace) -> str | None:
+    """MixGRPO's --multi_reward_mix (its default advantage_aggr with --reward_model); None when
+    the rewards come from --rewards. Needs --use_group, as in MixGRPO."""
+    if getattr(args, "reward_model", None) is None:
+        return None
+    mode = args.multi_reward_mix or "advantage_aggr"
+    if getattr(args, "reward_group_norm", False):
+        raise ValueError(f"--reward_group_norm does not apply with --multi_reward_mix {mode}, which "
+                         "normalises the MixGRPO way; drop it")
+    if not getattr(args, "use_group", True):
+        raise ValueError(f"--multi_reward_mix {mode} (MixGRPO's --reward_model) needs --use_group")
+    return mode
+
+
+def spec_from_args(args: argparse.Namespace) -> list:
+    """MixGRPO's --reward_model flags as RewardSpecs ([] when not used); ValueError if mixed
+    with --rewards or the legacy --use_hpsv2/--use_pickscore."""
+    from fastvideo import platform
+    from fastvideo.rewards.mix import mixgrpo_specs
+
+    specs = mixgrpo_specs(args, rank=platform.dist_env()[0])
+    if specs and (args.rewards or args.use_hpsv2 or args.use_pickscore):
+        raise ValueError("give the rewards either with --reward_model (MixGRPO) or with --rewards / "
+                         "--use_hpsv2 / --use_pickscore, not both")
+    return specs
+
+
+def reward_kwargs(extras: RewardExtras) -> dict[str, dict]:
+    """Per-reward constructor arguments (see rewards.combine.build_multi_reward)."""
+    return {
+        "aesthetic": {"aesthetic_dir": extras.aesthetic_dir,
+                      "clip_model_name": extras.aesthetic_clip_name},
+        "imagereward": {"image_reward_dir": extras.image_reward_dir},
+        "remote": {"timeout_s": extras.remote_timeout_s, "retries": extras.remote_retries},
+        "vlm": {"timeout_s": extras.vlm_timeout_s, "concurrency": extras.vlm_concurrency,
+                "retries": extras.remote_retries},
+    }

@@ -1,0 +1,200 @@
+"""Rewards scored by another process or machine: ``remote:`` (our reward server) entries of
+``--rewards``, their parsing, the HTTP client and the start-up reachability check.
+
+    --rewards "remote:http://host:8000/hpsv2:1.0,pickscore:0.5"
+    --rewards "remote:http://host:8000/hpsv2?encoding=u8:1.0"
+
+The URL's last path segment names the reward the server serves (``GET /health`` lists them);
+the number after the last ``:`` is the weight (1.0 when absent). ``encoding`` (f32, u8, png; see
+rewards/wire.py) sets how images travel; f32, the default, gives bit-identical scores.
+
+The client splits a call into requests of at most ``batch_size`` images, waits ``timeout_s`` for
+each and retries a failed one ``retries`` times with exponential backoff (0.5 s, 1 s, 2 s...)
+before raising :class:`RemoteRewardError` naming the URL. A 4xx answer (unknown reward, bad
+request) is not retried: it would fail again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Sequence
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+import torch
+
+from fastvideo.rewards.base import ImageBatch, check_inputs
+from fastvideo.rewards.wire import ENCODINGS, encode_request
+
+log = logging.getLogger(__name__)
+ENDPOINT_KINDS = ("remote", "vlm")
+
+
+class RemoteRewardError(RuntimeError):
+    """A reward server or judge endpoint that cannot be reached or keeps failing."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A parsed remote:/vlm: entry: kind, URL (without the weight) and its reward name."""
+
+    kind: str
+    url: str
+    name: str
+
+
+def split_endpoint_item(item: str) -> tuple[Endpoint, float | None]:
+    """``"remote:http://h:8000/hpsv2:0.5"`` -> (Endpoint, 0.5); weight None when not given.
+
+    The trailing ``:number`` is a weight only if what stays before it is still a URL with a path
+    (``remote:http://h:8000`` keeps 8000 as its port and then fails for lack of a reward name).
+    """
+    kind, _, rest = item.partition(":")
+    head, sep, tail = rest.rpartition(":")
+    weight = None
+    if sep and "://" in head and urlsplit(head).path not in ("", "/"):
+        try:
+            weight = float(tail)
+            rest = head
+        except ValueError:
+            pass
+    url = rest.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{kind}: needs an http(s) URL, e.g. {kind}:http://host:8000/...; got {url!r}")
+    if kind == "remote":
+        name = parts.path.rstrip("/").rsplit("/", 1)[-1]
+        if not name:
+            raise ValueError(
+                f"remote: URL {url!r} names no reward; append the served reward's name, e.g. "
+                f"remote:{url.rstrip('/')}/hpsv2 (GET {url.rstrip('/')}/health lists them)")
+        encoding = parse_qs(parts.query).get("encoding", ["f32"])[-1]
+        if encoding not in ENCODINGS:
+            raise ValueError(f"remote: URL {url!r}: encoding must be one of {ENCODINGS}")
+    else:
+        query = parse_qs(parts.query)
+        if not query.get("model"):
+            raise ValueError(f"vlm: URL {url!r} needs ?model=NAME (the served model's name)")
+        name = "vlm/" + query["model"][-1]
+    return Endpoint(kind, url, name), weight
+
+
+def server_base(url: str) -> tuple[str, str, str]:
+    """remote: URL -> (server base URL, reward name, encoding)."""
+    parts = urlsplit(url)
+    path, _, name = parts.path.rstrip("/").rpartition("/")
+    encoding = parse_qs(parts.query).get("encoding", ["f32"])[-1]
+    return urlunsplit((parts.scheme, parts.netloc, path, "", "")), name, encoding
+
+
+def http_json(url: str, body: bytes | None = None, timeout_s: float = 10.0,
+              content_type: str = "application/octet-stream") -> dict:
+    """GET (body None) or POST ``url``; the JSON reply. Raises urllib errors as they come."""
+    request = urllib.request.Request(url, data=body, method="GET" if body is None else "POST")
+    if body is not None:
+        request.add_header("Content-Type", content_type)
+    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+        return json.loads(reply.read().decode("utf-8"))
+
+
+def _error_text(exc: Exception) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        try:
+            detail = exc.read().decode("utf-8", "replace")[:500]
+        except Exception:  # noqa: BLE001 - the status line is enough then
+            detail = ""
+        return f"HTTP {exc.code} {exc.reason} {detail}".strip()
+    reason = getattr(exc, "reason", None)
+    return f"{type(exc).__name__}: {reason if reason is not None else exc}"
+
+
+def call_with_retries(what: str, fn, retries: int, backoff_s: float = 0.5):
+    """fn() with up to ``retries`` retries after connection errors, timeouts and 5xx answers."""
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:
+                raise RemoteRewardError(f"{what} refused the request: {_error_text(exc)}") from None
+            last = exc
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            last = exc
+        if attempt < retries:
+            delay = backoff_s * 2 ** attempt
+            log.warning("%s failed (%s); retry %d/%d in %.1f s", what, _error_text(last),
+                        attempt + 1, retries, delay)
+            time.sleep(delay)
+    raise RemoteRewardError(
+        f"{what} failed {retries + 1} times, last: {_error_text(last)}. Is the server still "
+        "running and reachable from here? (raise --reward_timeout / --reward_retries for a slow one)"
+    )
+
+
+def check_reward_server(url: str, timeout_s: float = 10.0) -> dict:
+    """GET <server>/health and check that it serves the URL's reward; its health record."""
+    base, name, _ = server_base(url)
+    try:
+        health = http_json(f"{base}/health", timeout_s=timeout_s)
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+        raise RemoteRewardError(
+            f"reward server {base} (from --rewards remote:{url}) does not answer: "
+            f"{_error_text(exc)}. Start it first: python -m fastvideo.tools.reward_server "
+            f"--rewards {name} --host HOST --port PORT"
+        ) from None
+    served = health.get("rewards", {})
+    if name not in served:
+        raise RemoteRewardError(
+            f"reward server {base} does not serve {name!r}; it serves {sorted(served)}")
+    return served[name]
+
+
+class RemoteReward:
+    """A reward computed by ``python -m fastvideo.tools.reward_server``; same call and output
+    as the in-process reward: ``reward(images, prompts) -> float32 [B]`` on CPU."""
+
+    def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 3, batch_size: int = 32,
+                 check: bool = True) -> None:
+        self.url = url
+        self.base, self.name, self.encoding = server_base(url)
+        if not (timeout_s > 0 and retries >= 0 and batch_size >= 1):
+            raise ValueError(f"bad client settings: timeout_s={timeout_s}, retries={retries}, "
+                             f"batch_size={batch_size}")
+        self.timeout_s, self.retries, self.batch_size = timeout_s, retries, batch_size
+        self.info = check_reward_server(url, timeout_s=min(timeout_s, 10.0)) if check else {}
+
+    def _request(self, images: ImageBatch, prompts: list[str]) -> torch.Tensor:
+        body = encode_request(images, prompts, self.encoding)
+        what = f"reward server {self.base} ({self.name})"
+        reply = call_with_retries(
+            what, lambda: http_json(f"{self.base}/score/{self.name}", body, self.timeout_s),
+            self.retries)
+        scores = torch.tensor(reply.get("scores", []), dtype=torch.float32)
+        if scores.shape != (len(prompts),):
+            raise RemoteRewardError(f"{what} answered {reply!r:.200} for {len(prompts)} images")
+        return scores
+
+    def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
+        n = check_inputs(images, prompts)
+        prompts = list(prompts)
+        return torch.cat([self._request(images[i:i + self.batch_size], prompts[i:i + self.batch_size])
+                          for i in range(0, n, self.batch_size)])
+
+    def __repr__(self) -> str:
+        return f"RemoteReward({self.url!r}, batch_size={self.batch_size})"
+
+
+def check_reward_endpoints(specs, timeout_s: float = 10.0) -> None:
+    """Fail fast, naming the URL, when a remote:/vlm: entry of --rewards does not answer.
+
+    The trainer calls this before it loads any model, so a typo in a URL costs seconds."""
+    for spec in specs:
+        if getattr(spec, "kind", "local") == "remote":
+            check_reward_server(spec.url, timeout_s)
+        elif getattr(spec, "kind", "local") == "vlm":
+            from fastvideo.rewards.vlm import check_vlm_endpoint
+
+            check_vlm_endpoint(spec.url, timeout_s)

@@ -1,0 +1,130 @@
+"""remote: rewards on loopback: same scores as in-process, retries, clear failures."""
+
+import logging
+
+import pytest
+import torch
+
+from fastvideo.rewards import build_reward
+from fastvideo.rewards.combine import RewardSpecError, build_multi_reward, format_reward_spec, parse_reward_spec
+from fastvideo.rewards.remote import RemoteReward, RemoteRewardError, check_reward_endpoints
+from server_utils import free_port, serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def server(tiny_rewards):
+    from fastvideo.tools.reward_server import build_app
+
+    rewards = {
+        "hpsv2": build_reward("hpsv2", hps_ckpt_dir=tiny_rewards.hps_ckpt_dir,
+                              model_name=tiny_rewards.hps_model_name, batch_size=3),
+        "pickscore": build_reward("pickscore", pickscore_dir=tiny_rewards.pickscore_dir, batch_size=3),
+        "compressibility": build_reward("compressibility"),
+    }
+    with serve_in_thread(build_app(rewards)) as (url, _):
+        yield url, rewards
+
+
+def test_spec_parsing_of_remote_entries():
+    specs = parse_reward_spec("remote:http://h:8000/hpsv2:0.5, pickscore:2, remote:https://x/r/clip")
+    assert [(s.name, s.weight, s.kind, s.url) for s in specs] == [
+        ("hpsv2", 0.5, "remote", "http://h:8000/hpsv2"), ("pickscore", 2.0, "local", None),
+        ("clip", 1.0, "remote", "https://x/r/clip")]
+    assert parse_reward_spec(format_reward_spec(specs)) == specs
+    assert parse_reward_spec("remote:http://h:1/hpsv2?encoding=u8:3")[0].url == "http://h:1/hpsv2?encoding=u8"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("remote:http://h:8000", "names no reward"),
+    ("remote:h:8000/hpsv2", "http"),
+    ("remote:http://h/hpsv2?encoding=jpeg", "encoding"),
+    ("remote:http://h/hpsv2:nan", "finite"),
+    ("hpsv2,remote:http://h/hpsv2", "twice"),
+])
+def test_bad_remote_entries(spec, message):
+    with pytest.raises(RewardSpecError, match=message):
+        parse_reward_spec(spec)
+
+
+@pytest.mark.parametrize("name", ["hpsv2", "pickscore", "compressibility"])
+def test_remote_scores_equal_in_process_exactly(server, name, make_images, make_pils, prompts):
+    url, local = server
+    images = torch.rand(4, 3, 24, 40, generator=torch.Generator().manual_seed(5))
+    # Requests of 3 + 1 images: the server's model calls see the same batch shapes as the local
+    # reward (batch_size 3), so even the GEMM blocking is the same and the scores are identical.
+    remote = RemoteReward(f"{url}/{name}", batch_size=3)
+    assert torch.equal(remote(images, prompts), local[name](images, prompts))
+    pils = make_pils([(20, 30), (33, 17), (16, 16), (40, 40)], seed=1)  # PIL lists travel as u8
+    remote_u8 = RemoteReward(f"{url}/{name}?encoding=u8")
+    assert torch.equal(remote_u8(pils, prompts), local[name](pils, prompts))
+
+
+def test_png_encoding_equals_scoring_8bit_images(server, prompts):
+    url, local = server
+    images = torch.rand(4, 3, 24, 24, generator=torch.Generator().manual_seed(6))
+    got = RemoteReward(f"{url}/hpsv2?encoding=png")(images, prompts)
+    rounded = (images * 255).round() / 255
+    torch.testing.assert_close(got, local["hpsv2"](rounded, prompts), rtol=0, atol=1e-6)
+
+
+def test_multi_reward_mixes_remote_and_local(server, tiny_rewards, prompts):
+    url, local = server
+    images = torch.rand(4, 3, 24, 24, generator=torch.Generator().manual_seed(7))
+    multi = build_multi_reward(f"remote:{url}/hpsv2:0.5,compressibility:0.25",
+                               reward_kwargs={"remote": {"timeout_s": 30.0, "retries": 1}})
+    out = multi(images, prompts)
+    expected = 0.5 * local["hpsv2"](images, prompts) + 0.25 * local["compressibility"](images, prompts)
+    assert torch.equal(out.total, expected)
+    assert list(out.raw) == ["hpsv2", "compressibility"]
+
+
+def test_unreachable_server_fails_naming_the_url():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(RemoteRewardError, match=f"{url}.*does not answer"):
+        check_reward_endpoints(parse_reward_spec(f"remote:{url}/hpsv2"), timeout_s=2)
+
+
+def test_reward_not_served_is_named(server):
+    url, _ = server
+    with pytest.raises(RemoteRewardError, match="does not serve 'aesthetic'"):
+        RemoteReward(f"{url}/aesthetic")
+
+
+class Flaky:
+    """A reward that raises on its first ``failures`` calls (the server answers 500)."""
+
+    def __init__(self, failures):
+        self.failures, self.calls = failures, 0
+
+    def __call__(self, images, prompts):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RuntimeError("device lost")
+        return torch.arange(len(prompts), dtype=torch.float32)
+
+
+def test_server_errors_are_retried_then_fail_clearly(caplog, make_images):
+    from fastvideo.tools.reward_server import build_app
+
+    flaky = Flaky(failures=3)
+    with serve_in_thread(build_app({"flaky": flaky})) as (url, _):
+        reward = RemoteReward(f"{url}/flaky", retries=1)
+        with caplog.at_level(logging.WARNING, logger="fastvideo.rewards.remote"):
+            with pytest.raises(RemoteRewardError, match=f"{url}.*failed 2 times.*HTTP 500"):
+                reward(make_images(2), ["a", "b"])
+        assert "retry 1/1" in caplog.text
+        assert flaky.calls == 2
+        # The third call fails, the retry succeeds.
+        assert torch.equal(reward(make_images(2), ["a", "b"]), torch.tensor([0.0, 1.0]))
+        assert flaky.calls == 4
+
+
+def test_server_gone_mid_run(make_images):
+    from fastvideo.tools.reward_server import build_app
+
+    with serve_in_thread(build_app({"flaky": Flaky(0)})) as (url, server):
+        reward = RemoteReward(f"{url}/flaky", retries=2)
+        assert reward(make_images(2), ["a", "b"]).tolist() == [0.0, 1.0]
+        server.should_exit = True
+    with pytest.raises(RemoteRewardError, match=f"{url}.*failed 3 times.*still running"):
+        reward(make_images(2), ["a", "b"])
