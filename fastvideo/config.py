@@ -15,6 +15,7 @@ from typing import Sequence
 
 from fastvideo.errors import UserError
 from fastvideo.grpo.loss import candidate_steps, num_trained_steps
+from fastvideo.sampling import mix as sampling_mix
 
 # Flags accepted only so that upstream launch lines keep working; they change nothing here.
 COMPAT_ONLY_FLAGS = {
@@ -109,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train_micro_batch_size", type=int, default=1, help="samples per micro-batch in the update")
     g.add_argument("--cfg", type=float, default=0.0, help="classifier-free guidance; must be 0 (FLUX.1-dev is guidance-distilled)")
     g.add_argument("--precondition_outputs", action="store_true", help="not supported for FLUX")
+
+    sampling_mix.add_arguments(p)
+    from fastvideo import mixgrpo_compat
+
+    mixgrpo_compat.add_arguments(p)
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--seed", type=int, default=42)
@@ -277,6 +283,7 @@ class TrainConfig:
     fsdp_strategy: str
     cpu_offload: bool
     compat_notes: list[str] = field(default_factory=list)
+    mix: sampling_mix.MixSettings = field(default_factory=sampling_mix.MixSettings)  # SDE window / solver (sampling.mix)
 
     def derived(self, world_size: int) -> dict:
         """Quantities users otherwise compute by hand; logged at start-up."""
@@ -305,6 +312,7 @@ def _fail(msg: str) -> None:
 
 
 def _reward_spec(args) -> list:
+    from fastvideo import mixgrpo_compat
     from fastvideo.rewards.combine import RewardSpecError, legacy_reward_spec, parse_reward_spec
 
     try:
@@ -315,6 +323,7 @@ def _reward_spec(args) -> list:
     if spec and legacy:
         _fail("give the rewards either with --rewards or with --use_hpsv2/--use_pickscore, not both")
     spec = spec or legacy
+    spec = mixgrpo_compat.reward_spec(args, spec, _fail) or spec
     if not spec:
         _fail('no reward given: add --rewards NAME:WEIGHT (e.g. --rewards "hpsv2:1.0" or '
               '--rewards compressibility:1.0) or --use_hpsv2')
@@ -395,6 +404,9 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         notes.append(f"--num_generations {args.num_generations} has no effect without --use_group: as upstream, "
                      "each prompt gets one sample and advantages are normalised over the gathered batch")
 
+    from fastvideo import mixgrpo_compat
+
+    notes += mixgrpo_compat.check_and_notes(args, _fail)
     out = OutputSettings(
         output_dir=args.output_dir,
         image_dir=args.image_dir or args.output_dir,
@@ -460,6 +472,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         fsdp_strategy=args.fsdp_sharding_strategy,
         cpu_offload=args.use_cpu_offload,
         compat_notes=notes,
+        mix=sampling_mix.settings_from_args(args, candidate_steps(args.sampling_steps, args.train_last_step), _fail),
     )
 
 

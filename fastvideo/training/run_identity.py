@@ -25,6 +25,14 @@ FLAGS = {
     "use_group": "--use_group",
     "world_size": "the number of processes",
     "train_batch_size": "--train_batch_size",
+    # the SDE window / solver (fastvideo.sampling.mix): they decide every iteration's sampling plan
+    "mix_mode": "--training_strategy / --sde_steps",
+    "sde_window": "--group_size / --sde_steps",
+    "window_strategy": "--sample_strategy / --sde_start",
+    "window_fixed_start": "--sde_start",
+    "window_move_step": "--prog_overlap / --prog_overlap_step",
+    "dpm_post_compress_ratio": "--dpm_algorithm_type / --dpm_post_compress_ratio",
+    "sde_kind": "--flow_grpo_sampling",
 }
 
 
@@ -44,6 +52,7 @@ def run_identity(cfg: TrainConfig, world_size: int) -> dict:
         "use_group": cfg.grpo.use_group,
         "world_size": world_size,
         "train_batch_size": cfg.prompts_per_rank,
+        **cfg.mix.identity(),
     }
 
 

@@ -1,0 +1,120 @@
+"""MixGRPO's reward and bookkeeping flags, so its launch lines run unchanged.
+
+Rewards we have are mapped onto --rewards (hpsv2, pick_score, clip_score and their combination);
+the others (ImageReward, UnifiedReward) fail with a message saying what is missing. KL and
+trimmed advantages are not implemented: a non-zero value fails. The window / solver flags live
+with their code in fastvideo.sampling.mix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+# MixGRPO --reward_model -> [(our reward name, MixGRPO weight flag)]
+REWARD_MODELS = {
+    "hpsv2": [("hpsv2", "hps_weight")],
+    "pick_score": [("pickscore", "pick_score_weight")],
+    "clip_score": [("clip", "clip_score_weight")],
+    "hpsv2_clip_score": [("hpsv2", "hps_weight"), ("clip", "clip_score_weight")],
+}
+MISSING = {
+    "image_reward": "ImageReward (not implemented here)",
+    "unified_reward": "UnifiedReward (a remote service, not implemented here)",
+    "multi_reward": "ImageReward (MixGRPO's multi_reward is HPSv2 + ImageReward + PickScore [+ UnifiedReward])",
+}
+_INERT_STRINGS = {None, "", "None", "none", "null"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("MixGRPO compatibility (rewards, bookkeeping)")
+    g.add_argument("--reward_model", type=str, default=None,
+                   help=f"MixGRPO's reward choice: {', '.join(REWARD_MODELS)} map onto --rewards; "
+                        f"{', '.join(MISSING)} are not available")
+    g.add_argument("--multi_reward_mix", type=str, default="reward_aggr", choices=["reward_aggr", "advantage_aggr"],
+                   help="reward_aggr: weighted reward sum, then group advantages; advantage_aggr: each reward "
+                        "normalised in its group first (= --reward_group_norm)")
+    for name in ("hps_weight", "clip_score_weight", "image_reward_weight", "pick_score_weight",
+                 "unified_reward_weight"):
+        g.add_argument(f"--{name}", type=float, default=1.0, help="weight of that reward with --reward_model")
+    g.add_argument("--hps_path", type=str, default=None,
+                   help="HPS_v2.1_compressed.pt; its folder (with open_clip_pytorch_model.bin) becomes --hps_ckpt_dir")
+    g.add_argument("--hps_clip_path", type=str, default=None, help="open_clip_pytorch_model.bin next to --hps_path")
+    g.add_argument("--clip_score_path", type=str, default=None, help="a local CLIP folder (becomes --clip_dir)")
+    for name in ("image_reward_path", "image_reward_med_config", "image_reward_http_proxy",
+                 "image_reward_https_proxy", "pick_score_http_proxy", "pick_score_https_proxy",
+                 "unified_reward_url", "unified_reward_default_question_type", "wandb_key"):
+        g.add_argument(f"--{name}", type=str, default=None, help="MixGRPO compatibility; see --reward_model")
+    g.add_argument("--unified_reward_num_workers", type=int, default=1, help="MixGRPO compatibility")
+    g.add_argument("--experiment_name", type=str, default=None,
+                   help="MixGRPO's run name; outputs go to --output_dir here")
+    g.add_argument("--kl_coeff", type=float, default=0.0, help="KL penalty; only 0 is supported")
+    g.add_argument("--trimmed_ratio", type=float, default=0.0, help="trimmed advantages; only 0 is supported")
+    g.add_argument("--advantage_rerange_strategy", type=str, default="null", choices=["null"],
+                   help="MixGRPO's advantage re-ordering; only null")
+    g.add_argument("--drop_last_sample", action="store_true",
+                   help="decode the last step's x0 prediction: always the case here (upstream DanceGRPO)")
+
+
+def reward_spec(args: argparse.Namespace, current: list, fail) -> list | None:
+    """--reward_model translated to RewardSpecs (None when not given)."""
+    from fastvideo.rewards.combine import RewardSpec
+
+    if args.reward_model is None:
+        return None
+    if current:
+        fail("give the rewards either with --rewards/--use_hpsv2/--use_pickscore or with MixGRPO's --reward_model, "
+             "not both")
+    if args.reward_model in MISSING:
+        fail(f"--reward_model {args.reward_model} needs {MISSING[args.reward_model]}; use --reward_model "
+             f"{'|'.join(REWARD_MODELS)} or --rewards with hpsv2, pickscore, clip, compressibility")
+    if args.reward_model not in REWARD_MODELS:
+        fail(f"--reward_model {args.reward_model!r} is unknown; valid: {', '.join([*REWARD_MODELS, *MISSING])}")
+    return [RewardSpec(name, getattr(args, flag)) for name, flag in REWARD_MODELS[args.reward_model]]
+
+
+def _map_paths(args: argparse.Namespace, fail) -> list[str]:
+    notes = []
+    if args.hps_path:
+        folder = os.path.dirname(args.hps_path) or "."
+        if args.hps_clip_path and (os.path.dirname(args.hps_clip_path) or ".") != folder:
+            fail(f"--hps_path {args.hps_path} and --hps_clip_path {args.hps_clip_path} must be in one folder "
+                 "(it becomes --hps_ckpt_dir)")
+        if os.path.basename(args.hps_path) != "HPS_v2.1_compressed.pt":
+            fail(f"--hps_path {args.hps_path}: the file must be named HPS_v2.1_compressed.pt")
+        args.hps_ckpt_dir = folder
+        notes.append(f"--hps_path: using --hps_ckpt_dir {folder}")
+    uses_clip = args.reward_model in ("clip_score", "hpsv2_clip_score")
+    if uses_clip and args.clip_score_path:
+        if args.clip_score_path.startswith("hf-hub:"):
+            fail(f"--clip_score_path {args.clip_score_path}: no model hub here; put the CLIP model in a folder "
+                 "and pass that folder")
+        args.clip_dir = args.clip_score_path
+    return notes
+
+
+def check_and_notes(args: argparse.Namespace, fail) -> list[str]:
+    """Fail on MixGRPO flags that would change the algorithm in ways not implemented; map paths;
+    return notes for the start-up log."""
+    if args.kl_coeff != 0.0:
+        fail(f"--kl_coeff {args.kl_coeff}: the KL term is not implemented; use 0 (MixGRPO's scripts do)")
+    if args.trimmed_ratio != 0.0:
+        fail(f"--trimmed_ratio {args.trimmed_ratio}: trimmed advantages are not implemented; use 0")
+    notes = []
+    if args.training_strategy == "part" or args.sde_steps:
+        notes.append("--timestep_fraction does not apply to an SDE window: every window step is trained (as MixGRPO)")
+    if args.reward_model is None:
+        return notes
+    notes += _map_paths(args, fail)
+    n_rewards = len(REWARD_MODELS.get(args.reward_model, []))
+    if args.multi_reward_mix == "advantage_aggr" and n_rewards > 1:
+        if not args.use_group:
+            fail("--multi_reward_mix advantage_aggr normalises each reward within its group: it needs --use_group")
+        args.reward_group_norm = True
+        notes.append("--multi_reward_mix advantage_aggr: each reward is normalised in its group "
+                     "(--reward_group_norm); the weighted sum is normalised again, MixGRPO does not (a per-group scale)")
+    for name in ("experiment_name", "wandb_key", "unified_reward_url", "image_reward_http_proxy",
+                 "image_reward_https_proxy", "pick_score_http_proxy", "pick_score_https_proxy"):
+        if getattr(args, name) not in _INERT_STRINGS:
+            notes.append(f"--{name} is accepted for MixGRPO compatibility and has no effect")
+    return notes
