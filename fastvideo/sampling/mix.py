@@ -94,6 +94,12 @@ class MixSettings:
     dpm_solver_type: str = "heun"
     sde_kind: str = "dance"
 
+    def trained_steps(self, dancegrpo_trained: int, candidates: int) -> int:
+        """Trained transitions per sample: the window's size (clipped to the candidates) or DanceGRPO's T."""
+        if self.mode != "full":
+            return min(self.window_size, candidates)
+        return self.frozen_init_timesteps if self.frozen_init_timesteps > 0 else dancegrpo_trained
+
     def identity(self) -> dict:
         """The settings that decide each iteration's plan (for the resume check)."""
         return {
