@@ -153,7 +153,9 @@ def run(model: Path, data: Path, out: Path, args, micro: int, checkpointing: boo
             expected_block_calls=counts.block_calls(meter.num_blocks, checkpointing),
             compute_s=meter.seconds + rec.get("time_decode", 0.0), B=B, T=plan.num_trained, plan=plan,
         ))
-    return rows[-1]  # the last iteration (warm)
+    last = dict(rows[-1])  # the last iteration (warm)
+    last["all"] = rows
+    return last
 
 
 def main() -> None:
@@ -222,12 +224,21 @@ MODES = {  # name -> (sampling steps or None for --steps, extra flags)
 }
 
 
+def _median_times(rows: list[dict]) -> dict:
+    """Per-phase medians over the warm iterations (a shared CPU's load comes and goes)."""
+    import statistics
+
+    keys = ("time_rollout", "time_update", "time_iteration")
+    return {k: statistics.median(r["rec"][k] for r in rows) for k in keys}
+
+
 def compare_modes(model: Path, data: Path, work: Path, args, common: list[str]) -> None:
-    """Seconds per iteration of each sampling plan, with counted transformer passes checked."""
+    """Seconds per iteration of each sampling plan (medians over the iterations after the first),
+    with the counted transformer passes checked on every iteration."""
     micro = args.micro[0]
     print(f"# {args.preset} preset, {args.size}x{args.size}, G={args.generations}, rollout_batch_size "
-          f"{args.rollout_batch_size}, micro {micro}, torch threads {torch.get_num_threads()}, the last of "
-          f"{args.iterations} iterations\n")
+          f"{args.rollout_batch_size}, micro {micro}, torch threads {torch.get_num_threads()}, medians of "
+          f"iterations 2..{args.iterations}\n")
     print("| mode | steps | plan | fwd samples (counted/analytic) | backward calls | rollout s | update s | "
           "iteration s | vs full |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -238,9 +249,11 @@ def compare_modes(model: Path, data: Path, work: Path, args, common: list[str]) 
         args.steps = steps or steps0
         r = run(model, data, work / f"out_{name}", args, micro, False, common + extra)
         args.steps = steps0
-        rec, it = r["rec"], r["rec"]["time_iteration"]
+        rec = _median_times(r["all"][1:] or r["all"])
+        it = rec["time_iteration"]
         base = base or it
-        ok = (r["samples"], r["backward_calls"]) == (r["expected_samples"], r["expected_backward_calls"])
+        ok = all((x["samples"], x["backward_calls"]) == (x["expected_samples"], x["expected_backward_calls"])
+                 for x in r["all"])
         print(f"| {name} | {steps or steps0} | {r['plan'].describe()} | {r['samples']}/{r['expected_samples']} | "
               f"{r['backward_calls']}/{r['expected_backward_calls']} {'ok' if ok else 'MISMATCH'} | "
               f"{rec['time_rollout']:.2f} | {rec['time_update']:.2f} | {it:.2f} | {base / it:.2f}x |", flush=True)

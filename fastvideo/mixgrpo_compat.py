@@ -100,7 +100,11 @@ def check_and_notes(args: argparse.Namespace, fail) -> list[str]:
         fail(f"--kl_coeff {args.kl_coeff}: the KL term is not implemented; use 0 (MixGRPO's scripts do)")
     if args.trimmed_ratio != 0.0:
         fail(f"--trimmed_ratio {args.trimmed_ratio}: trimmed advantages are not implemented; use 0")
-    notes = []
+    from fastvideo.config import build_parser
+    from fastvideo.sampling.mix import unused_flag_notes
+
+    defaults = build_parser().parse_args(["--data_json_path", "x", "--pretrained_model_name_or_path", "x"])
+    notes = unused_flag_notes(args, defaults)
     if args.training_strategy == "part" or args.sde_steps:
         notes.append("--timestep_fraction does not apply to an SDE window: every window step is trained (as MixGRPO)")
     if args.reward_model is None:

@@ -176,6 +176,30 @@ def settings_from_args(args: argparse.Namespace, candidates: int, fail) -> MixSe
     return MixSettings(frozen_init_timesteps=args.frozen_init_timesteps, sde_kind=sde_kind)
 
 
+WINDOW_FLAGS = ("group_size", "iters_per_group", "sample_strategy", "prog_overlap", "prog_overlap_step",
+                "max_iters_per_group", "min_iters_per_group", "roll_back")
+DPM_FLAGS = ("dpm_apply_strategy", "dpm_post_compress_ratio", "dpm_solver_order", "dpm_solver_type")
+
+
+def unused_flag_notes(args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+    """Start-up notes for mixed-sampling flags given a value but without effect in this mode."""
+    notes = []
+    if args.training_strategy != "part":
+        changed = [f"--{n}" for n in WINDOW_FLAGS if getattr(args, n) != getattr(defaults, n)]
+        if changed:
+            notes.append(f"{', '.join(changed)} have no effect without --training_strategy part")
+    if args.dpm_algorithm_type == "null":
+        changed = [f"--{n}" for n in DPM_FLAGS if getattr(args, n) != getattr(defaults, n)]
+        if changed:
+            notes.append(f"{', '.join(changed)} have no effect with --dpm_algorithm_type null")
+    if not args.sde_steps and args.sde_start != defaults.sde_start:
+        notes.append("--sde_start has no effect without --sde_steps")
+    if args.frozen_init_timesteps != defaults.frozen_init_timesteps and (args.training_strategy == "part"
+                                                                         or args.sde_steps):
+        notes.append("--frozen_init_timesteps applies to --training_strategy all only")
+    return notes
+
+
 def _iters_at(mix: MixSettings, start: int, last_start: int) -> int:
     """Iterations the window stays at ``start`` (upstream's per-strategy rule)."""
     if mix.start_strategy == "decay":

@@ -132,3 +132,12 @@ def test_reward_model_maps_onto_rewards():
     cfg = validate_args(args)
     assert [(s.name, s.weight) for s in cfg.reward.spec] == [("hpsv2", 2.0), ("clip", 1.0)]
     assert cfg.reward.hps_ckpt_dir == "ck" and cfg.reward.clip_dir == "clipdir" and cfg.reward.group_norm
+
+
+def test_unused_window_flags_are_noted():
+    cfg = _settings("--group_size", "6", "--dpm_solver_order", "1", "--sde_start", "3")
+    notes = " | ".join(cfg.compat_notes)
+    assert "--group_size have no effect without --training_strategy part" in notes
+    assert "--dpm_solver_order have no effect with --dpm_algorithm_type null" in notes
+    assert "--sde_start has no effect without --sde_steps" in notes
+    assert not [n for n in _settings().compat_notes if "no effect" in n and "num_generations" not in n]
