@@ -141,7 +141,9 @@ def run(model: Path, data: Path, out: Path, args, micro: int, checkpointing: boo
         meter.reset()
         BLOCK_CALLS[0] = 0
         plan = trainer.sampling_plan(trainer.iteration + 1)  # the plan run_iteration will use
+        cpu0 = time.process_time()
         rec = trainer.run_iteration()
+        rec = dict(rec, cpu_iteration=time.process_time() - cpu0)
         meter.block_calls = BLOCK_CALLS[0]
         B = cfg.rollout.num_generations * cfg.prompts_per_rank
         counts = pass_counts(plan.num_steps, plan.num_trained, B, cfg.rollout.rollout_batch_size, micro)
@@ -228,21 +230,22 @@ def _median_times(rows: list[dict]) -> dict:
     """Per-phase medians over the warm iterations (a shared CPU's load comes and goes)."""
     import statistics
 
-    keys = ("time_rollout", "time_update", "time_iteration")
+    keys = ("time_rollout", "time_update", "time_iteration", "cpu_iteration")
     return {k: statistics.median(r["rec"][k] for r in rows) for k in keys}
 
 
 def compare_modes(model: Path, data: Path, work: Path, args, common: list[str]) -> None:
     """Seconds per iteration of each sampling plan (medians over the iterations after the first),
-    with the counted transformer passes checked on every iteration."""
+    with the counted transformer passes checked on every iteration. The CPU-time column is the
+    process's CPU seconds: with one thread it does not grow when other jobs share the cores."""
     micro = args.micro[0]
     print(f"# {args.preset} preset, {args.size}x{args.size}, G={args.generations}, rollout_batch_size "
           f"{args.rollout_batch_size}, micro {micro}, torch threads {torch.get_num_threads()}, medians of "
           f"iterations 2..{args.iterations}\n")
     print("| mode | steps | plan | fwd samples (counted/analytic) | backward calls | rollout s | update s | "
-          "iteration s | vs full |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    base = None
+          "iteration s | vs first | CPU s / iteration | vs first (CPU) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    base = base_cpu = None
     steps0 = args.steps
     for name in args.modes:
         steps, extra = MODES[name]
@@ -250,13 +253,14 @@ def compare_modes(model: Path, data: Path, work: Path, args, common: list[str]) 
         r = run(model, data, work / f"out_{name}", args, micro, False, common + extra)
         args.steps = steps0
         rec = _median_times(r["all"][1:] or r["all"])
-        it = rec["time_iteration"]
-        base = base or it
+        it, cpu = rec["time_iteration"], rec["cpu_iteration"]
+        base, base_cpu = base or it, base_cpu or cpu
         ok = all((x["samples"], x["backward_calls"]) == (x["expected_samples"], x["expected_backward_calls"])
                  for x in r["all"])
         print(f"| {name} | {steps or steps0} | {r['plan'].describe()} | {r['samples']}/{r['expected_samples']} | "
               f"{r['backward_calls']}/{r['expected_backward_calls']} {'ok' if ok else 'MISMATCH'} | "
-              f"{rec['time_rollout']:.2f} | {rec['time_update']:.2f} | {it:.2f} | {base / it:.2f}x |", flush=True)
+              f"{rec['time_rollout']:.2f} | {rec['time_update']:.2f} | {it:.2f} | {base / it:.2f}x | {cpu:.2f} | "
+              f"{base_cpu / cpu:.2f}x |", flush=True)
         if not ok:
             raise SystemExit("hidden or missing transformer passes: see the row above")
 
