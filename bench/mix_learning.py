@@ -105,7 +105,7 @@ def main() -> None:
     for m, runs in results.items():
         per_it = [statistics.mean(r[CLOCK] for r in rows[1:]) for rows in runs]
         times = [t for t in (time_to_target(rows, target) for rows in runs) if t is not None]
-        print(f"| {m} | {_fmt(per_it)} | {_fmt([gain(rows) for rows in runs], 3)} | {_fmt(times)} | "
+        print(f"| {m} | {_fmt(per_it, 3)} | {_fmt([gain(rows) for rows in runs], 3)} | {_fmt(times)} | "
               f"{len(times)}/{len(runs)} |", flush=True)
 
 
