@@ -74,8 +74,10 @@ class SamplingPlan:
         keeps the DanceGRPO plan bit-identical to the path before plans existed."""
         if permutations.shape[-1] != len(self.trainable):
             raise ValueError(f"permutations over {permutations.shape[-1]} steps for {len(self.trainable)} trainable ones")
+        from fastvideo.grpo.loss import timestep_selection
+
         index = torch.as_tensor(self.trainable, dtype=torch.long)
-        return index[permutations[:, :self.num_trained]]
+        return index[timestep_selection(permutations, self.num_trained)]
 
     def describe(self) -> str:
         """'SSOO...D' one letter per transition (S sde, O ode, D dpm)."""
