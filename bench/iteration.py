@@ -42,6 +42,7 @@ class ComputeMeter:
         from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
 
         self.forward_calls = 0
+        self.backward_calls = 0
         self.forward_samples = 0
         self.block_calls = 0
         self.seconds = 0.0
@@ -54,6 +55,7 @@ class ComputeMeter:
 
         def timed_backward(tensor, *args, **kwargs):
             t = time.perf_counter()
+            meter.backward_calls += 1
             real_backward(tensor, *args, **kwargs)
             meter.seconds += time.perf_counter() - t
 
@@ -69,7 +71,7 @@ class ComputeMeter:
         self.seconds += time.perf_counter() - self._t0
 
     def reset(self):
-        self.forward_calls = self.forward_samples = self.block_calls = 0
+        self.forward_calls = self.forward_samples = self.block_calls = self.backward_calls = 0
         self.seconds = 0.0
 
 
@@ -133,23 +135,29 @@ def run(model: Path, data: Path, out: Path, args, micro: int, checkpointing: boo
     trainer.save_checkpoint = lambda: None  # benchmark only: no checkpoint I/O in the timings
     meter = ComputeMeter(trainer.model)
     rows = []
+    from fastvideo.perf.flops import pass_counts
+
     for _ in range(args.iterations):
         meter.reset()
         BLOCK_CALLS[0] = 0
+        plan = trainer.sampling_plan(trainer.iteration + 1)  # the plan run_iteration will use
+        cpu0 = time.process_time()
         rec = trainer.run_iteration()
+        rec = dict(rec, cpu_iteration=time.process_time() - cpu0)
         meter.block_calls = BLOCK_CALLS[0]
         B = cfg.rollout.num_generations * cfg.prompts_per_rank
-        T = cfg.grpo.trained_steps(cfg.rollout.sampling_steps)
-        expected_samples = cfg.rollout.sampling_steps * B + T * B
+        counts = pass_counts(plan.num_steps, plan.num_trained, B, cfg.rollout.rollout_batch_size, micro)
         rows.append(dict(
             rec=rec, calls=meter.forward_calls, samples=meter.forward_samples,
-            expected_samples=expected_samples, block_calls=meter.block_calls,
-            expected_block_calls=meter.num_blocks * (
-                -(-B // cfg.rollout.rollout_batch_size) * cfg.rollout.sampling_steps
-                + -(-B // micro) * T * (2 if checkpointing else 1)),
-            compute_s=meter.seconds + rec.get("time_decode", 0.0), B=B, T=T,
+            expected_samples=counts.rollout_forward_samples + counts.update_forward_samples,
+            backward_calls=meter.backward_calls, expected_backward_calls=counts.update_calls,
+            block_calls=meter.block_calls,
+            expected_block_calls=counts.block_calls(meter.num_blocks, checkpointing),
+            compute_s=meter.seconds + rec.get("time_decode", 0.0), B=B, T=plan.num_trained, plan=plan,
         ))
-    return rows[-1]  # the last iteration (warm)
+    last = dict(rows[-1])  # the last iteration (warm)
+    last["all"] = rows
+    return last
 
 
 def main() -> None:
@@ -166,6 +174,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads of the main thread (--threads 1 with --overlap_ab: sampling "
                          "on one core and scoring on the other, as when a GPU samples and the CPU scores)")
+    ap.add_argument("--modes", nargs="+", default=None, choices=list(MODES),
+                    help="compare sampling plans instead of the micro-batch table: full (DanceGRPO, --steps, "
+                         "fraction 0.6), mixgrpo (25 steps, window 4), flash (+ DPM-Solver++ tail, ratio 0.4), "
+                         "fast (--steps, 2 SDE steps at a random start)")
     ap.add_argument("--overlap_ab", action="store_true",
                     help="compare --reward_overlap off and on instead of the micro-batch table")
     args = ap.parse_args()
@@ -179,6 +191,8 @@ def main() -> None:
         common = reward_flags(args.reward, work) + ["--vae_precision", args.vae_precision]
         if args.overlap_ab:
             return overlap_ab(model, data, work, args, common)
+        if args.modes:
+            return compare_modes(model, data, work, args, common)
         print(f"# {args.preset} preset, {args.size}x{args.size}, {args.steps} steps, G={args.generations}, "
               f"rollout_batch_size {args.rollout_batch_size}, torch threads {torch.get_num_threads()}\n")
         print("| micro | ckpt | fwd samples (counted/analytic) | block calls (counted/analytic) | rollout s | decode s | "
@@ -198,6 +212,57 @@ def main() -> None:
                       f"{100 * outside:.1f}% | {r['B'] * r['T'] / rec['time_update']:.1f} |", flush=True)
                 if ok != "ok":
                     raise SystemExit("hidden or missing transformer passes: see the row above")
+
+
+MIXGRPO = ["--training_strategy", "part", "--group_size", "4", "--iters_per_group", "25", "--sample_strategy",
+           "progressive", "--prog_overlap", "--prog_overlap_step", "1", "--roll_back"]
+MODES = {  # name -> (sampling steps or None for --steps, extra flags)
+    "full": (None, []),
+    "full25": (25, []),
+    "mixgrpo": (25, MIXGRPO),
+    "flash": (25, MIXGRPO + ["--dpm_algorithm_type", "dpmsolver++", "--dpm_post_compress_ratio", "0.4",
+                             "--dpm_solver_order", "2", "--dpm_solver_type", "midpoint"]),
+    "fast": (None, ["--sde_steps", "2", "--sde_start", "random"]),
+}
+
+
+def _median_times(rows: list[dict]) -> dict:
+    """Per-phase medians over the warm iterations (a shared CPU's load comes and goes)."""
+    import statistics
+
+    keys = ("time_rollout", "time_update", "time_iteration", "cpu_iteration")
+    return {k: statistics.median(r["rec"][k] for r in rows) for k in keys}
+
+
+def compare_modes(model: Path, data: Path, work: Path, args, common: list[str]) -> None:
+    """Seconds per iteration of each sampling plan (medians over the iterations after the first),
+    with the counted transformer passes checked on every iteration. The CPU-time column is the
+    process's CPU seconds: with one thread it does not grow when other jobs share the cores."""
+    micro = args.micro[0]
+    print(f"# {args.preset} preset, {args.size}x{args.size}, G={args.generations}, rollout_batch_size "
+          f"{args.rollout_batch_size}, micro {micro}, torch threads {torch.get_num_threads()}, medians of "
+          f"iterations 2..{args.iterations}\n")
+    print("| mode | steps | plan | fwd samples (counted/analytic) | backward calls | rollout s | update s | "
+          "iteration s | vs first | CPU s / iteration | vs first (CPU) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    base = base_cpu = None
+    steps0 = args.steps
+    for name in args.modes:
+        steps, extra = MODES[name]
+        args.steps = steps or steps0
+        r = run(model, data, work / f"out_{name}", args, micro, False, common + extra)
+        args.steps = steps0
+        rec = _median_times(r["all"][1:] or r["all"])
+        it, cpu = rec["time_iteration"], rec["cpu_iteration"]
+        base, base_cpu = base or it, base_cpu or cpu
+        ok = all((x["samples"], x["backward_calls"]) == (x["expected_samples"], x["expected_backward_calls"])
+                 for x in r["all"])
+        print(f"| {name} | {steps or steps0} | {r['plan'].describe()} | {r['samples']}/{r['expected_samples']} | "
+              f"{r['backward_calls']}/{r['expected_backward_calls']} {'ok' if ok else 'MISMATCH'} | "
+              f"{rec['time_rollout']:.2f} | {rec['time_update']:.2f} | {it:.2f} | {base / it:.2f}x | {cpu:.2f} | "
+              f"{base_cpu / cpu:.2f}x |", flush=True)
+        if not ok:
+            raise SystemExit("hidden or missing transformer passes: see the row above")
 
 
 def overlap_ab(model: Path, data: Path, work: Path, args, common: list[str]) -> None:

@@ -16,6 +16,7 @@ from typing import Sequence
 from fastvideo.errors import UserError
 from fastvideo.grpo.loss import candidate_steps, num_trained_steps
 from fastvideo.training.lora import LoraSettings, add_lora_args, lora_settings
+from fastvideo.sampling import mix as sampling_mix
 
 # Flags accepted only so that upstream launch lines keep working; they change nothing here.
 COMPAT_ONLY_FLAGS = {
@@ -119,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train_micro_batch_size", type=int, default=1, help="samples per micro-batch in the update")
     g.add_argument("--cfg", type=float, default=0.0, help="classifier-free guidance; must be 0 (FLUX.1-dev is guidance-distilled)")
     g.add_argument("--precondition_outputs", action="store_true", help="not supported for FLUX")
+
+    sampling_mix.add_arguments(p)
+    from fastvideo import mixgrpo_compat
+
+    mixgrpo_compat.add_arguments(p)
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--seed", type=int, default=42)
@@ -295,6 +301,7 @@ class TrainConfig:
     compat_notes: list[str] = field(default_factory=list)
     eval: object = None  # fastvideo.eval.settings.EvalSettings, None when evaluation is off
     lora: LoraSettings = field(default_factory=lambda: LoraSettings(False, 128, 256.0, 0.0, (), None))
+    mix: sampling_mix.MixSettings = field(default_factory=sampling_mix.MixSettings)  # SDE window / solver (sampling.mix)
 
     def derived(self, world_size: int) -> dict:
         """Quantities users otherwise compute by hand; logged at start-up."""
@@ -305,7 +312,8 @@ class TrainConfig:
             "world_size": world_size,
             "samples_per_iteration": samples_per_rank * world_size,
             "samples_per_rank": samples_per_rank,
-            "trained_steps_per_sample": self.grpo.trained_steps(self.rollout.sampling_steps),
+            "trained_steps_per_sample": self.mix.trained_steps(self.grpo.trained_steps(self.rollout.sampling_steps),
+                                                               self.grpo.candidate_steps(self.rollout.sampling_steps)),
             "micro_batches_per_rank": micro_batches,
             "optimizer_steps_per_iteration": math.ceil(micro_batches / self.grpo.gradient_accumulation_steps),
             "train_global_batch_size": micro * self.grpo.gradient_accumulation_steps * world_size,
@@ -389,6 +397,8 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         _fail("--dataloader_num_workers must be >= 0")
     if args.kl_coef < 0:
         _fail(f"--kl_coef {args.kl_coef} must be >= 0 (0 turns the KL penalty off)")
+    if args.kl_coef > 0 and args.flow_grpo_sampling:
+        _fail("--kl_coef is the KL between DanceGRPO's SDE steps; it is not implemented for --flow_grpo_sampling")
     lora = lora_settings(args)  # may set args.resume_from_checkpoint (--resume_from_lora_checkpoint)
     if args.clip_range <= 0 or args.adv_clip_max <= 0:
         _fail("--clip_range and --adv_clip_max must be positive")
@@ -429,6 +439,9 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         notes.append(f"--num_generations {args.num_generations} has no effect without --use_group: as upstream, "
                      "each prompt gets one sample and advantages are normalised over the gathered batch")
 
+    from fastvideo import mixgrpo_compat
+
+    notes += mixgrpo_compat.check_and_notes(args, _fail)
     out = OutputSettings(
         output_dir=args.output_dir,
         image_dir=args.image_dir or args.output_dir,
@@ -496,6 +509,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         compat_notes=notes,
         eval=_eval_settings(args),
         lora=lora,
+        mix=sampling_mix.settings_from_args(args, candidate_steps(args.sampling_steps, args.train_last_step), _fail),
     )
 
 

@@ -306,6 +306,66 @@ def iteration_flops(shape: IterationShape, transformer=FLUX_DEV, vae_cfg: Mappin
     )
 
 
+@dataclass(frozen=True)
+class PassCounts:
+    """Transformer passes of one iteration on one rank, counted in samples and in calls.
+
+    The rollout runs every transition of the sampling plan (SDE, ODE or DPM-Solver++ alike) for
+    every sample, rollout_batch_size samples per call; the update runs trained_steps forwards and
+    backwards per sample, micro_batch_size samples per call. DanceGRPO, MixGRPO, MixGRPO-Flash
+    and Flow-GRPO-Fast differ only in (rollout_steps, trained_steps).
+    """
+
+    rollout_steps: int
+    trained_steps: int
+    samples: int
+    rollout_calls: int
+    update_calls: int
+
+    @property
+    def rollout_forward_samples(self) -> int:
+        return self.rollout_steps * self.samples
+
+    @property
+    def update_forward_samples(self) -> int:
+        return self.trained_steps * self.samples
+
+    @property
+    def update_backward_samples(self) -> int:
+        return self.trained_steps * self.samples
+
+    def block_calls(self, num_blocks: int, gradient_checkpointing: bool) -> int:
+        """Executions of transformer blocks: each call runs every block once, and once more in
+        backward under gradient checkpointing."""
+        return num_blocks * (self.rollout_calls + self.update_calls * (2 if gradient_checkpointing else 1))
+
+
+def pass_counts(rollout_steps: int, trained_steps: int, samples: int, rollout_batch_size: int,
+                micro_batch_size: int) -> PassCounts:
+    """The analytic pass counts for one rank's iteration (see PassCounts)."""
+    return PassCounts(
+        rollout_steps=rollout_steps, trained_steps=trained_steps, samples=samples,
+        rollout_calls=math.ceil(samples / rollout_batch_size) * rollout_steps,
+        update_calls=math.ceil(samples / micro_batch_size) * trained_steps,
+    )
+
+
+def plan_steps(sampling_steps: int, candidates: int, num_trained: int, *, window: int = 0, window_start: int = 0,
+               dpm_post_ratio: float | None = None) -> tuple[int, int]:
+    """(rollout transformer forwards per sample, trained steps per sample) of a sampling plan:
+    window 0 is DanceGRPO (every step SDE, num_trained of them trained); window W > 0 is MixGRPO /
+    Flow-GRPO-Fast starting at window_start, with the compressed DPM-Solver++ tail (Flash) when
+    dpm_post_ratio is given."""
+    from fastvideo.sampling.plan import full_sde_plan, window_plan
+
+    if window <= 0:
+        plan = full_sde_plan(sampling_steps, 1.0, candidates, num_trained)
+    else:
+        plan = window_plan(sampling_steps, 1.0, window_start, window, candidates=candidates,
+                           dpm_post_ratio=dpm_post_ratio)
+    return plan.num_steps, plan.num_trained
+
+
 # ----------------------------------------------------------------------------- utilisation
 
 # Dense (no sparsity) bf16 tensor peaks per device, TFLOPS, from the vendors' data sheets.

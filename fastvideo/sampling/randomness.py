@@ -29,6 +29,7 @@ TIMESTEP_PERM = "timestep_perm"
 DATA_ORDER = "data_order"
 EVAL_NOISE = "eval_noise"
 EVAL_STEP_NOISE = "eval_step_noise"
+WINDOW_START = "window_start"
 
 GENERATE, CAPTURE, REPLAY = "generate", "capture", "replay"
 
@@ -130,6 +131,15 @@ class RandomSource:
         update phase trains, and in which order)."""
         n = int(n)
         return self._per_id(TIMESTEP_PERM, iteration, sample_ids, None, (n,), lambda g: torch.randperm(n, generator=g))
+
+    def window_start(self, iteration: int, n: int) -> int:
+        """Uniform in range(n): where the SDE window of ``iteration`` starts (MixGRPO's random
+        strategy, Flow-GRPO-Fast); one draw per iteration, the same on every rank."""
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"window_start needs n >= 1, got {n}")
+        value = self._draw(WINDOW_START, iteration, None, None, (), lambda g: torch.randint(n, (), generator=g))
+        return int(value)
 
     def data_order(self, epoch: int, n: int) -> torch.Tensor:
         """int64 [n]: the permutation of the prompt dataset for ``epoch`` (same on every rank)."""

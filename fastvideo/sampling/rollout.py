@@ -19,7 +19,8 @@ import torch
 
 from fastvideo import platform
 from fastvideo.models import flux
-from fastvideo.sampling import sde
+from fastvideo.sampling import sde, solvers
+from fastvideo.sampling.plan import DPM, ODE, SDE, SamplingPlan, full_sde_plan
 from fastvideo.sampling.randomness import RandomSource
 
 
@@ -81,6 +82,7 @@ class Trajectory:
     sample_ids: torch.Tensor
     group_ids: torch.Tensor
     captions: list[str] = field(default_factory=list)
+    plan: SamplingPlan | None = None  # the schedule sampled with; None: every transition SDE (DanceGRPO)
 
     # Fields indexed by sample; the others are shared by all samples.
     PER_SAMPLE = ("latents", "log_probs", "x0", "images", "prompt_embeds", "pooled", "sample_ids", "group_ids")
@@ -185,30 +187,57 @@ def _check_text_inputs(prompt_embeds, pooled, text_ids, captions) -> None:
         raise ValueError(f"text_ids must be [Lt={prompt_embeds.shape[1]}, 3], got {tuple(text_ids.shape)}")
 
 
-def _sample_chunk(transformer, noise, step_eps, sigmas, embeds, pooled, txt_ids, img_ids, cfg: RolloutConfig):
-    """Run all N steps for one chunk of b samples.
+def _sample_chunk(transformer, noise, step_eps, plan: SamplingPlan, sigmas, embeds, pooled, txt_ids, img_ids,
+                  cfg: RolloutConfig):
+    """Run the plan's n transitions for one chunk of b samples.
 
-    noise [b, L, C]; step_eps [N, b, L, C] or None (eta = 0). Returns latents [b, N+1, L, C],
-    log_probs [b, N] and the last step's x0 prediction [b, L, C]. The loop never reads a value
-    back to the host, so an accelerator runs it without stalls.
+    noise [b, L, C]; step_eps: {k: [b, L, C]} for the plan's SDE transitions; sigmas: the plan's
+    sigmas on the device [n + 1]. Returns latents [b, n+1, L, C], log_probs [b, n] (zeros on ODE
+    and DPM transitions, which have no density) and the last step's x0 prediction [b, L, C]. The
+    loop never reads a value back to the host, so an accelerator runs it without stalls.
     """
     x = noise
     latents, log_probs = [x], []
     x0 = x
-    for k in range(cfg.sampling_steps):
+    prev_x0 = None  # the previous transition's x0 prediction: DPM-Solver++'s multistep history
+    n = plan.num_steps
+    for k in range(n):
         v = predict_velocity(
             transformer, x, sigmas[k], embeds, pooled, txt_ids, img_ids, cfg.guidance_scale, cfg.quantize_timestep
         )
-        if k == cfg.sampling_steps - 1:
+        kind = plan.kinds[k]
+        next_is_dpm = k + 1 < n and plan.kinds[k + 1] == DPM
+        x0_k = sde.x0_prediction(x, v, sigmas[k]) if (k == n - 1 or kind == DPM or next_is_dpm) else None
+        if k == n - 1:
             # Decode from x0_hat, as upstream does. With eta > 0 this is not the last SDE sample
             # (nor its mean, which is x0_hat - eta^2/2 * eps_hat at sigma_next = 0); with eta = 0
             # the Euler step to sigma = 0 gives x0_hat exactly.
-            x0 = sde.x0_prediction(x, v, sigmas[k])
-        eps = None if step_eps is None else step_eps[k]
-        x, log_prob = sde.sde_step(x, v, sigmas[k], sigmas[k + 1], cfg.eta, noise=eps)
+            x0 = x0_k
+        if kind == SDE:
+            x, log_prob = _sde_transition(plan, x, v, sigmas, k, cfg.eta, noise=step_eps.get(k))
+        elif kind == ODE:
+            x, log_prob = sde.sde_step(x, v, sigmas[k], sigmas[k + 1], 0.0)
+        else:
+            history = prev_x0 if plan.dpm_order >= 2 else None
+            x = solvers.dpm_solver_pp_step(x, x0_k, sigmas[k], sigmas[k + 1], history,
+                                           sigmas[k - 1] if history is not None else None, plan.dpm_solver_type)
+            log_prob = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
+        prev_x0 = x0_k
         latents.append(x)
         log_probs.append(log_prob)
     return torch.stack(latents, dim=1), torch.stack(log_probs, dim=1), x0
+
+
+def _sde_transition(plan: SamplingPlan, x, v, sigmas, k, eta, noise=None, prev_sample=None):
+    """Transition k of an SDE step of the plan's kind -> (sample, log_prob [B])."""
+    return sde_transition(plan.sde_kind, x, v, sigmas[k], sigmas[k + 1], eta, plan.sigmas[1], noise, prev_sample)
+
+
+def sde_transition(sde_kind, x, v, sigma, sigma_next, eta, sigma_max, noise=None, prev_sample=None):
+    """DanceGRPO's SDE step (sde.sde_step, called exactly as before plans existed) or Flow-GRPO's."""
+    if sde_kind == "dance":
+        return sde.sde_step(x, v, sigma, sigma_next, eta, noise=noise, prev_sample=prev_sample)
+    return solvers.flow_sde_step(x, v, sigma, sigma_next, eta, float(sigma_max), noise=noise, prev_sample=prev_sample)
 
 
 @torch.no_grad()
@@ -227,6 +256,7 @@ def rollout(
     autocast_dtype: torch.dtype | None = None,
     decode: bool = True,
     on_chunk: Callable[[slice, torch.Tensor], None] | None = None,
+    plan: SamplingPlan | None = None,
 ) -> Trajectory:
     """Sample G = cfg.num_generations images per prompt with log-probabilities.
 
@@ -240,6 +270,9 @@ def rollout(
     on_chunk(rows, x0) is called after each chunk is sampled, with the chunk's rows of the batch
     (a slice) and its x0 predictions [b, L, C], so the caller can decode and score that chunk
     while the next one samples (see fastvideo.training.reward_pipeline).
+    plan: which transitions are SDE / ODE / DPM-Solver++ and their sigmas (fastvideo.sampling.plan);
+    None samples every one of the cfg.sampling_steps transitions with the SDE (DanceGRPO) and
+    leaves ``traj.plan`` None. Step noise is drawn only for SDE transitions, addressed by index.
     """
     _check_text_inputs(prompt_embeds, pooled, text_ids, captions)
     device = torch.device(device)
@@ -251,7 +284,9 @@ def rollout(
     # DDP/FSDP wrappers keep the diffusers model (and its config) under .module.
     in_channels = getattr(transformer, "module", transformer).config.in_channels
     tokens_shape = ((lat_h // 2) * (lat_w // 2), in_channels)
-    sigmas = sde.sigma_schedule(N, cfg.shift).to(device)
+    run_plan = plan if plan is not None else full_sde_plan(N, cfg.shift, N, 1)
+    sigmas = run_plan.sigmas.to(device)
+    sde_steps = [k for k, kind in enumerate(run_plan.kinds) if kind == SDE]
     img_ids = flux.image_ids(lat_h, lat_w, device=device)
     txt_ids = text_ids.to(device)
     embeds = prompt_embeds.to(device).repeat_interleave(G, dim=0)
@@ -264,14 +299,13 @@ def rollout(
         rows = slice(start, min(batch, start + cfg.rollout_batch_size))
         # All draws for the chunk are made on the CPU up front, then copied once.
         noise = randomness.initial_noise(iteration, noise_ids[rows], tokens_shape).to(device)
-        step_eps = None
-        if cfg.eta > 0:
-            step_eps = torch.stack(
-                [randomness.step_noise(iteration, sample_ids[rows], k, tokens_shape) for k in range(N)]
-            ).to(device)
+        step_eps = {}
+        if cfg.eta > 0 and sde_steps:
+            eps = torch.stack([randomness.step_noise(iteration, sample_ids[rows], k, tokens_shape) for k in sde_steps])
+            step_eps = dict(zip(sde_steps, eps.to(device)))
         with amp:
             lat, logp, x0 = _sample_chunk(
-                transformer, noise, step_eps, sigmas, embeds[rows], pooled_b[rows], txt_ids, img_ids, cfg
+                transformer, noise, step_eps, run_plan, sigmas, embeds[rows], pooled_b[rows], txt_ids, img_ids, cfg
             )
         all_x0.append(x0)
         if on_chunk is not None:
@@ -292,6 +326,7 @@ def rollout(
         sample_ids=sample_ids,
         group_ids=group_of_sample,
         captions=[c for c in captions for _ in range(G)],
+        plan=plan,
     )
     if decode:
         traj.images = decode_images(vae, traj.x0, cfg, device, autocast_dtype)

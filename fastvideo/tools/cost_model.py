@@ -87,6 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device_name", default=None, help="look the peak up by name (H800, H200, A100, 910C, ...)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _memory_flags(ap.add_argument_group("memory model (--memory)"))
+    add_mix_arguments(ap)
     args = ap.parse_args(argv)
     if args.trained_steps is None:
         if not 0.0 < args.timestep_fraction <= 1.0:
@@ -94,6 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.trained_steps = num_trained_steps(args.sampling_steps, args.timestep_fraction, args.train_last_step)
     if args.seconds_per_iteration is not None and args.seconds_per_iteration <= 0:
         ap.error("--seconds_per_iteration must be positive")
+    resolve_mix(args, ap)
     return args
 
 
@@ -163,6 +165,65 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str) -> str:
     lines.append("phases: " + ", ".join(f"{k} {v / GB:.2f} GB" for k, v in est.phases.items()))
     lines.append(est.verdict(args.device_memory_gb))
     lines.append("not counted: framework context and workspaces, allocator fragmentation, reward activations")
+# ----------------------------------------------------------------------------- mixed sampling (MixGRPO)
+REFERENCE_STEPS, REFERENCE_FRACTION = 16, 0.6  # DanceGRPO's FLUX script
+
+
+def add_mix_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("mixed sampling (the trainer's flags; see fastvideo.sampling.mix)")
+    g.add_argument("--training_strategy", default="all", choices=["all", "part"],
+                   help="part: MixGRPO's SDE window of --group_size steps, ODE elsewhere, every window step trained")
+    g.add_argument("--group_size", type=int, default=4, help="MixGRPO's window size")
+    g.add_argument("--sde_steps", type=int, default=0, help="Flow-GRPO-Fast: k SDE (trained) steps")
+    g.add_argument("--window_start", type=int, default=0, help="where the window is (the Flash tail depends on it)")
+    g.add_argument("--dpm_algorithm_type", default="null", choices=["null", "dpmsolver++"])
+    g.add_argument("--dpm_post_compress_ratio", type=float, default=0.4)
+
+
+def resolve_mix(args, ap) -> None:
+    """Sets args.rollout_steps (forwards per rollout sample) and, for a window, args.trained_steps."""
+    from fastvideo.grpo.loss import candidate_steps
+    from fastvideo.perf.flops import plan_steps
+
+    window = args.sde_steps or (args.group_size if args.training_strategy == "part" else 0)
+    if args.dpm_algorithm_type != "null" and not window:
+        ap.error("--dpm_algorithm_type dpmsolver++ needs a window (--training_strategy part or --sde_steps)")
+    cands = candidate_steps(args.sampling_steps, args.train_last_step)
+    if window and not 0 <= args.window_start < cands:
+        ap.error(f"--window_start {args.window_start} must be in [0, {cands})")
+    ratio = args.dpm_post_compress_ratio if args.dpm_algorithm_type != "null" else None
+    args.rollout_steps, trained = plan_steps(args.sampling_steps, cands, args.trained_steps, window=window,
+                                             window_start=args.window_start, dpm_post_ratio=ratio)
+    if window:
+        args.trained_steps = trained
+    args.mix_window = window
+
+
+def mix_comparison(args, dims: FluxDims, vae_cfg: dict, flops: dict) -> dict:
+    """This configuration's FLOPs against DanceGRPO's reference (16 steps, fraction 0.6) and against
+    the all-SDE run with the same number of sampling steps and --timestep_fraction."""
+    out = {}
+    for name, steps in (("dancegrpo_reference", REFERENCE_STEPS), ("full_sde_same_steps", args.sampling_steps)):
+        shape = IterationShape(
+            height=args.h, width=args.w, text_tokens=args.text_tokens, sampling_steps=steps,
+            num_generations=args.num_generations, prompts_per_rank=args.prompts_per_rank,
+            world_size=args.world_size,
+            trained_steps=num_trained_steps(steps, REFERENCE_FRACTION if name == "dancegrpo_reference"
+                                            else args.timestep_fraction, args.train_last_step),
+            gradient_checkpointing=args.gradient_checkpointing,
+        )
+        ref = iteration_flops(shape, dims, vae_cfg).as_dict()
+        out[name] = {"sampling_steps": steps, "trained_steps": shape.trained_steps,
+                     "model_flops_ratio": flops["model_total"] / ref["model_total"],
+                     "hardware_flops_ratio": flops["hardware_total"] / ref["hardware_total"]}
+    return out
+
+
+def format_mix(cmp: dict) -> str:
+    lines = [""]
+    for name, c in cmp.items():
+        lines.append(f"vs {name.replace('_', ' ')} ({c['sampling_steps']} steps, {c['trained_steps']} trained): "
+                     f"model FLOPs x{c['model_flops_ratio']:.3f}, hardware FLOPs x{c['hardware_flops_ratio']:.3f}")
     return "\n".join(lines)
 
 
@@ -180,7 +241,8 @@ def _peak(args) -> float | None:
 def summarise(args, dims: FluxDims, vae_cfg: dict) -> dict:
     """Everything the table shows, as plain numbers."""
     shape = IterationShape(
-        height=args.h, width=args.w, text_tokens=args.text_tokens, sampling_steps=args.sampling_steps,
+        height=args.h, width=args.w, text_tokens=args.text_tokens,
+        sampling_steps=getattr(args, "rollout_steps", args.sampling_steps),
         num_generations=args.num_generations, prompts_per_rank=args.prompts_per_rank,
         world_size=args.world_size, trained_steps=args.trained_steps,
         gradient_checkpointing=args.gradient_checkpointing,
@@ -193,6 +255,7 @@ def summarise(args, dims: FluxDims, vae_cfg: dict) -> dict:
         "forward_breakdown": transformer_flops_breakdown(dims, shape.image_tokens, shape.text_tokens),
         "flops": it.as_dict(),
     }
+    out["vs"] = mix_comparison(args, dims, vae_cfg, out["flops"])
     peak = _peak(args)
     if args.seconds_per_iteration is not None:
         per_dev = it.hardware_flops / args.seconds_per_iteration / args.world_size / 1e12
@@ -274,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         json.dump({"model": desc, **s}, sys.stdout, indent=2)
         print()
     else:
-        print(format_table(s, desc))
+        print(format_table(s, desc) + format_mix(s["vs"]))
 
 
 if __name__ == "__main__":

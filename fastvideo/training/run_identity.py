@@ -29,6 +29,14 @@ FLAGS = {
     "lora_rank": "--lora_rank",
     "lora_alpha": "--lora_alpha",
     "lora_target_modules": "--lora_target_modules",
+    # the SDE window / solver (fastvideo.sampling.mix): they decide every iteration's sampling plan
+    "mix_mode": "--training_strategy / --sde_steps",
+    "sde_window": "--group_size / --sde_steps",
+    "window_strategy": "--sample_strategy / --sde_start",
+    "window_fixed_start": "--sde_start",
+    "window_move_step": "--prog_overlap / --prog_overlap_step",
+    "dpm_post_compress_ratio": "--dpm_algorithm_type / --dpm_post_compress_ratio",
+    "sde_kind": "--flow_grpo_sampling",
 }
 
 
@@ -51,6 +59,7 @@ def run_identity(cfg: TrainConfig, world_size: int) -> dict:
         "use_lora": cfg.lora.enabled,
         **({"lora_rank": cfg.lora.rank, "lora_alpha": cfg.lora.alpha,
             "lora_target_modules": ",".join(cfg.lora.target_modules)} if cfg.lora.enabled else {}),
+        **cfg.mix.identity(),
     }
 
 

@@ -18,9 +18,12 @@ from fastvideo import platform
 from fastvideo.config import TrainConfig
 from fastvideo.grpo.advantages import batch_advantages, group_advantages, zero_std_ratio
 from fastvideo.grpo.kl import gaussian_step_kl
-from fastvideo.grpo.loss import clipped_policy_loss, timestep_selection
+from fastvideo.grpo.loss import clipped_policy_loss
 from fastvideo.sampling import sde
-from fastvideo.sampling.rollout import RolloutConfig, Trajectory, decode_images, predict_velocity, rollout
+from fastvideo.sampling.mix import plan_for_iteration
+from fastvideo.sampling.plan import SamplingPlan, full_sde_plan
+from fastvideo.sampling.rollout import (RolloutConfig, Trajectory, decode_images, predict_velocity, rollout,
+                                        sde_transition)
 from fastvideo.training.lora import lora_checkpoint_info
 from fastvideo.training.run_identity import run_identity
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, plot_reward_curve, reduce_scalars
@@ -250,13 +253,30 @@ class GRPOTrainer:
                 )
 
         v = velocity(self.model)
-        _, logp = sde.sde_step(lat, v, sig, sig_next, self.rollout_cfg.eta, prev_sample=nxt)
+        plan = traj.plan
+        _, logp = sde_transition(plan.sde_kind if plan else "dance", lat, v, sig, sig_next, self.rollout_cfg.eta,
+                                 plan.sigmas[1] if plan else None, prev_sample=nxt)
         if self.kl_reference is None:
             return logp, None
+        # DanceGRPO's step Gaussian (config refuses --kl_coef with --flow_grpo_sampling).
         with torch.no_grad(), self.kl_reference.policy() as ref:
             ref_mean, _ = sde.step_gaussian(lat, velocity(ref), sig, sig_next, self.rollout_cfg.eta)
         mean, std = sde.step_gaussian(lat, v, sig, sig_next, self.rollout_cfg.eta)
         return logp, gaussian_step_kl(mean, ref_mean, std)
+
+    def sampling_plan(self, iteration: int) -> SamplingPlan:
+        """This iteration's schedule (SDE / ODE / DPM-Solver++ steps, trainable steps): sampling.mix."""
+        n = self.cfg.rollout.sampling_steps
+        g = self.cfg.grpo
+        return plan_for_iteration(self.cfg.mix, n, self.cfg.rollout.shift, g.candidate_steps(n), g.trained_steps(n),
+                                  iteration, self.randomness)
+
+    def _plan_of(self, traj: Trajectory) -> SamplingPlan:
+        """The trajectory's plan; a plan-less trajectory is DanceGRPO's (every step SDE, the GRPO flags' T)."""
+        if traj.plan is not None:
+            return traj.plan
+        g, n = self.cfg.grpo, traj.num_steps
+        return full_sde_plan(n, self.rollout_cfg.shift, g.candidate_steps(n), g.trained_steps(n))
 
     def update(self, traj: Trajectory, advantages: torch.Tensor, iteration: int) -> UpdateStats:
         """Clipped GRPO update over micro-batches; one optimizer step per accumulation window.
@@ -266,10 +286,10 @@ class GRPOTrainer:
         and a trailing window of fewer than GA micro-batches still steps (upstream drops its
         gradients; docs/upstream.md)."""
         g = self.cfg.grpo
-        n_candidates = g.candidate_steps(traj.num_steps)
-        num_trained = g.trained_steps(traj.num_steps)
-        perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, n_candidates)
-        selected = timestep_selection(perms, num_trained)  # [B, T] on CPU
+        plan = self._plan_of(traj)
+        num_trained = plan.num_trained
+        perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, len(plan.trainable))
+        selected = plan.select_steps(perms)  # [B, T] on CPU
         adv = advantages.to(self.device)
         old_logp = traj.log_probs
         b = traj.num_samples
@@ -363,13 +383,14 @@ class GRPOTrainer:
         indices = self.sampler.next_batch()
         embeds, pooled, text_ids, captions = self.load_prompts(indices)
         self.model.eval()
+        plan = self.sampling_plan(iteration)
         if self.scorer is not None:
-            traj, rewards = self._rollout_overlapped(iteration, embeds, pooled, text_ids, captions, indices)
+            traj, rewards = self._rollout_overlapped(iteration, embeds, pooled, text_ids, captions, indices, plan)
         else:
             with self.timer.phase("rollout"):
                 traj = rollout(
                     self.model, self.vae, embeds, pooled, text_ids, captions, indices, self.rollout_cfg,
-                    self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
+                    self.randomness, iteration, self.device, self.autocast_dtype, decode=False, plan=plan,
                 )
             with self.timer.phase("decode"):
                 traj.images = decode_images(self.vae, traj.x0, self.rollout_cfg, self.device, self.autocast_dtype)
@@ -394,7 +415,7 @@ class GRPOTrainer:
                 source.flush()
         return record
 
-    def _rollout_overlapped(self, iteration, embeds, pooled, text_ids, captions, indices):
+    def _rollout_overlapped(self, iteration, embeds, pooled, text_ids, captions, indices, plan=None):
         """Rollout with each chunk decoded and scored while the next samples (--reward_overlap).
 
         Timings: time_rollout is sampling alone, time_decode the chunks' decoding, time_reward
@@ -406,7 +427,7 @@ class GRPOTrainer:
             traj = rollout(
                 self.model, self.vae, embeds, pooled, text_ids, captions, indices, self.rollout_cfg,
                 self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
-                on_chunk=self.scorer.on_chunk,
+                on_chunk=self.scorer.on_chunk, plan=plan,
             )
         # The rollout phase's wall time includes decoding its chunks (timed on their own).
         self.timer.seconds["rollout"] -= self.timer.seconds.get("decode", 0.0)
@@ -449,6 +470,9 @@ class GRPOTrainer:
         record.update(maxes)
         record["optimizer_steps"] = stats.optimizer_steps
         record["forward_passes_update"] = stats.forward_passes
+        record["forward_passes_rollout"] = traj.num_steps * traj.num_samples
+        if traj.plan is not None and traj.plan.window_start >= 0:
+            record["sde_window_start"] = traj.plan.window_start
         record["lr"] = self.lr_scheduler.get_last_lr()[0]
         record["samples_per_s"] = all_rewards.numel() / max(seconds, 1e-9)
         self.metrics.write(record)

@@ -1,0 +1,251 @@
+"""MixGRPO's sliding SDE window, MixGRPO-Flash's DPM-Solver++ tail and Flow-GRPO-Fast: the flags,
+their settings and the per-iteration SamplingPlan.
+
+Window semantics follow MixGRPO (Tencent-Hunyuan/MixGRPO, fastvideo/utils/grpo_states.py and
+train_grpo_flux.py):
+
+- ``--training_strategy part``: SDE on a window of ``--group_size`` W transitions, Euler ODE
+  elsewhere; every window transition is trained (``--timestep_fraction`` does not apply, as
+  upstream). ``all`` (default) is DanceGRPO: every transition SDE, a fraction trained.
+- ``--sample_strategy progressive``: the window starts at 0 and moves by ``--prog_overlap_step``
+  (with ``--prog_overlap``; else by W) every ``--iters_per_group`` iterations; past the last
+  start it rolls back to 0 (``--roll_back``) or stays there. ``decay``/``exp_decay`` change
+  the iterations per position as upstream; ``random`` draws the start every iteration.
+- ``--dpm_algorithm_type dpmsolver++ --dpm_apply_strategy post``: after the window, the ODE runs
+  on a compressed schedule (``--dpm_post_compress_ratio``) with DPM-Solver++ of
+  ``--dpm_solver_order``; the history of the first DPM step is the last window step's x0.
+- ``--sde_steps k --sde_start random|INT``: Flow-GRPO-Fast, k SDE steps at a start drawn per
+  iteration (or fixed), ODE before and after, those k trained.
+
+The window position is a pure function of the iteration (and of the run's seeded randomness for
+random starts), so a resumed run continues it exactly. Choices where upstream is silent or
+breaks are listed in ``DEVIATIONS`` and in docs/mixgrpo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+from fastvideo.sampling.plan import SamplingPlan, full_sde_plan, window_plan
+
+STRATEGIES = ("progressive", "random", "decay", "exp_decay")
+EXP_DECAY_THRESHOLD, EXP_DECAY_K = 13, 0.1  # upstream GRPOTrainingStates defaults (no flags)
+
+DEVIATIONS = (
+    "the window may reach the last candidate transition (upstream's window stops one short, and is empty "
+    "at the last position), so it is never empty",
+    "the first DPM-Solver++ step uses the last window step's x0 as history whichever SDE is used "
+    "(upstream does this only with --flow_grpo_sampling)",
+    "the compressed tail keeps at least one transition (upstream's ratio rounding can stop above sigma 0)",
+    "random window starts come from the run's seeded randomness (upstream draws unseeded)",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("mixed sampling (MixGRPO window, DPM-Solver++, Flow-GRPO-Fast)")
+    g.add_argument("--training_strategy", type=str, default="all", choices=["all", "part"],
+                   help="all: every step SDE (DanceGRPO); part: SDE only in a sliding window (MixGRPO)")
+    g.add_argument("--group_size", type=int, default=4,
+                   help="MixGRPO's name for the SDE window size W in transitions (not the GRPO group: "
+                        "that is --num_generations)")
+    g.add_argument("--iters_per_group", type=int, default=25, help="iterations before the window moves")
+    g.add_argument("--sample_strategy", type=str, default="progressive", choices=list(STRATEGIES))
+    g.add_argument("--prog_overlap", action="store_true",
+                   help="move the window by --prog_overlap_step instead of by its size")
+    g.add_argument("--prog_overlap_step", type=int, default=1)
+    g.add_argument("--max_iters_per_group", type=int, default=10, help="decay strategy: iterations at start 0")
+    g.add_argument("--min_iters_per_group", type=int, default=1, help="decay strategy: iterations at the end")
+    g.add_argument("--roll_back", action="store_true", help="restart the window at 0 after the last position")
+    g.add_argument("--frozen_init_timesteps", type=int, default=-1,
+                   help="training_strategy all: train this many steps per sample instead of the fraction (-1: off)")
+    g.add_argument("--dpm_algorithm_type", type=str, default="null",
+                   help="null, or dpmsolver++ for the ODE after the window (MixGRPO-Flash)")
+    g.add_argument("--dpm_apply_strategy", type=str, default="post", help="post (after the window) only")
+    g.add_argument("--dpm_post_compress_ratio", type=float, default=0.4,
+                   help="fraction of the steps after the window that DPM-Solver++ keeps")
+    g.add_argument("--dpm_solver_order", type=int, default=2, choices=[1, 2, 3])
+    g.add_argument("--dpm_solver_type", type=str, default="heun", choices=["midpoint", "heun"])
+    g.add_argument("--flow_grpo_sampling", action="store_true",
+                   help="use Flow-GRPO's SDE (noise g = eta sqrt(sigma/(1-sigma))) instead of DanceGRPO's")
+    g.add_argument("--sde_steps", type=int, default=0,
+                   help="Flow-GRPO-Fast: k SDE (and trained) steps, ODE elsewhere (0: off)")
+    g.add_argument("--sde_start", type=str, default="random",
+                   help="Flow-GRPO-Fast: first SDE step, 'random' (drawn per iteration) or an integer")
+
+
+@dataclass(frozen=True)
+class MixSettings:
+    """Resolved mixed-sampling settings. mode: full (DanceGRPO) | window (MixGRPO) | fast."""
+
+    mode: str = "full"
+    window_size: int = 0
+    start_strategy: str = "progressive"  # progressive | decay | exp_decay | random | fixed
+    fixed_start: int = 0
+    iters_per_group: int = 25
+    move_step: int = 4
+    max_iters_per_group: int = 10
+    min_iters_per_group: int = 1
+    roll_back: bool = False
+    frozen_init_timesteps: int = -1
+    dpm_post_ratio: float | None = None
+    dpm_order: int = 2
+    dpm_solver_type: str = "heun"
+    sde_kind: str = "dance"
+
+    def trained_steps(self, dancegrpo_trained: int, candidates: int) -> int:
+        """Trained transitions per sample: the window's size (clipped to the candidates) or DanceGRPO's T."""
+        if self.mode != "full":
+            return min(self.window_size, candidates)
+        return self.frozen_init_timesteps if self.frozen_init_timesteps > 0 else dancegrpo_trained
+
+    def identity(self) -> dict:
+        """The settings that decide each iteration's plan (for the resume check)."""
+        return {
+            "mix_mode": self.mode, "sde_window": self.window_size, "window_strategy": self.start_strategy,
+            "window_fixed_start": self.fixed_start, "iters_per_group": self.iters_per_group,
+            "window_move_step": self.move_step, "max_iters_per_group": self.max_iters_per_group,
+            "min_iters_per_group": self.min_iters_per_group, "roll_back": self.roll_back,
+            "frozen_init_timesteps": self.frozen_init_timesteps, "dpm_post_compress_ratio": self.dpm_post_ratio,
+            "dpm_solver_order": self.dpm_order, "dpm_solver_type": self.dpm_solver_type,
+            "sde_kind": self.sde_kind,
+        }
+
+
+def _check(args, fail) -> None:
+    if args.dpm_algorithm_type not in ("null", "dpmsolver++"):
+        fail(f"--dpm_algorithm_type {args.dpm_algorithm_type}: only dpmsolver++ (or null) is implemented; "
+             "MixGRPO's published Flash runs use dpmsolver++")
+    dpm = args.dpm_algorithm_type == "dpmsolver++"
+    if dpm and args.dpm_apply_strategy != "post":
+        fail(f"--dpm_apply_strategy {args.dpm_apply_strategy}: only post (DPM-Solver++ after the SDE window) "
+             "is implemented")
+    if dpm and args.dpm_solver_order == 3:
+        fail("--dpm_solver_order 3 is not implemented; use 2 (MixGRPO-Flash) or 1")
+    if dpm and not 0.0 < args.dpm_post_compress_ratio <= 1.0:
+        fail(f"--dpm_post_compress_ratio {args.dpm_post_compress_ratio} must be in (0, 1]")
+    if args.sde_steps < 0:
+        fail(f"--sde_steps {args.sde_steps} must be >= 0 (0: off)")
+    if args.sde_steps and args.training_strategy == "part":
+        fail("--sde_steps (Flow-GRPO-Fast) and --training_strategy part (MixGRPO) both place the SDE window; "
+             "give one")
+    if dpm and args.training_strategy == "all" and not args.sde_steps:
+        fail("--dpm_algorithm_type dpmsolver++ compresses the ODE steps after an SDE window: it needs "
+             "--training_strategy part or --sde_steps k")
+    if args.training_strategy == "part":
+        for name in ("group_size", "iters_per_group", "prog_overlap_step", "max_iters_per_group",
+                     "min_iters_per_group"):
+            if getattr(args, name) < 1:
+                fail(f"--{name} must be at least 1")
+    if args.sde_start != "random":
+        try:
+            start = int(args.sde_start)
+        except ValueError:
+            start = -1
+        if start < 0:
+            fail(f"--sde_start {args.sde_start!r}: give 'random' or a step index >= 0")
+
+
+def settings_from_args(args: argparse.Namespace, candidates: int, fail) -> MixSettings:
+    """Validate the flags (``fail(msg)`` raises) and resolve them. candidates: transitions that may
+    train (0 .. candidates-1)."""
+    _check(args, fail)
+    sde_kind = "flow" if args.flow_grpo_sampling else "dance"
+    dpm = dict(dpm_post_ratio=args.dpm_post_compress_ratio if args.dpm_algorithm_type == "dpmsolver++" else None,
+               dpm_order=args.dpm_solver_order, dpm_solver_type=args.dpm_solver_type, sde_kind=sde_kind)
+    if args.sde_steps:
+        if args.sde_steps > candidates:
+            fail(f"--sde_steps {args.sde_steps} exceeds the {candidates} trainable transitions")
+        fixed = args.sde_start != "random"
+        if fixed and int(args.sde_start) + args.sde_steps > candidates:
+            fail(f"--sde_start {args.sde_start} with --sde_steps {args.sde_steps} runs past the last trainable "
+                 f"transition {candidates - 1}")
+        return MixSettings(mode="fast", window_size=args.sde_steps, start_strategy="fixed" if fixed else "random",
+                           fixed_start=int(args.sde_start) if fixed else 0, **dpm)
+    if args.training_strategy == "part":
+        return MixSettings(
+            mode="window", window_size=args.group_size, start_strategy=args.sample_strategy,
+            iters_per_group=args.iters_per_group,
+            move_step=args.prog_overlap_step if args.prog_overlap else args.group_size,
+            max_iters_per_group=args.max_iters_per_group, min_iters_per_group=args.min_iters_per_group,
+            roll_back=args.roll_back, **dpm,
+        )
+    if args.frozen_init_timesteps > candidates:
+        fail(f"--frozen_init_timesteps {args.frozen_init_timesteps} exceeds the {candidates} trainable transitions")
+    return MixSettings(frozen_init_timesteps=args.frozen_init_timesteps, sde_kind=sde_kind)
+
+
+WINDOW_FLAGS = ("group_size", "iters_per_group", "sample_strategy", "prog_overlap", "prog_overlap_step",
+                "max_iters_per_group", "min_iters_per_group", "roll_back")
+DPM_FLAGS = ("dpm_apply_strategy", "dpm_post_compress_ratio", "dpm_solver_order", "dpm_solver_type")
+
+
+def unused_flag_notes(args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+    """Start-up notes for mixed-sampling flags given a value but without effect in this mode."""
+    notes = []
+    if args.training_strategy != "part":
+        changed = [f"--{n}" for n in WINDOW_FLAGS if getattr(args, n) != getattr(defaults, n)]
+        if changed:
+            notes.append(f"{', '.join(changed)} have no effect without --training_strategy part")
+    if args.dpm_algorithm_type == "null":
+        changed = [f"--{n}" for n in DPM_FLAGS if getattr(args, n) != getattr(defaults, n)]
+        if changed:
+            notes.append(f"{', '.join(changed)} have no effect with --dpm_algorithm_type null")
+    if not args.sde_steps and args.sde_start != defaults.sde_start:
+        notes.append("--sde_start has no effect without --sde_steps")
+    if args.frozen_init_timesteps != defaults.frozen_init_timesteps and (args.training_strategy == "part"
+                                                                         or args.sde_steps):
+        notes.append("--frozen_init_timesteps applies to --training_strategy all only")
+    return notes
+
+
+def _iters_at(mix: MixSettings, start: int, last_start: int) -> int:
+    """Iterations the window stays at ``start`` (upstream's per-strategy rule)."""
+    if mix.start_strategy == "decay":
+        progress = start / max(last_start, 1)
+        current = int(mix.max_iters_per_group * (1 - progress) + mix.min_iters_per_group * progress)
+        return max(mix.min_iters_per_group, current)
+    if mix.start_strategy == "exp_decay":
+        return int(math.ceil(mix.iters_per_group * math.exp(-EXP_DECAY_K * max(0, start - EXP_DECAY_THRESHOLD))))
+    return mix.iters_per_group
+
+
+def scheduled_start(mix: MixSettings, iteration: int, last_start: int) -> int:
+    """Window start of 1-based ``iteration`` for the progressive/decay strategies: upstream's state
+    machine (advance after each iteration, move every N iterations, roll back or stop past
+    ``last_start``) replayed from iteration 1, so the result depends on the iteration alone."""
+    start, in_group = 0, 0
+    for _ in range(iteration - 1):
+        in_group += 1
+        if in_group >= _iters_at(mix, start, last_start):
+            in_group = 0
+            start += mix.move_step
+        if start > last_start:
+            start, in_group = (0, 0) if mix.roll_back else (last_start, in_group)
+    return start
+
+
+def window_start(mix: MixSettings, iteration: int, candidates: int, randomness=None) -> int:
+    """Where iteration's SDE window starts; random starts are drawn from ``randomness``."""
+    if mix.start_strategy == "fixed":
+        return mix.fixed_start
+    if mix.start_strategy == "random":
+        if randomness is None:
+            raise ValueError("a random window start needs the run's RandomSource")
+        return randomness.window_start(iteration, max(candidates - mix.window_size + 1, 1))
+    return scheduled_start(mix, iteration, candidates - 1)
+
+
+def plan_for_iteration(mix: MixSettings, sampling_steps: int, shift: float, candidates: int,
+                       num_trained: int, iteration: int, randomness=None) -> SamplingPlan:
+    """The SamplingPlan of 1-based ``iteration``. candidates / num_trained: DanceGRPO's trainable
+    transitions and T (GRPOSettings.candidate_steps / trained_steps)."""
+    if mix.mode == "full":
+        t = mix.frozen_init_timesteps if mix.frozen_init_timesteps > 0 else num_trained
+        return full_sde_plan(sampling_steps, shift, candidates, t, mix.sde_kind)
+    start = window_start(mix, iteration, candidates, randomness)
+    return window_plan(
+        sampling_steps, shift, start, mix.window_size, candidates=candidates, sde_kind=mix.sde_kind,
+        dpm_post_ratio=mix.dpm_post_ratio, dpm_order=mix.dpm_order, dpm_solver_type=mix.dpm_solver_type,
+    )

@@ -1,0 +1,140 @@
+"""A sampling schedule as data: which transitions are SDE, ODE or DPM-Solver++, and which train.
+
+One ``SamplingPlan`` per iteration is computed from the flags and the iteration number
+(fastvideo.sampling.mix); the rollout loop and the update read it. DanceGRPO (every transition
+SDE), MixGRPO (an SDE window, Euler ODE elsewhere), MixGRPO-Flash (ODE after the window
+compressed into fewer DPM-Solver++ steps) and Flow-GRPO-Fast (k SDE steps at a random place) are
+different plans, not different loops.
+
+Transition k goes from sigmas[k] to sigmas[k+1]; n = len(kinds) = len(sigmas) - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fastvideo.sampling import sde
+
+SDE, ODE, DPM = "sde", "ode", "dpm"
+SDE_KINDS = ("dance", "flow")  # DanceGRPO's SDE (sde.sde_step) or Flow-GRPO's (solvers.flow_sde_step)
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """One iteration's schedule.
+
+    sigmas: float32 CPU tensor [n + 1], 1 .. 0.
+    kinds: n entries of SDE / ODE / DPM.
+    trainable: transition indices the update may train (all of them SDE), in order.
+    num_trained: how many of ``trainable`` each sample trains (T); a per-sample random
+        permutation of ``trainable`` picks them, exactly as DanceGRPO's timestep selection.
+    sde_kind: "dance" or "flow" (--flow_grpo_sampling).
+    dpm_order, dpm_solver_type: DPM-Solver++ settings for DPM transitions.
+    window_start: first SDE transition (-1 when every transition is SDE); logged.
+    """
+
+    sigmas: torch.Tensor
+    kinds: tuple[str, ...]
+    trainable: tuple[int, ...]
+    num_trained: int
+    sde_kind: str = "dance"
+    dpm_order: int = 2
+    dpm_solver_type: str = "midpoint"
+    window_start: int = -1
+
+    def __post_init__(self):
+        n = len(self.kinds)
+        if self.sigmas.ndim != 1 or self.sigmas.numel() != n + 1:
+            raise ValueError(f"a plan with {n} transitions needs {n + 1} sigmas, got {tuple(self.sigmas.shape)}")
+        bad = [k for k in self.kinds if k not in (SDE, ODE, DPM)]
+        if bad:
+            raise ValueError(f"unknown step kinds {bad}; valid: {SDE}, {ODE}, {DPM}")
+        not_sde = [k for k in self.trainable if not 0 <= k < n or self.kinds[k] != SDE]
+        if not_sde:
+            raise ValueError(f"trainable transitions {not_sde} are not SDE transitions of this plan")
+        if not 1 <= self.num_trained <= len(self.trainable):
+            raise ValueError(f"num_trained {self.num_trained} must be in [1, {len(self.trainable)}]")
+        if self.sde_kind not in SDE_KINDS:
+            raise ValueError(f"sde_kind {self.sde_kind!r}; valid: {SDE_KINDS}")
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.kinds)
+
+    @property
+    def num_sde_steps(self) -> int:
+        return sum(k == SDE for k in self.kinds)
+
+    def select_steps(self, permutations: torch.Tensor) -> torch.Tensor:
+        """Per-sample trained transitions. permutations int64 [B, len(trainable)] -> [B, T].
+
+        With trainable = 0 .. n-1 this returns the permutations' first T columns unchanged, which
+        keeps the DanceGRPO plan bit-identical to the path before plans existed."""
+        if permutations.shape[-1] != len(self.trainable):
+            raise ValueError(f"permutations over {permutations.shape[-1]} steps for {len(self.trainable)} trainable ones")
+        from fastvideo.grpo.loss import timestep_selection
+
+        index = torch.as_tensor(self.trainable, dtype=torch.long)
+        return index[timestep_selection(permutations, self.num_trained)]
+
+    def describe(self) -> str:
+        """'SSOO...D' one letter per transition (S sde, O ode, D dpm)."""
+        return "".join({SDE: "S", ODE: "O", DPM: "D"}[k] for k in self.kinds)
+
+
+def full_sde_plan(sampling_steps: int, shift: float, candidates: int, num_trained: int,
+                  sde_kind: str = "dance") -> SamplingPlan:
+    """DanceGRPO: every transition SDE; transitions 0 .. candidates-1 may train, T of them."""
+    return SamplingPlan(
+        sigmas=sde.sigma_schedule(sampling_steps, shift), kinds=(SDE,) * sampling_steps,
+        trainable=tuple(range(candidates)), num_trained=num_trained, sde_kind=sde_kind,
+    )
+
+
+def compressed_tail_sigmas(sampling_steps: int, shift: float, first: int, compress_ratio: float) -> torch.Tensor:
+    """Sigmas of the ODE segment that starts at transition ``first`` (sigma_first .. 0), compressed.
+
+    MixGRPO's rule (dpm_apply_strategy post): with the window's last SDE transition w = first-1,
+    points = max(int((N - w) * ratio), 1) sigmas, uniformly spaced in the unshifted time
+    t in [t_first, 0] and then shifted, i.e. points - 1 transitions. We keep at least one
+    transition while the segment is not empty (MixGRPO's points = 1 would stop at sigma > 0).
+    Returns float32 [M + 1] starting at exactly sigma_schedule(N)[first] and ending at 0.
+    """
+    full = sde.sigma_schedule(sampling_steps, shift)
+    remaining = sampling_steps - first
+    if remaining <= 0:
+        return full[sampling_steps:]
+    points = max(int((remaining + 1) * compress_ratio), 1)
+    m = min(max(points - 1, 1), remaining)
+    t_first = torch.linspace(1.0, 0.0, sampling_steps + 1, dtype=torch.float32)[first].item()
+    t = torch.linspace(t_first, 0.0, m + 1, dtype=torch.float32)
+    tail = shift * t / (1.0 + (shift - 1.0) * t)
+    tail[0] = full[first]  # the window ends where it ends in the full schedule, bit for bit
+    return tail
+
+
+def window_plan(sampling_steps: int, shift: float, start: int, size: int, *, candidates: int,
+                num_trained: int | None = None, sde_kind: str = "dance", dpm_post_ratio: float | None = None,
+                dpm_order: int = 2, dpm_solver_type: str = "midpoint") -> SamplingPlan:
+    """SDE on transitions start .. start+size-1 (clipped to the candidates), Euler ODE before;
+    after the window Euler ODE, or DPM-Solver++ on a compressed schedule when dpm_post_ratio is
+    given. The window's transitions are trainable; num_trained None trains all of them (MixGRPO
+    --training_strategy part)."""
+    if not 0 <= start < candidates:
+        raise ValueError(f"window start {start} must be in [0, {candidates})")
+    end = min(start + size, candidates)
+    window = tuple(range(start, end))
+    full = sde.sigma_schedule(sampling_steps, shift)
+    if dpm_post_ratio is None:
+        sigmas, tail_kind, n_tail = full, ODE, sampling_steps - end
+    else:
+        tail = compressed_tail_sigmas(sampling_steps, shift, end, dpm_post_ratio)
+        sigmas, tail_kind, n_tail = torch.cat([full[:end], tail]), DPM, tail.numel() - 1
+    kinds = (ODE,) * start + (SDE,) * len(window) + (tail_kind,) * n_tail
+    return SamplingPlan(
+        sigmas=sigmas, kinds=kinds, trainable=window,
+        num_trained=len(window) if num_trained is None else min(num_trained, len(window)),
+        sde_kind=sde_kind, dpm_order=dpm_order, dpm_solver_type=dpm_solver_type, window_start=start,
+    )

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# MixGRPO (FLASH=1: MixGRPO-Flash) on one node of 8 devices (GPUs or NPU dies); the flags are
+# scripts/finetune/mixgrpo_args.sh, as for the 16-die launcher. DRY_RUN=1 prints the torchrun
+# command. Overridable: NPROC (8), MASTER_PORT (19004), MODEL_PATH (data/flux), DATA_JSON,
+# OUTPUT_DIR, HPS_DIR (hps_ckpt), REWARD_MODEL (hpsv2), FLASH (0), EXTRA_ARGS.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source scripts/common.sh
+export WANDB_DISABLED=${WANDB_DISABLED:-true}
+source scripts/finetune/mixgrpo_args.sh
+# shellcheck disable=SC2086
+fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-19004}" \
+  fastvideo/train_grpo_flux.py "${MIXGRPO_ARGS[@]}" ${EXTRA_ARGS:-}

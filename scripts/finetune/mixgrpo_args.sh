@@ -1,0 +1,75 @@
+# MixGRPO's training flags (Tencent-Hunyuan/MixGRPO scripts/finetune/finetune_flux_grpo_MixGRPO{,_Flash}.sh),
+# shared by the MixGRPO launchers. Sourced after scripts/common.sh; sets MIXGRPO_ARGS.
+# Reads: MODEL_PATH, DATA_JSON, OUTPUT_DIR, HPS_DIR, REWARD_MODEL, FLASH.
+MODEL_PATH=${MODEL_PATH:-data/flux}
+HPS_DIR=${HPS_DIR:-hps_ckpt}
+if [ "${FLASH:-0}" = 1 ]; then
+  ITERS_PER_GROUP=20; DPM_ALGORITHM=dpmsolver++; DEFAULT_OUT=data/outputs/mixgrpo_flash
+else
+  ITERS_PER_GROUP=25; DPM_ALGORITHM=null; DEFAULT_OUT=data/outputs/mixgrpo
+fi
+MIXGRPO_ARGS=(
+  --seed 714
+  --pretrained_model_name_or_path "$MODEL_PATH"
+  --vae_model_path "$MODEL_PATH"
+  --cache_dir data/.cache
+  --data_json_path "${DATA_JSON:-data/rl_embeddings/videos2caption.json}"
+  --gradient_checkpointing
+  --train_batch_size 1
+  --num_latent_t 1
+  --sp_size 1
+  --train_sp_batch_size 1
+  --dataloader_num_workers 4
+  --gradient_accumulation_steps 3
+  --max_train_steps 300
+  --learning_rate 1e-5
+  --mixed_precision bf16
+  --checkpointing_steps 50
+  --allow_tf32
+  --cfg 0.0
+  --output_dir "${OUTPUT_DIR:-$DEFAULT_OUT}"
+  --h 720
+  --w 720
+  --t 1
+  --sampling_steps 25
+  --eta 0.7
+  --lr_warmup_steps 0
+  --sampler_seed 7144
+  --max_grad_norm 1.0
+  --weight_decay 0.0001
+  --num_generations 12
+  --shift 3
+  --use_group
+  --ignore_last
+  --timestep_fraction 0.6
+  --init_same_noise
+  --clip_range 1e-4
+  --adv_clip_max 5.0
+  --training_strategy part
+  --kl_coeff 0.0
+  --iters_per_group "$ITERS_PER_GROUP"
+  --group_size 4
+  --sample_strategy progressive
+  --prog_overlap
+  --prog_overlap_step 1
+  --max_iters_per_group 10
+  --min_iters_per_group 1
+  --roll_back
+  --trimmed_ratio 0.0
+  --reward_model "${REWARD_MODEL:-hpsv2}"
+  --hps_path "$HPS_DIR/HPS_v2.1_compressed.pt"
+  --hps_clip_path "$HPS_DIR/open_clip_pytorch_model.bin"
+  --multi_reward_mix advantage_aggr
+  --hps_weight 1.0
+  --clip_score_weight 1.0
+  --pick_score_weight 1.0
+  --dpm_algorithm_type "$DPM_ALGORITHM"
+  --dpm_apply_strategy post
+  --dpm_post_compress_ratio 0.4
+  --dpm_solver_order 2
+  --dpm_solver_type midpoint
+  --frozen_init_timesteps -1
+  --flow_grpo_sampling
+  --rollout_batch_size 4
+  --train_micro_batch_size 1
+)

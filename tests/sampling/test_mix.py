@@ -1,0 +1,143 @@
+"""Window placement (MixGRPO's progressive / decay / random strategies), plans, and the flags."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastvideo.config import ConfigError, build_parser, validate_args
+from fastvideo.sampling import mix, sde
+from fastvideo.sampling.plan import ODE, SDE, compressed_tail_sigmas, window_plan
+from fastvideo.sampling.randomness import RandomSource
+
+MIRROR = Path("/work/.mirror/Tencent-Hunyuan+MixGRPO/repo")
+
+
+def _settings(*flags, steps=25):
+    args = build_parser().parse_args(["--data_json_path", "x", "--pretrained_model_name_or_path", "x",
+                                      "--rewards", "compressibility:1", "--sampling_steps", str(steps), *flags])
+    return validate_args(args)
+
+
+MIXGRPO = ("--training_strategy", "part", "--group_size", "4", "--iters_per_group", "25", "--sample_strategy",
+           "progressive", "--prog_overlap", "--prog_overlap_step", "1", "--roll_back")
+
+
+def test_progressive_window_of_mixgrpo_script():
+    """25 steps, W=4, move by 1 every 25 iterations (MixGRPO's launch script): iteration i starts at
+    (i - 1) // 25; candidates 0..23, so the last start is 23 and start 24 rolls back to 0."""
+    s = _settings(*MIXGRPO).mix
+    assert s.mode == "window" and s.window_size == 4 and s.move_step == 1
+    starts = [mix.scheduled_start(s, i, 23) for i in (1, 25, 26, 50, 51, 300, 576, 600, 601)]
+    assert starts == [0, 0, 1, 1, 2, 11, 23, 23, 0]
+    # without --prog_overlap the window moves by its size; without --roll_back it stays at the end
+    s2 = _settings("--training_strategy", "part", "--group_size", "4", "--iters_per_group", "2").mix
+    assert [mix.scheduled_start(s2, i, 23) for i in (1, 2, 3, 5, 13, 100)] == [0, 0, 4, 8, 23, 23]
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="upstream MixGRPO mirror not available")
+@pytest.mark.parametrize("strategy", ["progressive", "decay", "exp_decay"])
+def test_window_start_matches_upstream_state_machine(strategy, tmp_path):
+    """Upstream's GRPOTrainingStates (MixGRPO fastvideo/utils/grpo_states.py) stepped iteration by iteration."""
+    src = subprocess.run(["git", "-C", str(MIRROR), "show", "HEAD:fastvideo/utils/grpo_states.py"],
+                         capture_output=True, text=True, check=True).stdout
+    ns: dict = {}
+    exec(compile(src, "grpo_states.py", "exec"), ns)  # the reference: upstream's own class
+    steps = 16
+    ref = ns["GRPOTrainingStates"](iters_per_group=3, group_size=4, max_timesteps=steps - 2, sample_strategy=strategy,
+                                   prog_overlap=True, prog_overlap_step=2, max_iters_per_group=5,
+                                   min_iters_per_group=1, roll_back=True)
+    s = _settings("--training_strategy", "part", "--group_size", "4", "--iters_per_group", "3", "--sample_strategy",
+                  strategy, "--prog_overlap", "--prog_overlap_step", "2", "--max_iters_per_group", "5",
+                  "--min_iters_per_group", "1", "--roll_back", steps=steps).mix
+    for it in range(1, 120):
+        assert mix.scheduled_start(s, it, steps - 2) == ref.cur_timestep, it
+        ref.update_iteration()
+
+
+def test_random_start_is_seeded_per_iteration_and_in_range():
+    s = _settings("--sde_steps", "2", "--sde_start", "random", steps=10).mix
+    a = [mix.window_start(s, i, 9, RandomSource(3)) for i in range(1, 60)]
+    assert a == [mix.window_start(s, i, 9, RandomSource(3)) for i in range(1, 60)]
+    assert a != [mix.window_start(s, i, 9, RandomSource(4)) for i in range(1, 60)]
+    assert set(a) == set(range(0, 8))  # starts 0..7 keep both SDE steps among candidates 0..8
+    plan = mix.plan_for_iteration(s, 10, 3.0, 9, 5, 7, RandomSource(3))
+    assert plan.kinds.count(SDE) == 2 and plan.trainable == (a[6], a[6] + 1) and plan.num_trained == 2
+
+
+def test_full_plan_is_dancegrpo():
+    cfg = _settings(steps=16)
+    plan = mix.plan_for_iteration(cfg.mix, 16, 3.0, 15, 9, 1)
+    assert plan.kinds == (SDE,) * 16 and plan.trainable == tuple(range(15)) and plan.num_trained == 9
+    assert torch.equal(plan.sigmas, sde.sigma_schedule(16, 3.0))
+    perms = torch.stack([torch.randperm(15) for _ in range(3)])
+    assert torch.equal(plan.select_steps(perms), perms[:, :9])
+    frozen = _settings("--frozen_init_timesteps", "3", steps=16)
+    assert mix.plan_for_iteration(frozen.mix, 16, 3.0, 15, 9, 1).num_trained == 3
+
+
+def test_window_plan_euler_and_flash_tail():
+    plan = window_plan(25, 3.0, 2, 4, candidates=24)
+    assert plan.describe() == "OO" + "SSSS" + "O" * 19 and plan.trainable == (2, 3, 4, 5) and plan.num_trained == 4
+    flash = window_plan(25, 3.0, 0, 4, candidates=24, dpm_post_ratio=0.4)
+    # MixGRPO: last SDE index 3, int((25 - 3) * 0.4) = 8 points -> 7 DPM transitions
+    assert flash.describe() == "SSSS" + "D" * 7
+    full = sde.sigma_schedule(25, 3.0)
+    assert torch.equal(flash.sigmas[:5], full[:5]) and flash.sigmas[-1] == 0
+    t = torch.linspace(1, 0, 26)[4].item()
+    ref = torch.linspace(t, 0, 8)
+    torch.testing.assert_close(flash.sigmas[4:], 3 * ref / (1 + 2 * ref), rtol=0, atol=1e-7)
+    assert compressed_tail_sigmas(25, 3.0, 25, 0.4).tolist() == [0.0]  # window at the very end: no tail
+    # the window is clipped to the candidates and never empty
+    end = window_plan(16, 3.0, 14, 4, candidates=15)
+    assert end.trainable == (14,) and end.kinds[15] == ODE
+    with pytest.raises(ValueError, match="window start"):
+        window_plan(16, 3.0, 15, 4, candidates=15)
+
+
+@pytest.mark.parametrize("flags, match", [
+    (("--dpm_algorithm_type", "dpmsolver++"), "needs\n?.*--training_strategy part"),
+    (("--dpm_algorithm_type", "dpmsolver"), "only dpmsolver"),
+    (("--training_strategy", "part", "--dpm_algorithm_type", "dpmsolver++", "--dpm_apply_strategy", "all"), "post"),
+    (("--training_strategy", "part", "--dpm_algorithm_type", "dpmsolver++", "--dpm_solver_order", "3"), "order 3"),
+    (("--sde_steps", "2", "--training_strategy", "part"), "give one"),
+    (("--sde_steps", "30",), "exceeds"),
+    (("--sde_steps", "2", "--sde_start", "23"), "runs past"),
+    (("--sde_steps", "2", "--sde_start", "soon"), "random"),
+    (("--kl_coeff", "0.01"), "KL"),
+    (("--reward_model", "multi_reward", "--rewards", None), "ImageReward"),
+    (("--reward_model", "hpsv2"), "not both"),
+])
+def test_bad_mix_flags_fail_clearly(flags, match):
+    flags = list(flags)
+    base = ["--data_json_path", "x", "--pretrained_model_name_or_path", "x"]
+    if None in flags:
+        flags.remove(None)
+        flags.remove("--rewards")
+    else:
+        base += ["--rewards", "compressibility:1"]
+    with pytest.raises(ConfigError, match=match):
+        validate_args(build_parser().parse_args(base + flags))
+
+
+def test_reward_model_maps_onto_rewards():
+    args = build_parser().parse_args(["--data_json_path", "x", "--pretrained_model_name_or_path", "x",
+                                      "--reward_model", "hpsv2_clip_score", "--hps_weight", "2",
+                                      "--hps_path", "ck/HPS_v2.1_compressed.pt", "--hps_clip_path",
+                                      "ck/open_clip_pytorch_model.bin", "--clip_score_path", "clipdir",
+                                      "--multi_reward_mix", "advantage_aggr", "--use_group"])
+    cfg = validate_args(args)
+    assert [(s.name, s.weight) for s in cfg.reward.spec] == [("hpsv2", 2.0), ("clip", 1.0)]
+    assert cfg.reward.hps_ckpt_dir == "ck" and cfg.reward.clip_dir == "clipdir" and cfg.reward.group_norm
+
+
+def test_unused_window_flags_are_noted():
+    cfg = _settings("--group_size", "6", "--dpm_solver_order", "1", "--sde_start", "3")
+    notes = " | ".join(cfg.compat_notes)
+    assert "--group_size have no effect without --training_strategy part" in notes
+    assert "--dpm_solver_order have no effect with --dpm_algorithm_type null" in notes
+    assert "--sde_start has no effect without --sde_steps" in notes
+    assert not [n for n in _settings().compat_notes if "no effect" in n and "num_generations" not in n]

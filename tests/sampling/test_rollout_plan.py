@@ -1,0 +1,133 @@
+"""The rollout driven by a SamplingPlan: the all-SDE plan is today's path bit for bit; windows,
+Euler ODE and the DPM-Solver++ tail on the tiny FLUX model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastvideo.models import flux
+from fastvideo.sampling import sde, solvers
+from fastvideo.sampling.plan import full_sde_plan, window_plan
+from fastvideo.sampling.randomness import RandomSource
+from fastvideo.sampling.rollout import RolloutConfig, predict_velocity, rollout, sde_transition
+
+PROMPTS = ["a red cube", "a blue ball"]
+SEQ = 16
+
+
+@pytest.fixture(scope="module")
+def models(tiny_flux_dir):
+    transformer = flux.load_transformer(tiny_flux_dir).eval()
+    vae = flux.load_vae(tiny_flux_dir)
+    enc = flux.load_text_encoders(tiny_flux_dir)
+    embeds, pooled, text_ids = flux.encode_prompts(enc, PROMPTS, max_sequence_length=SEQ)
+    return transformer, vae, embeds, pooled, text_ids
+
+
+def _cfg(steps=6, eta=0.3):
+    return RolloutConfig(height=32, width=32, sampling_steps=steps, eta=eta, shift=3.0, num_generations=2,
+                         rollout_batch_size=4, init_same_noise=False)
+
+
+def _run(models, cfg, plan=None, rs=None, iteration=3):
+    transformer, vae, embeds, pooled, text_ids = models
+    return rollout(transformer, vae, embeds, pooled, text_ids, PROMPTS, [0, 1], cfg, rs or RandomSource(5), iteration,
+                   "cpu", decode=False, plan=plan)
+
+
+@torch.no_grad()
+def _reference_loop(models, cfg, iteration=3, seed=5):
+    """The rollout loop as it was before plans (commit 66379f5): every step SDE, x0 at the last."""
+    transformer, _, embeds, pooled, text_ids = models
+    rs = RandomSource(seed)
+    ids = torch.arange(4)
+    L, C = 4, transformer.config.in_channels
+    x = rs.initial_noise(iteration, ids, (L, C))
+    eps = torch.stack([rs.step_noise(iteration, ids, k, (L, C)) for k in range(cfg.sampling_steps)])
+    sigmas = sde.sigma_schedule(cfg.sampling_steps, cfg.shift)
+    img_ids = flux.image_ids(4, 4)
+    e, p = embeds.repeat_interleave(2, 0), pooled.repeat_interleave(2, 0)
+    lat, lps = [x], []
+    for k in range(cfg.sampling_steps):
+        v = predict_velocity(transformer, x, sigmas[k], e, p, text_ids, img_ids)
+        if k == cfg.sampling_steps - 1:
+            x0 = sde.x0_prediction(x, v, sigmas[k])
+        x, lp = sde.sde_step(x, v, sigmas[k], sigmas[k + 1], cfg.eta, noise=eps[k])
+        lat.append(x)
+        lps.append(lp)
+    return torch.stack(lat, 1), torch.stack(lps, 1), x0
+
+
+def test_all_sde_plan_is_the_pre_plan_path_bit_for_bit(models):
+    cfg = _cfg()
+    ref_lat, ref_lp, ref_x0 = _reference_loop(models, cfg)
+    for plan in (None, full_sde_plan(6, 3.0, 5, 3)):
+        traj = _run(models, cfg, plan)
+        assert torch.equal(traj.latents, ref_lat) and torch.equal(traj.log_probs, ref_lp)
+        assert torch.equal(traj.x0, ref_x0) and torch.equal(traj.sigmas, sde.sigma_schedule(6, 3.0))
+    # the update's re-scoring entry point is DanceGRPO's sde_step, called the same way
+    x, v, nxt = ref_lat[:, 1], torch.randn_like(ref_lat[:, 1]), ref_lat[:, 2]
+    s = sde.sigma_schedule(6, 3.0)
+    assert torch.equal(sde_transition("dance", x, v, s[1], s[2], 0.3, None, prev_sample=nxt)[1],
+                       sde.sde_step(x, v, s[1], s[2], 0.3, prev_sample=nxt)[1])
+
+
+def test_window_plan_ode_outside_sde_inside(models, tmp_path):
+    transformer, _, embeds, pooled, text_ids = models
+    cfg = _cfg()
+    plan = window_plan(6, 3.0, 2, 2, candidates=5)
+    rs = RandomSource(5).capture(tmp_path)
+    traj = _run(models, cfg, plan, rs=rs)
+    rs.flush()
+    full = _run(models, cfg)
+    # before the window: the deterministic Euler ODE from the same initial noise
+    assert torch.equal(traj.latents[:, 0], full.latents[:, 0])
+    e, p = traj.prompt_embeds, traj.pooled
+    for k in range(6):
+        x = traj.latents[:, k]
+        v = predict_velocity(transformer, x, traj.sigmas[k], e, p, traj.text_ids, traj.image_ids)
+        if k in (2, 3):
+            _, lp = sde.sde_step(x, v, traj.sigmas[k], traj.sigmas[k + 1], 0.3, prev_sample=traj.latents[:, k + 1])
+            assert (torch.exp(lp - traj.log_probs[:, k]) - 1).abs().max() < 1e-5
+            assert not torch.allclose(traj.latents[:, k + 1], x + (traj.sigmas[k + 1] - traj.sigmas[k]) * v)
+        else:
+            torch.testing.assert_close(traj.latents[:, k + 1], x + (traj.sigmas[k + 1] - traj.sigmas[k]) * v,
+                                       rtol=1e-5, atol=1e-6)
+            assert torch.all(traj.log_probs[:, k] == 0)
+    # step noise is drawn only for the window's transitions
+    from safetensors.torch import load_file
+    keys = load_file(str(tmp_path / "randomness_000003.safetensors")).keys()
+    assert sorted({int(k.split("/")[-1]) for k in keys if k.startswith("step_noise")}) == [2, 3]
+    assert traj.plan is plan and traj.subset([1, 0]).plan is plan
+
+
+def test_flash_tail_runs_dpm_solver_pp(models):
+    transformer, _, embeds, pooled, text_ids = models
+    cfg = _cfg(steps=12, eta=0.7)
+    plan = window_plan(12, 3.0, 1, 2, candidates=11, dpm_post_ratio=0.5, dpm_solver_type="midpoint")
+    assert plan.describe() == "OSS" + "D" * 4  # int((12 - 2) * 0.5) = 5 points -> 4 DPM steps
+    traj = _run(models, cfg, plan)
+    assert traj.latents.shape[1] == 8 and traj.log_probs.shape[1] == 7 and traj.sigmas[-1] == 0
+    s, e, p = traj.sigmas, traj.prompt_embeds, traj.pooled
+    x0 = [sde.x0_prediction(traj.latents[:, k], predict_velocity(transformer, traj.latents[:, k], s[k], e, p,
+                                                                  traj.text_ids, traj.image_ids), s[k])
+          for k in range(7)]
+    for k in range(3, 7):  # the first DPM step's history is the last window step's x0
+        want = solvers.dpm_solver_pp_step(traj.latents[:, k], x0[k], s[k], s[k + 1], x0[k - 1], s[k - 1], "midpoint")
+        torch.testing.assert_close(traj.latents[:, k + 1], want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(traj.latents[:, -1], traj.x0)  # the last DPM step lands on x0
+    assert torch.all(traj.log_probs[:, 3:] == 0) and torch.all(traj.log_probs[:, 1:3] != 0)
+
+
+def test_flow_grpo_sde_kind_rescores_to_ratio_one(models):
+    transformer, *_ = models
+    plan = window_plan(6, 3.0, 0, 3, candidates=5, sde_kind="flow")
+    traj = _run(models, _cfg(eta=0.7), plan)
+    for k in range(3):
+        x = traj.latents[:, k]
+        v = predict_velocity(transformer, x, traj.sigmas[k], traj.prompt_embeds, traj.pooled, traj.text_ids,
+                             traj.image_ids)
+        _, lp = solvers.flow_sde_step(x, v, traj.sigmas[k], traj.sigmas[k + 1], 0.7, float(traj.sigmas[1]),
+                                      prev_sample=traj.latents[:, k + 1])
+        assert (torch.exp(lp - traj.log_probs[:, k]) - 1).abs().max() < 1e-5
