@@ -3,9 +3,10 @@
     python -m fastvideo.tools.evaluate --model BASE_FLUX_DIR --model trained=OUTPUT_DIR/best \\
         --prompts assets/eval_prompts.txt --rewards hpsv2,pickscore,detail --out eval_out [--h 720 --w 720]
 
-Each --model is a diffusers FLUX folder, a training checkpoint folder (checkpoint-N, best) or an
-exported transformer folder (optionally LABEL=PATH). The text encoders and VAE come from --base
-(default: the first FLUX folder among the models). Every model sees the same initial noise per
+Each --model is a diffusers FLUX folder, a training checkpoint folder (checkpoint-N, best; full or
+LoRA), an exported transformer folder, or an exported LoRA (a folder with
+pytorch_lora_weights.safetensors), optionally LABEL=PATH. The text encoders and VAE come from --base
+(default: the first FLUX folder among the models); LoRA models are merged into --base's transformer. Every model sees the same initial noise per
 (prompt, image), drawn from RandomSource(--seed) exactly as the training run's evaluation draws it,
 so with the run's --seed and sampling flags a checkpoint scores what eval.jsonl recorded.
 

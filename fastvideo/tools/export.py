@@ -202,9 +202,8 @@ def _base_transformer(info: dict, base: str | None) -> Path:
     return Path(info["base_model"]) / "transformer"
 
 
-def export_merged(checkpoint, out, ema: bool = False, base: str | None = None, dtype: str | None = None,
-                  overwrite: bool = False) -> Path:
-    """A full transformer folder: the base transformer with every adapter merged in."""
+def merged_transformer(checkpoint, ema: bool = False, base: str | None = None):
+    """The base transformer (float32, CPU) with a LoRA checkpoint's adapters merged in."""
     from diffusers import FluxTransformer2DModel
 
     from fastvideo.training import lora
@@ -214,13 +213,20 @@ def export_merged(checkpoint, out, ema: bool = False, base: str | None = None, d
     info = _lora_info(ckpt)
     folder = _base_transformer(info, base)
     if not (folder / "config.json").is_file():
-        raise ExportError(f"--merge needs the base transformer the adapters were trained on; {folder} holds no "
+        raise ExportError(f"merging needs the base transformer the adapters were trained on; {folder} holds no "
                           "config.json: pass --base FLUX_DIR")
-    if dtype is not None and dtype not in DTYPES:
-        raise ExportError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     model = FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
     merged = lora.merge_into_base(model.state_dict(), _adapters(ckpt, ema), float(info["alpha"]) / float(info["rank"]))
     model.load_state_dict(merged)
+    return model
+
+
+def export_merged(checkpoint, out, ema: bool = False, base: str | None = None, dtype: str | None = None,
+                  overwrite: bool = False) -> Path:
+    """A full transformer folder: the base transformer with every adapter merged in."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    model = merged_transformer(checkpoint, ema, base)
     if dtype is not None:
         model.to(DTYPES[dtype])
     return _atomic_folder(Path(out), overwrite, lambda tmp: model.save_pretrained(tmp, safe_serialization=True))

@@ -68,14 +68,39 @@ def test_base_and_checkpoint_reproduce_the_training_evaluation(tiny_flux_dir, ti
         assert (out / name).stat().st_size > 200, name
 
 
-def test_lora_and_unknown_models_fail_clearly(tiny_flux_dir, eval_prompt_file, tmp_path, capsys):
-    lora = tmp_path / "my_lora"
-    lora.mkdir()
-    (lora / "adapter_config.json").write_text("{}")
+def test_lora_checkpoint_and_its_export_evaluate_alike(tiny_flux_dir, tiny_embeddings, eval_prompt_file, tmp_path,
+                                                       monkeypatch, capsys):
+    """A LoRA run's checkpoint and its exported pytorch_lora_weights.safetensors (on the base) are the
+    same model: equal scores on the same noise, and different from the base's."""
+    from fastvideo.tools.export import main as export
+    from fastvideo.train_grpo_flux import main as train
+
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    run = tmp_path / "lora_run"
+    argv = train_args(tiny_embeddings, tiny_flux_dir, run, save_images_every=0, max_train_steps=1,
+                      checkpointing_steps=1, use_lora=True, lora_rank=4, lora_alpha=8, learning_rate=3e-2,
+                      fsdp_sharding_strategy="none")
+    assert train(argv) == 0
+    export([str(run / "checkpoint-1"), str(tmp_path / "exported"), "--lora"])
+    out = tmp_path / "cmp"
+    assert main(_tool_args(eval_prompt_file, out, f"base={tiny_flux_dir}", f"ckpt={run / 'checkpoint-1'}",
+                           f"file={tmp_path / 'exported'}")) == 0
+    capsys.readouterr()
+    means = {(r["model"], r["reward"]): float(r["mean"]) for r in csv.DictReader(open(out / "results.csv"))}
+    for reward in ("compressibility", "detail", "saturation"):
+        assert means[("file", reward)] == pytest.approx(means[("ckpt", reward)], rel=1e-5, abs=1e-7)
+    assert any(means[("ckpt", r)] != means[("base", r)] for r in ("compressibility", "detail", "saturation"))
+
+
+def test_unknown_models_fail_clearly(tiny_flux_dir, eval_prompt_file, tmp_path, capsys):
+    peft_folder = tmp_path / "my_lora"
+    peft_folder.mkdir()
+    (peft_folder / "adapter_config.json").write_text("{}")
     with pytest.raises(SystemExit) as exc:
-        main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir, lora))
+        main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir, peft_folder))
     assert exc.value.code == 2
-    assert "LoRA models need --use_lora support, not available yet" in capsys.readouterr().err
+    assert "export the run's LoRA" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(_tool_args(eval_prompt_file, tmp_path / "o", tmp_path))
     assert "neither a FLUX folder" in capsys.readouterr().err
