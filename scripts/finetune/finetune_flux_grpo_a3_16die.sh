@@ -2,7 +2,8 @@
 # GRPO for FLUX.1-dev on one Atlas A3 node, 16 NPU dies (the Ascend recipe's reference run):
 # train GBS 64 = 1 (micro-batch) x 4 (accumulation) x 16 (dies); about 310 s per iteration reported.
 # The same script runs on a 16-GPU CUDA node. DRY_RUN=1 prints the torchrun command.
-# Overridable: NPROC (16), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, EXTRA_ARGS.
+# Overridable: NPROC (16), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, EXTRA_ARGS,
+# TRAIN_SCRIPT (the LoRA launcher sets fastvideo/train_grpo_flux_lora.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh
@@ -10,7 +11,7 @@ export WANDB_DISABLED=${WANDB_DISABLED:-true}
 MODEL_PATH=${MODEL_PATH:-data/flux}
 # shellcheck disable=SC2086
 fg_run --nnodes=1 --nproc_per_node="${NPROC:-16}" --master_port="${MASTER_PORT:-19002}" \
-  fastvideo/train_grpo_flux.py \
+  "${TRAIN_SCRIPT:-fastvideo/train_grpo_flux.py}" \
   --seed 42 \
   --pretrained_model_name_or_path "$MODEL_PATH" \
   --vae_model_path "$MODEL_PATH" \

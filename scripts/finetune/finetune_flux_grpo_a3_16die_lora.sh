@@ -1,57 +1,14 @@
 #!/usr/bin/env bash
 # LoRA GRPO for FLUX.1-dev on one Atlas A3 node, 16 NPU dies: the Ascend recipe's schedule
-# (GBS 64 = 1 x 4 accumulation x 16 dies, 16 sampling steps) with upstream's LoRA settings
-# (r 128, alpha 256, lr 3e-4). Frozen bf16 base + fp32 adapters: fits 64 GB dies with room to spare
+# (GBS 64 = 1 x 4 accumulation x 16 dies, 16 sampling steps: finetune_flux_grpo_a3_16die.sh, run
+# through fastvideo/train_grpo_flux_lora.py) with upstream's LoRA settings (r 128, alpha 256,
+# lr 3e-4). Frozen bf16 base + fp32 adapters: fits 64 GB dies with room to spare
 # (docs/performance.md). Runs unchanged on a 16-GPU CUDA node. DRY_RUN=1 prints the torchrun command.
-# Overridable: NPROC (16), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, EXTRA_ARGS
-# (e.g. EXTRA_ARGS="--kl_coef 0.01" for a KL penalty to the base).
+# Overridable: as finetune_flux_grpo_a3_16die.sh; OUTPUT_DIR defaults to data/outputs/grpo_lora and
+# EXTRA_ARGS comes after the LoRA settings (e.g. EXTRA_ARGS="--kl_coef 0.01" for a KL penalty to the base).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-source scripts/common.sh
-export WANDB_DISABLED=${WANDB_DISABLED:-true}
-MODEL_PATH=${MODEL_PATH:-data/flux}
-# shellcheck disable=SC2086
-fg_run --nnodes=1 --nproc_per_node="${NPROC:-16}" --master_port="${MASTER_PORT:-19002}" \
-  fastvideo/train_grpo_flux_lora.py \
-  --seed 42 \
-  --pretrained_model_name_or_path "$MODEL_PATH" \
-  --vae_model_path "$MODEL_PATH" \
-  --cache_dir data/.cache \
-  --data_json_path "${DATA_JSON:-data/rl_embeddings/videos2caption.json}" \
-  --gradient_checkpointing \
-  --train_batch_size 1 \
-  --num_latent_t 1 \
-  --sp_size 1 \
-  --train_sp_batch_size 1 \
-  --dataloader_num_workers 4 \
-  --gradient_accumulation_steps 4 \
-  --max_train_steps 300 \
-  --learning_rate 3e-4 \
-  --mixed_precision bf16 \
-  --checkpointing_steps 40 \
-  --allow_tf32 \
-  --cfg 0.0 \
-  --output_dir "${OUTPUT_DIR:-data/outputs/grpo_lora}" \
-  --h 720 \
-  --w 720 \
-  --t 1 \
-  --sampling_steps 16 \
-  --eta 0.3 \
-  --lr_warmup_steps 0 \
-  --sampler_seed 1223627 \
-  --max_grad_norm 1.0 \
-  --weight_decay 0.0001 \
-  --use_hpsv2 \
-  --num_generations 12 \
-  --shift 3 \
-  --use_group \
-  --ignore_last \
-  --timestep_fraction 0.6 \
-  --init_same_noise \
-  --clip_range 1e-4 \
-  --adv_clip_max 5.0 \
-  --lora_alpha 256 \
-  --lora_rank 128 \
-  --rollout_batch_size 4 \
-  --train_micro_batch_size 1 \
-  ${EXTRA_ARGS:-}
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export TRAIN_SCRIPT=fastvideo/train_grpo_flux_lora.py
+export OUTPUT_DIR="${OUTPUT_DIR:-data/outputs/grpo_lora}"
+export EXTRA_ARGS="--learning_rate 3e-4 --lora_alpha 256 --lora_rank 128 ${EXTRA_ARGS:-}"
+exec bash "$HERE/finetune_flux_grpo_a3_16die.sh"
