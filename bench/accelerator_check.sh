@@ -73,7 +73,7 @@ run_pair() {  # run_pair NAME DEVICE RANDOMNESS_FLAG
   FASTVIDEO_DEVICE="$2" OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 timeout 150 "$PY" -m torch.distributed.run --standalone \
     --nproc_per_node=1 fastvideo/train_grpo_flux.py --pretrained_model_name_or_path "$WORK/tiny_flux" \
     --data_json_path "$WORK/emb/videos2caption.json" --output_dir "$WORK/$1_out" --rewards compressibility:1.0 \
-    --h 64 --w 64 --sampling_steps 6 --eta 0.7 --num_generations 4 --rollout_batch_size 4 \
+    --h 64 --w 64 --sampling_steps 6 --eta 0.7 --use_group --num_generations 4 --rollout_batch_size 4 \
     --train_micro_batch_size 4 --timestep_fraction 0.6 --ignore_last --learning_rate 1e-3 --max_grad_norm 1.0 \
     --mixed_precision no --max_train_steps 2 --checkpointing_steps 100 --save_images_every 0 \
     --dataloader_num_workers 0 --seed 42 --record_dir "$OUT/runs/$1" "$3" "$OUT/runs/draws" > "$WORK/$1.log" 2>&1

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The run: small preset at 256x256 (256 image + 32 text tokens), 8 samples per rank, fp32.
-RUN_FLAGS = ["--h", "256", "--w", "256", "--sampling_steps", "4", "--num_generations", "8", "--train_batch_size", "1",
+RUN_FLAGS = ["--h", "256", "--w", "256", "--sampling_steps", "4", "--use_group", "--num_generations", "8", "--train_batch_size", "1",
              "--rollout_batch_size", "4", "--train_micro_batch_size", "4", "--timestep_fraction", "0.5",
              "--mixed_precision", "no", "--use_ema"]
 CONFIGS = {
@@ -83,7 +83,8 @@ def predicted(flags: list[str]) -> dict:
     with contextlib.redirect_stdout(buf):
         ckpt = [] if "--gradient_checkpointing" in flags else ["--no-gradient_checkpointing"]
         cost_main(["--memory", "--json", "--model", "small", "--world_size", "2", "--device", "cpu", "--text_tokens", "32",
-                   "--vae_precision", "auto", "--rewards", "compressibility:1.0", *ckpt, *flags])
+                   "--vae_precision", "auto", "--rewards", "compressibility:1.0", *ckpt,
+                   *(f for f in flags if f != "--use_group")])  # the cost model always counts G per prompt
     return json.loads(buf.getvalue())
 
 

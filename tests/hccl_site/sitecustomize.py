@@ -4,7 +4,14 @@ rules (tests/hccl_rules.py). Nothing is imported when the switch is off."""
 
 import os
 
-if os.environ.get("FLUX_GRPO_HCCL_RULES", "0") == "1":
+def _torch_importable() -> bool:
+    """Pythons without torch (pip's build environments, a fresh venv) also read this folder."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+if os.environ.get("FLUX_GRPO_HCCL_RULES", "0") == "1" and _torch_importable():
     import importlib.util
 
     _path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hccl_rules.py")
