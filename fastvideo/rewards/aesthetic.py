@@ -159,7 +159,7 @@ class AestheticReward(BatchedReward):
         model_config: str | Path | None = None,
         mlp_file: str = AESTHETIC_MLP_FILE,
         device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.bfloat16,
+        dtype: torch.dtype | None = None,
         batch_size: int = 8,
     ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)

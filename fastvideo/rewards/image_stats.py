@@ -50,7 +50,7 @@ class DetailReward(BatchedReward):
 
     name = "detail"
 
-    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
+    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                  batch_size: int = 64) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
 
@@ -63,7 +63,7 @@ class SaturationReward(BatchedReward):
 
     name = "saturation"
 
-    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
+    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                  batch_size: int = 64) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
 

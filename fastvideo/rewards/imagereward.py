@@ -163,7 +163,7 @@ class ImageRewardReward(BatchedReward):
     name = "imagereward"
 
     def __init__(self, image_reward_dir: str | Path = DEFAULT_IMAGE_REWARD_DIR, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.bfloat16, batch_size: int = 8) -> None:
+                 dtype: torch.dtype | None = None, batch_size: int = 8) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         ckpt, med_config, tok_dir = resolve_image_reward_files(image_reward_dir)
         sd = load_weights_only(ckpt)

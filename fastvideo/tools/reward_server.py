@@ -111,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu"],
                    help="auto: this machine's accelerator (NPU or GPU) if any, else the CPU")
     p.add_argument("--device_index", type=int, default=0, help="which accelerator")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"],
-                   help="autocast dtype on an accelerator (the CPU always scores in fp32)")
+    p.add_argument("--reward_precision", "--dtype", dest="reward_precision", default="auto",
+                   choices=["auto", "fp16", "bf16", "fp32"],
+                   help="autocast dtype, as the trainer's --reward_precision: auto = fp16 on an accelerator "
+                        "(upstream's HPS scoring), fp32 on the CPU")
     p.add_argument("--batch_size", type=int, default=16, help="images per model call")
     g = p.add_argument_group("reward files (as the trainer's flags)")
     g.add_argument("--hps_ckpt_dir", default="./hps_ckpt")
@@ -167,8 +169,9 @@ def build_rewards(args: argparse.Namespace) -> tuple[dict[str, Reward], dict[str
         "clip": {"clip_dir": args.clip_dir},
         **reward_kwargs(extras_from_args(args)),
     }
-    common = {"device": device, "batch_size": args.batch_size,
-              "dtype": torch.bfloat16 if args.dtype == "bf16" else torch.float32}
+    from fastvideo.training.builders import reward_dtype
+
+    common = {"device": device, "batch_size": args.batch_size, "dtype": reward_dtype(args.reward_precision)}
     rewards, info = {}, {}
     for s in specs:
         kwargs = {**common, **per.get(s.name, {})}

@@ -108,7 +108,7 @@ def test_window_plan_euler_and_flash_tail():
     (("--sde_steps", "2", "--sde_start", "23"), "runs past"),
     (("--sde_steps", "2", "--sde_start", "soon"), "random"),
     (("--kl_coeff", "0.01"), "KL"),
-    (("--reward_model", "multi_reward", "--rewards", None), "ImageReward"),
+    (("--reward_model", "multi_reward", "--rewards", None), "needs --use_group"),
     (("--reward_model", "hpsv2"), "not both"),
 ])
 def test_bad_mix_flags_fail_clearly(flags, match):
@@ -130,8 +130,10 @@ def test_reward_model_maps_onto_rewards():
                                       "ck/open_clip_pytorch_model.bin", "--clip_score_path", "clipdir",
                                       "--multi_reward_mix", "advantage_aggr", "--use_group"])
     cfg = validate_args(args)
-    assert [(s.name, s.weight) for s in cfg.reward.spec] == [("hpsv2", 2.0), ("clip", 1.0)]
-    assert cfg.reward.hps_ckpt_dir == "ck" and cfg.reward.clip_dir == "clipdir" and cfg.reward.group_norm
+    # MixGRPO divides its weights by their sum (fastvideo.rewards.mix); advantage_aggr is applied by
+    # the trainer's mixed advantages, not by --reward_group_norm.
+    assert [(s.name, s.weight) for s in cfg.reward.spec] == [("hpsv2", 2.0 / 3.0), ("clip", 1.0 / 3.0)]
+    assert cfg.reward.hps_ckpt_dir == "ck" and cfg.reward.clip_dir == "clipdir"
 
 
 def test_unused_window_flags_are_noted():
