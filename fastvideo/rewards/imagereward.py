@@ -72,18 +72,26 @@ def resolve_image_reward_files(folder: str | Path) -> tuple[Path, Path, Path]:
     return folder / IMAGE_REWARD_FILE, folder / MED_CONFIG_FILE, tok
 
 
-def vision_key(key: str) -> str:
-    """BLIP ViT (timm naming) -> transformers BlipVisionModel naming."""
-    fixed = {"cls_token": "embeddings.class_embedding", "pos_embed": "embeddings.position_embedding",
-             "patch_embed.proj.weight": "embeddings.patch_embedding.weight",
-             "patch_embed.proj.bias": "embeddings.patch_embedding.bias",
-             "norm.weight": "post_layernorm.weight", "norm.bias": "post_layernorm.bias"}
-    if key in fixed:
-        return fixed[key]
-    for old, new in ((".norm1.", ".layer_norm1."), (".norm2.", ".layer_norm2."), (".attn.proj.", ".self_attn.projection."),
-                     (".attn.qkv.", ".self_attn.qkv.")):
-        key = key.replace(old, new)
-    return key.replace("blocks.", "encoder.layers.", 1)
+# BLIP's timm ViT names -> transformers' BlipVisionModel names: whole keys, then parts of keys.
+_VISION_KEYS = {"cls_token": "embeddings.class_embedding", "pos_embed": "embeddings.position_embedding",
+                "patch_embed.proj.weight": "embeddings.patch_embedding.weight",
+                "patch_embed.proj.bias": "embeddings.patch_embedding.bias",
+                "norm.weight": "post_layernorm.weight", "norm.bias": "post_layernorm.bias"}
+_VISION_PARTS = ((".norm1.", ".layer_norm1."), (".norm2.", ".layer_norm2."), (".attn.proj.", ".self_attn.projection."),
+                 (".attn.qkv.", ".self_attn.qkv."))
+_VISION_BLOCKS = ("blocks.", "encoder.layers.")  # the leading block prefix, replaced once
+
+
+def vision_key(key: str, inverse: bool = False) -> str:
+    """BLIP ViT (timm naming) -> transformers BlipVisionModel naming; ``inverse`` maps back (the tiny
+    checkpoint writer saves in BLIP's naming). One table serves both directions."""
+    whole = {v: k for k, v in _VISION_KEYS.items()} if inverse else _VISION_KEYS
+    if key in whole:
+        return whole[key]
+    for old, new in _VISION_PARTS:
+        key = key.replace(new, old) if inverse else key.replace(old, new)
+    old, new = _VISION_BLOCKS[::-1] if inverse else _VISION_BLOCKS
+    return key.replace(old, new, 1)
 
 
 def split_checkpoint(sd: dict[str, torch.Tensor], source: str) -> dict[str, dict[str, torch.Tensor]]:

@@ -41,20 +41,6 @@ def write_vocab(folder: Path) -> int:
     return len(tokenizer)
 
 
-def original_vision_key(key: str) -> str:
-    """transformers BlipVisionModel naming -> BLIP's timm ViT naming (inverse of imagereward.vision_key)."""
-    fixed = {"embeddings.class_embedding": "cls_token", "embeddings.position_embedding": "pos_embed",
-             "embeddings.patch_embedding.weight": "patch_embed.proj.weight",
-             "embeddings.patch_embedding.bias": "patch_embed.proj.bias",
-             "post_layernorm.weight": "norm.weight", "post_layernorm.bias": "norm.bias"}
-    if key in fixed:
-        return fixed[key]
-    for ours, theirs in ((".layer_norm1.", ".norm1."), (".layer_norm2.", ".norm2."),
-                         (".self_attn.projection.", ".attn.proj."), (".self_attn.qkv.", ".attn.qkv.")):
-        key = key.replace(ours, theirs)
-    return key.replace("encoder.layers.", "blocks.", 1)
-
-
 def _randomise(module: torch.nn.Module, generator: torch.Generator) -> None:
     """Weights far from transformers' small init, so every part of the model moves the score."""
     for name, p in module.named_parameters():
@@ -64,7 +50,7 @@ def _randomise(module: torch.nn.Module, generator: torch.Generator) -> None:
 
 def write_image_reward(out_dir: Path, seed: int) -> Path:
     from fastvideo.rewards.aesthetic import AestheticMLP
-    from fastvideo.rewards.imagereward import build_text, build_vision
+    from fastvideo.rewards.imagereward import build_text, build_vision, vision_key
 
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab_size = write_vocab(out_dir) + 2  # + BLIP's [DEC] and [ENC]
@@ -86,7 +72,7 @@ def write_image_reward(out_dir: Path, seed: int) -> Path:
                                        "text_proj": torch.nn.Linear(TINY_MED["hidden_size"], 256)})
     for module in (vision, text, mlp, projections):
         _randomise(module, generator)
-    sd = {f"blip.visual_encoder.{original_vision_key(k)}": t for k, t in vision.state_dict().items()}
+    sd = {f"blip.visual_encoder.{vision_key(k, inverse=True)}": t for k, t in vision.state_dict().items()}
     sd.update({f"blip.text_encoder.{k}": t for k, t in text.state_dict().items()})
     # BLIP's BERT embeddings save their position_ids buffer; transformers' do not.
     sd["blip.text_encoder.embeddings.position_ids"] = torch.arange(TINY_MED["max_position_embeddings"]).expand(1, -1)

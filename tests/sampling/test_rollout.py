@@ -9,6 +9,7 @@ from fastvideo.models import flux
 from fastvideo.sampling.randomness import RandomSource
 from fastvideo.sampling.rollout import RolloutConfig, Trajectory, predict_velocity, rollout
 from fastvideo.sampling.sde import sde_step
+from sampling_helpers import tiny_models
 
 PROMPTS = ["a red cube on a table", "a cat", "two birds at dawn"]
 SEQ = 32  # short T5 sequence keeps the tiny model fast; the code is length-agnostic
@@ -16,11 +17,7 @@ SEQ = 32  # short T5 sequence keeps the tiny model fast; the code is length-agno
 
 @pytest.fixture(scope="module")
 def models(tiny_flux_dir):
-    transformer = flux.load_transformer(tiny_flux_dir).eval()
-    vae = flux.load_vae(tiny_flux_dir)
-    enc = flux.load_text_encoders(tiny_flux_dir)
-    embeds, pooled, text_ids = flux.encode_prompts(enc, PROMPTS, max_sequence_length=SEQ)
-    return transformer, vae, embeds, pooled, text_ids
+    return tiny_models(tiny_flux_dir, PROMPTS, SEQ)
 
 
 def _cfg(**kw):

@@ -11,6 +11,7 @@ from fastvideo.sampling import sde, solvers
 from fastvideo.sampling.plan import full_sde_plan, window_plan
 from fastvideo.sampling.randomness import RandomSource
 from fastvideo.sampling.rollout import RolloutConfig, predict_velocity, rollout, sde_transition
+from sampling_helpers import tiny_models
 
 PROMPTS = ["a red cube", "a blue ball"]
 SEQ = 16
@@ -18,11 +19,7 @@ SEQ = 16
 
 @pytest.fixture(scope="module")
 def models(tiny_flux_dir):
-    transformer = flux.load_transformer(tiny_flux_dir).eval()
-    vae = flux.load_vae(tiny_flux_dir)
-    enc = flux.load_text_encoders(tiny_flux_dir)
-    embeds, pooled, text_ids = flux.encode_prompts(enc, PROMPTS, max_sequence_length=SEQ)
-    return transformer, vae, embeds, pooled, text_ids
+    return tiny_models(tiny_flux_dir, PROMPTS, SEQ)
 
 
 def _cfg(steps=6, eta=0.3):
