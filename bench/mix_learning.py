@@ -1,6 +1,7 @@
 """Wall time to the same reward gain: DanceGRPO (all SDE) vs MixGRPO vs Flash vs Flow-GRPO-Fast.
 
     python bench/mix_learning.py [--modes full mixgrpo flash fast] [--seeds 1 2] [--iterations 30]
+                                 [--equal_time]
 
 The tiny demo task (scripts/demo/grpo_tiny_cpu.sh's settings: tiny FLUX, 64x64, 8 steps, G = 8,
 JPEG-compressibility reward, lr 3e-3, clip 0.2) on one CPU process. For each mode and seed it
@@ -9,6 +10,12 @@ OMP_NUM_THREADS=1: one-thread CPU time does not grow when other jobs share the m
 last 5 iterations minus the first 5), the seconds per iteration, and the wall time until the
 5-iteration moving average first reaches TARGET = --target_share x the mean gain of the full-SDE
 runs above the run's own first-5 mean. Mean and spread over seeds. A benchmark, not a test.
+
+With --equal_time every mode gets the CPU seconds its seed's full-SDE run spent on --iterations
+iterations (a cheaper mode runs more iterations), which is the comparison "wall time to the same
+gain" asks for: the gain is then the gain at equal time, and a run that has not reached the target
+when its time is up is censored at the budget. The median time to target counts censored runs as
+slower than every finished one (it is "not reached" when half or more are censored).
 """
 
 from __future__ import annotations
@@ -34,7 +41,10 @@ MODES = {
 }
 
 
-def run(model: Path, data: Path, out: Path, mode: str, seed: int, iterations: int) -> list[dict]:
+def run(model: Path, data: Path, out: Path, mode: str, seed: int, iterations: int,
+        cpu_budget: float | None = None) -> list[dict]:
+    """Reward and CPU seconds per iteration: ``iterations`` of them, or, with ``cpu_budget``, as many
+    as fit in that many CPU seconds (at least 10, at most 10 x ``iterations``)."""
     from fastvideo import platform
     from fastvideo.config import parse_config
     from fastvideo.training.trainer import GRPOTrainer
@@ -45,19 +55,23 @@ def run(model: Path, data: Path, out: Path, mode: str, seed: int, iterations: in
         "--shift", "3", "--num_generations", "8", "--train_batch_size", "1", "--rollout_batch_size", "8",
         "--train_micro_batch_size", "4", "--timestep_fraction", "1.0", "--ignore_last", "--use_group",
         "--init_same_noise", "--clip_range", "0.2", "--adv_clip_max", "5.0", "--learning_rate", "3e-3",
-        "--weight_decay", "0.0", "--mixed_precision", "no", "--max_train_steps", str(iterations),
+        "--weight_decay", "0.0", "--mixed_precision", "no", "--max_train_steps", str(10 * iterations),
         "--checkpointing_steps", "100000", "--save_images_every", "0", "--dataloader_num_workers", "0",
         "--seed", str(seed), "--sampler_seed", str(1223627 + seed), "--fsdp_sharding_strategy", "none",
     ] + MODES[mode]
     trainer = GRPOTrainer(parse_config(argv), platform.init_distributed())
     trainer.setup()
     trainer.save_checkpoint = lambda: None
-    rows = []
-    for _ in range(iterations):
+    rows, spent = [], 0.0
+    while True:
+        if cpu_budget is None and len(rows) == iterations:
+            return rows
+        if cpu_budget is not None and len(rows) >= 10 and (spent >= cpu_budget or len(rows) == 10 * iterations):
+            return rows
         cpu0 = time.process_time()
         rec = trainer.run_iteration()
         rows.append(dict(rec, cpu_iteration=time.process_time() - cpu0))
-    return rows
+        spent += rows[-1]["cpu_iteration"]
 
 
 CLOCK = "cpu_iteration"  # one-thread CPU seconds: robust to other jobs on a shared machine
@@ -73,6 +87,13 @@ def time_to_target(rows: list[dict], target: float) -> float | None:
     return None
 
 
+def median_time(times: list[float | None]) -> str:
+    """Median time to target with unfinished runs counted as slower than all finished ones."""
+    ranked = sorted(times, key=lambda t: (t is None, t or 0.0))
+    mid = ranked[len(ranked) // 2]  # the upper median: a tie between two runs goes to the slower
+    return "not reached" if mid is None else f"{mid:.1f}"
+
+
 def _fmt(values: list[float], digits: int = 1) -> str:
     if not values:
         return "not reached"
@@ -86,26 +107,38 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--target_share", type=float, default=0.5)
+    ap.add_argument("--equal_time", action="store_true",
+                    help="give every mode the CPU seconds of the same seed's full-SDE run")
     args = ap.parse_args()
     if "full" not in args.modes:
         raise SystemExit("--modes must include full: the target gain is a share of its gain")
     with tempfile.TemporaryDirectory() as tmp:
         model, data = build_inputs("tiny", Path(tmp))
-        results = {m: [run(model, data, Path(tmp) / f"{m}_{s}", m, s, args.iterations) for s in args.seeds]
-                   for m in args.modes}
+        results = {"full": [run(model, data, Path(tmp) / f"full_{s}", "full", s, args.iterations)
+                            for s in args.seeds]}
+        budgets = [sum(r[CLOCK] for r in rows) if args.equal_time else None for rows in results["full"]]
+        for m in args.modes:
+            if m != "full":
+                results[m] = [run(model, data, Path(tmp) / f"{m}_{s}", m, s, args.iterations, budget)
+                              for s, budget in zip(args.seeds, budgets)]
 
     def gain(rows):
         return statistics.mean(r["reward_mean"] for r in rows[-5:]) - statistics.mean(r["reward_mean"] for r in rows[:5])
 
     target = args.target_share * statistics.mean(gain(rows) for rows in results["full"])
-    print(f"# tiny demo task, {args.iterations} iterations, seeds {args.seeds}; target gain {target:.3f} "
-          f"(= {args.target_share} x full-SDE mean gain)\n")
-    print("| mode | CPU s / iteration | gain (last 5 - first 5) | CPU seconds to target | runs reaching it |")
-    print("|---|---|---|---|---|")
-    for m, runs in results.items():
+    budget = "equal CPU time per seed (full SDE's)" if args.equal_time else "equal iterations"
+    print(f"# tiny demo task, {args.iterations} full-SDE iterations, {budget}, seeds {args.seeds}; "
+          f"target gain {target:.3f} (= {args.target_share} x full-SDE mean gain)\n")
+    print("| mode | iterations | CPU s / iteration | gain (last 5 - first 5) | CPU s to target (reached runs) "
+          "| median CPU s to target (all runs) | runs reaching it |")
+    print("|---|---|---|---|---|---|---|")
+    for m in args.modes:
+        runs = results[m]
         per_it = [statistics.mean(r[CLOCK] for r in rows[1:]) for rows in runs]
-        times = [t for t in (time_to_target(rows, target) for rows in runs) if t is not None]
-        print(f"| {m} | {_fmt(per_it, 3)} | {_fmt([gain(rows) for rows in runs], 3)} | {_fmt(times)} | "
+        all_times = [time_to_target(rows, target) for rows in runs]
+        times = [t for t in all_times if t is not None]
+        print(f"| {m} | {_fmt([len(rows) for rows in runs], 0)} | {_fmt(per_it, 3)} | "
+              f"{_fmt([gain(rows) for rows in runs], 3)} | {_fmt(times)} | {median_time(all_times)} | "
               f"{len(times)}/{len(runs)} |", flush=True)
 
 

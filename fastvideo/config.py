@@ -399,6 +399,9 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         _fail(f"--kl_coef {args.kl_coef} must be >= 0 (0 turns the KL penalty off)")
     if args.kl_coef > 0 and args.flow_grpo_sampling:
         _fail("--kl_coef is the KL between DanceGRPO's SDE steps; it is not implemented for --flow_grpo_sampling")
+    if args.kl_coef > 0 and args.dpm_algorithm_type != "null" and args.dpm_apply_strategy == "all":
+        _fail("--kl_coef is the KL between DanceGRPO's SDE steps; it is not implemented for the SDE-DPM-Solver "
+              "steps of --dpm_apply_strategy all")
     lora = lora_settings(args)  # may set args.resume_from_checkpoint (--resume_from_lora_checkpoint)
     if args.clip_range <= 0 or args.adv_clip_max <= 0:
         _fail("--clip_range and --adv_clip_max must be positive")

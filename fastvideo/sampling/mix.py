@@ -11,9 +11,15 @@ train_grpo_flux.py):
   (with ``--prog_overlap``; else by W) every ``--iters_per_group`` iterations; past the last
   start it rolls back to 0 (``--roll_back``) or stays there. ``decay``/``exp_decay`` change
   the iterations per position as upstream; ``random`` draws the start every iteration.
-- ``--dpm_algorithm_type dpmsolver++ --dpm_apply_strategy post``: after the window, the ODE runs
-  on a compressed schedule (``--dpm_post_compress_ratio``) with DPM-Solver++ of
-  ``--dpm_solver_order``; the history of the first DPM step is the last window step's x0.
+- ``--dpm_algorithm_type dpmsolver++|dpmsolver --dpm_apply_strategy post``: after the window, the
+  ODE runs on a compressed schedule (``--dpm_post_compress_ratio``) with multistep DPM-Solver++
+  (data prediction) or DPM-Solver (noise prediction) of ``--dpm_solver_order`` 1-3; the history
+  of the first DPM step is the preceding transitions' predictions.
+- ``--dpm_apply_strategy all``: no compression; every deterministic transition (before and after
+  the window, or only the last one when every step is SDE) is a multistep DPM-Solver++ step and the
+  SDE transitions are first-order SDE-DPM-Solver++ steps, in the rollout and in the update (their
+  noise is the solver's: ``--eta`` does not apply). ``dpmsolver`` is refused here: the noise-
+  prediction solver is singular at FLUX's first sigma, 1.
 - ``--sde_steps k --sde_start random|INT``: Flow-GRPO-Fast, k SDE steps at a start drawn per
   iteration (or fixed), ODE before and after, those k trained.
 
@@ -40,6 +46,11 @@ DEVIATIONS = (
     "(upstream does this only with --flow_grpo_sampling)",
     "the compressed tail keeps at least one transition (upstream's ratio rounding can stop above sigma 0)",
     "random window starts come from the run's seeded randomness (upstream draws unseeded)",
+    "--dpm_algorithm_type dpmsolver integrates the noise prediction eps = x + (1 - sigma) v, as DPM-Solver "
+    "defines it (upstream passes the x0 prediction to DPM-Solver's noise formulas)",
+    "under --dpm_apply_strategy all the SDE steps are first-order SDE-DPM-Solver steps in the rollout as in "
+    "the update (upstream samples them with the multistep solver but scores them with the first-order one, "
+    "so its importance ratio is not 1 on the first update)",
 )
 
 
@@ -60,9 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--roll_back", action="store_true", help="restart the window at 0 after the last position")
     g.add_argument("--frozen_init_timesteps", type=int, default=-1,
                    help="training_strategy all: train this many steps per sample instead of the fraction (-1: off)")
-    g.add_argument("--dpm_algorithm_type", type=str, default="null",
-                   help="null, or dpmsolver++ for the ODE after the window (MixGRPO-Flash)")
-    g.add_argument("--dpm_apply_strategy", type=str, default="post", help="post (after the window) only")
+    g.add_argument("--dpm_algorithm_type", type=str, default="null", choices=["null", "dpmsolver", "dpmsolver++"],
+                   help="null (Euler ODE), dpmsolver++ (data prediction; MixGRPO-Flash) or dpmsolver (noise "
+                        "prediction) for the deterministic steps")
+    g.add_argument("--dpm_apply_strategy", type=str, default="post", choices=["post", "all"],
+                   help="post: a compressed DPM-Solver schedule after the SDE window; all: DPM-Solver on every "
+                        "step of the full schedule, SDE-DPM-Solver on the SDE steps")
     g.add_argument("--dpm_post_compress_ratio", type=float, default=0.4,
                    help="fraction of the steps after the window that DPM-Solver++ keeps")
     g.add_argument("--dpm_solver_order", type=int, default=2, choices=[1, 2, 3])
@@ -90,6 +104,8 @@ class MixSettings:
     roll_back: bool = False
     frozen_init_timesteps: int = -1
     dpm_post_ratio: float | None = None
+    dpm_all: bool = False
+    dpm_algorithm: str = "dpmsolver++"
     dpm_order: int = 2
     dpm_solver_type: str = "heun"
     sde_kind: str = "dance"
@@ -109,30 +125,33 @@ class MixSettings:
             "min_iters_per_group": self.min_iters_per_group, "roll_back": self.roll_back,
             "frozen_init_timesteps": self.frozen_init_timesteps, "dpm_post_compress_ratio": self.dpm_post_ratio,
             "dpm_solver_order": self.dpm_order, "dpm_solver_type": self.dpm_solver_type,
-            "sde_kind": self.sde_kind,
+            "sde_kind": self.sde_kind, "dpm_all": self.dpm_all, "dpm_algorithm": self.dpm_algorithm,
         }
 
 
 def _check(args, fail) -> None:
-    if args.dpm_algorithm_type not in ("null", "dpmsolver++"):
-        fail(f"--dpm_algorithm_type {args.dpm_algorithm_type}: only dpmsolver++ (or null) is implemented; "
-             "MixGRPO's published Flash runs use dpmsolver++")
-    dpm = args.dpm_algorithm_type == "dpmsolver++"
-    if dpm and args.dpm_apply_strategy != "post":
-        fail(f"--dpm_apply_strategy {args.dpm_apply_strategy}: only post (DPM-Solver++ after the SDE window) "
-             "is implemented")
-    if dpm and args.dpm_solver_order == 3:
-        fail("--dpm_solver_order 3 is not implemented; use 2 (MixGRPO-Flash) or 1")
-    if dpm and not 0.0 < args.dpm_post_compress_ratio <= 1.0:
+    dpm = args.dpm_algorithm_type != "null"
+    dpm_all = dpm and args.dpm_apply_strategy == "all"
+    if dpm_all and args.dpm_algorithm_type == "dpmsolver":
+        fail("--dpm_algorithm_type dpmsolver with --dpm_apply_strategy all: the noise-prediction solver is singular "
+             "at FLUX's first sigma, 1 (alpha = 0; its SDE variance is infinite there). Use dpmsolver++ with all, "
+             "or dpmsolver with post")
+    if dpm_all and args.flow_grpo_sampling:
+        fail("--flow_grpo_sampling and --dpm_apply_strategy all both choose the SDE step (Flow-GRPO's, or "
+             "SDE-DPM-Solver's); give one (MixGRPO ignores --flow_grpo_sampling under all)")
+    if dpm_all and getattr(args, "train_last_step", False):
+        fail("--train_last_step with --dpm_apply_strategy all: the SDE-DPM-Solver step to sigma 0 has no noise, "
+             "so the last transition cannot be trained; drop --train_last_step")
+    if dpm and not dpm_all and not 0.0 < args.dpm_post_compress_ratio <= 1.0:
         fail(f"--dpm_post_compress_ratio {args.dpm_post_compress_ratio} must be in (0, 1]")
     if args.sde_steps < 0:
         fail(f"--sde_steps {args.sde_steps} must be >= 0 (0: off)")
     if args.sde_steps and args.training_strategy == "part":
         fail("--sde_steps (Flow-GRPO-Fast) and --training_strategy part (MixGRPO) both place the SDE window; "
              "give one")
-    if dpm and args.training_strategy == "all" and not args.sde_steps:
-        fail("--dpm_algorithm_type dpmsolver++ compresses the ODE steps after an SDE window: it needs "
-             "--training_strategy part or --sde_steps k")
+    if dpm and not dpm_all and args.training_strategy == "all" and not args.sde_steps:
+        fail(f"--dpm_algorithm_type {args.dpm_algorithm_type} --dpm_apply_strategy post compresses the ODE steps "
+             "after an SDE window: it needs --training_strategy part or --sde_steps k (or --dpm_apply_strategy all)")
     if args.training_strategy == "part":
         for name in ("group_size", "iters_per_group", "prog_overlap_step", "max_iters_per_group",
                      "min_iters_per_group"):
@@ -151,8 +170,13 @@ def settings_from_args(args: argparse.Namespace, candidates: int, fail) -> MixSe
     """Validate the flags (``fail(msg)`` raises) and resolve them. candidates: transitions that may
     train (0 .. candidates-1)."""
     _check(args, fail)
+    dpm_on = args.dpm_algorithm_type != "null"
+    dpm_all = dpm_on and args.dpm_apply_strategy == "all"
     sde_kind = "flow" if args.flow_grpo_sampling else "dance"
-    dpm = dict(dpm_post_ratio=args.dpm_post_compress_ratio if args.dpm_algorithm_type == "dpmsolver++" else None,
+    if dpm_all:
+        sde_kind = "sde-" + args.dpm_algorithm_type
+    dpm = dict(dpm_post_ratio=args.dpm_post_compress_ratio if dpm_on and not dpm_all else None, dpm_all=dpm_all,
+               dpm_algorithm=args.dpm_algorithm_type if dpm_on else "dpmsolver++",
                dpm_order=args.dpm_solver_order, dpm_solver_type=args.dpm_solver_type, sde_kind=sde_kind)
     if args.sde_steps:
         if args.sde_steps > candidates:
@@ -173,7 +197,7 @@ def settings_from_args(args: argparse.Namespace, candidates: int, fail) -> MixSe
         )
     if args.frozen_init_timesteps > candidates:
         fail(f"--frozen_init_timesteps {args.frozen_init_timesteps} exceeds the {candidates} trainable transitions")
-    return MixSettings(frozen_init_timesteps=args.frozen_init_timesteps, sde_kind=sde_kind)
+    return MixSettings(frozen_init_timesteps=args.frozen_init_timesteps, **dpm)
 
 
 WINDOW_FLAGS = ("group_size", "iters_per_group", "sample_strategy", "prog_overlap", "prog_overlap_step",
@@ -192,6 +216,12 @@ def unused_flag_notes(args: argparse.Namespace, defaults: argparse.Namespace) ->
         changed = [f"--{n}" for n in DPM_FLAGS if getattr(args, n) != getattr(defaults, n)]
         if changed:
             notes.append(f"{', '.join(changed)} have no effect with --dpm_algorithm_type null")
+    if args.dpm_algorithm_type != "null" and args.dpm_apply_strategy == "all":
+        if args.dpm_post_compress_ratio != defaults.dpm_post_compress_ratio:
+            notes.append("--dpm_post_compress_ratio has no effect with --dpm_apply_strategy all (full schedule)")
+        if args.eta > 0:
+            notes.append(f"--eta {args.eta:g} has no effect on the SDE-DPM-Solver steps of --dpm_apply_strategy all "
+                         "(the solver fixes their noise, as MixGRPO)")
     if not args.sde_steps and args.sde_start != defaults.sde_start:
         notes.append("--sde_start has no effect without --sde_steps")
     if args.frozen_init_timesteps != defaults.frozen_init_timesteps and (args.training_strategy == "part"
@@ -241,11 +271,12 @@ def plan_for_iteration(mix: MixSettings, sampling_steps: int, shift: float, cand
                        num_trained: int, iteration: int, randomness=None) -> SamplingPlan:
     """The SamplingPlan of 1-based ``iteration``. candidates / num_trained: DanceGRPO's trainable
     transitions and T (GRPOSettings.candidate_steps / trained_steps)."""
+    dpm = dict(dpm_order=mix.dpm_order, dpm_solver_type=mix.dpm_solver_type, dpm_algorithm=mix.dpm_algorithm)
     if mix.mode == "full":
         t = mix.frozen_init_timesteps if mix.frozen_init_timesteps > 0 else num_trained
-        return full_sde_plan(sampling_steps, shift, candidates, t, mix.sde_kind)
+        return full_sde_plan(sampling_steps, shift, candidates, t, mix.sde_kind, **dpm)
     start = window_start(mix, iteration, candidates, randomness)
     return window_plan(
         sampling_steps, shift, start, mix.window_size, candidates=candidates, sde_kind=mix.sde_kind,
-        dpm_post_ratio=mix.dpm_post_ratio, dpm_order=mix.dpm_order, dpm_solver_type=mix.dpm_solver_type,
+        dpm_post_ratio=mix.dpm_post_ratio, dpm_all=mix.dpm_all, **dpm,
     )

@@ -4,7 +4,9 @@ One ``SamplingPlan`` per iteration is computed from the flags and the iteration 
 (fastvideo.sampling.mix); the rollout loop and the update read it. DanceGRPO (every transition
 SDE), MixGRPO (an SDE window, Euler ODE elsewhere), MixGRPO-Flash (ODE after the window
 compressed into fewer DPM-Solver++ steps) and Flow-GRPO-Fast (k SDE steps at a random place) are
-different plans, not different loops.
+different plans, not different loops. MixGRPO's --dpm_apply_strategy all is one more: every
+deterministic transition a multistep DPM-Solver step on the full schedule, the SDE transitions
+first-order SDE-DPM-Solver steps.
 
 Transition k goes from sigmas[k] to sigmas[k+1]; n = len(kinds) = len(sigmas) - 1.
 """
@@ -16,9 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from fastvideo.sampling import sde
+from fastvideo.sampling.solvers import DPM_ALGORITHMS, DPM_SDE_KINDS, DPM_SOLVER_TYPES
 
 SDE, ODE, DPM = "sde", "ode", "dpm"
-SDE_KINDS = ("dance", "flow")  # DanceGRPO's SDE (sde.sde_step) or Flow-GRPO's (solvers.flow_sde_step)
+# DanceGRPO's SDE (sde.sde_step), Flow-GRPO's (solvers.flow_sde_step) or SDE-DPM-Solver++
+# (solvers.dpm_sde_step, for --dpm_apply_strategy all)
+SDE_KINDS = ("dance", "flow") + DPM_SDE_KINDS
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,9 @@ class SamplingPlan:
     trainable: transition indices the update may train (all of them SDE), in order.
     num_trained: how many of ``trainable`` each sample trains (T); a per-sample random
         permutation of ``trainable`` picks them, exactly as DanceGRPO's timestep selection.
-    sde_kind: "dance" or "flow" (--flow_grpo_sampling).
-    dpm_order, dpm_solver_type: DPM-Solver++ settings for DPM transitions.
+    sde_kind: "dance", "flow" (--flow_grpo_sampling) or "sde-dpmsolver++" (--dpm_apply_strategy all).
+    dpm_order, dpm_solver_type, dpm_algorithm: multistep DPM-Solver settings for DPM transitions
+        (order 1-3; dpmsolver++ integrates the data prediction, dpmsolver the noise prediction).
     window_start: first SDE transition (-1 when every transition is SDE); logged.
     """
 
@@ -43,6 +49,7 @@ class SamplingPlan:
     dpm_order: int = 2
     dpm_solver_type: str = "midpoint"
     window_start: int = -1
+    dpm_algorithm: str = "dpmsolver++"
 
     def __post_init__(self):
         n = len(self.kinds)
@@ -58,6 +65,15 @@ class SamplingPlan:
             raise ValueError(f"num_trained {self.num_trained} must be in [1, {len(self.trainable)}]")
         if self.sde_kind not in SDE_KINDS:
             raise ValueError(f"sde_kind {self.sde_kind!r}; valid: {SDE_KINDS}")
+        if self.dpm_algorithm not in DPM_ALGORITHMS or self.dpm_solver_type not in DPM_SOLVER_TYPES:
+            raise ValueError(f"dpm algorithm {self.dpm_algorithm!r} / solver type {self.dpm_solver_type!r}; valid: "
+                             f"{DPM_ALGORITHMS} / {DPM_SOLVER_TYPES}")
+        if not 1 <= self.dpm_order <= 3:
+            raise ValueError(f"dpm_order {self.dpm_order} must be 1, 2 or 3")
+        if self.sde_kind in DPM_SDE_KINDS:
+            to_data = [k for k in range(n) if self.kinds[k] == SDE and float(self.sigmas[k + 1]) <= 0.0]
+            if to_data:
+                raise ValueError(f"SDE-DPM-Solver transitions {to_data} end at sigma 0, where the step has no noise")
 
     @property
     def num_steps(self) -> int:
@@ -85,11 +101,18 @@ class SamplingPlan:
 
 
 def full_sde_plan(sampling_steps: int, shift: float, candidates: int, num_trained: int,
-                  sde_kind: str = "dance") -> SamplingPlan:
-    """DanceGRPO: every transition SDE; transitions 0 .. candidates-1 may train, T of them."""
+                  sde_kind: str = "dance", **dpm) -> SamplingPlan:
+    """DanceGRPO: every transition SDE; transitions 0 .. candidates-1 may train, T of them.
+
+    With an SDE-DPM-Solver kind the last transition (to sigma 0, where that SDE has no noise) is a
+    deterministic DPM step instead, as upstream's sampler makes it. dpm: dpm_order,
+    dpm_solver_type, dpm_algorithm."""
+    kinds = (SDE,) * sampling_steps
+    if sde_kind in DPM_SDE_KINDS:
+        kinds = (SDE,) * (sampling_steps - 1) + (DPM,)
     return SamplingPlan(
-        sigmas=sde.sigma_schedule(sampling_steps, shift), kinds=(SDE,) * sampling_steps,
-        trainable=tuple(range(candidates)), num_trained=num_trained, sde_kind=sde_kind,
+        sigmas=sde.sigma_schedule(sampling_steps, shift), kinds=kinds,
+        trainable=tuple(range(candidates)), num_trained=num_trained, sde_kind=sde_kind, **dpm,
     )
 
 
@@ -117,24 +140,33 @@ def compressed_tail_sigmas(sampling_steps: int, shift: float, first: int, compre
 
 def window_plan(sampling_steps: int, shift: float, start: int, size: int, *, candidates: int,
                 num_trained: int | None = None, sde_kind: str = "dance", dpm_post_ratio: float | None = None,
-                dpm_order: int = 2, dpm_solver_type: str = "midpoint") -> SamplingPlan:
+                dpm_all: bool = False, dpm_order: int = 2, dpm_solver_type: str = "midpoint",
+                dpm_algorithm: str = "dpmsolver++") -> SamplingPlan:
     """SDE on transitions start .. start+size-1 (clipped to the candidates), Euler ODE before;
-    after the window Euler ODE, or DPM-Solver++ on a compressed schedule when dpm_post_ratio is
-    given. The window's transitions are trainable; num_trained None trains all of them (MixGRPO
+    after the window Euler ODE, or DPM-Solver on a compressed schedule when dpm_post_ratio is
+    given (--dpm_apply_strategy post). dpm_all (--dpm_apply_strategy all): the full schedule,
+    DPM-Solver before and after the window, whose SDE is then of an SDE-DPM-Solver kind. The
+    window's transitions are trainable; num_trained None trains all of them (MixGRPO
     --training_strategy part)."""
     if not 0 <= start < candidates:
         raise ValueError(f"window start {start} must be in [0, {candidates})")
     end = min(start + size, candidates)
     window = tuple(range(start, end))
     full = sde.sigma_schedule(sampling_steps, shift)
-    if dpm_post_ratio is None:
+    head_kind = ODE
+    if dpm_all:
+        if dpm_post_ratio is not None:
+            raise ValueError("dpm_all uses the full schedule; it takes no dpm_post_ratio")
+        sigmas, head_kind, tail_kind, n_tail = full, DPM, DPM, sampling_steps - end
+    elif dpm_post_ratio is None:
         sigmas, tail_kind, n_tail = full, ODE, sampling_steps - end
     else:
         tail = compressed_tail_sigmas(sampling_steps, shift, end, dpm_post_ratio)
         sigmas, tail_kind, n_tail = torch.cat([full[:end], tail]), DPM, tail.numel() - 1
-    kinds = (ODE,) * start + (SDE,) * len(window) + (tail_kind,) * n_tail
+    kinds = (head_kind,) * start + (SDE,) * len(window) + (tail_kind,) * n_tail
     return SamplingPlan(
         sigmas=sigmas, kinds=kinds, trainable=window,
         num_trained=len(window) if num_trained is None else min(num_trained, len(window)),
         sde_kind=sde_kind, dpm_order=dpm_order, dpm_solver_type=dpm_solver_type, window_start=start,
+        dpm_algorithm=dpm_algorithm,
     )

@@ -199,30 +199,34 @@ def _sample_chunk(transformer, noise, step_eps, plan: SamplingPlan, sigmas, embe
     x = noise
     latents, log_probs = [x], []
     x0 = x
-    prev_x0 = None  # the previous transition's x0 prediction: DPM-Solver++'s multistep history
     n = plan.num_steps
+    uses_dpm = DPM in plan.kinds
+    # Multistep DPM-Solver history: the model outputs (x0 or eps, plan.dpm_algorithm) of the
+    # transitions so far, newest last, with their sigmas. A DPM step right after SDE steps reads
+    # the SDE steps' outputs too (upstream does so with --flow_grpo_sampling and under
+    # --dpm_apply_strategy all). Host-side sigmas: the order choice never syncs the device.
+    history, host_sigmas = [], plan.sigmas.tolist()
     for k in range(n):
         v = predict_velocity(
             transformer, x, sigmas[k], embeds, pooled, txt_ids, img_ids, cfg.guidance_scale, cfg.quantize_timestep
         )
         kind = plan.kinds[k]
-        next_is_dpm = k + 1 < n and plan.kinds[k + 1] == DPM
-        x0_k = sde.x0_prediction(x, v, sigmas[k]) if (k == n - 1 or kind == DPM or next_is_dpm) else None
         if k == n - 1:
             # Decode from x0_hat, as upstream does. With eta > 0 this is not the last SDE sample
             # (nor its mean, which is x0_hat - eta^2/2 * eps_hat at sigma_next = 0); with eta = 0
             # the Euler step to sigma = 0 gives x0_hat exactly.
-            x0 = x0_k
+            x0 = sde.x0_prediction(x, v, sigmas[k])
+        if uses_dpm:
+            history = (history + [(solvers.dpm_model_output(x, v, host_sigmas[k], plan.dpm_algorithm),
+                                   host_sigmas[k])])[-3:]
         if kind == SDE:
             x, log_prob = _sde_transition(plan, x, v, sigmas, k, cfg.eta, noise=step_eps.get(k))
         elif kind == ODE:
             x, log_prob = sde.sde_step(x, v, sigmas[k], sigmas[k + 1], 0.0)
         else:
-            history = prev_x0 if plan.dpm_order >= 2 else None
-            x = solvers.dpm_solver_pp_step(x, x0_k, sigmas[k], sigmas[k + 1], history,
-                                           sigmas[k - 1] if history is not None else None, plan.dpm_solver_type)
+            x = solvers.dpm_multistep(x, history, host_sigmas[k + 1], plan.dpm_order, k, n, plan.dpm_algorithm,
+                                      plan.dpm_solver_type)
             log_prob = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
-        prev_x0 = x0_k
         latents.append(x)
         log_probs.append(log_prob)
     return torch.stack(latents, dim=1), torch.stack(log_probs, dim=1), x0
@@ -234,9 +238,12 @@ def _sde_transition(plan: SamplingPlan, x, v, sigmas, k, eta, noise=None, prev_s
 
 
 def sde_transition(sde_kind, x, v, sigma, sigma_next, eta, sigma_max, noise=None, prev_sample=None):
-    """DanceGRPO's SDE step (sde.sde_step, called exactly as before plans existed) or Flow-GRPO's."""
+    """DanceGRPO's SDE step (sde.sde_step, called exactly as before plans existed), Flow-GRPO's, or
+    a first-order SDE-DPM-Solver++ step (no eta: the solver fixes its noise)."""
     if sde_kind == "dance":
         return sde.sde_step(x, v, sigma, sigma_next, eta, noise=noise, prev_sample=prev_sample)
+    if sde_kind in solvers.DPM_SDE_KINDS:
+        return solvers.dpm_sde_step(x, v, sigma, sigma_next, noise=noise, prev_sample=prev_sample)
     return solvers.flow_sde_step(x, v, sigma, sigma_next, eta, float(sigma_max), noise=noise, prev_sample=prev_sample)
 
 
@@ -300,7 +307,8 @@ def rollout(
         # All draws for the chunk are made on the CPU up front, then copied once.
         noise = randomness.initial_noise(iteration, noise_ids[rows], tokens_shape).to(device)
         step_eps = {}
-        if cfg.eta > 0 and sde_steps:
+        # SDE-DPM-Solver steps ignore eta (upstream): they always need their noise
+        if sde_steps and (cfg.eta > 0 or run_plan.sde_kind in solvers.DPM_SDE_KINDS):
             eps = torch.stack([randomness.step_noise(iteration, sample_ids[rows], k, tokens_shape) for k in sde_steps])
             step_eps = dict(zip(sde_steps, eps.to(device)))
         with amp:

@@ -1,4 +1,4 @@
-"""Steps other than DanceGRPO's SDE: Flow-GRPO's SDE and DPM-Solver++ for flow matching. Pure.
+"""Steps other than DanceGRPO's SDE: Flow-GRPO's SDE and DPM-Solver(++) for flow matching. Pure.
 
 Flow matching as a diffusion: x_sigma = alpha x0 + sigma eps with alpha = 1 - sigma, and the
 velocity v = eps - x0, so the data prediction is x0_hat = x - sigma v and the half log-SNR is
@@ -55,44 +55,147 @@ def flow_sde_step(
     return sample, log_prob.mean(dim=tuple(range(1, ndim)))
 
 
-def _alpha_lambda(sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    alpha = 1.0 - sigma
-    return alpha, torch.log(alpha) - torch.log(sigma)
+DPM_ALGORITHMS = ("dpmsolver++", "dpmsolver")  # data prediction (x0) / noise prediction (eps)
+DPM_SDE_KINDS = ("sde-dpmsolver++",)  # the first-order SDE variant of DPM-Solver++ (diffusers' name)
 
 
-def dpm_solver_pp_step(
+def dpm_model_output(latents: torch.Tensor, velocity: torch.Tensor, sigma, algorithm: str) -> torch.Tensor:
+    """The quantity DPM-Solver integrates, from FLUX's velocity v = eps - x0 at sigma:
+    x0 = x - sigma v (dpmsolver++) or eps = x + (1 - sigma) v (dpmsolver). float32 [B, ...];
+    sigma a float, a 0-d tensor or [B]."""
+    x, v = latents.float(), velocity.float()
+    s = _per_sample(sigma, x.shape[0], x.ndim, x.device)
+    if algorithm == "dpmsolver++":
+        return x - s * v
+    if algorithm == "dpmsolver":
+        return x + (1.0 - s) * v
+    raise ValueError(f"dpm algorithm {algorithm!r}; valid: {DPM_ALGORITHMS}")
+
+
+def _lam(sigma: torch.Tensor) -> torch.Tensor:
+    """Half log-SNR of flow matching, log((1 - sigma) / sigma)."""
+    return torch.log(1.0 - sigma) - torch.log(sigma)
+
+
+def dpm_solver_step(
     latents: torch.Tensor,
-    x0: torch.Tensor,
-    sigma: float | torch.Tensor,
-    sigma_next: float | torch.Tensor,
-    x0_prev: torch.Tensor | None = None,
-    sigma_prev: float | torch.Tensor | None = None,
+    outputs: list[torch.Tensor],
+    sigmas: list,
+    sigma_next,
+    algorithm: str = "dpmsolver++",
     solver_type: str = "midpoint",
 ) -> torch.Tensor:
-    """One multistep DPM-Solver++ ODE step (Lu et al. 2022, data prediction) sigma -> sigma_next.
+    """One multistep DPM-Solver ODE step (Lu et al. 2022: DPM-Solver++ for data prediction,
+    DPM-Solver for noise prediction) from sigmas[-1] to sigma_next, of order len(outputs) (1-3).
 
-    latents, x0 (= x - sigma v at sigma): [B, ...]. With x0_prev, the data prediction of the
-    previous step at sigma_prev, the step is second order (``solver_type`` midpoint or heun, as
-    in diffusers); without it, first order (DDIM). sigma_next = 0 returns x0 exactly.
-    Returns float32 [B, ...].
+    latents [B, ...]; outputs: the model outputs (``dpm_model_output``) at sigmas, oldest first,
+    newest (at the current sigma) last; sigmas: floats or 0-d tensors. Second order uses
+    ``solver_type`` midpoint or heun, as diffusers' DPMSolverMultistepScheduler; third order has
+    one form. sigma_next = 0 returns the data prediction exactly (first order, as diffusers'
+    final step). Returns float32 [B, ...].
     """
     if solver_type not in DPM_SOLVER_TYPES:
         raise ValueError(f"dpm solver type {solver_type!r}; valid: {DPM_SOLVER_TYPES}")
-    x, d0 = latents.float(), x0.float()
-    s0 = torch.as_tensor(sigma, dtype=torch.float32, device=x.device)
-    st = torch.as_tensor(sigma_next, dtype=torch.float32, device=x.device)
+    if algorithm not in DPM_ALGORITHMS:
+        raise ValueError(f"dpm algorithm {algorithm!r}; valid: {DPM_ALGORITHMS}")
+    if not 1 <= len(outputs) <= 3 or len(sigmas) != len(outputs):
+        raise ValueError(f"dpm_solver_step needs 1-3 outputs with one sigma each, got {len(outputs)} and {len(sigmas)}")
+    x = latents.float()
+    f32 = dict(dtype=torch.float32, device=x.device)
+    st = torch.as_tensor(sigma_next, **f32)
+    s0 = torch.as_tensor(sigmas[-1], **f32)
+    m0 = outputs[-1].float()
     alpha_t, alpha_0 = 1.0 - st, 1.0 - s0
-    # exp(-h) = (sigma_t / alpha_t) (alpha_0 / sigma_0), written without logs so sigma_t = 0 is exact.
+    if algorithm == "dpmsolver" and float(s0) >= 1.0:
+        raise ValueError("the noise-prediction DPM-Solver cannot step from sigma 1 (alpha = 0); use dpmsolver++")
+    if float(st) == 0.0:  # the step to the data: lambda_t is infinite, so take the limit exactly
+        return m0 if algorithm == "dpmsolver++" else (x - s0 * m0) / alpha_0
+    h = _lam(st) - _lam(s0)
+    # exp(-h) = (sigma_t / alpha_t) (alpha_0 / sigma_0), formed without logs (as diffusers' exp(-h))
     exp_neg_h = st * alpha_0 / (alpha_t * s0)
-    out = (st / s0) * x - (alpha_t * (exp_neg_h - 1.0)) * d0
-    if x0_prev is None or float(st) == 0.0:
+    if algorithm == "dpmsolver++":
+        phi1 = exp_neg_h - 1.0                       # e^{-h} - 1
+        out = (st / s0) * x - alpha_t * phi1 * m0
+    else:
+        phi1 = 1.0 / exp_neg_h - 1.0                 # e^{h} - 1
+        out = (alpha_t / alpha_0) * x - st * phi1 * m0
+    order = len(outputs)
+    if order == 1:
         return out
-    sp = torch.as_tensor(sigma_prev, dtype=torch.float32, device=x.device)
-    _, lam_t = _alpha_lambda(st)
-    _, lam_0 = _alpha_lambda(s0)
-    _, lam_p = _alpha_lambda(sp)
-    h = lam_t - lam_0
-    d1 = (d0 - x0_prev.float()) * (h / (lam_0 - lam_p))
-    if solver_type == "midpoint":
-        return out - 0.5 * (alpha_t * (exp_neg_h - 1.0)) * d1
-    return out + (alpha_t * ((exp_neg_h - 1.0) / h + 1.0)) * d1
+    s1 = torch.as_tensor(sigmas[-2], **f32)
+    r0 = (_lam(s0) - _lam(s1)) / h
+    d1_0 = (m0 - outputs[-2].float()) / r0
+    if order == 2:
+        if algorithm == "dpmsolver++":
+            if solver_type == "midpoint":
+                return out - 0.5 * alpha_t * phi1 * d1_0
+            return out + alpha_t * (phi1 / h + 1.0) * d1_0
+        if solver_type == "midpoint":
+            return out - 0.5 * st * phi1 * d1_0
+        return out - st * (phi1 / h - 1.0) * d1_0
+    s2 = torch.as_tensor(sigmas[-3], **f32)
+    r1 = (_lam(s1) - _lam(s2)) / h
+    d1_1 = (outputs[-2].float() - outputs[-3].float()) / r1
+    d1 = d1_0 + (r0 / (r0 + r1)) * (d1_0 - d1_1)
+    d2 = (d1_0 - d1_1) / (r0 + r1)
+    if algorithm == "dpmsolver++":
+        return out + alpha_t * (phi1 / h + 1.0) * d1 - alpha_t * ((phi1 + h) / (h * h) - 0.5) * d2
+    return out - st * (phi1 / h - 1.0) * d1 - st * ((phi1 - h) / (h * h) - 0.5) * d2
+
+
+def dpm_step_order(order: int, k: int, num_steps: int, sigma_next: float, outputs: int) -> int:
+    """Order of DPM transition k of num_steps with ``outputs`` model outputs known (the current one
+    included): ``order``, lowered while the history is short, to 1 for the step to sigma 0 and to
+    2 for the one before the last when there are fewer than 15 transitions (diffusers' and
+    MixGRPO's lower_order_final rules for few-step sampling)."""
+    if k == num_steps - 1 or sigma_next == 0.0:
+        return 1
+    order = min(order, outputs)
+    if k == num_steps - 2 and num_steps < 15:
+        return min(order, 2)
+    return order
+
+
+def dpm_multistep(latents: torch.Tensor, history: list, sigma_next: float, order: int, k: int, num_steps: int,
+                  algorithm: str = "dpmsolver++", solver_type: str = "midpoint") -> torch.Tensor:
+    """DPM transition k of num_steps: ``dpm_solver_step`` of the order ``dpm_step_order`` allows.
+    history: (model output, sigma) of the transitions so far, oldest first, the current one last."""
+    use = dpm_step_order(order, k, num_steps, sigma_next, len(history))
+    recent = history[-use:]
+    return dpm_solver_step(latents, [o for o, _ in recent], [s for _, s in recent], sigma_next, algorithm, solver_type)
+
+
+def dpm_sde_step(
+    latents: torch.Tensor,
+    velocity: torch.Tensor,
+    sigma,
+    sigma_next,
+    noise: torch.Tensor | None = None,
+    prev_sample: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """First-order SDE-DPM-Solver++ step (diffusers' sde-dpmsolver++) and its log-probability:
+    MixGRPO's SDE step under --dpm_apply_strategy all. With h = lambda_t - lambda_s and x0 = x - sigma v,
+        mean = (sigma_t / sigma_s) e^{-h} x + alpha_t (1 - e^{-2h}) x0,   std = sigma_t sqrt(1 - e^{-2h}).
+    The noise level is fixed by the solver (no eta). sigma_next must be > 0: the step to the data
+    has std 0, so plans make that transition deterministic (SamplingPlan checks it). (The noise-
+    prediction sde-dpmsolver is not offered: from FLUX's first sigma, 1, its variance is infinite.)
+    latents, velocity, noise, prev_sample [B, ...]; sigma, sigma_next floats or [B].
+    Returns (sample float32 [B, ...], log_prob float32 [B], mean over non-batch elements).
+    """
+    x = latents.float()
+    batch, ndim = x.shape[0], x.ndim
+    s = _per_sample(sigma, batch, ndim, x.device)
+    st = _per_sample(sigma_next, batch, ndim, x.device)
+    alpha_s, alpha_t = 1.0 - s, 1.0 - st
+    exp_neg_h = st * alpha_s / (alpha_t * s)
+    x0 = dpm_model_output(x, velocity, sigma, "dpmsolver++")
+    mean = (st / s) * exp_neg_h * x + alpha_t * (1.0 - exp_neg_h * exp_neg_h) * x0
+    std = st * torch.sqrt(1.0 - exp_neg_h * exp_neg_h)
+    if prev_sample is None:
+        if noise is None:
+            raise ValueError("dpm_sde_step needs `noise` or `prev_sample`")
+        sample = mean + std * noise.float()
+    else:
+        sample = prev_sample.float()
+    log_prob = -((sample.detach() - mean) ** 2) / (2.0 * std * std) - torch.log(std) - _LOG_SQRT_2PI
+    return sample, log_prob.mean(dim=tuple(range(1, ndim)))

@@ -176,7 +176,9 @@ def add_mix_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--group_size", type=int, default=4, help="MixGRPO's window size")
     g.add_argument("--sde_steps", type=int, default=0, help="Flow-GRPO-Fast: k SDE (trained) steps")
     g.add_argument("--window_start", type=int, default=0, help="where the window is (the Flash tail depends on it)")
-    g.add_argument("--dpm_algorithm_type", default="null", choices=["null", "dpmsolver++"])
+    g.add_argument("--dpm_algorithm_type", default="null", choices=["null", "dpmsolver", "dpmsolver++"])
+    g.add_argument("--dpm_apply_strategy", default="post", choices=["post", "all"],
+                   help="post: compressed DPM tail after the window; all: full schedule (no fewer passes)")
     g.add_argument("--dpm_post_compress_ratio", type=float, default=0.4)
 
 
@@ -186,12 +188,14 @@ def resolve_mix(args, ap) -> None:
     from fastvideo.perf.flops import plan_steps
 
     window = args.sde_steps or (args.group_size if args.training_strategy == "part" else 0)
-    if args.dpm_algorithm_type != "null" and not window:
-        ap.error("--dpm_algorithm_type dpmsolver++ needs a window (--training_strategy part or --sde_steps)")
+    post = args.dpm_algorithm_type != "null" and args.dpm_apply_strategy == "post"
+    if post and not window:
+        ap.error(f"--dpm_algorithm_type {args.dpm_algorithm_type} --dpm_apply_strategy post needs a window "
+                 "(--training_strategy part or --sde_steps)")
     cands = candidate_steps(args.sampling_steps, args.train_last_step)
     if window and not 0 <= args.window_start < cands:
         ap.error(f"--window_start {args.window_start} must be in [0, {cands})")
-    ratio = args.dpm_post_compress_ratio if args.dpm_algorithm_type != "null" else None
+    ratio = args.dpm_post_compress_ratio if post else None  # all: the full schedule, N passes
     args.rollout_steps, trained = plan_steps(args.sampling_steps, cands, args.trained_steps, window=window,
                                              window_start=args.window_start, dpm_post_ratio=ratio)
     if window:

@@ -51,6 +51,10 @@ def test_cost_model_mixgrpo_and_flash_ratios(capsys):
     assert flash["vs"]["full_sde_same_steps"]["model_flops_ratio"] == pytest.approx(model(11, 4) / model(25, 14))
     fast = _json(capsys, "--sde_steps", "2", "--window_start", "5")
     assert (fast["sampling_steps"], fast["trained_steps"]) == (16, 2)
+    # --dpm_apply_strategy all keeps the full schedule: no fewer passes than the Euler window
+    dpm_all = _json(capsys, "--sampling_steps", "25", "--training_strategy", "part", "--dpm_algorithm_type",
+                    "dpmsolver++", "--dpm_apply_strategy", "all")
+    assert (dpm_all["sampling_steps"], dpm_all["trained_steps"]) == (25, 4)
     with pytest.raises(SystemExit):
         cost_model.main(["--dpm_algorithm_type", "dpmsolver++"])
 

@@ -100,9 +100,11 @@ def test_window_plan_euler_and_flash_tail():
 
 @pytest.mark.parametrize("flags, match", [
     (("--dpm_algorithm_type", "dpmsolver++"), "needs\n?.*--training_strategy part"),
-    (("--dpm_algorithm_type", "dpmsolver"), "only dpmsolver"),
-    (("--training_strategy", "part", "--dpm_algorithm_type", "dpmsolver++", "--dpm_apply_strategy", "all"), "post"),
-    (("--training_strategy", "part", "--dpm_algorithm_type", "dpmsolver++", "--dpm_solver_order", "3"), "order 3"),
+    (("--dpm_algorithm_type", "dpmsolver"), "needs\n?.*--training_strategy part"),
+    (("--dpm_algorithm_type", "dpmsolver++", "--dpm_apply_strategy", "all", "--flow_grpo_sampling"), "give one"),
+    (("--dpm_algorithm_type", "dpmsolver++", "--dpm_apply_strategy", "all", "--train_last_step"), "sigma 0"),
+    (("--dpm_algorithm_type", "dpmsolver", "--dpm_apply_strategy", "all"), "singular"),
+    (("--dpm_algorithm_type", "dpmsolver++", "--dpm_apply_strategy", "all", "--kl_coef", "0.1"), "SDE-DPM"),
     (("--sde_steps", "2", "--training_strategy", "part"), "give one"),
     (("--sde_steps", "30",), "exceeds"),
     (("--sde_steps", "2", "--sde_start", "23"), "runs past"),
@@ -121,6 +123,25 @@ def test_bad_mix_flags_fail_clearly(flags, match):
         base += ["--rewards", "compressibility:1"]
     with pytest.raises(ConfigError, match=match):
         validate_args(build_parser().parse_args(base + flags))
+
+
+def test_dpm_apply_all_plans():
+    """--dpm_apply_strategy all: multistep DPM on every deterministic transition of the full
+    schedule, SDE-DPM-Solver on the SDE ones; with every step SDE the last one (to sigma 0) is DPM."""
+    cfg = _settings(*MIXGRPO, "--dpm_algorithm_type", "dpmsolver++", "--dpm_apply_strategy", "all",
+                    "--dpm_solver_order", "3", "--eta", "0.7", steps=10)
+    assert "--eta 0.7 has no effect" in " | ".join(cfg.compat_notes)
+    plan = mix.plan_for_iteration(cfg.mix, 10, 3.0, 9, 9, 26)  # window moved once: start 1
+    assert plan.describe() == "DSSSSDDDDD" and plan.sde_kind == "sde-dpmsolver++" and plan.dpm_order == 3
+    assert plan.trainable == (1, 2, 3, 4)
+    torch.testing.assert_close(plan.sigmas, sde.sigma_schedule(10, 3.0))  # no compression
+    full = mix.plan_for_iteration(_settings("--dpm_algorithm_type", "dpmsolver++", "--dpm_apply_strategy", "all",
+                                            steps=6).mix, 6, 3.0, 5, 3, 1)
+    assert full.describe() == "SSSSSD" and full.sde_kind == "sde-dpmsolver++" and full.num_trained == 3
+    # post with the noise-prediction solver: a compressed tail like Flash's
+    post = _settings(*MIXGRPO, "--dpm_algorithm_type", "dpmsolver", "--dpm_solver_order", "3")
+    plan = mix.plan_for_iteration(post.mix, 25, 3.0, 24, 14, 1)
+    assert plan.describe() == "SSSS" + "D" * 7 and plan.dpm_algorithm == "dpmsolver" and plan.sde_kind == "dance"
 
 
 def test_reward_model_maps_onto_rewards():

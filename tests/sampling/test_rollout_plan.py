@@ -99,22 +99,55 @@ def test_window_plan_ode_outside_sde_inside(models, tmp_path):
     assert traj.plan is plan and traj.subset([1, 0]).plan is plan
 
 
-def test_flash_tail_runs_dpm_solver_pp(models):
+@pytest.mark.parametrize("order", [2, 3])
+def test_flash_tail_runs_dpm_solver_pp(models, order):
     transformer, _, embeds, pooled, text_ids = models
     cfg = _cfg(steps=12, eta=0.7)
-    plan = window_plan(12, 3.0, 1, 2, candidates=11, dpm_post_ratio=0.5, dpm_solver_type="midpoint")
+    plan = window_plan(12, 3.0, 1, 2, candidates=11, dpm_post_ratio=0.5, dpm_solver_type="midpoint",
+                       dpm_order=order)
     assert plan.describe() == "OSS" + "D" * 4  # int((12 - 2) * 0.5) = 5 points -> 4 DPM steps
     traj = _run(models, cfg, plan)
     assert traj.latents.shape[1] == 8 and traj.log_probs.shape[1] == 7 and traj.sigmas[-1] == 0
-    s, e, p = traj.sigmas, traj.prompt_embeds, traj.pooled
+    s, e, p = traj.sigmas.tolist(), traj.prompt_embeds, traj.pooled
     x0 = [sde.x0_prediction(traj.latents[:, k], predict_velocity(transformer, traj.latents[:, k], s[k], e, p,
                                                                   traj.text_ids, traj.image_ids), s[k])
           for k in range(7)]
-    for k in range(3, 7):  # the first DPM step's history is the last window step's x0
-        want = solvers.dpm_solver_pp_step(traj.latents[:, k], x0[k], s[k], s[k + 1], x0[k - 1], s[k - 1], "midpoint")
+    # the first DPM step's history is the window's x0s; plan of 7 < 15 transitions: the one
+    # before the last is at most second order, the last first order
+    orders = {3: min(order, 3), 4: min(order, 3), 5: 2, 6: 1}
+    for k in range(3, 7):
+        o = orders[k]
+        want = solvers.dpm_solver_step(traj.latents[:, k], x0[k - o + 1:k + 1], s[k - o + 1:k + 1], s[k + 1])
         torch.testing.assert_close(traj.latents[:, k + 1], want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(traj.latents[:, -1], traj.x0)  # the last DPM step lands on x0
     assert torch.all(traj.log_probs[:, 3:] == 0) and torch.all(traj.log_probs[:, 1:3] != 0)
+
+
+def test_dpm_all_rollout_and_rescoring(models):
+    """--dpm_apply_strategy all: DPM-Solver++ steps (order 2) around an SDE-DPM-Solver++ window
+    whose stored transitions re-score to the rollout's log-probs (ratio 1 on policy)."""
+    transformer, *_ = models
+    algorithm = "dpmsolver++"
+    plan = window_plan(6, 3.0, 1, 2, candidates=5, sde_kind="sde-dpmsolver++", dpm_all=True,
+                       dpm_solver_type="heun")
+    assert plan.describe() == "DSSDDD"
+    traj = _run(models, _cfg(eta=0.0), plan)  # eta 0: SDE-DPM steps still draw their noise
+    s, e, p = traj.sigmas.tolist(), traj.prompt_embeds, traj.pooled
+    out = []
+    for k in range(6):
+        lat = traj.latents[:, k]
+        v = predict_velocity(transformer, lat, s[k], e, p, traj.text_ids, traj.image_ids)
+        out.append(solvers.dpm_model_output(lat, v, s[k], algorithm))
+        if k in (1, 2):
+            _, logp = solvers.dpm_sde_step(lat, v, s[k], s[k + 1], prev_sample=traj.latents[:, k + 1])
+            torch.testing.assert_close(logp, traj.log_probs[:, k], rtol=1e-5, atol=1e-5)
+            mean = solvers.dpm_solver_step(lat, [out[k]], [s[k]], s[k + 1], algorithm)  # ODE part of the mean
+            assert (traj.latents[:, k + 1] - mean).abs().mean() > 1e-3  # noise was added
+        else:
+            o = 1 if k in (0, 5) else 2
+            want = solvers.dpm_solver_step(lat, out[k - o + 1:k + 1], s[k - o + 1:k + 1], s[k + 1], algorithm, "heun")
+            torch.testing.assert_close(traj.latents[:, k + 1], want, rtol=1e-5, atol=1e-5)
+    assert torch.all(traj.log_probs[:, [0, 3, 4, 5]] == 0)
 
 
 def test_flow_grpo_sde_kind_rescores_to_ratio_one(models):

@@ -21,6 +21,8 @@ MODES = {
     "mixgrpo": WINDOW,
     "flash": dict(WINDOW, dpm_algorithm_type="dpmsolver++", dpm_post_compress_ratio=0.5, dpm_solver_type="midpoint"),
     "fast": dict(sde_steps=1, sde_start="random"),
+    # MixGRPO's --dpm_apply_strategy all: DPM-Solver++ (order 3) everywhere, SDE-DPM-Solver++ window
+    "dpm_all": dict(WINDOW, dpm_algorithm_type="dpmsolver++", dpm_apply_strategy="all", dpm_solver_order=3),
 }
 
 
@@ -53,12 +55,16 @@ def test_transformer_passes_equal_the_analytic_count(mode, tiny_flux_dir, tiny_e
         assert calls["fwd"] == n.rollout_forward_samples + n.update_forward_samples
         assert calls["bwd"] == n.update_calls
         assert rec["forward_passes_update"] == n.update_calls
-    expected = {"full": (8, 3), "mixgrpo": (8, 2), "flash": (None, 2), "fast": (8, 1)}[mode]
+        # on policy: the update re-scores the rollout's transitions with the rollout's step
+        assert rec["first_ratio_dev"] < 1e-4, rec["first_ratio_dev"]
+    expected = {"full": (8, 3), "mixgrpo": (8, 2), "flash": (None, 2), "fast": (8, 1), "dpm_all": (8, 2)}[mode]
     assert plan.num_trained == expected[1] and (expected[0] is None or plan.num_steps == expected[0])
     if mode == "flash":  # window at 1 (iteration 2): O S S, then int((8 - 2) * 0.5) = 3 points -> 2 DPM steps
         assert plan.describe() == "OSSDD" and rec["sde_window_start"] == 1
     if mode == "mixgrpo":
         assert plan.describe() == "OSSOOOOO"
+    if mode == "dpm_all":
+        assert plan.describe() == "DSSDDDDD" and plan.sde_kind == "sde-dpmsolver++"
 
 
 def test_resume_is_exact_in_mixgrpo_mode_and_refuses_another_window(tiny_flux_dir, tiny_embeddings, tmp_path,
