@@ -15,12 +15,16 @@ With --equal_time every mode gets the CPU seconds its seed's full-SDE run spent 
 iterations (a cheaper mode runs more iterations), which is the comparison "wall time to the same
 gain" asks for: the gain is then the gain at equal time, and a run that has not reached the target
 when its time is up is censored at the budget. The median time to target counts censored runs as
-slower than every finished one (it is "not reached" when half or more are censored).
+slower than every finished one (it is "not reached" when half or more are censored). Per seed,
+each mode is also paired with the full-SDE run of the same seed: "earlier" counts the seeds where
+it reaches the target first (a censored run is later than any finished one; two censored runs tie).
+--json PATH writes every run's per-iteration rewards and CPU seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -94,6 +98,13 @@ def median_time(times: list[float | None]) -> str:
     return "not reached" if mid is None else f"{mid:.1f}"
 
 
+def paired_counts(times: list[float | None], reference: list[float | None]) -> tuple[int, int, int]:
+    """(earlier, tied, later) over seeds: time to target against the same seed's reference run."""
+    inf = float("inf")
+    pairs = [(inf if t is None else t, inf if r is None else r) for t, r in zip(times, reference)]
+    return (sum(t < r for t, r in pairs), sum(t == r for t, r in pairs), sum(t > r for t, r in pairs))
+
+
 def _fmt(values: list[float], digits: int = 1) -> str:
     if not values:
         return "not reached"
@@ -107,6 +118,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--target_share", type=float, default=0.5)
+    ap.add_argument("--json", type=Path, default=None, help="write every run's rewards and CPU seconds here")
     ap.add_argument("--equal_time", action="store_true",
                     help="give every mode the CPU seconds of the same seed's full-SDE run")
     args = ap.parse_args()
@@ -130,16 +142,23 @@ def main() -> None:
     print(f"# tiny demo task, {args.iterations} full-SDE iterations, {budget}, seeds {args.seeds}; "
           f"target gain {target:.3f} (= {args.target_share} x full-SDE mean gain)\n")
     print("| mode | iterations | CPU s / iteration | gain (last 5 - first 5) | CPU s to target (reached runs) "
-          "| median CPU s to target (all runs) | runs reaching it |")
-    print("|---|---|---|---|---|---|---|")
+          "| median CPU s to target (all runs) | runs reaching it | seeds earlier / tied / later than full |")
+    print("|---|---|---|---|---|---|---|---|")
+    full_times = [time_to_target(rows, target) for rows in results["full"]]
     for m in args.modes:
         runs = results[m]
         per_it = [statistics.mean(r[CLOCK] for r in rows[1:]) for rows in runs]
         all_times = [time_to_target(rows, target) for rows in runs]
         times = [t for t in all_times if t is not None]
+        paired = "—" if m == "full" else "{} / {} / {}".format(*paired_counts(all_times, full_times))
         print(f"| {m} | {_fmt([len(rows) for rows in runs], 0)} | {_fmt(per_it, 3)} | "
               f"{_fmt([gain(rows) for rows in runs], 3)} | {_fmt(times)} | {median_time(all_times)} | "
-              f"{len(times)}/{len(runs)} |", flush=True)
+              f"{len(times)}/{len(runs)} | {paired} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "target": target, "seeds": args.seeds, "equal_time": args.equal_time,
+            "runs": {m: [[{"reward_mean": r["reward_mean"], CLOCK: r[CLOCK]} for r in rows] for rows in runs]
+                     for m, runs in results.items()}}, indent=1))
 
 
 if __name__ == "__main__":
