@@ -45,14 +45,20 @@ def flow_sde_step(
     g = eta * torch.sqrt(s / (1.0 - s_safe))
     mean = x * (1.0 + g * g / (2.0 * s) * delta) + v * (1.0 + g * g * (1.0 - s) / (2.0 * s)) * delta
     std = g * torch.sqrt(-delta)
+    return _gaussian_transition(mean, std, noise, prev_sample, "flow_sde_step")
+
+
+def _gaussian_transition(mean, std, noise, prev_sample, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample mean + std * noise (or take the stored prev_sample) and its Gaussian log-density,
+    averaged over the non-batch elements -> (sample float32 [B, ...], log_prob float32 [B])."""
     if prev_sample is None:
         if noise is None:
-            raise ValueError("flow_sde_step needs `noise` or `prev_sample`")
+            raise ValueError(f"{name} needs `noise` or `prev_sample`")
         sample = mean + std * noise.float()
     else:
         sample = prev_sample.float()
     log_prob = -((sample.detach() - mean) ** 2) / (2.0 * std * std) - torch.log(std) - _LOG_SQRT_2PI
-    return sample, log_prob.mean(dim=tuple(range(1, ndim)))
+    return sample, log_prob.mean(dim=tuple(range(1, mean.ndim)))
 
 
 DPM_ALGORITHMS = ("dpmsolver++", "dpmsolver")  # data prediction (x0) / noise prediction (eps)
@@ -191,11 +197,4 @@ def dpm_sde_step(
     x0 = dpm_model_output(x, velocity, sigma, "dpmsolver++")
     mean = (st / s) * exp_neg_h * x + alpha_t * (1.0 - exp_neg_h * exp_neg_h) * x0
     std = st * torch.sqrt(1.0 - exp_neg_h * exp_neg_h)
-    if prev_sample is None:
-        if noise is None:
-            raise ValueError("dpm_sde_step needs `noise` or `prev_sample`")
-        sample = mean + std * noise.float()
-    else:
-        sample = prev_sample.float()
-    log_prob = -((sample.detach() - mean) ** 2) / (2.0 * std * std) - torch.log(std) - _LOG_SQRT_2PI
-    return sample, log_prob.mean(dim=tuple(range(1, ndim)))
+    return _gaussian_transition(mean, std, noise, prev_sample, "dpm_sde_step")
