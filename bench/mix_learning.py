@@ -18,7 +18,8 @@ when its time is up is censored at the budget. The median time to target counts 
 slower than every finished one (it is "not reached" when half or more are censored). Per seed,
 each mode is also paired with the full-SDE run of the same seed: "earlier" counts the seeds where
 it reaches the target first (a censored run is later than any finished one; two censored runs tie).
---json PATH writes every run's per-iteration rewards and CPU seconds.
+--json PATH writes every run's per-iteration rewards and CPU seconds (--from_json re-reads one),
+--plot PATH draws the mean reward gain against CPU seconds per mode.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -112,6 +114,72 @@ def _fmt(values: list[float], digits: int = 1) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f}"
 
 
+def sign_test(wins: int, losses: int) -> float:
+    """One-sided sign test: P(at least ``wins`` of wins + losses fair coin flips), ties dropped."""
+    from math import comb
+
+    n = wins + losses
+    return sum(comb(n, i) for i in range(wins, n + 1)) / 2 ** n if n else 1.0
+
+
+def gain(rows: list[dict]) -> float:
+    return statistics.mean(r["reward_mean"] for r in rows[-5:]) - statistics.mean(r["reward_mean"] for r in rows[:5])
+
+
+def summarize(results: dict[str, list[list[dict]]], target: float) -> None:
+    print("| mode | iterations | CPU s / iteration | gain (last 5 - first 5) | CPU s to target (reached runs) "
+          "| median CPU s to target (all runs) | runs reaching it | seeds earlier / tied / later than full "
+          "| sign test p |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    full_times = [time_to_target(rows, target) for rows in results["full"]]
+    for m, runs in results.items():
+        per_it = [statistics.mean(r[CLOCK] for r in rows[1:]) for rows in runs]
+        all_times = [time_to_target(rows, target) for rows in runs]
+        times = [t for t in all_times if t is not None]
+        paired, p = "—", "—"
+        if m != "full":
+            earlier, tied, later = paired_counts(all_times, full_times)
+            paired, p = f"{earlier} / {tied} / {later}", f"{sign_test(earlier, later):.3g}"
+        print(f"| {m} | {_fmt([len(rows) for rows in runs], 0)} | {_fmt(per_it, 3)} | "
+              f"{_fmt([gain(rows) for rows in runs], 3)} | {_fmt(times)} | {median_time(all_times)} | "
+              f"{len(times)}/{len(runs)} | {paired} | {p} |", flush=True)
+
+
+def plot(results: dict[str, list[list[dict]]], target: float, path: Path) -> None:
+    """Reward gain (5-iteration moving average minus the run's first-5 mean) against CPU seconds:
+    mean over seeds with a ± standard-error band, up to the shortest run's time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    end = min(sum(r[CLOCK] for r in rows) for runs in results.values() for rows in runs)
+    grid = np.linspace(0.0, end, 200)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for m, runs in results.items():
+        curves = []
+        for rows in runs:
+            t = np.cumsum([r[CLOCK] for r in rows])
+            rew = np.array([r["reward_mean"] for r in rows])
+            avg = np.convolve(rew, np.ones(5) / 5, mode="valid") - rew[:5].mean()
+            curves.append(np.interp(grid, t[4:], avg, left=np.nan))
+        c = np.array(curves)
+        with warnings.catch_warnings():  # the first few grid points precede every run's 5th iteration
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(c, axis=0)
+            se = np.nanstd(c, axis=0, ddof=1) / np.sqrt(np.sum(~np.isnan(c), axis=0))
+        ax.plot(grid, mean, label=f"{m} ({len(runs)} seeds)")
+        ax.fill_between(grid, mean - se, mean + se, alpha=0.2)
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+    ax.set_xlabel("one-thread CPU seconds")
+    ax.set_ylabel("reward gain (5-iteration mean)")
+    ax.set_title("Tiny demo task: reward gain at equal CPU time")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
@@ -119,46 +187,41 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--target_share", type=float, default=0.5)
     ap.add_argument("--json", type=Path, default=None, help="write every run's rewards and CPU seconds here")
+    ap.add_argument("--from_json", type=Path, default=None, help="summarize (and plot) a --json file instead of running")
+    ap.add_argument("--plot", type=Path, default=None, help="draw the reward gain against CPU seconds (PNG)")
     ap.add_argument("--equal_time", action="store_true",
                     help="give every mode the CPU seconds of the same seed's full-SDE run")
     args = ap.parse_args()
-    if "full" not in args.modes:
-        raise SystemExit("--modes must include full: the target gain is a share of its gain")
-    with tempfile.TemporaryDirectory() as tmp:
-        model, data = build_inputs("tiny", Path(tmp))
-        results = {"full": [run(model, data, Path(tmp) / f"full_{s}", "full", s, args.iterations)
-                            for s in args.seeds]}
-        budgets = [sum(r[CLOCK] for r in rows) if args.equal_time else None for rows in results["full"]]
-        for m in args.modes:
-            if m != "full":
-                results[m] = [run(model, data, Path(tmp) / f"{m}_{s}", m, s, args.iterations, budget)
-                              for s, budget in zip(args.seeds, budgets)]
-
-    def gain(rows):
-        return statistics.mean(r["reward_mean"] for r in rows[-5:]) - statistics.mean(r["reward_mean"] for r in rows[:5])
-
-    target = args.target_share * statistics.mean(gain(rows) for rows in results["full"])
-    budget = "equal CPU time per seed (full SDE's)" if args.equal_time else "equal iterations"
-    print(f"# tiny demo task, {args.iterations} full-SDE iterations, {budget}, seeds {args.seeds}; "
-          f"target gain {target:.3f} (= {args.target_share} x full-SDE mean gain)\n")
-    print("| mode | iterations | CPU s / iteration | gain (last 5 - first 5) | CPU s to target (reached runs) "
-          "| median CPU s to target (all runs) | runs reaching it | seeds earlier / tied / later than full |")
-    print("|---|---|---|---|---|---|---|---|")
-    full_times = [time_to_target(rows, target) for rows in results["full"]]
-    for m in args.modes:
-        runs = results[m]
-        per_it = [statistics.mean(r[CLOCK] for r in rows[1:]) for rows in runs]
-        all_times = [time_to_target(rows, target) for rows in runs]
-        times = [t for t in all_times if t is not None]
-        paired = "—" if m == "full" else "{} / {} / {}".format(*paired_counts(all_times, full_times))
-        print(f"| {m} | {_fmt([len(rows) for rows in runs], 0)} | {_fmt(per_it, 3)} | "
-              f"{_fmt([gain(rows) for rows in runs], 3)} | {_fmt(times)} | {median_time(all_times)} | "
-              f"{len(times)}/{len(runs)} | {paired} |", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps({
-            "target": target, "seeds": args.seeds, "equal_time": args.equal_time,
-            "runs": {m: [[{"reward_mean": r["reward_mean"], CLOCK: r[CLOCK]} for r in rows] for rows in runs]
-                     for m, runs in results.items()}}, indent=1))
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        results, target = saved["runs"], saved["target"]
+        print(f"# {args.from_json}: seeds {saved['seeds']}, equal time {saved['equal_time']}; target gain "
+              f"{target:.3f}\n")
+    else:
+        if "full" not in args.modes:
+            raise SystemExit("--modes must include full: the target gain is a share of its gain")
+        with tempfile.TemporaryDirectory() as tmp:
+            model, data = build_inputs("tiny", Path(tmp))
+            results = {"full": [run(model, data, Path(tmp) / f"full_{s}", "full", s, args.iterations)
+                                for s in args.seeds]}
+            budgets = [sum(r[CLOCK] for r in rows) if args.equal_time else None for rows in results["full"]]
+            for m in args.modes:
+                if m != "full":
+                    results[m] = [run(model, data, Path(tmp) / f"{m}_{s}", m, s, args.iterations, budget)
+                                  for s, budget in zip(args.seeds, budgets)]
+        target = args.target_share * statistics.mean(gain(rows) for rows in results["full"])
+        budget = "equal CPU time per seed (full SDE's)" if args.equal_time else "equal iterations"
+        print(f"# tiny demo task, {args.iterations} full-SDE iterations, {budget}, seeds {args.seeds}; "
+              f"target gain {target:.3f} (= {args.target_share} x full-SDE mean gain)\n")
+        if args.json:
+            args.json.write_text(json.dumps({
+                "target": target, "seeds": args.seeds, "equal_time": args.equal_time,
+                "runs": {m: [[{"reward_mean": r["reward_mean"], CLOCK: r[CLOCK]} for r in rows] for rows in runs]
+                         for m, runs in results.items()}}))
+    summarize(results, target)
+    if args.plot:
+        plot(results, target, args.plot)
+        print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":
