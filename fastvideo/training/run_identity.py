@@ -36,7 +36,9 @@ FLAGS = {
     "window_fixed_start": "--sde_start",
     "window_move_step": "--prog_overlap / --prog_overlap_step",
     "dpm_post_compress_ratio": "--dpm_algorithm_type / --dpm_post_compress_ratio",
-    "sde_kind": "--flow_grpo_sampling",
+    "sde_kind": "--flow_grpo_sampling / --dpm_apply_strategy",
+    "dpm_all": "--dpm_apply_strategy",
+    "dpm_algorithm": "--dpm_algorithm_type",
 }
 
 
