@@ -65,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sample_strategy", type=str, default="progressive", choices=list(STRATEGIES))
     g.add_argument("--prog_overlap", action="store_true",
                    help="move the window by --prog_overlap_step instead of by its size")
-    g.add_argument("--prog_overlap_step", type=int, default=1)
+    g.add_argument("--prog_overlap_step", type=int, default=1,
+                   help="with --prog_overlap: transitions the window moves each time (0: it stays where it starts)")
     g.add_argument("--max_iters_per_group", type=int, default=10, help="decay strategy: iterations at start 0")
     g.add_argument("--min_iters_per_group", type=int, default=1, help="decay strategy: iterations at the end")
     g.add_argument("--roll_back", action="store_true", help="restart the window at 0 after the last position")
@@ -153,10 +154,11 @@ def _check(args, fail) -> None:
         fail(f"--dpm_algorithm_type {args.dpm_algorithm_type} --dpm_apply_strategy post compresses the ODE steps "
              "after an SDE window: it needs --training_strategy part or --sde_steps k (or --dpm_apply_strategy all)")
     if args.training_strategy == "part":
-        for name in ("group_size", "iters_per_group", "prog_overlap_step", "max_iters_per_group",
-                     "min_iters_per_group"):
+        for name in ("group_size", "iters_per_group", "max_iters_per_group", "min_iters_per_group"):
             if getattr(args, name) < 1:
                 fail(f"--{name} must be at least 1")
+        if args.prog_overlap_step < 0:  # 0 freezes the window at its start (MixGRPO-Flash*)
+            fail(f"--prog_overlap_step {args.prog_overlap_step} must be >= 0 (0: the window never moves)")
     if args.sde_start != "random":
         try:
             start = int(args.sde_start)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MixGRPO (FLASH=1: MixGRPO-Flash) on one node of 8 devices (GPUs or NPU dies); the flags are
+# MixGRPO (FLASH=1: MixGRPO-Flash, FLASH=star: MixGRPO-Flash*) on one node of 8 devices (GPUs or NPU dies); the flags are
 # scripts/finetune/mixgrpo_args.sh, as for the 16-die launcher. DRY_RUN=1 prints the torchrun
 # command. Overridable: NPROC (8), MASTER_PORT (19004), MODEL_PATH (data/flux), DATA_JSON,
 # OUTPUT_DIR, HPS_DIR (hps_ckpt), REWARD_MODEL (hpsv2), FLASH (0), EXTRA_ARGS.

@@ -2,10 +2,11 @@
 # MixGRPO for FLUX.1-dev on one Atlas A3 node, 16 NPU dies: SDE only inside a 4-step window that
 # slides from high to low noise (one step every ITERS_PER_GROUP iterations), Euler ODE elsewhere,
 # the window's 4 steps trained. FLASH=1 is MixGRPO-Flash: the ODE after the window runs with
-# DPM-Solver++ (2nd order, midpoint) on 40 % of the steps, and the window moves every 20 iterations.
-# Settings from Tencent-Hunyuan/MixGRPO scripts/finetune/finetune_flux_grpo_MixGRPO{,_Flash}.sh;
-# their multi_reward needs ImageReward, which we lack: REWARD_MODEL is hpsv2 by default (also
-# pick_score, clip_score, hpsv2_clip_score). Same script on a 16-GPU CUDA node. DRY_RUN=1 prints
+# DPM-Solver++ (2nd order, midpoint) on 40 % of the steps, and the window moves every 20 iterations;
+# FLASH=star is MixGRPO-Flash*: the window stays at the first 4 steps, the DPM tail keeps 20 %.
+# Settings from Tencent-Hunyuan/MixGRPO scripts/finetune/finetune_flux_grpo_MixGRPO{,_Flash,_Flash*}.sh.
+# REWARD_MODEL is hpsv2 by default (also image_reward, pick_score, clip_score, hpsv2_clip_score,
+# multi_reward; see docs/rewards.md for their weights folders). Same script on a 16-GPU CUDA node. DRY_RUN=1 prints
 # the torchrun command. Overridable: NPROC (16), MASTER_PORT (19003), MODEL_PATH (data/flux),
 # DATA_JSON, OUTPUT_DIR, HPS_DIR (hps_ckpt), REWARD_MODEL, FLASH (0), EXTRA_ARGS.
 set -euo pipefail

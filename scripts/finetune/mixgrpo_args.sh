@@ -1,13 +1,17 @@
-# MixGRPO's training flags (Tencent-Hunyuan/MixGRPO scripts/finetune/finetune_flux_grpo_MixGRPO{,_Flash}.sh),
+# MixGRPO's training flags (Tencent-Hunyuan/MixGRPO scripts/finetune/finetune_flux_grpo_MixGRPO{,_Flash,_Flash*}.sh),
 # shared by the MixGRPO launchers. Sourced after scripts/common.sh; sets MIXGRPO_ARGS.
-# Reads: MODEL_PATH, DATA_JSON, OUTPUT_DIR, HPS_DIR, REWARD_MODEL, FLASH.
+# Reads: MODEL_PATH, DATA_JSON, OUTPUT_DIR, HPS_DIR, REWARD_MODEL, FLASH (0: MixGRPO, 1: MixGRPO-Flash,
+# star: MixGRPO-Flash*, whose window stays at the first 4 steps and whose DPM tail keeps 20 %).
 MODEL_PATH=${MODEL_PATH:-data/flux}
 HPS_DIR=${HPS_DIR:-hps_ckpt}
-if [ "${FLASH:-0}" = 1 ]; then
-  ITERS_PER_GROUP=20; DPM_ALGORITHM=dpmsolver++; DEFAULT_OUT=data/outputs/mixgrpo_flash
-else
-  ITERS_PER_GROUP=25; DPM_ALGORITHM=null; DEFAULT_OUT=data/outputs/mixgrpo
-fi
+PROG_OVERLAP_STEP=1; DPM_RATIO=0.4
+case "${FLASH:-0}" in
+  1) ITERS_PER_GROUP=20; DPM_ALGORITHM=dpmsolver++; DEFAULT_OUT=data/outputs/mixgrpo_flash ;;
+  star) ITERS_PER_GROUP=20; DPM_ALGORITHM=dpmsolver++; DEFAULT_OUT=data/outputs/mixgrpo_flash_star
+        PROG_OVERLAP_STEP=0; DPM_RATIO=0.2 ;;
+  0) ITERS_PER_GROUP=25; DPM_ALGORITHM=null; DEFAULT_OUT=data/outputs/mixgrpo ;;
+  *) echo "FLASH=${FLASH}: use 0 (MixGRPO), 1 (MixGRPO-Flash) or star (MixGRPO-Flash*)" >&2; exit 2 ;;
+esac
 MIXGRPO_ARGS=(
   --seed 714
   --pretrained_model_name_or_path "$MODEL_PATH"
@@ -51,7 +55,7 @@ MIXGRPO_ARGS=(
   --group_size 4
   --sample_strategy progressive
   --prog_overlap
-  --prog_overlap_step 1
+  --prog_overlap_step "$PROG_OVERLAP_STEP"
   --max_iters_per_group 10
   --min_iters_per_group 1
   --roll_back
@@ -65,7 +69,7 @@ MIXGRPO_ARGS=(
   --pick_score_weight 1.0
   --dpm_algorithm_type "$DPM_ALGORITHM"
   --dpm_apply_strategy post
-  --dpm_post_compress_ratio 0.4
+  --dpm_post_compress_ratio "$DPM_RATIO"
   --dpm_solver_order 2
   --dpm_solver_type midpoint
   --frozen_init_timesteps -1

@@ -106,6 +106,7 @@ def test_window_plan_euler_and_flash_tail():
     (("--dpm_algorithm_type", "dpmsolver", "--dpm_apply_strategy", "all"), "singular"),
     (("--dpm_algorithm_type", "dpmsolver++", "--dpm_apply_strategy", "all", "--kl_coef", "0.1"), "SDE-DPM"),
     (("--sde_steps", "2", "--training_strategy", "part"), "give one"),
+    (("--training_strategy", "part", "--prog_overlap", "--prog_overlap_step", "-1"), ">= 0"),
     (("--sde_steps", "30",), "exceeds"),
     (("--sde_steps", "2", "--sde_start", "23"), "runs past"),
     (("--sde_steps", "2", "--sde_start", "soon"), "random"),

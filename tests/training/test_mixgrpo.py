@@ -135,9 +135,10 @@ def test_mixgrpo_launch_line_trains_two_iterations_on_two_ranks(flash, tiny_flux
 
 def test_mixgrpo_launchers_dry_run_parse(tmp_path):
     from fastvideo.config import build_parser, validate_args
+    from fastvideo.sampling import mix
 
     for name, nproc in (("finetune_flux_mixgrpo_a3_16die.sh", "16"), ("finetune_flux_mixgrpo_8gpus.sh", "8")):
-        for flash in ("0", "1"):
+        for flash in ("0", "1", "star"):
             env = {"DRY_RUN": "1", "FASTVIDEO_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
                    "FLASH": flash, "HOME": os.environ.get("HOME", "/root")}
             out = subprocess.run(["bash", str(ROOT / "scripts" / "finetune" / name)], capture_output=True, text=True,
@@ -148,6 +149,13 @@ def test_mixgrpo_launchers_dry_run_parse(tmp_path):
             argv = words[words.index("fastvideo/train_grpo_flux.py") + 1:]
             cfg = validate_args(build_parser().parse_args(argv))
             assert cfg.mix.mode == "window" and cfg.mix.window_size == 4 and cfg.mix.sde_kind == "flow"
-            assert cfg.mix.iters_per_group == (20 if flash == "1" else 25)
-            assert cfg.mix.dpm_post_ratio == (0.4 if flash == "1" else None)
+            assert cfg.mix.iters_per_group == (25 if flash == "0" else 20)
+            assert cfg.mix.dpm_post_ratio == {"0": None, "1": 0.4, "star": 0.2}[flash]
+            # Flash* (prog_overlap_step 0): the window never leaves the first 4 steps
+            assert cfg.mix.move_step == (0 if flash == "star" else 1)
+            assert mix.scheduled_start(cfg.mix, 301, 23) == {"0": 12, "1": 15, "star": 0}[flash]
             assert [s.name for s in cfg.reward.spec] == ["hpsv2"] and cfg.reward.hps_ckpt_dir == "hps_ckpt"
+        env["FLASH"] = "2"
+        out = subprocess.run(["bash", str(ROOT / "scripts" / "finetune" / name)], capture_output=True, text=True,
+                             env=env, cwd=ROOT, timeout=120)
+        assert out.returncode == 2 and "FLASH=2" in out.stderr
