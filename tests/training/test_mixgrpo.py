@@ -109,9 +109,9 @@ def _launcher_env(tiny_flux_dir, tiny_embeddings, out, hps_dir, hps_name, **extr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flash", ["0", "1"])
+@pytest.mark.parametrize("flash", ["0", "1", "star"])
 def test_mixgrpo_launch_line_trains_two_iterations_on_two_ranks(flash, tiny_flux_dir, tiny_embeddings, tmp_path):
-    """MixGRPO's finetune_flux_grpo_MixGRPO{,_Flash}.sh flag set, through our launcher, on the tiny model."""
+    """MixGRPO's finetune_flux_grpo_MixGRPO{,_Flash,_Flash*}.sh flag set, through our launcher, on the tiny model."""
     from fastvideo.tools.make_tiny_reward import HPS_PRESETS, write_hps
 
     hps_dir = write_hps(tmp_path / "hps", seed=0, preset="tiny")[0]
@@ -127,8 +127,9 @@ def test_mixgrpo_launch_line_trains_two_iterations_on_two_ranks(flash, tiny_flux
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = read_metrics(out)
     assert [r["iteration"] for r in rows] == [1, 2] and [r["sde_window_start"] for r in rows] == [0, 0]
-    # 12 samples per rank; 25 steps (Flash: 4 SDE + int(22 * 0.4) - 1 = 7 DPM-Solver++ steps)
-    assert rows[0]["forward_passes_rollout"] == 12 * (11 if flash == "1" else 25)
+    # 12 samples per rank; 25 steps (Flash: 4 SDE + int(22 * 0.4) - 1 = 7 DPM-Solver++ steps;
+    # Flash*: 4 SDE + int(22 * 0.2) - 1 = 3)
+    assert rows[0]["forward_passes_rollout"] == 12 * {"0": 25, "1": 11, "star": 7}[flash]
     assert all(r["loss"] == r["loss"] and r["grad_norm"] == r["grad_norm"] for r in rows)
     assert (out / "checkpoint-2" / "COMPLETE.json").is_file()
 
