@@ -146,7 +146,9 @@ def run(model: Path, data: Path, out: Path, args, micro: int, checkpointing: boo
         rec = dict(rec, cpu_iteration=time.process_time() - cpu0)
         meter.block_calls = BLOCK_CALLS[0]
         B = cfg.rollout.num_generations * cfg.prompts_per_rank
-        counts = pass_counts(plan.num_steps, plan.num_trained, B, cfg.rollout.rollout_batch_size, micro)
+        prefix = rec.get("shared_ode_prefix", 0)
+        counts = pass_counts(plan.num_steps, plan.num_trained, B, cfg.rollout.rollout_batch_size, micro,
+                             shared_prefix=prefix, prompts=cfg.prompts_per_rank)
         rows.append(dict(
             rec=rec, calls=meter.forward_calls, samples=meter.forward_samples,
             expected_samples=counts.rollout_forward_samples + counts.update_forward_samples,
@@ -177,12 +179,19 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=None, choices=list(MODES),
                     help="compare sampling plans instead of the micro-batch table: full (DanceGRPO, --steps, "
                          "fraction 0.6), mixgrpo (25 steps, window 4), flash (+ DPM-Solver++ tail, ratio 0.4), "
-                         "fast (--steps, 2 SDE steps at a random start)")
+                         "fast (--steps, 2 SDE steps at a random start), mixgrpo_mid (the window at start 11, "
+                         "the ODE prefix once per group) and mixgrpo_mid_unshared (--no_share_ode_prefix)")
     ap.add_argument("--overlap_ab", action="store_true",
                     help="compare --reward_overlap off and on instead of the micro-batch table")
+    ap.add_argument("--flush_denormal", action="store_true",
+                    help="CPU: flush denormal floats to zero. Deterministic (ODE) sampling drifts into denormals "
+                         "that x86 computes slowly, which charges plans with ODE steps ~5%% more rollout time "
+                         "on CPU than on an accelerator")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.flush_denormal and not torch.set_flush_denormal(True):
+        raise SystemExit("--flush_denormal: this CPU cannot flush denormals (no SSE3)")
     torch.manual_seed(0)
     count_block_executions()
     with tempfile.TemporaryDirectory() as tmp:
@@ -215,7 +224,7 @@ def main() -> None:
 
 
 MIXGRPO = ["--training_strategy", "part", "--group_size", "4", "--iters_per_group", "25", "--sample_strategy",
-           "progressive", "--prog_overlap", "--prog_overlap_step", "1", "--roll_back"]
+           "progressive", "--prog_overlap", "--prog_overlap_step", "1", "--roll_back", "--init_same_noise"]
 MODES = {  # name -> (sampling steps or None for --steps, extra flags)
     "full": (None, []),
     "full25": (25, []),
@@ -223,6 +232,11 @@ MODES = {  # name -> (sampling steps or None for --steps, extra flags)
     "flash": (25, MIXGRPO + ["--dpm_algorithm_type", "dpmsolver++", "--dpm_post_compress_ratio", "0.4",
                              "--dpm_solver_order", "2", "--dpm_solver_type", "midpoint"]),
     "fast": (None, ["--sde_steps", "2", "--sde_start", "random"]),
+    # MixGRPO's 4-step window where the progressive schedule spends the average iteration (start 11
+    # of 0..23): the 11 ODE steps before it are computed once per group (--init_same_noise)
+    "mixgrpo_mid": (25, ["--sde_steps", "4", "--sde_start", "11", "--init_same_noise"]),
+    "mixgrpo_mid_unshared": (25, ["--sde_steps", "4", "--sde_start", "11", "--init_same_noise",
+                                  "--no_share_ode_prefix"]),
 }
 
 

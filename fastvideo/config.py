@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore_last", action="store_true",
                    help="do not train the last transition: the default; accepted for upstream launch lines")
     g.add_argument("--init_same_noise", action="store_true", help="share the initial noise within a group")
+    g.add_argument("--no_share_ode_prefix", action="store_true",
+                   help="with --init_same_noise, still compute a window plan's leading ODE steps for every sample "
+                        "(by default once per group: the G samples pass through the same states there)")
     g.add_argument("--timestep_fraction", type=float, default=0.6)
     g.add_argument("--clip_range", type=float, default=1e-4)
     g.add_argument("--adv_clip_max", type=float, default=5.0)
@@ -210,6 +213,7 @@ class RolloutSettings:
     num_generations: int
     rollout_batch_size: int
     init_same_noise: bool
+    share_ode_prefix: bool = True
 
 
 @dataclass
@@ -481,6 +485,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
             quantize_timestep=not args.no_quantize_timestep,
             num_generations=args.num_generations if args.use_group else 1,
             rollout_batch_size=args.rollout_batch_size, init_same_noise=args.init_same_noise,
+            share_ode_prefix=not args.no_share_ode_prefix,
         ),
         reward=RewardSettings(
             spec=_reward_spec(args), group_norm=args.reward_group_norm,

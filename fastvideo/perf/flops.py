@@ -311,9 +311,11 @@ class PassCounts:
     """Transformer passes of one iteration on one rank, counted in samples and in calls.
 
     The rollout runs every transition of the sampling plan (SDE, ODE or DPM-Solver++ alike) for
-    every sample, rollout_batch_size samples per call; the update runs trained_steps forwards and
-    backwards per sample, micro_batch_size samples per call. DanceGRPO, MixGRPO, MixGRPO-Flash
-    and Flow-GRPO-Fast differ only in (rollout_steps, trained_steps).
+    every sample, rollout_batch_size samples per call, except a shared ODE prefix (its first
+    shared_prefix transitions, SamplingPlan.shared_prefix), run once per prompt; the update runs
+    trained_steps forwards and backwards per sample, micro_batch_size samples per call.
+    DanceGRPO, MixGRPO, MixGRPO-Flash and Flow-GRPO-Fast differ only in (rollout_steps,
+    trained_steps, shared_prefix).
     """
 
     rollout_steps: int
@@ -321,10 +323,12 @@ class PassCounts:
     samples: int
     rollout_calls: int
     update_calls: int
+    shared_prefix: int = 0
+    prompts: int = 0
 
     @property
     def rollout_forward_samples(self) -> int:
-        return self.rollout_steps * self.samples
+        return self.shared_prefix * self.prompts + (self.rollout_steps - self.shared_prefix) * self.samples
 
     @property
     def update_forward_samples(self) -> int:
@@ -341,12 +345,17 @@ class PassCounts:
 
 
 def pass_counts(rollout_steps: int, trained_steps: int, samples: int, rollout_batch_size: int,
-                micro_batch_size: int) -> PassCounts:
-    """The analytic pass counts for one rank's iteration (see PassCounts)."""
+                micro_batch_size: int, shared_prefix: int = 0, prompts: int = 0) -> PassCounts:
+    """The analytic pass counts for one rank's iteration (see PassCounts); ``prompts`` is needed
+    with a shared prefix."""
+    if shared_prefix and not prompts:
+        raise ValueError("a shared ODE prefix is run once per prompt: give prompts")
     return PassCounts(
         rollout_steps=rollout_steps, trained_steps=trained_steps, samples=samples,
-        rollout_calls=math.ceil(samples / rollout_batch_size) * rollout_steps,
+        rollout_calls=(math.ceil(prompts / rollout_batch_size) * shared_prefix
+                       + math.ceil(samples / rollout_batch_size) * (rollout_steps - shared_prefix)),
         update_calls=math.ceil(samples / micro_batch_size) * trained_steps,
+        shared_prefix=shared_prefix, prompts=prompts,
     )
 
 

@@ -224,6 +224,8 @@ def unused_flag_notes(args: argparse.Namespace, defaults: argparse.Namespace) ->
         if args.eta > 0:
             notes.append(f"--eta {args.eta:g} has no effect on the SDE-DPM-Solver steps of --dpm_apply_strategy all "
                          "(the solver fixes their noise, as MixGRPO)")
+    if getattr(args, "no_share_ode_prefix", False) and not args.init_same_noise:
+        notes.append("--no_share_ode_prefix has no effect without --init_same_noise (no two samples share a state)")
     if not args.sde_steps and args.sde_start != defaults.sde_start:
         notes.append("--sde_start has no effect without --sde_steps")
     if args.frozen_init_timesteps != defaults.frozen_init_timesteps and (args.training_strategy == "part"

@@ -95,6 +95,18 @@ class SamplingPlan:
         index = torch.as_tensor(self.trainable, dtype=torch.long)
         return index[timestep_selection(permutations, self.num_trained)]
 
+    def shared_prefix(self) -> int:
+        """Leading Euler ODE transitions whose states depend only on the initial noise and the
+        prompt: with --init_same_noise the G samples of a group pass through the same states, so
+        the rollout computes them once per group. Limited so that the first DPM step still finds
+        its multistep history (dpm_order - 1 earlier outputs) after the prefix."""
+        lead = 0
+        while lead < self.num_steps and self.kinds[lead] == ODE:
+            lead += 1
+        if DPM in self.kinds:
+            lead = max(0, min(lead, self.kinds.index(DPM) - (self.dpm_order - 1)))
+        return lead
+
     def describe(self) -> str:
         """'SSOO...D' one letter per transition (S sde, O ode, D dpm)."""
         return "".join({SDE: "S", ODE: "O", DPM: "D"}[k] for k in self.kinds)

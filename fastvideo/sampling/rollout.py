@@ -40,6 +40,9 @@ class RolloutConfig:
     rollout_batch_size: int
     init_same_noise: bool
     quantize_timestep: bool = True
+    # With init_same_noise, compute a plan's leading ODE transitions once per group (their states
+    # are the same for the group's G samples): SamplingPlan.shared_prefix.
+    share_ode_prefix: bool = True
 
     def __post_init__(self):
         problems = []
@@ -83,6 +86,7 @@ class Trajectory:
     group_ids: torch.Tensor
     captions: list[str] = field(default_factory=list)
     plan: SamplingPlan | None = None  # the schedule sampled with; None: every transition SDE (DanceGRPO)
+    shared_prefix: int = 0  # leading transitions computed once per group (RolloutConfig.share_ode_prefix)
 
     # Fields indexed by sample; the others are shared by all samples.
     PER_SAMPLE = ("latents", "log_probs", "x0", "images", "prompt_embeds", "pooled", "sample_ids", "group_ids")
@@ -94,6 +98,12 @@ class Trajectory:
     @property
     def num_steps(self) -> int:
         return self.log_probs.shape[1]
+
+    def rollout_forward_samples(self) -> int:
+        """Transformer forwards (in samples) that produced this trajectory: the shared prefix once
+        per group, the rest once per sample."""
+        groups = int(torch.unique(self.group_ids).numel())
+        return self.shared_prefix * groups + (self.num_steps - self.shared_prefix) * self.num_samples
 
     def subset(self, index: Sequence[int] | torch.Tensor) -> "Trajectory":
         """The samples at ``index`` (a list of ints or a CPU int64 tensor), in that order."""
@@ -188,25 +198,28 @@ def _check_text_inputs(prompt_embeds, pooled, text_ids, captions) -> None:
 
 
 def _sample_chunk(transformer, noise, step_eps, plan: SamplingPlan, sigmas, embeds, pooled, txt_ids, img_ids,
-                  cfg: RolloutConfig):
-    """Run the plan's n transitions for one chunk of b samples.
+                  cfg: RolloutConfig, first: int = 0, stop: int | None = None):
+    """Run the plan's transitions first .. stop-1 (default: all n) for one chunk of b samples.
 
-    noise [b, L, C]; step_eps: {k: [b, L, C]} for the plan's SDE transitions; sigmas: the plan's
-    sigmas on the device [n + 1]. Returns latents [b, n+1, L, C], log_probs [b, n] (zeros on ODE
-    and DPM transitions, which have no density) and the last step's x0 prediction [b, L, C]. The
-    loop never reads a value back to the host, so an accelerator runs it without stalls.
+    noise [b, L, C]: the state at transition ``first``; step_eps: {k: [b, L, C]} for the plan's
+    SDE transitions; sigmas: the plan's sigmas on the device [n + 1]. Returns latents
+    [b, stop-first+1, L, C], log_probs [b, stop-first] (zeros on ODE and DPM transitions, which
+    have no density) and the last step's x0 prediction [b, L, C] (the input if the last step is
+    not run). The loop never reads a value back to the host, so an accelerator runs it without
+    stalls.
     """
     x = noise
     latents, log_probs = [x], []
     x0 = x
     n = plan.num_steps
+    stop = n if stop is None else stop
     uses_dpm = DPM in plan.kinds
     # Multistep DPM-Solver history: the model outputs (x0 or eps, plan.dpm_algorithm) of the
     # transitions so far, newest last, with their sigmas. A DPM step right after SDE steps reads
     # the SDE steps' outputs too (upstream does so with --flow_grpo_sampling and under
     # --dpm_apply_strategy all). Host-side sigmas: the order choice never syncs the device.
     history, host_sigmas = [], plan.sigmas.tolist()
-    for k in range(n):
+    for k in range(first, stop):
         v = predict_velocity(
             transformer, x, sigmas[k], embeds, pooled, txt_ids, img_ids, cfg.guidance_scale, cfg.quantize_timestep
         )
@@ -302,10 +315,26 @@ def rollout(
 
     all_latents, all_log_probs, all_x0 = [], [], []
     batch = num_prompts * G
+    prefix = run_plan.shared_prefix() if (cfg.init_same_noise and cfg.share_ode_prefix and G > 1) else 0
+    if prefix:
+        # The group's G samples share their initial noise and the prefix is deterministic, so run
+        # it once per prompt: [P, prefix+1, L, C] states, expanded to the samples below.
+        prompt_rows = torch.arange(num_prompts) * G
+        heads = []
+        for start in range(0, num_prompts, cfg.rollout_batch_size):
+            rows = prompt_rows[start:start + cfg.rollout_batch_size]
+            noise = randomness.initial_noise(iteration, noise_ids[rows], tokens_shape).to(device)
+            with amp:
+                heads.append(_sample_chunk(transformer, noise, {}, run_plan, sigmas, embeds[rows.to(device)],
+                                           pooled_b[rows.to(device)], txt_ids, img_ids, cfg, stop=prefix)[0])
+        prefix_states = torch.cat(heads).repeat_interleave(G, dim=0)  # [B, prefix+1, L, C]
     for start in range(0, batch, cfg.rollout_batch_size):
         rows = slice(start, min(batch, start + cfg.rollout_batch_size))
         # All draws for the chunk are made on the CPU up front, then copied once.
-        noise = randomness.initial_noise(iteration, noise_ids[rows], tokens_shape).to(device)
+        if prefix:
+            noise = prefix_states[rows, -1]
+        else:
+            noise = randomness.initial_noise(iteration, noise_ids[rows], tokens_shape).to(device)
         step_eps = {}
         # SDE-DPM-Solver steps ignore eta (upstream): they always need their noise
         if sde_steps and (cfg.eta > 0 or run_plan.sde_kind in solvers.DPM_SDE_KINDS):
@@ -313,8 +342,12 @@ def rollout(
             step_eps = dict(zip(sde_steps, eps.to(device)))
         with amp:
             lat, logp, x0 = _sample_chunk(
-                transformer, noise, step_eps, run_plan, sigmas, embeds[rows], pooled_b[rows], txt_ids, img_ids, cfg
+                transformer, noise, step_eps, run_plan, sigmas, embeds[rows], pooled_b[rows], txt_ids, img_ids, cfg,
+                first=prefix,
             )
+        if prefix:
+            lat = torch.cat([prefix_states[rows, :-1], lat], dim=1)
+            logp = torch.cat([torch.zeros(lat.shape[0], prefix, dtype=logp.dtype, device=logp.device), logp], dim=1)
         all_x0.append(x0)
         if on_chunk is not None:
             on_chunk(rows, x0)
@@ -335,6 +368,7 @@ def rollout(
         group_ids=group_of_sample,
         captions=[c for c in captions for _ in range(G)],
         plan=plan,
+        shared_prefix=prefix,
     )
     if decode:
         traj.images = decode_images(vae, traj.x0, cfg, device, autocast_dtype)

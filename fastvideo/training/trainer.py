@@ -81,6 +81,7 @@ class GRPOTrainer:
             eta=cfg.rollout.eta, shift=cfg.rollout.shift, guidance_scale=cfg.rollout.guidance_scale,
             num_generations=cfg.rollout.num_generations, rollout_batch_size=cfg.rollout.rollout_batch_size,
             init_same_noise=cfg.rollout.init_same_noise, quantize_timestep=cfg.rollout.quantize_timestep,
+            share_ode_prefix=cfg.rollout.share_ode_prefix,
         )
         self.wandb_run = None
         self.recorder = None
@@ -470,7 +471,8 @@ class GRPOTrainer:
         record.update(maxes)
         record["optimizer_steps"] = stats.optimizer_steps
         record["forward_passes_update"] = stats.forward_passes
-        record["forward_passes_rollout"] = traj.num_steps * traj.num_samples
+        record["forward_passes_rollout"] = traj.rollout_forward_samples()
+        record["shared_ode_prefix"] = traj.shared_prefix
         if traj.plan is not None and traj.plan.window_start >= 0:
             record["sde_window_start"] = traj.plan.window_start
         record["lr"] = self.lr_scheduler.get_last_lr()[0]

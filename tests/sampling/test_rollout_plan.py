@@ -123,6 +123,42 @@ def test_flash_tail_runs_dpm_solver_pp(models, order):
     assert torch.all(traj.log_probs[:, 3:] == 0) and torch.all(traj.log_probs[:, 1:3] != 0)
 
 
+@pytest.mark.parametrize("dpm", [False, True])
+def test_shared_ode_prefix_runs_once_per_group_and_changes_nothing(models, dpm):
+    """With init_same_noise a window plan's leading ODE states are the group's: computed once per
+    prompt they equal the per-sample computation, and the transformer sees fewer samples."""
+    transformer, *_ = models
+    # dpm: O O O S D..., order 3: the first DPM step (index 4) needs the outputs of 2 and 3, so only
+    # the first 2 ODE steps are shared
+    plan = window_plan(8, 3.0, 3, 1 if dpm else 2, candidates=7, dpm_post_ratio=0.6 if dpm else None, dpm_order=3)
+    want_prefix = 2 if dpm else 3
+    assert plan.shared_prefix() == want_prefix
+    seen = []
+    handle = transformer.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(int(kw["hidden_states"].shape[0])), with_kwargs=True)
+    try:
+        runs = {}
+        for share in (False, True):
+            seen.clear()
+            cfg = _cfg(steps=8, eta=0.7)
+            cfg = RolloutConfig(**{**cfg.__dict__, "init_same_noise": True, "share_ode_prefix": share})
+            runs[share] = (_run(models, cfg, plan), sum(seen))
+    finally:
+        handle.remove()
+    (full, n_full), (shared, n_shared) = runs[False], runs[True]
+    B, G = full.num_samples, 2
+    assert shared.shared_prefix == want_prefix and full.shared_prefix == 0
+    assert n_full == B * plan.num_steps and n_shared == n_full - want_prefix * (B - B // G)
+    assert shared.rollout_forward_samples() == n_shared
+    torch.testing.assert_close(shared.latents, full.latents, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared.log_probs, full.log_probs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared.x0, full.x0, rtol=1e-5, atol=1e-5)
+    # the prefix states really are the group's: bit-identical across its samples
+    head = shared.latents[:, :want_prefix + 1]
+    assert torch.equal(head[0::2], head[1::2])
+    assert not torch.equal(shared.latents[0::2, -1], shared.latents[1::2, -1])  # the window made them differ
+
+
 def test_dpm_all_rollout_and_rescoring(models):
     """--dpm_apply_strategy all: DPM-Solver++ steps (order 2) around an SDE-DPM-Solver++ window
     whose stored transitions re-score to the rollout's log-probs (ratio 1 on policy)."""

@@ -32,7 +32,7 @@ def test_transformer_passes_equal_the_analytic_count(mode, tiny_flux_dir, tiny_e
 
     argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path, sampling_steps=8, max_train_steps=2,
                       save_images_every=0, num_generations=3, rollout_batch_size=2, train_micro_batch_size=2,
-                      **MODES[mode])
+                      init_same_noise=True, **MODES[mode])
     trainer = single_process_trainer(argv, monkeypatch)
     calls = {"fwd": 0, "bwd": 0}
 
@@ -51,10 +51,13 @@ def test_transformer_passes_equal_the_analytic_count(mode, tiny_flux_dir, tiny_e
         calls.update(fwd=0, bwd=0)
         plan = trainer.sampling_plan(it)
         rec = trainer.run_iteration()
-        n = pass_counts(plan.num_steps, plan.num_trained, 3, 2, 2)
+        # one prompt of G = 3 per iteration: a shared ODE prefix runs once for the 3 samples
+        assert rec["shared_ode_prefix"] == plan.shared_prefix()
+        n = pass_counts(plan.num_steps, plan.num_trained, 3, 2, 2, shared_prefix=plan.shared_prefix(), prompts=1)
         assert calls["fwd"] == n.rollout_forward_samples + n.update_forward_samples
         assert calls["bwd"] == n.update_calls
         assert rec["forward_passes_update"] == n.update_calls
+        assert rec["forward_passes_rollout"] == n.rollout_forward_samples
         # on policy: the update re-scores the rollout's transitions with the rollout's step
         assert rec["first_ratio_dev"] < 1e-4, rec["first_ratio_dev"]
     expected = {"full": (8, 3), "mixgrpo": (8, 2), "flash": (None, 2), "fast": (8, 1), "dpm_all": (8, 2)}[mode]
@@ -62,7 +65,7 @@ def test_transformer_passes_equal_the_analytic_count(mode, tiny_flux_dir, tiny_e
     if mode == "flash":  # window at 1 (iteration 2): O S S, then int((8 - 2) * 0.5) = 3 points -> 2 DPM steps
         assert plan.describe() == "OSSDD" and rec["sde_window_start"] == 1
     if mode == "mixgrpo":
-        assert plan.describe() == "OSSOOOOO"
+        assert plan.describe() == "OSSOOOOO" and rec["shared_ode_prefix"] == 1
     if mode == "dpm_all":
         assert plan.describe() == "DSSDDDDD" and plan.sde_kind == "sde-dpmsolver++"
 
