@@ -164,4 +164,9 @@ def test_unused_window_flags_are_noted():
     assert "--group_size have no effect without --training_strategy part" in notes
     assert "--dpm_solver_order have no effect with --dpm_algorithm_type null" in notes
     assert "--sde_start has no effect without --sde_steps" in notes
+    assert "--no_share_ode_prefix has no effect without --init_same_noise" in " | ".join(
+        _settings("--no_share_ode_prefix").compat_notes)
+    assert _settings("--init_same_noise").rollout.share_ode_prefix
+    shared = _settings("--init_same_noise", "--no_share_ode_prefix")
+    assert not shared.rollout.share_ode_prefix and not [n for n in shared.compat_notes if "share_ode" in n]
     assert not [n for n in _settings().compat_notes if "no effect" in n and "num_generations" not in n]
