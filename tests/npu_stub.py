@@ -196,3 +196,17 @@ def make_module() -> types.ModuleType:
         setattr(module, fn.__name__, counted(fn))
     return module
 
+
+def install(monkeypatch) -> types.ModuleType:
+    """Put a fresh stand-in in ``sys.modules["torch_npu"]`` and make fastvideo.platform treat the
+    CPU as an NPU, all undone by ``monkeypatch`` after the test. Returns the module (its calls)."""
+    import sys
+
+    from fastvideo import platform
+
+    stub = make_module()
+    monkeypatch.setitem(sys.modules, "torch_npu", stub)
+    monkeypatch.setattr(platform, "_torch_npu", None)
+    monkeypatch.setattr(platform, "_torch_npu_checked", False)
+    monkeypatch.setattr(platform, "is_npu", lambda device=None: True)
+    return stub

@@ -130,9 +130,14 @@ class MixSettings:
         }
 
 
+def _dpm_mode(args) -> tuple[bool, bool]:
+    """(a DPM-Solver is on, it is applied to all steps) from --dpm_algorithm_type / --dpm_apply_strategy."""
+    on = args.dpm_algorithm_type != "null"
+    return on, on and args.dpm_apply_strategy == "all"
+
+
 def _check(args, fail) -> None:
-    dpm = args.dpm_algorithm_type != "null"
-    dpm_all = dpm and args.dpm_apply_strategy == "all"
+    dpm, dpm_all = _dpm_mode(args)
     if dpm_all and args.dpm_algorithm_type == "dpmsolver":
         fail("--dpm_algorithm_type dpmsolver with --dpm_apply_strategy all: the noise-prediction solver is singular "
              "at FLUX's first sigma, 1 (alpha = 0; its SDE variance is infinite there). Use dpmsolver++ with all, "
@@ -172,8 +177,7 @@ def settings_from_args(args: argparse.Namespace, candidates: int, fail) -> MixSe
     """Validate the flags (``fail(msg)`` raises) and resolve them. candidates: transitions that may
     train (0 .. candidates-1)."""
     _check(args, fail)
-    dpm_on = args.dpm_algorithm_type != "null"
-    dpm_all = dpm_on and args.dpm_apply_strategy == "all"
+    dpm_on, dpm_all = _dpm_mode(args)
     sde_kind = "flow" if args.flow_grpo_sampling else "dance"
     if dpm_all:
         sde_kind = "sde-" + args.dpm_algorithm_type
@@ -218,7 +222,7 @@ def unused_flag_notes(args: argparse.Namespace, defaults: argparse.Namespace) ->
         changed = [f"--{n}" for n in DPM_FLAGS if getattr(args, n) != getattr(defaults, n)]
         if changed:
             notes.append(f"{', '.join(changed)} have no effect with --dpm_algorithm_type null")
-    if args.dpm_algorithm_type != "null" and args.dpm_apply_strategy == "all":
+    if _dpm_mode(args)[1]:
         if args.dpm_post_compress_ratio != defaults.dpm_post_compress_ratio:
             notes.append("--dpm_post_compress_ratio has no effect with --dpm_apply_strategy all (full schedule)")
         if args.eta > 0:

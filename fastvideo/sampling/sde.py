@@ -88,20 +88,29 @@ def sde_step(
         return sample, torch.zeros(batch, dtype=torch.float32, device=x.device)
 
     mean, std = _gaussian(x, v, s, s_next, eta)
+    return gaussian_transition(mean, std, noise, prev_sample, "sde_step with eta > 0")
 
+
+def gaussian_transition(
+    mean: torch.Tensor, std: torch.Tensor, noise: torch.Tensor | None, prev_sample: torch.Tensor | None, name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample mean + std * noise (rollout) or take the stored prev_sample (update), and its
+    log N(sample; mean, std^2) averaged over the non-batch elements, as DanceGRPO averages.
+    mean [B, ...]; std broadcastable to it; noise, prev_sample [B, ...] or None (one is needed).
+    Shared by every SDE step (this module's, Flow-GRPO's and SDE-DPM-Solver++'s).
+    Returns (sample float32 [B, ...], log_prob float32 [B])."""
     if prev_sample is None:
         if noise is None:
-            raise ValueError("sde_step with eta > 0 needs `noise` (from RandomSource.step_noise) or `prev_sample`")
-        if noise.shape != x.shape:
-            raise ValueError(f"noise {tuple(noise.shape)} must have the latents' shape {tuple(x.shape)}")
+            raise ValueError(f"{name} needs `noise` (from RandomSource.step_noise) or `prev_sample`")
+        if noise.shape != mean.shape:
+            raise ValueError(f"noise {tuple(noise.shape)} must have the latents' shape {tuple(mean.shape)}")
         sample = mean + std * noise.float()
     else:
-        if prev_sample.shape != x.shape:
-            raise ValueError(f"prev_sample {tuple(prev_sample.shape)} must have the latents' shape {tuple(x.shape)}")
+        if prev_sample.shape != mean.shape:
+            raise ValueError(f"prev_sample {tuple(prev_sample.shape)} must have the latents' shape {tuple(mean.shape)}")
         sample = prev_sample.float()
-
     log_prob = -((sample.detach() - mean) ** 2) / (2.0 * std * std) - torch.log(std) - _LOG_SQRT_2PI
-    return sample, log_prob.mean(dim=tuple(range(1, ndim)))
+    return sample, log_prob.mean(dim=tuple(range(1, mean.ndim)))
 
 
 def _gaussian(x, v, s, s_next, eta: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,13 +7,11 @@ lambda = log(alpha / sigma). All maths in float32.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from fastvideo.sampling import sde
 from fastvideo.sampling.sde import _per_sample
 
-_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 DPM_SOLVER_TYPES = ("midpoint", "heun")
 
 
@@ -45,20 +43,7 @@ def flow_sde_step(
     g = eta * torch.sqrt(s / (1.0 - s_safe))
     mean = x * (1.0 + g * g / (2.0 * s) * delta) + v * (1.0 + g * g * (1.0 - s) / (2.0 * s)) * delta
     std = g * torch.sqrt(-delta)
-    return _gaussian_transition(mean, std, noise, prev_sample, "flow_sde_step")
-
-
-def _gaussian_transition(mean, std, noise, prev_sample, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample mean + std * noise (or take the stored prev_sample) and its Gaussian log-density,
-    averaged over the non-batch elements -> (sample float32 [B, ...], log_prob float32 [B])."""
-    if prev_sample is None:
-        if noise is None:
-            raise ValueError(f"{name} needs `noise` or `prev_sample`")
-        sample = mean + std * noise.float()
-    else:
-        sample = prev_sample.float()
-    log_prob = -((sample.detach() - mean) ** 2) / (2.0 * std * std) - torch.log(std) - _LOG_SQRT_2PI
-    return sample, log_prob.mean(dim=tuple(range(1, mean.ndim)))
+    return sde.gaussian_transition(mean, std, noise, prev_sample, "flow_sde_step")
 
 
 DPM_ALGORITHMS = ("dpmsolver++", "dpmsolver")  # data prediction (x0) / noise prediction (eps)
@@ -69,12 +54,11 @@ def dpm_model_output(latents: torch.Tensor, velocity: torch.Tensor, sigma, algor
     """The quantity DPM-Solver integrates, from FLUX's velocity v = eps - x0 at sigma:
     x0 = x - sigma v (dpmsolver++) or eps = x + (1 - sigma) v (dpmsolver). float32 [B, ...];
     sigma a float, a 0-d tensor or [B]."""
-    x, v = latents.float(), velocity.float()
-    s = _per_sample(sigma, x.shape[0], x.ndim, x.device)
     if algorithm == "dpmsolver++":
-        return x - s * v
+        return sde.x0_prediction(latents, velocity, sigma)
     if algorithm == "dpmsolver":
-        return x + (1.0 - s) * v
+        x, v = latents.float(), velocity.float()
+        return x + (1.0 - _per_sample(sigma, x.shape[0], x.ndim, x.device)) * v
     raise ValueError(f"dpm algorithm {algorithm!r}; valid: {DPM_ALGORITHMS}")
 
 
@@ -194,7 +178,7 @@ def dpm_sde_step(
     st = _per_sample(sigma_next, batch, ndim, x.device)
     alpha_s, alpha_t = 1.0 - s, 1.0 - st
     exp_neg_h = st * alpha_s / (alpha_t * s)
-    x0 = dpm_model_output(x, velocity, sigma, "dpmsolver++")
+    x0 = sde.x0_prediction(x, velocity, sigma)
     mean = (st / s) * exp_neg_h * x + alpha_t * (1.0 - exp_neg_h * exp_neg_h) * x0
     std = st * torch.sqrt(1.0 - exp_neg_h * exp_neg_h)
-    return _gaussian_transition(mean, std, noise, prev_sample, "dpm_sde_step")
+    return sde.gaussian_transition(mean, std, noise, prev_sample, "dpm_sde_step")

@@ -52,12 +52,7 @@ BLOCKS = TINY["num_layers"] + TINY["num_single_layers"]
 @pytest.fixture
 def fake_npu(monkeypatch):
     """Stand-in torch_npu installed, CPU treated as the NPU; all undone after the test."""
-    stub = npu_stub.make_module()
-    monkeypatch.setitem(sys.modules, "torch_npu", stub)
-    monkeypatch.setattr(platform, "_torch_npu", None)
-    monkeypatch.setattr(platform, "_torch_npu_checked", False)
-    monkeypatch.setattr(platform, "is_npu", lambda device=None: True)
-    return stub
+    return npu_stub.install(monkeypatch)
 
 
 def _tiny_flux(seed: int = 0) -> FluxTransformer2DModel:

@@ -41,14 +41,7 @@ def as_on_npu(monkeypatch):
     paths (fused norm and attention, float32 RoPE) exactly as it would on the device."""
     import npu_stub
 
-    from fastvideo import platform
-
-    stub = npu_stub.make_module()
-    monkeypatch.setitem(sys.modules, "torch_npu", stub)
-    monkeypatch.setattr(platform, "_torch_npu", None)
-    monkeypatch.setattr(platform, "_torch_npu_checked", False)
-    monkeypatch.setattr(platform, "is_npu", lambda device=None: True)
-    return stub
+    return npu_stub.install(monkeypatch)
 
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])
