@@ -26,8 +26,7 @@ COMPAT_ONLY_FLAGS = {
 }
 
 
-class ConfigError(UserError, ValueError):
-    """A flag value, or a combination of flags, that cannot work."""
+from fastvideo.errors import ConfigError  # noqa: E402,F401  (re-exported)
 
 
 def build_parser() -> argparse.ArgumentParser:

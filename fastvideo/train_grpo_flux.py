@@ -17,19 +17,54 @@ warnings.filterwarnings("ignore", message=".*_get_pg_default_device.*")
 warnings.filterwarnings("ignore", message="Multiple backends are registered with this ProcessGroup.*")
 
 
+def build_hooks(trainer) -> list:
+    """The hooks a training run gets from its flags, in the order they run at each point: wandb,
+    image saving, the run recorder, the reward curve, evaluation with its guard. Alignment probes
+    run once here (they need the built model and write under --record_dir)."""
+    from fastvideo.training.hooks import ImageSaverHook, RewardCurveHook, WandbHook
+
+    cfg, info = trainer.cfg, trainer.info
+    hooks = []
+    if cfg.output.report_to == "wandb" and info.is_main:
+        hooks.append(WandbHook(cfg))
+    hooks.append(ImageSaverHook(cfg.output.save_images_every, cfg.output.image_dir, cfg.rollout.num_generations))
+    if cfg.output.record_dir:
+        from fastvideo.alignment.recorder import RunRecorder
+
+        hooks.append(RunRecorder(cfg, info))
+    hooks.append(RewardCurveHook())
+    if cfg.eval is not None:
+        from fastvideo.eval.loop import TrainingEvaluation
+
+        hooks.append(TrainingEvaluation(cfg.eval, trainer))
+    if cfg.output.probe_layers:
+        from fastvideo.alignment.probes import run_probes_for_config
+
+        run_probes_for_config(cfg, trainer.model, trainer.vae, trainer.device)
+    return hooks
+
+
+def build_trainer(cfg, info):
+    """A set-up trainer with the run's hooks registered (what main trains)."""
+    from fastvideo.training.trainer import Trainer
+
+    trainer = Trainer(cfg, info)
+    trainer.setup()
+    for hook in build_hooks(trainer):
+        trainer.add_hook(hook)
+    return trainer
+
+
 def main(argv: list[str] | None = None) -> int:
     # Imports inside main so that `--help` and flag errors come back fast.
     from fastvideo import platform
     from fastvideo.config import parse_config
     from fastvideo.errors import report_failure
-    from fastvideo.training.trainer import GRPOTrainer
 
     cfg = parse_config(argv)
     info = platform.init_distributed()
     try:
-        trainer = GRPOTrainer(cfg, info)
-        trainer.setup()
-        trainer.train()
+        build_trainer(cfg, info).train()
     except BaseException as exc:
         if isinstance(exc, SystemExit) and not exc.code:
             raise

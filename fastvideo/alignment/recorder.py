@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from fastvideo import platform
+from fastvideo.training.hooks import TrainerHook
 from fastvideo.utils import atomic_write_bytes, atomic_write_json
 
 FORMAT = "flux_grpo-run-record"
@@ -128,8 +129,9 @@ def sample_records(sample_ids, group_ids, captions, total, per_reward: dict, adv
     ]
 
 
-class RunRecorder:
-    """Writes a run record under ``cfg.output.record_dir`` (layout in the module docstring)."""
+class RunRecorder(TrainerHook):
+    """Writes a run record under ``cfg.output.record_dir`` (layout in the module docstring); as a
+    trainer hook, one iteration after each iteration's metrics."""
 
     def __init__(self, cfg, info: platform.DistInfo):
         if not cfg.output.record_dir:
@@ -141,6 +143,9 @@ class RunRecorder:
         self.root.mkdir(parents=True, exist_ok=True)
         if info.is_main:
             atomic_write_json(self.root / MANIFEST, build_manifest(cfg, info), indent=1)
+
+    def on_iteration_end(self, trainer, result) -> None:
+        self.record_iteration(result.iteration, result.traj, result.rewards, result.advantages, result.record)
 
     def record_iteration(self, iteration: int, traj, rewards, advantages: torch.Tensor, record: dict) -> Path:
         """Write iteration ``iteration``'s samples, images (and tensors) of this rank; rank 0 also

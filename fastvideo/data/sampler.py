@@ -152,9 +152,11 @@ class GroupDistributedSampler:
             "sampler_seed": self.sampler_seed,
         }
 
-    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+    def load_state_dict(self, state: dict, strict: bool | None = None) -> None:
         """Restore a position saved by ``state_dict``; the data and layout must be the same unless
-        ``strict`` is False (--resume_allow_changes: the saved position is kept, its meaning changes)."""
+        ``strict`` is False (--resume_allow_changes: the saved position is kept, its meaning changes).
+        strict None: the sampler's ``strict_resume`` attribute (default True)."""
+        strict = getattr(self, "strict_resume", True) if strict is None else strict
         for key in ("num_prompts", "world_size", "prompts_per_rank", "sampler_seed"):
             if strict and key in state and state[key] != getattr(self, key):
                 raise CheckpointError(

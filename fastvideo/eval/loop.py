@@ -1,4 +1,5 @@
-"""Evaluation inside a training run: what GRPOTrainer calls (build, start, after_iteration).
+"""Evaluation inside a training run: a trainer hook (start: the base model; after each
+iteration when due), with the reward-hacking guard.
 
 Files under OUTPUT_DIR: eval.jsonl (one record per evaluation), eval/rows/row_NNNNNN.png,
 eval_grid.png (one row per evaluation), eval_curve.png, and best/ (see training/guard.py).
@@ -14,6 +15,7 @@ from fastvideo.eval.core import EvalResult, SampleSettings, evaluate
 from fastvideo.eval.prompts import check_no_overlap, load_eval_prompts
 from fastvideo.eval.settings import EvalSettings
 from fastvideo.training.guard import RewardHackingGuard, publish_best
+from fastvideo.training.hooks import TrainerHook
 from fastvideo.utils import main_print
 
 EVAL_JSONL = "eval.jsonl"
@@ -35,7 +37,7 @@ def build_eval_rewards(names, trainer) -> dict:
     return {n: existing.get(n) or build_reward(n, **{**common, **per_reward.get(n, {})}) for n in names}
 
 
-class TrainingEvaluation:
+class TrainingEvaluation(TrainerHook):
     def __init__(self, settings: EvalSettings, trainer):
         cfg = trainer.cfg
         self.s = settings
@@ -61,6 +63,12 @@ class TrainingEvaluation:
                    f"rewards {', '.join(settings.rewards)}, every {settings.every} iterations")
 
     # ------------------------------------------------------------------ trainer hooks
+    def on_train_start(self, trainer) -> None:
+        self.start(trainer)
+
+    def on_step_end(self, trainer) -> bool:
+        return self.after_iteration(trainer)
+
     def start(self, trainer) -> None:
         """Before the first iteration: evaluate the base model, or on resume rebuild the guard."""
         path = self.out / EVAL_JSONL
@@ -130,11 +138,10 @@ class TrainingEvaluation:
         return False
 
     def _write(self, trainer, record: dict, result: EvalResult) -> None:
-        if trainer.wandb_run is not None:
-            flat = {f"eval/{n}_mean": v["mean"] for n, v in record["rewards"].items()}
-            flat.update({f"eval/{n}_std": v["std"] for n, v in record["rewards"].items()})
-            trainer.wandb_run.log({**flat, "eval/trained_score": record["trained_score"],
-                                   "eval/time": record["time_eval"]}, step=record["iteration"])
+        flat = {f"eval/{n}_mean": v["mean"] for n, v in record["rewards"].items()}
+        flat.update({f"eval/{n}_std": v["std"] for n, v in record["rewards"].items()})
+        trainer.log_metrics({**flat, "eval/trained_score": record["trained_score"],
+                             "eval/time": record["time_eval"]}, step=record["iteration"])
         if not self.is_main:
             return
         report.append_jsonl(self.out / EVAL_JSONL, record)

@@ -490,7 +490,9 @@ def resume_from_checkpoint(
 
 
 class Checkpointer:
-    """The training loop's handle: where checkpoints go and how many are kept."""
+    """The training loop's handle: where checkpoints go, how many are kept, and the mapping of
+    stateful parts (anything with state_dict / load_state_dict returning a pickle-free tree) that
+    is saved by name under extra_state["state"]."""
 
     def __init__(self, output_dir: str | os.PathLike, keep_last: int | None = None, trainable_only: bool = False):
         self.output_dir = Path(output_dir)
@@ -498,17 +500,39 @@ class Checkpointer:
         self.trainable_only = trainable_only  # LoRA: save and load the adapters only
 
     def save(self, iteration: int, *, model, optimizer=None, lr_scheduler=None, ema=None, extra=None,
-             transformer_config=None, rank_state=None) -> Path:
+             transformer_config=None, rank_state=None, states: dict | None = None) -> Path:
+        extra = dict(extra or {})
+        if states:
+            extra.setdefault("iteration", iteration)
+            extra["state"] = {name: part.state_dict() for name, part in states.items()}
         return save_checkpoint(self.output_dir, iteration, model, optimizer, lr_scheduler, ema, extra,
                                transformer_config, rank_state, self.keep_last, self.trainable_only)
 
-    def load(self, spec, *, model, optimizer=None, lr_scheduler=None, ema=None) -> dict:
+    def load(self, spec, *, model, optimizer=None, lr_scheduler=None, ema=None, states: dict | None = None) -> dict:
         """Restore everything passed; returns the saved extra dict (with 'iteration' always set)."""
         loaded = resume_from_checkpoint(spec, self.output_dir, model, optimizer, lr_scheduler, ema,
                                         self.trainable_only)
         extra = dict(loaded.extra_state)
         extra.setdefault("iteration", loaded.iteration)
+        saved = extra.get("state")
+        if saved is None:
+            saved = legacy_states(extra)
+        for name, part in (states or {}).items():
+            if name not in saved:
+                raise CheckpointError(f"{loaded.path} holds no state for {name!r} (it has {sorted(saved)})")
+            part.load_state_dict(saved[name])
         return extra
 
     def find_latest(self) -> Path | None:
         return find_latest(self.output_dir)
+
+
+def legacy_states(extra: dict) -> dict:
+    """The stateful parts of a checkpoint written before they were saved by name (919d5af and
+    earlier): the trainer's counters and the sampler at the top level of extra_state."""
+    states = {"trainer": {"iteration": int(extra["iteration"]),
+                          "consecutive_nonfinite": int(extra.get("consecutive_nonfinite", 0))},
+              "objective": {}}
+    if "sampler" in extra:
+        states["sampler"] = extra["sampler"]
+    return states

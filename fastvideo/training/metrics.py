@@ -33,8 +33,10 @@ class PhaseTimer:
         self.seconds = {}
 
 
-def reduce_scalars(values: dict[str, float | torch.Tensor], device: torch.device, op: str = "mean") -> dict[str, float]:
-    """Reduce a flat dict of scalars across ranks in one collective (mean or max).
+def reduce_scalars(values: dict[str, float | torch.Tensor], device: torch.device, op: str = "mean",
+                   dims=None) -> dict[str, float]:
+    """Reduce a flat dict of scalars across ranks in one collective (mean or max); with ``dims``
+    (distributed.parallel.ParallelDims) across its data-parallel group, else across the world.
 
     Packed as float32: HCCL's allreduce refuses float64 ("HCCL allreduce: Unsupported data type
     at::kDouble", torch-npu 2.7.1 ProcessGroupHCCL.cpp checkSupportedDataType), and an NPU tensor
@@ -44,10 +46,11 @@ def reduce_scalars(values: dict[str, float | torch.Tensor], device: torch.device
         return {}
     keys = sorted(values)
     packed = torch.stack([torch.as_tensor(values[k]).to(torch.float32).reshape(()) for k in keys]).to(device)
+    reducer = dims if dims is not None else platform
     if op == "mean":
-        platform.all_reduce_mean(packed)
+        reducer.all_reduce_mean(packed)
     elif op == "max":
-        platform.all_reduce_max(packed)
+        reducer.all_reduce_max(packed)
     else:
         raise ValueError(op)
     return dict(zip(keys, packed.cpu().tolist()))

@@ -11,6 +11,7 @@ import torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 from float64_guard import Float64OnDevice, NoFloat64OnDevice  # noqa: E402
 from helpers import single_process_trainer, train_args  # noqa: E402
+from fastvideo.algorithms.base import RewardResult  # noqa: E402
 
 
 def test_guard_fails_on_deliberate_float64():
@@ -72,7 +73,8 @@ def test_guard_catches_a_float64_advantage(as_on_npu, tiny_flux_dir, tiny_embedd
     float64: caught."""
     trainer = _trainer(tmp_path, tiny_flux_dir, tiny_embeddings, monkeypatch)
     real = trainer.compute_advantages
-    monkeypatch.setattr(trainer, "compute_advantages", lambda rewards: real(rewards.double()).float())
+    monkeypatch.setattr(trainer, "compute_advantages",
+                        lambda rewards: real(RewardResult(rewards.total.double(), rewards.per_reward)).float())
     with pytest.raises(Float64OnDevice, match="float64"):
         with NoFloat64OnDevice():
             trainer.run_iteration()

@@ -36,7 +36,7 @@ def test_trainer_uses_mixed_advantages(tiny_flux_dir, tiny_embeddings, tiny_rewa
     assert torch.equal(seen["advantages"], expected)
     # reward_aggr is the default path (normalise the weighted total, sample std as upstream);
     # advantage_aggr normalises each reward first, which the default path would not give.
-    default = trainer.compute_advantages(seen["rewards"].total)
+    default = trainer.objective.group_advantages(seen["rewards"].total)
     if mode == "reward_aggr":
         torch.testing.assert_close(seen["advantages"], default)
     else:

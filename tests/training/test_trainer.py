@@ -89,7 +89,7 @@ def test_first_ratio_is_one_when_batches_match(tiny_flux_dir, tiny_embeddings, t
 
 
 def test_non_finite_loss_skips_then_aborts(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch, capsys):
-    import fastvideo.training.trainer as trainer_mod
+    import fastvideo.algorithms.grpo as trainer_mod  # where the clipped loss is called
 
     real = trainer_mod.clipped_policy_loss
 

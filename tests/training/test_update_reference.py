@@ -57,7 +57,7 @@ def _record_iteration(info, argv):
         return real_update(traj, advantages, iteration)
 
     def compute_advantages(rewards):
-        rec["rewards"] = rewards.clone()
+        rec["rewards"] = rewards.total.clone()
         return real_adv(rewards)
 
     def perms(*args, **kwargs):
@@ -188,11 +188,12 @@ def test_update_equals_the_reference(tiny_flux_dir, tiny_embeddings, tmp_path, w
 
 def _first_micro_batch_ratios(info, argv):
     """|ratio - 1| of every trained step of the first micro-batch, before any optimizer step."""
+    import fastvideo.algorithms.grpo as objective_mod
     import fastvideo.training.trainer as trainer_mod
     from fastvideo.config import parse_config
 
     devs, steps = [], []
-    real_loss = trainer_mod.clipped_policy_loss
+    real_loss = objective_mod.clipped_policy_loss
 
     def loss(*args, **kwargs):
         out = real_loss(*args, **kwargs)
@@ -200,7 +201,7 @@ def _first_micro_batch_ratios(info, argv):
             devs.append(float(out[1].ratio_abs_dev_max))
         return out
 
-    trainer_mod.clipped_policy_loss = loss
+    objective_mod.clipped_policy_loss = loss
     trainer = trainer_mod.GRPOTrainer(parse_config(argv), info)
     trainer.setup()
     real_step = trainer.optimizer.step
@@ -234,18 +235,18 @@ def test_first_ratio_dev_is_the_max_over_the_first_micro_batch(tiny_flux_dir, ti
                                                                  monkeypatch):
     """first_ratio_dev is the largest |ratio - 1| over every trained step of the first micro-batch
     and nothing after it (the deviations are injected: T = 3 steps, then 3 of the second micro-batch)."""
-    import fastvideo.training.trainer as trainer_mod
+    import fastvideo.algorithms.grpo as objective_mod
     from helpers import single_process_trainer
 
     injected = iter([0.1, 0.5, 0.2, 0.9, 0.9, 0.9])
-    real_loss = trainer_mod.clipped_policy_loss
+    real_loss = objective_mod.clipped_policy_loss
 
     def loss(*args, **kwargs):
         value, stats = real_loss(*args, **kwargs)
         stats.ratio_abs_dev_max = torch.tensor(next(injected))
         return value, stats
 
-    monkeypatch.setattr(trainer_mod, "clipped_policy_loss", loss)
+    monkeypatch.setattr(objective_mod, "clipped_policy_loss", loss)
     flags = {**BASE, "use_group": True, "num_generations": 2, "train_batch_size": 1, "train_micro_batch_size": 1,
              "gradient_accumulation_steps": 1, "rollout_batch_size": 2, "fsdp_sharding_strategy": "none"}
     trainer = single_process_trainer(train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "dev", **flags),

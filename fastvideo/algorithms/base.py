@@ -1,0 +1,145 @@
+"""The objective protocol and its registry.
+
+    objective = build_objective("grpo", context)          # or "my_pkg.my_module:MyObjective"
+    adv = objective.advantages(rewards)                     # RewardResult -> [B]
+    for micro in objective.plan_update(traj, iteration):    # micro-batches of Terms
+        for term in micro:
+            loss, stats = objective.loss(policy, traj, adv, term)
+
+An objective is built by a factory ``factory(context) -> Objective``; the context carries the
+resolved configuration and the run's parts it may need (parallel dims, rewards, randomness,
+device). ``register_objective(name, factory)`` makes it selectable with ``--algorithm name``; a
+plugin module named as ``--algorithm pkg.module:Name`` is imported and ``Name`` used as factory.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from fastvideo.errors import ConfigError
+
+
+@dataclass
+class RewardResult:
+    total: torch.Tensor  # [B] float32 on the CPU, the weighted sum used for advantages
+    per_reward: dict[str, torch.Tensor]  # name -> [B] raw scores (for logging and MixGRPO's mixing)
+
+
+@dataclass
+class Term:
+    """One forward/backward unit of an update: the micro-batch's sample rows and, for objectives
+    that train on stored transitions, the transition each row trains on.
+
+    rows [b] int64 (CPU), rows of the Trajectory; steps [b] int64 (CPU) or None."""
+
+    micro_batch: int
+    rows: torch.Tensor
+    steps: torch.Tensor | None = None
+
+
+@dataclass
+class ObjectiveContext:
+    """What an objective may read when it is built."""
+
+    cfg: Any  # fastvideo.config.TrainConfig
+    dims: Any  # fastvideo.distributed.parallel.ParallelDims
+    device: torch.device
+    reward: Any = None  # the run's reward (fastvideo.rewards.combine.MultiReward)
+    randomness: Any = None  # fastvideo.sampling.randomness.RandomSource
+    extras: dict = field(default_factory=dict)
+
+
+class StatsAccumulator:
+    """Detached statistics of an update's terms, summed; ``first_max`` keys keep the maximum over
+    the first micro-batch's terms (those precede any optimizer step)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.sums: dict[str, torch.Tensor] = {}
+        self.first_max: dict[str, torch.Tensor] = {}
+        self.terms = 0
+
+    def add(self, term: Term, sums: dict[str, torch.Tensor], first_max: dict[str, torch.Tensor] | None = None):
+        for k, v in sums.items():
+            if k not in self.sums:
+                self.sums[k] = torch.zeros((), device=self.device)
+            self.sums[k] += v
+        if term.micro_batch == 0:
+            for k, v in (first_max or {}).items():
+                self.first_max[k] = torch.maximum(self.first_max.get(k, torch.zeros((), device=self.device)), v)
+        self.terms += 1
+
+    def mean(self, key: str) -> float:
+        return float(self.sums.get(key, torch.zeros(())) / max(1, self.terms))
+
+
+class Objective(ABC):
+    """One RL algorithm's maths. Subclasses implement advantages, plan_update and loss."""
+
+    name = ""
+    # The rollout keeps every transition's log-probability (GRPO); False: only the clean samples.
+    needs_log_probs = True
+
+    @abstractmethod
+    def advantages(self, rewards: RewardResult) -> torch.Tensor:
+        """[B] local rewards -> [B] advantages (may gather across the data-parallel group)."""
+
+    @abstractmethod
+    def plan_update(self, traj, iteration: int) -> list[list[Term]]:
+        """The update's micro-batches, each a list of Terms (one forward/backward each)."""
+
+    @abstractmethod
+    def loss(self, policy, traj, advantages: torch.Tensor, term: Term,
+             stats: StatsAccumulator) -> torch.Tensor:
+        """The scaled loss of one term (backward is the caller's); records detached statistics."""
+
+    def summarize(self, stats: StatsAccumulator) -> tuple[dict[str, float], dict[str, float]]:
+        """(metrics averaged across ranks, metrics maxed across ranks) from the update's statistics."""
+        return {}, {}
+
+    def after_update(self, policy, iteration: int) -> None:
+        """Called once per iteration after its optimizer steps (e.g. an old-policy average)."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ConfigError(f"objective {self.name!r} has no state, but the checkpoint holds {sorted(state)}")
+
+
+ObjectiveFactory = Callable[[ObjectiveContext], Objective]
+_REGISTRY: dict[str, ObjectiveFactory] = {}
+
+
+def register_objective(name: str, factory: ObjectiveFactory) -> None:
+    _REGISTRY[name] = factory
+
+
+def _builtin() -> None:
+    from fastvideo.algorithms import grpo  # noqa: F401  (registers "grpo")
+
+
+def resolve_objective(name: str) -> ObjectiveFactory:
+    """A registered name or "pkg.module:Name" (imported; Name is the factory or class)."""
+    _builtin()
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"--algorithm {name!r}: cannot load {attr!r} from module {module!r} ({exc})") from exc
+        register_objective(name, factory)
+    if name not in _REGISTRY:
+        raise ConfigError(f"--algorithm {name!r} is unknown; registered: {', '.join(sorted(_REGISTRY))} "
+                          "(or give a plugin as pkg.module:Name)")
+    return _REGISTRY[name]
+
+
+def build_objective(name: str, context: ObjectiveContext) -> Objective:
+    return resolve_objective(name)(context)

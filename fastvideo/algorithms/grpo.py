@@ -1,0 +1,122 @@
+"""DanceGRPO's clipped GRPO objective (with MixGRPO's advantage modes and the KL term).
+
+Advantages: per group of G samples (--use_group), or over the data-parallel group's gathered batch
+(upstream without --use_group); MixGRPO's --multi_reward_mix mixes per-reward scores instead.
+Update work: each sample trains on T of the plan's trainable transitions, chosen by a seeded
+permutation per sample; micro-batches of --train_micro_batch_size samples, one Term per
+(micro-batch, trained step). Loss of a Term: the clipped ratio of the stored transition's
+log-probability under the current policy to the rollout's, plus beta * KL to the reference,
+scaled so every sample's term weighs 1 / (mb * GA * T).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fastvideo.algorithms.base import (Objective, ObjectiveContext, RewardResult, StatsAccumulator, Term,
+                                       register_objective)
+from fastvideo.grpo.advantages import batch_advantages, group_advantages
+from fastvideo.grpo.kl import gaussian_step_kl
+from fastvideo.grpo.loss import clipped_policy_loss
+from fastvideo.sampling import sde
+from fastvideo.sampling.rollout import sde_transition
+from fastvideo.sampling.plan import SamplingPlan, full_sde_plan
+
+
+class GRPOObjective(Objective):
+    name = "grpo"
+    needs_log_probs = True
+
+    def __init__(self, context: ObjectiveContext):
+        cfg = context.cfg
+        self.g = cfg.grpo
+        self.num_generations = cfg.rollout.num_generations
+        self.eta = cfg.rollout.eta
+        self.shift = cfg.rollout.shift
+        self.dims = context.dims
+        self.device = context.device
+        self.randomness = context.randomness
+        self.reward = context.reward
+
+    # ------------------------------------------------------------------ advantages
+    def advantages(self, rewards: RewardResult) -> torch.Tensor:
+        if getattr(self.reward, "mix", None):  # MixGRPO's --multi_reward_mix (rewards/mix.py)
+            return self.reward.mixed_advantages(rewards.per_reward).clamp(-self.g.adv_clip_max, self.g.adv_clip_max)
+        return self.group_advantages(rewards.total)
+
+    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """[B] local rewards -> [B] advantages. Groups live on one rank; without --use_group the
+        whole data-parallel batch is normalised, so rewards are gathered first."""
+        g = self.g
+        unbiased = g.adv_std == "sample"
+        if g.use_group:
+            return group_advantages(rewards, self.num_generations, g.adv_clip_max, unbiased)
+        everything = self.dims.gather_dp(rewards.to(self.device)).cpu()
+        adv = batch_advantages(everything, g.adv_clip_max, unbiased)
+        b = rewards.numel()
+        return adv[self.dims.dp_rank * b:(self.dims.dp_rank + 1) * b]
+
+    # ------------------------------------------------------------------ work
+    def plan_of(self, traj) -> SamplingPlan:
+        """The trajectory's plan; a plan-less trajectory is DanceGRPO's (every step SDE, the GRPO flags' T)."""
+        if traj.plan is not None:
+            return traj.plan
+        n = traj.num_steps
+        return full_sde_plan(n, self.shift, self.g.candidate_steps(n), self.g.trained_steps(n))
+
+    def plan_update(self, traj, iteration: int) -> list[list[Term]]:
+        plan = self.plan_of(traj)
+        perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, len(plan.trainable))
+        selected = plan.select_steps(perms)  # [B, T] on CPU
+        b, mb = traj.num_samples, self.g.train_micro_batch_size
+        micro = []
+        for m in range(math.ceil(b / mb)):
+            rows = torch.arange(m * mb, min(b, (m + 1) * mb))
+            micro.append([Term(m, rows, selected[rows, t]) for t in range(plan.num_trained)])
+        return micro
+
+    # ------------------------------------------------------------------ loss
+    def log_prob(self, policy, traj, rows: torch.Tensor, steps: torch.Tensor):
+        """Log-prob under the current policy of the stored transitions (rows[i], steps[i]) -> [b],
+        and with --kl_coef the KL of each step to the reference policy's -> [b] (else None)."""
+        lat = traj.latents[rows.to(traj.latents.device), steps.to(traj.latents.device)]
+        nxt = traj.latents[rows.to(traj.latents.device), (steps + 1).to(traj.latents.device)]
+        sig = traj.sigmas[steps.to(traj.sigmas.device)]
+        sig_next = traj.sigmas[(steps + 1).to(traj.sigmas.device)]
+        v = policy.velocity(traj, rows, lat, sig)
+        plan = traj.plan
+        _, logp = sde_transition(plan.sde_kind if plan else "dance", lat, v, sig, sig_next, self.eta,
+                                 plan.sigmas[1] if plan else None, prev_sample=nxt)
+        if not policy.has_reference:
+            return logp, None
+        # DanceGRPO's step Gaussian (config refuses --kl_coef with --flow_grpo_sampling).
+        ref_mean, _ = sde.step_gaussian(lat, policy.reference_velocity(traj, rows, lat, sig), sig, sig_next, self.eta)
+        mean, std = sde.step_gaussian(lat, v, sig, sig_next, self.eta)
+        return logp, gaussian_step_kl(mean, ref_mean, std)
+
+    def loss(self, policy, traj, advantages: torch.Tensor, term: Term, stats: StatsAccumulator) -> torch.Tensor:
+        g = self.g
+        rows, steps = term.rows, term.steps
+        num_trained = self.plan_of(traj).num_trained
+        scale = g.loss_coef / (g.gradient_accumulation_steps * num_trained)
+        logp, kl = self.log_prob(policy, traj, rows, steps)
+        old = traj.log_probs[rows.to(traj.log_probs.device), steps.to(traj.log_probs.device)]
+        loss, s = clipped_policy_loss(logp, old, advantages[rows.to(advantages.device)], g.clip_range)
+        sums = {"ratio_mean": s.ratio_mean, "clip_fraction": s.clip_fraction}
+        if kl is not None:  # beta * mean KL, normalised like the policy term below
+            loss = loss + g.kl_coef * kl.mean()
+            sums["kl"] = kl.detach().mean()
+        stats.add(term, sums, {"first_ratio_dev": s.ratio_abs_dev_max})
+        return loss * (scale * rows.numel() / g.train_micro_batch_size)
+
+    def summarize(self, stats: StatsAccumulator) -> tuple[dict[str, float], dict[str, float]]:
+        means = {"ratio_mean": stats.mean("ratio_mean"), "clip_fraction": stats.mean("clip_fraction")}
+        if self.g.kl_coef > 0:
+            means["kl"] = stats.mean("kl")
+        first = stats.first_max.get("first_ratio_dev", torch.zeros(()))
+        return means, {"first_ratio_dev": float(first)}
+
+
+register_objective("grpo", GRPOObjective)

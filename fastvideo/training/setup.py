@@ -1,0 +1,122 @@
+"""A training run's set-up, in the order the loop relies on: checks that cost nothing first
+(batch layout, resume identity), then data, models, rewards, optimiser and randomness.
+
+Also the small pieces of the loop that are configuration rather than phases: the rollout
+settings, the logged resolved configuration, and the reward metrics of an iteration.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from fastvideo import platform
+from fastvideo.errors import ConfigError
+from fastvideo.grpo.advantages import zero_std_ratio
+from fastvideo.sampling.rollout import RolloutConfig
+from fastvideo.utils import main_print
+
+
+def rollout_config(cfg) -> RolloutConfig:
+    r = cfg.rollout
+    return RolloutConfig(
+        height=r.height, width=r.width, sampling_steps=r.sampling_steps, eta=r.eta, shift=r.shift,
+        guidance_scale=r.guidance_scale, num_generations=r.num_generations, rollout_batch_size=r.rollout_batch_size,
+        init_same_noise=r.init_same_noise, quantize_timestep=r.quantize_timestep, share_ode_prefix=r.share_ode_prefix,
+    )
+
+
+def check_batch_layout(cfg, dims) -> None:
+    samples = dims.dp_size * cfg.prompts_per_rank
+    if not cfg.grpo.use_group and samples < 2:
+        raise ConfigError(
+            f"without --use_group each prompt gets one sample and advantages are normalised over the "
+            f"{samples} sample(s) of all ranks; that needs at least 2: raise --train_batch_size or add "
+            "--use_group --num_generations G"
+        )
+
+
+def check_resume(cfg, world_size: int):
+    """Resolve --resume_from_checkpoint and refuse a changed run (run_identity.check_resume)."""
+    spec = cfg.output.resume_from_checkpoint
+    if not spec:
+        return None
+    from fastvideo.training import checkpoint
+    from fastvideo.training.run_identity import check_resume as check
+
+    path, saved = checkpoint.read_resume_point(spec, cfg.output.output_dir)
+    for diff in check(saved, cfg, world_size, str(spec)):
+        main_print(f"[resume] --resume_allow_changes: continuing with a changed setting: {diff}")
+    return path
+
+
+def build_parts(trainer) -> None:
+    """Everything the loop needs, set as attributes of ``trainer`` (see the order in the docstring)."""
+    from fastvideo.training import builders
+
+    cfg, info, device = trainer.cfg, trainer.info, trainer.device
+    check_batch_layout(cfg, trainer.dims)
+    trainer.resume_path = check_resume(cfg, info.world_size)  # before any model loads: a refused resume costs nothing
+    platform.set_fast_matmul(device, cfg.model.allow_tf32)
+    platform.seed_everything(cfg.optim.seed)
+    builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
+    trainer.dataset = builders.build_dataset(cfg)
+    trainer.transformer_config, trainer.model, trainer.vae = builders.build_models(cfg, device)
+    trainer.dataset.check_against_transformer(trainer.transformer_config)
+    trainer.kl_reference = builders.build_kl_reference(cfg, trainer.model, device)
+    if cfg.output.dump_randomness or cfg.output.load_randomness:
+        trainer.data_randomness = builders.build_randomness(cfg, info, kind="data")
+    trainer.sampler = builders.build_sampler(cfg, len(trainer.dataset), info, trainer.data_randomness)
+    trainer.reward = builders.build_rewards(cfg, device)
+    if builders.overlap_reward_scoring(cfg.reward.overlap, device, builders.reward_device_for(cfg, device)):
+        from fastvideo.training.reward_pipeline import ChunkScorer
+
+        trainer.scorer = ChunkScorer(trainer.reward, trainer.vae, trainer.rollout_cfg, device,
+                                     trainer.autocast_dtype, trainer.timer)
+    trainer.optimizer, trainer.lr_scheduler = builders.build_optimizer(cfg, trainer.model)
+    trainer.ema = builders.build_ema(cfg, trainer.model)
+    trainer.randomness = builders.build_randomness(cfg, info)
+
+
+def build_checkpointer(cfg):
+    from fastvideo.training.checkpoint import Checkpointer
+
+    return Checkpointer(cfg.output.output_dir, keep_last=cfg.output.checkpoints_total_limit,
+                        trainable_only=cfg.lora.enabled)
+
+
+def log_config(cfg, info, device) -> None:
+    """Print the resolved config with its derived quantities and keep it as OUTPUT_DIR/config.json."""
+    from fastvideo.utils import atomic_write_json
+
+    derived = cfg.derived(info.world_size)
+    resolved = {**cfg.to_dict(), "derived": derived, "device": str(device)}
+    resolved["reward"]["spec"] = [f"{s.kind}:{s.url}:{s.weight:g}" if s.url else f"{s.name}:{s.weight:g}"
+                                  for s in cfg.reward.spec]
+    atomic_write_json(Path(cfg.output.output_dir) / "config.json", resolved)
+    for note in cfg.compat_notes:
+        main_print(f"[config] {note}")
+    main_print("[config] " + json.dumps({k: v for k, v in resolved.items() if k != "derived"}, default=str))
+    main_print("[config] derived: " + " ".join(f"{k}={v}" for k, v in derived.items()))
+
+
+def reward_metrics(dims, device, rewards, advantages: torch.Tensor, cfg) -> dict:
+    """Reward and advantage statistics over the data-parallel group's samples ("_samples": how many)."""
+    G = cfg.rollout.num_generations
+    all_rewards = dims.gather_dp(rewards.total.to(device)).cpu()
+    record = {
+        "reward_mean": all_rewards.mean().item(),
+        "reward_std": all_rewards.std(unbiased=False).item(),
+        # Without --use_group the whole gathered batch is the one normalisation group.
+        "zero_std_ratio": zero_std_ratio(all_rewards, G if cfg.grpo.use_group else all_rewards.numel()).item(),
+    }
+    for name, vals in rewards.per_reward.items():
+        everything = dims.gather_dp(vals.to(device)).cpu()
+        record[f"reward/{name}_mean"] = everything.mean().item()
+        record[f"reward/{name}_std"] = everything.std(unbiased=False).item()
+    all_adv = dims.gather_dp(advantages.to(device)).cpu()
+    record.update(adv_mean=all_adv.mean().item(), adv_std=all_adv.std(unbiased=False).item(),
+                  adv_abs_max=all_adv.abs().max().item(), _samples=all_rewards.numel())
+    return record
