@@ -1,6 +1,6 @@
 """The objective protocol and its registry.
 
-    objective = build_objective("grpo", context)          # or "my_pkg.my_module:MyObjective"
+    objective = registry.build_objective("grpo", context)   # or "my_pkg.my_module:MyObjective"
     adv = objective.advantages(rewards)                     # RewardResult -> [B]
     for micro in objective.plan_update(traj, iteration):    # micro-batches of Terms
         for term in micro:
@@ -14,7 +14,6 @@ plugin module named as ``--algorithm pkg.module:Name`` is imported and ``Name`` 
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -114,32 +113,3 @@ class Objective(ABC):
 
 
 ObjectiveFactory = Callable[[ObjectiveContext], Objective]
-_REGISTRY: dict[str, ObjectiveFactory] = {}
-
-
-def register_objective(name: str, factory: ObjectiveFactory) -> None:
-    _REGISTRY[name] = factory
-
-
-def _builtin() -> None:
-    from fastvideo.algorithms import grpo  # noqa: F401  (registers "grpo")
-
-
-def resolve_objective(name: str) -> ObjectiveFactory:
-    """A registered name or "pkg.module:Name" (imported; Name is the factory or class)."""
-    _builtin()
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"--algorithm {name!r}: cannot load {attr!r} from module {module!r} ({exc})") from exc
-        register_objective(name, factory)
-    if name not in _REGISTRY:
-        raise ConfigError(f"--algorithm {name!r} is unknown; registered: {', '.join(sorted(_REGISTRY))} "
-                          "(or give a plugin as pkg.module:Name)")
-    return _REGISTRY[name]
-
-
-def build_objective(name: str, context: ObjectiveContext) -> Objective:
-    return resolve_objective(name)(context)

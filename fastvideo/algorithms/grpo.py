@@ -15,8 +15,7 @@ import math
 
 import torch
 
-from fastvideo.algorithms.base import (Objective, ObjectiveContext, RewardResult, StatsAccumulator, Term,
-                                       register_objective)
+from fastvideo.algorithms.base import Objective, ObjectiveContext, RewardResult, StatsAccumulator, Term
 from fastvideo.grpo.advantages import batch_advantages, group_advantages
 from fastvideo.grpo.kl import gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss
@@ -118,5 +117,3 @@ class GRPOObjective(Objective):
         first = stats.first_max.get("first_ratio_dev", torch.zeros(()))
         return means, {"first_ratio_dev": float(first)}
 
-
-register_objective("grpo", GRPOObjective)

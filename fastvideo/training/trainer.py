@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 
 from fastvideo import platform
-from fastvideo.algorithms.base import ObjectiveContext, RewardResult, build_objective
+from fastvideo.algorithms.base import ObjectiveContext, RewardResult
+from fastvideo.algorithms.registry import build_objective
 from fastvideo.distributed.parallel import ParallelDims
 from fastvideo.sampling.mix import plan_for_iteration
 from fastvideo.sampling.plan import SamplingPlan
-from fastvideo.sampling.rollout import RolloutConfig, Trajectory, decode_images, rollout
+from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
 from fastvideo.training import setup as run_setup
 from fastvideo.training.hooks import IterationResult, TrainerHook
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars
