@@ -348,3 +348,48 @@ def test_export_loads_in_diffusers(tmp_path, tiny_flux_dir, capsys):
         export.main([str(Checkpointer(tmp_path / "run2").save(1, model=model)), str(tmp_path / "x"), "--ema"])
     err = capsys.readouterr().err
     assert "no ema.safetensors" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- stateful parts by name
+class _Counter:
+    def __init__(self, value=0):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def test_stateful_parts_are_saved_and_restored_by_name(tmp_path):
+    from fastvideo.training.update import TrainerState
+
+    model = tiny_transformer()
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(3, model=model, states={"trainer": TrainerState(3, 1), "counter": _Counter(7)})
+    state, counter = TrainerState(), _Counter()
+    extra = ckpt.load("latest", model=model, states={"trainer": state, "counter": counter})
+    assert (state.iteration, state.consecutive_nonfinite, counter.value) == (3, 1, 7)
+    assert extra["state"]["counter"] == {"value": 7}
+    with pytest.raises(CheckpointError, match="no state for 'missing'"):
+        ckpt.load("latest", model=model, states={"missing": _Counter()})
+
+
+def test_a_checkpoint_without_named_states_resumes(tmp_path):
+    """Checkpoints written before the parts were saved by name (919d5af) kept the trainer's counters
+    and the sampler at the top level of extra_state."""
+    from fastvideo.training.update import TrainerState
+
+    model = tiny_transformer()
+    sampler = {"epoch": 1, "position": 2}
+    Checkpointer(tmp_path).save(5, model=model, extra={"iteration": 5, "consecutive_nonfinite": 2,
+                                                       "sampler": sampler, "seed": 42})
+    state, got = TrainerState(), {}
+
+    class Sampler:
+        def load_state_dict(self, s):
+            got.update(s)
+
+    Checkpointer(tmp_path).load("latest", model=model, states={"trainer": state, "sampler": Sampler()})
+    assert (state.iteration, state.consecutive_nonfinite, got) == (5, 2, sampler)
