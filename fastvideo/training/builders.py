@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -10,7 +9,6 @@ import torch
 from fastvideo import platform
 from fastvideo.config import TrainConfig
 from fastvideo.models import flux, sharded_load
-from fastvideo.utils import main_print
 
 
 def _transformer_root(cfg: TrainConfig) -> tuple[Path, str | None]:
@@ -126,14 +124,15 @@ def build_dataset(cfg: TrainConfig):
     return PromptEmbeddingDataset(cfg.data_json_path)
 
 
-def build_sampler(cfg: TrainConfig, num_prompts: int, info: platform.DistInfo, data_randomness=None):
-    """The prompt sampler; with --dump/--load_randomness its epoch order comes from (and is
-    captured by or replayed from) ``data_randomness``."""
+def build_sampler(cfg: TrainConfig, num_prompts: int, dims, data_randomness=None):
+    """The prompt sampler over the data-parallel ranks (``dims``: distributed.parallel.ParallelDims);
+    with --dump/--load_randomness its epoch order comes from (and is captured by or replayed from)
+    ``data_randomness``."""
     from fastvideo.data.sampler import GroupDistributedSampler
 
     order_fn = data_randomness.data_order if data_randomness is not None else None
     return GroupDistributedSampler(
-        num_prompts=num_prompts, rank=info.rank, world_size=info.world_size,
+        num_prompts=num_prompts, rank=dims.dp_rank, world_size=dims.dp_size,
         prompts_per_rank=cfg.prompts_per_rank, sampler_seed=cfg.optim.sampler_seed, order_fn=order_fn,
     )
 
@@ -202,7 +201,7 @@ def build_rewards(cfg: TrainConfig, device: torch.device):
                               mix=(r.extras or RewardExtras()).multi_reward_mix)
 
 
-def build_optimizer(cfg: TrainConfig, model: torch.nn.Module):
+def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, dims=None):
     from diffusers.optimization import get_scheduler
 
     o = cfg.optim
@@ -214,8 +213,8 @@ def build_optimizer(cfg: TrainConfig, model: torch.nn.Module):
     optimizer = torch.optim.AdamW(params, lr=o.learning_rate, betas=(0.9, 0.999), weight_decay=o.weight_decay,
                                   eps=1e-8, fused=fused or None, foreach=None if fused else True)
     # Iterations x optimizer steps per iteration is what the schedule counts.
-    world = platform.world_size()
-    steps_per_iteration = cfg.derived(world)["optimizer_steps_per_iteration"]
+    steps_per_iteration = cfg.derived(dims.dp_size if dims is not None else platform.world_size())[
+        "optimizer_steps_per_iteration"]
     scheduler = get_scheduler(
         o.lr_scheduler, optimizer=optimizer, num_warmup_steps=o.lr_warmup_steps,
         num_training_steps=o.max_train_steps * steps_per_iteration, num_cycles=o.lr_num_cycles, power=o.lr_power,
@@ -250,10 +249,3 @@ def build_checkpointer(cfg: TrainConfig):
                         trainable_only=cfg.lora.enabled)
 
 
-def start_wandb(cfg: TrainConfig):
-    from fastvideo.utils import require
-
-    wandb = require("wandb", "wandb", "--report_to wandb")
-    os.environ.setdefault("WANDB_MODE", "offline")
-    main_print(f"[wandb] mode {os.environ['WANDB_MODE']} (set WANDB_MODE=online and log in to upload)")
-    return wandb.init(project="flux-grpo", dir=cfg.output.output_dir, config=cfg.to_dict())

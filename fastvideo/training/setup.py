@@ -68,23 +68,16 @@ def build_parts(trainer) -> None:
     trainer.kl_reference = builders.build_kl_reference(cfg, trainer.model, device)
     if cfg.output.dump_randomness or cfg.output.load_randomness:
         trainer.data_randomness = builders.build_randomness(cfg, info, kind="data")
-    trainer.sampler = builders.build_sampler(cfg, len(trainer.dataset), info, trainer.data_randomness)
+    trainer.sampler = builders.build_sampler(cfg, len(trainer.dataset), trainer.dims, trainer.data_randomness)
     trainer.reward = builders.build_rewards(cfg, device)
     if builders.overlap_reward_scoring(cfg.reward.overlap, device, builders.reward_device_for(cfg, device)):
         from fastvideo.training.reward_pipeline import ChunkScorer
 
         trainer.scorer = ChunkScorer(trainer.reward, trainer.vae, trainer.rollout_cfg, device,
                                      trainer.autocast_dtype, trainer.timer)
-    trainer.optimizer, trainer.lr_scheduler = builders.build_optimizer(cfg, trainer.model)
+    trainer.optimizer, trainer.lr_scheduler = builders.build_optimizer(cfg, trainer.model, trainer.dims)
     trainer.ema = builders.build_ema(cfg, trainer.model)
     trainer.randomness = builders.build_randomness(cfg, info)
-
-
-def build_checkpointer(cfg):
-    from fastvideo.training.checkpoint import Checkpointer
-
-    return Checkpointer(cfg.output.output_dir, keep_last=cfg.output.checkpoints_total_limit,
-                        trainable_only=cfg.lora.enabled)
 
 
 def log_config(cfg, info, device) -> None:

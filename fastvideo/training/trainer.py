@@ -21,6 +21,7 @@ from fastvideo.distributed.parallel import ParallelDims
 from fastvideo.sampling.mix import plan_for_iteration
 from fastvideo.sampling.plan import SamplingPlan
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
+from fastvideo.training import builders
 from fastvideo.training import setup as run_setup
 from fastvideo.training.hooks import IterationResult, TrainerHook
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars
@@ -70,7 +71,7 @@ class Trainer:
         self.policy = Policy(self.model, self.rollout_cfg, self.device, self.autocast_dtype, self.kl_reference)
         self.updater = Updater(self.model, self.optimizer, self.lr_scheduler, self.cfg.optim,
                                self.cfg.grpo.gradient_accumulation_steps, self.dims, self.device, self.state)
-        self.checkpointer = run_setup.build_checkpointer(self.cfg)
+        self.checkpointer = builders.build_checkpointer(self.cfg)
         self._maybe_resume()
         if self.info.is_main:
             run_setup.log_config(self.cfg, self.info, self.device)
