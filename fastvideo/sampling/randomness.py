@@ -258,6 +258,19 @@ class RandomSource:
             records.update(load_file(str(f)))
         return records
 
+    # ------------------------------------------------------------------ checkpoint state
+    def state_dict(self) -> dict:
+        """Draws are addressed by (seed, iteration, sample, step), not by a running state: the seed
+        is all there is to restore. Capture/replay folders are flags of the run, not state."""
+        return {"seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "seed" in state and int(state["seed"]) != self.seed and self.mode != REPLAY:
+            from fastvideo.errors import CheckpointError
+
+            raise CheckpointError(f"the checkpoint's random draws used seed {state['seed']}, this run seed "
+                                  f"{self.seed}: resume with --seed {state['seed']} (or --resume_allow_changes)")
+
     def __repr__(self) -> str:
         where = f", dir={str(self.dir)!r}" if self.dir is not None else ""
         return f"RandomSource(seed={self.seed}, mode={self.mode}{where})"

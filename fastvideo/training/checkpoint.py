@@ -455,6 +455,8 @@ def legacy_states(extra: dict) -> dict:
     states = {"trainer": {"iteration": int(extra["iteration"]),
                           "consecutive_nonfinite": int(extra.get("consecutive_nonfinite", 0))},
               "objective": {}}
+    if "seed" in extra:
+        states["randomness"] = {"seed": int(extra["seed"])}
     if "sampler" in extra:
         states["sampler"] = extra["sampler"]
     return states

@@ -79,15 +79,20 @@ class Trainer:
     def stateful_parts(self) -> dict:
         """The small stateful parts a checkpoint keeps by name (the model, optimizer, LR schedule
         and EMA tensors are saved by the checkpointer itself)."""
-        return {"trainer": self.state, "sampler": self.sampler, "objective": self.objective}
+        return {"trainer": self.state, "sampler": self.sampler, "objective": self.objective,
+                "randomness": self.randomness}
 
     def _maybe_resume(self) -> None:
         if self.resume_path is None:
             self.metrics.reset()
             return
-        self.sampler.strict_resume = not self.cfg.output.resume_allow_changes
+        strict = not self.cfg.output.resume_allow_changes
+        self.sampler.strict_resume = strict
+        parts = self.stateful_parts()
+        if not strict:  # a changed seed is allowed (and logged by the run-identity check)
+            parts.pop("randomness")
         self.checkpointer.load(self.resume_path, model=self.model, optimizer=self.optimizer,
-                               lr_scheduler=self.lr_scheduler, ema=self.ema, states=self.stateful_parts())
+                               lr_scheduler=self.lr_scheduler, ema=self.ema, states=parts)
         self.metrics.truncate_after(self.iteration)
         main_print(f"[resume] continuing after iteration {self.iteration} from {self.resume_path}")
 
