@@ -22,8 +22,7 @@ from fastvideo.grpo.loss import clipped_policy_loss
 from fastvideo.sampling import sde
 from fastvideo.sampling.mix import plan_for_iteration
 from fastvideo.sampling.plan import SamplingPlan, full_sde_plan
-from fastvideo.sampling.rollout import (RolloutConfig, Trajectory, decode_images, predict_velocity, rollout,
-                                        sde_transition)
+from fastvideo.sampling.rollout import RolloutConfig, Trajectory, decode_images, rollout, sde_transition
 from fastvideo.training.lora import lora_checkpoint_info
 from fastvideo.training.run_identity import run_identity
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, plot_reward_curve, reduce_scalars
@@ -83,6 +82,9 @@ class GRPOTrainer:
             init_same_noise=cfg.rollout.init_same_noise, quantize_timestep=cfg.rollout.quantize_timestep,
             share_ode_prefix=cfg.rollout.share_ode_prefix,
         )
+        from fastvideo.training.builders import build_family
+
+        self.family = build_family(cfg)
         self.wandb_run = None
         self.recorder = None
         self.scorer = None  # ChunkScorer when decode + reward overlap the rollout
@@ -214,9 +216,7 @@ class GRPOTrainer:
                 items = list(pool.map(self.dataset.__getitem__, indices))
         else:
             items = [self.dataset[i] for i in indices]
-        embeds = torch.stack([it[0] for it in items])
-        pooled = torch.stack([it[1] for it in items])
-        return embeds, pooled, items[0][2], [it[3] for it in items]
+        return self.dataset.stack(items)
 
     def compute_rewards(self, traj: Trajectory) -> RewardResult:
         return self._reward_result(self.reward(traj.images, traj.captions))
@@ -244,14 +244,11 @@ class GRPOTrainer:
         nxt = traj.latents[rows.to(traj.latents.device), (steps + 1).to(traj.latents.device)]
         sig = traj.sigmas[steps.to(traj.sigmas.device)]
         sig_next = traj.sigmas[(steps + 1).to(traj.sigmas.device)]
-        r = rows.to(traj.prompt_embeds.device)
+        cond = traj.cond.select(rows)
 
         def velocity(model):
             with platform.autocast(self.device, self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                return predict_velocity(
-                    model, lat, sig, traj.prompt_embeds[r], traj.pooled[r], traj.text_ids, traj.image_ids,
-                    self.rollout_cfg.guidance_scale, self.rollout_cfg.quantize_timestep,
-                )
+                return self.family.velocity(model, lat, sig, cond, traj.layout)
 
         v = velocity(self.model)
         plan = traj.plan
@@ -382,19 +379,20 @@ class GRPOTrainer:
         platform.reset_peak_memory(self.device)
         t0 = time.perf_counter()
         indices = self.sampler.next_batch()
-        embeds, pooled, text_ids, captions = self.load_prompts(indices)
+        cond, captions = self.load_prompts(indices)
         self.model.eval()
         plan = self.sampling_plan(iteration)
         if self.scorer is not None:
-            traj, rewards = self._rollout_overlapped(iteration, embeds, pooled, text_ids, captions, indices, plan)
+            traj, rewards = self._rollout_overlapped(iteration, cond, captions, indices, plan)
         else:
             with self.timer.phase("rollout"):
                 traj = rollout(
-                    self.model, self.vae, embeds, pooled, text_ids, captions, indices, self.rollout_cfg,
+                    self.family, self.model, self.vae, cond, captions, indices, self.rollout_cfg,
                     self.randomness, iteration, self.device, self.autocast_dtype, decode=False, plan=plan,
                 )
             with self.timer.phase("decode"):
-                traj.images = decode_images(self.vae, traj.x0, self.rollout_cfg, self.device, self.autocast_dtype)
+                traj.images = decode_images(self.vae, traj.x0, self.rollout_cfg, self.device, self.autocast_dtype,
+                                            family=self.family, layout=traj.layout)
             with self.timer.phase("reward"):
                 rewards = self.compute_rewards(traj)
         with self.timer.phase("reward"):
@@ -416,7 +414,7 @@ class GRPOTrainer:
                 source.flush()
         return record
 
-    def _rollout_overlapped(self, iteration, embeds, pooled, text_ids, captions, indices, plan=None):
+    def _rollout_overlapped(self, iteration, cond, captions, indices, plan):
         """Rollout with each chunk decoded and scored while the next samples (--reward_overlap).
 
         Timings: time_rollout is sampling alone, time_decode the chunks' decoding, time_reward
@@ -426,7 +424,7 @@ class GRPOTrainer:
         self.scorer.begin([c for c in captions for _ in range(G)])
         with self.timer.phase("rollout"):
             traj = rollout(
-                self.model, self.vae, embeds, pooled, text_ids, captions, indices, self.rollout_cfg,
+                self.family, self.model, self.vae, cond, captions, indices, self.rollout_cfg,
                 self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
                 on_chunk=self.scorer.on_chunk, plan=plan,
             )
