@@ -145,6 +145,10 @@ class ModelFamily(abc.ABC):
     def check_folder(self, path: str | Path, components: tuple[str, ...] | None = None) -> Path:
         """Raise a UserError naming every missing piece of a model folder; return it as a Path."""
 
+    def folder_error(self, message: str) -> Exception:
+        """The error for a model folder that is not what the flags say (a UserError)."""
+        return UserError(message)
+
     @abc.abstractmethod
     def transformer_class(self) -> type[torch.nn.Module]:
         ...
