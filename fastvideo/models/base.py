@@ -106,13 +106,15 @@ class TensorConditioning(Conditioning):
 # ---------------------------------------------------------------- geometry and storage
 @dataclass(frozen=True)
 class LatentLayout:
-    """The latent geometry of one resolution: images height x width <-> packed latents
-    [B, L, C] with tokens = (L, C); ``extras`` holds what the family's velocity and decode need
-    (FLUX: image_ids [L, 3] on the device, latent_h, latent_w)."""
+    """The latent geometry of one resolution: images height x width <-> VAE latents of
+    latent_hw = (h, w) cells <-> packed latents [B, L, C] with tokens = (L, C); ``extras`` holds
+    what the family's velocity and decode need (FLUX: image_ids [L, 3] on the device, latent_h,
+    latent_w)."""
 
     height: int
     width: int
     tokens: tuple[int, int]
+    latent_hw: tuple[int, int]
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:
@@ -212,6 +214,11 @@ class ModelFamily(abc.ABC):
         """Latent geometry; the token channels come from the transformer (without one: the VAE)."""
 
     @abc.abstractmethod
+    def nominal_layout(self, height: int, width: int, transformer_config: Mapping) -> LatentLayout:
+        """The layout with the family's standard VAE, from a transformer config alone (cost model;
+        extras on the CPU)."""
+
+    @abc.abstractmethod
     def velocity(self, transformer, x: torch.Tensor, sigma, cond: Conditioning, layout: LatentLayout) -> torch.Tensor:
         """v(x, sigma) float32 [B, L, C] for packed latents x [B, L, C]; sigma float, 0-d or [B]."""
 
@@ -220,6 +227,10 @@ class ModelFamily(abc.ABC):
         """Packed latents [B, L, C] -> images [B, 3, H, W] float32 in [0, 1]."""
 
     # -- cost model
+    @abc.abstractmethod
+    def blocks(self, transformer) -> list[torch.nn.Module]:
+        """The transformer's repeated blocks in execution order (the cost model's FSDP units)."""
+
     @abc.abstractmethod
     def meta_inputs(self, config: Mapping, batch: int, layout: LatentLayout, text_tokens: int, dtype) -> dict:
         """Keyword arguments of one transformer forward, on the meta device (memory measurement)."""

@@ -181,10 +181,19 @@ class FluxFamily(base.ModelFamily):
             channels = getattr(transformer, "module", transformer).config.in_channels
         else:
             channels = 4 * int(C._cfg(vae.config, "latent_channels"))
+        return self._layout(height, width, lat_h, lat_w, channels, device)
+
+    @staticmethod
+    def _layout(height, width, lat_h, lat_w, channels, device=None) -> LatentLayout:
         return LatentLayout(
-            height=height, width=width, tokens=((lat_h // 2) * (lat_w // 2), channels),
+            height=height, width=width, tokens=((lat_h // 2) * (lat_w // 2), channels), latent_hw=(lat_h, lat_w),
             extras={"image_ids": C.image_ids(lat_h, lat_w, device=device), "latent_h": lat_h, "latent_w": lat_w},
         )
+
+    def nominal_layout(self, height, width, transformer_config) -> LatentLayout:
+        """FLUX's VAE: 8 pixels per latent cell."""
+        lat_h, lat_w = C.latent_hw(height, width, 8)
+        return self._layout(height, width, lat_h, lat_w, transformer_config["in_channels"])
 
     def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
         return C.predict_velocity(transformer, x, sigma, cond["prompt_embeds"], cond["pooled"], cond["text_ids"],
