@@ -241,7 +241,11 @@ class ModelFamily(abc.ABC):
 
     @abc.abstractmethod
     def transformer_flops(self, config, image_tokens: int, text_tokens: int, batch: int = 1) -> dict[str, int]:
-        """FLOPs of one forward by part (perf.flops)."""
+        """FLOPs of the transformer on a batch: "forward", "backward" (of that forward) and "blocks"
+        (the share activation checkpointing recomputes), for perf.flops."""
+
+    # The transformer config the cost model assumes when given none.
+    reference_config: Any = None
 
 
 # ---------------------------------------------------------------- registry

@@ -14,9 +14,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+import fastvideo.models.flux.components as C
 from fastvideo.models import base
 from fastvideo.models.base import EmbeddingShapeError, LatentLayout, StoredTensor, TensorConditioning
-from fastvideo.models.flux import components as C
+import fastvideo.models.flux.flops as F
 
 MODEL_HINT = (
     "the embeddings were made with another text encoder — re-run preprocessing with --model_path "
@@ -230,9 +231,16 @@ class FluxFamily(base.ModelFamily):
         return text_tokens * config["joint_attention_dim"] + config["pooled_projection_dim"]
 
     def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
-        from fastvideo.perf.flops import transformer_flops_breakdown
+        """{"forward", "backward", "blocks" (what checkpointing recomputes)} and the forward's parts."""
+        return {**F.transformer_flops_breakdown(config, image_tokens, text_tokens, batch),
+                "forward": F.transformer_forward_flops(config, image_tokens, text_tokens, batch),
+                "backward": F.transformer_backward_flops(config, image_tokens, text_tokens, batch),
+                "blocks": F.transformer_block_flops(config, image_tokens, text_tokens, batch)}
 
-        return transformer_flops_breakdown(config, image_tokens, text_tokens, batch)
+    @property
+    def reference_config(self):
+        """FLUX.1-dev's transformer dimensions (the cost model's default)."""
+        return F.FLUX_DEV
 
 
 base.register_model_family("flux", FluxFamily)
