@@ -139,8 +139,18 @@ class ModelFamily(abc.ABC):
     name: str = ""
     # The transformer class an exported checkpoint names (config.json's _class_name).
     export_class_name: str = ""
-    # Tensors stored per prompt, in videos2caption.json's key order (the caption comes last).
+    # Tensors stored per prompt, in the dataset item's order.
     storage: tuple[StoredTensor, ...] = ()
+    # videos2caption.json's keys in the order they are written: each StoredTensor's json_key and "caption".
+    json_keys: tuple[str, ...] = ()
+    # Longest text sequence the encoders take (preprocessing refuses more).
+    max_sequence_length_limit: int = 512
+    # Sub-folders whose files determine the encodings (preprocessing's fingerprint), and those of
+    # them holding an encoder config.json.
+    text_components: tuple[str, ...] = ()
+    text_encoder_components: tuple[str, ...] = ()
+    # Sub-folders a base model folder must hold to train.
+    training_components: tuple[str, ...] = ()
 
     # -- loading
     @abc.abstractmethod
@@ -189,9 +199,11 @@ class ModelFamily(abc.ABC):
         """Stack per-prompt stored records (as read by the dataset) into one Conditioning."""
 
     @abc.abstractmethod
-    def check_record(self, idx: int, record: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], tuple]:
-        """Validate (and normalise) prompt ``idx``'s stored record -> (record, its dims); records of
-        one dataset must have equal dims. Raises EmbeddingShapeError."""
+    def check_record(self, idx: int, record: dict[str, torch.Tensor], first_dims: tuple | None = None,
+                     where: str = "") -> tuple[dict[str, torch.Tensor], tuple]:
+        """Validate (and normalise) prompt ``idx``'s stored record -> (record, its dims). first_dims:
+        the dims of the dataset's first record (None for it), which this one must match; where:
+        the folder, for the message. Raises EmbeddingShapeError."""
 
     @abc.abstractmethod
     def check_dims(self, dims: tuple, transformer_config, max_sequence_length: int | None = None) -> None:
