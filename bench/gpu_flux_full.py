@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from fastvideo import platform  # noqa: E402
 from fastvideo.models import flux  # noqa: E402
 from fastvideo.perf import flops as F  # noqa: E402
-from fastvideo.sampling.rollout import predict_velocity  # noqa: E402
+from fastvideo.models.flux import predict_velocity  # noqa: E402
 
 BUDGET_S = 420.0  # stop adding batch sizes past this (the whole run must stay under 8 minutes)
 

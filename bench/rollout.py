@@ -35,6 +35,8 @@ import torch  # noqa: E402
 
 from fastvideo import platform  # noqa: E402
 from fastvideo.models import flux  # noqa: E402
+from fastvideo.models.base import TensorConditioning  # noqa: E402
+from fastvideo.sampling.plan import full_sde_plan  # noqa: E402
 from fastvideo.sampling.randomness import RandomSource  # noqa: E402
 from fastvideo.sampling.rollout import RolloutConfig, rollout  # noqa: E402
 
@@ -71,13 +73,16 @@ def attention_backend(name: str):
 
 def make_runner(models, cfg, device, amp, sdpa="default"):
     transformer, vae, embeds, pooled, text_ids = models
+    family = flux.FluxFamily(cfg.guidance_scale, cfg.quantize_timestep)
+    cond = TensorConditioning({"prompt_embeds": embeds, "pooled": pooled}, {"text_ids": text_ids})
+    plan = full_sde_plan(cfg.sampling_steps, cfg.shift, cfg.sampling_steps, 1)
 
     def run() -> float:
         platform.synchronize(device)
         t0 = time.perf_counter()
         with attention_backend(sdpa):
-            rollout(transformer, vae, embeds, pooled, text_ids, ["bench"], [0], cfg, RandomSource(0), 0, device,
-                    autocast_dtype=amp)
+            rollout(family, transformer, vae, cond, ["bench"], [0], cfg, RandomSource(0), 0, device,
+                    autocast_dtype=amp, plan=plan)
         platform.synchronize(device)
         return time.perf_counter() - t0
 

@@ -63,12 +63,13 @@ def _bad_hps(folder: Path, what: str) -> Path:
 
 def _other_encoder_embeddings(root: Path) -> Path:
     """Embeddings as another text encoder would write them: 64-wide instead of the tiny T5's width."""
-    from fastvideo.data_preprocess.embeddings import save_prompt_embeddings, write_caption_json
+    from fastvideo.data_preprocess.embeddings import save_prompt_record, write_caption_json
 
     for sub in ("prompt_embed", "pooled_prompt_embeds", "text_ids"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     for i in range(8):
-        save_prompt_embeddings(root, i, torch.zeros(32, 64), torch.zeros(16), torch.zeros(32, 3))
+        save_prompt_record(root, i, {"prompt_embeds": torch.zeros(32, 64), "pooled": torch.zeros(16),
+                                     "text_ids": torch.zeros(32, 3)})
     return write_caption_json(root, [f"prompt {i}" for i in range(8)])
 
 

@@ -3,7 +3,6 @@
 from fastvideo.data.dataset import (
     EmbeddingDatasetError,
     EmbeddingShapeError,
-    ExpectedDims,
     PromptEmbeddingDataset,
 )
 from fastvideo.data.prompts import PromptFileError, PromptList, load_prompts
@@ -17,7 +16,6 @@ from fastvideo.data.sampler import (
 __all__ = [
     "EmbeddingDatasetError",
     "EmbeddingShapeError",
-    "ExpectedDims",
     "GroupDistributedSampler",
     "PromptEmbeddingDataset",
     "PromptFileError",

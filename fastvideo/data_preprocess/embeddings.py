@@ -1,6 +1,7 @@
-"""Encode a prompts file with FLUX's text encoders into DanceGRPO's RL embedding layout.
+"""Encode a prompts file with a model family's text encoders into DanceGRPO's RL embedding layout.
 
-Output (the layout DanceGRPO's training reads, file names relative to each folder)::
+Output for FLUX (the layout DanceGRPO's training reads, file names relative to each folder; the
+folders and json keys are the family's ``storage``)::
 
     OUT/prompt_embed/{idx}.pt           T5 sequence embedding [L, D_t5]   (L = max_sequence_length)
     OUT/pooled_prompt_embeds/{idx}.pt   CLIP pooled embedding [D_clip]
@@ -12,7 +13,7 @@ Output (the layout DanceGRPO's training reads, file names relative to each folde
 ``idx`` is the prompt's index in the cleaned prompt list. Work is split into a fixed grid of
 batches (batch k holds prompts k*B .. k*B+B-1) dealt round-robin to ranks, so every prompt is
 encoded inside the same batch whatever the number of ranks and whether the run was resumed: the
-files are the same bit for bit. A rerun skips prompts whose three files are present, loadable and
+files are the same bit for bit. A rerun skips prompts whose files are all present, loadable and
 of the expected shape and dtype; files made from other settings or another caption are removed
 first (see ``prepare_output``), so a resumed directory never mixes two runs.
 """
@@ -30,15 +31,21 @@ import torch
 
 from fastvideo import platform
 from fastvideo.data.prompts import PromptList, load_prompts
+from fastvideo.models.base import DEFAULT_FAMILY, ModelFamily, get_model_family
 from fastvideo.utils import atomic_write_json
 
-SUBDIRS = ("prompt_embed", "pooled_prompt_embeds", "text_ids")
 JSON_NAME = "videos2caption.json"
 META_NAME = "preprocess_meta.json"
 META_FORMAT = 1
-# FluxPipeline refuses longer T5 sequences; FLUX.1-dev was trained with 512.
-MAX_T5_LENGTH = 512
-_TEXT_COMPONENTS = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
+
+
+def _family(family: ModelFamily | None) -> ModelFamily:
+    return family if family is not None else get_model_family(DEFAULT_FAMILY)
+
+
+def subdirs(family: ModelFamily | None = None) -> tuple[str, ...]:
+    """The folders of one prompt's stored tensors, in the family's storage order."""
+    return tuple(s.folder for s in _family(family).storage)
 
 
 @dataclass(frozen=True)
@@ -50,11 +57,13 @@ class PreprocessConfig:
     max_prompts: int = 50000
     batch_size: int = 8
     dataloader_num_workers: int = 1
+    model_family: str = DEFAULT_FAMILY
 
     def validate(self) -> None:
-        if not 1 <= self.max_sequence_length <= MAX_T5_LENGTH:
+        limit = get_model_family(self.model_family).max_sequence_length_limit
+        if not 1 <= self.max_sequence_length <= limit:
             raise ValueError(
-                f"--max_sequence_length must be in 1..{MAX_T5_LENGTH} (FLUX's T5 limit), "
+                f"--max_sequence_length must be in 1..{limit} (the {self.model_family} text encoder's limit), "
                 f"got {self.max_sequence_length}"
             )
         if self.max_prompts < 1:
@@ -67,16 +76,15 @@ class PreprocessConfig:
 
 @dataclass(frozen=True)
 class EmbeddingSpec:
-    """What one prompt's files must look like: [L, D] / [P] / [L, 3], all of ``dtype``."""
+    """What one prompt's files must look like: ``record_shapes`` (the family's storage order,
+    FLUX: [L, D] / [P] / [L, 3]), all of ``dtype``."""
 
-    seq_len: int
-    embed_dim: int
-    pooled_dim: int
+    record_shapes: tuple[tuple[int, ...], ...]
     dtype: torch.dtype
 
     def shapes(self) -> tuple[tuple[int, ...], ...]:
-        """Expected shapes in SUBDIRS order."""
-        return (self.seq_len, self.embed_dim), (self.pooled_dim,), (self.seq_len, 3)
+        """Expected shapes in the family's storage order."""
+        return self.record_shapes
 
 
 @dataclass(frozen=True)
@@ -87,31 +95,20 @@ class PreprocessResult:
     seconds: float  # wall time of the encoding loop
     json_path: Path
 
-    @property
-    def prompts_per_second(self) -> float:
-        return self.num_encoded / self.seconds if self.seconds > 0 else 0.0
-
 
 # ---------------------------------------------------------------- layout
 
 
-def embedding_paths(output_dir: str | Path, idx: int) -> tuple[Path, Path, Path]:
-    """(prompt_embed, pooled_prompt_embeds, text_ids) files of prompt ``idx``."""
+def embedding_paths(output_dir: str | Path, idx: int, family: ModelFamily | None = None) -> tuple[Path, ...]:
+    """The files of prompt ``idx`` (FLUX: prompt_embed, pooled_prompt_embeds, text_ids)."""
     out = Path(output_dir)
-    return tuple(out / sub / f"{idx}.pt" for sub in SUBDIRS)  # type: ignore[return-value]
+    return tuple(out / sub / f"{idx}.pt" for sub in subdirs(family))
 
 
-def caption_entries(prompts: list[str]) -> list[dict]:
-    """videos2caption.json's content, ordered by prompt index."""
-    return [
-        {
-            "prompt_embed_path": f"{idx}.pt",
-            "text_ids": f"{idx}.pt",
-            "pooled_prompt_embeds_path": f"{idx}.pt",
-            "caption": caption,
-        }
-        for idx, caption in enumerate(prompts)
-    ]
+def caption_entries(prompts: list[str], family: ModelFamily | None = None) -> list[dict]:
+    """videos2caption.json's content, ordered by prompt index; keys in the family's json_keys order."""
+    keys = _family(family).json_keys
+    return [{k: (caption if k == "caption" else f"{idx}.pt") for k in keys} for idx, caption in enumerate(prompts)]
 
 
 def batch_grid(num_prompts: int, batch_size: int, num_available: int | None = None) -> list[list[int]]:
@@ -160,24 +157,24 @@ def _load_ok(path: Path, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
     return isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype
 
 
-def is_encoded(output_dir: str | Path, idx: int, spec: EmbeddingSpec) -> bool:
-    """All three files of prompt ``idx`` present, loadable, and of the expected shape and dtype."""
-    paths = embedding_paths(output_dir, idx)
+def is_encoded(output_dir: str | Path, idx: int, spec: EmbeddingSpec, family: ModelFamily | None = None) -> bool:
+    """All files of prompt ``idx`` present, loadable, and of the expected shape and dtype."""
+    paths = embedding_paths(output_dir, idx, family)
     return all(_load_ok(p, s, spec.dtype) for p, s in zip(paths, spec.shapes()))
 
 
-def save_prompt_embeddings(
-    output_dir: str | Path, idx: int, prompt_embed: torch.Tensor, pooled: torch.Tensor, text_ids: torch.Tensor
-) -> None:
-    """Write one prompt's tensors [L, D], [P], [L, 3] as plain CPU tensors with their own storage."""
-    for path, t in zip(embedding_paths(output_dir, idx), (prompt_embed, pooled, text_ids)):
+def save_prompt_record(output_dir: str | Path, idx: int, record, family: ModelFamily | None = None) -> None:
+    """Write one prompt's stored tensors (record: Conditioning name -> tensor; FLUX: [L, D], [P],
+    [L, 3]) as plain CPU tensors with their own storage."""
+    names = [s.name for s in _family(family).storage]
+    for path, name in zip(embedding_paths(output_dir, idx, family), names):
         # copy=True: a row of the batch would otherwise pickle the whole batch's storage.
-        atomic_torch_save(t.detach().to("cpu", copy=True), path)
+        atomic_torch_save(record[name].detach().to("cpu", copy=True), path)
 
 
-def _indices_on_disk(output_dir: Path) -> set[int]:
+def _indices_on_disk(output_dir: Path, family: ModelFamily | None = None) -> set[int]:
     found: set[int] = set()
-    for sub in SUBDIRS:
+    for sub in subdirs(family):
         folder = output_dir / sub
         if folder.is_dir():
             found.update(int(p.stem) for p in folder.glob("*.pt") if p.stem.isdigit())
@@ -191,14 +188,15 @@ def caption_hash(caption: str) -> str:
 def settings_fingerprint(cfg: PreprocessConfig, spec: EmbeddingSpec) -> dict:
     """What, besides the caption, determines a prompt's files. Weight files are identified by
     name and size (hashing gigabytes of T5 weights on every run would cost minutes)."""
+    family = get_model_family(cfg.model_family)
     root = Path(cfg.model_path).resolve()
     files = {}
-    for comp in _TEXT_COMPONENTS:
+    for comp in family.text_components:
         for p in sorted((root / comp).iterdir()):
             if p.is_file():
                 files[f"{comp}/{p.name}"] = p.stat().st_size
     configs = {
-        comp: json.loads((root / comp / "config.json").read_text()) for comp in ("text_encoder", "text_encoder_2")
+        comp: json.loads((root / comp / "config.json").read_text()) for comp in family.text_encoder_components
     }
     return {
         "model_path": str(root),
@@ -210,7 +208,7 @@ def settings_fingerprint(cfg: PreprocessConfig, spec: EmbeddingSpec) -> dict:
     }
 
 
-def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str]) -> int:
+def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str], family: ModelFamily | None = None) -> int:
     """Rank 0, before anyone writes: create the folders, delete files that cannot be trusted for
     this run, then record the run in preprocess_meta.json. Returns how many prompts' files were
     deleted.
@@ -221,13 +219,13 @@ def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str]) -
     videos2caption.json goes too when the prompt list changed; the run writes it again at the end.
     """
     out = Path(output_dir)
-    for sub in SUBDIRS:
+    for sub in subdirs(family):
         (out / sub).mkdir(parents=True, exist_ok=True)
         for tmp in (out / sub).glob(".*.tmp"):  # left by a killed writer
             tmp.unlink(missing_ok=True)
     new_hashes = [caption_hash(c) for c in prompts]
     old = _read_meta(out / META_NAME)
-    on_disk = _indices_on_disk(out)
+    on_disk = _indices_on_disk(out, family)
     if old is None or old.get("settings") != settings:
         stale = on_disk
     else:
@@ -236,7 +234,7 @@ def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str]) -
             i for i in on_disk if i >= len(old_hashes) or i >= len(new_hashes) or old_hashes[i] != new_hashes[i]
         }
     for idx in stale:
-        for path in embedding_paths(out, idx):
+        for path in embedding_paths(out, idx, family):
             path.unlink(missing_ok=True)
     if stale or old is None or old.get("caption_sha256_16") != new_hashes:
         # An index describing other prompts must not outlive this run if it is interrupted.
@@ -255,24 +253,25 @@ def _read_meta(path: Path) -> dict | None:
     return meta if isinstance(meta, dict) and meta.get("format") == META_FORMAT else None
 
 
-def missing_files(output_dir: str | Path, num_prompts: int) -> list[str]:
+def missing_files(output_dir: str | Path, num_prompts: int, family: ModelFamily | None = None) -> list[str]:
     """Paths (relative to output_dir) of expected files that are absent."""
     out = Path(output_dir)
     return [
-        str(p.relative_to(out)) for idx in range(num_prompts) for p in embedding_paths(out, idx) if not p.is_file()
+        str(p.relative_to(out)) for idx in range(num_prompts) for p in embedding_paths(out, idx, family)
+        if not p.is_file()
     ]
 
 
-def write_caption_json(output_dir: str | Path, prompts: list[str]) -> Path:
+def write_caption_json(output_dir: str | Path, prompts: list[str], family: ModelFamily | None = None) -> Path:
     out = Path(output_dir)
-    missing = missing_files(out, len(prompts))
+    missing = missing_files(out, len(prompts), family)
     if missing:
         raise RuntimeError(
             f"{len(missing)} embedding files are missing in {str(out)!r} (first: {missing[0]}); "
             "a rank did not finish — run the preprocessing again, it resumes"
         )
     path = out / JSON_NAME
-    atomic_write_json(path, caption_entries(prompts), indent=4)
+    atomic_write_json(path, caption_entries(prompts, family), indent=4)
     return path
 
 
@@ -319,9 +318,9 @@ def _encode_batches(
     cfg: PreprocessConfig, encoders, batches: list[list[int]], prompts: list[str], todo: set[int], info
 ) -> int:
     """Encode this rank's batches that hold a missing prompt; write only the missing prompts."""
-    from fastvideo.models.flux import encode_prompts
     from tqdm import tqdm
 
+    family = get_model_family(cfg.model_family)
     loader = torch.utils.data.DataLoader(
         _BatchList(batches, prompts), batch_size=None, shuffle=False,
         num_workers=cfg.dataloader_num_workers, collate_fn=_identity,
@@ -335,10 +334,10 @@ def _encode_batches(
     for indices, captions in loader if batches else ():
         # The whole batch is encoded even when only part of it is missing, so that each prompt
         # always goes through the same batch (same kernels, same bits).
-        embeds, pooled, text_ids = encode_prompts(encoders, captions, cfg.max_sequence_length)
+        cond = family.encode_prompts(encoders, captions, cfg.max_sequence_length)
         new = [(row, idx) for row, idx in enumerate(indices) if idx in todo]
         for row, idx in new:
-            save_prompt_embeddings(cfg.output_dir, idx, embeds[row], pooled[row], text_ids)
+            save_prompt_record(cfg.output_dir, idx, cond.record(row), family)
         written += len(new)
         bar.update(len(new))
     bar.close()
@@ -347,22 +346,18 @@ def _encode_batches(
 
 def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
     """Encode ``cfg.prompt_file`` into ``cfg.output_dir``; one process or one rank of torchrun."""
-    from fastvideo.models.flux import load_text_encoders
-
     cfg.validate()
+    family = get_model_family(cfg.model_family)
     info = platform.init_distributed()
     try:
         plist: PromptList = load_prompts(cfg.prompt_file, cfg.max_prompts)
         prompts = plist.prompts
         _log(info, f"read {plist.summary()}")
         dtype = encoding_dtype(info.device)
-        encoders = load_text_encoders(cfg.model_path, info.device, dtype)
-        spec = EmbeddingSpec(
-            cfg.max_sequence_length, int(encoders.t5_encoder.config.d_model),
-            int(encoders.clip_encoder.config.hidden_size), dtype,
-        )
+        encoders = family.load_text_encoders(cfg.model_path, info.device, dtype)
+        spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, family.encoder_dims(encoders)), dtype)
         if info.is_main:
-            removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), prompts)
+            removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), prompts, family)
             if removed:
                 _log(info, f"removed the files of {removed} prompts made from other settings or captions")
         platform.barrier()
@@ -371,7 +366,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
         grid = batch_grid(len(prompts), cfg.batch_size, len(usable))
         batches = rank_batches(grid, info.rank, info.world_size)
         mine = [i for b in batches for i in b if i < len(prompts)]
-        todo = {i for i in mine if not is_encoded(cfg.output_dir, i, spec)}
+        todo = {i for i in mine if not is_encoded(cfg.output_dir, i, spec, family)}
         already = _count_global(len(mine) - len(todo), info.device)
         remaining = len(prompts) - already
         if already:
@@ -389,7 +384,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
         seconds = time.perf_counter() - start
         json_path = Path(cfg.output_dir) / JSON_NAME
         if info.is_main:
-            json_path = write_caption_json(cfg.output_dir, prompts)
+            json_path = write_caption_json(cfg.output_dir, prompts, family)
             rate = total_written / seconds if seconds > 0 else 0.0
             _log(info, f"wrote {total_written} prompts in {seconds:.1f} s ({rate:.1f} prompts/s); index: {json_path}")
         platform.barrier()

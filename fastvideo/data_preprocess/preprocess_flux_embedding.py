@@ -41,11 +41,13 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
         "--dataloader_num_workers", type=int, default=1,
         help="DataLoader worker processes feeding prompt batches (0: in the main process)",
     )
+    ap.add_argument("--model_family", default="flux",
+                    help="model family whose text encoders encode the prompts (a registered name or pkg.module:Name)")
     a = ap.parse_args(argv)
     return PreprocessConfig(
         model_path=a.model_path, prompt_file=a.prompt_dir, output_dir=a.output_dir,
         max_sequence_length=a.max_sequence_length, max_prompts=a.max_prompts,
-        batch_size=a.batch_size, dataloader_num_workers=a.dataloader_num_workers,
+        batch_size=a.batch_size, dataloader_num_workers=a.dataloader_num_workers, model_family=a.model_family,
     )
 
 

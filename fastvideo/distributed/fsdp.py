@@ -70,11 +70,16 @@ class PrecisionPolicy:
     reduce_dtype: torch.dtype = torch.float32
 
 
-def default_block_classes() -> tuple[type[nn.Module], ...]:
-    """FLUX's double-stream and single-stream transformer blocks (the FSDP / checkpoint units)."""
-    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
-
-    return (FluxTransformerBlock, FluxSingleTransformerBlock)
+def default_block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
+    """The model's repeated blocks when the caller names none: the classes a diffusers / transformers
+    model lists in ``_no_split_modules`` (FLUX: its double- and single-stream blocks), in the order
+    they are listed. A model family passes its own (ModelFamily.block_classes)."""
+    names = list(getattr(model, "_no_split_modules", None) or [])
+    found: dict[str, type[nn.Module]] = {}
+    for m in model.modules():
+        if type(m).__name__ in names:
+            found.setdefault(type(m).__name__, type(m))
+    return tuple(found[n] for n in names if n in found)
 
 
 def hybrid_mesh_shape(world_size: int, local_world_size: int | None) -> tuple[int, int]:
@@ -137,7 +142,7 @@ def apply_activation_checkpointing(
     """
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"checkpoint fraction {fraction} must be in [0, 1]")
-    classes = tuple(block_classes or default_block_classes())
+    classes = tuple(block_classes or default_block_classes(model))
     blocks = _blocks_in_order(model, classes)
     if not blocks:
         raise ValueError(_no_blocks_message(model, classes))
@@ -149,10 +154,10 @@ def apply_activation_checkpointing(
 
 
 def _no_blocks_message(model: nn.Module, classes: tuple[type, ...]) -> str:
-    names = ", ".join(c.__name__ for c in classes)
+    names = ", ".join(c.__name__ for c in classes) or "(none named: no block_classes given and no _no_split_modules)"
     return (
         f"{type(model).__name__} contains no module of class {names}; pass block_classes= the model's "
-        "transformer block classes"
+        "transformer block classes (ModelFamily.block_classes())"
     )
 
 
@@ -184,7 +189,8 @@ def wrap_model(
     strategy: "full" (FSDP FULL_SHARD over all ranks), "hybrid" (FSDP HYBRID_SHARD on a
       (nodes, LOCAL_WORLD_SIZE) mesh: shard within a node, replicate across nodes; one node is full
       sharding, one rank per node is NO_SHARD replication), "none" (DDP, gradients averaged).
-      Each block of ``block_classes`` (default: FLUX's two block types) becomes one FSDP unit.
+      Each block of ``block_classes`` (default: the model's ``_no_split_modules``, see
+      default_block_classes) becomes one FSDP unit.
     mixed_precision: FSDP compute/reduce dtypes (FSDP strategies only). The trainer normally leaves
       this None and uses platform.autocast over fp32 master weights instead.
     cpu_offload: keep the FSDP shards (and so the optimizer step) in host memory.
@@ -203,7 +209,7 @@ def wrap_model(
         raise ValueError(f"unknown sharding strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     policy = _as_policy(mixed_precision)
     device = torch.device(device) if device is not None else platform.get_device(platform.dist_env()[1])
-    classes = tuple(block_classes or default_block_classes())
+    classes = tuple(block_classes or default_block_classes(model))
     if not _blocks_in_order(model, classes):
         raise ValueError(_no_blocks_message(model, classes))
     if strategy == "none" and (policy is not None or cpu_offload):

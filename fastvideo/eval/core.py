@@ -20,10 +20,10 @@ import torch
 
 from fastvideo import platform
 from fastvideo.eval.prompts import EvalPrompts
-from fastvideo.models import flux
-from fastvideo.sampling import sde
+from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+from fastvideo.sampling.plan import SamplingPlan, full_sde_plan, ode_plan
 from fastvideo.sampling.randomness import RandomSource
-from fastvideo.sampling.rollout import predict_velocity
+from fastvideo.sampling.rollout import sample_transitions
 
 
 @dataclass(frozen=True)
@@ -63,33 +63,40 @@ def batch_grid(num_items: int, batch_size: int) -> list[list[int]]:
     return [list(range(s, min(num_items, s + batch_size))) for s in range(0, num_items, batch_size)]
 
 
+def default_family(s: SampleSettings):
+    """The default model family with the evaluation's forward settings."""
+    return get_model_family(DEFAULT_FAMILY, guidance_scale=s.guidance_scale, quantize_timestep=s.quantize_timestep)
+
+
+def eval_plan(s: SampleSettings) -> SamplingPlan:
+    """Euler ODE on every transition (eta = 0), else DanceGRPO's SDE on every one."""
+    return ode_plan(s.steps, s.shift) if s.eta <= 0 else full_sde_plan(s.steps, s.shift, s.steps, 1)
+
+
 @torch.no_grad()
 def sample_images(model, vae, prompts: EvalPrompts, items: list[tuple[int, int]], randomness: RandomSource,
-                  s: SampleSettings, device, autocast_dtype=None) -> torch.Tensor:
-    """Images [b, 3, H, W] float32 in [0, 1] for items (prompt index, image index)."""
+                  s: SampleSettings, device, autocast_dtype=None, family=None) -> torch.Tensor:
+    """Images [b, 3, H, W] float32 in [0, 1] for items (prompt index, image index), sampled by the
+    rollout's loop (sampling.rollout.sample_transitions) on eval_plan(s). family: default the
+    default family with s's guidance settings."""
     device = torch.device(device)
-    lat_h, lat_w = flux.latent_hw(s.height, s.width, flux.vae_scale_factor(vae.config))
-    in_channels = getattr(model, "module", model).config.in_channels
-    shape = ((lat_h // 2) * (lat_w // 2), in_channels)
+    family = family if family is not None else default_family(s)
+    layout = family.layout(s.height, s.width, vae, model, device)
+    shape = layout.tokens
     caps = [prompts.captions[p] for p, _ in items]
     rows = torch.tensor([p for p, _ in items])
     x = torch.stack([randomness.eval_noise(c, k, shape) for c, (_, k) in zip(caps, items)]).to(device)
-    embeds, pooled = prompts.embeds[rows].to(device), prompts.pooled[rows].to(device)
-    txt_ids, img_ids = prompts.text_ids.to(device), flux.image_ids(lat_h, lat_w, device=device)
-    sigmas = sde.sigma_schedule(s.steps, s.shift).to(device)
+    cond = prompts.cond.select(rows).to(device)
+    plan = eval_plan(s)
+    sigmas = plan.sigmas.to(device)
+    step_eps = {}
+    if s.eta > 0:
+        step_eps = {step: torch.stack([randomness.eval_noise(c, k, shape, step=step)
+                                       for c, (_, k) in zip(caps, items)]).to(device) for step in range(s.steps)}
     amp = platform.autocast(device, autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
     with amp:
-        for step in range(s.steps):
-            v = predict_velocity(model, x, sigmas[step], embeds, pooled, txt_ids, img_ids,
-                                 s.guidance_scale, s.quantize_timestep)
-            if step == s.steps - 1:
-                x0 = sde.x0_prediction(x, v, sigmas[step])  # decoded, as the rollout does
-            eps = None
-            if s.eta > 0:
-                eps = torch.stack([randomness.eval_noise(c, k, shape, step=step)
-                                   for c, (_, k) in zip(caps, items)]).to(device)
-            x, _ = sde.sde_step(x, v, sigmas[step], sigmas[step + 1], s.eta, noise=eps)
-        return flux.decode_latents(vae, x0, lat_h, lat_w).float().clamp(0, 1)
+        _, _, x0 = sample_transitions(family, model, x, step_eps, plan, sigmas, cond, layout, s.eta)
+        return family.decode(vae, x0, layout).float().clamp(0, 1)
 
 
 def _all_gather_stack(t: torch.Tensor, device) -> torch.Tensor:
@@ -110,8 +117,8 @@ def score_images(rewards: Mapping[str, object], images: torch.Tensor, captions: 
 
 
 def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], randomness: RandomSource,
-             s: SampleSettings, device, autocast_dtype=None, grid_prompts: int = 8, progress: bool = False
-             ) -> EvalResult:
+             s: SampleSettings, device, autocast_dtype=None, grid_prompts: int = 8, progress: bool = False,
+             family=None) -> EvalResult:
     """Collective: every rank calls it with the same arguments; all get the same EvalResult."""
     t0 = time.perf_counter()
     world, rank = platform.world_size(), platform.rank()
@@ -128,7 +135,7 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
         j = r * world + rank
         chosen = batches[j] if j < len(batches) else batches[0]  # a spare round keeps FSDP in step
         batch_items = [items[i] for i in chosen]
-        images = sample_images(model, vae, prompts, batch_items, randomness, s, device, autocast_dtype)
+        images = sample_images(model, vae, prompts, batch_items, randomness, s, device, autocast_dtype, family)
         if j >= len(batches):
             continue
         local[r, :len(chosen)] = score_images(rewards, images, [prompts.captions[p] for p, _ in batch_items])

@@ -26,6 +26,13 @@ class EvalPrompts:
     def __len__(self) -> int:
         return len(self.captions)
 
+    @property
+    def cond(self):
+        """The prompts' Conditioning for the FLUX family (TensorConditioning of its tensors)."""
+        from fastvideo.models.base import TensorConditioning
+
+        return TensorConditioning({"prompt_embeds": self.embeds, "pooled": self.pooled}, {"text_ids": self.text_ids})
+
 
 def _normalise(caption: str) -> str:
     return " ".join(caption.split()).casefold()

@@ -127,14 +127,14 @@ class UnitLoader:
 
 
 def meta_transformer(root: str | Path, subfolder: str | None, dtype: torch.dtype,
-                     device: torch.device) -> tuple[nn.Module, UnitLoader]:
-    """FluxTransformer2DModel from ``root/subfolder`` built on the meta device in ``dtype``, and the
-    loader that fills it unit by unit on ``device`` (pass it to wrap_model as param_init_fn)."""
-    from diffusers import FluxTransformer2DModel
+                     device: torch.device, family=None) -> tuple[nn.Module, UnitLoader]:
+    """The family's transformer (default family when None) from ``root/subfolder`` built on the
+    meta device in ``dtype``, and the loader that fills it unit by unit on ``device`` (pass it to
+    wrap_model as param_init_fn)."""
+    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
 
+    family = family if family is not None else get_model_family(DEFAULT_FAMILY)
     folder = Path(root) / subfolder if subfolder else Path(root)
-    config = FluxTransformer2DModel.load_config(folder)
-    with torch.device("meta"):
-        model = FluxTransformer2DModel.from_config(config)
-    model.to(dtype)
+    config = family.transformer_class().load_config(folder)
+    model = family.meta_transformer(config, dtype)
     return model, UnitLoader(model, SafetensorsSource(folder), device)

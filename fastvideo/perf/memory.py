@@ -130,42 +130,31 @@ def _fused_attention():
         torch.nn.functional.scaled_dot_product_attention = original
 
 
-def _meta_transformer(config: dict, dtype: torch.dtype, checkpoint_fraction: float):
-    from diffusers import FluxTransformer2DModel
+def _family(family):
+    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
 
+    return family if family is not None else get_model_family(DEFAULT_FAMILY)
+
+
+def _meta_transformer(config: dict, dtype: torch.dtype, checkpoint_fraction: float, family):
     from fastvideo.distributed.fsdp import apply_activation_checkpointing
 
-    with torch.device("meta"):
-        model = FluxTransformer2DModel.from_config({k: v for k, v in config.items() if not k.startswith("_")})
-    model.to(dtype)
+    model = family.meta_transformer(config, dtype)
     if checkpoint_fraction > 0:
-        apply_activation_checkpointing(model, fraction=checkpoint_fraction)
+        apply_activation_checkpointing(model, family.block_classes(), fraction=checkpoint_fraction)
     return model
 
 
-def _meta_inputs(config: dict, batch: int, latent_h: int, latent_w: int, text_tokens: int, dtype) -> dict:
-    from fastvideo.models import flux
-
-    m = "meta"
-    tokens = (latent_h // 2) * (latent_w // 2)
-    return dict(
-        hidden_states=torch.empty(batch, tokens, config["in_channels"], device=m, dtype=dtype),
-        encoder_hidden_states=torch.empty(batch, text_tokens, config["joint_attention_dim"], device=m, dtype=dtype),
-        pooled_projections=torch.empty(batch, config["pooled_projection_dim"], device=m, dtype=dtype),
-        timestep=torch.empty(batch, device=m, dtype=dtype), guidance=torch.empty(batch, device=m, dtype=dtype),
-        img_ids=flux.image_ids(latent_h, latent_w).to(m), txt_ids=flux.text_ids(text_tokens).to(m),
-        return_dict=False,
-    )
-
-
-def transformer_activation_peak(config: dict, batch: int, latent_h: int, latent_w: int, text_tokens: int,
-                                dtype: torch.dtype, train: bool, checkpoint_fraction: float = 0.0) -> int:
+def transformer_activation_peak(config: dict, batch: int, layout, text_tokens: int, dtype: torch.dtype, train: bool,
+                                checkpoint_fraction: float = 0.0, family=None) -> int:
     """Peak bytes of the tensors one forward (and, if ``train``, backward) creates; parameter
-    gradients are dropped as soon as they are made (they are counted as a static component)."""
+    gradients are dropped as soon as they are made (they are counted as a static component).
+    layout: the family's LatentLayout (family.nominal_layout)."""
     from fastvideo.perf.live_bytes import LiveBytes
 
-    model = _meta_transformer(config, dtype, checkpoint_fraction if train else 0.0)
-    inputs = _meta_inputs(config, batch, latent_h, latent_w, text_tokens, dtype)
+    family = _family(family)
+    model = _meta_transformer(config, dtype, checkpoint_fraction if train else 0.0, family)
+    inputs = family.meta_inputs(config, batch, layout, text_tokens, dtype)
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     tracker = LiveBytes()
@@ -196,12 +185,12 @@ def vae_decode_peak(vae_config: dict, batch: int, latent_h: int, latent_w: int, 
     return sum(p.numel() for p in vae.parameters()), tracker.peak
 
 
-def profile_model(config: dict, vae_config: dict, shape: MemoryShape) -> ModelProfile:
-    from fastvideo.models import flux
-
-    lat_h, lat_w = flux.latent_hw(shape.height, shape.width, 8)
-    model = _meta_transformer(config, torch.float32, 0.0)
-    blocks = list(model.transformer_blocks) + list(model.single_transformer_blocks)
+def profile_model(config: dict, vae_config: dict, shape: MemoryShape, family=None) -> ModelProfile:
+    family = _family(family)
+    layout = family.nominal_layout(shape.height, shape.width, config)
+    lat_h, lat_w = layout.latent_hw
+    model = _meta_transformer(config, torch.float32, 0.0, family)
+    blocks = family.blocks(model)
     block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
     params = sum(p.numel() for p in model.parameters())
     vae_params, vae_peak = vae_decode_peak(vae_config, shape.rollout_batch, lat_h, lat_w,
@@ -209,10 +198,10 @@ def profile_model(config: dict, vae_config: dict, shape: MemoryShape) -> ModelPr
     act = shape.compute_dtype
     return ModelProfile(
         params=params, largest_block_params=max(block_params), root_params=params - sum(block_params),
-        update_activations=transformer_activation_peak(config, shape.micro_batch, lat_h, lat_w, shape.text_tokens, act,
-                                                       True, shape.checkpoint_fraction),
-        rollout_activations=transformer_activation_peak(config, shape.rollout_batch, lat_h, lat_w, shape.text_tokens,
-                                                        act, False),
+        update_activations=transformer_activation_peak(config, shape.micro_batch, layout, shape.text_tokens, act,
+                                                       True, shape.checkpoint_fraction, family),
+        rollout_activations=transformer_activation_peak(config, shape.rollout_batch, layout, shape.text_tokens,
+                                                        act, False, family=family),
         vae_params=vae_params, vae_decode=vae_peak,
     )
 
@@ -234,23 +223,26 @@ def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
     return out
 
 
-def trajectory_bytes(prof_config: dict, s: MemoryShape) -> int:
-    """Latents of every step [B, N+1, L, C] fp32, log-probs, prompt embeddings and decoded images fp32."""
-    tokens = (s.height // 16) * (s.width // 16)
+def trajectory_bytes(prof_config: dict, s: MemoryShape, family=None) -> int:
+    """Latents of every step [B, N+1, L, C] fp32, log-probs, the Conditioning fp32 and decoded images fp32."""
+    family = _family(family)
+    tokens, channels = family.nominal_layout(s.height, s.width, prof_config).tokens
     b = s.samples_per_rank
-    latents = b * (s.sampling_steps + 1) * tokens * prof_config["in_channels"] * 4
-    embeds = b * (s.text_tokens * prof_config["joint_attention_dim"] + prof_config["pooled_projection_dim"]) * 4
+    latents = b * (s.sampling_steps + 1) * tokens * channels * 4
+    embeds = b * family.cond_numel(prof_config, s.text_tokens) * 4
     images = b * 3 * s.height * s.width * 4
     return latents + b * s.sampling_steps * 4 + embeds + images
 
 
-def estimate(config: dict, vae_config: dict, s: MemoryShape, prof: ModelProfile | None = None) -> MemoryEstimate:
-    prof = prof or profile_model(config, vae_config, s)
+def estimate(config: dict, vae_config: dict, s: MemoryShape, prof: ModelProfile | None = None,
+             family=None) -> MemoryEstimate:
+    """family: the ModelFamily whose transformer ``config`` describes (default: the default family)."""
+    prof = prof or profile_model(config, vae_config, s, family)
     static = static_components(prof, s)
     common = {
         "reward_model": sum(REWARD_PARAMS.get(r, 0) for r in s.rewards) * s.reward_bytes,
         "vae_weights": prof.vae_params * s.vae_bytes,
-        "trajectory": trajectory_bytes(config, s),
+        "trajectory": trajectory_bytes(config, s, family),
         "hccl_buffers": s.communicators * 2 * s.hccl_buffsize_mb * 2**20,
     }
     # DDP's buckets are allocated when the model is wrapped, so they are held in every phase.

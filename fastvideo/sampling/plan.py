@@ -61,8 +61,9 @@ class SamplingPlan:
         not_sde = [k for k in self.trainable if not 0 <= k < n or self.kinds[k] != SDE]
         if not_sde:
             raise ValueError(f"trainable transitions {not_sde} are not SDE transitions of this plan")
-        if not 1 <= self.num_trained <= len(self.trainable):
-            raise ValueError(f"num_trained {self.num_trained} must be in [1, {len(self.trainable)}]")
+        if not 1 <= self.num_trained <= len(self.trainable) and (self.num_trained, self.trainable) != (0, ()):
+            raise ValueError(f"num_trained {self.num_trained} must be in [1, {len(self.trainable)}] "
+                             "(0 only for a plan with no trainable transition)")
         if self.sde_kind not in SDE_KINDS:
             raise ValueError(f"sde_kind {self.sde_kind!r}; valid: {SDE_KINDS}")
         if self.dpm_algorithm not in DPM_ALGORITHMS or self.dpm_solver_type not in DPM_SOLVER_TYPES:
@@ -78,10 +79,6 @@ class SamplingPlan:
     @property
     def num_steps(self) -> int:
         return len(self.kinds)
-
-    @property
-    def num_sde_steps(self) -> int:
-        return sum(k == SDE for k in self.kinds)
 
     def select_steps(self, permutations: torch.Tensor) -> torch.Tensor:
         """Per-sample trained transitions. permutations int64 [B, len(trainable)] -> [B, T].
@@ -126,6 +123,12 @@ def full_sde_plan(sampling_steps: int, shift: float, candidates: int, num_traine
         sigmas=sde.sigma_schedule(sampling_steps, shift), kinds=kinds,
         trainable=tuple(range(candidates)), num_trained=num_trained, sde_kind=sde_kind, **dpm,
     )
+
+
+def ode_plan(sampling_steps: int, shift: float) -> SamplingPlan:
+    """Euler ODE on every transition of the shifted schedule, nothing trainable (evaluation)."""
+    return SamplingPlan(sigmas=sde.sigma_schedule(sampling_steps, shift), kinds=(ODE,) * sampling_steps,
+                        trainable=(), num_trained=0)
 
 
 def compressed_tail_sigmas(sampling_steps: int, shift: float, first: int, compress_ratio: float) -> torch.Tensor:

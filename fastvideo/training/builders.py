@@ -8,11 +8,19 @@ import torch
 
 from fastvideo import platform
 from fastvideo.config import TrainConfig
-from fastvideo.models import flux, sharded_load
+from fastvideo.models import sharded_load
 
 
-def _transformer_root(cfg: TrainConfig) -> tuple[Path, str | None]:
-    """(folder, subfolder) holding the transformer: --dit_model_name_or_path may name a FLUX
+def build_family(cfg: TrainConfig):
+    """The model family of --model_family, carrying the rollout's forward settings."""
+    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+
+    return get_model_family(getattr(cfg.model, "family", DEFAULT_FAMILY), guidance_scale=cfg.rollout.guidance_scale,
+                            quantize_timestep=cfg.rollout.quantize_timestep)
+
+
+def _transformer_root(cfg: TrainConfig, family) -> tuple[Path, str | None]:
+    """(folder, subfolder) holding the transformer: --dit_model_name_or_path may name a model
     folder or a transformer folder itself."""
     dit = cfg.model.dit_model_name_or_path
     if dit is None:
@@ -22,41 +30,38 @@ def _transformer_root(cfg: TrainConfig) -> tuple[Path, str | None]:
         return dit, "transformer"
     if (dit / "config.json").is_file():
         return dit, None
-    raise flux.FluxFolderError(
+    raise family.folder_error(
         f"--dit_model_name_or_path {str(dit)!r} holds neither transformer/config.json nor config.json; "
-        "point it at a FLUX folder or at an exported transformer folder (python -m fastvideo.tools.export)"
+        f"point it at a {family.name} folder or at an exported transformer folder (python -m fastvideo.tools.export)"
     )
 
 
-def _load_transformer(cfg: TrainConfig, device: torch.device, dtype: torch.dtype):
-    from diffusers import FluxTransformer2DModel
-
-    root, sub = _transformer_root(cfg)
+def _load_transformer(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, family):
+    root, sub = _transformer_root(cfg, family)
     loader = None
     if sub is not None and cfg.model.dit_model_name_or_path is None:
-        flux.check_flux_folder(root, ("transformer", "vae", "text_encoder", "text_encoder_2"))
+        family.check_folder(root, family.training_components)
     # LoRA adds adapters that are not in the files, and its base is cast before wrapping: it keeps
     # the plain load (its frozen base is what it saves memory on).
     if sharded_load.uses_sharded_load(cfg.fsdp_strategy, platform.world_size()) and not cfg.lora.enabled:
         # FSDP: built on meta, each unit read from the files onto the device as it is sharded.
         init_device = torch.device("cpu") if cfg.cpu_offload else device
-        model, loader = sharded_load.meta_transformer(root, sub, dtype, init_device)
-        flux.adapt_for_device(model, device)
-    elif sub is None:
-        model = FluxTransformer2DModel.from_pretrained(root, torch_dtype=dtype).to(device)
-        flux.adapt_for_device(model, device)
+        model, loader = sharded_load.meta_transformer(root, sub, dtype, init_device, family)
+        family.adapt_for_device(model, device)
     else:
-        model = flux.load_transformer(root, device=device, dtype=dtype)
+        model = family.load_transformer(root, sub, device, dtype)
     return model, loader
 
 
-def build_models(cfg: TrainConfig, device: torch.device):
+def build_models(cfg: TrainConfig, device: torch.device, family=None):
     """Transformer (master weights in --master_weight_type, wrapped for FSDP) and frozen VAE.
-    With --use_lora: a frozen base in the compute dtype with trainable adapters (training/lora.py)."""
+    With --use_lora: a frozen base in the compute dtype with trainable adapters (training/lora.py).
+    family: the ModelFamily (default: build_family(cfg))."""
     from fastvideo.distributed.fsdp import wrap_model
 
+    family = family if family is not None else build_family(cfg)
     dtype = torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
-    model, loader = _load_transformer(cfg, device, dtype)
+    model, loader = _load_transformer(cfg, device, dtype, family)
     # JSON-safe copy (diffusers keeps the load path as a Path under _name_or_path).
     transformer_config = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
     transformer_config["_class_name"] = type(model).__name__
@@ -74,6 +79,7 @@ def build_models(cfg: TrainConfig, device: torch.device):
         device=device,
         cpu_offload=cfg.cpu_offload,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
+        block_classes=family.block_classes(),
         checkpoint_fraction=cfg.model.selective_checkpointing,
         extra_units=extra_units,
         param_init_fn=loader,
@@ -81,7 +87,7 @@ def build_models(cfg: TrainConfig, device: torch.device):
     if loader is not None:
         loader.check_complete()
     vae_dtype = vae_dtype_for(cfg.model.vae_precision, device)
-    vae = flux.load_vae(cfg.model.vae_model_path, device=device, dtype=vae_dtype)
+    vae = family.load_vae(cfg.model.vae_model_path, device=device, dtype=vae_dtype)
     return transformer_config, model, vae
 
 
@@ -93,7 +99,7 @@ def lora_base_dtype(cfg: TrainConfig) -> torch.dtype:
     return torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
 
 
-def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.device):
+def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.device, family=None):
     """The reference policy of --kl_coef (None when 0): the model itself with its adapters off
     under LoRA (no copy); for full fine-tuning a frozen copy of the initial weights in the master
     dtype (so that the KL is exactly 0 before the first update), sharded like the model under
@@ -107,21 +113,22 @@ def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.d
         return AdapterOffReference(model)
     from fastvideo.distributed.fsdp import wrap_model
 
+    family = family if family is not None else build_family(cfg)
     dtype = torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
-    ref, loader = _load_transformer(cfg, device, dtype)
+    ref, loader = _load_transformer(cfg, device, dtype, family)
     ref.requires_grad_(False).eval()
     if cfg.fsdp_strategy != "none" and platform.world_size() > 1:
         ref = wrap_model(ref, strategy=cfg.fsdp_strategy, device=device, cpu_offload=cfg.cpu_offload,
-                         param_init_fn=loader)
+                         block_classes=family.block_classes(), param_init_fn=loader)
     if loader is not None:
         loader.check_complete()
     return FrozenCopyReference(ref)
 
 
-def build_dataset(cfg: TrainConfig):
+def build_dataset(cfg: TrainConfig, family=None):
     from fastvideo.data.dataset import PromptEmbeddingDataset
 
-    return PromptEmbeddingDataset(cfg.data_json_path)
+    return PromptEmbeddingDataset(cfg.data_json_path, family=family if family is not None else build_family(cfg))
 
 
 def build_sampler(cfg: TrainConfig, num_prompts: int, dims, data_randomness=None):

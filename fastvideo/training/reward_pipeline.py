@@ -55,8 +55,9 @@ class ChunkScorer:
     """
 
     def __init__(self, reward: MultiReward, vae, rollout_cfg: RolloutConfig, device: torch.device,
-                 autocast_dtype: torch.dtype | None, timer: PhaseTimer):
+                 autocast_dtype: torch.dtype | None, timer: PhaseTimer, family=None):
         self.reward = reward
+        self.family = family  # the model family that decodes (None: the default family)
         self.vae = vae
         self.rollout_cfg = rollout_cfg
         self.device = torch.device(device)
@@ -88,7 +89,7 @@ class ChunkScorer:
     def on_chunk(self, rows: slice, x0: torch.Tensor) -> None:
         """Decode rows of the batch (x0 [b, L, C]) now and queue their scoring on the worker."""
         with self.timer.phase("decode"):
-            images = decode_images(self.vae, x0, self.rollout_cfg, self.device, self.autocast_dtype)
+            images = decode_images(self.vae, x0, self.rollout_cfg, self.device, self.autocast_dtype, family=self.family)
         ready = platform.record_event(self.device)
         self._images.append(images)
         self._futures.append(self.pool.submit(self._score, images, self._captions[rows], ready))

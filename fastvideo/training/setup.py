@@ -62,10 +62,10 @@ def build_parts(trainer) -> None:
     platform.set_fast_matmul(device, cfg.model.allow_tf32)
     platform.seed_everything(cfg.optim.seed)
     builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
-    trainer.dataset = builders.build_dataset(cfg)
-    trainer.transformer_config, trainer.model, trainer.vae = builders.build_models(cfg, device)
+    trainer.dataset = builders.build_dataset(cfg, trainer.family)
+    trainer.transformer_config, trainer.model, trainer.vae = builders.build_models(cfg, device, trainer.family)
     trainer.dataset.check_against_transformer(trainer.transformer_config)
-    trainer.kl_reference = builders.build_kl_reference(cfg, trainer.model, device)
+    trainer.kl_reference = builders.build_kl_reference(cfg, trainer.model, device, trainer.family)
     if cfg.output.dump_randomness or cfg.output.load_randomness:
         trainer.data_randomness = builders.build_randomness(cfg, info, kind="data")
     trainer.sampler = builders.build_sampler(cfg, len(trainer.dataset), trainer.dims, trainer.data_randomness)
@@ -74,7 +74,7 @@ def build_parts(trainer) -> None:
         from fastvideo.training.reward_pipeline import ChunkScorer
 
         trainer.scorer = ChunkScorer(trainer.reward, trainer.vae, trainer.rollout_cfg, device,
-                                     trainer.autocast_dtype, trainer.timer)
+                                     trainer.autocast_dtype, trainer.timer, trainer.family)
     trainer.optimizer, trainer.lr_scheduler = builders.build_optimizer(cfg, trainer.model, trainer.dims)
     trainer.ema = builders.build_ema(cfg, trainer.model)
     trainer.randomness = builders.build_randomness(cfg, info)

@@ -43,6 +43,7 @@ class Trainer:
         self.metrics = MetricsWriter(cfg.output.output_dir, enabled=info.is_main)
         self.autocast_dtype = torch.bfloat16 if cfg.model.mixed_precision == "bf16" else None
         self.rollout_cfg = run_setup.rollout_config(cfg)
+        self.family = builders.build_family(cfg)  # the model family (--model_family), with its forward settings
         self.hooks: list[TrainerHook] = []
         self.data_randomness = None
         self.scorer = None  # ChunkScorer when decode + reward overlap the rollout
@@ -68,7 +69,7 @@ class Trainer:
         run_setup.build_parts(self)
         self.objective = build_objective(getattr(self.cfg, "algorithm", "grpo"), ObjectiveContext(
             cfg=self.cfg, dims=self.dims, device=self.device, reward=self.reward, randomness=self.randomness))
-        self.policy = Policy(self.model, self.rollout_cfg, self.device, self.autocast_dtype, self.kl_reference)
+        self.policy = Policy(self.model, self.family, self.device, self.autocast_dtype, self.kl_reference)
         self.updater = Updater(self.model, self.optimizer, self.lr_scheduler, self.cfg.optim,
                                self.cfg.grpo.gradient_accumulation_steps, self.dims, self.device, self.state)
         self.checkpointer = builders.build_checkpointer(self.cfg)
@@ -111,16 +112,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
     def load_prompts(self, indices: list[int]):
-        """Stack the prompt embeddings of ``indices``: ([P, Lt, D], [P, P'], [Lt, 3], captions)."""
+        """The prompts of ``indices``: (their Conditioning of P prompts, P captions)."""
         workers = self.cfg.dataloader_num_workers
         if workers > 0:
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 items = list(pool.map(self.dataset.__getitem__, indices))
         else:
             items = [self.dataset[i] for i in indices]
-        embeds = torch.stack([it[0] for it in items])
-        pooled = torch.stack([it[1] for it in items])
-        return embeds, pooled, items[0][2], [it[3] for it in items]
+        return self.dataset.stack(items)
 
     def compute_rewards(self, traj: Trajectory) -> RewardResult:
         return _reward_result(self.reward(traj.images, traj.captions))
@@ -139,26 +138,27 @@ class Trainer:
         return plan_for_iteration(self.cfg.mix, n, self.cfg.rollout.shift, g.candidate_steps(n), g.trained_steps(n),
                                   iteration, self.randomness)
 
-    def _rollout(self, iteration: int, embeds, pooled, text_ids, captions, indices, plan, on_chunk=None):
-        return rollout(self.model, self.vae, embeds, pooled, text_ids, captions, indices, self.rollout_cfg,
+    def _rollout(self, iteration: int, cond, captions, indices, plan, on_chunk=None):
+        return rollout(self.family, self.model, self.vae, cond, captions, indices, self.rollout_cfg,
                        self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
                        on_chunk=on_chunk, plan=plan)
 
     def _sample_and_score(self, iteration: int, indices: list[int]) -> tuple[Trajectory, RewardResult]:
-        embeds, pooled, text_ids, captions = self.load_prompts(indices)
+        cond, captions = self.load_prompts(indices)
         self.model.eval()
         plan = self.sampling_plan(iteration)
         if self.scorer is not None:
-            return self._rollout_overlapped(iteration, embeds, pooled, text_ids, captions, indices, plan)
+            return self._rollout_overlapped(iteration, cond, captions, indices, plan)
         with self.timer.phase("rollout"):
-            traj = self._rollout(iteration, embeds, pooled, text_ids, captions, indices, plan)
+            traj = self._rollout(iteration, cond, captions, indices, plan)
         with self.timer.phase("decode"):
-            traj.images = decode_images(self.vae, traj.x0, self.rollout_cfg, self.device, self.autocast_dtype)
+            traj.images = decode_images(self.vae, traj.x0, self.rollout_cfg, self.device, self.autocast_dtype,
+                                        family=self.family, layout=traj.layout)
         with self.timer.phase("reward"):
             rewards = self.compute_rewards(traj)
         return traj, rewards
 
-    def _rollout_overlapped(self, iteration, embeds, pooled, text_ids, captions, indices, plan):
+    def _rollout_overlapped(self, iteration, cond, captions, indices, plan):
         """Rollout with each chunk decoded and scored while the next samples (--reward_overlap).
 
         Timings: time_rollout is sampling alone, time_decode the chunks' decoding, time_reward
@@ -167,7 +167,7 @@ class Trainer:
         G = self.cfg.rollout.num_generations
         self.scorer.begin([c for c in captions for _ in range(G)])
         with self.timer.phase("rollout"):
-            traj = self._rollout(iteration, embeds, pooled, text_ids, captions, indices, plan, self.scorer.on_chunk)
+            traj = self._rollout(iteration, cond, captions, indices, plan, self.scorer.on_chunk)
         # The rollout phase's wall time includes decoding its chunks (timed on their own).
         self.timer.seconds["rollout"] -= self.timer.seconds.get("decode", 0.0)
         with self.timer.phase("reward"):

@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from fastvideo.alignment.recorder import RunRecorder
+from fastvideo.models.base import LatentLayout, TensorConditioning
 from fastvideo.platform import DistInfo
 from fastvideo.sampling.rollout import Trajectory
 
@@ -57,8 +58,11 @@ def make_traj(iteration: int, sample_ids: list[int], image_fn=sample_image) -> T
         latents=latents, log_probs=torch.randn(b, STEPS, generator=g), sigmas=torch.linspace(1, 0, STEPS + 1),
         x0=latents[:, -1],
         images=torch.stack([image_fn(iteration, s) for s in sample_ids]),
-        prompt_embeds=torch.zeros(b, 2, 4), pooled=torch.zeros(b, 4), text_ids=torch.zeros(2, 3),
-        image_ids=torch.zeros(TOKENS, 3), sample_ids=ids, group_ids=ids // G,
+        cond=TensorConditioning({"prompt_embeds": torch.zeros(b, 2, 4), "pooled": torch.zeros(b, 4)},
+                                {"text_ids": torch.zeros(2, 3)}),
+        layout=LatentLayout(height=0, width=0, tokens=(TOKENS, CHANNELS), latent_hw=(0, 0),
+                            extras={"image_ids": torch.zeros(TOKENS, 3)}),
+        sample_ids=ids, group_ids=ids // G,
         captions=[caption(int(s) // G) for s in sample_ids],
     )
 

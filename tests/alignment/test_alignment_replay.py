@@ -11,6 +11,7 @@ from fastvideo.grpo.advantages import group_advantages
 from fastvideo.models import flux
 from fastvideo.rewards.compressibility import JpegCompressibilityReward
 from fastvideo.sampling.randomness import RandomSource
+from fastvideo.sampling.plan import full_sde_plan
 from fastvideo.sampling.rollout import RolloutConfig, rollout
 
 PROMPTS = ["a red cube on a table", "a cat"]
@@ -38,8 +39,10 @@ def _record(setup, root, randomness: RandomSource, world_size=1, iterations=(1, 
     for it in iterations:
         for rank, rec in enumerate(recorders):
             idx = list(range(rank * per_rank, (rank + 1) * per_rank))
-            traj = rollout(transformer, vae, embeds[idx], pooled[idx], text_ids, [PROMPTS[i] for i in idx], idx,
-                           CFG, randomness, it, "cpu")
+            cond = flux.FluxFamily().cond_from_tensors(
+                [{"prompt_embeds": embeds[i], "pooled": pooled[i], "text_ids": text_ids} for i in idx])
+            traj = rollout(flux.FluxFamily(), transformer, vae, cond, [PROMPTS[i] for i in idx], idx,
+                           CFG, randomness, it, "cpu", plan=full_sde_plan(3, CFG.shift, 3, 1))
             total = reward(traj.images, traj.captions)
             adv = group_advantages(total, G, 5.0)
             rec.record_iteration(it, traj, Rewards(total, {"compressibility": total}), adv, {"loss": 0.0})

@@ -8,10 +8,10 @@ import torch
 from fastvideo.data.dataset import (
     EmbeddingDatasetError,
     EmbeddingShapeError,
-    ExpectedDims,
     PromptEmbeddingDataset,
 )
-from fastvideo.data_preprocess.embeddings import save_prompt_embeddings, write_caption_json
+from fastvideo.data_preprocess.embeddings import save_prompt_record, write_caption_json
+from fastvideo.models.flux import ExpectedDims
 
 L, D, P = 16, 12, 8
 CAPTIONS = ["a cat", "a dog", "a red barn in the snow"]
@@ -26,7 +26,7 @@ def make_embeddings(root, captions=CAPTIONS, seq=L, width=D, pooled=P, dtype=tor
         ids = torch.zeros(seq, 3, dtype=dtype)
         for sub in ("prompt_embed", "pooled_prompt_embeds", "text_ids"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        save_prompt_embeddings(root, i, e, p, ids)
+        save_prompt_record(root, i, {"prompt_embeds": e, "pooled": p, "text_ids": ids})
         tensors.append((e, p, ids))
     return write_caption_json(root, captions), tensors
 

@@ -13,7 +13,7 @@ import torch
 
 from fastvideo.data.dataset import EmbeddingShapeError, PromptEmbeddingDataset
 from fastvideo.data.prompts import PromptFileError
-from fastvideo.data_preprocess.embeddings import SUBDIRS, batch_grid, rank_batches
+from fastvideo.data_preprocess.embeddings import batch_grid, rank_batches, subdirs
 from fastvideo.data_preprocess.preprocess_flux_embedding import main, parse_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def run(model, out, prompts=TINY_PROMPTS, *extra):
 
 def assert_same_output(a: Path, b: Path) -> None:
     assert (a / "videos2caption.json").read_text() == (b / "videos2caption.json").read_text()
-    for sub in SUBDIRS:
+    for sub in subdirs():
         names = sorted(p.name for p in (a / sub).glob("*.pt"))
         assert names == sorted(p.name for p in (b / sub).glob("*.pt")), sub
         for name in names:
@@ -76,7 +76,7 @@ def test_layout_values_and_dataset(reference, tiny_flux_dir):
     for batch in batch_grid(8, BATCH):
         embeds, pooled, ids = encode_prompts(encoders, [prompts[i] for i in batch], SEQ)
         for row, idx in enumerate(batch):
-            files = [torch.load(reference / sub / f"{idx}.pt", weights_only=True) for sub in SUBDIRS]
+            files = [torch.load(reference / sub / f"{idx}.pt", weights_only=True) for sub in subdirs()]
             for t in files:  # plain CPU tensors that own exactly their bytes
                 assert type(t) is torch.Tensor and t.dtype == torch.float32
                 assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
@@ -197,13 +197,17 @@ def test_module_entry_point_and_dry_run():
     assert dry.stdout.rstrip().endswith("--max_prompts 10")
 
 
+def _zeros_record():
+    return {"prompt_embeds": torch.zeros(4, 2), "pooled": torch.zeros(2), "text_ids": torch.zeros(4, 3)}
+
+
 def test_prepare_output_keeps_trusted_files_only(tmp_path):
-    from fastvideo.data_preprocess.embeddings import prepare_output, save_prompt_embeddings, write_caption_json
+    from fastvideo.data_preprocess.embeddings import prepare_output, save_prompt_record, write_caption_json
 
     settings = {"model_path": "m", "max_sequence_length": 4}
     assert prepare_output(tmp_path, settings, ["a", "b", "c"]) == 0
     for i in range(3):
-        save_prompt_embeddings(tmp_path, i, torch.zeros(4, 2), torch.zeros(2), torch.zeros(4, 3))
+        save_prompt_record(tmp_path, i, _zeros_record())
     write_caption_json(tmp_path, ["a", "b", "c"])
     (tmp_path / "prompt_embed" / ".0.pt.123.tmp").write_bytes(b"half")  # a killed writer's leftover
     assert prepare_output(tmp_path, settings, ["a", "b", "c"]) == 0  # same run: all kept
@@ -215,7 +219,7 @@ def test_prepare_output_keeps_trusted_files_only(tmp_path):
     assert prepare_output(tmp_path, {**settings, "max_sequence_length": 8}, ["a", "B", "c", "d"]) == 2
     assert not list((tmp_path / "prompt_embed").glob("*.pt"))
     (tmp_path / "preprocess_meta.json").unlink()
-    save_prompt_embeddings(tmp_path, 0, torch.zeros(4, 2), torch.zeros(2), torch.zeros(4, 3))
+    save_prompt_record(tmp_path, 0, _zeros_record())
     assert prepare_output(tmp_path, settings, ["a"]) == 1  # files of unknown origin are not trusted
 
 

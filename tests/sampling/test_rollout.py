@@ -7,8 +7,10 @@ import torch
 
 from fastvideo.models import flux
 from fastvideo.sampling.randomness import RandomSource
-from fastvideo.sampling.rollout import RolloutConfig, Trajectory, predict_velocity, rollout
+from fastvideo.models.flux import predict_velocity
+from fastvideo.sampling.rollout import RolloutConfig, Trajectory
 from fastvideo.sampling.sde import sde_step
+from sampling_helpers import flux_rollout as rollout
 from sampling_helpers import tiny_models
 
 PROMPTS = ["a red cube on a table", "a cat", "two birds at dawn"]
@@ -43,8 +45,8 @@ def test_shapes_ids_and_ranges(models):
     assert isinstance(traj, Trajectory)
     assert traj.latents.shape == (6, 5, 16, 64) and traj.log_probs.shape == (6, 4)
     assert traj.sigmas.shape == (5,) and traj.images.shape == (6, 3, 64, 64)
-    assert traj.prompt_embeds.shape == (6, SEQ, 32) and traj.pooled.shape == (6, 32)
-    assert traj.text_ids.shape == (SEQ, 3) and traj.image_ids.shape == (16, 3)
+    assert traj.cond["prompt_embeds"].shape == (6, SEQ, 32) and traj.cond["pooled"].shape == (6, 32)
+    assert traj.cond["text_ids"].shape == (SEQ, 3) and traj.layout["image_ids"].shape == (16, 3)
     assert traj.sample_ids.tolist() == [21, 22, 23, 6, 7, 8]
     assert traj.group_ids.tolist() == [7, 7, 7, 2, 2, 2]
     assert traj.captions == [PROMPTS[0]] * 3 + [PROMPTS[1]] * 3
@@ -65,7 +67,7 @@ def test_eta_zero_matches_diffusers_flux_pipeline(models, tiny_flux_dir):
     pipe.set_progress_bar_config(disable=True)
     cfg = _cfg(eta=0.0, sampling_steps=steps, num_generations=2, quantize_timestep=False)
     traj = _run(models, cfg)
-    theirs = pipe(prompt_embeds=traj.prompt_embeds, pooled_prompt_embeds=traj.pooled, height=64, width=64,
+    theirs = pipe(prompt_embeds=traj.cond["prompt_embeds"], pooled_prompt_embeds=traj.cond["pooled"], height=64, width=64,
                   num_inference_steps=steps, sigmas=np.linspace(1.0, 1.0 / steps, steps),
                   latents=traj.latents[:, 0].clone(), guidance_scale=3.5, output_type="latent",
                   return_dict=False)[0]
@@ -168,7 +170,7 @@ def test_stored_transitions_rescore_to_ratio_one(models):
     rows = torch.arange(4)
     sig, sig_next = traj.sigmas[steps], traj.sigmas[steps + 1]
     x, x_next = traj.latents[rows, steps], traj.latents[rows, steps + 1]
-    v = predict_velocity(transformer, x, sig, traj.prompt_embeds, traj.pooled, traj.text_ids, traj.image_ids)
+    v = predict_velocity(transformer, x, sig, traj.cond["prompt_embeds"], traj.cond["pooled"], traj.cond["text_ids"], traj.layout["image_ids"])
     _, lp = sde_step(x, v, sig, sig_next, 0.3, prev_sample=x_next)
     ratio = torch.exp(lp - traj.log_probs[rows, steps])
     assert (ratio - 1).abs().max() < 1e-5
@@ -178,7 +180,7 @@ def test_images_decode_the_last_x0_prediction(models):
     transformer, vae, *_ = models
     traj = _run(models, _cfg(num_generations=2))
     x, sigma = traj.latents[:, -2], traj.sigmas[-2]
-    v = predict_velocity(transformer, x, sigma, traj.prompt_embeds, traj.pooled, traj.text_ids, traj.image_ids)
+    v = predict_velocity(transformer, x, sigma, traj.cond["prompt_embeds"], traj.cond["pooled"], traj.cond["text_ids"], traj.layout["image_ids"])
     x0 = x - sigma * v
     torch.testing.assert_close(traj.images, flux.decode_latents(vae, x0, 8, 8), rtol=1e-5, atol=1e-5)
     # ... which is not the decode of the final SDE sample when eta > 0

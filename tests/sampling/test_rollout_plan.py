@@ -10,7 +10,9 @@ from fastvideo.models import flux
 from fastvideo.sampling import sde, solvers
 from fastvideo.sampling.plan import full_sde_plan, window_plan
 from fastvideo.sampling.randomness import RandomSource
-from fastvideo.sampling.rollout import RolloutConfig, predict_velocity, rollout, sde_transition
+from fastvideo.models.flux import predict_velocity
+from fastvideo.sampling.rollout import RolloutConfig, sde_transition
+from sampling_helpers import flux_rollout as rollout
 from sampling_helpers import tiny_models
 
 PROMPTS = ["a red cube", "a blue ball"]
@@ -80,10 +82,10 @@ def test_window_plan_ode_outside_sde_inside(models, tmp_path):
     full = _run(models, cfg)
     # before the window: the deterministic Euler ODE from the same initial noise
     assert torch.equal(traj.latents[:, 0], full.latents[:, 0])
-    e, p = traj.prompt_embeds, traj.pooled
+    e, p = traj.cond["prompt_embeds"], traj.cond["pooled"]
     for k in range(6):
         x = traj.latents[:, k]
-        v = predict_velocity(transformer, x, traj.sigmas[k], e, p, traj.text_ids, traj.image_ids)
+        v = predict_velocity(transformer, x, traj.sigmas[k], e, p, traj.cond["text_ids"], traj.layout["image_ids"])
         if k in (2, 3):
             _, lp = sde.sde_step(x, v, traj.sigmas[k], traj.sigmas[k + 1], 0.3, prev_sample=traj.latents[:, k + 1])
             assert (torch.exp(lp - traj.log_probs[:, k]) - 1).abs().max() < 1e-5
@@ -108,9 +110,9 @@ def test_flash_tail_runs_dpm_solver_pp(models, order):
     assert plan.describe() == "OSS" + "D" * 4  # int((12 - 2) * 0.5) = 5 points -> 4 DPM steps
     traj = _run(models, cfg, plan)
     assert traj.latents.shape[1] == 8 and traj.log_probs.shape[1] == 7 and traj.sigmas[-1] == 0
-    s, e, p = traj.sigmas.tolist(), traj.prompt_embeds, traj.pooled
+    s, e, p = traj.sigmas.tolist(), traj.cond["prompt_embeds"], traj.cond["pooled"]
     x0 = [sde.x0_prediction(traj.latents[:, k], predict_velocity(transformer, traj.latents[:, k], s[k], e, p,
-                                                                  traj.text_ids, traj.image_ids), s[k])
+                                                                  traj.cond["text_ids"], traj.layout["image_ids"]), s[k])
           for k in range(7)]
     # the first DPM step's history is the window's x0s; plan of 7 < 15 transitions: the one
     # before the last is at most second order, the last first order
@@ -168,11 +170,11 @@ def test_dpm_all_rollout_and_rescoring(models):
                        dpm_solver_type="heun")
     assert plan.describe() == "DSSDDD"
     traj = _run(models, _cfg(eta=0.0), plan)  # eta 0: SDE-DPM steps still draw their noise
-    s, e, p = traj.sigmas.tolist(), traj.prompt_embeds, traj.pooled
+    s, e, p = traj.sigmas.tolist(), traj.cond["prompt_embeds"], traj.cond["pooled"]
     out = []
     for k in range(6):
         lat = traj.latents[:, k]
-        v = predict_velocity(transformer, lat, s[k], e, p, traj.text_ids, traj.image_ids)
+        v = predict_velocity(transformer, lat, s[k], e, p, traj.cond["text_ids"], traj.layout["image_ids"])
         out.append(solvers.dpm_model_output(lat, v, s[k], algorithm))
         if k in (1, 2):
             _, logp = solvers.dpm_sde_step(lat, v, s[k], s[k + 1], prev_sample=traj.latents[:, k + 1])
@@ -192,8 +194,8 @@ def test_flow_grpo_sde_kind_rescores_to_ratio_one(models):
     traj = _run(models, _cfg(eta=0.7), plan)
     for k in range(3):
         x = traj.latents[:, k]
-        v = predict_velocity(transformer, x, traj.sigmas[k], traj.prompt_embeds, traj.pooled, traj.text_ids,
-                             traj.image_ids)
+        v = predict_velocity(transformer, x, traj.sigmas[k], traj.cond["prompt_embeds"], traj.cond["pooled"], traj.cond["text_ids"],
+                             traj.layout["image_ids"])
         _, lp = solvers.flow_sde_step(x, v, traj.sigmas[k], traj.sigmas[k + 1], 0.7, float(traj.sigmas[1]),
                                       prev_sample=traj.latents[:, k + 1])
         assert (torch.exp(lp - traj.log_probs[:, k]) - 1).abs().max() < 1e-5

@@ -51,8 +51,8 @@ def _record_iteration(info, argv):
 
     def update(traj, advantages, iteration):
         rec.update(latents=traj.latents.clone(), log_probs=traj.log_probs.clone(), sigmas=traj.sigmas.clone(),
-                   prompt_embeds=traj.prompt_embeds.clone(), pooled=traj.pooled.clone(),
-                   text_ids=traj.text_ids.clone(), image_ids=traj.image_ids.clone(),
+                   prompt_embeds=traj.cond["prompt_embeds"].clone(), pooled=traj.cond["pooled"].clone(),
+                   text_ids=traj.cond["text_ids"].clone(), image_ids=traj.layout["image_ids"].clone(),
                    advantages=advantages.clone())
         return real_update(traj, advantages, iteration)
 

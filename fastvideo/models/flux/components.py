@@ -1,4 +1,4 @@
-"""FLUX building blocks: load a diffusers-layout folder, pack latents, ids, encode, decode.
+"""FLUX building blocks: load a diffusers-layout folder, pack latents, ids, encode, velocity, decode.
 
 Works on real FLUX.1-dev folders and on the tiny random-weight folders that
 ``python -m fastvideo.tools.make_tiny_flux`` writes (same layout, same config keys).
@@ -213,3 +213,51 @@ def decode_latents(vae, packed: torch.Tensor, latent_h: int, latent_w: int) -> t
     z = z.to(dtype=next(vae.parameters()).dtype)
     image = vae.decode(z, return_dict=False)[0]
     return (image.float() / 2 + 0.5).clamp(0, 1)
+
+
+def _model_dtype(module: torch.nn.Module) -> torch.dtype:
+    dtype = getattr(module, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
+
+
+def predict_velocity(
+    transformer: torch.nn.Module,
+    latents: torch.Tensor,
+    sigma: torch.Tensor | float,
+    prompt_embeds: torch.Tensor,
+    pooled: torch.Tensor,
+    text_ids: torch.Tensor,
+    image_ids: torch.Tensor,
+    guidance_scale: float = 3.5,
+    quantize_timestep: bool = True,
+) -> torch.Tensor:
+    """FLUX velocity v(x, sigma) float32 [B, L, C] for latents [B, L, C].
+
+    sigma: a float, a 0-d tensor or per-sample [B] (the update phase mixes timesteps).
+    prompt_embeds [B, Lt, D], pooled [B, P'], text_ids [Lt, 3], image_ids [L, 3].
+    The transformer gets timestep = floor(1000 sigma) / 1000 when quantize_timestep (upstream),
+    else sigma (diffusers), and guidance = guidance_scale per sample (FLUX.1-dev's guidance
+    embedding; there is no classifier-free guidance). Pure tensor ops: no host synchronisation.
+    """
+    b = latents.shape[0]
+    if prompt_embeds.shape[0] != b or pooled.shape[0] != b:
+        raise ValueError(
+            f"batch sizes differ: latents {b}, prompt_embeds {prompt_embeds.shape[0]}, pooled {pooled.shape[0]}"
+        )
+    sig = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device)
+    sig = sig.expand(b) if sig.ndim == 0 else sig.reshape(b)
+    # Same float32 arithmetic as upstream's int(sigma * 1000) / 1000 (sigma > 0, so floor == int).
+    timestep = torch.floor(sig * 1000.0) / 1000.0 if quantize_timestep else sig
+    guidance = torch.full((b,), float(guidance_scale), dtype=torch.float32, device=latents.device)
+    dtype = _model_dtype(transformer)
+    out = transformer(
+        hidden_states=latents.to(dtype),
+        encoder_hidden_states=prompt_embeds.to(dtype),
+        pooled_projections=pooled.to(dtype),
+        timestep=timestep,
+        img_ids=image_ids,
+        txt_ids=text_ids,
+        guidance=guidance,
+        return_dict=False,
+    )[0]
+    return out.float()

@@ -1,0 +1,246 @@
+"""FLUX.1 as a ModelFamily: T5 sequence + CLIP pooled conditioning, 2x2-packed 16-channel latents.
+
+Conditioning: TensorConditioning with per-sample "prompt_embeds" [B, Lt, D] and "pooled" [B, P'],
+shared "text_ids" [Lt, 3]. Layout extras: "image_ids" [L, 3] (on the device), "latent_h",
+"latent_w". Stored per prompt in upstream DanceGRPO's folders (prompt_embed/,
+pooled_prompt_embeds/, text_ids/) under its videos2caption.json keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+import fastvideo.models.flux.components as C
+from fastvideo.models import base
+from fastvideo.models.base import EmbeddingShapeError, LatentLayout, StoredTensor, TensorConditioning
+import fastvideo.models.flux.flops as F
+
+MODEL_HINT = (
+    "the embeddings were made with another text encoder — re-run preprocessing with --model_path "
+    "pointing at this model"
+)
+
+
+@dataclass(frozen=True)
+class ExpectedDims:
+    """What a transformer needs from the embeddings; None means "do not check"."""
+
+    joint_attention_dim: int | None = None  # T5 width D
+    pooled_projection_dim: int | None = None  # CLIP width P
+    max_sequence_length: int | None = None  # L
+
+    @classmethod
+    def from_transformer_config(cls, config: Any, max_sequence_length: int | None = None) -> "ExpectedDims":
+        """From a FluxTransformer2DModel config (the object or a dict like transformer/config.json)."""
+
+        def get(key):
+            return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+
+        return cls(get("joint_attention_dim"), get("pooled_projection_dim"), max_sequence_length)
+
+
+def check_expected(dims: tuple[int, int, int], expected: ExpectedDims) -> None:
+    """Raise EmbeddingShapeError when embeddings of (L, D, P) = dims do not fit ``expected``."""
+    seq_len, width, pooled = dims
+    if expected.joint_attention_dim is not None and width != expected.joint_attention_dim:
+        raise EmbeddingShapeError(
+            f"prompt embeddings have width {width} but the transformer expects joint_attention_dim "
+            f"{expected.joint_attention_dim}: {MODEL_HINT}"
+        )
+    if expected.pooled_projection_dim is not None and pooled != expected.pooled_projection_dim:
+        raise EmbeddingShapeError(
+            f"pooled prompt embeddings have width {pooled} but the transformer expects "
+            f"pooled_projection_dim {expected.pooled_projection_dim}: {MODEL_HINT}"
+        )
+    if expected.max_sequence_length is not None and seq_len != expected.max_sequence_length:
+        raise EmbeddingShapeError(
+            f"prompt embeddings have {seq_len} tokens but {expected.max_sequence_length} are expected: "
+            f"re-run preprocessing with --max_sequence_length {expected.max_sequence_length}"
+        )
+
+
+class FluxFamily(base.ModelFamily):
+    """FLUX.1 (dev). guidance_scale: FLUX.1-dev's guidance embedding (no classifier-free guidance);
+    quantize_timestep: pass the transformer floor(1000 sigma) / 1000 (upstream DanceGRPO) instead
+    of sigma (diffusers' FluxPipeline)."""
+
+    name = "flux"
+    export_class_name = "FluxTransformer2DModel"
+    storage = (
+        StoredTensor("prompt_embeds", "prompt_embed_path", "prompt_embed"),
+        StoredTensor("pooled", "pooled_prompt_embeds_path", "pooled_prompt_embeds"),
+        StoredTensor("text_ids", "text_ids", "text_ids"),
+    )
+    # videos2caption.json's key order (upstream's), the caption last.
+    json_keys = ("prompt_embed_path", "text_ids", "pooled_prompt_embeds_path", "caption")
+    # FluxPipeline refuses longer T5 sequences; FLUX.1-dev was trained with 512.
+    max_sequence_length_limit = 512
+    text_components = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
+    text_encoder_components = ("text_encoder", "text_encoder_2")
+    # What a base model folder must hold to train (the tokenizers are checked by preprocessing).
+    training_components = ("transformer", "vae", "text_encoder", "text_encoder_2")
+
+    def __init__(self, guidance_scale: float = 3.5, quantize_timestep: bool = True):
+        self.guidance_scale = guidance_scale
+        self.quantize_timestep = quantize_timestep
+
+    # -- loading
+    def check_folder(self, path, components=None) -> Path:
+        return C.check_flux_folder(path, components)
+
+    def folder_error(self, message: str) -> Exception:
+        return C.FluxFolderError(message)
+
+    def transformer_class(self):
+        from diffusers import FluxTransformer2DModel
+
+        return FluxTransformer2DModel
+
+    def load_transformer(self, root, subfolder, device, dtype):
+        if subfolder == "transformer":
+            return C.load_transformer(root, device=device, dtype=dtype)
+        model = self.transformer_class().from_pretrained(root, torch_dtype=dtype).to(device)
+        C.adapt_for_device(model, device)
+        return model
+
+    def meta_transformer(self, config, dtype):
+        with torch.device("meta"):
+            model = self.transformer_class().from_config({k: v for k, v in config.items() if not k.startswith("_")})
+        model.to(dtype)
+        return model
+
+    def adapt_for_device(self, transformer, device) -> None:
+        C.adapt_for_device(transformer, device)
+
+    def load_vae(self, path, device="cpu", dtype=torch.float32):
+        return C.load_vae(path, device=device, dtype=dtype)
+
+    def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
+        return C.load_text_encoders(path, device=device, dtype=dtype)
+
+    def block_classes(self):
+        from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
+
+        return (FluxTransformerBlock, FluxSingleTransformerBlock)
+
+    def blocks(self, model) -> list[torch.nn.Module]:
+        """The transformer's blocks in order (double-stream, then single-stream)."""
+        return list(model.transformer_blocks) + list(model.single_transformer_blocks)
+
+    # -- conditioning
+    def encode_prompts(self, encoders, prompts, max_sequence_length=512) -> TensorConditioning:
+        embeds, pooled, text_ids = C.encode_prompts(encoders, prompts, max_sequence_length)
+        return TensorConditioning({"prompt_embeds": embeds, "pooled": pooled}, {"text_ids": text_ids})
+
+    def cond_from_tensors(self, records: Sequence[Mapping[str, torch.Tensor]]) -> TensorConditioning:
+        embeds = torch.stack([r["prompt_embeds"] for r in records])
+        pooled = torch.stack([r["pooled"] for r in records])
+        return TensorConditioning({"prompt_embeds": embeds, "pooled": pooled}, {"text_ids": records[0]["text_ids"]})
+
+    def check_record(self, idx, record, first_dims=None, where: str = ""):
+        """-> (record with text_ids [L, 3], (L, D, P)); first_dims: prompt 0's, to refuse a mix."""
+        embed, pooled, ids = record["prompt_embeds"], record["pooled"], record["text_ids"]
+        if embed.ndim != 2 or pooled.ndim != 1:
+            raise EmbeddingShapeError(
+                f"prompt {idx}: prompt_embed {tuple(embed.shape)} / pooled {tuple(pooled.shape)} should be "
+                "[L, D] / [P] (one prompt per file); re-run the preprocessing"
+            )
+        if ids.shape == (3,):  # DanceGRPO's layout: one row, repeated over the sequence at use
+            ids = ids.unsqueeze(0).expand(embed.shape[0], 3).clone()
+        dims = (embed.shape[0], embed.shape[1], pooled.shape[0])
+        if first_dims is not None and (dims != first_dims or ids.shape != (dims[0], 3)):
+            raise EmbeddingShapeError(
+                f"prompt {idx} has (L, D, P) = {dims} and text_ids {tuple(ids.shape)} but prompt 0 has "
+                f"{first_dims}: {where!r} mixes two preprocessing runs — re-run it into an empty folder"
+            )
+        return {"prompt_embeds": embed, "pooled": pooled, "text_ids": ids}, dims
+
+    def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
+        if isinstance(transformer_config, ExpectedDims):
+            expected = transformer_config
+        else:
+            expected = ExpectedDims.from_transformer_config(transformer_config, max_sequence_length)
+        check_expected(dims, expected)
+
+    def encoder_dims(self, encoders) -> dict[str, int]:
+        return {"embed_dim": int(encoders.t5_encoder.config.d_model),
+                "pooled_dim": int(encoders.clip_encoder.config.hidden_size)}
+
+    def record_shapes(self, max_sequence_length, encoder_dims):
+        L = max_sequence_length
+        return (L, encoder_dims["embed_dim"]), (encoder_dims["pooled_dim"],), (L, 3)
+
+    # -- sampling
+    def layout(self, height, width, vae, transformer=None, device=None) -> LatentLayout:
+        lat_h, lat_w = C.latent_hw(height, width, C.vae_scale_factor(vae.config))
+        if transformer is not None:
+            # DDP/FSDP wrappers keep the diffusers model (and its config) under .module.
+            channels = getattr(transformer, "module", transformer).config.in_channels
+        else:
+            channels = 4 * int(C._cfg(vae.config, "latent_channels"))
+        return self._layout(height, width, lat_h, lat_w, channels, device)
+
+    @staticmethod
+    def _layout(height, width, lat_h, lat_w, channels, device=None) -> LatentLayout:
+        return LatentLayout(
+            height=height, width=width, tokens=((lat_h // 2) * (lat_w // 2), channels), latent_hw=(lat_h, lat_w),
+            extras={"image_ids": C.image_ids(lat_h, lat_w, device=device), "latent_h": lat_h, "latent_w": lat_w},
+        )
+
+    def nominal_layout(self, height, width, transformer_config) -> LatentLayout:
+        """FLUX's VAE: 8 pixels per latent cell."""
+        lat_h, lat_w = C.latent_hw(height, width, 8)
+        return self._layout(height, width, lat_h, lat_w, transformer_config["in_channels"])
+
+    def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
+        return C.predict_velocity(transformer, x, sigma, cond["prompt_embeds"], cond["pooled"], cond["text_ids"],
+                                  layout["image_ids"], self.guidance_scale, self.quantize_timestep)
+
+    def decode(self, vae, x0, layout) -> torch.Tensor:
+        return C.decode_latents(vae, x0, layout["latent_h"], layout["latent_w"])
+
+    def check_cond(self, cond) -> None:
+        """Shapes of a prompt-level Conditioning: prompt_embeds [P, Lt, D], pooled [P, P'], text_ids [Lt, 3]."""
+        embeds, pooled, text_ids = cond["prompt_embeds"], cond["pooled"], cond["text_ids"]
+        if embeds.ndim != 3 or pooled.ndim != 2:
+            raise ValueError(
+                f"prompt_embeds must be [P, Lt, D] and pooled [P, P'], got {tuple(embeds.shape)} and "
+                f"{tuple(pooled.shape)}"
+            )
+        if tuple(text_ids.shape) != (embeds.shape[1], 3):
+            raise ValueError(f"text_ids must be [Lt={embeds.shape[1]}, 3], got {tuple(text_ids.shape)}")
+
+    # -- cost model
+    def meta_inputs(self, config, batch, layout, text_tokens, dtype) -> dict:
+        m = "meta"
+        return dict(
+            hidden_states=torch.empty(batch, layout.tokens[0], config["in_channels"], device=m, dtype=dtype),
+            encoder_hidden_states=torch.empty(batch, text_tokens, config["joint_attention_dim"], device=m,
+                                              dtype=dtype),
+            pooled_projections=torch.empty(batch, config["pooled_projection_dim"], device=m, dtype=dtype),
+            timestep=torch.empty(batch, device=m, dtype=dtype), guidance=torch.empty(batch, device=m, dtype=dtype),
+            img_ids=C.image_ids(layout["latent_h"], layout["latent_w"]).to(m), txt_ids=C.text_ids(text_tokens).to(m),
+            return_dict=False,
+        )
+
+    def cond_numel(self, config, text_tokens) -> int:
+        return text_tokens * config["joint_attention_dim"] + config["pooled_projection_dim"]
+
+    def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
+        """{"forward", "backward", "blocks" (what checkpointing recomputes)} and the forward's parts."""
+        return {**F.transformer_flops_breakdown(config, image_tokens, text_tokens, batch),
+                "forward": F.transformer_forward_flops(config, image_tokens, text_tokens, batch),
+                "backward": F.transformer_backward_flops(config, image_tokens, text_tokens, batch),
+                "blocks": F.transformer_block_flops(config, image_tokens, text_tokens, batch)}
+
+    @property
+    def reference_config(self):
+        """FLUX.1-dev's transformer dimensions (the cost model's default)."""
+        return F.FLUX_DEV
+
+
+base.register_model_family("flux", FluxFamily)
