@@ -19,6 +19,11 @@ class UserError(Exception):
     """Something the user can fix; the message says what and how."""
 
 
+class ConfigError(UserError, ValueError):
+    """A flag value, or a combination of flags, that cannot work. The one error type of
+    configuration: every component's settings raise it directly (fastvideo.settings)."""
+
+
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint (training state or reward weights) is missing, incomplete, or unsafe to load."""
 

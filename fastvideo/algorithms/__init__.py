@@ -1,0 +1,1 @@
+"""Training objectives (policy-gradient algorithms) and their settings."""
