@@ -68,4 +68,7 @@ def translate(args: argparse.Namespace, defaults: argparse.Namespace) -> tuple[d
         changes["rewards"] = legacy
     notes = [f"--{name} is accepted for compatibility and has no effect: {why}"
              for name, why in COMPAT_ONLY_FLAGS.items() if getattr(args, name) != getattr(defaults, name)]
+    if args.ignore_last:
+        notes.append("--ignore_last is accepted for compatibility and has no effect: the last transition is never "
+                     "trained unless --train_last_step is given")
     return changes, notes

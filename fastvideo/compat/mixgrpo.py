@@ -25,7 +25,8 @@ NO_EFFECT = {
     "unified_reward_default_question_type": "the vlm: judge asks one question, its template (the default, or "
                                             "prompt=FILE in the vlm: URL; fastvideo/rewards/vlm.py)",
 }
-_NEEDS_REWARD_MODEL = ("hps_path", "hps_clip_path", "clip_score_path", "image_reward_path", "image_reward_med_config")
+_PATHS = ("hps_path", "hps_clip_path", "clip_score_path", "image_reward_path", "image_reward_med_config")
+_CLIP_MODELS = ("clip_score", "hpsv2_clip_score")
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +91,7 @@ def _map_paths(args: argparse.Namespace) -> tuple[dict, list[str]]:
         notes.append(f"--image_reward_path: using --image_reward_dir {changes['image_reward_dir']}")
     if args.image_reward_med_config:
         _check_med_config(args, changes.get("image_reward_dir", args.image_reward_dir))
-    if args.reward_model in ("clip_score", "hpsv2_clip_score") and args.clip_score_path:
+    if args.reward_model in _CLIP_MODELS and args.clip_score_path:
         if args.clip_score_path.startswith("hf-hub:"):
             raise ConfigError(f"--clip_score_path {args.clip_score_path}: no model hub here; put the CLIP model "
                               "in a folder and pass that folder")
@@ -110,6 +111,21 @@ def _no_effect_notes(args: argparse.Namespace, defaults: argparse.Namespace) -> 
     return notes
 
 
+def _unused_reward_flags(args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+    """MixGRPO's reward flags given a value although --reward_model (or its absence) does not read them."""
+    from fastvideo.rewards.mix import OURS, REWARD_MODELS
+
+    used = set(REWARD_MODELS.get(args.reward_model, ()))
+    names = [flag for reward, (_, flag) in OURS.items() if reward not in used]
+    if "unified_reward" not in used:
+        names += ["unified_reward_url", "unified_reward_model"]
+    if args.reward_model is None:
+        names += list(_PATHS)
+    elif args.reward_model not in _CLIP_MODELS:
+        names.append("clip_score_path")
+    return [f"--{n}" for n in names if getattr(args, n) != getattr(defaults, n)]
+
+
 def translate(args: argparse.Namespace, defaults: argparse.Namespace) -> tuple[dict, list[str]]:
     """(flag values to use instead, notes); ConfigError for MixGRPO settings not implemented."""
     if args.kl_coeff != 0.0:
@@ -118,11 +134,13 @@ def translate(args: argparse.Namespace, defaults: argparse.Namespace) -> tuple[d
     if args.trimmed_ratio != 0.0:
         raise ConfigError(f"--trimmed_ratio {args.trimmed_ratio}: trimmed advantages are not implemented; use 0")
     notes = _no_effect_notes(args, defaults)
+    unused = _unused_reward_flags(args, defaults)
+    if unused:
+        why = (f"--reward_model {args.reward_model} does not use them" if args.reward_model else
+               "they belong to MixGRPO's --reward_model; with --rewards give --hps_ckpt_dir, --clip_dir, "
+               "--image_reward_dir")
+        notes.append(f"{', '.join(unused)}: accepted for MixGRPO compatibility, no effect here: {why}")
     if args.reward_model is None:
-        given = [f"--{n}" for n in _NEEDS_REWARD_MODEL if getattr(args, n)]
-        if given:
-            notes.append(f"{', '.join(given)} have no effect without --reward_model (MixGRPO's reward selection); "
-                         "use --hps_ckpt_dir, --clip_dir, --image_reward_dir with --rewards")
         return {}, notes
     changes, path_notes = _map_paths(args)
     return changes, path_notes + notes

@@ -10,6 +10,10 @@ from fastvideo.errors import ConfigError
 from fastvideo.settings import Settings, flag_group
 
 GUARD_ACTIONS = ("warn", "stop")
+# Flags that only tune an evaluation / the guard (the ones that switch them on are checked instead).
+EVAL_FLAGS = ("eval_steps", "eval_eta", "eval_num_images_per_prompt", "eval_batch_size", "eval_grid_prompts",
+              "eval_max_sequence_length")
+GUARD_FLAGS = ("guard_patience", "guard_drop", "guard_action")
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,17 @@ class EvalSettings(Settings):
         from fastvideo.rewards.settings import reward_spec
 
         return eval_settings_from_args(args, reward_spec(args))
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        """Evaluation flags given while evaluation (or the guard) is off."""
+        changed = [n for n in EVAL_FLAGS + GUARD_FLAGS if getattr(args, n) != getattr(defaults, n)]
+        if args.eval_every == 0 and changed:
+            return [f"{', '.join('--' + n for n in changed)} have no effect without --eval_every N"]
+        changed = [n for n in GUARD_FLAGS if getattr(args, n) != getattr(defaults, n)]
+        if not args.guard_reward and changed:
+            return [f"{', '.join('--' + n for n in changed)} have no effect without --guard_reward"]
+        return []
 
 
 def add_eval_args(parser: argparse.ArgumentParser) -> None:

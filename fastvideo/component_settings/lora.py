@@ -83,6 +83,14 @@ class LoraSettings(Settings):
             init = spec
         return cls(True, args.lora_rank, args.lora_alpha, args.lora_dropout, targets, init).checked()
 
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        changed = [f"--{n}" for n in ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")
+                   if getattr(args, n) != getattr(defaults, n)]
+        if changed and not args.use_lora:
+            return [f"{', '.join(changed)} have no effect without --use_lora"]
+        return []
+
     def check(self) -> None:
         if self.rank < 1:
             raise ConfigError(f"--lora_rank {self.rank} must be at least 1")
