@@ -161,25 +161,26 @@ def _dpm_mode(args) -> tuple[bool, bool]:
 def _check(args) -> None:
     dpm, dpm_all = _dpm_mode(args)
     if dpm_all and args.dpm_algorithm_type == "dpmsolver":
-        raise ConfigError("--dpm_algorithm_type dpmsolver with --dpm_apply_strategy all: the noise-prediction solver is singular "
-             "at FLUX's first sigma, 1 (alpha = 0; its SDE variance is infinite there). Use dpmsolver++ with all, "
-             "or dpmsolver with post")
+        raise ConfigError("--dpm_algorithm_type dpmsolver with --dpm_apply_strategy all: the noise-prediction solver "
+                          "is singular at FLUX's first sigma, 1 (alpha = 0; its SDE variance is infinite there). Use "
+                          "dpmsolver++ with all, or dpmsolver with post")
     if dpm_all and args.flow_grpo_sampling:
-        raise ConfigError("--flow_grpo_sampling and --dpm_apply_strategy all both choose the SDE step (Flow-GRPO's, or "
-             "SDE-DPM-Solver's); give one (MixGRPO ignores --flow_grpo_sampling under all)")
+        raise ConfigError("--flow_grpo_sampling and --dpm_apply_strategy all both choose the SDE step (Flow-GRPO's, "
+                          "or SDE-DPM-Solver's); give one (MixGRPO ignores --flow_grpo_sampling under all)")
     if dpm_all and getattr(args, "train_last_step", False):
-        raise ConfigError("--train_last_step with --dpm_apply_strategy all: the SDE-DPM-Solver step to sigma 0 has no noise, "
-             "so the last transition cannot be trained; drop --train_last_step")
+        raise ConfigError("--train_last_step with --dpm_apply_strategy all: the SDE-DPM-Solver step to sigma 0 has "
+                          "no noise, so the last transition cannot be trained; drop --train_last_step")
     if dpm and not dpm_all and not 0.0 < args.dpm_post_compress_ratio <= 1.0:
         raise ConfigError(f"--dpm_post_compress_ratio {args.dpm_post_compress_ratio} must be in (0, 1]")
     if args.sde_steps < 0:
         raise ConfigError(f"--sde_steps {args.sde_steps} must be >= 0 (0: off)")
     if args.sde_steps and args.training_strategy == "part":
-        raise ConfigError("--sde_steps (Flow-GRPO-Fast) and --training_strategy part (MixGRPO) both place the SDE window; "
-             "give one")
+        raise ConfigError("--sde_steps (Flow-GRPO-Fast) and --training_strategy part (MixGRPO) both place the SDE "
+                          "window; give one")
     if dpm and not dpm_all and args.training_strategy == "all" and not args.sde_steps:
-        raise ConfigError(f"--dpm_algorithm_type {args.dpm_algorithm_type} --dpm_apply_strategy post compresses the ODE steps "
-             "after an SDE window: it needs --training_strategy part or --sde_steps k (or --dpm_apply_strategy all)")
+        raise ConfigError(f"--dpm_algorithm_type {args.dpm_algorithm_type} --dpm_apply_strategy post compresses the "
+                          "ODE steps after an SDE window: it needs --training_strategy part or --sde_steps k (or "
+                          "--dpm_apply_strategy all)")
     if args.training_strategy == "part":
         for name in ("group_size", "iters_per_group", "max_iters_per_group", "min_iters_per_group"):
             if getattr(args, name) < 1:
@@ -211,8 +212,8 @@ def settings_from_args(args: argparse.Namespace, candidates: int) -> MixSettings
             raise ConfigError(f"--sde_steps {args.sde_steps} exceeds the {candidates} trainable transitions")
         fixed = args.sde_start != "random"
         if fixed and int(args.sde_start) + args.sde_steps > candidates:
-            raise ConfigError(f"--sde_start {args.sde_start} with --sde_steps {args.sde_steps} runs past the last trainable "
-                 f"transition {candidates - 1}")
+            raise ConfigError(f"--sde_start {args.sde_start} with --sde_steps {args.sde_steps} runs past the last "
+                              f"trainable transition {candidates - 1}")
         return MixSettings(mode="fast", window_size=args.sde_steps, start_strategy="fixed" if fixed else "random",
                            fixed_start=int(args.sde_start) if fixed else 0, **dpm)
     if args.training_strategy == "part":
@@ -224,7 +225,8 @@ def settings_from_args(args: argparse.Namespace, candidates: int) -> MixSettings
             roll_back=args.roll_back, **dpm,
         )
     if args.frozen_init_timesteps > candidates:
-        raise ConfigError(f"--frozen_init_timesteps {args.frozen_init_timesteps} exceeds the {candidates} trainable transitions")
+        raise ConfigError(f"--frozen_init_timesteps {args.frozen_init_timesteps} exceeds the {candidates} trainable "
+                          "transitions")
     return MixSettings(frozen_init_timesteps=args.frozen_init_timesteps, **dpm)
 
 

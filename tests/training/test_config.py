@@ -313,7 +313,11 @@ def test_every_component_follows_the_settings_convention():
     from fastvideo.config import COMPONENTS
     from fastvideo.settings import Settings
 
+    parser = build_parser()
+    args = parser.parse_args(BASE)
     for name, component in COMPONENTS:
         assert issubclass(component, Settings), name
-        for method in ("add_flags", "from_args", "notes"):
-            assert getattr(component, method) is not getattr(Settings, method) or method == "notes", (name, method)
+        for method in ("add_flags", "from_args"):  # each declares its own flags and builds itself
+            assert getattr(component, method).__func__ is not getattr(Settings, method).__func__, (name, method)
+        built = component.from_args(args)
+        assert built is None or isinstance(built, component), name  # None: evaluation off
