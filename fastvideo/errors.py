@@ -20,7 +20,8 @@ class UserError(Exception):
 
 
 class ConfigError(UserError, ValueError):
-    """A flag value, or a combination of flags, that cannot work."""
+    """A flag value, or a combination of flags, that cannot work. The one error type of
+    configuration: every component's settings raise it directly (fastvideo.settings)."""
 
 
 class CheckpointError(UserError, RuntimeError):

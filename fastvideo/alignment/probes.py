@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 import torch
 
 from fastvideo import platform
-from fastvideo.config import PROBE_KINDS
+from fastvideo.alignment.probe_kinds import PROBE_KINDS
 from fastvideo.errors import MissingInputError
 
 PROBE_TENSORS = "probes.safetensors"

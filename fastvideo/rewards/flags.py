@@ -1,5 +1,5 @@
 """Flags of the reward models added after the first four, of remote rewards, and MixGRPO's
-reward flags; assembled into the trainer's parser by fastvideo/config.py.
+reward flags; part of the reward component (fastvideo/rewards/settings.py) and of the reward server.
 
 The typed result is :class:`RewardExtras` (TrainConfig.reward.extras); builders.build_rewards
 turns it into per-reward constructor arguments with :func:`reward_kwargs`.
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+
+from fastvideo.errors import ConfigError
 
 
 @dataclass
@@ -51,18 +53,18 @@ def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
 
 
 def extras_from_args(args: argparse.Namespace) -> RewardExtras:
-    """Validated RewardExtras; raises ValueError naming the flag. Client flags a parser did not
+    """Validated RewardExtras; raises ConfigError naming the flag. Client flags a parser did not
     define (a reward server's) keep their defaults."""
     if not hasattr(args, "reward_timeout"):
         return RewardExtras(aesthetic_dir=args.aesthetic_dir, aesthetic_clip_name=args.aesthetic_clip_name,
                             image_reward_dir=args.image_reward_dir)
     for flag in ("reward_timeout", "vlm_timeout"):
         if not getattr(args, flag) > 0:
-            raise ValueError(f"--{flag} must be positive; got {getattr(args, flag)}")
+            raise ConfigError(f"--{flag} must be positive; got {getattr(args, flag)}")
     if args.reward_retries < 0:
-        raise ValueError(f"--reward_retries must be >= 0; got {args.reward_retries}")
+        raise ConfigError(f"--reward_retries must be >= 0; got {args.reward_retries}")
     if args.vlm_concurrency < 1:
-        raise ValueError(f"--vlm_concurrency must be >= 1; got {args.vlm_concurrency}")
+        raise ConfigError(f"--vlm_concurrency must be >= 1; got {args.vlm_concurrency}")
     return RewardExtras(
         aesthetic_dir=args.aesthetic_dir, aesthetic_clip_name=args.aesthetic_clip_name,
         image_reward_dir=args.image_reward_dir, remote_timeout_s=args.reward_timeout,
@@ -78,22 +80,22 @@ def mix_mode(args: argparse.Namespace) -> str | None:
         return None
     mode = args.multi_reward_mix or "advantage_aggr"
     if getattr(args, "reward_group_norm", False):
-        raise ValueError(f"--reward_group_norm does not apply with --multi_reward_mix {mode}, which "
+        raise ConfigError(f"--reward_group_norm does not apply with --multi_reward_mix {mode}, which "
                          "normalises the MixGRPO way; drop it")
     if not getattr(args, "use_group", True):
-        raise ValueError(f"--multi_reward_mix {mode} (MixGRPO's --reward_model) needs --use_group")
+        raise ConfigError(f"--multi_reward_mix {mode} (MixGRPO's --reward_model) needs --use_group")
     return mode
 
 
 def spec_from_args(args: argparse.Namespace) -> list:
-    """MixGRPO's --reward_model flags as RewardSpecs ([] when not used); ValueError if mixed
-    with --rewards or the legacy --use_hpsv2/--use_pickscore."""
+    """MixGRPO's --reward_model flags as RewardSpecs ([] when not used); ConfigError if mixed
+    with --rewards (which fastvideo.compat fills from the legacy --use_hpsv2/--use_pickscore)."""
     from fastvideo import platform
     from fastvideo.rewards.mix import mixgrpo_specs
 
     specs = mixgrpo_specs(args, rank=platform.dist_env()[0])
-    if specs and (args.rewards or args.use_hpsv2 or args.use_pickscore):
-        raise ValueError("give the rewards either with --reward_model (MixGRPO) or with --rewards / "
+    if specs and args.rewards:
+        raise ConfigError("give the rewards either with --reward_model (MixGRPO) or with --rewards / "
                          "--use_hpsv2 / --use_pickscore, not both")
     return specs
 

@@ -34,7 +34,10 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from fastvideo.errors import ConfigError
+from fastvideo.grpo.loss import candidate_steps
 from fastvideo.sampling.plan import SamplingPlan, full_sde_plan, window_plan
+from fastvideo.settings import Settings, flag_group
 
 STRATEGIES = ("progressive", "random", "decay", "exp_decay")
 EXP_DECAY_THRESHOLD, EXP_DECAY_K = 13, 0.1  # upstream GRPOTrainingStates defaults (no flags)
@@ -54,8 +57,8 @@ DEVIATIONS = (
 )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("mixed sampling (MixGRPO window, DPM-Solver++, Flow-GRPO-Fast)")
+def _add_flags(parser: argparse.ArgumentParser) -> None:
+    g = flag_group(parser, "mixed sampling (MixGRPO window, DPM-Solver++, Flow-GRPO-Fast)")
     g.add_argument("--training_strategy", type=str, default="all", choices=["all", "part"],
                    help="all: every step SDE (DanceGRPO); part: SDE only in a sliding window (MixGRPO)")
     g.add_argument("--group_size", type=int, default=4,
@@ -91,8 +94,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass(frozen=True)
-class MixSettings:
-    """Resolved mixed-sampling settings. mode: full (DanceGRPO) | window (MixGRPO) | fast."""
+class MixSettings(Settings):
+    """Resolved mixed-sampling settings. mode: full (DanceGRPO) | window (MixGRPO) | fast.
+
+    The window is placed among the transitions that may train, so from_args also reads the
+    schedule's --sampling_steps and --train_last_step (GRPOSettings.candidate_steps)."""
 
     mode: str = "full"
     window_size: int = 0
@@ -129,6 +135,22 @@ class MixSettings:
             "sde_kind": self.sde_kind, "dpm_all": self.dpm_all, "dpm_algorithm": self.dpm_algorithm,
         }
 
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        _add_flags(parser)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "MixSettings":
+        return settings_from_args(args, candidate_steps(args.sampling_steps, args.train_last_step))
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        notes = unused_flag_notes(args, defaults)
+        if args.training_strategy == "part" or args.sde_steps:
+            notes.append("--timestep_fraction does not apply to an SDE window: every window step is trained "
+                         "(as MixGRPO)")
+        return notes
+
 
 def _dpm_mode(args) -> tuple[bool, bool]:
     """(a DPM-Solver is on, it is applied to all steps) from --dpm_algorithm_type / --dpm_apply_strategy."""
@@ -136,47 +158,48 @@ def _dpm_mode(args) -> tuple[bool, bool]:
     return on, on and args.dpm_apply_strategy == "all"
 
 
-def _check(args, fail) -> None:
+def _check(args) -> None:
     dpm, dpm_all = _dpm_mode(args)
     if dpm_all and args.dpm_algorithm_type == "dpmsolver":
-        fail("--dpm_algorithm_type dpmsolver with --dpm_apply_strategy all: the noise-prediction solver is singular "
-             "at FLUX's first sigma, 1 (alpha = 0; its SDE variance is infinite there). Use dpmsolver++ with all, "
-             "or dpmsolver with post")
+        raise ConfigError("--dpm_algorithm_type dpmsolver with --dpm_apply_strategy all: the noise-prediction solver "
+                          "is singular at FLUX's first sigma, 1 (alpha = 0; its SDE variance is infinite there). Use "
+                          "dpmsolver++ with all, or dpmsolver with post")
     if dpm_all and args.flow_grpo_sampling:
-        fail("--flow_grpo_sampling and --dpm_apply_strategy all both choose the SDE step (Flow-GRPO's, or "
-             "SDE-DPM-Solver's); give one (MixGRPO ignores --flow_grpo_sampling under all)")
+        raise ConfigError("--flow_grpo_sampling and --dpm_apply_strategy all both choose the SDE step (Flow-GRPO's, "
+                          "or SDE-DPM-Solver's); give one (MixGRPO ignores --flow_grpo_sampling under all)")
     if dpm_all and getattr(args, "train_last_step", False):
-        fail("--train_last_step with --dpm_apply_strategy all: the SDE-DPM-Solver step to sigma 0 has no noise, "
-             "so the last transition cannot be trained; drop --train_last_step")
+        raise ConfigError("--train_last_step with --dpm_apply_strategy all: the SDE-DPM-Solver step to sigma 0 has "
+                          "no noise, so the last transition cannot be trained; drop --train_last_step")
     if dpm and not dpm_all and not 0.0 < args.dpm_post_compress_ratio <= 1.0:
-        fail(f"--dpm_post_compress_ratio {args.dpm_post_compress_ratio} must be in (0, 1]")
+        raise ConfigError(f"--dpm_post_compress_ratio {args.dpm_post_compress_ratio} must be in (0, 1]")
     if args.sde_steps < 0:
-        fail(f"--sde_steps {args.sde_steps} must be >= 0 (0: off)")
+        raise ConfigError(f"--sde_steps {args.sde_steps} must be >= 0 (0: off)")
     if args.sde_steps and args.training_strategy == "part":
-        fail("--sde_steps (Flow-GRPO-Fast) and --training_strategy part (MixGRPO) both place the SDE window; "
-             "give one")
+        raise ConfigError("--sde_steps (Flow-GRPO-Fast) and --training_strategy part (MixGRPO) both place the SDE "
+                          "window; give one")
     if dpm and not dpm_all and args.training_strategy == "all" and not args.sde_steps:
-        fail(f"--dpm_algorithm_type {args.dpm_algorithm_type} --dpm_apply_strategy post compresses the ODE steps "
-             "after an SDE window: it needs --training_strategy part or --sde_steps k (or --dpm_apply_strategy all)")
+        raise ConfigError(f"--dpm_algorithm_type {args.dpm_algorithm_type} --dpm_apply_strategy post compresses the "
+                          "ODE steps after an SDE window: it needs --training_strategy part or --sde_steps k (or "
+                          "--dpm_apply_strategy all)")
     if args.training_strategy == "part":
         for name in ("group_size", "iters_per_group", "max_iters_per_group", "min_iters_per_group"):
             if getattr(args, name) < 1:
-                fail(f"--{name} must be at least 1")
+                raise ConfigError(f"--{name} must be at least 1")
         if args.prog_overlap_step < 0:  # 0 freezes the window at its start (MixGRPO-Flash*)
-            fail(f"--prog_overlap_step {args.prog_overlap_step} must be >= 0 (0: the window never moves)")
+            raise ConfigError(f"--prog_overlap_step {args.prog_overlap_step} must be >= 0 (0: the window never moves)")
     if args.sde_start != "random":
         try:
             start = int(args.sde_start)
         except ValueError:
             start = -1
         if start < 0:
-            fail(f"--sde_start {args.sde_start!r}: give 'random' or a step index >= 0")
+            raise ConfigError(f"--sde_start {args.sde_start!r}: give 'random' or a step index >= 0")
 
 
-def settings_from_args(args: argparse.Namespace, candidates: int, fail) -> MixSettings:
-    """Validate the flags (``fail(msg)`` raises) and resolve them. candidates: transitions that may
+def settings_from_args(args: argparse.Namespace, candidates: int) -> MixSettings:
+    """Validate the flags (ConfigError) and resolve them. candidates: transitions that may
     train (0 .. candidates-1)."""
-    _check(args, fail)
+    _check(args)
     dpm_on, dpm_all = _dpm_mode(args)
     sde_kind = "flow" if args.flow_grpo_sampling else "dance"
     if dpm_all:
@@ -186,11 +209,11 @@ def settings_from_args(args: argparse.Namespace, candidates: int, fail) -> MixSe
                dpm_order=args.dpm_solver_order, dpm_solver_type=args.dpm_solver_type, sde_kind=sde_kind)
     if args.sde_steps:
         if args.sde_steps > candidates:
-            fail(f"--sde_steps {args.sde_steps} exceeds the {candidates} trainable transitions")
+            raise ConfigError(f"--sde_steps {args.sde_steps} exceeds the {candidates} trainable transitions")
         fixed = args.sde_start != "random"
         if fixed and int(args.sde_start) + args.sde_steps > candidates:
-            fail(f"--sde_start {args.sde_start} with --sde_steps {args.sde_steps} runs past the last trainable "
-                 f"transition {candidates - 1}")
+            raise ConfigError(f"--sde_start {args.sde_start} with --sde_steps {args.sde_steps} runs past the last "
+                              f"trainable transition {candidates - 1}")
         return MixSettings(mode="fast", window_size=args.sde_steps, start_strategy="fixed" if fixed else "random",
                            fixed_start=int(args.sde_start) if fixed else 0, **dpm)
     if args.training_strategy == "part":
@@ -202,7 +225,8 @@ def settings_from_args(args: argparse.Namespace, candidates: int, fail) -> MixSe
             roll_back=args.roll_back, **dpm,
         )
     if args.frozen_init_timesteps > candidates:
-        fail(f"--frozen_init_timesteps {args.frozen_init_timesteps} exceeds the {candidates} trainable transitions")
+        raise ConfigError(f"--frozen_init_timesteps {args.frozen_init_timesteps} exceeds the {candidates} trainable "
+                          "transitions")
     return MixSettings(frozen_init_timesteps=args.frozen_init_timesteps, **dpm)
 
 

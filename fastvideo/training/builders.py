@@ -13,9 +13,9 @@ from fastvideo.models import sharded_load
 
 def build_family(cfg: TrainConfig):
     """The model family of --model_family, carrying the rollout's forward settings."""
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+    from fastvideo.models.base import get_model_family
 
-    return get_model_family(getattr(cfg.model, "family", DEFAULT_FAMILY), guidance_scale=cfg.rollout.guidance_scale,
+    return get_model_family(cfg.model.family, guidance_scale=cfg.rollout.guidance_scale,
                             quantize_timestep=cfg.rollout.quantize_timestep)
 
 

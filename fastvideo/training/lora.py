@@ -1,7 +1,6 @@
-"""LoRA fine-tuning of the FLUX transformer through peft: flags, injection, FSDP units, names.
+"""LoRA fine-tuning of the FLUX transformer through peft: injection, FSDP units, names.
 
-    group = add_lora_args(parser)                 # config.build_parser
-    settings = lora_settings(args)                # config.validate_args -> TrainConfig.lora
+    settings = LoraSettings.from_args(args)       # fastvideo/component_settings/lora.py -> TrainConfig.lora
     apply_lora(model, settings, base_dtype, seed) # builders.build_models, before wrap_model
     wrap_model(..., extra_units=is_adapter_unit)  # each adapter Linear its own FSDP unit
     with adapters_disabled(model): ...            # the frozen base policy (KL reference)
@@ -21,95 +20,27 @@ applies scale 1, so an export multiplies ``lora_B`` by alpha / rank (exact for t
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
 import torch
 from torch import nn
 
+from fastvideo.component_settings.lora import (  # noqa: F401  (re-exported: the settings' old home)
+    DEFAULT_TARGETS,
+    LORA_WEIGHTS_NAME,
+    LoraSettings,
+    lora_weights_file,
+)
+from fastvideo.errors import ConfigError
+
 ADAPTER = "default"  # peft's adapter name; part of every in-model adapter parameter name
-DEFAULT_TARGETS = ("to_k", "to_q", "to_v", "to_out.0")  # upstream DanceGRPO's LoRA targets
-LORA_WEIGHTS_NAME = "pytorch_lora_weights.safetensors"  # diffusers' file name
 _IN_MODEL_KEY = re.compile(r"^(?P<module>.+)\.(?P<ab>lora_[AB])\.default\.weight$")
 _DIFFUSERS_KEY = re.compile(r"^transformer\.(?P<module>.+)\.(?P<ab>lora_[AB])\.weight$")
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    enabled: bool
-    rank: int
-    alpha: float
-    dropout: float
-    target_modules: tuple[str, ...]
-    init_weights: str | None  # a diffusers-format LoRA file/folder to start the adapters from
-
-    @property
-    def scale(self) -> float:
-        """peft's multiplier on B @ A."""
-        return self.alpha / self.rank
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["target_modules"] = list(self.target_modules)
-        return d
-
-
-def add_lora_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("LoRA")
-    g.add_argument("--use_lora", action="store_true",
-                   help="train LoRA adapters (peft) on a frozen base instead of all weights")
-    g.add_argument("--lora_rank", type=int, default=128, help="adapter rank r")
-    g.add_argument("--lora_alpha", type=float, default=256, help="adapter scale is lora_alpha / lora_rank")
-    g.add_argument("--lora_dropout", type=float, default=0.0, help="dropout on the adapter input (training only)")
-    g.add_argument("--lora_target_modules", type=str, default=",".join(DEFAULT_TARGETS),
-                   help="comma-separated module names (peft suffix match) that get adapters")
-    g.add_argument("--resume_from_lora_checkpoint", type=str, default=None,
-                   help='upstream DanceGRPO\'s flag. A checkpoint of this trainer (or "latest") resumes it '
-                        "exactly, like --resume_from_checkpoint; a diffusers LoRA file or folder "
-                        f"({LORA_WEIGHTS_NAME}, e.g. upstream's lora-checkpoint-N) starts the adapters from its "
-                        "weights at iteration 0")
-
-
-def _is_trainer_checkpoint(spec: str) -> bool:
-    return spec == "latest" or (Path(spec) / "COMPLETE.json").is_file()
-
-
-def lora_settings(args: argparse.Namespace) -> LoraSettings:
-    """Validate the LoRA flags. --resume_from_lora_checkpoint naming a trainer checkpoint is
-    moved to args.resume_from_checkpoint here (the caller reads it afterwards)."""
-    from fastvideo.config import ConfigError
-
-    targets = tuple(t.strip() for t in args.lora_target_modules.split(",") if t.strip())
-    spec = args.resume_from_lora_checkpoint
-    if not args.use_lora:
-        if spec:
-            raise ConfigError("--resume_from_lora_checkpoint needs --use_lora (or run fastvideo/train_grpo_flux_lora.py)")
-        return LoraSettings(False, args.lora_rank, args.lora_alpha, args.lora_dropout, targets, None)
-    if args.lora_rank < 1:
-        raise ConfigError(f"--lora_rank {args.lora_rank} must be at least 1")
-    if args.lora_alpha <= 0:
-        raise ConfigError(f"--lora_alpha {args.lora_alpha} must be positive")
-    if not 0.0 <= args.lora_dropout < 1.0:
-        raise ConfigError(f"--lora_dropout {args.lora_dropout} must be in [0, 1)")
-    if not targets:
-        raise ConfigError("--lora_target_modules is empty; e.g. to_k,to_q,to_v,to_out.0")
-    init = None
-    if spec:
-        if _is_trainer_checkpoint(spec):
-            if args.resume_from_checkpoint and args.resume_from_checkpoint != spec:
-                raise ConfigError("--resume_from_checkpoint and --resume_from_lora_checkpoint name different "
-                                  "checkpoints; give one")
-            args.resume_from_checkpoint = spec
-        else:
-            lora_weights_file(spec)  # fails now, naming the problem, rather than after the models load
-            init = spec
-    return LoraSettings(True, args.lora_rank, args.lora_alpha, args.lora_dropout, targets, init)
 
 
 # ---------------------------------------------------------------- injection
@@ -122,8 +53,6 @@ def apply_lora(model: nn.Module, s: LoraSettings, base_dtype: torch.dtype, adapt
     from fastvideo.utils import require
 
     peft = require("peft", "lora", "--use_lora")
-    from fastvideo.config import ConfigError
-
     model.requires_grad_(False)
     model.to(base_dtype)
     config = peft.LoraConfig(r=s.rank, lora_alpha=s.alpha, lora_dropout=s.dropout, init_lora_weights=True,
@@ -230,20 +159,6 @@ def from_diffusers(file_state: dict[str, torch.Tensor], scale: float) -> dict[st
     return out
 
 
-def lora_weights_file(spec: str | Path) -> Path:
-    """A LoRA file, or the folder holding pytorch_lora_weights.safetensors."""
-    from fastvideo.config import ConfigError
-
-    path = Path(spec)
-    if path.is_dir():
-        path = path / LORA_WEIGHTS_NAME
-    if not path.is_file() or path.suffix != ".safetensors":
-        raise ConfigError(f"--resume_from_lora_checkpoint {str(spec)!r}: neither a checkpoint of this trainer "
-                          f"(checkpoint-N with COMPLETE.json) nor a folder with {LORA_WEIGHTS_NAME} / a "
-                          ".safetensors LoRA file")
-    return path
-
-
 def read_lora_file(spec: str | Path) -> dict[str, torch.Tensor]:
     """The diffusers-format entries, scale 1. Upstream's lora-checkpoint-N folders store their raw
     adapters (applied at lora_alpha / lora_rank by upstream) with that ratio in lora_config.json;
@@ -263,8 +178,6 @@ def read_lora_file(spec: str | Path) -> dict[str, torch.Tensor]:
 
 def load_adapter_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy in-model-named adapter weights into an (unwrapped) model; every adapter must be given."""
-    from fastvideo.config import ConfigError
-
     params = dict(model.named_parameters())
     wanted = {k for k, p in params.items() if p.requires_grad}
     missing, unexpected = sorted(wanted - state.keys()), sorted(state.keys() - wanted)

@@ -9,7 +9,8 @@ refusal into a logged list.
 
 from __future__ import annotations
 
-from fastvideo.config import ConfigError, TrainConfig
+from fastvideo.config import TrainConfig
+from fastvideo.errors import ConfigError
 
 # The flag (as users type it) behind each identity key, for messages.
 FLAGS = {
@@ -39,7 +40,12 @@ FLAGS = {
     "sde_kind": "--flow_grpo_sampling / --dpm_apply_strategy",
     "dpm_all": "--dpm_apply_strategy",
     "dpm_algorithm": "--dpm_algorithm_type",
+    "model_family": "--model_family",
+    "algorithm": "--algorithm",
 }
+# Settings added to the identity after checkpoints were first written, with the value every earlier
+# run had: a checkpoint without the key is compared as if it held that value.
+ADDED_KEYS = {"model_family": "flux", "algorithm": "grpo"}
 
 
 def run_identity(cfg: TrainConfig, world_size: int) -> dict:
@@ -62,12 +68,15 @@ def run_identity(cfg: TrainConfig, world_size: int) -> dict:
         **({"lora_rank": cfg.lora.rank, "lora_alpha": cfg.lora.alpha,
             "lora_target_modules": ",".join(cfg.lora.target_modules)} if cfg.lora.enabled else {}),
         **cfg.mix.identity(),
+        "model_family": cfg.model.family,
+        "algorithm": cfg.algorithm,
     }
 
 
 def identity_differences(saved: dict, current: dict) -> list[str]:
     """One line per setting whose value differs: 'seed (--seed): checkpoint 42, this run 7'."""
     out = []
+    saved = {**ADDED_KEYS, **saved}
     for key, now in current.items():
         if key in saved and saved[key] != now:
             out.append(f"{key} ({FLAGS.get(key, '--' + key)}): checkpoint {saved[key]!r}, this run {now!r}")

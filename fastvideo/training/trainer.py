@@ -67,7 +67,7 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
         run_setup.build_parts(self)
-        self.objective = build_objective(getattr(self.cfg, "algorithm", "grpo"), ObjectiveContext(
+        self.objective = build_objective(self.cfg.algorithm, ObjectiveContext(
             cfg=self.cfg, dims=self.dims, device=self.device, reward=self.reward, randomness=self.randomness))
         self.policy = Policy(self.model, self.family, self.device, self.autocast_dtype, self.kl_reference)
         self.updater = Updater(self.model, self.optimizer, self.lr_scheduler, self.cfg.optim,

@@ -193,3 +193,131 @@ ADDED = {
 ])
 def test_reference_launchers_pass_their_sources_flags(script, source):
     assert _launcher_flags(script) == {**source, **ADDED[script]}
+
+
+# ---------------------------------------------------------------- every flag does something, or says it does not
+def _non_default(action, default):
+    """A value for ``action`` other than the parser's default, or None when there is none."""
+    import argparse
+
+    if isinstance(action, argparse._StoreTrueAction):
+        return []
+    if action.choices:
+        other = [c for c in action.choices if c != default]
+        return [str(other[0])] if other else None
+    if action.type is int:
+        return [str((default or 0) + 2)]
+    if action.type is float:
+        return [str((default or 0.0) + 0.5)]
+    return ["x" if default is None else f"{default}_x"]
+
+
+def _outcome(argv):
+    try:
+        cfg = validate_args(build_parser().parse_args(argv))
+    except ConfigError as exc:
+        return "error", str(exc)
+    d = cfg.to_dict()
+    return d.pop("compat_notes"), d
+
+
+def test_every_flag_works_is_refused_or_noted():
+    """Each flag given a non-default value changes the config, or fails with a reason, or is named
+    in a start-up note: none is parsed and silently ignored."""
+    parser = build_parser()
+    start = BASE + ["--use_group"]
+    base_notes, base = _outcome(start)
+    assert base_notes == []
+    silent = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help" or action.option_strings[0] == "--use_group":
+            continue
+        value = _non_default(action, parser.get_default(action.dest))
+        if value is None:  # a single accepted value (e.g. --advantage_rerange_strategy null)
+            continue
+        flag = action.option_strings[0]
+        notes, cfg = _outcome(start + [flag, *value])
+        if notes == "error":
+            continue
+        if cfg == base and not any(flag in n for n in notes):
+            silent.append(flag)
+    assert silent == []
+
+
+@pytest.mark.parametrize("flags, note", [
+    (["--unified_reward_num_workers", "4"], "--unified_reward_num_workers is accepted for MixGRPO compatibility"),
+    (["--drop_last_sample"], "--drop_last_sample is accepted for MixGRPO compatibility and has no effect"),
+    (["--unified_reward_default_question_type", "semantic"], "--unified_reward_default_question_type is accepted"),
+    (["--image_reward_med_config", "m/med_config.json"], "--image_reward_med_config"),
+    (["--ignore_last"], "--ignore_last is accepted for compatibility"),
+    (["--lora_rank", "4"], "--lora_rank have no effect without --use_lora"),
+    (["--eval_steps", "4"], "--eval_steps have no effect without --eval_every"),
+    (["--hps_weight", "2"], "--hps_weight: accepted for MixGRPO compatibility, no effect here"),
+])
+def test_flags_without_effect_are_noted_once(flags, note):
+    cfg = _validate(*flags)
+    assert sum(note in n for n in cfg.compat_notes) == 1, cfg.compat_notes
+
+
+def test_image_reward_med_config_must_be_the_one_imagereward_reads(tmp_path):
+    mix = ["--reward_model", "image_reward", "--use_group", "--image_reward_path", str(tmp_path / "ImageReward.pt")]
+    argv = ["--data_json_path", "d", "--pretrained_model_name_or_path", "m", *mix]
+    ok = validate_args(build_parser().parse_args(argv + ["--image_reward_med_config",
+                                                         str(tmp_path / "med_config.json")]))
+    assert ok.reward.extras.image_reward_dir == str(tmp_path)
+    with pytest.raises(ConfigError, match="reads med_config.json from its folder"):
+        validate_args(build_parser().parse_args(argv + ["--image_reward_med_config", "/elsewhere/med_config.json"]))
+
+
+def test_parsing_reads_args_and_never_writes_them(tmp_path):
+    import copy
+
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "COMPLETE.json").write_text("{}")
+    for extra in (["--use_lora", "--resume_from_lora_checkpoint", str(tmp_path / "checkpoint-2")],
+                  ["--use_hpsv2", "--use_pickscore"],
+                  ["--reward_model", "hpsv2", "--use_group", "--hps_path", "/h/HPS_v2.1_compressed.pt"]):
+        argv = ["--data_json_path", "d", "--pretrained_model_name_or_path", "m", *extra]
+        args = build_parser().parse_args(argv if "--rewards" in extra or "--use_hpsv2" in extra
+                                         or "--reward_model" in extra else argv + ["--rewards", "compressibility"])
+        before = copy.deepcopy(vars(args))
+        cfg = validate_args(args)
+        assert vars(args) == before
+    assert cfg.reward.hps_ckpt_dir == "/h"
+
+
+def test_model_family_and_algorithm_are_stored():
+    cfg = _validate()
+    assert cfg.model.family == "flux" and cfg.algorithm == "grpo"
+    d = cfg.to_dict()
+    assert d["model"]["family"] == "flux" and d["algorithm"] == "grpo"
+    plugin = _validate("--model_family", "my_pkg.models:Sd3Family", "--algorithm", "my_pkg.algos:DPO")
+    assert plugin.model.family == "my_pkg.models:Sd3Family" and plugin.algorithm == "my_pkg.algos:DPO"
+    for flag in ("--model_family", "--algorithm"):
+        with pytest.raises(ConfigError, match=f"{flag} 'a:b:c'"):
+            _validate(flag, "a:b:c")
+
+
+def test_run_identity_treats_a_missing_new_key_as_its_default():
+    from fastvideo.training.run_identity import identity_differences, run_identity
+
+    now = run_identity(_validate(), 1)
+    old = {k: v for k, v in now.items() if k not in ("model_family", "algorithm")}  # a 919d5af checkpoint
+    assert identity_differences(old, now) == []
+    other = run_identity(_validate("--model_family", "pkg.m:Other"), 1)
+    assert identity_differences(old, other) == [
+        "model_family (--model_family): checkpoint 'flux', this run 'pkg.m:Other'"]
+
+
+def test_every_component_follows_the_settings_convention():
+    from fastvideo.config import COMPONENTS
+    from fastvideo.settings import Settings
+
+    parser = build_parser()
+    args = parser.parse_args(BASE)
+    for name, component in COMPONENTS:
+        assert issubclass(component, Settings), name
+        for method in ("add_flags", "from_args"):  # each declares its own flags and builds itself
+            assert getattr(component, method).__func__ is not getattr(Settings, method).__func__, (name, method)
+        built = component.from_args(args)
+        assert built is None or isinstance(built, component), name  # None: evaluation off

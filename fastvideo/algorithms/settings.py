@@ -1,0 +1,76 @@
+"""The GRPO objective's settings: grouping, advantages, which transitions train, clipping, KL,
+and how the update is cut into micro-batches."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from fastvideo.errors import ConfigError
+from fastvideo.grpo.loss import candidate_steps, num_trained_steps
+from fastvideo.settings import Settings, at_least_one, flag_group
+
+
+@dataclass
+class GRPOSettings(Settings):
+    use_group: bool
+    adv_std: str  # sample | population
+    train_last_step: bool
+    timestep_fraction: float
+    clip_range: float
+    adv_clip_max: float
+    loss_coef: float
+    train_micro_batch_size: int
+    gradient_accumulation_steps: int
+    kl_coef: float = 0.0
+
+    def candidate_steps(self, sampling_steps: int) -> int:
+        """Transitions a sample may train on: 0 .. N-2 upstream (the last one never), N with --train_last_step."""
+        return candidate_steps(sampling_steps, self.train_last_step)
+
+    def trained_steps(self, sampling_steps: int) -> int:
+        """T: how many of the candidate transitions each sample trains on."""
+        return num_trained_steps(sampling_steps, self.timestep_fraction, self.train_last_step)
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        g = flag_group(parser, "GRPO")
+        g.add_argument("--use_group", action="store_true",
+                       help="expand each prompt into --num_generations samples and normalise advantages within "
+                            "each group; without it (upstream) every prompt gets one sample and advantages are "
+                            "normalised over the gathered batch")
+        g.add_argument("--adv_std", type=str, default="sample", choices=["sample", "population"],
+                       help="std used to normalise advantages: sample (torch.std, upstream DanceGRPO) or "
+                            "population (Flow-GRPO)")
+        g.add_argument("--train_last_step", action="store_true",
+                       help="also train the last sampling transition (upstream never trains it)")
+        g.add_argument("--timestep_fraction", type=float, default=0.6)
+        g.add_argument("--clip_range", type=float, default=1e-4)
+        g.add_argument("--adv_clip_max", type=float, default=5.0)
+        g.add_argument("--loss_coef", type=float, default=1.0, help="multiplies the loss")
+        g.add_argument("--kl_coef", type=float, default=0.0,
+                       help="beta of a KL penalty to the frozen base policy (closed-form KL of each trained SDE "
+                            "step; LoRA: the adapters switched off; full fine-tuning: a frozen copy of the initial "
+                            "weights, sharded like the model). 0: off")
+        g.add_argument("--train_micro_batch_size", type=int, default=1, help="samples per micro-batch in the update")
+        flag_group(parser, "optimisation").add_argument(
+            "--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "GRPOSettings":
+        at_least_one(args, "train_micro_batch_size", "gradient_accumulation_steps")
+        return cls(
+            use_group=args.use_group, adv_std=args.adv_std, train_last_step=args.train_last_step,
+            timestep_fraction=args.timestep_fraction, clip_range=args.clip_range,
+            adv_clip_max=args.adv_clip_max, loss_coef=args.loss_coef,
+            train_micro_batch_size=args.train_micro_batch_size,
+            gradient_accumulation_steps=args.gradient_accumulation_steps, kl_coef=args.kl_coef,
+        ).checked()
+
+    def check(self) -> None:
+        if not 0.0 < self.timestep_fraction <= 1.0:
+            raise ConfigError(f"--timestep_fraction {self.timestep_fraction} must be in (0, 1]")
+        if self.kl_coef < 0:
+            raise ConfigError(f"--kl_coef {self.kl_coef} must be >= 0 (0 turns the KL penalty off)")
+        if self.clip_range <= 0 or self.adv_clip_max <= 0:
+            raise ConfigError("--clip_range and --adv_clip_max must be positive")

@@ -1,0 +1,71 @@
+"""Optimiser settings: seeds, iterations, AdamW, the learning-rate schedule, EMA, and the
+non-finite-step guard. The optimiser is built in fastvideo/training/builders.py."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from fastvideo.errors import ConfigError
+from fastvideo.settings import Settings, at_least_one, flag_group
+
+
+@dataclass
+class OptimSettings(Settings):
+    seed: int
+    sampler_seed: int
+    max_train_steps: int
+    learning_rate: float
+    weight_decay: float
+    max_grad_norm: float
+    lr_scheduler: str
+    lr_warmup_steps: int
+    lr_num_cycles: int
+    lr_power: float
+    use_ema: bool
+    ema_decay: float
+    ema_start_step: int
+    max_nonfinite_steps: int
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        flag_group(parser, "data").add_argument("--sampler_seed", type=int, default=None,
+                                                help="seed of the prompt order (default: --seed)")
+        g = flag_group(parser, "optimisation")
+        g.add_argument("--seed", type=int, default=42)
+        g.add_argument("--max_train_steps", type=int, default=300, help="GRPO iterations")
+        g.add_argument("--learning_rate", type=float, default=1e-5)
+        g.add_argument("--weight_decay", type=float, default=1e-4)
+        g.add_argument("--max_grad_norm", type=float, default=1.0)
+        g.add_argument("--lr_scheduler", type=str, default="constant_with_warmup")
+        g.add_argument("--lr_warmup_steps", type=int, default=0)
+        g.add_argument("--lr_num_cycles", type=int, default=1)
+        g.add_argument("--lr_power", type=float, default=1.0)
+        g.add_argument("--use_ema", action="store_true")
+        g.add_argument("--ema_decay", type=float, default=0.995)
+        g.add_argument("--ema_start_step", type=int, default=0)
+        g.add_argument("--max_nonfinite_steps", type=int, default=3,
+                       help="abort after this many optimizer steps in a row with a non-finite loss or gradient")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "OptimSettings":
+        at_least_one(args, "max_train_steps", "max_nonfinite_steps")
+        return cls(
+            seed=args.seed,
+            sampler_seed=args.sampler_seed if args.sampler_seed is not None else args.seed,
+            max_train_steps=args.max_train_steps, learning_rate=args.learning_rate,
+            weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+            lr_scheduler=args.lr_scheduler, lr_warmup_steps=args.lr_warmup_steps,
+            lr_num_cycles=args.lr_num_cycles, lr_power=args.lr_power, use_ema=args.use_ema,
+            ema_decay=args.ema_decay, ema_start_step=args.ema_start_step,
+            max_nonfinite_steps=args.max_nonfinite_steps,
+        ).checked()
+
+    def check(self) -> None:
+        if self.use_ema and not 0.0 < self.ema_decay < 1.0:
+            raise ConfigError(f"--ema_decay {self.ema_decay} must be in (0, 1)")
+        from diffusers.optimization import SchedulerType
+
+        valid = [t.value for t in SchedulerType]
+        if self.lr_scheduler not in valid:
+            raise ConfigError(f"--lr_scheduler {self.lr_scheduler!r} is unknown; choose from {', '.join(valid)}")

@@ -1,0 +1,92 @@
+"""Output settings: where checkpoints, images and metrics go, how often, resuming, and the
+alignment recordings (--record_dir, randomness capture/replay, module probes)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from fastvideo.alignment.probe_kinds import PROBE_KINDS
+from fastvideo.errors import ConfigError
+from fastvideo.settings import Settings, at_least_one, flag_group
+
+
+def _probe_kinds(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    kinds = list(PROBE_KINDS) if text == "all" else [s.strip() for s in text.split(",")]
+    bad = [s for s in kinds if s not in PROBE_KINDS]
+    if bad:
+        raise ConfigError(f"--probe_layers: unknown kind(s) {bad}; valid: all or {', '.join(PROBE_KINDS)}")
+    return kinds
+
+
+@dataclass
+class OutputSettings(Settings):
+    output_dir: str
+    image_dir: str
+    checkpointing_steps: int
+    checkpoints_total_limit: int
+    resume_from_checkpoint: str | None
+    resume_allow_changes: bool
+    save_images_every: int
+    report_to: str
+    record_dir: str | None
+    record_tensors: bool
+    dump_randomness: str | None
+    load_randomness: str | None
+    probe_layers: list[str] | None
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        g = flag_group(parser, "outputs")
+        g.add_argument("--output_dir", type=str, default="data/outputs/grpo")
+        g.add_argument("--checkpointing_steps", type=int, default=40)
+        g.add_argument("--checkpoints_total_limit", type=int, default=3, help="keep the last K checkpoints")
+        g.add_argument("--resume_from_checkpoint", type=str, default=None, help='"latest" or a checkpoint folder')
+        g.add_argument("--image_dir", type=str, default=None,
+                       help="folder under which images/step_NNNNNN/ is written (default OUTPUT_DIR)")
+        g.add_argument("--save_images_every", type=int, default=1,
+                       help="save rollout images every N iterations (0: never)")
+        g.add_argument("--report_to", type=str, default="none", choices=["none", "wandb"])
+        g = flag_group(parser, "alignment")
+        g.add_argument("--record_dir", type=str, default=None, help="record a run for compare_runs")
+        g.add_argument("--record_tensors", action="store_true",
+                       help="also record initial noise and sample-0 latents")
+        g.add_argument("--dump_randomness", type=str, default=None, help="capture every random draw to DIR")
+        g.add_argument("--load_randomness", type=str, default=None, help="replay random draws from DIR")
+        g.add_argument("--resume_allow_changes", action="store_true",
+                       help="resume even if the run-defining settings (seed, group size, schedule, rewards, "
+                            "batch layout ...) differ from the checkpoint's; the differences are logged")
+        g.add_argument("--probe_layers", type=str, default=None,
+                       help='record module outputs for one fixed input: "all" or comma-separated kinds '
+                            "(rope,norm,attention,block,vae)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "OutputSettings":
+        at_least_one(args, "checkpointing_steps")
+        return cls(
+            output_dir=args.output_dir,
+            image_dir=args.image_dir or args.output_dir,
+            checkpointing_steps=args.checkpointing_steps,
+            checkpoints_total_limit=args.checkpoints_total_limit,
+            resume_from_checkpoint=args.resume_from_checkpoint,
+            resume_allow_changes=args.resume_allow_changes,
+            save_images_every=args.save_images_every,
+            report_to=args.report_to,
+            record_dir=args.record_dir,
+            record_tensors=args.record_tensors,
+            dump_randomness=args.dump_randomness,
+            load_randomness=args.load_randomness,
+            probe_layers=_probe_kinds(args.probe_layers),
+        ).checked()
+
+    def check(self) -> None:
+        if self.dump_randomness and self.load_randomness:
+            raise ConfigError("--dump_randomness and --load_randomness cannot be used together")
+        if self.checkpoints_total_limit < 1:
+            raise ConfigError("--checkpoints_total_limit must be at least 1")
+        if self.record_tensors and not self.record_dir:
+            raise ConfigError("--record_tensors needs --record_dir")
+        if self.probe_layers and not self.record_dir:
+            raise ConfigError("--probe_layers needs --record_dir (probe outputs are written there)")

@@ -1,0 +1,35 @@
+"""The prompt data's settings: which embeddings file, how many prompts each rank takes per
+iteration and how many threads load them. TrainConfig keeps these three at its top level."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from fastvideo.errors import ConfigError
+from fastvideo.settings import Settings, at_least_one, flag_group
+
+
+@dataclass
+class DataSettings(Settings):
+    data_json_path: str
+    dataloader_num_workers: int
+    prompts_per_rank: int
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        g = flag_group(parser, "data")
+        g.add_argument("--data_json_path", type=str, required=True,
+                       help="videos2caption.json written by preprocess_flux_embedding")
+        g.add_argument("--dataloader_num_workers", type=int, default=4,
+                       help="threads that load prompt embeddings in parallel (0: in the main thread)")
+        g.add_argument("--train_batch_size", type=int, default=1, help="prompts per rank per iteration")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "DataSettings":
+        at_least_one(args, "train_batch_size")
+        return cls(args.data_json_path, args.dataloader_num_workers, args.train_batch_size).checked()
+
+    def check(self) -> None:
+        if self.dataloader_num_workers < 0:
+            raise ConfigError("--dataloader_num_workers must be >= 0")

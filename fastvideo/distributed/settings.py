@@ -1,0 +1,33 @@
+"""Parallelism settings: how FSDP shards the model and whether it offloads to the CPU.
+TrainConfig keeps them at its top level (cfg.fsdp_strategy, cfg.cpu_offload)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from fastvideo.errors import ConfigError
+from fastvideo.settings import Settings, flag_group
+
+
+@dataclass
+class ParallelSettings(Settings):
+    fsdp_strategy: str  # full | hybrid | none
+    cpu_offload: bool
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        g = flag_group(parser, "parallelism")
+        g.add_argument("--fsdp_sharding_strategy", type=str, default="full", choices=["full", "hybrid", "none"])
+        g.add_argument("--use_cpu_offload", action="store_true")
+        g.add_argument("--sp_size", type=int, default=1, help="sequence parallel size; must be 1")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ParallelSettings":
+        if args.sp_size != 1:
+            raise ConfigError(f"--sp_size {args.sp_size}: sequence parallelism is not supported; use --sp_size 1")
+        return cls(args.fsdp_sharding_strategy, args.use_cpu_offload).checked()
+
+    def check(self) -> None:
+        if self.cpu_offload and self.fsdp_strategy == "none":
+            raise ConfigError("--use_cpu_offload needs FSDP sharding (--fsdp_sharding_strategy full or hybrid)")

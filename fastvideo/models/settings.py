@@ -1,0 +1,69 @@
+"""The model component's settings: which model family, where its weights are, and in which
+precision it runs and is trained."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from fastvideo.errors import ConfigError
+from fastvideo.settings import Settings, check_plugin_name, flag_group
+
+
+@dataclass
+class ModelConfig(Settings):
+    pretrained_model_name_or_path: str
+    dit_model_name_or_path: str | None
+    vae_model_path: str
+    vae_precision: str
+    master_weight_type: str
+    mixed_precision: str
+    allow_tf32: bool
+    gradient_checkpointing: bool
+    selective_checkpointing: float
+    family: str = "flux"  # a registered model family or a "pkg.module:Class" plugin (--model_family)
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        flag_group(parser, "components").add_argument(
+            "--model_family", type=str, default="flux",
+            help='model family: a registered name (flux) or a plugin "pkg.module:Class"')
+        g = flag_group(parser, "models")
+        g.add_argument("--pretrained_model_name_or_path", type=str, required=True,
+                       help="diffusers-layout FLUX folder (data/flux)")
+        g.add_argument("--dit_model_name_or_path", type=str, default=None,
+                       help="take the transformer from this folder instead (a FLUX folder or a transformer folder)")
+        g.add_argument("--vae_model_path", type=str, default=None, help="FLUX folder to take the VAE from")
+        g.add_argument("--vae_precision", type=str, default="auto", choices=["auto", "fp32", "bf16"],
+                       help="VAE weights' dtype for decoding rollouts; auto: bf16 on GPU/NPU, fp32 on CPU")
+        g = flag_group(parser, "optimisation")
+        g.add_argument("--mixed_precision", type=str, default="bf16", choices=["no", "fp16", "bf16"])
+        g.add_argument("--master_weight_type", type=str, default="fp32", choices=["fp32", "bf16"])
+        g.add_argument("--allow_tf32", action="store_true", help="TF32 matmuls on CUDA, HF32 on NPU")
+        g.add_argument("--gradient_checkpointing", action="store_true")
+        g.add_argument("--selective_checkpointing", type=float, default=1.0,
+                       help="fraction of transformer blocks to checkpoint (from the first)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ModelConfig":
+        return cls(
+            pretrained_model_name_or_path=args.pretrained_model_name_or_path,
+            dit_model_name_or_path=args.dit_model_name_or_path,
+            vae_model_path=args.vae_model_path or args.pretrained_model_name_or_path,
+            vae_precision=args.vae_precision,
+            master_weight_type=args.master_weight_type,
+            mixed_precision=args.mixed_precision,
+            allow_tf32=args.allow_tf32,
+            gradient_checkpointing=args.gradient_checkpointing,
+            selective_checkpointing=args.selective_checkpointing,
+            family=args.model_family,
+        ).checked()
+
+    def check(self) -> None:
+        if self.mixed_precision == "fp16":
+            raise ConfigError("--mixed_precision fp16 is not supported (overflows in FLUX); use bf16 or no")
+        if not 0.0 <= self.selective_checkpointing <= 1.0:
+            raise ConfigError("--selective_checkpointing must be in [0, 1]")
+        if self.selective_checkpointing < 1.0 and not self.gradient_checkpointing:
+            raise ConfigError("--selective_checkpointing needs --gradient_checkpointing")
+        check_plugin_name("model_family", self.family)

@@ -1,0 +1,87 @@
+"""The reward component's settings: which rewards (with weights), their model files, where and in
+which precision they score. The newer rewards' and remote judges' flags are in rewards/flags.py
+(RewardExtras); MixGRPO's --reward_model selection in rewards/mix.py."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from fastvideo.errors import ConfigError
+from fastvideo.settings import Settings, at_least_one, flag_group
+
+
+def reward_spec(args: argparse.Namespace) -> list:
+    """The trained rewards ([RewardSpec(name, weight)]) from --rewards or MixGRPO's --reward_model."""
+    from fastvideo.rewards.combine import parse_reward_spec
+    from fastvideo.rewards.flags import spec_from_args
+
+    try:
+        mixgrpo = spec_from_args(args)  # MixGRPO's --reward_model flags; [] when not used
+        spec = parse_reward_spec(args.rewards) if args.rewards else []
+    except ValueError as exc:  # the spec parsers' own errors (unknown name, bad weight, MixGRPO weights)
+        raise ConfigError(str(exc)) from exc
+    if mixgrpo:
+        return mixgrpo
+    if not spec:
+        raise ConfigError('no reward given: add --rewards NAME:WEIGHT (e.g. --rewards "hpsv2:1.0" or '
+                          '--rewards compressibility:1.0) or --use_hpsv2')
+    return spec
+
+
+@dataclass
+class RewardSettings(Settings):
+    spec: list  # [RewardSpec(name, weight)]
+    group_norm: bool
+    hps_ckpt_dir: str
+    hps_model_name: str
+    pickscore_dir: str
+    pickscore_processor_dir: str | None
+    clip_dir: str
+    device: str
+    batch_size: int
+    overlap: str  # auto | on | off (see builders.overlap_reward_scoring)
+    precision: str  # auto | fp16 | bf16 | fp32 (see builders.reward_dtype)
+    extras: object = None  # rewards.flags.RewardExtras: newer rewards' paths, remote settings
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        g = flag_group(parser, "rewards")
+        g.add_argument("--rewards", type=str, default=None,
+                       help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, '
+                            'compressibility, aesthetic, imagereward, detail, saturation; remote:URL/NAME:W; '
+                            'vlm:URL?model=M:W)')
+        g.add_argument("--reward_group_norm", action="store_true",
+                       help="normalise each reward within its group before weighting")
+        g.add_argument("--hps_ckpt_dir", type=str, default="./hps_ckpt")
+        g.add_argument("--hps_model_name", type=str, default="ViT-H-14",
+                       help="open_clip architecture of the HPS checkpoint")
+        g.add_argument("--pickscore_dir", type=str, default="./pickscore_ckpt")
+        g.add_argument("--pickscore_processor_dir", type=str, default=None)
+        g.add_argument("--clip_dir", type=str, default="./clip_ckpt")
+        g.add_argument("--reward_device", type=str, default="train", choices=["train", "cpu"],
+                       help="score on the training device or on the CPU")
+        g.add_argument("--reward_batch_size", type=int, default=8)
+        g.add_argument("--reward_precision", type=str, default="auto", choices=["auto", "fp16", "bf16", "fp32"],
+                       help="autocast dtype of model rewards (HPS, PickScore, CLIP); auto: fp16 on GPU/NPU as "
+                            "upstream DanceGRPO and the Ascend recipe score, fp32 on CPU")
+        g.add_argument("--reward_overlap", type=str, default="auto", choices=["auto", "on", "off"],
+                       help="score each rollout chunk on a worker thread while the next chunk samples; auto: on "
+                            "only when the reward runs on another device than the rollout (--reward_device cpu "
+                            "with a GPU/NPU), where the two do not compete (docs/performance.md)")
+        from fastvideo.rewards.flags import add_reward_flags
+
+        add_reward_flags(parser)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "RewardSettings":
+        from fastvideo.rewards.flags import extras_from_args
+
+        at_least_one(args, "reward_batch_size")
+        return cls(
+            spec=reward_spec(args), group_norm=args.reward_group_norm,
+            hps_ckpt_dir=args.hps_ckpt_dir, hps_model_name=args.hps_model_name,
+            pickscore_dir=args.pickscore_dir, pickscore_processor_dir=args.pickscore_processor_dir,
+            clip_dir=args.clip_dir, device=args.reward_device, batch_size=args.reward_batch_size,
+            overlap=args.reward_overlap, precision=args.reward_precision, extras=extras_from_args(args),
+        ).checked()

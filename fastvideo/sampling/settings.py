@@ -1,0 +1,78 @@
+"""The rollout's settings: image size, sampling schedule and noise, group size, batching.
+
+The SDE window / solver choices (MixGRPO, Flow-GRPO-Fast) are fastvideo.sampling.mix.MixSettings."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from fastvideo.errors import ConfigError
+from fastvideo.settings import Settings, at_least_one, flag_group
+
+
+@dataclass
+class RolloutSettings(Settings):
+    height: int
+    width: int
+    sampling_steps: int
+    eta: float
+    shift: float
+    guidance_scale: float
+    quantize_timestep: bool
+    num_generations: int  # samples per prompt; config makes it 1 without --use_group (upstream)
+    rollout_batch_size: int
+    init_same_noise: bool
+    share_ode_prefix: bool = True
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        flag_group(parser, "data").add_argument("--num_latent_t", type=int, default=1,
+                                                help="latent frames; must be 1 for images")
+        g = flag_group(parser, "GRPO")
+        g.add_argument("--h", type=int, default=720, help="image height (multiple of 16)")
+        g.add_argument("--w", type=int, default=720, help="image width (multiple of 16)")
+        g.add_argument("--t", type=int, default=1, help="frames; must be 1 for images")
+        g.add_argument("--sampling_steps", type=int, default=16)
+        g.add_argument("--eta", type=float, default=0.3)
+        g.add_argument("--shift", type=float, default=3.0)
+        g.add_argument("--guidance_scale", type=float, default=3.5, help="FLUX.1-dev guidance embedding value")
+        g.add_argument("--no_quantize_timestep", action="store_true",
+                       help="pass the exact sigma to the transformer (diffusers' FluxPipeline) instead of "
+                            "upstream's floor(1000*sigma)/1000")
+        g.add_argument("--num_generations", type=int, default=12, help="samples per prompt (group size)")
+        g.add_argument("--init_same_noise", action="store_true", help="share the initial noise within a group")
+        g.add_argument("--no_share_ode_prefix", action="store_true",
+                       help="with --init_same_noise, still compute a window plan's leading ODE steps for every "
+                            "sample (by default once per group: the G samples pass through the same states there)")
+        g.add_argument("--rollout_batch_size", type=int, default=1, help="samples per transformer call in the rollout")
+        g.add_argument("--cfg", type=float, default=0.0,
+                       help="classifier-free guidance; must be 0 (FLUX.1-dev is guidance-distilled)")
+        g.add_argument("--precondition_outputs", action="store_true", help="not supported for FLUX")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "RolloutSettings":
+        """Refuses the video and classifier-free-guidance flags (accepted only with their neutral values)."""
+        if args.t != 1 or args.num_latent_t != 1:
+            raise ConfigError("--t and --num_latent_t must be 1: this trainer is for images")
+        if args.cfg != 0.0:
+            raise ConfigError(f"--cfg {args.cfg}: classifier-free guidance is not supported; FLUX.1-dev uses its "
+                              "guidance embedding (--guidance_scale)")
+        if args.precondition_outputs:
+            raise ConfigError("--precondition_outputs is not supported for FLUX (velocity prediction)")
+        at_least_one(args, "rollout_batch_size")
+        return cls(
+            height=args.h, width=args.w, sampling_steps=args.sampling_steps, eta=args.eta,
+            shift=args.shift, guidance_scale=args.guidance_scale,
+            quantize_timestep=not args.no_quantize_timestep, num_generations=args.num_generations,
+            rollout_batch_size=args.rollout_batch_size, init_same_noise=args.init_same_noise,
+            share_ode_prefix=not args.no_share_ode_prefix,
+        ).checked()
+
+    def check(self) -> None:
+        h, w = self.height, self.width
+        if h <= 0 or w <= 0 or h % 16 or w % 16:
+            raise ConfigError(f"--h {h} --w {w}: both must be positive multiples of 16")
+        if self.eta <= 0:
+            raise ConfigError(f"--eta {self.eta}: GRPO needs a stochastic sampler (eta > 0) to have "
+                              "log-probabilities")

@@ -1,0 +1,90 @@
+"""The one convention for a component's settings, and the helpers its flags share.
+
+Each component (model, rollout, rewards, objective, optimiser, outputs, evaluation, LoRA,
+parallelism, data) owns ONE settings dataclass, next to its code where that package does not
+itself read the training config (see the layering note below), built the same way::
+
+    class RolloutSettings(Settings):
+        @classmethod
+        def add_flags(cls, parser): ...          # declare its flags (argparse groups)
+        @classmethod
+        def from_args(cls, args): ...            # read the parsed flags (never write them), refuse
+                                                 # unsupported values, return cls(...).checked()
+        def check(self): ...                     # invariants of the built values
+        @classmethod
+        def notes(cls, args, defaults): ...      # start-up notes for flags given without effect
+
+Every error is a ``ConfigError`` (fastvideo.errors) raised directly, with a message naming the flag
+and the fix. ``fastvideo.config`` composes the components (one parser, one TrainConfig) and checks
+the few rules that span two of them; ``fastvideo.compat`` translates DanceGRPO's and MixGRPO's flag
+names before any component reads them.
+
+Layering: ``fastvideo.config`` must not import a package that imports it (training/, eval/), so the
+settings of the optimiser, outputs, LoRA and evaluation live in ``fastvideo.component_settings``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from fastvideo.errors import ConfigError
+
+__all__ = ["ConfigError", "Settings", "at_least_one", "check_plugin_name", "flag_group", "parser_defaults"]
+
+
+class Settings:
+    """Base of every component's settings dataclass (adds no fields, so asdict is unchanged)."""
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        raise NotImplementedError(f"{cls.__name__}.add_flags")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Settings":
+        raise NotImplementedError(f"{cls.__name__}.from_args")
+
+    def check(self) -> None:
+        """Raise ConfigError if the values cannot work together; nothing to check by default."""
+
+    def checked(self):
+        self.check()
+        return self
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        """Start-up notes for this component's flags that were given but have no effect."""
+        return []
+
+
+def flag_group(parser: argparse.ArgumentParser, title: str):
+    """The parser's argument group called ``title`` (created on first use), so that components
+    sharing a help section (e.g. "data") add to the same one."""
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
+
+
+def parser_defaults(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Every flag's default, read from the parser once (no second parse, no required flags)."""
+    return argparse.Namespace(**{a.dest: parser.get_default(a.dest) for a in parser._actions
+                                 if a.dest != argparse.SUPPRESS})
+
+
+def at_least_one(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name} must be at least 1")
+
+
+_REGISTERED = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_PLUGIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_plugin_name(flag: str, value: str) -> None:
+    """A registered name ("flux") or a plugin path ("pkg.module:Name"); whether it resolves is
+    checked where the component is built."""
+    if not (_PLUGIN.match(value) or (":" not in value and _REGISTERED.match(value))):
+        raise ConfigError(f"--{flag} {value!r}: give a registered name (e.g. flux, grpo) or a plugin "
+                          "path pkg.module:Name")
