@@ -16,7 +16,7 @@ import torch
 
 from fastvideo import platform
 from fastvideo.algorithms.base import ObjectiveContext, RewardResult
-from fastvideo.algorithms.registry import build_objective
+from fastvideo.algorithms.registry import resolve_objective
 from fastvideo.distributed.parallel import ParallelDims
 from fastvideo.sampling.mix import plan_for_iteration
 from fastvideo.sampling.plan import SamplingPlan
@@ -66,8 +66,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
+        make_objective = resolve_objective(self.cfg.algorithm)  # an unknown --algorithm fails before any model loads
         run_setup.build_parts(self)
-        self.objective = build_objective(self.cfg.algorithm, ObjectiveContext(
+        self.objective = make_objective(ObjectiveContext(
             cfg=self.cfg, dims=self.dims, device=self.device, reward=self.reward, randomness=self.randomness))
         self.policy = Policy(self.model, self.family, self.device, self.autocast_dtype, self.kl_reference)
         self.updater = Updater(self.model, self.optimizer, self.lr_scheduler, self.cfg.optim,
