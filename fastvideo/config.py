@@ -17,7 +17,7 @@ from typing import Sequence
 
 from fastvideo import compat
 from fastvideo.algorithms.settings import GRPOSettings
-from fastvideo.alignment.probe_kinds import PROBE_KINDS  # re-exported for old imports
+from fastvideo.component_settings.outputs import PROBE_KINDS  # re-exported for old imports
 from fastvideo.compat.dancegrpo import COMPAT_ONLY_FLAGS  # re-exported for old imports
 from fastvideo.component_settings.eval import EvalSettings
 from fastvideo.component_settings.lora import LoraSettings

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 import torch
 
 from fastvideo import platform
-from fastvideo.alignment.probe_kinds import PROBE_KINDS
+from fastvideo.component_settings.outputs import PROBE_KINDS
 from fastvideo.errors import MissingInputError
 
 PROBE_TENSORS = "probes.safetensors"

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from fastvideo.alignment.probe_kinds import PROBE_KINDS
 from fastvideo.errors import ConfigError
 from fastvideo.settings import Settings, at_least_one, flag_group
+
+# The module kinds whose outputs --probe_layers records (fastvideo/alignment/probes.py reads them here).
+PROBE_KINDS = ("rope", "norm", "attention", "block", "vae")
 
 
 def _probe_kinds(text: str | None) -> list[str] | None:
