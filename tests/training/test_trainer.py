@@ -125,6 +125,7 @@ def test_missing_inputs_fail_early(tiny_flux_dir, tiny_embeddings, tmp_path, mon
 # single-seed form used) and is judged on held-out prompts under the same noise before and after.
 LEARNING_SEEDS = (0, 1, 2)
 LEARNING_ITERATIONS = 8
+LEARNING_EVAL_PROMPTS = 12  # the first 12 of assets/eval_prompts.txt, one image each
 LEARNING_MARGIN = 0.005  # the mean gain over seeds must exceed it (measured about 0.02: see the docstring)
 
 
@@ -138,7 +139,7 @@ def _held_out_gain(seed, tiny_embeddings, tiny_flux_dir, out, eval_prompts, monk
                       train_micro_batch_size=4, timestep_fraction=1.0, clip_range=0.2, learning_rate=3e-3,
                       init_same_noise=True, save_images_every=0, checkpointing_steps=100,
                       fsdp_sharding_strategy="none", seed=seed, eval_every=LEARNING_ITERATIONS,
-                      eval_prompts=str(eval_prompts), eval_num_images_per_prompt=2, eval_batch_size=16)
+                      eval_prompts=str(eval_prompts), eval_batch_size=LEARNING_EVAL_PROMPTS)
     assert _run_single(argv, monkeypatch) == 0
     scores = {r["iteration"]: r["trained_score"] for r in map(json.loads, (out / "eval.jsonl").open())}
     assert set(scores) == {0, LEARNING_ITERATIONS}
@@ -158,9 +159,9 @@ def test_learning_with_compressibility(tiny_flux_dir, tiny_embeddings, tmp_path,
     machine's rounding: 0.042 on an AMX Xeon.)"""
     from helpers import ROOT
 
-    eval_prompts = tmp_path / "eval24.txt"
+    eval_prompts = tmp_path / "eval_prompts.txt"
     lines = (ROOT / "assets" / "eval_prompts.txt").read_text(encoding="utf-8").splitlines()
-    eval_prompts.write_text("\n".join(lines[:24]) + "\n", encoding="utf-8")
+    eval_prompts.write_text("\n".join(lines[:LEARNING_EVAL_PROMPTS]) + "\n", encoding="utf-8")
     gains = [_held_out_gain(seed, tiny_embeddings, tiny_flux_dir, tmp_path / f"learn{seed}", eval_prompts,
                             monkeypatch) for seed in LEARNING_SEEDS]
     print("held-out compressibility gain per seed:", gains)
