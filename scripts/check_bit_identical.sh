@@ -32,6 +32,7 @@ if [ -n "${WORK_DIR:-}" ]; then mkdir -p "$WORK_DIR"; else WORK_DIR=$(mktemp -d 
 WORK_DIR=$(cd "$WORK_DIR" && pwd)
 BASE_TREE="$WORK_DIR/base_src"
 cleanup() {
+  if declare -F restore_stamp >/dev/null; then restore_stamp; fi
   if [ "$KEEP" = 1 ]; then echo "check_bit_identical: kept $WORK_DIR" >&2; return; fi
   git -C "$HEAD_ROOT" worktree remove --force "$BASE_TREE" 2>/dev/null || true
   rm -rf "$WORK_DIR"
@@ -46,6 +47,12 @@ VENV_PREFIX=$("$PYTHON" -c 'import sys; print(sys.prefix)')
 PIP_STANDIN="$WORK_DIR/no_pip.sh"
 printf '#!/bin/sh\necho "check_bit_identical: not installing (pip $*)" >&2\n' > "$PIP_STANDIN"
 chmod +x "$PIP_STANDIN"
+# env_setup.sh rewrites the environment's stamp when a tree's pyproject.toml differs from the installed
+# one; put the original back after each run, so a later real env_setup.sh still sees what was installed.
+STAMP="$VENV_PREFIX/.flux_grpo_setup"
+STAMP_SAVED="$WORK_DIR/stamp.saved"
+if [ -f "$STAMP" ]; then cp "$STAMP" "$STAMP_SAVED"; fi
+restore_stamp() { if [ -f "$STAMP_SAVED" ]; then cp "$STAMP_SAVED" "$STAMP" 2>/dev/null || true; fi; }
 
 # run_demo NAME TREE: the demo in TREE with TREE's code; outputs in WORK_DIR/NAME, log in WORK_DIR/NAME.log
 run_demo() {
@@ -54,11 +61,13 @@ run_demo() {
   if ! env PYTHON="$PYTHON" PYTHONPATH="$tree" VIRTUAL_ENV="$VENV_PREFIX" PATH="$(dirname "$PYTHON"):$PATH" \
       FLUX_GRPO_PIP="$PIP_STANDIN" DEMO_DIR="$WORK_DIR/$name" STEPS="$STEPS" EXTRA_ARGS="${EXTRA_ARGS:-}" \
       bash "$tree/scripts/demo/grpo_tiny_cpu.sh" >"$WORK_DIR/$name.log" 2>&1; then
+    restore_stamp
     echo "check_bit_identical: the $name run failed; last lines of $WORK_DIR/$name.log:" >&2
     tail -n 20 "$WORK_DIR/$name.log" >&2
     KEEP=1
     exit 2
   fi
+  restore_stamp
 }
 run_demo base "$BASE_TREE"
 run_demo head "$HEAD_ROOT"
