@@ -151,10 +151,10 @@ def test_learning_with_compressibility(tiny_flux_dir, tiny_embeddings, tmp_path,
     """Training on the compressibility reward makes the policy's images more compressible, stated over
     seeds: the mean held-out gain exceeds LEARNING_MARGIN and most seeds improve.
 
-    Measured gains (seeds 0, 1, 2) on an AMD EPYC: 0.033, 0.009, 0.017 with its AVX-512 kernels;
-    0.033, 0.007, 0.016 with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2. It fails when learning
+    Measured gains (seeds 0, 1, 2) on an AMD EPYC: 0.022, 0.016, 0.007 with its AVX-512 kernels;
+    0.022, 0.018, 0.004 with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2. It fails when learning
     is broken: learning_rate 0 gives exactly 0 for every seed, advantages of the wrong sign gave
-    -0.010, -0.056, -0.048.
+    -0.012, -0.075, -0.029.
     (The earlier form, one seed's last-6 minus first-6 training rewards > 0.05, was tuned to one
     machine's rounding: 0.042 on an AMX Xeon.)"""
     from helpers import ROOT
