@@ -96,8 +96,7 @@ def _lora_merged(spec: ModelSpec, base: Path):
     """A LoRA checkpoint or an exported LoRA file merged into the base transformer (float32, CPU):
     W + scale B A, the function the adapted model computes."""
     from fastvideo.models import flux
-    from fastvideo.tools import export
-    from fastvideo.training import lora
+    from fastvideo.training import export, lora
 
     if spec.kind == LORA_CHECKPOINT:
         return export.merged_transformer(spec.path, base=str(base))

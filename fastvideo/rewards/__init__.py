@@ -5,6 +5,7 @@ or several with ``build_multi_reward("hpsv2:1.0,pickscore:0.5", ...)``. Model cl
 their modules (hps, pickscore, clip_score, compressibility) and are imported on first use.
 """
 
+from fastvideo.rewards.advantages import group_normalize
 from fastvideo.rewards.base import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
@@ -32,7 +33,6 @@ from fastvideo.rewards.combine import (
     RewardSpecError,
     build_multi_reward,
     format_reward_spec,
-    group_normalize,
     legacy_reward_spec,
     parse_reward_spec,
     resolve_reward_specs,

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from fastvideo.errors import UserError
+from fastvideo.rewards.advantages import group_normalize, mix_advantages
 from fastvideo.rewards.base import ImageBatch, Reward, build_reward, check_reward_name
 
 
@@ -122,26 +123,6 @@ def resolve_reward_specs(
     return specs
 
 
-def group_normalize(
-    scores: torch.Tensor, num_generations: int, eps: float = 1e-8, unbiased: bool = True
-) -> torch.Tensor:
-    """``[B]`` -> ``[B]``: (r - group mean) / (group std + eps) over consecutive groups of G.
-
-    unbiased=True matches torch.std's default, which DanceGRPO's advantages use.
-    """
-    if num_generations < 2:
-        raise ValueError(f"group normalisation needs num_generations >= 2; got {num_generations}")
-    if scores.ndim != 1 or scores.numel() % num_generations:
-        raise ValueError(
-            f"scores {list(scores.shape)} cannot be split into groups of {num_generations}: "
-            "a batch must hold whole groups"
-        )
-    groups = scores.float().view(-1, num_generations)
-    mean = groups.mean(dim=1, keepdim=True)
-    std = groups.std(dim=1, keepdim=True, unbiased=unbiased)
-    return ((groups - mean) / (std + eps)).view(-1)
-
-
 @dataclass
 class MultiRewardOutput:
     total: torch.Tensor  # [B] float32: the weighted sum used for advantages
@@ -194,8 +175,6 @@ class MultiReward:
 
     def mixed_advantages(self, raw: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """[B] advantages the MixGRPO way (self.mix), from raw scores of whole groups."""
-        from fastvideo.rewards.mix import mix_advantages
-
         weights = {name: weight for name, weight, _ in self.components}
         return mix_advantages(raw, weights, self.num_generations, self.mix)
 

@@ -4,7 +4,8 @@
     --multi_reward_mix advantage_aggr|reward_aggr [--unified_reward_url http://host:port]
 
 becomes a --rewards spec (:func:`mixgrpo_specs`) with MixGRPO's rewards and its weights divided
-by their sum (as MixGRPO does), and advantages computed as MixGRPO does (:func:`mix_advantages`),
+by their sum (as MixGRPO does), and advantages computed as MixGRPO does
+(:func:`fastvideo.rewards.advantages.mix_advantages`),
 with G the group size and std the unbiased sample std (torch's default, which MixGRPO uses):
 
 - ``advantage_aggr``: A = sum_k w_k * (r_k - mean_g(r_k)) / (std_g(r_k) + 1e-8)
@@ -19,13 +20,10 @@ provided here). A judge that fails raises (MixGRPO scored a failed sample 0 and 
 from __future__ import annotations
 
 import argparse
-from typing import Mapping
 
-import torch
+from fastvideo.rewards.advantages import MIX_MODES
+from fastvideo.rewards.combine import RewardSpec
 
-from fastvideo.rewards.combine import RewardSpec, group_normalize
-
-MIX_MODES = ("advantage_aggr", "reward_aggr")
 # MixGRPO's --reward_model choices -> its reward names, in its order.
 REWARD_MODELS = {
     "hpsv2": ("hpsv2",),
@@ -44,7 +42,6 @@ OURS = {
     "pick_score": ("pickscore", "pick_score_weight"),
     "unified_reward": ("vlm", "unified_reward_weight"),
 }
-EPS = 1e-8
 
 
 def add_mixgrpo_flags(p: argparse.ArgumentParser) -> None:
@@ -89,15 +86,3 @@ def mixgrpo_specs(args: argparse.Namespace, rank: int = 0) -> list[RewardSpec]:
         else:
             specs.append(RewardSpec(ours, weights[n] / total))
     return specs
-
-
-def mix_advantages(raw: Mapping[str, torch.Tensor], weights: Mapping[str, float], group_size: int,
-                   mode: str) -> torch.Tensor:
-    """MixGRPO's advantages from raw per-reward scores ([B] each, groups of G contiguous). [B]."""
-    if mode not in MIX_MODES:
-        raise ValueError(f"unknown mix {mode!r}; use one of {MIX_MODES}")
-    names = list(weights)
-    if mode == "advantage_aggr":
-        return sum(weights[n] * group_normalize(raw[n].float(), group_size, EPS, unbiased=True) for n in names)
-    merged = sum(weights[n] * raw[n].float() for n in names)
-    return group_normalize(merged, group_size, EPS, unbiased=True)

@@ -16,11 +16,7 @@ request) is not retried: it would fail again.
 
 from __future__ import annotations
 
-import json
-import logging
-import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Sequence
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -28,14 +24,10 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import torch
 
 from fastvideo.rewards.base import ImageBatch, check_inputs
+from fastvideo.rewards.http import RemoteRewardError, call_with_retries, error_text, http_json
 from fastvideo.rewards.wire import ENCODINGS, encode_request
 
-log = logging.getLogger(__name__)
 ENDPOINT_KINDS = ("remote", "vlm")
-
-
-class RemoteRewardError(RuntimeError):
-    """A reward server or judge endpoint that cannot be reached or keeps failing."""
 
 
 @dataclass(frozen=True)
@@ -91,49 +83,6 @@ def server_base(url: str) -> tuple[str, str, str]:
     return urlunsplit((parts.scheme, parts.netloc, path, "", "")), name, encoding
 
 
-def http_json(url: str, body: bytes | None = None, timeout_s: float = 10.0,
-              content_type: str = "application/octet-stream") -> dict:
-    """GET (body None) or POST ``url``; the JSON reply. Raises urllib errors as they come."""
-    request = urllib.request.Request(url, data=body, method="GET" if body is None else "POST")
-    if body is not None:
-        request.add_header("Content-Type", content_type)
-    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-        return json.loads(reply.read().decode("utf-8"))
-
-
-def _error_text(exc: Exception) -> str:
-    if isinstance(exc, urllib.error.HTTPError):
-        try:
-            detail = exc.read().decode("utf-8", "replace")[:500]
-        except Exception:  # noqa: BLE001 - the status line is enough then
-            detail = ""
-        return f"HTTP {exc.code} {exc.reason} {detail}".strip()
-    reason = getattr(exc, "reason", None)
-    return f"{type(exc).__name__}: {reason if reason is not None else exc}"
-
-
-def call_with_retries(what: str, fn, retries: int, backoff_s: float = 0.5):
-    """fn() with up to ``retries`` retries after connection errors, timeouts and 5xx answers."""
-    for attempt in range(retries + 1):
-        try:
-            return fn()
-        except urllib.error.HTTPError as exc:
-            if exc.code < 500:
-                raise RemoteRewardError(f"{what} refused the request: {_error_text(exc)}") from None
-            last = exc
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
-            last = exc
-        if attempt < retries:
-            delay = backoff_s * 2 ** attempt
-            log.warning("%s failed (%s); retry %d/%d in %.1f s", what, _error_text(last),
-                        attempt + 1, retries, delay)
-            time.sleep(delay)
-    raise RemoteRewardError(
-        f"{what} failed {retries + 1} times, last: {_error_text(last)}. Is the server still "
-        "running and reachable from here? (raise --reward_timeout / --reward_retries for a slow one)"
-    )
-
-
 def check_reward_server(url: str, timeout_s: float = 10.0) -> dict:
     """GET <server>/health and check that it serves the URL's reward; its health record."""
     base, name, _ = server_base(url)
@@ -142,7 +91,7 @@ def check_reward_server(url: str, timeout_s: float = 10.0) -> dict:
     except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
         raise RemoteRewardError(
             f"reward server {base} (from --rewards remote:{url}) does not answer: "
-            f"{_error_text(exc)}. Start it first: python -m fastvideo.tools.reward_server "
+            f"{error_text(exc)}. Start it first: python -m fastvideo.tools.reward_server "
             f"--rewards {name} --host HOST --port PORT"
         ) from None
     served = health.get("rewards", {})

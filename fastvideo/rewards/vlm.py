@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import torch
 
 from fastvideo.rewards.base import ImageBatch, as_pils, check_inputs
-from fastvideo.rewards.remote import RemoteRewardError, _error_text, call_with_retries, http_json
+from fastvideo.rewards.http import RemoteRewardError, call_with_retries, error_text, http_json
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def check_vlm_endpoint(url: str, timeout_s: float = 10.0) -> None:
     except (OSError, ValueError) as exc:
         raise VLMJudgeError(
             f"VLM judge {base} (from --rewards vlm:{url}) does not answer GET {base}/models: "
-            f"{_error_text(exc)}. Is the OpenAI-compatible server (vLLM, SGLang...) running there?"
+            f"{error_text(exc)}. Is the OpenAI-compatible server (vLLM, SGLang...) running there?"
         ) from None
     served = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
     if model not in served:

@@ -165,6 +165,7 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str) -> str:
     lines.append("phases: " + ", ".join(f"{k} {v / GB:.2f} GB" for k, v in est.phases.items()))
     lines.append(est.verdict(args.device_memory_gb))
     lines.append("not counted: framework context and workspaces, allocator fragmentation, reward activations")
+    return "\n".join(lines)
 # ----------------------------------------------------------------------------- mixed sampling (MixGRPO)
 REFERENCE_STEPS, REFERENCE_FRACTION = 16, 0.6  # DanceGRPO's FLUX script
 

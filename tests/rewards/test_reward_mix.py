@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastvideo.config import ConfigError, build_parser, validate_args
-from fastvideo.rewards.mix import mix_advantages
+from fastvideo.rewards.advantages import mix_advantages
 
 G = 4
 HPS = [0.30, 0.25, 0.35, 0.20, 0.10, 0.10, 0.40, 0.22]

@@ -4,7 +4,7 @@ are given (tiny HPS + CLIP: MixGRPO's hpsv2_clip_score)."""
 import pytest
 import torch
 
-from fastvideo.rewards.mix import mix_advantages
+from fastvideo.rewards.advantages import mix_advantages
 from helpers import single_process_trainer, train_args
 
 

@@ -121,19 +121,52 @@ def test_missing_inputs_fail_early(tiny_flux_dir, tiny_embeddings, tmp_path, mon
     assert "checkpoint" in capsys.readouterr().err.lower()
 
 
-@pytest.mark.slow
-def test_learning_with_compressibility(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch):
-    """Fixed seeds, the compressibility reward: the last iterations score above the first ones."""
-    out = tmp_path / "learn"
-    argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=24, h=64, w=64, sampling_steps=6,
-                      eta=0.7, num_generations=8, train_batch_size=2, rollout_batch_size=8,
+# The learning claim over seeds: each seed trains LEARNING_ITERATIONS iterations (3 x 8 = the 24 the
+# single-seed form used) and is judged on held-out prompts under the same noise before and after.
+LEARNING_SEEDS = (0, 1, 2)
+LEARNING_ITERATIONS = 8
+LEARNING_EVAL_PROMPTS = 12  # the first 12 of assets/eval_prompts.txt, one image each
+LEARNING_MARGIN = 0.005  # the mean gain over seeds must exceed it (measured about 0.02: see the docstring)
+
+
+def _held_out_gain(seed, tiny_embeddings, tiny_flux_dir, out, eval_prompts, monkeypatch) -> float:
+    """Compressibility on held-out prompts after LEARNING_ITERATIONS iterations minus before.
+
+    Both evaluations sample the same prompts from the same noise with the deterministic ODE sampler, so
+    the difference is the policy's change alone, not prompt or noise luck."""
+    argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=LEARNING_ITERATIONS, h=64, w=64,
+                      sampling_steps=6, eta=0.7, num_generations=8, train_batch_size=2, rollout_batch_size=8,
                       train_micro_batch_size=4, timestep_fraction=1.0, clip_range=0.2, learning_rate=3e-3,
                       init_same_noise=True, save_images_every=0, checkpointing_steps=100,
-                      fsdp_sharding_strategy="none")
+                      fsdp_sharding_strategy="none", seed=seed, eval_every=LEARNING_ITERATIONS,
+                      eval_prompts=str(eval_prompts), eval_batch_size=LEARNING_EVAL_PROMPTS)
     assert _run_single(argv, monkeypatch) == 0
-    rewards = [r["reward_mean"] for r in read_metrics(out)]
-    first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
-    assert last > first + 0.05, rewards
+    scores = {r["iteration"]: r["trained_score"] for r in map(json.loads, (out / "eval.jsonl").open())}
+    assert set(scores) == {0, LEARNING_ITERATIONS}
+    return scores[LEARNING_ITERATIONS] - scores[0]
+
+
+@pytest.mark.slow
+def test_learning_with_compressibility(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch):
+    """Training on the compressibility reward makes the policy's images more compressible, stated over
+    seeds: the mean held-out gain exceeds LEARNING_MARGIN and most seeds improve.
+
+    Measured gains (seeds 0, 1, 2) on an AMD EPYC: 0.022, 0.016, 0.007 with its AVX-512 kernels;
+    0.022, 0.018, 0.004 with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2. It fails when learning
+    is broken: learning_rate 0 gives exactly 0 for every seed, advantages of the wrong sign gave
+    -0.012, -0.075, -0.029.
+    (The earlier form, one seed's last-6 minus first-6 training rewards > 0.05, was tuned to one
+    machine's rounding: 0.042 on an AMX Xeon.)"""
+    from helpers import ROOT
+
+    eval_prompts = tmp_path / "eval_prompts.txt"
+    lines = (ROOT / "assets" / "eval_prompts.txt").read_text(encoding="utf-8").splitlines()
+    eval_prompts.write_text("\n".join(lines[:LEARNING_EVAL_PROMPTS]) + "\n", encoding="utf-8")
+    gains = [_held_out_gain(seed, tiny_embeddings, tiny_flux_dir, tmp_path / f"learn{seed}", eval_prompts,
+                            monkeypatch) for seed in LEARNING_SEEDS]
+    print("held-out compressibility gain per seed:", gains)
+    assert sum(gains) / len(gains) > LEARNING_MARGIN, gains
+    assert 2 * sum(g > 0 for g in gains) > len(gains), gains  # most seeds improve
 
 
 def test_wandb_without_its_extra_names_the_extra(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch, capsys):

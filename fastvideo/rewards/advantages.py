@@ -1,0 +1,54 @@
+"""Advantages from several rewards' raw scores: per-group standardisation and MixGRPO's mixes.
+
+:func:`group_normalize` is the within-group standardisation (r - mean) / (std + eps) over the G
+consecutive samples of one prompt; rewards/combine.py weights normalised rewards with it.
+:func:`mix_advantages` is MixGRPO's ``--multi_reward_mix`` (flags mapped in rewards/mix.py), with
+std the unbiased sample std (torch's default, which MixGRPO uses):
+
+- ``advantage_aggr``: A = sum_k w_k * (r_k - mean_g(r_k)) / (std_g(r_k) + 1e-8)
+  (each reward's advantages per group, then their weighted sum; not normalised again);
+- ``reward_aggr``:    R = sum_k w_k * r_k, A = (R - mean_g(R)) / (std_g(R) + 1e-8).
+
+A module of its own below combine.py and mix.py, which both use it.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+MIX_MODES = ("advantage_aggr", "reward_aggr")
+EPS = 1e-8
+
+
+def group_normalize(
+    scores: torch.Tensor, num_generations: int, eps: float = 1e-8, unbiased: bool = True
+) -> torch.Tensor:
+    """``[B]`` -> ``[B]``: (r - group mean) / (group std + eps) over consecutive groups of G.
+
+    unbiased=True matches torch.std's default, which DanceGRPO's advantages use.
+    """
+    if num_generations < 2:
+        raise ValueError(f"group normalisation needs num_generations >= 2; got {num_generations}")
+    if scores.ndim != 1 or scores.numel() % num_generations:
+        raise ValueError(
+            f"scores {list(scores.shape)} cannot be split into groups of {num_generations}: "
+            "a batch must hold whole groups"
+        )
+    groups = scores.float().view(-1, num_generations)
+    mean = groups.mean(dim=1, keepdim=True)
+    std = groups.std(dim=1, keepdim=True, unbiased=unbiased)
+    return ((groups - mean) / (std + eps)).view(-1)
+
+
+def mix_advantages(raw: Mapping[str, torch.Tensor], weights: Mapping[str, float], group_size: int,
+                   mode: str) -> torch.Tensor:
+    """MixGRPO's advantages from raw per-reward scores ([B] each, groups of G contiguous). [B]."""
+    if mode not in MIX_MODES:
+        raise ValueError(f"unknown mix {mode!r}; use one of {MIX_MODES}")
+    names = list(weights)
+    if mode == "advantage_aggr":
+        return sum(weights[n] * group_normalize(raw[n].float(), group_size, EPS, unbiased=True) for n in names)
+    merged = sum(weights[n] * raw[n].float() for n in names)
+    return group_normalize(merged, group_size, EPS, unbiased=True)

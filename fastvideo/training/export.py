@@ -1,0 +1,224 @@
+"""Export a training checkpoint's transformer as a diffusers folder (the library under
+``python -m fastvideo.tools.export``, whose help shows the command line).
+
+- :func:`export_checkpoint`: a full fine-tuning checkpoint -> a transformer folder
+  (config.json + diffusion_pytorch_model.safetensors, ``FluxTransformer2DModel.from_pretrained``),
+  or with ``base`` a complete FLUX pipeline folder: every component of the base folder (hard-linked
+  when the file system allows, else copied) with its transformer/ replaced by the checkpoint's. The
+  transformer config comes from the checkpoint itself; ``ema`` exports the EMA weights.
+- :func:`export_lora`: a LoRA checkpoint (adapters only) -> a diffusers LoRA file for
+  ``pipe.load_lora_weights`` (the scale alpha / rank is folded into lora_B: diffusers 0.32 loads a
+  file at scale 1).
+- :func:`export_merged` / :func:`merged_transformer`: a LoRA checkpoint merged into its base
+  transformer (base + scale * B @ A); the base is the one the run trained on (recorded in the
+  checkpoint) unless ``base`` names a FLUX folder.
+
+Every folder appears atomically (written next to OUT, then renamed into place).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from fastvideo.training import checkpoint as ckpt_lib
+from fastvideo.errors import UserError
+
+WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ExportError(UserError, ValueError):
+    """The export cannot be done as asked."""
+
+
+def _transformer_config(ckpt: Path, base: Path | None) -> dict:
+    own = ckpt / ckpt_lib.CONFIG_FILE
+    if own.is_file():
+        config = json.loads(own.read_text(encoding="utf-8"))
+    elif base is not None and (base / "transformer" / "config.json").is_file():
+        config = json.loads((base / "transformer" / "config.json").read_text(encoding="utf-8"))
+    else:
+        raise ExportError(
+            f"{ckpt} holds no {ckpt_lib.CONFIG_FILE} (saved without a transformer config); pass --base with the "
+            "FLUX folder the run started from"
+        )
+    config.setdefault("_class_name", "FluxTransformer2DModel")
+    if "_diffusers_version" not in config:
+        import diffusers
+
+        config["_diffusers_version"] = diffusers.__version__
+    return config
+
+
+def _write_transformer(folder: Path, weights: Path, config: dict, dtype: torch.dtype | None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if dtype is None:
+        shutil.copyfile(weights, folder / WEIGHTS_NAME)  # the checkpoint's bytes, unchanged
+        return
+    from safetensors.torch import load_file, save_file
+
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(weights)).items()}
+    save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+LINK_MIN_BYTES = 1 << 20
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard-link large weight files (no extra disk for text encoders and VAE); copy small ones, so
+    editing a config in OUT never edits the base folder through a shared inode."""
+    if os.path.getsize(src) >= LINK_MIN_BYTES:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
+
+
+def _copy_base(base: Path, out: Path) -> None:
+    from fastvideo.models import flux
+
+    flux.check_flux_folder(base)
+    for entry in base.iterdir():
+        if entry.name == "transformer":
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, out / entry.name, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(str(entry), str(out / entry.name))
+
+
+def export_checkpoint(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    ema: bool = False,
+    base: str | os.PathLike | None = None,
+    dtype: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write the transformer folder (or, with ``base``, the whole pipeline folder) to ``out``.
+    The folder appears atomically: it is written next to ``out`` and renamed into place."""
+    ckpt = Path(checkpoint)
+    ckpt_lib.verify_checkpoint(ckpt)
+    out = Path(out)
+    base_dir = Path(base) if base is not None else None
+    if dtype is not None and dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if (ckpt / ckpt_lib.LORA_FILE).is_file():
+        raise ExportError(f"{ckpt} is a LoRA checkpoint (adapters only): export it with --lora (a diffusers LoRA "
+                          "file) or --merge (a full transformer folder)")
+    weights = ckpt / (ckpt_lib.EMA_FILE if ema else ckpt_lib.MODEL_FILE)
+    if not weights.is_file():
+        raise ExportError(f"{ckpt} has no {weights.name}" + (" (the run did not use --use_ema)" if ema else ""))
+    config = _transformer_config(ckpt, base_dir)
+
+    def fill(tmp: Path) -> None:
+        if base_dir is not None:
+            _copy_base(base_dir, tmp)
+            _write_transformer(tmp / "transformer", weights, config, DTYPES.get(dtype))
+        else:
+            _write_transformer(tmp, weights, config, DTYPES.get(dtype))
+
+    return _atomic_folder(out, overwrite, fill)
+
+
+def _lora_info(ckpt: Path) -> dict:
+    if not (ckpt / ckpt_lib.LORA_FILE).is_file():
+        raise ExportError(f"{ckpt} is not a LoRA checkpoint (no {ckpt_lib.LORA_FILE}); --lora and --merge are for "
+                          "runs with --use_lora. Export a full fine-tuning checkpoint without them")
+    info = ckpt_lib.load_tree(ckpt, "extra_state").get("lora")
+    if not isinstance(info, dict):
+        raise ExportError(f"{ckpt}/extra_state.json records no LoRA settings; was it written by this trainer?")
+    return info
+
+
+def _adapters(ckpt: Path, ema: bool) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    weights = ckpt / (ckpt_lib.EMA_FILE if ema else ckpt_lib.LORA_FILE)
+    if not weights.is_file():
+        raise ExportError(f"{ckpt} has no {weights.name}" + (" (the run did not use --use_ema)" if ema else ""))
+    return load_file(str(weights))
+
+
+def _atomic_folder(out: Path, overwrite: bool, fill) -> Path:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty; choose another folder or pass --overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        fill(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def export_lora(checkpoint, out, ema: bool = False, overwrite: bool = False) -> Path:
+    """OUT/pytorch_lora_weights.safetensors in diffusers' FLUX LoRA format (scale folded in)."""
+    from safetensors.torch import save_file
+
+    from fastvideo.training import lora
+
+    ckpt = Path(checkpoint)
+    ckpt_lib.verify_checkpoint(ckpt)
+    info = _lora_info(ckpt)
+    state = lora.to_diffusers(_adapters(ckpt, ema), float(info["alpha"]) / float(info["rank"]))
+
+    def fill(tmp: Path) -> None:
+        save_file(state, str(tmp / lora.LORA_WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / "lora_settings.json").write_text(json.dumps(
+            {**info, "note": "lora_B already includes the scale lora_alpha / lora_rank; load at scale 1"},
+            indent=2) + "\n", encoding="utf-8")
+
+    return _atomic_folder(Path(out), overwrite, fill)
+
+
+def _base_transformer(info: dict, base: str | None) -> Path:
+    if base is not None:
+        return Path(base) / "transformer"
+    if info.get("base_transformer"):
+        root = Path(info["base_transformer"])
+        return root / "transformer" if (root / "transformer" / "config.json").is_file() else root
+    return Path(info["base_model"]) / "transformer"
+
+
+def merged_transformer(checkpoint, ema: bool = False, base: str | None = None):
+    """The base transformer (float32, CPU) with a LoRA checkpoint's adapters merged in."""
+    from diffusers import FluxTransformer2DModel
+
+    from fastvideo.training import lora
+
+    ckpt = Path(checkpoint)
+    ckpt_lib.verify_checkpoint(ckpt)
+    info = _lora_info(ckpt)
+    folder = _base_transformer(info, base)
+    if not (folder / "config.json").is_file():
+        raise ExportError(f"merging needs the base transformer the adapters were trained on; {folder} holds no "
+                          "config.json: pass --base FLUX_DIR")
+    model = FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
+    merged = lora.merge_into_base(model.state_dict(), _adapters(ckpt, ema), float(info["alpha"]) / float(info["rank"]))
+    model.load_state_dict(merged)
+    return model
+
+
+def export_merged(checkpoint, out, ema: bool = False, base: str | None = None, dtype: str | None = None,
+                  overwrite: bool = False) -> Path:
+    """A full transformer folder: the base transformer with every adapter merged in."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    model = merged_transformer(checkpoint, ema, base)
+    if dtype is not None:
+        model.to(DTYPES[dtype])
+    return _atomic_folder(Path(out), overwrite, lambda tmp: model.save_pretrained(tmp, safe_serialization=True))

@@ -1,0 +1,206 @@
+"""Every `python -m fastvideo.tools.X` command, run through its `__main__` path on tiny inputs, with
+assertions on what it prints and writes, so that a line lost in a CLI (a missing return, a dropped
+print, a lost `if __name__ == "__main__"`) fails here.
+
+The tools run in-process through runpy (as `python -m` runs them, without a new interpreter per
+tool); the reward server, which blocks serving, runs in a subprocess.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import runpy
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import fastvideo.tools
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Each tool with a main() and the test below that runs it.
+COVERED = {
+    "compare_metrics": "test_compare_metrics_cli",
+    "compare_runs": "test_compare_runs_cli",
+    "cost_model": "test_cost_model_memory_prints_table_and_verdict",
+    "evaluate": "test_evaluate_cli",
+    "export": "test_export_cli",
+    "make_tiny_flux": "test_make_tiny_flux_cli",
+    "make_tiny_reward": "test_make_tiny_reward_cli",
+    "reward_server": "test_reward_server_cli",
+}
+
+
+def run_tool(name: str, argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    """`python -m fastvideo.tools.<name> ARGV` in this process: (exit status, stdout)."""
+    module = f"fastvideo.tools.{name}"
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    monkeypatch.delitem(sys.modules, module, raising=False)  # runpy runs a fresh copy, as -m does
+    capsys.readouterr()
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return code, capsys.readouterr().out
+
+
+def test_every_tool_with_a_main_is_run_here():
+    tools = []
+    for info in pkgutil.iter_modules(fastvideo.tools.__path__):
+        module = importlib.import_module(f"fastvideo.tools.{info.name}")
+        if callable(getattr(module, "main", None)):
+            tools.append(info.name)
+            source = Path(module.__file__).read_text(encoding="utf-8")
+            assert 'if __name__ == "__main__":' in source, f"{info.name} has a main() but no __main__ entry"
+    assert sorted(tools) == sorted(COVERED), "a tool without a CLI test here (or a test for a removed tool)"
+    assert all(callable(globals()[test]) for test in COVERED.values())
+
+
+def test_compare_metrics_cli(tmp_path, monkeypatch, capsys):
+    row = {"iteration": 1, "reward_mean": -3.83, "loss": 0.0017, "grad_norm": 0.0235, "time_iteration": 1.0}
+    for name, value in (("a", 0.0235), ("b", 0.0235), ("c", 0.02350000000000001)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text(json.dumps({**row, "grad_norm": value}) + "\n")
+    code, out = run_tool("compare_metrics", [str(tmp_path / "a"), str(tmp_path / "b")], monkeypatch, capsys)
+    assert code == 0 and "IDENTICAL: 1 iterations" in out and "-3.83 =" in out
+    code, out = run_tool("compare_metrics", [str(tmp_path / "a"), str(tmp_path / "c")], monkeypatch, capsys)
+    assert code == 1 and "DIFFERENT: metrics.jsonl: iteration 1 (line 1), key 'grad_norm'" in out
+
+
+def test_compare_runs_cli(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(ROOT / "tests" / "alignment"))
+    try:
+        from alignment_helpers import record_run
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "alignment"))
+    ref, twin = record_run(tmp_path / "ref", iterations=2), record_run(tmp_path / "twin", iterations=2)
+    off = record_run(tmp_path / "off", iterations=2, reward_factor=lambda it: 1.10 if it >= 2 else 1.0)
+    code, out = run_tool("compare_runs", [str(ref), str(twin), "--out", str(tmp_path / "same")], monkeypatch, capsys)
+    assert code == 0 and out.startswith("PASS: report in ") and "reward: PASS" in out
+    assert "## Verdict: **PASS**" in (tmp_path / "same" / "report.md").read_text()
+    code, out = run_tool("compare_runs", [str(ref), str(off), "--out", str(tmp_path / "off_out")], monkeypatch, capsys)
+    assert code == 1 and out.startswith("FAIL: ") and "reward: FAIL" in out
+
+
+def test_cost_model_memory_prints_table_and_verdict(monkeypatch, capsys):
+    """`cost_model --memory --device_memory_gb 64` printed `None` once (a merge lost the return)."""
+    code, out = run_tool("cost_model", ["--memory", "--device_memory_gb", "64"], monkeypatch, capsys)
+    assert code == 0 and "None" not in out
+    lines = out.splitlines()
+    assert lines[0].startswith("model FLUX.1-dev: 720x720, 12 samples per rank, 16 ranks, full sharding")
+    table = {line.split()[0]: float(line.split()[-1]) for line in lines if line[:1].isalpha() and
+             len(line.split()) == 2 and line.split()[-1].replace(".", "").isdigit()}
+    assert {"parameters", "gradients", "adamw_states", "activations"} <= set(table)
+    peak = next(line for line in lines if line.startswith("peak ("))
+    peak_gb = float(peak.split()[-1])
+    assert peak_gb > table["parameters"] > 0
+    verdict = next(line for line in lines if "64 GB" in line)
+    assert verdict.startswith("fits in 64 GB, with " if peak_gb <= 64 else "does not fit in 64 GB, by ")
+    assert float(verdict.split()[-4 if peak_gb <= 64 else -2]) == pytest.approx(abs(64 - peak_gb), abs=0.06)
+    # --json carries the verdict too
+    code, out = run_tool("cost_model", ["--memory", "--json", "--model", "tiny", "--device_memory_gb", "64"],
+                         monkeypatch, capsys)
+    record = json.loads(out)
+    assert code == 0 and record["verdict"].startswith("fits in 64 GB") and record["peak_bytes"] > 0
+    # the FLOPs table (the default path)
+    code, out = run_tool("cost_model", ["--model", "tiny", "--world_size", "2"], monkeypatch, capsys)
+    assert code == 0 and "None" not in out and "rollout" in out
+
+
+def test_evaluate_cli(tiny_flux_dir, tmp_path, monkeypatch, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cube\na calm lake\n", encoding="utf-8")
+    argv = ["--model", f"base={tiny_flux_dir}", "--prompts", str(prompts), "--rewards", "compressibility,detail",
+            "--out", str(tmp_path / "eval"), "--h", "32", "--w", "32", "--steps", "2", "--seed", "7",
+            "--num_images_per_prompt", "2", "--batch_size", "4", "--max_sequence_length", "32"]
+    code, out = run_tool("evaluate", argv, monkeypatch, capsys)
+    assert code == 0
+    assert "| model | reward | mean | std | 95% CI | win rate vs base | n |" in out
+    assert "| base | detail |" in out and f"[evaluate] wrote {tmp_path / 'eval'}/results.md" in out
+    scores = [json.loads(line) for line in (tmp_path / "eval" / "scores.jsonl").read_text().splitlines()]
+    assert len(scores) == 2 * 2  # prompts x images, every reward in each row
+    assert all(set(r["scores"]) == {"compressibility", "detail"} for r in scores)
+    table = [line for line in (tmp_path / "eval" / "results.md").read_text().splitlines() if line.startswith("|")]
+    assert len(table) == 4 and table == [line for line in out.splitlines() if line.startswith("|")]
+    detail = [r["scores"]["detail"] for r in scores]
+    assert float(table[3].split("|")[3]) == pytest.approx(sum(detail) / len(detail), rel=1e-3)
+
+
+def test_export_cli(tiny_flux_dir, tmp_path, monkeypatch, capsys):
+    from fastvideo.models import flux
+    from fastvideo.training.checkpoint import Checkpointer
+
+    model = flux.load_transformer(tiny_flux_dir)
+    ckpt = Checkpointer(tmp_path / "run").save(3, model=model, transformer_config=dict(model.config))
+    out_dir = tmp_path / "exported"
+    code, out = run_tool("export", [str(ckpt), str(out_dir)], monkeypatch, capsys)
+    assert code == 0
+    assert out.strip() == f"exported policy weights of {ckpt} as a diffusers transformer folder: {out_dir}"
+    saved, exported = load_file(ckpt / "model.safetensors"), load_file(out_dir / "diffusion_pytorch_model.safetensors")
+    assert saved.keys() == exported.keys() and all(torch.equal(saved[k], exported[k]) for k in saved)
+    assert json.loads((out_dir / "config.json").read_text())["_class_name"] == "FluxTransformer2DModel"
+    # a LoRA export of a full checkpoint is refused with the fix, exit status non-zero
+    code, _ = run_tool("export", [str(ckpt), str(tmp_path / "x"), "--lora"], monkeypatch, capsys)
+    assert code != 0 and not (tmp_path / "x").exists()
+
+
+def test_make_tiny_flux_cli(tiny_flux_dir, tmp_path, monkeypatch, capsys):
+    code, out = run_tool("make_tiny_flux", [str(tmp_path / "flux"), "--preset", "tiny", "--seed", "0"],
+                         monkeypatch, capsys)
+    assert code == 0 and out.startswith(f"wrote tiny FLUX folder to {tmp_path / 'flux'} (") and "seed 0" in out
+    name = "transformer/diffusion_pytorch_model.safetensors"
+    mine, fixture = load_file(tmp_path / "flux" / name), load_file(Path(tiny_flux_dir) / name)
+    assert mine.keys() == fixture.keys() and all(torch.equal(mine[k], fixture[k]) for k in mine)  # same seed
+
+
+def test_make_tiny_reward_cli(tmp_path, monkeypatch, capsys):
+    code, out = run_tool("make_tiny_reward", [str(tmp_path / "rewards"), "--seed", "1"], monkeypatch, capsys)
+    assert code == 0
+    printed = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    assert set(printed) == {"HPS", "PickScore", "Aesthetic", "ImageReward"}
+    for value in printed.values():
+        assert Path(value.split(" (")[0].strip()).is_dir()
+    assert (tmp_path / "rewards" / "hps_ckpt" / "HPS_v2.1_compressed.pt").is_file()
+
+
+def test_reward_server_cli(tmp_path):
+    from server_utils import free_port
+
+    from fastvideo.rewards.base import build_reward
+    from fastvideo.rewards.remote import RemoteReward
+
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               FASTVIDEO_DEVICE="cpu")
+    cmd = [sys.executable, "-m", "fastvideo.tools.reward_server", "--rewards", "compressibility", "--device", "cpu",
+           "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"reward server exited: {proc.stdout.read()}"
+            assert time.monotonic() < deadline, "reward server did not come up in 60 s"
+            try:
+                health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read())
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert "compressibility" in health["rewards"]
+        images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        prompts = ["a", "b", "c"]
+        remote = RemoteReward(f"http://127.0.0.1:{port}/compressibility")(images, prompts)
+        assert torch.equal(remote, build_reward("compressibility")(images, prompts).float())
+    finally:
+        proc.terminate()
+        printed, _ = proc.communicate(timeout=30)
+    assert f"[reward_server] serving compressibility on cpu at http://127.0.0.1:{port}" in printed
