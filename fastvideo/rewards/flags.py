@@ -90,10 +90,9 @@ def mix_mode(args: argparse.Namespace) -> str | None:
 def spec_from_args(args: argparse.Namespace) -> list:
     """MixGRPO's --reward_model flags as RewardSpecs ([] when not used); ConfigError if mixed
     with --rewards (which fastvideo.compat fills from the legacy --use_hpsv2/--use_pickscore)."""
-    from fastvideo import platform
     from fastvideo.rewards.mix import mixgrpo_specs
 
-    specs = mixgrpo_specs(args, rank=platform.dist_env()[0])
+    specs = mixgrpo_specs(args)
     if specs and args.rewards:
         raise ConfigError("give the rewards either with --reward_model (MixGRPO) or with --rewards / "
                          "--use_hpsv2 / --use_pickscore, not both")

@@ -59,10 +59,12 @@ def add_mixgrpo_flags(p: argparse.ArgumentParser) -> None:
                    help="model name the UnifiedReward server expects (MixGRPO sends 'UnifiedReward')")
 
 
-def mixgrpo_specs(args: argparse.Namespace, rank: int = 0) -> list[RewardSpec]:
+def mixgrpo_specs(args: argparse.Namespace) -> list[RewardSpec]:
     """--reward_model and the weight flags -> RewardSpecs with normalised weights; [] without
     --reward_model. unified_reward is included when --unified_reward_url is given (required
-    when it is the only reward)."""
+    when it is the only reward). Several judge servers stay listed in the spec's url, comma-separated:
+    which one a rank asks is chosen when the reward is built (training.builders.rank_reward_specs),
+    so the configuration is the same on every rank."""
     if args.reward_model is None:
         if args.multi_reward_mix is not None:
             raise ValueError("--multi_reward_mix needs --reward_model (MixGRPO's reward selection)")
@@ -81,7 +83,7 @@ def mixgrpo_specs(args: argparse.Namespace, rank: int = 0) -> list[RewardSpec]:
         ours, _ = OURS[n]
         if ours == "vlm":
             urls = [u.strip().rstrip("/") for u in args.unified_reward_url.split(",") if u.strip()]
-            url = f"{urls[rank % len(urls)]}/v1?model={args.unified_reward_model}"
+            url = ",".join(f"{u}/v1?model={args.unified_reward_model}" for u in urls)
             specs.append(RewardSpec(f"vlm/{args.unified_reward_model}", weights[n] / total, "vlm", url))
         else:
             specs.append(RewardSpec(ours, weights[n] / total))

@@ -174,12 +174,27 @@ def reward_dtype(precision: str) -> torch.dtype | None:
     return {"auto": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[precision]
 
 
+def rank_reward_specs(specs: list, rank: int) -> list:
+    """The specs one data-parallel rank builds: a spec listing several servers (MixGRPO's
+    comma-separated --unified_reward_url) asks server ``rank mod n``, as MixGRPO spreads its ranks."""
+    from dataclasses import replace
+
+    out = []
+    for spec in specs:
+        urls = spec.url.split(",") if spec.url else []
+        out.append(replace(spec, url=urls[rank % len(urls)]) if len(urls) > 1 else spec)
+    return out
+
+
 def check_reward_endpoints(cfg: TrainConfig) -> None:
-    """remote:/vlm: rewards must answer at start-up (rewards/remote.py); nothing to do otherwise."""
+    """remote:/vlm: rewards must answer at start-up (rewards/remote.py), every listed server of
+    them; nothing to do otherwise."""
     if any(s.url for s in cfg.reward.spec):
         from fastvideo.rewards.remote import check_reward_endpoints as check
 
-        check(cfg.reward.spec)
+        most = max(len(s.url.split(",")) if s.url else 1 for s in cfg.reward.spec)
+        for r in range(most):
+            check(rank_reward_specs(cfg.reward.spec, r))
 
 
 def reward_build_kwargs(cfg: TrainConfig, device: torch.device) -> tuple[dict, dict]:
@@ -197,13 +212,14 @@ def reward_build_kwargs(cfg: TrainConfig, device: torch.device) -> tuple[dict, d
                         "dtype": reward_dtype(r.precision)}
 
 
-def build_rewards(cfg: TrainConfig, device: torch.device):
+def build_rewards(cfg: TrainConfig, device: torch.device, rank: int = 0):
+    """The run's rewards as data-parallel rank ``rank`` builds them (rank_reward_specs)."""
     from fastvideo.rewards.combine import build_multi_reward
     from fastvideo.rewards.flags import RewardExtras
 
     r = cfg.reward
     per_reward, common = reward_build_kwargs(cfg, device)
-    return build_multi_reward(r.spec, reward_kwargs=per_reward, common_kwargs=common,
+    return build_multi_reward(rank_reward_specs(r.spec, rank), reward_kwargs=per_reward, common_kwargs=common,
                               normalize=r.group_norm, num_generations=cfg.rollout.num_generations,
                               mix=(r.extras or RewardExtras()).multi_reward_mix)
 

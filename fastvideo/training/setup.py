@@ -69,7 +69,7 @@ def build_parts(trainer) -> None:
     if cfg.output.dump_randomness or cfg.output.load_randomness:
         trainer.data_randomness = builders.build_randomness(cfg, info, kind="data")
     trainer.sampler = builders.build_sampler(cfg, len(trainer.dataset), trainer.dims, trainer.data_randomness)
-    trainer.reward = builders.build_rewards(cfg, device)
+    trainer.reward = builders.build_rewards(cfg, device, trainer.dims.dp_rank)
     if builders.overlap_reward_scoring(cfg.reward.overlap, device, builders.reward_device_for(cfg, device)):
         from fastvideo.training.reward_pipeline import ChunkScorer
 

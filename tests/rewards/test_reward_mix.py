@@ -54,11 +54,16 @@ def test_multi_reward_maps_to_our_rewards_with_normalised_weights(tmp_path):
 
 
 def test_unified_reward_becomes_a_vlm_judge_per_rank(tmp_path, monkeypatch):
+    from fastvideo.training.builders import rank_reward_specs
+
     monkeypatch.setenv("RANK", "3")
     cfg = _cfg(tmp_path, "--reward_model", "multi_reward", "--unified_reward_url", "http://a:1,http://b:2/",
                "--multi_reward_mix", "reward_aggr", "--use_group")
-    vlm = cfg.reward.spec[-1]
+    # The configuration is the same on every rank; rank 3 builds its judge on server 3 mod 2.
+    assert cfg.reward.spec[-1].url == "http://a:1/v1?model=UnifiedReward,http://b:2/v1?model=UnifiedReward"
+    vlm = rank_reward_specs(cfg.reward.spec, 3)[-1]
     assert (vlm.kind, vlm.url, vlm.weight) == ("vlm", "http://b:2/v1?model=UnifiedReward", 0.25)
+    assert rank_reward_specs(cfg.reward.spec, 2)[-1].url == "http://a:1/v1?model=UnifiedReward"
     assert cfg.reward.extras.multi_reward_mix == "reward_aggr"
 
 
