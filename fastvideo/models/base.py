@@ -256,8 +256,11 @@ class ModelFamily(abc.ABC):
         """FLOPs of the transformer on a batch: "forward", "backward" (of that forward) and "blocks"
         (the share activation checkpointing recomputes), for perf.flops."""
 
-    # The transformer config the cost model assumes when given none.
+    # The transformer config (diffusers keys) the cost model assumes when given none, the VAE
+    # config whose decoder it counts, and the name it prints for them.
     reference_config: Any = None
+    reference_vae_config: Any = None
+    reference_name: str = ""
 
 
 # ---------------------------------------------------------------- registry

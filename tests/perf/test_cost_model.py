@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from fastvideo.perf import flops as F
+from fastvideo.models.flux import flops as FX
 from fastvideo.tools import cost_model
 from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config, vae_config
 
@@ -52,7 +53,7 @@ def test_json_and_overrides(capsys):
 def test_presets_and_paths(tmp_path, capsys):
     s = json.loads(_run(capsys, "--json", "--model", "tiny", "--h", "64", "--w", "64", "--text_tokens", "32"))
     tiny = transformer_config(PRESETS["tiny"])
-    assert s["forward_breakdown"]["total"] == F.transformer_forward_flops(tiny, 16, 32)
+    assert s["forward_breakdown"]["total"] == FX.transformer_forward_flops(tiny, 16, 32)
     # a diffusers folder: transformer/config.json and vae/config.json beside it
     (tmp_path / "transformer").mkdir()
     (tmp_path / "vae").mkdir()
