@@ -309,13 +309,15 @@ def get_model_family(name_or_path: str, **settings) -> ModelFamily:
 
 def family_for_class_name(class_name: str) -> str | None:
     """The registered family whose transformer class an exported config names (config.json's
-    _class_name, e.g. a checkpoint's transformer_config.json), or None when no family claims it."""
+    _class_name, e.g. a checkpoint's transformer_config.json); None when no family, or more than
+    one, claims it (the class name alone cannot tell those apart)."""
     _ensure_builtin()
+    claimants = []
     for name, factory in sorted(_REGISTRY.items()):
         # A family class says it without being built; other factories are built with no settings.
         claimed = getattr(factory, "export_class_name", None)
         if claimed is None:
             claimed = factory().export_class_name
         if claimed == class_name:
-            return name
-    return None
+            claimants.append(name)
+    return claimants[0] if len(claimants) == 1 else None

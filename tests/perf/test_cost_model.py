@@ -71,3 +71,13 @@ def test_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "fastvideo.tools.cost_model", "--world_size", "8"],
                          capture_output=True, text=True, check=True, timeout=120).stdout
     assert "96 samples" in out and "total (model, MFU)" in out
+
+
+def test_an_explicit_model_family_prints_the_same_and_an_unknown_one_fails_in_one_line(capsys):
+    assert _run(capsys, "--model_family", "flux") == _run(capsys)
+    assert _run(capsys, "--model_family", "flux", "--model", "reference", "--json") == _run(capsys, "--json")
+    with pytest.raises(SystemExit) as exc:
+        cost_model.main(["--model_family", "nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown model family 'nope'" in err and "valid: flux" in err
