@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from fastvideo.perf import flops as F  # noqa: E402
+from fastvideo.models.flux import flops as FX  # noqa: E402
 
 
 def transformer_inputs(cfg: dict, image_tokens: int, text_tokens: int, batch: int, device="cpu") -> dict:
@@ -56,9 +57,9 @@ def counted_transformer(model, kw: dict) -> dict[str, int]:
 
 
 def analytic_transformer(cfg: dict, L: int, Lt: int, B: int) -> dict[str, int]:
-    fwd = F.transformer_forward_flops(cfg, L, Lt, B)
-    bwd = F.transformer_backward_flops(cfg, L, Lt, B)
-    return {"forward": fwd, "fwd+bwd": fwd + bwd, "fwd+bwd ckpt": fwd + bwd + F.transformer_block_flops(cfg, L, Lt, B)}
+    fwd = FX.transformer_forward_flops(cfg, L, Lt, B)
+    bwd = FX.transformer_backward_flops(cfg, L, Lt, B)
+    return {"forward": fwd, "fwd+bwd": fwd + bwd, "fwd+bwd ckpt": fwd + bwd + FX.transformer_block_flops(cfg, L, Lt, B)}
 
 
 def rows_for_preset(name: str, sizes, text_tokens, batch: int) -> list[tuple]:
@@ -89,8 +90,8 @@ def rows_for_flux_dev() -> list[tuple]:
 
     from diffusers import AutoencoderKL, FluxTransformer2DModel
 
-    tcfg = {k: v for k, v in asdict(F.FLUX_DEV).items() if k != "mlp_ratio"}
-    vcfg = dict(F.FLUX_DEV_VAE_CONFIG, in_channels=3, norm_num_groups=32, act_fn="silu", use_quant_conv=False,
+    tcfg = {k: v for k, v in asdict(FX.FLUX_DEV).items() if k != "mlp_ratio"}
+    vcfg = dict(FX.FLUX_DEV_VAE_CONFIG, in_channels=3, norm_num_groups=32, act_fn="silu", use_quant_conv=False,
                 down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4)
     L, Lt = F.image_tokens_for(720, 720), 512
     with torch.device("meta"):
@@ -101,7 +102,7 @@ def rows_for_flux_dev() -> list[tuple]:
             fwd = F.count_flops(lambda: model(**kw))
             vc = F.count_flops(lambda: vae.decode(torch.empty(1, 16, 90, 90)))
     return [
-        ("flux-dev", "720x720", Lt, 1, "forward", F.transformer_forward_flops(F.FLUX_DEV, L, Lt), fwd),
+        ("flux-dev", "720x720", Lt, 1, "forward", FX.transformer_forward_flops(FX.FLUX_DEV, L, Lt), fwd),
         ("flux-dev", "720x720", "-", 1, "VAE decode", F.vae_decoder_flops(None, 90, 90), vc),
     ]
 

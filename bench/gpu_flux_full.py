@@ -40,6 +40,7 @@ import torch  # noqa: E402
 from fastvideo import platform  # noqa: E402
 from fastvideo.models import flux  # noqa: E402
 from fastvideo.perf import flops as F  # noqa: E402
+from fastvideo.models.flux import flops as FX  # noqa: E402
 from fastvideo.models.flux import predict_velocity  # noqa: E402
 
 BUDGET_S = 420.0  # stop adding batch sizes past this (the whole run must stay under 8 minutes)
@@ -66,7 +67,7 @@ def parse_args(argv=None):
 
 def transformer_config(name: str) -> dict:
     if name == "flux-dev":
-        cfg = {k: v for k, v in asdict(F.FLUX_DEV).items() if k != "mlp_ratio"}
+        cfg = {k: v for k, v in asdict(FX.FLUX_DEV).items() if k != "mlp_ratio"}
         cfg["axes_dims_rope"] = [16, 56, 56]
         return cfg
     from fastvideo.tools.make_tiny_flux import PRESETS
@@ -147,9 +148,9 @@ def fmt_util(flops: float, seconds: float, peak: float | None) -> str:
 def bench_batch(model, cfg, b, args, device, amp) -> dict:
     x = make_inputs(cfg, b, args.height, args.width, args.text_tokens, device)
     L, Lt = x["latents"].shape[1], args.text_tokens
-    fwd = F.transformer_forward_flops(cfg, L, Lt, b)
-    bwd = F.transformer_backward_flops(cfg, L, Lt, b)
-    rec = F.transformer_block_flops(cfg, L, Lt, b)
+    fwd = FX.transformer_forward_flops(cfg, L, Lt, b)
+    bwd = FX.transformer_backward_flops(cfg, L, Lt, b)
+    rec = FX.transformer_block_flops(cfg, L, Lt, b)
     platform.reset_peak_memory(device)
     timed(lambda: rollout_step(model, x, device, amp), device, args.warmup)
     t_roll = statistics.median(timed(lambda: rollout_step(model, x, device, amp), device, args.rollout_steps))

@@ -43,12 +43,13 @@ class TrainingEvaluation(TrainerHook):
         self.s = settings
         self.out = Path(cfg.output.output_dir)
         seq_len = settings.max_sequence_length or trainer.dataset.dims()[0]
+        self.family = trainer.family
         self.prompts = load_eval_prompts(settings.prompts, cfg.model.pretrained_model_name_or_path, seq_len,
-                                         trainer.device)
+                                         trainer.device, self.family)
         check_no_overlap(self.prompts.captions, trainer.dataset.captions)
-        if self.prompts.embeds.shape[1:] != trainer.dataset.dims()[:2]:
-            raise ValueError(f"--eval_prompts embeddings are {tuple(self.prompts.embeds.shape[1:])} but the "
-                             f"training embeddings are {trainer.dataset.dims()[:2]} (L, D); use the same encoders")
+        if tuple(self.prompts.dims) != tuple(trainer.dataset.dims()):
+            raise ValueError(f"--eval_prompts embeddings have dims {tuple(self.prompts.dims)} but the training "
+                             f"embeddings have {tuple(trainer.dataset.dims())}; use the same encoders")
         self.rewards = build_eval_rewards(settings.rewards, trainer)
         r = cfg.rollout
         self.sample = SampleSettings(
@@ -112,7 +113,8 @@ class TrainingEvaluation(TrainerHook):
     def run(self, trainer) -> bool:
         trainer.model.eval()
         result = evaluate(trainer.model, trainer.vae, self.prompts, self.rewards, trainer.randomness, self.sample,
-                          trainer.device, trainer.autocast_dtype, self.s.grid_prompts, progress=True)
+                          trainer.device, trainer.autocast_dtype, self.s.grid_prompts, progress=True,
+                          family=self.family)
         it = trainer.iteration
         trained = sum(w * result.scores[n].mean().item() for n, w in self.s.trained)
         guard_name = self.s.guard.reward if self.s.guard else None

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from fastvideo.models.base import Conditioning
+
 
 class EvalPromptError(ValueError):
     """The evaluation prompt set cannot be used as asked."""
@@ -14,24 +16,15 @@ class EvalPromptError(ValueError):
 
 @dataclass
 class EvalPrompts:
-    """P prompts with their FLUX text embeddings (on the CPU).
-
-    embeds [P, Lt, D] T5 sequence embeddings; pooled [P, P'] CLIP pooled; text_ids [Lt, 3]."""
+    """P prompts with their model family's Conditioning (on the CPU, per-sample tensors float32
+    when encoded here) and its dims (what the family's check_record gives one stored record)."""
 
     captions: list[str]
-    embeds: torch.Tensor
-    pooled: torch.Tensor
-    text_ids: torch.Tensor
+    cond: Conditioning
+    dims: tuple
 
     def __len__(self) -> int:
         return len(self.captions)
-
-    @property
-    def cond(self):
-        """The prompts' Conditioning for the FLUX family (TensorConditioning of its tensors)."""
-        from fastvideo.models.base import TensorConditioning
-
-        return TensorConditioning({"prompt_embeds": self.embeds, "pooled": self.pooled}, {"text_ids": self.text_ids})
 
 
 def _normalise(caption: str) -> str:
@@ -54,43 +47,47 @@ def check_no_overlap(eval_captions: list[str], train_captions: list[str]) -> Non
         raise EvalPromptError(f"--eval_prompts holds {dupes} duplicate prompt(s); each prompt must appear once")
 
 
-def _from_embedding_json(path: Path) -> EvalPrompts:
+def _family(family):
+    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+
+    return family if family is not None else get_model_family(DEFAULT_FAMILY)
+
+
+def _from_embedding_json(path: Path, family) -> EvalPrompts:
     from fastvideo.data.dataset import PromptEmbeddingDataset
 
-    ds = PromptEmbeddingDataset(path)
-    items = [ds[i] for i in range(len(ds))]
-    return EvalPrompts([it[3] for it in items], torch.stack([it[0] for it in items]),
-                       torch.stack([it[1] for it in items]), items[0][2])
+    ds = PromptEmbeddingDataset(path, family=family)
+    cond, captions = ds.stack([ds[i] for i in range(len(ds))])
+    return EvalPrompts(captions, cond, ds.dims())
 
 
-def _encode_text_file(path: Path, model_dir: str, max_sequence_length: int, device) -> EvalPrompts:
+def _encode_text_file(path: Path, model_dir: str, max_sequence_length: int, device, family) -> EvalPrompts:
     from fastvideo.data.prompts import load_prompts
     from fastvideo.data_preprocess.embeddings import encoding_dtype
-    from fastvideo.models import flux
 
     captions = load_prompts(path).prompts
     device = torch.device(device)
-    encoders = flux.load_text_encoders(model_dir, device=device, dtype=encoding_dtype(device))
-    embeds, pooled, ids = [], [], None
+    encoders = family.load_text_encoders(model_dir, device=device, dtype=encoding_dtype(device))
+    records = []
     for start in range(0, len(captions), 8):
-        e, p, ids = flux.encode_prompts(encoders, captions[start:start + 8], max_sequence_length)
-        embeds.append(e.float().cpu())
-        pooled.append(p.float().cpu())
+        cond = family.encode_prompts(encoders, captions[start:start + 8], max_sequence_length)
+        records += [{k: t.float().cpu() for k, t in cond.record(i).items()} for i in range(len(cond))]
     del encoders  # the text encoders are not needed again (T5-XXL alone is ~9 GB)
     from fastvideo import platform
 
     platform.empty_cache(device)
-    return EvalPrompts(captions, torch.cat(embeds), torch.cat(pooled), ids.float().cpu())
+    return EvalPrompts(captions, family.cond_from_tensors(records), family.check_record(0, records[0])[1])
 
 
 def load_eval_prompts(path: str | Path, model_dir: str, max_sequence_length: int,
-                      device: torch.device | str = "cpu") -> EvalPrompts:
+                      device: torch.device | str = "cpu", family=None) -> EvalPrompts:
     """A .json file is a preprocessed videos2caption.json (used as is); anything else is a text
-    file of prompts, encoded with the text encoders of the FLUX folder ``model_dir``."""
+    file of prompts, encoded with the text encoders of the model folder ``model_dir``. family: the
+    ModelFamily (default: the default family)."""
     path = Path(path)
     if not path.is_file():
         raise EvalPromptError(f"--eval_prompts {str(path)!r} does not exist; pass a prompts .txt file "
                               "(e.g. assets/eval_prompts.txt) or a preprocessed videos2caption.json")
     if path.suffix == ".json":
-        return _from_embedding_json(path)
-    return _encode_text_file(path, model_dir, max_sequence_length, device)
+        return _from_embedding_json(path, _family(family))
+    return _encode_text_file(path, model_dir, max_sequence_length, device, _family(family))

@@ -256,8 +256,11 @@ class ModelFamily(abc.ABC):
         """FLOPs of the transformer on a batch: "forward", "backward" (of that forward) and "blocks"
         (the share activation checkpointing recomputes), for perf.flops."""
 
-    # The transformer config the cost model assumes when given none.
+    # The transformer config (diffusers keys) the cost model assumes when given none, the VAE
+    # config whose decoder it counts, and the name it prints for them.
     reference_config: Any = None
+    reference_vae_config: Any = None
+    reference_name: str = ""
 
 
 # ---------------------------------------------------------------- registry
@@ -302,3 +305,19 @@ def get_model_family(name_or_path: str, **settings) -> ModelFamily:
             "(or a plugin as pkg.module:Name)"
         )
     return _REGISTRY[name_or_path](**settings)
+
+
+def family_for_class_name(class_name: str) -> str | None:
+    """The registered family whose transformer class an exported config names (config.json's
+    _class_name, e.g. a checkpoint's transformer_config.json); None when no family, or more than
+    one, claims it (the class name alone cannot tell those apart)."""
+    _ensure_builtin()
+    claimants = []
+    for name, factory in sorted(_REGISTRY.items()):
+        # A family class says it without being built; other factories are built with no settings.
+        claimed = getattr(factory, "export_class_name", None)
+        if claimed is None:
+            claimed = factory().export_class_name
+        if claimed == class_name:
+            claimants.append(name)
+    return claimants[0] if len(claimants) == 1 else None

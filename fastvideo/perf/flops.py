@@ -12,7 +12,7 @@ Conventions (the usual ones for model FLOP utilisation):
   forward once more during backward. That work is counted separately: "model FLOPs" exclude
   it (MFU), "hardware FLOPs" include it (HFU).
 
-The transformer's per-layer count is the family's (ModelFamily.transformer_flops; FLUX's in
+The transformer's per-layer count is the family's (ModelFamily.transformer_flops, e.g.
 fastvideo.models.flux.flops); the AutoencoderKL decoder's follows diffusers 0.32 exactly; tests/perf
 checks both against FlopCounterMode on the tiny and small presets.
 """
@@ -24,20 +24,6 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Mapping
 
 from fastvideo.models.flops import attention_flops, linear_flops  # noqa: F401 (re-exported)
-# FLUX's transformer FLOPs live with the family (fastvideo.models.flux.flops); re-exported here for
-# the callers that still import them from perf (tools/cost_model.py, bench/, tests/perf).
-from fastvideo.models.flux.flops import (  # noqa: F401
-    FLUX_DEV,
-    FLUX_DEV_VAE_CONFIG,
-    TIMESTEP_PROJ_DIM,
-    FluxDims,
-    double_block_flops,
-    single_block_flops,
-    transformer_backward_flops,
-    transformer_block_flops,
-    transformer_flops_breakdown,
-    transformer_forward_flops,
-)
 
 
 def image_tokens_for(height: int, width: int, vae_scale: int = 8, patch: int = 2) -> int:
@@ -61,11 +47,18 @@ def _resnet_flops(c_in: int, c_out: int, h: int, w: int, B: int) -> int:
     return conv2d_flops(c_in, c_out, 3, h, w, B) + conv2d_flops(c_out, c_out, 3, h, w, B) + shortcut
 
 
+def _family(family):
+    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+
+    return family if family is not None else get_model_family(DEFAULT_FAMILY)
+
+
 def vae_decoder_flops(vae_cfg: Mapping | None, latent_h: int, latent_w: int, batch: int = 1) -> int:
     """FLOPs of AutoencoderKL.decode on a [B, C, latent_h, latent_w] latent (diffusers' Decoder:
     conv_in, mid block = resnet + single-head attention + resnet, up blocks of layers_per_block+1
-    resnets with a nearest x2 upsample + 3x3 conv after all but the last, conv_out)."""
-    cfg = dict(FLUX_DEV_VAE_CONFIG if vae_cfg is None else vae_cfg)
+    resnets with a nearest x2 upsample + 3x3 conv after all but the last, conv_out). vae_cfg None:
+    the default family's reference VAE."""
+    cfg = dict(_family(None).reference_vae_config if vae_cfg is None else vae_cfg)
     chans = list(cfg["block_out_channels"])
     n_res = int(cfg.get("layers_per_block", 2)) + 1
     zc, B = int(cfg.get("latent_channels", 16)), int(batch)
@@ -160,9 +153,7 @@ def iteration_flops(shape: IterationShape, transformer=None, vae_cfg: Mapping | 
     """FLOPs of one GRPO iteration (text encoders excluded: prompts are pre-embedded; reward
     model excluded: HPSv2's ViT-H/14 at 224 px is ~0.1 % of the total). transformer: its config
     (default: the family's reference model); family: default the default family."""
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
-
-    family = family if family is not None else get_model_family(DEFAULT_FAMILY)
+    family = _family(family)
     transformer = transformer if transformer is not None else family.reference_config
     L, Lt = shape.image_tokens, shape.text_tokens
     per = family.transformer_flops(transformer, L, Lt)

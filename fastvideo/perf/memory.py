@@ -172,7 +172,7 @@ def vae_decode_peak(vae_config: dict, batch: int, latent_h: int, latent_w: int, 
     from fastvideo.perf.live_bytes import LiveBytes
 
     cfg = {k: v for k, v in vae_config.items() if not k.startswith("_")}
-    n = len(cfg["block_out_channels"])  # a short config (FLUX_DEV_VAE_CONFIG) lists no block types
+    n = len(cfg["block_out_channels"])  # a short config (a family's reference_vae_config) lists no block types
     cfg.setdefault("down_block_types", ["DownEncoderBlock2D"] * n)
     cfg.setdefault("up_block_types", ["UpDecoderBlock2D"] * n)
     with torch.device("meta"):

@@ -1,17 +1,19 @@
-"""FLOPs of one FLUX GRPO iteration by phase, and the utilisation a measured iteration time implies.
+"""FLOPs of one GRPO iteration by phase, and the utilisation a measured iteration time implies.
 
     python -m fastvideo.tools.cost_model [--h 720 --w 720 --sampling_steps 16 --num_generations 12
         --prompts_per_rank 1 --timestep_fraction 0.6 --world_size 16
-        --gradient_checkpointing --model flux-dev|small|tiny|PATH
+        --gradient_checkpointing --model reference|flux-dev|small|tiny|PATH --model_family NAME
         --seconds_per_iteration S --peak_tflops P --device_name NAME]
     python -m fastvideo.tools.cost_model --memory [the run's flags: --fsdp_sharding_strategy full|hybrid|none
         --rollout_batch_size --train_micro_batch_size --mixed_precision --master_weight_type --use_ema
         --selective_checkpointing --use_cpu_offload --rewards ...] [--device npu|cuda|cpu --ranks_per_node N
         --hccl_buffsize_mb MB --device_memory_gb G]
 
-Defaults are the reference configuration (DanceGRPO's FLUX script, 16 ranks). PATH is a
-transformer config.json, a transformer folder or a diffusers FLUX folder (its vae/config.json
-is then used for the decode). MFU counts the work the algorithm needs (rollout, update forward
+Defaults are the reference configuration (DanceGRPO's FLUX script, 16 ranks). The model family
+(--model_family, default flux) counts the transformer's FLOPs and shapes its memory; "reference"
+(alias "flux-dev") is the family's reference model, tiny and small the presets of
+fastvideo.tools.make_tiny_flux. PATH is a transformer config.json, a transformer folder or a
+diffusers model folder (its vae/config.json is then used for the decode). MFU counts the work the algorithm needs (rollout, update forward
 and backward, VAE decode); HFU adds the blocks gradient checkpointing recomputes.
 """
 
@@ -24,51 +26,56 @@ from pathlib import Path
 
 from fastvideo.grpo.loss import num_trained_steps
 from fastvideo import platform
+from fastvideo.models.base import DEFAULT_FAMILY, UnknownModelFamilyError, get_model_family
 from fastvideo.perf.flops import (
-    FLUX_DEV,
-    FLUX_DEV_VAE_CONFIG,
-    FluxDims,
     IterationFlops,
     IterationShape,
     human,
     iteration_flops,
     peak_tflops_for,
-    transformer_flops_breakdown,
     utilisation,
 )
 
+# --model names of the family's reference model ("flux-dev": the name upstream's docs use).
+REFERENCE_SPECS = ("reference", "flux-dev")
 
-def resolve_model(spec: str) -> tuple[FluxDims, dict, str]:
-    """(transformer dims, VAE config, description) for 'flux-dev', 'tiny', 'small' or a path."""
-    if spec == "flux-dev":
-        return FLUX_DEV, dict(FLUX_DEV_VAE_CONFIG), "FLUX.1-dev"
+
+def resolve_model(spec: str, family) -> tuple[dict, dict, str]:
+    """(transformer config, VAE config, description) for the family's reference model, 'tiny',
+    'small' or a path."""
+    if spec in REFERENCE_SPECS:
+        return dict(family.reference_config), dict(family.reference_vae_config), family.reference_name
     if spec in ("tiny", "small"):
         from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config, vae_config
 
         p = PRESETS[spec]
-        return FluxDims.from_config(transformer_config(p)), vae_config(p), f"preset {spec}"
+        return transformer_config(p), vae_config(p), f"preset {spec}"
     path = Path(spec)
     if path.is_dir():
         candidates = [path / "config.json", path / "transformer" / "config.json"]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
             raise SystemExit(
-                f"--model {spec}: no config.json or transformer/config.json there; give flux-dev, tiny, small, a "
-                "transformer config.json or a diffusers FLUX folder"
+                f"--model {spec}: no config.json or transformer/config.json there; give reference, tiny, small, a "
+                "transformer config.json or a diffusers model folder"
             )
         path = found
     if not path.is_file():
-        raise SystemExit(f"--model {spec}: not flux-dev/tiny/small and no such file or folder")
-    dims = FluxDims.from_config(json.loads(path.read_text()))
+        raise SystemExit(f"--model {spec}: not reference/tiny/small and no such file or folder")
+    config = json.loads(path.read_text())
     vae_path = path.parent.parent / "vae" / "config.json"
     if vae_path.is_file():
-        return dims, json.loads(vae_path.read_text()), str(path)
-    return dims, dict(FLUX_DEV_VAE_CONFIG), f"{path} (VAE: FLUX.1-dev's, no vae/config.json beside it)"
+        return config, json.loads(vae_path.read_text()), str(path)
+    return (config, dict(family.reference_vae_config),
+            f"{path} (VAE: {family.reference_name}'s, no vae/config.json beside it)")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="flux-dev", help="flux-dev | tiny | small | config.json | model folder")
+    ap.add_argument("--model", default="reference",
+                    help="reference (alias flux-dev) | tiny | small | config.json | model folder")
+    ap.add_argument("--model_family", default=DEFAULT_FAMILY,
+                    help="model family: a registered name or a plugin pkg.module:Name")
     ap.add_argument("--h", type=int, default=720)
     ap.add_argument("--w", type=int, default=720)
     ap.add_argument("--text_tokens", type=int, default=512, help="T5 sequence length (max_sequence_length)")
@@ -147,11 +154,11 @@ def memory_shape(args):
     )
 
 
-def memory_report(args, config: dict, vae_cfg: dict, desc: str) -> str:
+def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> str:
     from fastvideo.perf.memory import GB, estimate
 
     shape = memory_shape(args)
-    est = estimate(config, vae_cfg, shape)
+    est = estimate(config, vae_cfg, shape, family=family)
     if args.json:
         return json.dumps({"model": desc, "shape": {k: str(v) for k, v in vars(shape).items()}, **est.as_dict(),
                            "verdict": est.verdict(args.device_memory_gb)}, indent=2)
@@ -204,7 +211,7 @@ def resolve_mix(args, ap) -> None:
     args.mix_window = window
 
 
-def mix_comparison(args, dims: FluxDims, vae_cfg: dict, flops: dict) -> dict:
+def mix_comparison(args, config: dict, vae_cfg: dict, flops: dict, family) -> dict:
     """This configuration's FLOPs against DanceGRPO's reference (16 steps, fraction 0.6) and against
     the all-SDE run with the same number of sampling steps and --timestep_fraction."""
     out = {}
@@ -217,7 +224,7 @@ def mix_comparison(args, dims: FluxDims, vae_cfg: dict, flops: dict) -> dict:
                                             else args.timestep_fraction, args.train_last_step),
             gradient_checkpointing=args.gradient_checkpointing,
         )
-        ref = iteration_flops(shape, dims, vae_cfg).as_dict()
+        ref = iteration_flops(shape, config, vae_cfg, family).as_dict()
         out[name] = {"sampling_steps": steps, "trained_steps": shape.trained_steps,
                      "model_flops_ratio": flops["model_total"] / ref["model_total"],
                      "hardware_flops_ratio": flops["hardware_total"] / ref["hardware_total"]}
@@ -243,8 +250,12 @@ def _peak(args) -> float | None:
     return None
 
 
-def summarise(args, dims: FluxDims, vae_cfg: dict) -> dict:
-    """Everything the table shows, as plain numbers."""
+SUMMARY_KEYS = ("forward", "backward", "blocks")
+
+
+def summarise(args, config: dict, vae_cfg: dict, family=None) -> dict:
+    """Everything the table shows, as plain numbers. family: default --model_family's."""
+    family = family if family is not None else get_model_family(args.model_family)
     shape = IterationShape(
         height=args.h, width=args.w, text_tokens=args.text_tokens,
         sampling_steps=getattr(args, "rollout_steps", args.sampling_steps),
@@ -252,15 +263,18 @@ def summarise(args, dims: FluxDims, vae_cfg: dict) -> dict:
         world_size=args.world_size, trained_steps=args.trained_steps,
         gradient_checkpointing=args.gradient_checkpointing,
     )
-    it: IterationFlops = iteration_flops(shape, dims, vae_cfg)
+    it: IterationFlops = iteration_flops(shape, config, vae_cfg, family)
+    per = family.transformer_flops(config, shape.image_tokens, shape.text_tokens)
     out = {
         "image_tokens": shape.image_tokens, "text_tokens": shape.text_tokens, "samples": shape.samples,
         "sampling_steps": shape.sampling_steps, "trained_steps": shape.trained_steps,
         "gradient_checkpointing": shape.gradient_checkpointing, "world_size": shape.world_size,
-        "forward_breakdown": transformer_flops_breakdown(dims, shape.image_tokens, shape.text_tokens),
+        # The family's parts of one forward (its "forward", "backward", "blocks" totals apart).
+        "forward_breakdown": {k: v for k, v in per.items() if k not in SUMMARY_KEYS},
+        "_forward": (per["forward"], per["blocks"]),  # for the table; not in --json's output
         "flops": it.as_dict(),
     }
-    out["vs"] = mix_comparison(args, dims, vae_cfg, out["flops"])
+    out["vs"] = mix_comparison(args, config, vae_cfg, out["flops"], family)
     peak = _peak(args)
     if args.seconds_per_iteration is not None:
         per_dev = it.hardware_flops / args.seconds_per_iteration / args.world_size / 1e12
@@ -274,14 +288,14 @@ def summarise(args, dims: FluxDims, vae_cfg: dict) -> dict:
 
 
 def format_table(s: dict, model_desc: str) -> str:
-    f, fb = s["flops"], s["forward_breakdown"]
+    f = s["flops"]
     n, t = s["samples"], s["trained_steps"]
     total = f["hardware_total"]
-    blocks = fb["double_blocks"] + fb["single_blocks"]
+    forward, blocks = s["_forward"]
     lines = [
         f"model {model_desc}: {s['image_tokens']} image + {s['text_tokens']} text tokens",
-        f"one transformer forward (1 sample): {human(fb['total'])} FLOPs "
-        f"(blocks {100 * blocks / fb['total']:.2f} %)",
+        f"one transformer forward (1 sample): {human(forward)} FLOPs "
+        f"(blocks {100 * blocks / forward:.2f} %)",
         f"iteration: {n} samples ({s['world_size']} ranks), {s['sampling_steps']} sampling steps, "
         f"{t} trained steps, gradient checkpointing {'on' if s['gradient_checkpointing'] else 'off'}",
         "",
@@ -312,34 +326,24 @@ def format_table(s: dict, model_desc: str) -> str:
     return "\n".join(lines)
 
 
-def transformer_config_for(spec: str, dims: FluxDims) -> dict:
-    """The full diffusers config (for the meta-device build the memory model runs)."""
-    from dataclasses import asdict
-
-    if spec in ("tiny", "small"):
-        from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config
-
-        return transformer_config(PRESETS[spec])
-    path = Path(spec)
-    for c in (path, path / "config.json", path / "transformer" / "config.json"):
-        if c.is_file():
-            return json.loads(c.read_text())
-    config = {k: v for k, v in asdict(dims).items() if k != "mlp_ratio"}
-    return {**config, "axes_dims_rope": [16, 56, 56]}  # FLUX.1-dev
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    dims, vae_cfg, desc = resolve_model(args.model)
+    try:
+        family = get_model_family(args.model_family)
+    except UnknownModelFamilyError as err:
+        from fastvideo.errors import report_failure
+
+        raise SystemExit(report_failure(err, "cost_model")) from None
+    config, vae_cfg, desc = resolve_model(args.model, family)
     if args.memory:
-        print(memory_report(args, transformer_config_for(args.model, dims), vae_cfg, desc))
+        print(memory_report(args, config, vae_cfg, desc, family))
         return
     try:
-        s = summarise(args, dims, vae_cfg)
+        s = summarise(args, config, vae_cfg, family)
     except ValueError as err:
         raise SystemExit(f"cost_model: {err}") from None
     if args.json:
-        json.dump({"model": desc, **s}, sys.stdout, indent=2)
+        json.dump({"model": desc, **{k: v for k, v in s.items() if not k.startswith("_")}}, sys.stdout, indent=2)
         print()
     else:
         print(format_table(s, desc) + format_mix(s["vs"]))

@@ -1,12 +1,14 @@
 """Evaluate and compare models on held-out prompts with the same noise.
 
-    python -m fastvideo.tools.evaluate --model BASE_FLUX_DIR --model trained=OUTPUT_DIR/best \\
+    python -m fastvideo.tools.evaluate --model BASE_MODEL_DIR --model trained=OUTPUT_DIR/best \\
         --prompts assets/eval_prompts.txt --rewards hpsv2,pickscore,detail --out eval_out [--h 720 --w 720]
 
-Each --model is a diffusers FLUX folder, a training checkpoint folder (checkpoint-N, best; full or
+Each --model is a diffusers model folder, a training checkpoint folder (checkpoint-N, best; full or
 LoRA), an exported transformer folder, or an exported LoRA (a folder with
 pytorch_lora_weights.safetensors), optionally LABEL=PATH. The text encoders and VAE come from --base
-(default: the first FLUX folder among the models); LoRA models are merged into --base's transformer. Every model sees the same initial noise per
+(default: the first model folder among the models); LoRA models are merged into --base's transformer. The
+model family is the one the checkpoints' runs record (OUTPUT_DIR/config.json), else --model_family
+(default flux). Every model sees the same initial noise per
 (prompt, image), drawn from RandomSource(--seed) exactly as the training run's evaluation draws it,
 so with the run's --seed and sampling flags a checkpoint scores what eval.jsonl recorded.
 
@@ -24,7 +26,13 @@ from pathlib import Path
 
 import torch
 
-from fastvideo.eval.models import FLUX_FOLDER, ModelSpecError, load_transformer_for, parse_model_arg
+from fastvideo.eval.models import (
+    MODEL_FOLDER,
+    ModelSpecError,
+    family_name_for,
+    load_transformer_for,
+    parse_model_arg,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", required=True, help="prompts .txt (e.g. assets/eval_prompts.txt) or videos2caption.json")
     p.add_argument("--rewards", required=True, help='comma-separated reward names, e.g. "hpsv2,pickscore,detail"')
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--base", default=None, help="FLUX folder for the VAE and text encoders (default: first FLUX model)")
+    p.add_argument("--base", default=None,
+                   help="model folder for the VAE and text encoders (default: the first model folder among --model)")
+    p.add_argument("--model_family", default=None,
+                   help="model family (a registered name or pkg.module:Name) of models whose run records none "
+                        "(default: the checkpoints' runs' family, else flux)")
     p.add_argument("--seed", type=int, default=42, help="the training run's --seed, to reproduce its evaluation noise")
     p.add_argument("--h", type=int, default=720)
     p.add_argument("--w", type=int, default=720)
@@ -68,7 +80,7 @@ def _rewards(args, device) -> dict:
     return {n: build_reward(n, device=device, batch_size=args.reward_batch_size, **per.get(n, {})) for n in names}
 
 
-def _check(args, models) -> Path:
+def _check(args, models, family) -> Path:
     from fastvideo.rewards.base import check_reward_name
 
     for n in args.rewards.split(","):
@@ -77,9 +89,10 @@ def _check(args, models) -> Path:
                                          args.num_images_per_prompt, args.grid_prompts) < 1:
         raise ValueError("--h/--w must be positive multiples of 16; --steps, --batch_size, "
                          "--num_images_per_prompt and --grid_prompts at least 1")
-    base = Path(args.base) if args.base else next((m.path for m in models if m.kind == FLUX_FOLDER), None)
+    base = Path(args.base) if args.base else next((m.path for m in models if m.kind == MODEL_FOLDER), None)
     if base is None:
-        raise ModelSpecError("no FLUX folder among the models: pass --base FLUX_DIR for the VAE and text encoders")
+        raise ModelSpecError(f"no {family.name} model folder among the models: pass --base MODEL_DIR for the VAE "
+                             "and text encoders")
     return base
 
 
@@ -111,15 +124,17 @@ def run(args) -> str:
     from fastvideo.eval.core import SampleSettings, evaluate
     from fastvideo.eval.prompts import load_eval_prompts
     from fastvideo.eval.stats import markdown_table, table_rows
-    from fastvideo.models import flux
+    from fastvideo.models.base import get_model_family
     from fastvideo.sampling.randomness import RandomSource
 
-    models = [parse_model_arg(m) for m in args.model]
-    base = _check(args, models)
+    models = [parse_model_arg(m, _family_label(args.model_family)) for m in args.model]
+    family = get_model_family(family_name_for(models, args.model_family), guidance_scale=args.guidance_scale,
+                              quantize_timestep=not args.no_quantize_timestep)
+    base = _check(args, models, family)
     device = platform.get_device()
     amp = torch.bfloat16 if args.mixed_precision == "bf16" and platform.is_accelerator(device) else None
-    prompts = load_eval_prompts(args.prompts, str(base), args.max_sequence_length, device)
-    vae = flux.load_vae(base, device=device, dtype=torch.float32)
+    prompts = load_eval_prompts(args.prompts, str(base), args.max_sequence_length, device, family)
+    vae = family.load_vae(base, device=device, dtype=torch.float32)
     rewards = _rewards(args, device)
     s = SampleSettings(height=args.h, width=args.w, steps=args.steps, eta=args.eta, shift=args.shift,
                        guidance_scale=args.guidance_scale, quantize_timestep=not args.no_quantize_timestep,
@@ -127,9 +142,9 @@ def run(args) -> str:
     results = []
     for m in models:
         print(f"[evaluate] {m.label}: {m.kind} {m.path}", flush=True)
-        model = load_transformer_for(m, base, device)
+        model = load_transformer_for(m, base, device, family)
         results.append(evaluate(model, vae, prompts, rewards, RandomSource(args.seed), s, device, amp,
-                                grid_prompts=len(prompts), progress=True))
+                                grid_prompts=len(prompts), progress=True, family=family))
         del model
     labels = [m.label for m in models]
     if len(set(labels)) != len(labels):
@@ -142,11 +157,24 @@ def run(args) -> str:
     return table
 
 
+def _family_label(flag: str | None) -> str:
+    """How messages name the base folder's family: FLUX for --model_family flux."""
+    from fastvideo.models.base import DEFAULT_FAMILY
+
+    name = flag or DEFAULT_FAMILY
+    return name if ":" in name else name.upper()
+
+
 def main(argv: list[str] | None = None) -> int:
+    from fastvideo.errors import report_failure
+    from fastvideo.models.base import UnknownModelFamilyError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         table = run(args)
+    except UnknownModelFamilyError as exc:  # one line: the name and the valid ones
+        raise SystemExit(report_failure(exc, "evaluate")) from None
     except (ModelSpecError, ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
     print(table)

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("checkpoint", help="a checkpoint-N folder written by the trainer")
     ap.add_argument("out", help="folder to write")
     ap.add_argument("--ema", action="store_true", help="export the EMA weights instead of the policy")
-    ap.add_argument("--base", default=None, help="FLUX folder whose other components complete a pipeline folder")
+    ap.add_argument("--base", default=None,
+                    help="model folder (the checkpoint's family) whose other components complete a pipeline folder")
     ap.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast the weights (default: as saved)")
     ap.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     ap.add_argument("--lora", action="store_true",

@@ -78,6 +78,7 @@ from fastvideo.training.checkpoint_files import (  # noqa: F401  (re-exported: p
     find_latest,
     is_complete,
     list_checkpoints,
+    recorded_family,
     resolve_checkpoint,
     verify_checkpoint,
 )
@@ -141,20 +142,23 @@ def _config_value(value):
     raise TypeError(f"transformer config value {value!r} ({type(value).__name__}) is not JSON-serialisable")
 
 
-def _clean_config(config: dict | None) -> dict | None:
-    """A diffusers config as plain JSON, without the entries that describe where it was loaded from."""
+def _clean_config(config: dict | None, class_name: str) -> dict | None:
+    """A diffusers config as plain JSON, without the entries that describe where it was loaded from;
+    class_name: the _class_name it gets when it names none (the saved model's class)."""
     if config is None:
         return None
     cfg = json.loads(json.dumps(dict(config), default=_config_value))
     for key in ("_use_default_values", "_name_or_path"):
         cfg.pop(key, None)
-    cfg.setdefault("_class_name", "FluxTransformer2DModel")
+    cfg.setdefault("_class_name", class_name)
     return cfg
 
 
-def _model_config(model: nn.Module) -> dict | None:
-    config = getattr(fsdp.unwrap_model(model), "config", None)
-    return _clean_config(config) if config is not None else None
+def _model_config(model: nn.Module, transformer_config: dict | None) -> dict | None:
+    """transformer_config (else the model's own config) as saved, naming the model's class."""
+    unwrapped = fsdp.unwrap_model(model)
+    config = transformer_config if transformer_config is not None else getattr(unwrapped, "config", None)
+    return _clean_config(config, type(unwrapped).__name__) if config is not None else None
 
 
 def _remove_scratch(output_dir: Path) -> None:
@@ -206,7 +210,7 @@ def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimize
     state = fsdp.full_model_state_dict(model, trainable_only)
     if is_main:
         w.tensors(LORA_FILE if trainable_only else MODEL_FILE, state)
-        config = _clean_config(transformer_config) if transformer_config is not None else _model_config(model)
+        config = _model_config(model, transformer_config)
         if config is not None:
             w.json(CONFIG_FILE, config)
     del state

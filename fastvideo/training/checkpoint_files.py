@@ -102,3 +102,29 @@ def resolve_checkpoint(spec: str | os.PathLike, output_dir: str | os.PathLike | 
     path = Path(spec)
     verify_checkpoint(path)
     return path
+
+
+# ======================================================================== which model family
+def _json_or_none(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def recorded_family(folder: str | os.PathLike) -> str | None:
+    """The model family a checkpoint (or an exported transformer folder) was trained as: the run's
+    OUTPUT_DIR/config.json beside it names it (model.family; runs from before the key: the default
+    family), else the transformer config's _class_name does (through the registry); None when
+    neither says."""
+    from fastvideo.models.base import DEFAULT_FAMILY, family_for_class_name
+
+    folder = Path(folder)
+    run = _json_or_none(folder.parent / "config.json")
+    if isinstance(run, dict) and isinstance(run.get("model"), dict) and "rollout" in run:
+        return run["model"].get("family", DEFAULT_FAMILY)
+    for name in (CONFIG_FILE, "config.json"):
+        config = _json_or_none(folder / name)
+        if isinstance(config, dict) and isinstance(config.get("_class_name"), str):
+            return family_for_class_name(config["_class_name"])
+    return None

@@ -2,8 +2,8 @@
 ``python -m fastvideo.tools.export``, whose help shows the command line).
 
 - :func:`export_checkpoint`: a full fine-tuning checkpoint -> a transformer folder
-  (config.json + diffusion_pytorch_model.safetensors, ``FluxTransformer2DModel.from_pretrained``),
-  or with ``base`` a complete FLUX pipeline folder: every component of the base folder (hard-linked
+  (config.json + diffusion_pytorch_model.safetensors, the family's transformer class
+  ``.from_pretrained``), or with ``base`` a complete pipeline folder: every component of the base folder (hard-linked
   when the file system allows, else copied) with its transformer/ replaced by the checkpoint's. The
   transformer config comes from the checkpoint itself; ``ema`` exports the EMA weights.
 - :func:`export_lora`: a LoRA checkpoint (adapters only) -> a diffusers LoRA file for
@@ -11,7 +11,10 @@
   file at scale 1).
 - :func:`export_merged` / :func:`merged_transformer`: a LoRA checkpoint merged into its base
   transformer (base + scale * B @ A); the base is the one the run trained on (recorded in the
-  checkpoint) unless ``base`` names a FLUX folder.
+  checkpoint) unless ``base`` names a model folder.
+
+The model family is the one the checkpoint records (its run's config.json, else its transformer
+config's _class_name; fastvideo.training.checkpoint_files.recorded_family), else the default.
 
 Every folder appears atomically (written next to OUT, then renamed into place).
 """
@@ -37,7 +40,14 @@ class ExportError(UserError, ValueError):
     """The export cannot be done as asked."""
 
 
-def _transformer_config(ckpt: Path, base: Path | None) -> dict:
+def checkpoint_family(ckpt: str | os.PathLike, **settings):
+    """The ModelFamily a checkpoint was trained as (recorded_family), else the default family."""
+    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+
+    return get_model_family(ckpt_lib.recorded_family(ckpt) or DEFAULT_FAMILY, **settings)
+
+
+def _transformer_config(ckpt: Path, base: Path | None, family) -> dict:
     own = ckpt / ckpt_lib.CONFIG_FILE
     if own.is_file():
         config = json.loads(own.read_text(encoding="utf-8"))
@@ -46,9 +56,9 @@ def _transformer_config(ckpt: Path, base: Path | None) -> dict:
     else:
         raise ExportError(
             f"{ckpt} holds no {ckpt_lib.CONFIG_FILE} (saved without a transformer config); pass --base with the "
-            "FLUX folder the run started from"
+            f"{family.name} folder the run started from"
         )
-    config.setdefault("_class_name", "FluxTransformer2DModel")
+    config.setdefault("_class_name", family.export_class_name)
     if "_diffusers_version" not in config:
         import diffusers
 
@@ -83,10 +93,8 @@ def _link_or_copy(src: str, dst: str) -> None:
     shutil.copy2(src, dst)
 
 
-def _copy_base(base: Path, out: Path) -> None:
-    from fastvideo.models import flux
-
-    flux.check_flux_folder(base)
+def _copy_base(base: Path, out: Path, family) -> None:
+    family.check_folder(base)
     for entry in base.iterdir():
         if entry.name == "transformer":
             continue
@@ -118,11 +126,12 @@ def export_checkpoint(
     weights = ckpt / (ckpt_lib.EMA_FILE if ema else ckpt_lib.MODEL_FILE)
     if not weights.is_file():
         raise ExportError(f"{ckpt} has no {weights.name}" + (" (the run did not use --use_ema)" if ema else ""))
-    config = _transformer_config(ckpt, base_dir)
+    family = checkpoint_family(ckpt)
+    config = _transformer_config(ckpt, base_dir, family)
 
     def fill(tmp: Path) -> None:
         if base_dir is not None:
-            _copy_base(base_dir, tmp)
+            _copy_base(base_dir, tmp, family)
             _write_transformer(tmp / "transformer", weights, config, DTYPES.get(dtype))
         else:
             _write_transformer(tmp, weights, config, DTYPES.get(dtype))
@@ -166,7 +175,7 @@ def _atomic_folder(out: Path, overwrite: bool, fill) -> Path:
 
 
 def export_lora(checkpoint, out, ema: bool = False, overwrite: bool = False) -> Path:
-    """OUT/pytorch_lora_weights.safetensors in diffusers' FLUX LoRA format (scale folded in)."""
+    """OUT/pytorch_lora_weights.safetensors in diffusers' LoRA format (scale folded in)."""
     from safetensors.torch import save_file
 
     from fastvideo.training import lora
@@ -194,10 +203,9 @@ def _base_transformer(info: dict, base: str | None) -> Path:
     return Path(info["base_model"]) / "transformer"
 
 
-def merged_transformer(checkpoint, ema: bool = False, base: str | None = None):
-    """The base transformer (float32, CPU) with a LoRA checkpoint's adapters merged in."""
-    from diffusers import FluxTransformer2DModel
-
+def merged_transformer(checkpoint, ema: bool = False, base: str | None = None, family=None):
+    """The base transformer (float32, CPU) with a LoRA checkpoint's adapters merged in. family:
+    the ModelFamily (default: the one the checkpoint records)."""
     from fastvideo.training import lora
 
     ckpt = Path(checkpoint)
@@ -206,8 +214,9 @@ def merged_transformer(checkpoint, ema: bool = False, base: str | None = None):
     folder = _base_transformer(info, base)
     if not (folder / "config.json").is_file():
         raise ExportError(f"merging needs the base transformer the adapters were trained on; {folder} holds no "
-                          "config.json: pass --base FLUX_DIR")
-    model = FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
+                          "config.json: pass --base MODEL_DIR")
+    family = family if family is not None else checkpoint_family(ckpt)
+    model = family.transformer_class().from_pretrained(folder, torch_dtype=torch.float32)
     merged = lora.merge_into_base(model.state_dict(), _adapters(ckpt, ema), float(info["alpha"]) / float(info["rank"]))
     model.load_state_dict(merged)
     return model

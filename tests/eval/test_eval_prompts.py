@@ -42,6 +42,8 @@ def test_text_file_and_preprocessed_json_give_the_same_embeddings(tiny_flux_dir,
     from_json = load_eval_prompts(tiny_embeddings, str(tiny_flux_dir), 32)
     from_text = load_eval_prompts(ROOT / "assets" / "prompts_tiny.txt", str(tiny_flux_dir), 32)
     assert from_json.captions == from_text.captions == PromptEmbeddingDataset(tiny_embeddings).captions
-    assert from_text.embeds.shape == (8, 32, from_json.embeds.shape[2])
-    torch.testing.assert_close(from_text.embeds, from_json.embeds.float(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(from_text.pooled, from_json.pooled.float(), rtol=1e-5, atol=1e-5)
+    text, json_ = from_text.cond, from_json.cond
+    assert text["prompt_embeds"].shape == (8, 32, json_["prompt_embeds"].shape[2])
+    torch.testing.assert_close(text["prompt_embeds"], json_["prompt_embeds"].float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(text["pooled"], json_["pooled"].float(), rtol=1e-5, atol=1e-5)
+    assert from_text.dims == from_json.dims == (32, json_["prompt_embeds"].shape[2], json_["pooled"].shape[1])

@@ -107,3 +107,29 @@ def test_unknown_models_fail_clearly(tiny_flux_dir, eval_prompt_file, tmp_path, 
     with pytest.raises(SystemExit):
         main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir, rewards="nope"))
     assert "unknown reward 'nope'" in capsys.readouterr().err
+
+
+def test_an_explicit_model_family_scores_the_same(tiny_flux_dir, eval_prompt_file, tmp_path, capsys):
+    assert main(_tool_args(eval_prompt_file, tmp_path / "a", f"base={tiny_flux_dir}")) == 0
+    assert main(_tool_args(eval_prompt_file, tmp_path / "b", f"base={tiny_flux_dir}", model_family="flux")) == 0
+    capsys.readouterr()
+    assert (tmp_path / "a" / "scores.jsonl").read_text() == (tmp_path / "b" / "scores.jsonl").read_text()
+
+
+def test_an_unknown_or_contradicting_model_family_fails_clearly(tiny_flux_dir, eval_prompt_file, tmp_path, capsys):
+    import json
+
+    with pytest.raises(SystemExit) as exc:
+        main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir, model_family="nope"))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown model family 'nope'" in err and "valid: flux" in err
+    # a checkpoint whose run was FLUX, evaluated as another family: refused before anything loads
+    ckpt = tmp_path / "run" / "checkpoint-1"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"")
+    (ckpt / "COMPLETE.json").write_text("{}")
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"model": {"family": "flux"}, "rollout": {}}))
+    with pytest.raises(SystemExit) as exc:
+        main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir, ckpt, model_family="toy_family:ToyFamily"))
+    assert exc.value.code == 2 and "different families (flux, toy_family:ToyFamily" in capsys.readouterr().err

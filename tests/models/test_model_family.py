@@ -180,3 +180,42 @@ def test_a_toy_family_rolls_out_and_evaluates_with_no_edit_in_fastvideo():
     plan = full_sde_plan(4, 3.0, 4, 1)
     lat, _, x0 = sample_transitions(fam, model, noise, {}, plan, plan.sigmas, cond, traj.layout, 0.0)
     assert lat.shape == (2, 5, 256, 3) and x0.shape == (2, 256, 3)
+
+
+# ---------------------------------------------------------------- which family a checkpoint is
+class _Marked(base.ModelFamily):  # only its class name matters here
+    export_class_name = "MarkedTransformer"
+
+
+def _register_marked(monkeypatch, *names):
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # the test's registrations stay in it
+    for name in names:
+        base.register_model_family(name, _Marked)
+
+
+def test_a_class_name_finds_the_family_that_exports_it(monkeypatch):
+    _register_marked(monkeypatch, "marked")
+    assert base.family_for_class_name("FluxTransformer2DModel") == "flux"
+    assert base.family_for_class_name("MarkedTransformer") == "marked"
+    assert base.family_for_class_name("UNet2DConditionModel") is None
+    base.register_model_family("marked_too", _Marked)
+    assert base.family_for_class_name("MarkedTransformer") is None  # two claim it: cannot tell
+
+
+def test_a_checkpoint_records_its_family_by_run_config_else_class_name(tmp_path, monkeypatch):
+    import json
+
+    from fastvideo.training.checkpoint_files import recorded_family
+
+    _register_marked(monkeypatch, "marked")
+    ckpt = tmp_path / "run" / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    assert recorded_family(ckpt) is None  # nothing says
+    (ckpt / "transformer_config.json").write_text(json.dumps({"_class_name": "MarkedTransformer"}))
+    assert recorded_family(ckpt) == "marked"  # the transformer config's class
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"model": {"family": "flux"}, "rollout": {}}))
+    assert recorded_family(ckpt) == "flux"  # the run's config wins
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"model": {}, "rollout": {}}))
+    assert recorded_family(ckpt) == "flux"  # a run from before --model_family: the default
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    assert recorded_family(ckpt) == "marked"  # not a run config: ignored

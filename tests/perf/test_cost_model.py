@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from fastvideo.perf import flops as F
+from fastvideo.models.flux import flops as FX
 from fastvideo.tools import cost_model
 from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config, vae_config
 
@@ -52,7 +53,7 @@ def test_json_and_overrides(capsys):
 def test_presets_and_paths(tmp_path, capsys):
     s = json.loads(_run(capsys, "--json", "--model", "tiny", "--h", "64", "--w", "64", "--text_tokens", "32"))
     tiny = transformer_config(PRESETS["tiny"])
-    assert s["forward_breakdown"]["total"] == F.transformer_forward_flops(tiny, 16, 32)
+    assert s["forward_breakdown"]["total"] == FX.transformer_forward_flops(tiny, 16, 32)
     # a diffusers folder: transformer/config.json and vae/config.json beside it
     (tmp_path / "transformer").mkdir()
     (tmp_path / "vae").mkdir()
@@ -70,3 +71,13 @@ def test_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "fastvideo.tools.cost_model", "--world_size", "8"],
                          capture_output=True, text=True, check=True, timeout=120).stdout
     assert "96 samples" in out and "total (model, MFU)" in out
+
+
+def test_an_explicit_model_family_prints_the_same_and_an_unknown_one_fails_in_one_line(capsys):
+    assert _run(capsys, "--model_family", "flux") == _run(capsys)
+    assert _run(capsys, "--model_family", "flux", "--model", "reference", "--json") == _run(capsys, "--json")
+    with pytest.raises(SystemExit) as exc:
+        cost_model.main(["--model_family", "nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown model family 'nope'" in err and "valid: flux" in err

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fastvideo.perf import flops as F
+from fastvideo.models.flux import flops as FX
 from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config, vae_config
 
 EXACT = 1e-9
@@ -53,9 +54,9 @@ def test_tiny_forward_backward_and_recompute_match_flop_counter(tiny_model, size
     ck = F.count_flops(lambda: model(**kw)[0].square().mean().backward())
     model.disable_gradient_checkpointing()
 
-    a_fwd = F.transformer_forward_flops(cfg, L, text, batch)
-    a_bwd = F.transformer_backward_flops(cfg, L, text, batch)
-    a_rec = F.transformer_block_flops(cfg, L, text, batch)
+    a_fwd = FX.transformer_forward_flops(cfg, L, text, batch)
+    a_bwd = FX.transformer_backward_flops(cfg, L, text, batch)
+    a_rec = FX.transformer_block_flops(cfg, L, text, batch)
     assert _rel(a_fwd, fwd) < EXACT
     assert _rel(a_fwd + a_bwd, fb) < EXACT
     assert _rel(a_fwd + a_bwd + a_rec, ck) < EXACT
@@ -72,15 +73,15 @@ def test_small_forward_matches_flop_counter():
         kw = _inputs(cfg, L, text, 1)
         with torch.no_grad():
             counted = F.count_flops(lambda: model(**kw))
-        assert _rel(F.transformer_forward_flops(cfg, L, text), counted) < EXACT
+        assert _rel(FX.transformer_forward_flops(cfg, L, text), counted) < EXACT
 
 
 def test_flux_dev_forward_and_vae_decode_at_720_match_flop_counter_on_meta():
     """The full-size model costs no memory on the meta device; the counter still sees every matmul."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
 
-    tcfg = {k: v for k, v in asdict(F.FLUX_DEV).items() if k != "mlp_ratio"}
-    vcfg = dict(F.FLUX_DEV_VAE_CONFIG, in_channels=3, norm_num_groups=32, use_quant_conv=False,
+    tcfg = {k: v for k, v in asdict(FX.FLUX_DEV).items() if k != "mlp_ratio"}
+    vcfg = dict(FX.FLUX_DEV_VAE_CONFIG, in_channels=3, norm_num_groups=32, use_quant_conv=False,
                 down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4)
     with torch.device("meta"):
         model = FluxTransformer2DModel.from_config(tcfg).eval()
@@ -90,7 +91,7 @@ def test_flux_dev_forward_and_vae_decode_at_720_match_flop_counter_on_meta():
             fwd = F.count_flops(lambda: model(**kw))
             dec = F.count_flops(lambda: vae.decode(torch.empty(1, 16, 90, 90)))
     assert 11.8e9 < sum(p.numel() for p in model.parameters()) < 12.0e9  # it is FLUX.1-dev's size
-    assert _rel(F.transformer_forward_flops(F.FLUX_DEV, 2025, 512), fwd) < EXACT
+    assert _rel(FX.transformer_forward_flops(FX.FLUX_DEV, 2025, 512), fwd) < EXACT
     assert _rel(F.vae_decoder_flops(None, 90, 90), dec) < EXACT
     assert 3.7e13 < fwd < 3.75e13 and 5.0e12 < dec < 5.1e12
 
@@ -108,12 +109,12 @@ def test_vae_decoder_matches_flop_counter(preset):
 
 def test_dims_from_a_diffusers_config_object_and_errors(tiny_model):
     cfg = transformer_config(PRESETS["tiny"])
-    assert F.FluxDims.from_config(tiny_model.config) == F.FluxDims.from_config(cfg)
-    assert F.FluxDims.from_config(cfg).inner_dim == 32
+    assert FX.FluxDims.from_config(tiny_model.config) == FX.FluxDims.from_config(cfg)
+    assert FX.FluxDims.from_config(cfg).inner_dim == 32
     with pytest.raises(ValueError, match="num_layers"):
-        F.FluxDims.from_config({"attention_head_dim": 8})
+        FX.FluxDims.from_config({"attention_head_dim": 8})
     with pytest.raises(ValueError, match="positive"):
-        F.transformer_forward_flops(cfg, 0, 8)
+        FX.transformer_forward_flops(cfg, 0, 8)
 
 
 def test_image_tokens():

@@ -5,9 +5,10 @@ import pytest
 from fastvideo.config import GRPOSettings
 from fastvideo.grpo.loss import num_trained_steps
 from fastvideo.perf import flops as F
+from fastvideo.models.flux import flops as FX
 
 # A toy transformer small enough to count by hand: D = 2 x 2 = 4, MLP 16, in/out 8, text 6, pooled 5.
-TOY = F.FluxDims(num_layers=1, num_single_layers=2, num_attention_heads=2, attention_head_dim=2,
+TOY = FX.FluxDims(num_layers=1, num_single_layers=2, num_attention_heads=2, attention_head_dim=2,
                  joint_attention_dim=6, pooled_projection_dim=5, in_channels=8)
 
 
@@ -27,12 +28,12 @@ def test_toy_forward_by_hand():
               + 4 * 5 * 5 * 4  # attention
               + 2 * 5 * 20 * 4)  # proj_out over [attn, mlp] = 5D -> D
     final = 2 * 4 * 8 + 2 * 3 * 4 * 8  # norm_out D -> 2D, proj_out on image tokens
-    assert F.transformer_forward_flops(TOY, L, Lt, B) == embed + double + 2 * single + final
-    assert F.transformer_block_flops(TOY, L, Lt, B) == double + 2 * single
-    assert F.transformer_forward_flops(TOY, L, Lt, 3) == 3 * F.transformer_forward_flops(TOY, L, Lt, 1)
+    assert FX.transformer_forward_flops(TOY, L, Lt, B) == embed + double + 2 * single + final
+    assert FX.transformer_block_flops(TOY, L, Lt, B) == double + 2 * single
+    assert FX.transformer_forward_flops(TOY, L, Lt, 3) == 3 * FX.transformer_forward_flops(TOY, L, Lt, 1)
     # backward: 2 x forward minus the input gradients of the layers fed by data only
     data_fed = 2 * 3 * 8 * 4 + 2 * 2 * 6 * 4 + 2 * (2 * 256 * 4) + 2 * 5 * 4
-    assert F.transformer_backward_flops(TOY, L, Lt, B) == 2 * (embed + double + 2 * single + final) - data_fed
+    assert FX.transformer_backward_flops(TOY, L, Lt, B) == 2 * (embed + double + 2 * single + final) - data_fed
 
 
 def test_iteration_phases_by_hand():
@@ -42,13 +43,13 @@ def test_iteration_phases_by_hand():
            "use_post_quant_conv": False}
     it = F.iteration_flops(shape, TOY, vae)
     L = 3 * 2  # (48/16) x (32/16)
-    fwd = F.transformer_forward_flops(TOY, L, 2)
+    fwd = FX.transformer_forward_flops(TOY, L, 2)
     samples = 4 * 2 * 3
     assert shape.samples == samples and shape.image_tokens == L
     assert it.rollout == 5 * samples * fwd
     assert it.update_forward == 2 * samples * fwd
-    assert it.update_backward == 2 * samples * F.transformer_backward_flops(TOY, L, 2)
-    assert it.recompute == 2 * samples * F.transformer_block_flops(TOY, L, 2)
+    assert it.update_backward == 2 * samples * FX.transformer_backward_flops(TOY, L, 2)
+    assert it.recompute == 2 * samples * FX.transformer_block_flops(TOY, L, 2)
     assert it.vae_decode == samples * F.vae_decoder_flops(vae, 6, 4)
     assert it.model_flops == it.rollout + it.update_forward + it.update_backward + it.vae_decode
     assert it.hardware_flops == it.model_flops + it.recompute
@@ -89,12 +90,12 @@ def test_cost_model_trained_steps_follow_the_trainer_rule():
 
 def test_reference_iteration_is_about_3_7e17():
     it = F.iteration_flops(F.IterationShape())  # 720x720, 16 steps, 12 x 16 samples, 9 trained, checkpointing
-    fwd = F.transformer_forward_flops(F.FLUX_DEV, 2025, 512)
+    fwd = FX.transformer_forward_flops(FX.FLUX_DEV, 2025, 512)
     assert fwd == 37_282_012_311_552
     assert it.rollout == 16 * 192 * fwd
     assert 3.72e17 < it.hardware_flops < 3.74e17
     assert 3.08e17 < it.model_flops < 3.10e17
-    assert 1.999 < F.transformer_backward_flops(F.FLUX_DEV, 2025, 512) / fwd < 2.0
+    assert 1.999 < FX.transformer_backward_flops(FX.FLUX_DEV, 2025, 512) / fwd < 2.0
     assert it.vae_decode / it.hardware_flops < 0.003
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from fastvideo.perf import flops as F
+from fastvideo.models.flux import flops as FX
 from fastvideo.tools import cost_model
 
 
@@ -34,9 +35,9 @@ def _json(capsys, *argv):
 
 
 def test_cost_model_mixgrpo_and_flash_ratios(capsys):
-    fwd = F.transformer_forward_flops(F.FLUX_DEV, 2025, 512)
-    bwd = F.transformer_backward_flops(F.FLUX_DEV, 2025, 512)
-    dec = F.vae_decoder_flops(F.FLUX_DEV_VAE_CONFIG, 90, 90)
+    fwd = FX.transformer_forward_flops(FX.FLUX_DEV, 2025, 512)
+    bwd = FX.transformer_backward_flops(FX.FLUX_DEV, 2025, 512)
+    dec = F.vae_decoder_flops(FX.FLUX_DEV_VAE_CONFIG, 90, 90)
 
     def model(n, t):  # per sample, model FLOPs (no recompute)
         return n * fwd + t * (fwd + bwd) + dec

@@ -237,10 +237,16 @@ class FluxFamily(base.ModelFamily):
                 "backward": F.transformer_backward_flops(config, image_tokens, text_tokens, batch),
                 "blocks": F.transformer_block_flops(config, image_tokens, text_tokens, batch)}
 
+    reference_name = "FLUX.1-dev"
+    reference_vae_config = F.FLUX_DEV_VAE_CONFIG
+
     @property
-    def reference_config(self):
-        """FLUX.1-dev's transformer dimensions (the cost model's default)."""
-        return F.FLUX_DEV
+    def reference_config(self) -> dict:
+        """FLUX.1-dev's transformer config (the cost model's default): its FLOP dims as diffusers
+        keys, and its RoPE axes (the meta-device build needs them)."""
+        from dataclasses import asdict
+
+        return {**{k: v for k, v in asdict(F.FLUX_DEV).items() if k != "mlp_ratio"}, "axes_dims_rope": [16, 56, 56]}
 
 
 base.register_model_family("flux", FluxFamily)
