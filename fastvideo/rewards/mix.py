@@ -20,9 +20,13 @@ provided here). A judge that fails raises (MixGRPO scored a failed sample 0 and 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from fastvideo.rewards.advantages import MIX_MODES
-from fastvideo.rewards.combine import RewardSpec
+if TYPE_CHECKING:  # rewards.combine imports torch: not needed to build the parser
+    from fastvideo.rewards.combine import RewardSpec
+
+# rewards.advantages.MIX_MODES (that module imports torch; tests/rewards check the two agree).
+MIX_MODES = ("advantage_aggr", "reward_aggr")
 
 # MixGRPO's --reward_model choices -> its reward names, in its order.
 REWARD_MODELS = {
@@ -59,10 +63,12 @@ def add_mixgrpo_flags(p: argparse.ArgumentParser) -> None:
                    help="model name the UnifiedReward server expects (MixGRPO sends 'UnifiedReward')")
 
 
-def mixgrpo_specs(args: argparse.Namespace, rank: int = 0) -> list[RewardSpec]:
+def mixgrpo_specs(args: argparse.Namespace, rank: int = 0) -> "list[RewardSpec]":
     """--reward_model and the weight flags -> RewardSpecs with normalised weights; [] without
     --reward_model. unified_reward is included when --unified_reward_url is given (required
     when it is the only reward)."""
+    from fastvideo.rewards.combine import RewardSpec
+
     if args.reward_model is None:
         if args.multi_reward_mix is not None:
             raise ValueError("--multi_reward_mix needs --reward_model (MixGRPO's reward selection)")

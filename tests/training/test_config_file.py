@@ -208,3 +208,9 @@ def test_help_imports_no_torch_and_is_fast():
           f"{time.perf_counter() - start:.2f} s")  # measured, not asserted (shared CI machines)
     assert full.returncode == 0 and "essentials:" in full.stdout
     assert torch_loaded == "False"
+
+
+def test_the_parsers_copy_of_the_mix_modes_is_the_objectives():
+    from fastvideo.rewards import advantages, mix
+
+    assert mix.MIX_MODES == advantages.MIX_MODES
