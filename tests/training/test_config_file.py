@@ -67,6 +67,8 @@ def test_file_values_are_checked_like_flags(tmp_path, capsys):
     assert "fp16 is not supported" in err
     err = _error(capsys, ["--config", _write(tmp_path / "b.yaml", {**FLAT, "eta": 0})])
     assert "eta > 0" in err
+    # fp16 is not listed in --help but still parses so that the refusal can say why; others are refused too.
+    assert "choose bf16 or no" in _error(capsys, FLAT_ARGV + ["--mixed_precision", "fp32"])
 
 
 @pytest.mark.parametrize("key, value, message", [
