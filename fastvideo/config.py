@@ -53,11 +53,9 @@ FILE_FLAGS = ("config", "print_config")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="train_grpo_flux", usage="%(prog)s [--config FILE] --data_json_path FILE --pretrained_model_name_or_path DIR "
-                                      "[--rewards NAME:WEIGHT,...] [flags]",
-        description="GRPO fine-tuning of FLUX (DanceGRPO-compatible flags).",
-        formatter_class=HelpFormatter,
-    )
+        prog="train_grpo_flux", description="GRPO fine-tuning of FLUX (DanceGRPO-compatible flags).",
+        usage="%(prog)s [--config FILE] --data_json_path FILE --pretrained_model_name_or_path DIR [flags]",
+        formatter_class=HelpFormatter)
     g = flag_group(p, "essentials")
     g.add_argument("--config", type=str, default=None, metavar="FILE",
                    help="YAML or JSON file of flag values (flag names as keys, or a run's OUTPUT_DIR/config.json); "
