@@ -113,6 +113,8 @@ def file_values(data: dict, parser: argparse.ArgumentParser, from_resolved) -> d
             close = difflib.get_close_matches(str(key), actions, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigError(f"--config: unknown key {key!r}{hint} (keys are flag names without --)")
+        if actions[key].dest == "config":
+            raise ConfigError("--config: a file cannot name another --config file")
         values[actions[key].dest] = _checked(key, value, actions[key])
     return values
 

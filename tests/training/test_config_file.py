@@ -81,6 +81,7 @@ def test_file_values_are_checked_like_flags(tmp_path, capsys):
     ("h", None, "h: expected an integer, got None"),
     ("rewards", 3, "rewards: expected a string or null, got 3"),
     ("adv_std", "median", "adv_std: 'median' is not one of sample, population"),
+    ("config", "other.yaml", "a file cannot name another --config file"),
 ])
 def test_bad_keys_and_types_are_refused_by_name(tmp_path, capsys, key, value, message):
     err = _error(capsys, ["--config", _write(tmp_path / "bad.yaml", {**FLAT, key: value})])
