@@ -64,7 +64,9 @@ class OptimSettings(Settings):
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
-        return dict(section)  # every field is the flag of the same name
+        # sampler_seed as given: None when it is --seed's, so that a new --seed moves it too.
+        same = section["sampler_seed"] == section["seed"]
+        return {**section, "sampler_seed": None if same else section["sampler_seed"]}
 
     def check(self) -> None:
         if self.use_ema and not 0.0 < self.ema_decay < 1.0:

@@ -88,7 +88,9 @@ class OutputSettings(Settings):
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
         kinds = section["probe_layers"]
-        return {**section, "probe_layers": ",".join(kinds) if kinds else None}
+        # image_dir as given: None when it is OUTPUT_DIR, so that a new --output_dir moves the images too.
+        image_dir = None if section["image_dir"] == section["output_dir"] else section["image_dir"]
+        return {**section, "probe_layers": ",".join(kinds) if kinds else None, "image_dir": image_dir}
 
     def check(self) -> None:
         if self.dump_randomness and self.load_randomness:

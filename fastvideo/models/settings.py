@@ -68,7 +68,10 @@ class ModelConfig(Settings):
         names = ("pretrained_model_name_or_path", "dit_model_name_or_path", "vae_model_path", "vae_precision",
                  "master_weight_type", "mixed_precision", "allow_tf32", "gradient_checkpointing",
                  "selective_checkpointing")
-        return {**{n: section[n] for n in names}, "model_family": section["family"]}
+        flags = {**{n: section[n] for n in names}, "model_family": section["family"]}
+        if flags["vae_model_path"] == flags["pretrained_model_name_or_path"]:  # the default: follows a new model folder
+            flags["vae_model_path"] = None
+        return flags
 
     def check(self) -> None:
         if self.mixed_precision == "fp16":

@@ -130,6 +130,16 @@ def test_the_resolved_form_reads_back_to_the_same_config(tmp_path, extra):
     assert again.reward.spec == cfg.reward.spec and again.mix == cfg.mix and again.eval == cfg.eval
 
 
+def test_values_derived_from_another_flag_follow_its_override(tmp_path):
+    cfg = parse_config(BASE + ["--output_dir", "old", "--seed", "3"])
+    path = _write(tmp_path / "config.json", cfg.to_json())
+    again = parse_config(["--config", path, "--output_dir", "new", "--seed", "4", "--pretrained_model_name_or_path", "n"])
+    assert again.output.image_dir == "new" and again.optim.sampler_seed == 4 and again.model.vae_model_path == "n"
+    kept = parse_config(BASE + ["--image_dir", "imgs", "--sampler_seed", "9", "--vae_model_path", "v"])
+    again = parse_config(["--config", _write(tmp_path / "kept.json", kept.to_json()), "--output_dir", "new"])
+    assert again.output.image_dir == "imgs" and again.optim.sampler_seed == 9 and again.model.vae_model_path == "v"
+
+
 def test_a_resolved_file_with_an_unknown_key_is_refused(tmp_path, capsys):
     resolved = parse_config(BASE).to_json()
     resolved["rollout"]["sampling_stepz"] = 3
