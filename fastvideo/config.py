@@ -4,18 +4,20 @@ Each component owns its flags and settings (the convention of fastvideo.settings
 builds one parser from COMPONENTS, lets fastvideo.compat translate DanceGRPO's and MixGRPO's flag
 names, builds every component's settings into a TrainConfig, and checks the few rules that span two
 components. Every accepted flag works, or fails with a message saying why (e.g. ``--sp_size 2``),
-or is named in a start-up note (cfg.compat_notes) as having no effect.
+or is named in a start-up note (cfg.compat_notes) as having no effect. ``--config FILE`` gives flag
+values from a file (fastvideo.config_file); ``--print_config`` prints the resolved configuration.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
-from fastvideo import compat
+from fastvideo import compat, config_file
 from fastvideo.algorithms.settings import GRPOSettings
 from fastvideo.component_settings.outputs import PROBE_KINDS  # re-exported for old imports
 from fastvideo.compat.dancegrpo import COMPAT_ONLY_FLAGS  # re-exported for old imports
@@ -30,11 +32,11 @@ from fastvideo.models.settings import ModelConfig
 from fastvideo.rewards.settings import RewardSettings
 from fastvideo.sampling.mix import MixSettings
 from fastvideo.sampling.settings import RolloutSettings
-from fastvideo.settings import check_plugin_name, flag_group, parser_defaults
+from fastvideo.settings import HelpFormatter, check_plugin_name, flag_group, move_to_group, parser_defaults
 
 __all__ = ["COMPAT_ONLY_FLAGS", "COMPONENTS", "PROBE_KINDS", "ConfigError", "EvalSettings", "GRPOSettings",
            "LoraSettings", "MixSettings", "ModelConfig", "OptimSettings", "OutputSettings", "RewardSettings",
-           "RolloutSettings", "TrainConfig", "build_parser", "parse_config", "validate_args"]
+           "RolloutSettings", "TrainConfig", "build_parser", "parse_config", "resolved_flags", "validate_args"]
 
 # (name, settings class), in the order their flags appear in --help and their settings are built.
 COMPONENTS = (
@@ -42,20 +44,31 @@ COMPONENTS = (
     ("grpo", GRPOSettings), ("mix", MixSettings), ("optim", OptimSettings), ("parallel", ParallelSettings),
     ("output", OutputSettings), ("eval", EvalSettings), ("lora", LoraSettings),
 )
+# The first help section: what most runs set.
+ESSENTIALS = ("data_json_path", "pretrained_model_name_or_path", "output_dir", "rewards", "h", "w", "sampling_steps",
+              "num_generations", "learning_rate", "max_train_steps", "seed", "algorithm", "model_family")
+# Flags that say how to read or show the configuration rather than being part of it.
+FILE_FLAGS = ("config", "print_config")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="train_grpo_flux",
-        description="GRPO fine-tuning of FLUX (DanceGRPO-compatible flags).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+        prog="train_grpo_flux", description="GRPO fine-tuning of FLUX (DanceGRPO-compatible flags).",
+        usage="%(prog)s [--config FILE] --data_json_path FILE --pretrained_model_name_or_path DIR [flags]",
+        formatter_class=HelpFormatter)
+    g = flag_group(p, "essentials")
+    g.add_argument("--config", type=str, default=None, metavar="FILE",
+                   help="YAML or JSON file of flag values (flag names as keys, or a run's OUTPUT_DIR/config.json); "
+                        "flags on the command line override it")
+    g.add_argument("--print_config", nargs="?", const="yaml", default=None, choices=["yaml", "json"],
+                   help="print the resolved configuration (a valid --config file) and exit")
     flag_group(p, "components").add_argument(
         "--algorithm", type=str, default="grpo",
         help='training objective: a registered name (grpo) or a plugin "pkg.module:Name"')
     for _, component in COMPONENTS:
         component.add_flags(p)
     compat.add_flags(p)
+    move_to_group(p, "essentials", ESSENTIALS)
     return p
 
 
@@ -102,6 +115,24 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def to_json(self) -> dict:
+        """to_dict as JSON values, each reward as its --rewards entry: what OUTPUT_DIR/config.json
+        holds (with "derived" and "device") and --config reads back."""
+        from fastvideo.rewards.settings import spec_text
+
+        d = json.loads(json.dumps(self.to_dict()))
+        d["reward"]["spec"] = [spec_text(s) for s in self.reward.spec]
+        return d
+
+
+def resolved_flags(resolved: dict) -> dict:
+    """The flags that rebuild a resolved configuration (TrainConfig.to_json), from each component."""
+    config_file.check_resolved_keys(resolved, TrainConfig, dict(COMPONENTS))
+    flags = {"algorithm": resolved["algorithm"]}
+    for name, component in COMPONENTS:
+        flags.update(component.flags_from_resolved(resolved.get(name, resolved)))
+    return flags
 
 
 def _check_across(s: dict) -> None:
@@ -152,10 +183,16 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
+    """Flags (over --config FILE's values) -> TrainConfig; --print_config prints it and exits 0."""
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return validate_args(args)
+        config_file.apply_file(parser, argv, resolved_flags)
+        args = parser.parse_args(argv)
+        cfg = validate_args(args)
     except UserError as exc:  # ConfigError, and a reward spec's own errors (unknown name, bad weight)
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
+    if args.print_config:
+        print(config_file.dump(cfg.to_json(), args.print_config), end="")
+        raise SystemExit(0)
+    return cfg

@@ -13,6 +13,10 @@ itself read the training config (see the layering note below), built the same wa
         def check(self): ...                     # invariants of the built values
         @classmethod
         def notes(cls, args, defaults): ...      # start-up notes for flags given without effect
+        @classmethod
+        def flags_from_resolved(cls, section): ...  # the inverse of from_args: {flag: value} that
+                                                 # rebuild this component from its part of
+                                                 # OUTPUT_DIR/config.json (used by --config)
 
 Every error is a ``ConfigError`` (fastvideo.errors) raised directly, with a message naming the flag
 and the fix. ``fastvideo.config`` composes the components (one parser, one TrainConfig) and checks
@@ -30,7 +34,8 @@ import re
 
 from fastvideo.errors import ConfigError
 
-__all__ = ["ConfigError", "Settings", "at_least_one", "check_plugin_name", "flag_group", "parser_defaults"]
+__all__ = ["ConfigError", "HelpFormatter", "Settings", "at_least_one", "check_plugin_name", "flag_group", "move_to_group",
+           "parser_defaults"]
 
 
 class Settings:
@@ -56,6 +61,23 @@ class Settings:
         """Start-up notes for this component's flags that were given but have no effect."""
         return []
 
+    @classmethod
+    def flags_from_resolved(cls, section) -> dict:
+        """{flag name: value} that from_args turns back into ``section`` (this component's part of
+        the resolved config, as TrainConfig.to_json writes it)."""
+        raise NotImplementedError(f"{cls.__name__}.flags_from_resolved")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every flag's default after its help, except where the help already says it or the flag is
+    required."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.required or "(default:" in text:
+            return text
+        return super()._get_help_string(action)
+
 
 def flag_group(parser: argparse.ArgumentParser, title: str):
     """The parser's argument group called ``title`` (created on first use), so that components
@@ -64,6 +86,17 @@ def flag_group(parser: argparse.ArgumentParser, title: str):
         if group.title == title:
             return group
     return parser.add_argument_group(title)
+
+
+def move_to_group(parser: argparse.ArgumentParser, title: str, dests: tuple[str, ...]) -> None:
+    """Show the flags ``dests`` (in that order) in the help section ``title`` instead of their own."""
+    target = flag_group(parser, title)
+    for dest in dests:
+        action = next(a for a in parser._actions if a.dest == dest and a.option_strings[0] == f"--{dest}")
+        for group in parser._action_groups:
+            if action in group._group_actions:
+                group._group_actions.remove(action)
+        target._group_actions.append(action)
 
 
 def parser_defaults(parser: argparse.ArgumentParser) -> argparse.Namespace:

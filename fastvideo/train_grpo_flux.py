@@ -56,12 +56,13 @@ def build_trainer(cfg, info):
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Imports inside main so that `--help` and flag errors come back fast.
-    from fastvideo import platform
+    # Parse before importing torch (platform): --help, --print_config and flag errors come back fast.
     from fastvideo.config import parse_config
-    from fastvideo.errors import report_failure
 
     cfg = parse_config(argv)
+    from fastvideo import platform
+    from fastvideo.errors import report_failure
+
     info = platform.init_distributed()
     try:
         build_trainer(cfg, info).train()

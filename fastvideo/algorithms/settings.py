@@ -7,7 +7,6 @@ import argparse
 from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
-from fastvideo.grpo.loss import candidate_steps, num_trained_steps
 from fastvideo.settings import Settings, at_least_one, flag_group
 
 
@@ -26,10 +25,14 @@ class GRPOSettings(Settings):
 
     def candidate_steps(self, sampling_steps: int) -> int:
         """Transitions a sample may train on: 0 .. N-2 upstream (the last one never), N with --train_last_step."""
+        from fastvideo.grpo.loss import candidate_steps  # imports torch: not at parser-building time
+
         return candidate_steps(sampling_steps, self.train_last_step)
 
     def trained_steps(self, sampling_steps: int) -> int:
         """T: how many of the candidate transitions each sample trains on."""
+        from fastvideo.grpo.loss import num_trained_steps
+
         return num_trained_steps(sampling_steps, self.timestep_fraction, self.train_last_step)
 
     @classmethod
@@ -44,14 +47,16 @@ class GRPOSettings(Settings):
                             "population (Flow-GRPO)")
         g.add_argument("--train_last_step", action="store_true",
                        help="also train the last sampling transition (upstream never trains it)")
-        g.add_argument("--timestep_fraction", type=float, default=0.6)
-        g.add_argument("--clip_range", type=float, default=1e-4)
-        g.add_argument("--adv_clip_max", type=float, default=5.0)
+        g.add_argument("--timestep_fraction", type=float, default=0.6,
+                       help="fraction of the candidate transitions each sample trains on")
+        g.add_argument("--clip_range", type=float, default=1e-4, help="PPO clipping range of the importance ratio")
+        g.add_argument("--adv_clip_max", type=float, default=5.0, help="advantages are clipped to +-this")
         g.add_argument("--loss_coef", type=float, default=1.0, help="multiplies the loss")
         g.add_argument("--kl_coef", type=float, default=0.0,
                        help="beta of a KL penalty to the frozen base policy (closed-form KL of each trained SDE "
                             "step; LoRA: the adapters switched off; full fine-tuning: a frozen copy of the initial "
-                            "weights, sharded like the model). 0: off")
+                            "weights, sharded like the model). 0: off. MixGRPO's --kl_coeff is a different KL term: "
+                            "only its 0 is accepted")
         g.add_argument("--train_micro_batch_size", type=int, default=1, help="samples per micro-batch in the update")
         flag_group(parser, "optimisation").add_argument(
             "--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
@@ -66,6 +71,10 @@ class GRPOSettings(Settings):
             train_micro_batch_size=args.train_micro_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps, kl_coef=args.kl_coef,
         ).checked()
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        return dict(section)  # every field is the flag of the same name
 
     def check(self) -> None:
         if not 0.0 < self.timestep_fraction <= 1.0:

@@ -47,7 +47,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    help="MixGRPO compatibility; requests to the judge run --vlm_concurrency at a time")
     g.add_argument("--experiment_name", type=str, default=None,
                    help="MixGRPO's run name; outputs go to --output_dir here")
-    g.add_argument("--kl_coeff", type=float, default=0.0, help="KL penalty; only 0 is supported")
+    g.add_argument("--kl_coeff", type=float, default=0.0,
+                   help="MixGRPO's KL coefficient (its own KL term, not implemented): only 0 is accepted; this "
+                        "trainer's KL penalty is --kl_coef")
     g.add_argument("--trimmed_ratio", type=float, default=0.0, help="trimmed advantages; only 0 is supported")
     g.add_argument("--advantage_rerange_strategy", type=str, default="null", choices=["null"],
                    help="MixGRPO's advantage re-ordering; only null")

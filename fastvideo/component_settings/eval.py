@@ -62,6 +62,19 @@ class EvalSettings(Settings):
         return []
 
 
+    @classmethod
+    def flags_from_resolved(cls, section: dict | None) -> dict:
+        if section is None:
+            return {"eval_every": 0}
+        guard = section["guard"] or {}
+        flags = {"eval_every": section["every"], "eval_prompts": section["prompts"],
+                 "eval_rewards": ",".join(section["rewards"]), "eval_steps": section["steps"],
+                 "eval_eta": section["eta"], "eval_num_images_per_prompt": section["num_images_per_prompt"],
+                 "eval_batch_size": section["batch_size"], "eval_grid_prompts": section["grid_prompts"],
+                 "eval_max_sequence_length": section["max_sequence_length"]}
+        return {**flags, **{f"guard_{k}": v for k, v in guard.items()}}
+
+
 def add_eval_args(parser: argparse.ArgumentParser) -> None:
     g = flag_group(parser, "evaluation")
     g.add_argument("--eval_every", type=int, default=0,

@@ -56,7 +56,7 @@ class LoraSettings(Settings):
         g.add_argument("--use_lora", action="store_true",
                        help="train LoRA adapters (peft) on a frozen base instead of all weights")
         g.add_argument("--lora_rank", type=int, default=128, help="adapter rank r")
-        g.add_argument("--lora_alpha", type=float, default=256, help="adapter scale is lora_alpha / lora_rank")
+        g.add_argument("--lora_alpha", type=float, default=256.0, help="adapter scale is lora_alpha / lora_rank")
         g.add_argument("--lora_dropout", type=float, default=0.0,
                        help="dropout on the adapter input (training only)")
         g.add_argument("--lora_target_modules", type=str, default=",".join(DEFAULT_TARGETS),
@@ -90,6 +90,12 @@ class LoraSettings(Settings):
         if changed and not args.use_lora:
             return [f"{', '.join(changed)} have no effect without --use_lora"]
         return []
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        return {"use_lora": section["enabled"], "lora_rank": section["rank"], "lora_alpha": section["alpha"],
+                "lora_dropout": section["dropout"], "lora_target_modules": ",".join(section["target_modules"]),
+                "resume_from_lora_checkpoint": section["init_weights"]}
 
     def check(self) -> None:
         if self.rank < 1:

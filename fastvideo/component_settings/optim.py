@@ -32,18 +32,19 @@ class OptimSettings(Settings):
         flag_group(parser, "data").add_argument("--sampler_seed", type=int, default=None,
                                                 help="seed of the prompt order (default: --seed)")
         g = flag_group(parser, "optimisation")
-        g.add_argument("--seed", type=int, default=42)
+        g.add_argument("--seed", type=int, default=42, help="seed of the initial noise, the SDE noise and the weights")
         g.add_argument("--max_train_steps", type=int, default=300, help="GRPO iterations")
-        g.add_argument("--learning_rate", type=float, default=1e-5)
-        g.add_argument("--weight_decay", type=float, default=1e-4)
-        g.add_argument("--max_grad_norm", type=float, default=1.0)
-        g.add_argument("--lr_scheduler", type=str, default="constant_with_warmup")
-        g.add_argument("--lr_warmup_steps", type=int, default=0)
-        g.add_argument("--lr_num_cycles", type=int, default=1)
-        g.add_argument("--lr_power", type=float, default=1.0)
-        g.add_argument("--use_ema", action="store_true")
-        g.add_argument("--ema_decay", type=float, default=0.995)
-        g.add_argument("--ema_start_step", type=int, default=0)
+        g.add_argument("--learning_rate", type=float, default=1e-5, help="AdamW learning rate")
+        g.add_argument("--weight_decay", type=float, default=1e-4, help="AdamW weight decay")
+        g.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping norm")
+        g.add_argument("--lr_scheduler", type=str, default="constant_with_warmup",
+                       help="a diffusers learning-rate schedule (constant, constant_with_warmup, linear, cosine, ...)")
+        g.add_argument("--lr_warmup_steps", type=int, default=0, help="warm-up optimizer steps of the schedule")
+        g.add_argument("--lr_num_cycles", type=int, default=1, help="cycles of cosine_with_restarts")
+        g.add_argument("--lr_power", type=float, default=1.0, help="power of the polynomial schedule")
+        g.add_argument("--use_ema", action="store_true", help="keep an exponential moving average of the weights")
+        g.add_argument("--ema_decay", type=float, default=0.995, help="EMA decay per optimizer step")
+        g.add_argument("--ema_start_step", type=int, default=0, help="optimizer step from which the EMA updates")
         g.add_argument("--max_nonfinite_steps", type=int, default=3,
                        help="abort after this many optimizer steps in a row with a non-finite loss or gradient")
 
@@ -60,6 +61,12 @@ class OptimSettings(Settings):
             ema_decay=args.ema_decay, ema_start_step=args.ema_start_step,
             max_nonfinite_steps=args.max_nonfinite_steps,
         ).checked()
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        # sampler_seed as given: None when it is --seed's, so that a new --seed moves it too.
+        same = section["sampler_seed"] == section["seed"]
+        return {**section, "sampler_seed": None if same else section["sampler_seed"]}
 
     def check(self) -> None:
         if self.use_ema and not 0.0 < self.ema_decay < 1.0:

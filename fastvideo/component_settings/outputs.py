@@ -42,15 +42,17 @@ class OutputSettings(Settings):
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         g = flag_group(parser, "outputs")
-        g.add_argument("--output_dir", type=str, default="data/outputs/grpo")
-        g.add_argument("--checkpointing_steps", type=int, default=40)
+        g.add_argument("--output_dir", type=str, default="data/outputs/grpo",
+                       help="checkpoints, config.json, metrics.jsonl and images go here")
+        g.add_argument("--checkpointing_steps", type=int, default=40, help="write a checkpoint every N iterations")
         g.add_argument("--checkpoints_total_limit", type=int, default=3, help="keep the last K checkpoints")
         g.add_argument("--resume_from_checkpoint", type=str, default=None, help='"latest" or a checkpoint folder')
         g.add_argument("--image_dir", type=str, default=None,
                        help="folder under which images/step_NNNNNN/ is written (default OUTPUT_DIR)")
         g.add_argument("--save_images_every", type=int, default=1,
                        help="save rollout images every N iterations (0: never)")
-        g.add_argument("--report_to", type=str, default="none", choices=["none", "wandb"])
+        g.add_argument("--report_to", type=str, default="none", choices=["none", "wandb"],
+                       help="also log metrics to wandb (metrics.jsonl is always written)")
         g = flag_group(parser, "alignment")
         g.add_argument("--record_dir", type=str, default=None, help="record a run for compare_runs")
         g.add_argument("--record_tensors", action="store_true",
@@ -82,6 +84,13 @@ class OutputSettings(Settings):
             load_randomness=args.load_randomness,
             probe_layers=_probe_kinds(args.probe_layers),
         ).checked()
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        kinds = section["probe_layers"]
+        # image_dir as given: None when it is OUTPUT_DIR, so that a new --output_dir moves the images too.
+        image_dir = None if section["image_dir"] == section["output_dir"] else section["image_dir"]
+        return {**section, "probe_layers": ",".join(kinds) if kinds else None, "image_dir": image_dir}
 
     def check(self) -> None:
         if self.dump_randomness and self.load_randomness:

@@ -1,17 +1,25 @@
 """Prompt files, the RL prompt-embedding dataset and the group-aware distributed sampler."""
 
-from fastvideo.data.dataset import (
-    EmbeddingDatasetError,
-    EmbeddingShapeError,
-    PromptEmbeddingDataset,
-)
-from fastvideo.data.prompts import PromptFileError, PromptList, load_prompts
-from fastvideo.data.sampler import (
-    GroupDistributedSampler,
-    epoch_order_fn,
-    repeat_first_epoch_order_fn,
-    seeded_permutation,
-)
+# Names are imported from their module on first use (PEP 562): fastvideo.data.settings (the
+# trainer's flags) must not load torch for --help.
+import importlib
+
+_LAZY = {
+    "EmbeddingDatasetError": "fastvideo.data.dataset", "EmbeddingShapeError": "fastvideo.data.dataset",
+    "PromptEmbeddingDataset": "fastvideo.data.dataset", "PromptFileError": "fastvideo.data.prompts",
+    "PromptList": "fastvideo.data.prompts", "load_prompts": "fastvideo.data.prompts",
+    "GroupDistributedSampler": "fastvideo.data.sampler", "epoch_order_fn": "fastvideo.data.sampler",
+    "repeat_first_epoch_order_fn": "fastvideo.data.sampler", "seeded_permutation": "fastvideo.data.sampler",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "EmbeddingDatasetError",

@@ -30,6 +30,12 @@ class DataSettings(Settings):
         at_least_one(args, "train_batch_size")
         return cls(args.data_json_path, args.dataloader_num_workers, args.train_batch_size).checked()
 
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        """section: the whole resolved config (TrainConfig keeps these at its top level)."""
+        return {"data_json_path": section["data_json_path"], "dataloader_num_workers": section["dataloader_num_workers"],
+                "train_batch_size": section["prompts_per_rank"]}
+
     def check(self) -> None:
         if self.dataloader_num_workers < 0:
             raise ConfigError("--dataloader_num_workers must be >= 0")

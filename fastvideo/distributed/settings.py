@@ -18,8 +18,10 @@ class ParallelSettings(Settings):
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         g = flag_group(parser, "parallelism")
-        g.add_argument("--fsdp_sharding_strategy", type=str, default="full", choices=["full", "hybrid", "none"])
-        g.add_argument("--use_cpu_offload", action="store_true")
+        g.add_argument("--fsdp_sharding_strategy", type=str, default="full", choices=["full", "hybrid", "none"],
+                       help="FSDP sharding: full (every rank holds a shard), hybrid (shard within a node, "
+                            "replicate across nodes), none (replicate)")
+        g.add_argument("--use_cpu_offload", action="store_true", help="keep FSDP's parameter shards on the CPU")
         g.add_argument("--sp_size", type=int, default=1, help="sequence parallel size; must be 1")
 
     @classmethod
@@ -27,6 +29,11 @@ class ParallelSettings(Settings):
         if args.sp_size != 1:
             raise ConfigError(f"--sp_size {args.sp_size}: sequence parallelism is not supported; use --sp_size 1")
         return cls(args.fsdp_sharding_strategy, args.use_cpu_offload).checked()
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        """section: the whole resolved config (TrainConfig keeps these at its top level)."""
+        return {"fsdp_sharding_strategy": section["fsdp_strategy"], "use_cpu_offload": section["cpu_offload"]}
 
     def check(self) -> None:
         if self.cpu_offload and self.fsdp_strategy == "none":

@@ -37,10 +37,14 @@ class ModelConfig(Settings):
         g.add_argument("--vae_precision", type=str, default="auto", choices=["auto", "fp32", "bf16"],
                        help="VAE weights' dtype for decoding rollouts; auto: bf16 on GPU/NPU, fp32 on CPU")
         g = flag_group(parser, "optimisation")
-        g.add_argument("--mixed_precision", type=str, default="bf16", choices=["no", "fp16", "bf16"])
-        g.add_argument("--master_weight_type", type=str, default="fp32", choices=["fp32", "bf16"])
+        # fp16 is not listed (it overflows in FLUX) but still parses, so that check() can say why it is refused.
+        g.add_argument("--mixed_precision", type=str, default="bf16", metavar="{no,bf16}",
+                       help="autocast dtype of the transformer's forward passes (no: fp32)")
+        g.add_argument("--master_weight_type", type=str, default="fp32", choices=["fp32", "bf16"],
+                       help="dtype of the trained weights and of the optimizer state")
         g.add_argument("--allow_tf32", action="store_true", help="TF32 matmuls on CUDA, HF32 on NPU")
-        g.add_argument("--gradient_checkpointing", action="store_true")
+        g.add_argument("--gradient_checkpointing", action="store_true",
+                       help="recompute transformer blocks in the backward pass to save memory")
         g.add_argument("--selective_checkpointing", type=float, default=1.0,
                        help="fraction of transformer blocks to checkpoint (from the first)")
 
@@ -59,9 +63,21 @@ class ModelConfig(Settings):
             family=args.model_family,
         ).checked()
 
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        names = ("pretrained_model_name_or_path", "dit_model_name_or_path", "vae_model_path", "vae_precision",
+                 "master_weight_type", "mixed_precision", "allow_tf32", "gradient_checkpointing",
+                 "selective_checkpointing")
+        flags = {**{n: section[n] for n in names}, "model_family": section["family"]}
+        if flags["vae_model_path"] == flags["pretrained_model_name_or_path"]:  # the default: follows a new model folder
+            flags["vae_model_path"] = None
+        return flags
+
     def check(self) -> None:
         if self.mixed_precision == "fp16":
             raise ConfigError("--mixed_precision fp16 is not supported (overflows in FLUX); use bf16 or no")
+        if self.mixed_precision not in ("no", "bf16"):
+            raise ConfigError(f"--mixed_precision {self.mixed_precision!r}: choose bf16 or no")
         if not 0.0 <= self.selective_checkpointing <= 1.0:
             raise ConfigError("--selective_checkpointing must be in [0, 1]")
         if self.selective_checkpointing < 1.0 and not self.gradient_checkpointing:

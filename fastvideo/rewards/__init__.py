@@ -5,38 +5,49 @@ or several with ``build_multi_reward("hpsv2:1.0,pickscore:0.5", ...)``. Model cl
 their modules (hps, pickscore, clip_score, compressibility) and are imported on first use.
 """
 
-from fastvideo.rewards.advantages import group_normalize
-from fastvideo.rewards.base import (
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
-    BatchedReward,
-    CheckpointError,
-    ImageBatch,
-    Reward,
-    RewardInputError,
-    UnknownRewardError,
-    as_pils,
-    as_tensor_list,
-    available_rewards,
-    build_reward,
-    check_inputs,
-    load_weights_only,
-    pil_to_tensor,
-    pils_to_tensor,
-    reward_class,
-    tensor_to_pils,
-)
-from fastvideo.rewards.combine import (
-    MultiReward,
-    MultiRewardOutput,
-    RewardSpec,
-    RewardSpecError,
-    build_multi_reward,
-    format_reward_spec,
-    legacy_reward_spec,
-    parse_reward_spec,
-    resolve_reward_specs,
-)
+# Names are imported from their module on first use (PEP 562), so that importing a sub-module
+# (rewards.settings, rewards.flags, rewards.mix: the trainer's flags) does not load torch for --help.
+import importlib
+
+_LAZY = {
+    "group_normalize": "fastvideo.rewards.advantages",
+    "OPENAI_CLIP_MEAN": "fastvideo.rewards.base",
+    "OPENAI_CLIP_STD": "fastvideo.rewards.base",
+    "BatchedReward": "fastvideo.rewards.base",
+    "CheckpointError": "fastvideo.rewards.base",
+    "ImageBatch": "fastvideo.rewards.base",
+    "Reward": "fastvideo.rewards.base",
+    "RewardInputError": "fastvideo.rewards.base",
+    "UnknownRewardError": "fastvideo.rewards.base",
+    "as_pils": "fastvideo.rewards.base",
+    "as_tensor_list": "fastvideo.rewards.base",
+    "available_rewards": "fastvideo.rewards.base",
+    "build_reward": "fastvideo.rewards.base",
+    "check_inputs": "fastvideo.rewards.base",
+    "load_weights_only": "fastvideo.rewards.base",
+    "pil_to_tensor": "fastvideo.rewards.base",
+    "pils_to_tensor": "fastvideo.rewards.base",
+    "reward_class": "fastvideo.rewards.base",
+    "tensor_to_pils": "fastvideo.rewards.base",
+    "MultiReward": "fastvideo.rewards.combine",
+    "MultiRewardOutput": "fastvideo.rewards.combine",
+    "RewardSpec": "fastvideo.rewards.combine",
+    "RewardSpecError": "fastvideo.rewards.combine",
+    "build_multi_reward": "fastvideo.rewards.combine",
+    "format_reward_spec": "fastvideo.rewards.combine",
+    "legacy_reward_spec": "fastvideo.rewards.combine",
+    "parse_reward_spec": "fastvideo.rewards.combine",
+    "resolve_reward_specs": "fastvideo.rewards.combine",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "OPENAI_CLIP_MEAN",

@@ -73,6 +73,16 @@ def extras_from_args(args: argparse.Namespace) -> RewardExtras:
     )
 
 
+def extras_flags(extras: dict) -> dict:
+    """The flags that extras_from_args turns back into ``extras`` (RewardExtras as a dict)."""
+    if extras["multi_reward_mix"] is not None:
+        raise ConfigError("a config of MixGRPO's --reward_model rewards cannot be replayed from its resolved form: "
+                          "give --reward_model and its weight flags (or --rewards) instead")
+    names = ("aesthetic_dir", "aesthetic_clip_name", "image_reward_dir", "vlm_concurrency")
+    return {**{n: extras[n] for n in names}, "reward_timeout": extras["remote_timeout_s"],
+            "reward_retries": extras["remote_retries"], "vlm_timeout": extras["vlm_timeout_s"]}
+
+
 def mix_mode(args: argparse.Namespace) -> str | None:
     """MixGRPO's --multi_reward_mix (its default advantage_aggr with --reward_model); None when
     the rewards come from --rewards. Needs --use_group, as in MixGRPO."""

@@ -20,9 +20,13 @@ provided here). A judge that fails raises (MixGRPO scored a failed sample 0 and 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from fastvideo.rewards.advantages import MIX_MODES
-from fastvideo.rewards.combine import RewardSpec
+if TYPE_CHECKING:  # rewards.combine imports torch: not needed to build the parser
+    from fastvideo.rewards.combine import RewardSpec
+
+# rewards.advantages.MIX_MODES (that module imports torch; tests/rewards check the two agree).
+MIX_MODES = ("advantage_aggr", "reward_aggr")
 
 # MixGRPO's --reward_model choices -> its reward names, in its order.
 REWARD_MODELS = {
@@ -59,12 +63,14 @@ def add_mixgrpo_flags(p: argparse.ArgumentParser) -> None:
                    help="model name the UnifiedReward server expects (MixGRPO sends 'UnifiedReward')")
 
 
-def mixgrpo_specs(args: argparse.Namespace) -> list[RewardSpec]:
+def mixgrpo_specs(args: argparse.Namespace) -> "list[RewardSpec]":
     """--reward_model and the weight flags -> RewardSpecs with normalised weights; [] without
     --reward_model. unified_reward is included when --unified_reward_url is given (required
     when it is the only reward). Several judge servers stay listed in the spec's url, comma-separated:
     which one a rank asks is chosen when the reward is built (training.builders.rank_reward_specs),
     so the configuration is the same on every rank."""
+    from fastvideo.rewards.combine import RewardSpec
+
     if args.reward_model is None:
         if args.multi_reward_mix is not None:
             raise ValueError("--multi_reward_mix needs --reward_model (MixGRPO's reward selection)")

@@ -53,15 +53,17 @@ class RewardSettings(Settings):
                             'vlm:URL?model=M:W)')
         g.add_argument("--reward_group_norm", action="store_true",
                        help="normalise each reward within its group before weighting")
-        g.add_argument("--hps_ckpt_dir", type=str, default="./hps_ckpt")
+        g.add_argument("--hps_ckpt_dir", type=str, default="./hps_ckpt",
+                       help="folder with HPS_v2.1_compressed.pt and open_clip_pytorch_model.bin (hpsv2)")
         g.add_argument("--hps_model_name", type=str, default="ViT-H-14",
                        help="open_clip architecture of the HPS checkpoint")
-        g.add_argument("--pickscore_dir", type=str, default="./pickscore_ckpt")
-        g.add_argument("--pickscore_processor_dir", type=str, default=None)
-        g.add_argument("--clip_dir", type=str, default="./clip_ckpt")
+        g.add_argument("--pickscore_dir", type=str, default="./pickscore_ckpt", help="PickScore model folder (pickscore)")
+        g.add_argument("--pickscore_processor_dir", type=str, default=None,
+                       help="folder of PickScore's CLIP processor when it is not in --pickscore_dir")
+        g.add_argument("--clip_dir", type=str, default="./clip_ckpt", help="CLIP model folder (clip)")
         g.add_argument("--reward_device", type=str, default="train", choices=["train", "cpu"],
                        help="score on the training device or on the CPU")
-        g.add_argument("--reward_batch_size", type=int, default=8)
+        g.add_argument("--reward_batch_size", type=int, default=8, help="images per reward-model call")
         g.add_argument("--reward_precision", type=str, default="auto", choices=["auto", "fp16", "bf16", "fp32"],
                        help="autocast dtype of model rewards (HPS, PickScore, CLIP); auto: fp16 on GPU/NPU as "
                             "upstream DanceGRPO and the Ascend recipe score, fp32 on CPU")
@@ -85,3 +87,23 @@ class RewardSettings(Settings):
             clip_dir=args.clip_dir, device=args.reward_device, batch_size=args.reward_batch_size,
             overlap=args.reward_overlap, precision=args.reward_precision, extras=extras_from_args(args),
         ).checked()
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        """spec entries: "name:weight" / "kind:url:weight" strings (config.json) or RewardSpec dicts."""
+        from fastvideo.rewards.flags import extras_flags
+
+        names = ("hps_ckpt_dir", "hps_model_name", "pickscore_dir", "pickscore_processor_dir", "clip_dir")
+        return {"rewards": ",".join(spec_text(s) for s in section["spec"]), "reward_group_norm": section["group_norm"],
+                **{n: section[n] for n in names}, "reward_device": section["device"],
+                "reward_batch_size": section["batch_size"], "reward_overlap": section["overlap"],
+                "reward_precision": section["precision"], **extras_flags(section["extras"])}
+
+
+def spec_text(spec) -> str:
+    """One --rewards entry for a RewardSpec (or its dict, or its text), its weight written exactly."""
+    if isinstance(spec, str):
+        return spec
+    s = spec if isinstance(spec, dict) else vars(spec)
+    head = f"{s['kind']}:{s['url']}" if s["url"] else s["name"]
+    return f"{head}:{s['weight']:.17g}"

@@ -35,9 +35,12 @@ import math
 from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
-from fastvideo.grpo.loss import candidate_steps
-from fastvideo.sampling.plan import SamplingPlan, full_sde_plan, window_plan
+from typing import TYPE_CHECKING
+
 from fastvideo.settings import Settings, flag_group
+
+if TYPE_CHECKING:  # the plan module imports torch: not needed to build the parser
+    from fastvideo.sampling.plan import SamplingPlan
 
 STRATEGIES = ("progressive", "random", "decay", "exp_decay")
 EXP_DECAY_THRESHOLD, EXP_DECAY_K = 13, 0.1  # upstream GRPOTrainingStates defaults (no flags)
@@ -65,7 +68,8 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
                    help="MixGRPO's name for the SDE window size W in transitions (not the GRPO group: "
                         "that is --num_generations)")
     g.add_argument("--iters_per_group", type=int, default=25, help="iterations before the window moves")
-    g.add_argument("--sample_strategy", type=str, default="progressive", choices=list(STRATEGIES))
+    g.add_argument("--sample_strategy", type=str, default="progressive", choices=list(STRATEGIES),
+                   help="how the window's start moves across iterations (see docs/mixgrpo.md)")
     g.add_argument("--prog_overlap", action="store_true",
                    help="move the window by --prog_overlap_step instead of by its size")
     g.add_argument("--prog_overlap_step", type=int, default=1,
@@ -83,8 +87,9 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
                         "step of the full schedule, SDE-DPM-Solver on the SDE steps")
     g.add_argument("--dpm_post_compress_ratio", type=float, default=0.4,
                    help="fraction of the steps after the window that DPM-Solver++ keeps")
-    g.add_argument("--dpm_solver_order", type=int, default=2, choices=[1, 2, 3])
-    g.add_argument("--dpm_solver_type", type=str, default="heun", choices=["midpoint", "heun"])
+    g.add_argument("--dpm_solver_order", type=int, default=2, choices=[1, 2, 3], help="order of the multistep solver")
+    g.add_argument("--dpm_solver_type", type=str, default="heun", choices=["midpoint", "heun"],
+                   help="second-order update of the solver")
     g.add_argument("--flow_grpo_sampling", action="store_true",
                    help="use Flow-GRPO's SDE (noise g = eta sqrt(sigma/(1-sigma))) instead of DanceGRPO's")
     g.add_argument("--sde_steps", type=int, default=0,
@@ -141,7 +146,13 @@ class MixSettings(Settings):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "MixSettings":
+        from fastvideo.grpo.loss import candidate_steps
+
         return settings_from_args(args, candidate_steps(args.sampling_steps, args.train_last_step))
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        return resolved_flags(section)
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
@@ -230,6 +241,33 @@ def settings_from_args(args: argparse.Namespace, candidates: int) -> MixSettings
     return MixSettings(frozen_init_timesteps=args.frozen_init_timesteps, **dpm)
 
 
+def _dpm_flags(s: dict) -> dict:
+    flags = {"dpm_solver_order": s["dpm_order"], "dpm_solver_type": s["dpm_solver_type"],
+             "flow_grpo_sampling": s["sde_kind"] == "flow"}
+    if s["dpm_all"]:
+        return {**flags, "dpm_algorithm_type": s["dpm_algorithm"], "dpm_apply_strategy": "all"}
+    if s["dpm_post_ratio"] is not None:
+        return {**flags, "dpm_algorithm_type": s["dpm_algorithm"], "dpm_apply_strategy": "post",
+                "dpm_post_compress_ratio": s["dpm_post_ratio"]}
+    return {**flags, "dpm_algorithm_type": "null"}
+
+
+def resolved_flags(s: dict) -> dict:
+    """The flags settings_from_args resolves into ``s`` (MixSettings as a dict)."""
+    flags = _dpm_flags(s)
+    if s["mode"] == "fast":
+        start = "random" if s["start_strategy"] == "random" else str(s["fixed_start"])
+        return {**flags, "sde_steps": s["window_size"], "sde_start": start}
+    if s["mode"] == "window":
+        moved = s["move_step"] != s["window_size"]
+        return {**flags, "training_strategy": "part", "group_size": s["window_size"],
+                "sample_strategy": s["start_strategy"], "iters_per_group": s["iters_per_group"],
+                "prog_overlap": moved, "prog_overlap_step": s["move_step"] if moved else 1,
+                "max_iters_per_group": s["max_iters_per_group"], "min_iters_per_group": s["min_iters_per_group"],
+                "roll_back": s["roll_back"]}
+    return {**flags, "frozen_init_timesteps": s["frozen_init_timesteps"]}
+
+
 WINDOW_FLAGS = ("group_size", "iters_per_group", "sample_strategy", "prog_overlap", "prog_overlap_step",
                 "max_iters_per_group", "min_iters_per_group", "roll_back")
 DPM_FLAGS = ("dpm_apply_strategy", "dpm_post_compress_ratio", "dpm_solver_order", "dpm_solver_type")
@@ -300,9 +338,11 @@ def window_start(mix: MixSettings, iteration: int, candidates: int, randomness=N
 
 
 def plan_for_iteration(mix: MixSettings, sampling_steps: int, shift: float, candidates: int,
-                       num_trained: int, iteration: int, randomness=None) -> SamplingPlan:
+                       num_trained: int, iteration: int, randomness=None) -> "SamplingPlan":
     """The SamplingPlan of 1-based ``iteration``. candidates / num_trained: DanceGRPO's trainable
     transitions and T (GRPOSettings.candidate_steps / trained_steps)."""
+    from fastvideo.sampling.plan import full_sde_plan, window_plan
+
     dpm = dict(dpm_order=mix.dpm_order, dpm_solver_type=mix.dpm_solver_type, dpm_algorithm=mix.dpm_algorithm)
     if mix.mode == "full":
         t = mix.frozen_init_timesteps if mix.frozen_init_timesteps > 0 else num_trained

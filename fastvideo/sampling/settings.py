@@ -33,9 +33,9 @@ class RolloutSettings(Settings):
         g.add_argument("--h", type=int, default=720, help="image height (multiple of 16)")
         g.add_argument("--w", type=int, default=720, help="image width (multiple of 16)")
         g.add_argument("--t", type=int, default=1, help="frames; must be 1 for images")
-        g.add_argument("--sampling_steps", type=int, default=16)
-        g.add_argument("--eta", type=float, default=0.3)
-        g.add_argument("--shift", type=float, default=3.0)
+        g.add_argument("--sampling_steps", type=int, default=16, help="denoising steps of a rollout")
+        g.add_argument("--eta", type=float, default=0.3, help="noise level of the SDE sampler (must be > 0)")
+        g.add_argument("--shift", type=float, default=3.0, help="timestep shift of the sigma schedule")
         g.add_argument("--guidance_scale", type=float, default=3.5, help="FLUX.1-dev guidance embedding value")
         g.add_argument("--no_quantize_timestep", action="store_true",
                        help="pass the exact sigma to the transformer (diffusers' FluxPipeline) instead of "
@@ -68,6 +68,14 @@ class RolloutSettings(Settings):
             rollout_batch_size=args.rollout_batch_size, init_same_noise=args.init_same_noise,
             share_ode_prefix=not args.no_share_ode_prefix,
         ).checked()
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        names = ("sampling_steps", "eta", "shift", "guidance_scale", "num_generations", "rollout_batch_size",
+                 "init_same_noise")
+        return {**{n: section[n] for n in names}, "h": section["height"], "w": section["width"],
+                "no_quantize_timestep": not section["quantize_timestep"],
+                "no_share_ode_prefix": not section["share_ode_prefix"]}
 
     def check(self) -> None:
         h, w = self.height, self.width

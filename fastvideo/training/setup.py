@@ -85,9 +85,7 @@ def log_config(cfg, info, device) -> None:
     from fastvideo.utils import atomic_write_json
 
     derived = cfg.derived(info.world_size)
-    resolved = {**cfg.to_dict(), "derived": derived, "device": str(device)}
-    resolved["reward"]["spec"] = [f"{s.kind}:{s.url}:{s.weight:g}" if s.url else f"{s.name}:{s.weight:g}"
-                                  for s in cfg.reward.spec]
+    resolved = {**cfg.to_json(), "derived": derived, "device": str(device)}  # a valid --config file
     atomic_write_json(Path(cfg.output.output_dir) / "config.json", resolved)
     for note in cfg.compat_notes:
         main_print(f"[config] {note}")
