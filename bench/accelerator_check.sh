@@ -34,7 +34,7 @@ SUMMARY="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 elapsed() { echo $(( $(date +%s) - START )); }
 
-DEV="${FASTVIDEO_DEVICE:-$("$PY" -c 'from fastvideo.platform import device_type; print(device_type())' 2>/dev/null || echo unknown)}"
+DEV="${FASTVIDEO_DEVICE:-$("$PY" -c 'from fastvideo.devices import device_type; print(device_type())' 2>/dev/null || echo unknown)}"
 case "$DEV" in
   cuda|npu) TARGET="$DEV" ;;
   cpu) TARGET=cpu; note "device: cpu (standing in for the accelerator)" ;;
@@ -51,7 +51,7 @@ else
 fi
 
 # 2. the device-facing tests, on the accelerator.
-TESTS=${ACCEL_TESTS:-"tests/test_platform.py tests/models/test_flux.py tests/sampling tests/grpo"}
+TESTS=${ACCEL_TESTS:-"tests/test_devices.py tests/models/test_flux.py tests/sampling tests/grpo"}
 # shellcheck disable=SC2086
 FASTVIDEO_DEVICE="$DEV" timeout 180 "$PY" -m pytest -q -p no:cacheprovider $TESTS > "$OUT/tests.txt" 2>&1
 note "tests ($TESTS): rc=$? $(tail -1 "$OUT/tests.txt") ($(elapsed) s)"

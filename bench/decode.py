@@ -7,7 +7,7 @@ Decodes a batch of random packed FLUX latents [B, (h/16)(w/16), 64] with
 fastvideo.models.flux.decode_latents, per image size, in three modes:
 
   * fp32            fp32 weights, no autocast (the reference);
-  * fp32+autocast   fp32 weights under platform.autocast(device, bfloat16): what the trainer does
+  * fp32+autocast   fp32 weights under devices.autocast(device, bfloat16): what the trainer does
                     today with --mixed_precision bf16;
   * bf16            the VAE cast to bfloat16 (vae.to(torch.bfloat16)).
 
@@ -41,7 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from fastvideo import platform  # noqa: E402
+from fastvideo import devices  # noqa: E402
 from fastvideo.models import flux  # noqa: E402
 from fastvideo.perf.flops import vae_decoder_flops  # noqa: E402
 
@@ -89,11 +89,11 @@ def build_vae(args, device):
 
 def make_decoder(vae, packed, lat_h, lat_w, device, amp: bool):
     def decode() -> tuple[float, torch.Tensor]:
-        platform.synchronize(device)
+        devices.synchronize(device)
         t0 = time.perf_counter()
-        with torch.no_grad(), platform.autocast(device, torch.bfloat16, enabled=amp):
+        with torch.no_grad(), devices.autocast(device, torch.bfloat16, enabled=amp):
             images = flux.decode_latents(vae, packed, lat_h, lat_w)
-        platform.synchronize(device)
+        devices.synchronize(device)
         return time.perf_counter() - t0, images.cpu()
 
     return decode
@@ -110,7 +110,7 @@ def compare(images: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, floa
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    device = platform.get_device()
+    device = devices.get_device()
     vae = build_vae(args, device)
     scale = flux.vae_scale_factor(vae.config)
     vaes = {"fp32": vae, "fp32+autocast": vae, "bf16": copy.deepcopy(vae).to(torch.bfloat16)}
@@ -123,7 +123,7 @@ def main(argv=None) -> None:
     source = args.model or f"preset {args.preset} (random weights)"
     print(f"# VAE decode, {source}: decoder {n_params / 1e6:.2f} M params, channels "
           f"{list(vae.config.block_out_channels)}, layers_per_block {vae.config.layers_per_block}; "
-          f"device {device} ({platform.device_name(device)}), torch threads {torch.get_num_threads()}, "
+          f"device {device} ({devices.device_name(device)}), torch threads {torch.get_num_threads()}, "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}; batch {args.batch}, "
           f"best of {args.repeats}\n")
     print("| size | mode | s/image | vs fp32 | GFLOP/s | max abs diff | PSNR dB | 8-bit pixels changed | "

@@ -25,11 +25,11 @@ def worker(model_dir: str, strategy: str, out: str) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from fastvideo import platform
+    from fastvideo import devices
     from fastvideo.distributed.fsdp import wrap_model
     from fastvideo.models import flux
 
-    info = platform.init_distributed()
+    info = devices.init_distributed()
     model = wrap_model(flux.load_transformer(model_dir), strategy=strategy, device=info.device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     inner = getattr(model, "module", model)
@@ -45,9 +45,9 @@ def worker(model_dir: str, strategy: str, out: str) -> None:
     held += sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
     held += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
     rec = {"rank": info.rank, "strategy": strategy, "state_bytes": held,
-           "peak_rss_bytes": platform.peak_memory_bytes(info.device)}
+           "peak_rss_bytes": devices.peak_memory_bytes(info.device)}
     Path(out, f"{strategy}_{info.rank}.json").write_text(json.dumps(rec))
-    platform.destroy_distributed()
+    devices.destroy_distributed()
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ place (--optimizer sgd; no optimizer state). Optimizer FLOPs are negligible eith
 
 Utilisation = analytic FLOPs (fastvideo.perf.flops) / measured time / peak. The peak comes from
 --peak_tflops, else from the device name (H100/H800/H200 989, A100 312, ...); unknown devices get
-times and achieved TFLOPS only. Devices only through fastvideo.platform (CUDA or Ascend NPU).
+times and achieved TFLOPS only. Devices only through fastvideo.devices (CUDA or Ascend NPU).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from fastvideo import platform  # noqa: E402
+from fastvideo import devices  # noqa: E402
 from fastvideo.models import flux  # noqa: E402
 from fastvideo.perf import flops as F  # noqa: E402
 from fastvideo.models.flux import flops as FX  # noqa: E402
@@ -111,23 +111,23 @@ def make_inputs(cfg: dict, batch: int, height: int, width: int, text_tokens: int
 def timed(fn, device, repeats: int) -> list[float]:
     out = []
     for _ in range(repeats):
-        platform.synchronize(device)
+        devices.synchronize(device)
         t0 = time.perf_counter()
         fn()
-        platform.synchronize(device)
+        devices.synchronize(device)
         out.append(time.perf_counter() - t0)
     return out
 
 
 def rollout_step(model, x: dict, device, amp) -> None:
     model.eval()
-    with torch.no_grad(), platform.autocast(device, amp, enabled=amp is not None):
+    with torch.no_grad(), devices.autocast(device, amp, enabled=amp is not None):
         predict_velocity(model, x["latents"], 0.5, x["prompt_embeds"], x["pooled"], x["text_ids"], x["image_ids"])
 
 
 def update_step(model, x: dict, device, amp, optimizer: str, lr: float) -> None:
     model.train()
-    with platform.autocast(device, amp, enabled=amp is not None):
+    with devices.autocast(device, amp, enabled=amp is not None):
         v = predict_velocity(model, x["latents"], 0.5, x["prompt_embeds"], x["pooled"], x["text_ids"], x["image_ids"])
     v.square().mean().backward()
     if optimizer == "sgd":
@@ -151,14 +151,14 @@ def bench_batch(model, cfg, b, args, device, amp) -> dict:
     fwd = FX.transformer_forward_flops(cfg, L, Lt, b)
     bwd = FX.transformer_backward_flops(cfg, L, Lt, b)
     rec = FX.transformer_block_flops(cfg, L, Lt, b)
-    platform.reset_peak_memory(device)
+    devices.reset_peak_memory(device)
     timed(lambda: rollout_step(model, x, device, amp), device, args.warmup)
     t_roll = statistics.median(timed(lambda: rollout_step(model, x, device, amp), device, args.rollout_steps))
     timed(lambda: update_step(model, x, device, amp, args.optimizer, args.lr), device, args.warmup)
     t_upd = statistics.median(
         timed(lambda: update_step(model, x, device, amp, args.optimizer, args.lr), device, args.update_steps))
     return dict(batch=b, t_roll=t_roll, t_upd=t_upd, fwd=fwd, bwd=bwd, rec=rec,
-                peak_mem_gb=platform.peak_memory_bytes(device) / 1e9)
+                peak_mem_gb=devices.peak_memory_bytes(device) / 1e9)
 
 
 def report(results: list[dict], peak: float | None) -> None:
@@ -188,8 +188,8 @@ def estimate_iteration(results: list[dict], config: str) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    device = platform.get_device()
-    on_cpu = not platform.is_accelerator(device)
+    device = devices.get_device()
+    on_cpu = not devices.is_accelerator(device)
     if on_cpu and not args.allow_cpu:
         raise SystemExit(
             "gpu_flux_full.py needs an accelerator (CUDA GPU or Ascend NPU); none was found. "
@@ -203,13 +203,13 @@ def main(argv=None) -> None:
     args.text_tokens = args.text_tokens or (32 if on_cpu else 512)
     dtype, amp = (torch.float32, None) if on_cpu else (torch.bfloat16, torch.bfloat16)
 
-    name = platform.device_name(device)
+    name = devices.device_name(device)
     peak = args.peak_tflops or (None if on_cpu else F.peak_tflops_for(name))
     peak_text = f"{peak:g} TFLOPS" if peak else "unknown (pass --peak_tflops for utilisation)"
     print(f"device {device} ({name}); peak {peak_text}; config {args.config}, {args.height}x{args.width}, "
           f"{args.text_tokens} text tokens, "
           f"weights {str(dtype).replace('torch.', '')}, optimizer {args.optimizer}")
-    platform.enable_fast_matmul(device)
+    devices.enable_fast_matmul(device)
     t0 = time.perf_counter()
     cfg = transformer_config(args.config)
     model = build_transformer(cfg, device, dtype)

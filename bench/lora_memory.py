@@ -37,12 +37,12 @@ def child(argv: list[str], report: str) -> None:
     """One rank: set up, train, checkpoint, report."""
     import torch
 
-    from fastvideo import platform
+    from fastvideo import devices
     from fastvideo.config import parse_config
     from fastvideo.training.trainer import GRPOTrainer
 
     cfg = parse_config(argv)
-    trainer = GRPOTrainer(cfg, platform.init_distributed())
+    trainer = GRPOTrainer(cfg, devices.init_distributed())
     trainer.setup()
     trainer.train()
     params = list(trainer.model.parameters())
@@ -50,23 +50,23 @@ def child(argv: list[str], report: str) -> None:
     ref = trainer.kl_reference
     ref_bytes = _bytes(ref.model.parameters()) if ref is not None and ref.model is not trainer.model else 0
     row = {
-        "rank": platform.rank(),
+        "rank": devices.rank(),
         "trainable_mb": _bytes(p for p in params if p.requires_grad) / 2**20,
         "frozen_mb": _bytes(p for p in params if not p.requires_grad) / 2**20,
         "adam_mb": _bytes(state) / 2**20,
         "reference_mb": ref_bytes / 2**20,
-        "peak_rss_mb": platform.peak_memory_bytes(trainer.device) / 2**20,
+        "peak_rss_mb": devices.peak_memory_bytes(trainer.device) / 2**20,
         "time_iteration_s": trainer.metrics.read()[-1]["time_iteration"],
     }
-    if platform.rank() == 0:
+    if devices.rank() == 0:
         ckpt = Path(cfg.output.output_dir) / f"checkpoint-{cfg.optim.max_train_steps}"
         row["checkpoint_mb"] = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file()) / 2**20
         weights = ckpt / ("lora.safetensors" if cfg.lora.enabled else "model.safetensors")
         row["weights_file_mb"] = weights.stat().st_size / 2**20
     with open(report, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
-    platform.barrier()
-    platform.destroy_distributed()
+    devices.barrier()
+    devices.destroy_distributed()
 
 
 def _prepare(work: Path, preset: str) -> tuple[Path, Path]:

@@ -55,12 +55,12 @@ def _import_runtime() -> None:
 
 def worker(out: str, argv: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
-    from fastvideo import platform
+    from fastvideo import devices
     from fastvideo.config import parse_config
     from fastvideo.training.trainer import GRPOTrainer
 
     cfg = parse_config(argv)
-    info = platform.init_distributed()
+    info = devices.init_distributed()
     trainer = GRPOTrainer(cfg, info)
     _import_runtime()
     before = rss_bytes()
@@ -70,7 +70,7 @@ def worker(out: str, argv: list[str]) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     Path(out, f"rank{info.rank}.json").write_text(json.dumps(
         {"rank": info.rank, "before": before, "setup_peak": setup_peak, "peak": peak}))
-    platform.destroy_distributed()
+    devices.destroy_distributed()
 
 
 def predicted(flags: list[str]) -> dict:

@@ -51,7 +51,7 @@ def run(model: Path, data: Path, out: Path, mode: str, seed: int, iterations: in
         cpu_budget: float | None = None) -> list[dict]:
     """Reward and CPU seconds per iteration: ``iterations`` of them, or, with ``cpu_budget``, as many
     as fit in that many CPU seconds (at least 10, at most 10 x ``iterations``)."""
-    from fastvideo import platform
+    from fastvideo import devices
     from fastvideo.config import parse_config
     from fastvideo.training.trainer import GRPOTrainer
 
@@ -65,7 +65,7 @@ def run(model: Path, data: Path, out: Path, mode: str, seed: int, iterations: in
         "--checkpointing_steps", "100000", "--save_images_every", "0", "--dataloader_num_workers", "0",
         "--seed", str(seed), "--sampler_seed", str(1223627 + seed), "--fsdp_sharding_strategy", "none",
     ] + MODES[mode]
-    trainer = GRPOTrainer(parse_config(argv), platform.init_distributed())
+    trainer = GRPOTrainer(parse_config(argv), devices.init_distributed())
     trainer.setup()
     trainer.save_checkpoint = lambda: None
     rows, spent = [], 0.0

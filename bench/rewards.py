@@ -46,7 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from fastvideo import platform  # noqa: E402
+from fastvideo import devices  # noqa: E402
 from fastvideo.rewards.base import build_reward  # noqa: E402
 
 def parse_args(argv=None):
@@ -110,13 +110,13 @@ def main(argv=None) -> None:
         return main_transfer(args)
     if args.remote:
         return main_remote(args)
-    device = platform.get_device()
+    device = devices.get_device()
     g = torch.Generator().manual_seed(args.seed)
     images = torch.rand(args.num_images, 3, args.size, args.size, generator=g)
     prompts = [f"a photo of object number {i}" for i in range(args.num_images)]
     batch_sizes = [1] + [bs for bs in args.batch_sizes if bs != 1]
     print(f"# {args.num_images} random {args.size}x{args.size} images, device {device} "
-          f"({platform.device_name(device)}), torch threads {torch.get_num_threads()}, hps_size {args.hps_size}, "
+          f"({devices.device_name(device)}), torch threads {torch.get_num_threads()}, hps_size {args.hps_size}, "
           f"best of {args.repeats}\n")
     print("| reward | batch_size | seconds | images/s | vs batch 1 | max abs score diff vs batch 1 |")
     print("|---|---|---|---|---|---|")

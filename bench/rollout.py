@@ -7,7 +7,7 @@ Builds a random-weight FLUX folder of the preset in a temporary folder unless --
 Times the whole rollout (transformer steps, SDE maths, random draws, VAE decode) of one prompt
 expanded to G samples, after one untimed warm-up per batch size, round-robin over the batch sizes
 (best of --repeats), and prints a table with the speed-up over the first batch size. Uses the
-device platform.get_device() picks (CPU here).
+device devices.get_device() picks (CPU here).
 
 Batching pays on a CPU only while per-op overhead matters. In fp32 with FLUX's 512 text tokens
 every sample is already a GEMM of >= 576 rows, the run is GEMM-bound and batch 4 gains about 1.1x;
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from fastvideo import platform  # noqa: E402
+from fastvideo import devices  # noqa: E402
 from fastvideo.models import flux  # noqa: E402
 from fastvideo.models.base import TensorConditioning  # noqa: E402
 from fastvideo.sampling.plan import full_sde_plan  # noqa: E402
@@ -78,12 +78,12 @@ def make_runner(models, cfg, device, amp, sdpa="default"):
     plan = full_sde_plan(cfg.sampling_steps, cfg.shift, cfg.sampling_steps, 1)
 
     def run() -> float:
-        platform.synchronize(device)
+        devices.synchronize(device)
         t0 = time.perf_counter()
         with attention_backend(sdpa):
             rollout(family, transformer, vae, cond, ["bench"], [0], cfg, RandomSource(0), 0, device,
                     autocast_dtype=amp, plan=plan)
-        platform.synchronize(device)
+        devices.synchronize(device)
         return time.perf_counter() - t0
 
     return run
@@ -91,7 +91,7 @@ def make_runner(models, cfg, device, amp, sdpa="default"):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    device = platform.get_device()
+    device = devices.get_device()
     amp = torch.bfloat16 if args.autocast == "bf16" else None
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
@@ -106,7 +106,7 @@ def main(argv=None) -> None:
         del enc
     models = (transformer, vae, embeds, pooled, text_ids)
     n_params = sum(p.numel() for p in transformer.parameters())
-    print(f"device {device} ({platform.device_name(device)}), torch threads {torch.get_num_threads()}, "
+    print(f"device {device} ({devices.device_name(device)}), torch threads {torch.get_num_threads()}, "
           f"transformer {n_params / 1e6:.1f} M params, {args.height}x{args.width}, "
           f"{(args.height // 16) * (args.width // 16)} image + {args.seq_len} text tokens, {args.steps} steps, "
           f"G={args.generations}, eta={args.eta}, autocast={args.autocast}")

@@ -32,11 +32,11 @@ def worker(model_dir: str, mode: str, out: str) -> None:
     import torch
     from diffusers import FluxTransformer2DModel  # noqa: F401  (imported before the baseline)
 
-    from fastvideo import platform
+    from fastvideo import devices
     from fastvideo.distributed.fsdp import wrap_model
     from fastvideo.models import flux, sharded_load
 
-    info = platform.init_distributed()
+    info = devices.init_distributed()
     before = rss_bytes()
     if mode == "full_copy":
         model = wrap_model(flux.load_transformer(model_dir), "full", info.device)
@@ -48,7 +48,7 @@ def worker(model_dir: str, mode: str, out: str) -> None:
     shard = sum(p.numel() * p.element_size() for p in model.parameters())
     rec = {"rank": info.rank, "mode": mode, "rss_before": before, "peak": peak, "after": rss_bytes(), "shard": shard}
     Path(out, f"{mode}_{info.rank}.json").write_text(json.dumps(rec))
-    platform.destroy_distributed()
+    devices.destroy_distributed()
 
 
 def main() -> None:

@@ -56,14 +56,14 @@ def build_trainer(cfg, info):
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Parse before importing torch (platform): --help, --print_config and flag errors come back fast.
+    # Parse before importing torch (devices): --help, --print_config and flag errors come back fast.
     from fastvideo.config import parse_config
 
     cfg = parse_config(argv)
-    from fastvideo import platform
+    from fastvideo import devices
     from fastvideo.errors import report_failure
 
-    info = platform.init_distributed()
+    info = devices.init_distributed()
     try:
         build_trainer(cfg, info).train()
     except BaseException as exc:
@@ -76,16 +76,17 @@ def main(argv: list[str] | None = None) -> int:
         if info.world_size > 1:
             os._exit(code)
         return code
-    platform.barrier()
-    platform.destroy_distributed()
+    devices.barrier()
+    devices.destroy_distributed()
     return 0
 
 
 if __name__ == "__main__":
     if __package__ in (None, ""):
         # Run as a script path (torchrun fastvideo/train_grpo_flux.py, as upstream's launchers do):
-        # Python put fastvideo/ first on sys.path, where fastvideo/platform.py would shadow the
-        # standard library's `platform`. Replace it with the repository root.
+        # Python put fastvideo/ first on sys.path. Put this tree's root there instead, so that
+        # `fastvideo` is this tree's package (not another checkout's editable install) and its
+        # modules (config, settings, utils ...) are not importable as top-level names.
         here = os.path.dirname(os.path.abspath(__file__))
         sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
         sys.path.insert(0, os.path.dirname(here))

@@ -13,8 +13,8 @@ import os
 import sys
 
 if __package__ in (None, ""):
-    # Run as a script path (torchrun fastvideo/train_grpo_flux_lora.py): put the repository root,
-    # not fastvideo/ (whose platform.py would shadow the standard library's), on sys.path.
+    # Run as a script path (torchrun fastvideo/train_grpo_flux_lora.py): this tree's root, not
+    # fastvideo/, on sys.path (see train_grpo_flux.py).
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))

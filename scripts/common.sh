@@ -30,12 +30,12 @@ fg_source_npu_env() {
   source "${NPU_ENV_FILE:-$_FG_ROOT/scripts/npu_env.sh}"
 }
 
-# fg_confirm_device GUESS: the device torch sees (fastvideo.platform.device_type), or exit 1 with
+# fg_confirm_device GUESS: the device torch sees (fastvideo.devices.device_type), or exit 1 with
 # the fix when torch cannot be imported or disagrees with the hardware.
 fg_confirm_device() {
   local guess=$1 err out
   err=$(mktemp)
-  if ! out=$(cd "$_FG_ROOT" && "$PYTHON" -c "from fastvideo.platform import device_type; print(device_type())" 2>"$err"); then
+  if ! out=$(cd "$_FG_ROOT" && "$PYTHON" -c "from fastvideo.devices import device_type; print(device_type())" 2>"$err"); then
     if grep -q "Failed to load the backend extension: torch_npu" "$err"; then
       echo "common.sh: 'import torch' fails: torch-npu is installed but CANN's environment is not loaded" \
         "(cann: ${CANN_SET_ENV_SOURCED:-none})." >&2

@@ -8,7 +8,7 @@ None and lists / tuples / dicts of them.
 
 Each child gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_*) and
 FASTVIDEO_DEVICE=cpu, installs HCCL's collective rules (tests/hccl_rules.py) when
-FLUX_GRPO_HCCL_RULES=1 (tests/conftest.py's default; pass env={"FLUX_GRPO_HCCL_RULES": "0"} to opt out), initialises the process group through fastvideo.platform.init_distributed,
+FLUX_GRPO_HCCL_RULES=1 (tests/conftest.py's default; pass env={"FLUX_GRPO_HCCL_RULES": "0"} to opt out), initialises the process group through fastvideo.devices.init_distributed,
 and runs one thread. A child's exception fails the test with the child's full traceback; the other
 children are terminated at once instead of waiting in a collective.
 """
@@ -51,10 +51,10 @@ def _child(fn, rank, world_size, port, env, results, args):
         import hccl_rules
 
         hccl_rules.install()
-    from fastvideo import platform
+    from fastvideo import devices
 
     try:
-        info = platform.init_distributed(timeout_s=120)
+        info = devices.init_distributed(timeout_s=120)
         result = fn(info, *args)
         # Serialised by value: a tensor sent through the queue as-is would be shared memory whose
         # owner (this process) may exit before the parent reads it.
@@ -64,7 +64,7 @@ def _child(fn, rank, world_size, port, env, results, args):
     except BaseException:  # noqa: BLE001 - everything goes back to the test
         results.put((rank, False, traceback.format_exc()))
     finally:
-        platform.destroy_distributed()
+        devices.destroy_distributed()
 
 
 def _preload() -> None:

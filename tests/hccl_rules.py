@@ -22,7 +22,7 @@ Source of every rule: torch_npu 2.7.1 = Ascend/pytorch tag ``v7.2.0-pytorch2.7.1
   reduce_scatter_tensor do not support world sizes 3, 5, 6 or 7.
 
 The device rule compares each tensor with the process's device (``FASTVIDEO_DEVICE`` and
-``LOCAL_RANK``, as fastvideo.platform binds it): on the CPU tests that device is the CPU, so the rule
+``LOCAL_RANK``, as fastvideo.devices binds it): on the CPU tests that device is the CPU, so the rule
 only bites when the harness runs on an accelerator.
 
 Switch: ``FLUX_GRPO_HCCL_RULES=1`` (tests/conftest.py sets it by default; run_distributed installs it

@@ -165,7 +165,7 @@ def npu_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_m
 
 
 def _npu_namespace() -> types.SimpleNamespace:
-    """torch_npu.npu.*, only what fastvideo.platform touches. HF32 defaults as in 2.7.1: matmul off,
+    """torch_npu.npu.*, only what fastvideo.devices touches. HF32 defaults as in 2.7.1: matmul off,
     convolution ON (LazyInitAclops.cpp: "default value is True" for ALLOW_CONV_HF32)."""
     return types.SimpleNamespace(matmul=types.SimpleNamespace(allow_hf32=False),
                                  conv=types.SimpleNamespace(allow_hf32=True))
@@ -198,15 +198,15 @@ def make_module() -> types.ModuleType:
 
 
 def install(monkeypatch) -> types.ModuleType:
-    """Put a fresh stand-in in ``sys.modules["torch_npu"]`` and make fastvideo.platform treat the
+    """Put a fresh stand-in in ``sys.modules["torch_npu"]`` and make fastvideo.devices treat the
     CPU as an NPU, all undone by ``monkeypatch`` after the test. Returns the module (its calls)."""
     import sys
 
-    from fastvideo import platform
+    from fastvideo import devices
 
     stub = make_module()
     monkeypatch.setitem(sys.modules, "torch_npu", stub)
-    monkeypatch.setattr(platform, "_torch_npu", None)
-    monkeypatch.setattr(platform, "_torch_npu_checked", False)
-    monkeypatch.setattr(platform, "is_npu", lambda device=None: True)
+    monkeypatch.setattr(devices, "_torch_npu", None)
+    monkeypatch.setattr(devices, "_torch_npu_checked", False)
+    monkeypatch.setattr(devices, "is_npu", lambda device=None: True)
     return stub

@@ -1,4 +1,4 @@
-"""Devices and backends are named only in fastvideo/platform.py (and the NPU op module), in the
+"""Devices and backends are named only in fastvideo/devices.py (and the NPU op module), in the
 package and in bench/."""
 
 import re
@@ -6,7 +6,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = (ROOT / "fastvideo", ROOT / "bench")
-ALLOWED = {ROOT / "fastvideo" / "platform.py", ROOT / "fastvideo" / "models" / "npu_ops.py"}
+ALLOWED = {ROOT / "fastvideo" / "devices.py", ROOT / "fastvideo" / "models" / "npu_ops.py"}
 PATTERN = re.compile(
     r"""["']cuda(:[^"']*)?["']|["']cuda:"""         # "cuda", "cuda:0", f"cuda:{i}"
     r"""|["']npu(:[^"']*)?["']|["']npu:"""          # "npu", "npu:0", f"npu:{i}"
@@ -17,7 +17,7 @@ PATTERN = re.compile(
 )
 
 
-def test_no_device_names_outside_platform():
+def test_no_device_names_outside_the_device_layer():
     offenders = []
     for folder in SCANNED:
         for path in folder.rglob("*.py"):
@@ -26,7 +26,7 @@ def test_no_device_names_outside_platform():
             for lineno, line in enumerate(path.read_text().splitlines(), 1):
                 if PATTERN.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
-    assert not offenders, "route these through fastvideo.platform:\n" + "\n".join(offenders)
+    assert not offenders, "route these through fastvideo.devices:\n" + "\n".join(offenders)
 
 
 LEAKS = [
@@ -48,8 +48,8 @@ LEAKS = [
     "n = torch.npu.device_count()",
 ]
 CLEAN = [
-    "device = platform.get_device(local_rank)",
-    "accelerator = platform.is_accelerator(device)",
+    "device = devices.get_device(local_rank)",
+    "accelerator = devices.is_accelerator(device)",
     "from torch import nn",
     'name = "npu_rms_norm"',
 ]

@@ -16,11 +16,11 @@ sys.meta_path.insert(0, _Block())
 
 def test_import_without_optional_packages():
     code = BLOCK + """
-import fastvideo, fastvideo.platform, fastvideo.models.flux, fastvideo.utils
+import fastvideo, fastvideo.devices, fastvideo.models.flux, fastvideo.utils
 import fastvideo.config, fastvideo.training.lora, fastvideo.grpo.kl, fastvideo.training.kl_reference
-from fastvideo import platform
-assert platform.import_torch_npu() is None
-assert platform.device_type() in ('cpu', 'cuda')
+from fastvideo import devices
+assert devices.import_torch_npu() is None
+assert devices.device_type() in ('cpu', 'cuda')
 for name in ['wandb', 'decord', 'hpsv2', 'torch_npu', 'peft']:
     assert name not in sys.modules, name
 print('ok')

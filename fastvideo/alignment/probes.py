@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.component_settings.outputs import PROBE_KINDS
 from fastvideo.errors import MissingInputError
 
@@ -289,7 +289,7 @@ def record_probes(
     handles = [m.register_forward_hook(collector.hook(name, kind))
                for name, m, kind in select_modules(transformer if probe_transformer else None,
                                                     vae if probe_vae else None, kinds)]
-    amp = platform.autocast(device, autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    amp = devices.autocast(device, autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
     try:
         with amp:
             if probe_transformer:
@@ -305,7 +305,7 @@ def record_probes(
         "kinds": kinds,
         "input": inp.description,
         "device_type": device.type,
-        "device_name": platform.device_name(device),
+        "device_name": devices.device_name(device),
         "transformer_dtype": str(_param_dtype(inner)).replace("torch.", "") if probe_transformer else None,
         "vae_dtype": str(_param_dtype(vae)).replace("torch.", "") if probe_vae else None,
         "autocast_dtype": str(autocast_dtype).replace("torch.", "") if autocast_dtype is not None else None,
@@ -368,6 +368,6 @@ def run_probes_for_config(cfg, model: torch.nn.Module, vae: torch.nn.Module | No
         recording = record_probes(model, vae if "vae" in kinds else None, kinds, None, device=device)
     finally:
         model.train(was_training)
-    if platform.rank() != 0:
+    if devices.rank() != 0:
         return None
     return save_probes(recording, Path(cfg.output.record_dir) / PROBE_SUBDIR)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.training.hooks import TrainerHook
 from fastvideo.utils import atomic_write_bytes, atomic_write_json
 
@@ -82,7 +82,7 @@ def _version(module: str) -> str | None:
         return None
 
 
-def build_manifest(cfg, info: platform.DistInfo) -> dict:
+def build_manifest(cfg, info: devices.DistInfo) -> dict:
     """Everything needed to tell two recorded runs apart (JSON-serialisable)."""
     import platform as pyplatform
 
@@ -92,7 +92,7 @@ def build_manifest(cfg, info: platform.DistInfo) -> dict:
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         # default=str: paths and other odd config values become strings instead of failing.
         "config": json.loads(json.dumps(cfg.to_dict(), default=str)),
-        "device": {"type": info.device.type, "name": platform.device_name(info.device)},
+        "device": {"type": info.device.type, "name": devices.device_name(info.device)},
         "world_size": info.world_size,
         "seed": cfg.optim.seed,
         "versions": {
@@ -133,7 +133,7 @@ class RunRecorder(TrainerHook):
     """Writes a run record under ``cfg.output.record_dir`` (layout in the module docstring); as a
     trainer hook, one iteration after each iteration's metrics."""
 
-    def __init__(self, cfg, info: platform.DistInfo):
+    def __init__(self, cfg, info: devices.DistInfo):
         if not cfg.output.record_dir:
             raise ValueError("RunRecorder needs cfg.output.record_dir (--record_dir)")
         self.cfg = cfg

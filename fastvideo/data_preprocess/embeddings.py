@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.data.prompts import PromptList, load_prompts
 from fastvideo.models.base import DEFAULT_FAMILY, ModelFamily, get_model_family
 from fastvideo.utils import atomic_write_json
@@ -300,10 +300,10 @@ class _BatchList(torch.utils.data.Dataset):
 
 def encoding_dtype(device: torch.device) -> torch.dtype:
     """bf16 on accelerators (as upstream encodes), fp32 on CPU (exact, and CPU bf16 is slow)."""
-    return torch.bfloat16 if platform.is_accelerator(device) else torch.float32
+    return torch.bfloat16 if devices.is_accelerator(device) else torch.float32
 
 
-def _log(info: platform.DistInfo, msg: str) -> None:
+def _log(info: devices.DistInfo, msg: str) -> None:
     if info.is_main:
         print(msg, flush=True)
 
@@ -311,7 +311,7 @@ def _log(info: platform.DistInfo, msg: str) -> None:
 def _count_global(n: int, device: torch.device) -> int:
     # float32 (exact below 2**24): every backend reduces it, not every one reduces int64.
     t = torch.tensor([n], dtype=torch.float32, device=device)
-    return int(round(platform.all_reduce_sum(t).item()))
+    return int(round(devices.all_reduce_sum(t).item()))
 
 
 def _encode_batches(
@@ -348,7 +348,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
     """Encode ``cfg.prompt_file`` into ``cfg.output_dir``; one process or one rank of torchrun."""
     cfg.validate()
     family = get_model_family(cfg.model_family)
-    info = platform.init_distributed()
+    info = devices.init_distributed()
     try:
         plist: PromptList = load_prompts(cfg.prompt_file, cfg.max_prompts)
         prompts = plist.prompts
@@ -360,7 +360,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
             removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), prompts, family)
             if removed:
                 _log(info, f"removed the files of {removed} prompts made from other settings or captions")
-        platform.barrier()
+        devices.barrier()
 
         usable = prompts + plist.spare  # batch mates beyond the cap (see batch_grid)
         grid = batch_grid(len(prompts), cfg.batch_size, len(usable))
@@ -379,7 +379,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
         )
         start = time.perf_counter()
         written = _encode_batches(cfg, encoders, work, usable, todo, info)
-        platform.synchronize(info.device)
+        devices.synchronize(info.device)
         total_written = _count_global(written, info.device)  # also the barrier before the json
         seconds = time.perf_counter() - start
         json_path = Path(cfg.output_dir) / JSON_NAME
@@ -387,7 +387,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
             json_path = write_caption_json(cfg.output_dir, prompts, family)
             rate = total_written / seconds if seconds > 0 else 0.0
             _log(info, f"wrote {total_written} prompts in {seconds:.1f} s ({rate:.1f} prompts/s); index: {json_path}")
-        platform.barrier()
+        devices.barrier()
         return PreprocessResult(len(prompts), already, total_written, seconds, json_path)
     finally:
-        platform.destroy_distributed()
+        devices.destroy_distributed()

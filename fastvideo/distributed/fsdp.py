@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fastvideo import platform
+from fastvideo import devices
 
 STRATEGIES = ("full", "hybrid", "none")
 ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
@@ -192,7 +192,7 @@ def wrap_model(
       Each block of ``block_classes`` (default: the model's ``_no_split_modules``, see
       default_block_classes) becomes one FSDP unit.
     mixed_precision: FSDP compute/reduce dtypes (FSDP strategies only). The trainer normally leaves
-      this None and uses platform.autocast over fp32 master weights instead.
+      this None and uses devices.autocast over fp32 master weights instead.
     cpu_offload: keep the FSDP shards (and so the optimizer step) in host memory.
     gradient_checkpointing / checkpoint_fraction: recompute the first fraction of the blocks in backward.
 
@@ -208,23 +208,23 @@ def wrap_model(
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown sharding strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     policy = _as_policy(mixed_precision)
-    device = torch.device(device) if device is not None else platform.get_device(platform.dist_env()[1])
+    device = torch.device(device) if device is not None else devices.get_device(devices.dist_env()[1])
     classes = tuple(block_classes or default_block_classes(model))
     if not _blocks_in_order(model, classes):
         raise ValueError(_no_blocks_message(model, classes))
     if strategy == "none" and (policy is not None or cpu_offload):
         raise ValueError(
             "strategy 'none' (DDP) supports neither mixed_precision nor cpu_offload; use strategy 'full' or "
-            "'hybrid', or platform.autocast for mixed precision"
+            "'hybrid', or devices.autocast for mixed precision"
         )
-    if cpu_offload and not platform.is_accelerator(device):
+    if cpu_offload and not devices.is_accelerator(device):
         warnings.warn("cpu_offload has no effect on a CPU device: parameters already live in host memory",
                       stacklevel=2)
         cpu_offload = False
     if gradient_checkpointing:
         apply_activation_checkpointing(model, classes, checkpoint_fraction)
 
-    world = platform.world_size()
+    world = devices.world_size()
     if param_init_fn is not None and (world == 1 or strategy == "none"):
         raise ValueError("param_init_fn (a meta-device model filled unit by unit) needs an FSDP strategy on more "
                          "than one rank; load the model normally for DDP or a single process")
@@ -245,7 +245,7 @@ def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model.to(device)
-    device_ids = [device] if platform.is_accelerator(device) else None
+    device_ids = [device] if devices.is_accelerator(device) else None
     return DDP(model, device_ids=device_ids)
 
 
@@ -366,7 +366,7 @@ def _offload_to_cpu(model: nn.Module) -> bool:
     offloads them there). With CPU-resident parameters offloading buys nothing, and FSDP1's
     offload_to_cpu path breaks on them in torch 2.7.1 (storage of size 0 error)."""
     offload = getattr(getattr(model, "cpu_offload", None), "offload_params", False)
-    return bool(offload) or any(platform.is_accelerator(p.device) for p in model.parameters())
+    return bool(offload) or any(devices.is_accelerator(p.device) for p in model.parameters())
 
 
 def _options(model: nn.Module, *, load: bool, **extra):
@@ -382,7 +382,7 @@ def _options(model: nn.Module, *, load: bool, **extra):
 
 
 def _rank0_only(state: dict) -> dict:
-    return state if platform.rank() == 0 else {}
+    return state if devices.rank() == 0 else {}
 
 
 def full_model_state_dict(model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
@@ -440,7 +440,7 @@ def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tens
     into the full dict it loads (size mismatch, measured on torch 2.14)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    distributed = _distributed() and platform.world_size() > 1
+    distributed = _distributed() and devices.world_size() > 1
     if is_fsdp(model):
         # Summoning a nested unit first would make it believe it is a root (FSDP1 initialises
         # lazily from whichever unit is used first); initialise from the real root, as a forward
@@ -457,7 +457,7 @@ def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tens
             for pname, param in inner.named_parameters(recurse=False):
                 key = f"{name}.{pname}" if name else pname
                 seen.add(key)
-                if platform.rank() == 0:
+                if devices.rank() == 0:
                     if key not in state_dict:
                         raise KeyError(f"trainable parameter {key} is missing from the state dict")
                     buf = state_dict[key].to(device=param.device, dtype=param.dtype)
@@ -466,7 +466,7 @@ def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tens
                 if distributed:
                     dist.broadcast(buf, src=0)
                 param.copy_(buf.view_as(param))
-    extra = set(state_dict) - seen if platform.rank() == 0 else set()
+    extra = set(state_dict) - seen if devices.rank() == 0 else set()
     if extra:
         raise KeyError(f"state dict entries that are not trainable parameters of the model: {sorted(extra)[:5]}")
 

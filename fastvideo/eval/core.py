@@ -18,7 +18,7 @@ from typing import Mapping
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.eval.prompts import EvalPrompts
 from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
 from fastvideo.sampling.plan import SamplingPlan, full_sde_plan, ode_plan
@@ -93,7 +93,7 @@ def sample_images(model, vae, prompts: EvalPrompts, items: list[tuple[int, int]]
     if s.eta > 0:
         step_eps = {step: torch.stack([randomness.eval_noise(c, k, shape, step=step)
                                        for c, (_, k) in zip(caps, items)]).to(device) for step in range(s.steps)}
-    amp = platform.autocast(device, autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    amp = devices.autocast(device, autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
     with amp:
         _, _, x0 = sample_transitions(family, model, x, step_eps, plan, sigmas, cond, layout, s.eta)
         return family.decode(vae, x0, layout).float().clamp(0, 1)
@@ -101,12 +101,12 @@ def sample_images(model, vae, prompts: EvalPrompts, items: list[tuple[int, int]]
 
 def _all_gather_stack(t: torch.Tensor, device) -> torch.Tensor:
     """[...] on every rank -> [W, ...] (rank order); [1, ...] on one process."""
-    if platform.world_size() == 1:
+    if devices.world_size() == 1:
         return t.unsqueeze(0)
     import torch.distributed as dist
 
     t = t.to(device)
-    parts = [torch.empty_like(t) for _ in range(platform.world_size())]
+    parts = [torch.empty_like(t) for _ in range(devices.world_size())]
     dist.all_gather(parts, t.contiguous())
     return torch.stack(parts).cpu()
 
@@ -121,7 +121,7 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
              family=None) -> EvalResult:
     """Collective: every rank calls it with the same arguments; all get the same EvalResult."""
     t0 = time.perf_counter()
-    world, rank = platform.world_size(), platform.rank()
+    world, rank = devices.world_size(), devices.rank()
     K, P, B = s.num_images_per_prompt, len(prompts), s.batch_size
     items = [(p, k) for p in range(P) for k in range(K)]
     batches = batch_grid(len(items), B)
@@ -146,7 +146,7 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
     flat = torch.cat([gathered[j % world, j // world, :len(b)] for j, b in enumerate(batches)])  # [P*K, R]
     if world > 1:
         grid = grid.to(device)
-        platform.all_reduce_sum(grid)  # each grid image was filled on exactly one rank
+        devices.all_reduce_sum(grid)  # each grid image was filled on exactly one rank
         grid = grid.cpu()
     scores = {n: flat[:, i].reshape(P, K) for i, n in enumerate(rewards)}
     return EvalResult(list(prompts.captions), scores, grid, time.perf_counter() - t0)

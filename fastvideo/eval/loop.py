@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.eval import report
 from fastvideo.eval.core import EvalResult, SampleSettings, evaluate
 from fastvideo.eval.prompts import check_no_overlap, load_eval_prompts
@@ -173,11 +173,11 @@ class TrainingEvaluation(TrainerHook):
         if self.is_main:
             publish_best(path, self.out, iteration, score)
             main_print(f"[eval] best checkpoint is now iteration {iteration} -> {self.out / 'best'}")
-        platform.barrier()
+        devices.barrier()
 
     def _share_guard_state(self, trainer) -> None:
         """On resume rank 0 read eval.jsonl; every rank needs the same guard state."""
-        if platform.world_size() == 1:
+        if devices.world_size() == 1:
             return
         import torch.distributed as dist
 

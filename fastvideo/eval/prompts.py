@@ -73,9 +73,9 @@ def _encode_text_file(path: Path, model_dir: str, max_sequence_length: int, devi
         cond = family.encode_prompts(encoders, captions[start:start + 8], max_sequence_length)
         records += [{k: t.float().cpu() for k, t in cond.record(i).items()} for i in range(len(cond))]
     del encoders  # the text encoders are not needed again (T5-XXL alone is ~9 GB)
-    from fastvideo import platform
+    from fastvideo import devices
 
-    platform.empty_cache(device)
+    devices.empty_cache(device)
     return EvalPrompts(captions, family.cond_from_tensors(records), family.check_record(0, records[0])[1])
 
 

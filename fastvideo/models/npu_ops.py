@@ -16,7 +16,7 @@ it before FSDP wraps the model.
 
 Each replacement decides per call whether the fused kernel can run (torch_npu importable and the
 tensor on an NPU) and otherwise computes exactly what diffusers computes, so an adapted model moved
-to CPU still gives the stock result. This is the only module besides ``fastvideo.platform`` that
+to CPU still gives the stock result. This is the only module besides ``fastvideo.devices`` that
 names torch_npu.
 """
 
@@ -38,7 +38,7 @@ from diffusers.models.attention_processor import (
 from diffusers.models.embeddings import FluxPosEmbed, apply_rotary_emb
 from diffusers.models.normalization import RMSNorm
 
-from fastvideo import platform
+from fastvideo import devices
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +55,9 @@ _FLUX_PROCESSORS = (FluxAttnProcessor2_0, FluxAttnProcessor2_0_NPU)
 
 def npu_kernels_for(tensor: torch.Tensor):
     """The torch_npu module when its fused kernels can run on ``tensor``, else None."""
-    if not platform.is_npu(tensor.device):
+    if not devices.is_npu(tensor.device):
         return None
-    return platform.import_torch_npu()
+    return devices.import_torch_npu()
 
 
 # ----------------------------------------------------------------------------------------- RMSNorm
@@ -171,7 +171,7 @@ class NpuFluxPosEmbed(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ids: [S, n_axes] -> (cos, sin), each [S, sum(axes_dim)] float32."""
-        no_float64 = platform.is_npu(ids.device) or ids.device.type == "mps"
+        no_float64 = devices.is_npu(ids.device) or ids.device.type == "mps"
         dtype = torch.float32 if no_float64 else torch.float64
         return flux_rope(ids, self.axes_dim, self.theta, dtype)
 
@@ -322,7 +322,7 @@ def adapt_for_npu(transformer: nn.Module) -> int:
 
 def maybe_adapt_for_npu(transformer: nn.Module, device: torch.device | str) -> bool:
     """:func:`adapt_for_npu` if ``device`` is an NPU; returns whether it did."""
-    if not platform.is_npu(device):
+    if not devices.is_npu(device):
         return False
     adapt_for_npu(transformer)
     return True

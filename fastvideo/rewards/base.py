@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.errors import CheckpointError, MissingInputError, UserError
 
 ImageBatch = Union[Sequence[Image.Image], torch.Tensor]
@@ -220,7 +220,7 @@ class BatchedReward(abc.ABC):
     """Validates inputs, splits them into chunks of ``batch_size`` and concatenates the scores.
 
     Subclasses implement :meth:`_score` for one chunk. Model rewards run on ``device`` under
-    ``platform.autocast(device, dtype)`` (float32: no autocast). ``dtype=None`` picks what upstream
+    ``devices.autocast(device, dtype)`` (float32: no autocast). ``dtype=None`` picks what upstream
     DanceGRPO and the Ascend recipe score with: float16 autocast on an accelerator (torch.amp's
     GPU and NPU autocast default to float16), float32 on the CPU (exact, reproducible).
     """
@@ -243,10 +243,10 @@ class BatchedReward(abc.ABC):
     def compute_dtype(self) -> torch.dtype:
         if self.dtype is not None:
             return self.dtype
-        return torch.float16 if platform.is_accelerator(self.device) else torch.float32
+        return torch.float16 if devices.is_accelerator(self.device) else torch.float32
 
     def autocast(self):
-        return platform.autocast(self.device, self.compute_dtype)
+        return devices.autocast(self.device, self.compute_dtype)
 
     @abc.abstractmethod
     def _score(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:

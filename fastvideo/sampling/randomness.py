@@ -90,14 +90,14 @@ class RandomSource:
     def capture(self, directory: str | Path, rank: int | None = None, world_size: int | None = None) -> "RandomSource":
         """Record every draw from now on. Files are written by ``flush()`` and whenever a draw of a
         later iteration starts (an iteration's file is rewritten if it gets more draws later)."""
-        from fastvideo import platform
+        from fastvideo import devices
 
         self.flush()
         self.mode = CAPTURE
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.rank = platform.rank() if rank is None else int(rank)
-        self.world_size = platform.world_size() if world_size is None else int(world_size)
+        self.rank = devices.rank() if rank is None else int(rank)
+        self.world_size = devices.world_size() if world_size is None else int(world_size)
         return self
 
     def replay(self, directory: str | Path) -> "RandomSource":

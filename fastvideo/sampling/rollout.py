@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.models.base import DEFAULT_FAMILY, Conditioning, LatentLayout, ModelFamily, get_model_family
 from fastvideo.sampling import sde, solvers
 from fastvideo.sampling.plan import DPM, ODE, SDE, SamplingPlan
@@ -213,7 +213,7 @@ class _Run:
 
 
 def _amp(device: torch.device, autocast_dtype):
-    return platform.autocast(device, autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    return devices.autocast(device, autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
 
 
 def _prefix_states(run: _Run, randomness: RandomSource, iteration: int, noise_ids, num_prompts: int, G: int,
@@ -267,7 +267,7 @@ def rollout(
     ids (distinct across ranks). Returns a Trajectory of B = P * G samples, group-major (the G
     samples of prompt p are rows p*G .. p*G+G-1). With cfg.init_same_noise the G samples of a
     group share their initial noise (drawn under the group id); step noise is always per sample.
-    autocast_dtype (e.g. torch.bfloat16) wraps the transformer and VAE in platform.autocast; the
+    autocast_dtype (e.g. torch.bfloat16) wraps the transformer and VAE in devices.autocast; the
     SDE maths stays float32. decode=False leaves ``images`` None so the caller can time decoding
     separately (decode_images). on_chunk(rows, x0) is called after each chunk is sampled, with the
     chunk's rows of the batch (a slice) and its x0 predictions [b, L, C], so the caller can decode

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from fastvideo.grpo.loss import num_trained_steps
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.models.base import DEFAULT_FAMILY, UnknownModelFamilyError, get_model_family
 from fastvideo.perf.flops import (
     IterationFlops,
@@ -122,7 +122,7 @@ def _memory_flags(g) -> None:
     g.add_argument("--use_ema", action="store_true")
     g.add_argument("--use_cpu_offload", action="store_true")
     g.add_argument("--rewards", default="hpsv2:1.0", help="the run's reward spec (names count, weights do not)")
-    g.add_argument("--device", default=platform.NPU, choices=platform.DEVICE_TYPES, help="npu adds HCCL buffers")
+    g.add_argument("--device", default=devices.NPU, choices=devices.DEVICE_TYPES, help="npu adds HCCL buffers")
     g.add_argument("--hccl_buffsize_mb", type=int, default=None,
                    help="HCCL_BUFFSIZE (default: the environment's, else scripts/npu_env.sh's 800)")
     g.add_argument("--device_memory_gb", type=float, default=None, help="memory per device, for the verdict")
@@ -137,8 +137,8 @@ def memory_shape(args):
 
     if args.fsdp_sharding_strategy == "hybrid" and args.ranks_per_node is None:
         raise SystemExit("--fsdp_sharding_strategy hybrid needs --ranks_per_node (the shard group size)")
-    comms = {"full": 1, "none": 1, "hybrid": 3}[args.fsdp_sharding_strategy] if args.device == platform.NPU else 0
-    vae_fp32 = args.vae_precision == "fp32" or (args.vae_precision == "auto" and args.device == platform.CPU)
+    comms = {"full": 1, "none": 1, "hybrid": 3}[args.fsdp_sharding_strategy] if args.device == devices.NPU else 0
+    vae_fp32 = args.vae_precision == "fp32" or (args.vae_precision == "auto" and args.device == devices.CPU)
     return MemoryShape(
         height=args.h, width=args.w, text_tokens=args.text_tokens, sampling_steps=args.sampling_steps,
         samples_per_rank=args.prompts_per_rank * args.num_generations, rollout_batch=args.rollout_batch_size,
@@ -147,7 +147,7 @@ def memory_shape(args):
         compute_dtype=torch.bfloat16 if args.mixed_precision == "bf16" else torch.float32,
         checkpoint_fraction=args.selective_checkpointing if args.gradient_checkpointing else 0.0,
         use_ema=args.use_ema, grads_held=args.trained_steps > 1 or args.gradient_accumulation_steps > 1,
-        cpu_offload=args.use_cpu_offload and args.device != platform.CPU,
+        cpu_offload=args.use_cpu_offload and args.device != devices.CPU,
         vae_bytes=4 if vae_fp32 else 2, rewards=tuple(r.split(":")[0] for r in args.rewards.split(",") if r),
         communicators=comms,
         hccl_buffsize_mb=args.hccl_buffsize_mb or int(os.environ.get("HCCL_BUFFSIZE", 800)),

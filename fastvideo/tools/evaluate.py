@@ -120,7 +120,7 @@ def _write(out: Path, labels, results, rows, table: str, grid_prompts: int) -> N
 
 
 def run(args) -> str:
-    from fastvideo import platform
+    from fastvideo import devices
     from fastvideo.eval.core import SampleSettings, evaluate
     from fastvideo.eval.prompts import load_eval_prompts
     from fastvideo.eval.stats import markdown_table, table_rows
@@ -131,8 +131,8 @@ def run(args) -> str:
     family = get_model_family(family_name_for(models, args.model_family), guidance_scale=args.guidance_scale,
                               quantize_timestep=not args.no_quantize_timestep)
     base = _check(args, models, family)
-    device = platform.get_device()
-    amp = torch.bfloat16 if args.mixed_precision == "bf16" and platform.is_accelerator(device) else None
+    device = devices.get_device()
+    amp = torch.bfloat16 if args.mixed_precision == "bf16" and devices.is_accelerator(device) else None
     prompts = load_eval_prompts(args.prompts, str(base), args.max_sequence_length, device, family)
     vae = family.load_vae(base, device=device, dtype=torch.float32)
     rewards = _rewards(args, device)

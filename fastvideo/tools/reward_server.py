@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import torch
 
 import fastvideo
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.rewards.base import Reward, RewardInputError, build_reward, check_inputs
 from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
 from fastvideo.rewards.flags import add_reward_flags, extras_from_args, reward_kwargs
@@ -62,7 +62,7 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
     # the default count whatever this thread was set to, and a different count can change float
     # rounding (remote scores are meant to equal in-process ones bit for bit).
     threads = torch.get_num_threads()
-    on_accelerator, bound = platform.is_accelerator(device), threading.local()
+    on_accelerator, bound = devices.is_accelerator(device), threading.local()
     locks = {name: threading.Lock() for name in rewards}
     health = {"status": "ok", "server_version": SERVER_VERSION, "flux_grpo_version": fastvideo.__version__,
               "device": device, "rewards": dict(info or {n: {} for n in rewards})}
@@ -80,7 +80,7 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
             if on_accelerator and not getattr(bound, "done", False):
-                platform.set_device(torch.device(device))  # the current device is per thread too
+                devices.set_device(torch.device(device))  # the current device is per thread too
                 bound.done = True
             with locks[name]:
                 scores = rewards[name](images, prompts)
@@ -162,7 +162,7 @@ def build_rewards(args: argparse.Namespace) -> tuple[dict[str, Reward], dict[str
     remote = [s.name for s in specs if s.url is not None]
     if remote:
         raise RewardSpecError(f"a reward server serves local rewards only; got {remote}")
-    device = platform.get_device(args.device_index, "cpu" if args.device == "cpu" else None)
+    device = devices.get_device(args.device_index, "cpu" if args.device == "cpu" else None)
     per = {
         "hpsv2": {"hps_ckpt_dir": args.hps_ckpt_dir, "model_name": args.hps_model_name},
         "pickscore": {"pickscore_dir": args.pickscore_dir, "processor_dir": args.pickscore_processor_dir},

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.config import TrainConfig
 from fastvideo.models import sharded_load
 
@@ -43,7 +43,7 @@ def _load_transformer(cfg: TrainConfig, device: torch.device, dtype: torch.dtype
         family.check_folder(root, family.training_components)
     # LoRA adds adapters that are not in the files, and its base is cast before wrapping: it keeps
     # the plain load (its frozen base is what it saves memory on).
-    if sharded_load.uses_sharded_load(cfg.fsdp_strategy, platform.world_size()) and not cfg.lora.enabled:
+    if sharded_load.uses_sharded_load(cfg.fsdp_strategy, devices.world_size()) and not cfg.lora.enabled:
         # FSDP: built on meta, each unit read from the files onto the device as it is sharded.
         init_device = torch.device("cpu") if cfg.cpu_offload else device
         model, loader = sharded_load.meta_transformer(root, sub, dtype, init_device, family)
@@ -117,7 +117,7 @@ def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.d
     dtype = torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
     ref, loader = _load_transformer(cfg, device, dtype, family)
     ref.requires_grad_(False).eval()
-    if cfg.fsdp_strategy != "none" and platform.world_size() > 1:
+    if cfg.fsdp_strategy != "none" and devices.world_size() > 1:
         ref = wrap_model(ref, strategy=cfg.fsdp_strategy, device=device, cpu_offload=cfg.cpu_offload,
                          block_classes=family.block_classes(), param_init_fn=loader)
     if loader is not None:
@@ -148,7 +148,7 @@ def vae_dtype_for(precision: str, device: torch.device) -> torch.dtype:
     """--vae_precision -> the VAE weights' dtype. auto keeps bf16 to accelerators; on CPU fp32 is
     the exact reference (bf16 is faster on CPUs with AMX, see bench/decode.py, but changes pixels)."""
     if precision == "auto":
-        return torch.bfloat16 if platform.is_accelerator(device) else torch.float32
+        return torch.bfloat16 if devices.is_accelerator(device) else torch.float32
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
 
 
@@ -232,11 +232,11 @@ def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, dims=None):
     # The fused AdamW kernel (one kernel for all state updates) where torch has it: on CPU it cut the
     # time outside model compute of a small-preset iteration from 13.1% to 7.7% (bench/iteration.py,
     # docs/performance.md). Elsewhere the multi-tensor (foreach) path.
-    fused = platform.fused_adamw_supported(next(iter(params)).device)
+    fused = devices.fused_adamw_supported(next(iter(params)).device)
     optimizer = torch.optim.AdamW(params, lr=o.learning_rate, betas=(0.9, 0.999), weight_decay=o.weight_decay,
                                   eps=1e-8, fused=fused or None, foreach=None if fused else True)
     # Iterations x optimizer steps per iteration is what the schedule counts.
-    steps_per_iteration = cfg.derived(dims.dp_size if dims is not None else platform.world_size())[
+    steps_per_iteration = cfg.derived(dims.dp_size if dims is not None else devices.world_size())[
         "optimizer_steps_per_iteration"]
     scheduler = get_scheduler(
         o.lr_scheduler, optimizer=optimizer, num_warmup_steps=o.lr_warmup_steps,
@@ -253,7 +253,7 @@ def build_ema(cfg: TrainConfig, model: torch.nn.Module):
     return EMA(model, decay=cfg.optim.ema_decay)
 
 
-def build_randomness(cfg: TrainConfig, info: platform.DistInfo, kind: str = "train"):
+def build_randomness(cfg: TrainConfig, info: devices.DistInfo, kind: str = "train"):
     from fastvideo.sampling.randomness import RandomSource
 
     source = RandomSource(cfg.optim.seed if kind == "train" else cfg.optim.sampler_seed)

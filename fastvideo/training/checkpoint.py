@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.distributed import fsdp
 from fastvideo.training.state_io import (  # noqa: F401  (re-exported: part of this module's API)
     FORMAT_VERSION,
@@ -85,7 +85,7 @@ from fastvideo.training.checkpoint_files import (  # noqa: F401  (re-exported: p
 
 # ======================================================================== collectives for control
 def _broadcast_from_rank0(value):
-    if platform.world_size() == 1:
+    if devices.world_size() == 1:
         return value
     box = [value]
     dist.broadcast_object_list(box, src=0)
@@ -93,15 +93,15 @@ def _broadcast_from_rank0(value):
 
 
 def _describe(error: BaseException | None) -> str | None:
-    return None if error is None else f"rank {platform.rank()}: {type(error).__name__}: {error}"
+    return None if error is None else f"rank {devices.rank()}: {type(error).__name__}: {error}"
 
 
 def _first_error(local: BaseException | None) -> str | None:
     """Every rank learns whether any rank failed (so no rank waits forever in a collective)."""
     message = _describe(local)
-    if platform.world_size() == 1:
+    if devices.world_size() == 1:
         return message
-    messages = [None] * platform.world_size()
+    messages = [None] * devices.world_size()
     dist.all_gather_object(messages, message)
     return next((m for m in messages if m is not None), None)
 
@@ -230,7 +230,7 @@ def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimize
             w.tree("scheduler", lr_scheduler.state_dict())
         w.tree("extra_state", dict(extra_state or {}))
         w.json("meta.json", {"format_version": FORMAT_VERSION, "iteration": iteration,
-                             "world_size": platform.world_size(), "torch": torch.__version__,
+                             "world_size": devices.world_size(), "torch": torch.__version__,
                              "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
@@ -252,7 +252,7 @@ def save_checkpoint(
     once (from rank 0); ``rank_state`` once per rank. Both must be pickle-free trees (encode_tree).
     On failure nothing is published, the temporary folder is removed and every rank raises."""
     output_dir = Path(output_dir)
-    is_main = platform.rank() == 0
+    is_main = devices.rank() == 0
     final = checkpoint_dir(output_dir, iteration)
     w = _Writer()
     if is_main:
@@ -262,7 +262,7 @@ def save_checkpoint(
                       trainable_only)
     if rank_state is not None and w.folder is not None:
         w.run(lambda: (w.folder / "rank_state").mkdir(exist_ok=True))
-        w.tree(f"rank_state/rank-{platform.rank():05d}", rank_state)
+        w.tree(f"rank_state/rank-{devices.rank():05d}", rank_state)
 
     failure = _first_error(w.error)  # also a barrier: every rank has written its files
     if failure is None:
@@ -275,7 +275,7 @@ def save_checkpoint(
     if failure is not None:
         if is_main and w.folder is not None:
             shutil.rmtree(w.folder, ignore_errors=True)
-        platform.barrier()  # every rank knows of the failure; return only once the folder is gone
+        devices.barrier()  # every rank knows of the failure; return only once the folder is gone
         if w.error is not None:
             raise w.error
         raise CheckpointError(f"saving {final} failed ({failure}); nothing was published")
@@ -284,7 +284,7 @@ def save_checkpoint(
             prune_checkpoints(output_dir, keep_last)
         except OSError as exc:  # the new checkpoint is safe; an old one lingering is not fatal
             warnings.warn(f"could not delete old checkpoints in {output_dir}: {exc}", stacklevel=2)
-    platform.barrier()
+    devices.barrier()
     return final
 
 
@@ -303,7 +303,7 @@ def _rank0_then_share(fn: Callable[[], Any]) -> Any:
     problem, every rank raises (rank 0 the original error, the others its message) instead of the
     other ranks waiting forever in the next collective."""
     value, problem = None, None
-    if platform.rank() == 0:
+    if devices.rank() == 0:
         try:
             value = fn()
         except (CheckpointError, ValueError) as exc:
@@ -368,7 +368,7 @@ def load_checkpoint(
     optimizer and EMA files and the wrapper distributes them, so it works for any world size.
     trainable_only: a LoRA checkpoint (lora.safetensors); the frozen base is left as built."""
     path = Path(path)
-    is_main = platform.rank() == 0
+    is_main = devices.rank() == 0
     _rank0_then_share(lambda: _check_loadable(path, optimizer, lr_scheduler, ema, trainable_only))
     weights = path / (LORA_FILE if trainable_only else MODEL_FILE)
     fsdp.load_full_model_state_dict(model, _read_tensors(weights) if is_main else {}, strict=not trainable_only)
@@ -389,14 +389,14 @@ def _load_rank_state(path: Path, meta: dict) -> dict | None:
     folder = path / "rank_state"
     if not folder.is_dir():
         return None
-    if int(meta.get("world_size", -1)) != platform.world_size():
+    if int(meta.get("world_size", -1)) != devices.world_size():
         warnings.warn(
-            f"{path} was saved by {meta.get('world_size')} ranks and is loaded by {platform.world_size()}: "
+            f"{path} was saved by {meta.get('world_size')} ranks and is loaded by {devices.world_size()}: "
             "per-rank state is not restored",
             stacklevel=3,
         )
         return None
-    return load_tree(folder, f"rank-{platform.rank():05d}")
+    return load_tree(folder, f"rank-{devices.rank():05d}")
 
 
 def read_resume_point(spec: str | os.PathLike, output_dir: str | os.PathLike) -> tuple[str, dict]:

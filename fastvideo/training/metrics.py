@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 
 
 class PhaseTimer:
@@ -21,12 +21,12 @@ class PhaseTimer:
 
     @contextmanager
     def phase(self, name: str):
-        platform.synchronize(self.device)
+        devices.synchronize(self.device)
         start = time.perf_counter()
         try:
             yield
         finally:
-            platform.synchronize(self.device)
+            devices.synchronize(self.device)
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
     def reset(self) -> None:
@@ -46,7 +46,7 @@ def reduce_scalars(values: dict[str, float | torch.Tensor], device: torch.device
         return {}
     keys = sorted(values)
     packed = torch.stack([torch.as_tensor(values[k]).to(torch.float32).reshape(()) for k in keys]).to(device)
-    reducer = dims if dims is not None else platform
+    reducer = dims if dims is not None else devices
     if op == "mean":
         reducer.all_reduce_mean(packed)
     elif op == "max":

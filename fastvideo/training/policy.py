@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 
 
 class Policy:
@@ -27,7 +27,7 @@ class Policy:
 
     def _velocity(self, model, traj, rows: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         cond = traj.cond.select(rows)
-        with platform.autocast(self.device, self.autocast_dtype, enabled=self.autocast_dtype is not None):
+        with devices.autocast(self.device, self.autocast_dtype, enabled=self.autocast_dtype is not None):
             return self.family.velocity(model, x, sigma, cond, traj.layout)
 
     def velocity(self, traj, rows: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.rewards.combine import MultiReward
 from fastvideo.sampling.rollout import RolloutConfig, decode_images
 from fastvideo.training.metrics import PhaseTimer
@@ -71,9 +71,9 @@ class ChunkScorer:
         self._futures: list[Future] = []
 
     def _bind_worker(self) -> None:
-        platform.set_device(self.device)
-        self.stream = platform.new_stream(self.device)
-        if not platform.is_accelerator(self.device):
+        devices.set_device(self.device)
+        self.stream = devices.new_stream(self.device)
+        if not devices.is_accelerator(self.device):
             # Sampling runs on this CPU too. Intra-op threads are per calling thread: a worker with
             # the default team made every later op of the main thread ~30% slower (measured with a
             # 512x512 matmul loop), one thread here does not.
@@ -90,7 +90,7 @@ class ChunkScorer:
         """Decode rows of the batch (x0 [b, L, C]) now and queue their scoring on the worker."""
         with self.timer.phase("decode"):
             images = decode_images(self.vae, x0, self.rollout_cfg, self.device, self.autocast_dtype, family=self.family)
-        ready = platform.record_event(self.device)
+        ready = devices.record_event(self.device)
         self._images.append(images)
         self._futures.append(self.pool.submit(self._score, images, self._captions[rows], ready))
 
@@ -100,7 +100,7 @@ class ChunkScorer:
             # The images were allocated on the main stream; tell the caching allocator they are
             # also used here so their memory is not handed out again too early.
             images.record_stream(self.stream)
-        with platform.on_stream(self.device, self.stream, after=ready):
+        with devices.on_stream(self.device, self.stream, after=ready):
             raw = self.reward.score_raw(images, captions)  # CPU tensors: waits for its own work
         return raw, time.perf_counter() - start
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.errors import ConfigError
 from fastvideo.grpo.advantages import zero_std_ratio
 from fastvideo.sampling.rollout import RolloutConfig
@@ -59,8 +59,8 @@ def build_parts(trainer) -> None:
     cfg, info, device = trainer.cfg, trainer.info, trainer.device
     check_batch_layout(cfg, trainer.dims)
     trainer.resume_path = check_resume(cfg, info.world_size)  # before any model loads: a refused resume costs nothing
-    platform.set_fast_matmul(device, cfg.model.allow_tf32)
-    platform.seed_everything(cfg.optim.seed)
+    devices.set_fast_matmul(device, cfg.model.allow_tf32)
+    devices.seed_everything(cfg.optim.seed)
     builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
     trainer.dataset = builders.build_dataset(cfg, trainer.family)
     trainer.transformer_config, trainer.model, trainer.vae = builders.build_models(cfg, device, trainer.family)

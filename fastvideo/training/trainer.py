@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.algorithms.base import ObjectiveContext, RewardResult
 from fastvideo.algorithms.registry import resolve_objective
 from fastvideo.distributed.parallel import ParallelDims
@@ -33,7 +33,7 @@ __all__ = ["Trainer", "GRPOTrainer", "NonFiniteError", "RewardResult", "UpdateSt
 
 
 class Trainer:
-    def __init__(self, cfg, info: platform.DistInfo, dims: ParallelDims | None = None):
+    def __init__(self, cfg, info: devices.DistInfo, dims: ParallelDims | None = None):
         self.cfg = cfg
         self.info = info
         self.dims = dims or ParallelDims.build(info.world_size, info.rank, cfg.fsdp_strategy)
@@ -182,7 +182,7 @@ class Trainer:
     def run_iteration(self) -> dict:
         iteration = self.iteration + 1
         self.timer.reset()
-        platform.reset_peak_memory(self.device)
+        devices.reset_peak_memory(self.device)
         t0 = time.perf_counter()
         traj, rewards = self._sample_and_score(iteration, self.sampler.next_batch())
         with self.timer.phase("reward"):
@@ -214,7 +214,7 @@ class Trainer:
                                 **{f"time_{k}": v for k, v in self.timer.seconds.items()}},
                                self.device, "mean", self.dims)
         maxes = reduce_scalars({**stats.maxes, "time_iteration": seconds,
-                                "peak_memory_gb": platform.peak_memory_bytes(self.device) / 2**30,
+                                "peak_memory_gb": devices.peak_memory_bytes(self.device) / 2**30,
                                 "skipped_steps": stats.skipped_steps}, self.device, "max", self.dims)
         record.update(means)
         record.update(maxes)

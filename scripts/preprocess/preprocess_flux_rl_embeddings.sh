@@ -38,7 +38,7 @@ if [ -z "$NPROC" ]; then
   else
     NPROC=$("$PYTHON" -c "
 import torch
-from fastvideo.platform import import_torch_npu
+from fastvideo.devices import import_torch_npu
 import_torch_npu()
 print(getattr(torch, '$FASTVIDEO_DEVICE').device_count())")
   fi

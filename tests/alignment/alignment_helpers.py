@@ -10,7 +10,7 @@ import torch
 
 from fastvideo.alignment.recorder import RunRecorder
 from fastvideo.models.base import LatentLayout, TensorConditioning
-from fastvideo.platform import DistInfo
+from fastvideo.devices import DistInfo
 from fastvideo.sampling.rollout import Trajectory
 
 G = 2  # generations per prompt

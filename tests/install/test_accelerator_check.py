@@ -26,14 +26,14 @@ def test_accelerator_check_runs_on_cpu(tmp_path):
                                    text=True).strip()
     Path(site, "box.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH"))}
-    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", FASTVIDEO_DEVICE="cpu", ACCEL_TESTS="tests/test_platform.py")
+    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", FASTVIDEO_DEVICE="cpu", ACCEL_TESTS="tests/test_devices.py")
     out = tmp_path / "out"
     r = subprocess.run(["bash", str(ROOT / "bench/accelerator_check.sh"), str(wheelhouse), str(out)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=900)
     summary = (out / "summary.txt").read_text() if (out / "summary.txt").exists() else ""
     assert r.returncode == 0, summary + r.stderr[-2000:]
     assert "install: ok" in summary
-    assert "tests (tests/test_platform.py): rc=0" in summary
+    assert "tests (tests/test_devices.py): rc=0" in summary
     assert "alignment cpu vs cpu: ALIGNED" in summary and (out / "alignment" / "report.md").is_file()
     # Same device, same draws: the first update sees exactly the rollout's log-probs.
     assert float((out / "first_ratio_dev.txt").read_text()) < 1e-5

@@ -1,7 +1,7 @@
 """NPU kernels for FLUX, tested on CPU against diffusers 0.32.0 itself.
 
 No NPU here: the ``fake_npu`` fixture puts the stand-in ``torch_npu`` (tests/npu_stub.py) in
-``sys.modules`` and makes ``platform.is_npu`` answer True, so CPU tensors take the NPU paths. The
+``sys.modules`` and makes ``devices.is_npu`` answer True, so CPU tensors take the NPU paths. The
 stand-in computes the reference function and rejects calls the real kernels reject (mixed dtypes,
 fp32 attention), and counts calls to prove the fused paths ran.
 """
@@ -19,7 +19,7 @@ from diffusers.models.attention_processor import FluxAttnProcessor2_0
 from diffusers.models.embeddings import FluxPosEmbed
 from diffusers.models.normalization import RMSNorm
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.models import npu_ops
 
 
@@ -230,7 +230,7 @@ def test_pos_embed_uses_float32_on_npu_only(fake_npu, monkeypatch):
     on_npu = embed(ids)
     for got, want in zip(on_npu, npu_ops.flux_rope(ids, [16, 56, 56], 10000, torch.float32)):
         assert torch.equal(got, want)
-    monkeypatch.setattr(platform, "is_npu", lambda device=None: torch.device(device).type == "npu")
+    monkeypatch.setattr(devices, "is_npu", lambda device=None: torch.device(device).type == "npu")
     for got, want in zip(embed(ids), FluxPosEmbed(10000, [16, 56, 56])(ids)):
         assert torch.equal(got, want)
 

@@ -73,10 +73,10 @@ def read_metrics(out_dir) -> list[dict]:
 
 def single_process_trainer(argv: list[str], monkeypatch):
     """A set-up trainer with its hooks in this process (one CPU rank, no torchrun environment)."""
-    from fastvideo import platform
+    from fastvideo import devices
     from fastvideo.config import parse_config
     from fastvideo.train_grpo_flux import build_trainer
 
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
-    return build_trainer(parse_config(argv), platform.init_distributed())
+    return build_trainer(parse_config(argv), devices.init_distributed())

@@ -14,7 +14,7 @@ import pytest
 import torch
 from dist_utils import run_distributed, tiny_inputs, tiny_transformer
 
-from fastvideo import platform
+from fastvideo import devices
 from fastvideo.distributed import fsdp
 from fastvideo.training import checkpoint
 from fastvideo.training.checkpoint import (
@@ -141,7 +141,7 @@ def _round_trip(info, out_dir: str, strategy: str):
 
 
 def test_round_trip_single_process(tmp_path):
-    info = platform.DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    info = devices.DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     saved = _round_trip(info, str(tmp_path), "full")
     assert find_latest(tmp_path) == tmp_path / "checkpoint-2"
     assert set(saved["model"]) == set(tiny_transformer().state_dict())

@@ -124,12 +124,12 @@ def test_reward_precision_maps_to_autocast_dtypes():
 def test_reward_autocast_is_float16_on_an_accelerator(monkeypatch):
     import torch
 
-    from fastvideo import platform
+    from fastvideo import devices
     from fastvideo.rewards.compressibility import JpegCompressibilityReward as CompressibilityReward
 
     seen = []
-    monkeypatch.setattr(platform, "is_accelerator", lambda device: True)
-    monkeypatch.setattr(platform, "autocast", lambda device, dtype=None, enabled=True: seen.append(dtype))
+    monkeypatch.setattr(devices, "is_accelerator", lambda device: True)
+    monkeypatch.setattr(devices, "autocast", lambda device, dtype=None, enabled=True: seen.append(dtype))
     r = CompressibilityReward(device="cpu")
     assert r.compute_dtype is torch.float16
     r.autocast()

@@ -72,10 +72,10 @@ def check_flux_folder(path: str | Path, components: tuple[str, ...] | None = Non
 
 def adapt_for_device(transformer, device) -> None:
     """Apply the device-specific kernels (today: NPU only; nothing elsewhere) before wrapping."""
-    from fastvideo import platform
+    from fastvideo import devices
 
-    if platform.is_npu(device):
-        # Imported lazily: npu_ops is the one module besides platform allowed to name the NPU stack.
+    if devices.is_npu(device):
+        # Imported lazily: npu_ops is the one module besides fastvideo.devices allowed to name the NPU stack.
         from fastvideo.models import npu_ops
 
         npu_ops.maybe_adapt_for_npu(transformer, device)

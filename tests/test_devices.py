@@ -2,68 +2,68 @@
 import pytest
 import torch
 
-from fastvideo import platform
+from fastvideo import devices
 
 
 def test_cpu_detected_without_accelerators(monkeypatch):
-    monkeypatch.delenv(platform.ENV_DEVICE, raising=False)
-    if torch.cuda.is_available() or platform.npu_available():
+    monkeypatch.delenv(devices.ENV_DEVICE, raising=False)
+    if torch.cuda.is_available() or devices.npu_available():
         pytest.skip("machine has an accelerator")
-    assert platform.device_type() == "cpu"
-    assert platform.dist_backend() == "gloo"
+    assert devices.device_type() == "cpu"
+    assert devices.dist_backend() == "gloo"
 
 
 def test_override_and_bad_override(monkeypatch):
-    monkeypatch.setenv(platform.ENV_DEVICE, "cpu")
-    assert platform.device_type() == "cpu"
-    monkeypatch.setenv(platform.ENV_DEVICE, "tpu")
+    monkeypatch.setenv(devices.ENV_DEVICE, "cpu")
+    assert devices.device_type() == "cpu"
+    monkeypatch.setenv(devices.ENV_DEVICE, "tpu")
     with pytest.raises(ValueError, match="npu, cuda, cpu"):
-        platform.device_type()
+        devices.device_type()
     if not torch.cuda.is_available():
-        monkeypatch.setenv(platform.ENV_DEVICE, "cuda")
+        monkeypatch.setenv(devices.ENV_DEVICE, "cuda")
         with pytest.raises(RuntimeError, match="is_available"):
-            platform.device_type()
-    monkeypatch.setenv(platform.ENV_DEVICE, "npu")
-    if not platform.npu_available():
+            devices.device_type()
+    monkeypatch.setenv(devices.ENV_DEVICE, "npu")
+    if not devices.npu_available():
         with pytest.raises(RuntimeError, match="env_setup.sh --target npu"):
-            platform.device_type()
+            devices.device_type()
 
 
 def test_backends_per_device():
-    assert [platform.dist_backend(d) for d in ("npu", "cuda", "cpu")] == ["hccl", "nccl", "gloo"]
+    assert [devices.dist_backend(d) for d in ("npu", "cuda", "cpu")] == ["hccl", "nccl", "gloo"]
 
 
 def test_single_process_init(monkeypatch):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv(platform.ENV_DEVICE, "cpu")
-    info = platform.init_distributed()
+    monkeypatch.setenv(devices.ENV_DEVICE, "cpu")
+    info = devices.init_distributed()
     assert (info.rank, info.local_rank, info.world_size, info.device.type) == (0, 0, 1, "cpu")
     assert info.is_main
     t = torch.tensor([3.0])
-    assert platform.all_reduce_mean(t).item() == 3.0
+    assert devices.all_reduce_mean(t).item() == 3.0
 
 
 def test_autocast_cpu_bf16_and_fp32_noop():
     a = torch.randn(4, 4)
-    with platform.autocast("cpu", torch.bfloat16):
+    with devices.autocast("cpu", torch.bfloat16):
         assert (a @ a).dtype == torch.bfloat16
-    with platform.autocast("cpu", torch.float32):
+    with devices.autocast("cpu", torch.float32):
         assert (a @ a).dtype == torch.float32
 
 
 def test_peak_memory_and_seed():
-    assert platform.peak_memory_bytes("cpu") > 10 * 2**20
-    platform.seed_everything(3)
+    assert devices.peak_memory_bytes("cpu") > 10 * 2**20
+    devices.seed_everything(3)
     x = torch.rand(3)
-    platform.seed_everything(3)
+    devices.seed_everything(3)
     assert torch.equal(x, torch.rand(3))
 
 
 def test_side_stream_helpers_are_no_ops_on_cpu():
-    assert platform.record_event("cpu") is None
-    assert platform.new_stream("cpu") is None
-    with platform.on_stream("cpu", None, after=None):
+    assert devices.record_event("cpu") is None
+    assert devices.new_stream("cpu") is None
+    with devices.on_stream("cpu", None, after=None):
         pass
 
 
@@ -99,11 +99,11 @@ def test_on_stream_waits_for_the_event_then_switches_stream(monkeypatch):
 
             return ctx()
 
-    monkeypatch.setattr(platform, "_device_module", lambda dtype: FakeModule)
+    monkeypatch.setattr(devices, "_device_module", lambda dtype: FakeModule)
     dev = torch.device("cuda", 3)  # constructible without CUDA; the module is the stand-in
-    event = platform.record_event(dev)
-    stream = platform.new_stream(dev)
-    with platform.on_stream(dev, stream, after=event):
+    event = devices.record_event(dev)
+    stream = devices.new_stream(dev)
+    with devices.on_stream(dev, stream, after=event):
         calls.append("work")
     assert calls == ["record", ("stream", "cuda:3"), ("wait", "FakeEvent"), "enter", "work", "exit"]
 
@@ -119,9 +119,9 @@ def test_fast_matmul_switches_matmul_and_conv_on_npu(monkeypatch, allow):
     stub = npu_stub.make_module()
     assert stub.npu.matmul.allow_hf32 is False and stub.npu.conv.allow_hf32 is True  # 2.7.1 defaults
     monkeypatch.setitem(sys.modules, "torch_npu", stub)
-    monkeypatch.setattr(platform, "_torch_npu", None)
-    monkeypatch.setattr(platform, "_torch_npu_checked", False)
-    platform.set_fast_matmul("npu", allow)
+    monkeypatch.setattr(devices, "_torch_npu", None)
+    monkeypatch.setattr(devices, "_torch_npu_checked", False)
+    devices.set_fast_matmul("npu", allow)
     assert stub.npu.matmul.allow_hf32 is allow and stub.npu.conv.allow_hf32 is allow
 
 
@@ -130,9 +130,9 @@ def test_fast_matmul_switches_cuda_tf32_both_ways():
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     try:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        platform.set_fast_matmul(torch.device("cuda", 0), False)
+        devices.set_fast_matmul(torch.device("cuda", 0), False)
         assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
-        platform.set_fast_matmul("cuda", True)
+        devices.set_fast_matmul("cuda", True)
         assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
@@ -140,7 +140,7 @@ def test_fast_matmul_switches_cuda_tf32_both_ways():
 
 @pytest.mark.parametrize("value,ids", [("0", [0]), ("0,1,2,3", [0, 1, 2, 3]), ("2,5,7", [2, 5, 7])])
 def test_visible_npus_parsed(value, ids):
-    assert platform.parse_visible_npus(value) == ids
+    assert devices.parse_visible_npus(value) == ids
 
 
 @pytest.mark.parametrize("value,match", [
@@ -149,21 +149,21 @@ def test_visible_npus_parsed(value, ids):
 ])
 def test_visible_npus_refused(value, match):
     with pytest.raises(ValueError, match=match):
-        platform.parse_visible_npus(value)
+        devices.parse_visible_npus(value)
 
 
 def test_npu_launch_problems():
-    ok = platform.npu_launch_problems(16, 16, ",".join(map(str, range(16))), 16)
+    ok = devices.npu_launch_problems(16, 16, ",".join(map(str, range(16))), 16)
     assert ok == []
-    assert platform.npu_launch_problems(8, 8, None, 16) == []
+    assert devices.npu_launch_problems(8, 8, None, 16) == []
     for bad in (3, 5, 6, 7):
-        (msg,) = platform.npu_launch_problems(bad, bad, None, 16)
+        (msg,) = devices.npu_launch_problems(bad, bad, None, 16)
         assert f"world size {bad}" in msg and "all_gather_into_tensor" in msg
-    (msg,) = platform.npu_launch_problems(8, 8, "0,1,2,3", 16)
+    (msg,) = devices.npu_launch_problems(8, 8, "0,1,2,3", 16)
     assert "8 processes on this node but only 4 NPU dies visible" in msg
-    (msg,) = platform.npu_launch_problems(4, 4, None, 2)
+    (msg,) = devices.npu_launch_problems(4, 4, None, 2)
     assert "only 2 NPU dies visible" in msg
-    msgs = platform.npu_launch_problems(6, 6, "0-15", 16)
+    msgs = devices.npu_launch_problems(6, 6, "0-15", 16)
     assert len(msgs) == 2 and "world size 6" in msgs[0] and "one by one" in msgs[1]
 
 
@@ -171,11 +171,11 @@ def test_init_distributed_refuses_a_bad_npu_launch(monkeypatch):
     """Checked in init_distributed, before the process group (and so before any model)."""
     import types
 
-    monkeypatch.setattr(platform, "device_type", lambda: "npu")
+    monkeypatch.setattr(devices, "device_type", lambda: "npu")
     monkeypatch.setattr(torch, "npu", types.SimpleNamespace(device_count=lambda: 16), raising=False)
     monkeypatch.setenv("WORLD_SIZE", "6")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "6")
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0-15")
     with pytest.raises(ValueError, match="cannot start on NPU") as err:
-        platform.init_distributed()
+        devices.init_distributed()
     assert "world size 6" in str(err.value) and "ASCEND_RT_VISIBLE_DEVICES=0,1,2" in str(err.value)
