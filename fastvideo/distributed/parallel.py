@@ -86,6 +86,13 @@ class ParallelDims:
             t.div_(self.dp_size)
         return t
 
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.dp_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.dp_group)
+        return t
+
     def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
         if self.dp_size > 1:
             import torch.distributed as dist

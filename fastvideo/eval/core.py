@@ -99,16 +99,11 @@ def sample_images(model, vae, prompts: EvalPrompts, items: list[tuple[int, int]]
         return family.decode(vae, x0, layout).float().clamp(0, 1)
 
 
-def _all_gather_stack(t: torch.Tensor, device) -> torch.Tensor:
-    """[...] on every rank -> [W, ...] (rank order); [1, ...] on one process."""
-    if devices.world_size() == 1:
+def _all_gather_stack(t: torch.Tensor, device, dims) -> torch.Tensor:
+    """[...] on every data-parallel rank -> [W, ...] (dp-rank order); [1, ...] on one process."""
+    if dims.dp_size == 1:
         return t.unsqueeze(0)
-    import torch.distributed as dist
-
-    t = t.to(device)
-    parts = [torch.empty_like(t) for _ in range(devices.world_size())]
-    dist.all_gather(parts, t.contiguous())
-    return torch.stack(parts).cpu()
+    return dims.gather_dp(t.to(device).unsqueeze(0)).cpu()
 
 
 def score_images(rewards: Mapping[str, object], images: torch.Tensor, captions: list[str]) -> torch.Tensor:
@@ -118,10 +113,14 @@ def score_images(rewards: Mapping[str, object], images: torch.Tensor, captions: 
 
 def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], randomness: RandomSource,
              s: SampleSettings, device, autocast_dtype=None, grid_prompts: int = 8, progress: bool = False,
-             family=None) -> EvalResult:
-    """Collective: every rank calls it with the same arguments; all get the same EvalResult."""
+             family=None, dims=None) -> EvalResult:
+    """Collective: every rank calls it with the same arguments; all get the same EvalResult. The
+    batches are shared out over the data-parallel ranks of ``dims`` (default: the whole world)."""
+    from fastvideo.distributed.parallel import ParallelDims
+
     t0 = time.perf_counter()
-    world, rank = devices.world_size(), devices.rank()
+    dims = dims if dims is not None else ParallelDims.build(devices.world_size(), devices.rank())
+    world, rank = dims.dp_size, dims.dp_rank
     K, P, B = s.num_images_per_prompt, len(prompts), s.batch_size
     items = [(p, k) for p in range(P) for k in range(K)]
     batches = batch_grid(len(items), B)
@@ -142,11 +141,11 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
         for row, (p, k) in enumerate(batch_items):
             if k == 0 and p < g:
                 grid[p] = images[row].cpu()
-    gathered = _all_gather_stack(local, device)  # [W, rounds, B, R]
+    gathered = _all_gather_stack(local, device, dims)  # [W, rounds, B, R]
     flat = torch.cat([gathered[j % world, j // world, :len(b)] for j, b in enumerate(batches)])  # [P*K, R]
     if world > 1:
         grid = grid.to(device)
-        devices.all_reduce_sum(grid)  # each grid image was filled on exactly one rank
+        dims.all_reduce_sum(grid)  # each grid image was filled on exactly one rank
         grid = grid.cpu()
     scores = {n: flat[:, i].reshape(P, K) for i, n in enumerate(rewards)}
     return EvalResult(list(prompts.captions), scores, grid, time.perf_counter() - t0)

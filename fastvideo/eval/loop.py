@@ -114,7 +114,7 @@ class TrainingEvaluation(TrainerHook):
         trainer.model.eval()
         result = evaluate(trainer.model, trainer.vae, self.prompts, self.rewards, trainer.randomness, self.sample,
                           trainer.device, trainer.autocast_dtype, self.s.grid_prompts, progress=True,
-                          family=self.family)
+                          family=self.family, dims=trainer.dims)
         it = trainer.iteration
         trained = sum(w * result.scores[n].mean().item() for n, w in self.s.trained)
         guard_name = self.s.guard.reward if self.s.guard else None
@@ -177,7 +177,7 @@ class TrainingEvaluation(TrainerHook):
 
     def _share_guard_state(self, trainer) -> None:
         """On resume rank 0 read eval.jsonl; every rank needs the same guard state."""
-        if devices.world_size() == 1:
+        if trainer.dims.world_size == 1:
             return
         import torch.distributed as dist
 
