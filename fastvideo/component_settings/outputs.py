@@ -38,6 +38,7 @@ class OutputSettings(Settings):
     dump_randomness: str | None
     load_randomness: str | None
     probe_layers: list[str] | None
+    log_every: int = 1
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -53,6 +54,9 @@ class OutputSettings(Settings):
                        help="save rollout images every N iterations (0: never)")
         g.add_argument("--report_to", type=str, default="none", choices=["none", "wandb"],
                        help="also log metrics to wandb (metrics.jsonl is always written)")
+        g.add_argument("--log_every", type=int, default=1,
+                       help="print one text line of metrics (reward, loss, grad norm, KL, clip fraction, "
+                            "s/iteration, ETA) every N iterations on rank 0, for batch-job logs (0: never)")
         g = flag_group(parser, "alignment")
         g.add_argument("--record_dir", type=str, default=None, help="record a run for compare_runs")
         g.add_argument("--record_tensors", action="store_true",
@@ -83,6 +87,7 @@ class OutputSettings(Settings):
             dump_randomness=args.dump_randomness,
             load_randomness=args.load_randomness,
             probe_layers=_probe_kinds(args.probe_layers),
+            log_every=args.log_every,
         ).checked()
 
     @classmethod
@@ -97,6 +102,8 @@ class OutputSettings(Settings):
             raise ConfigError("--dump_randomness and --load_randomness cannot be used together")
         if self.checkpoints_total_limit < 1:
             raise ConfigError("--checkpoints_total_limit must be at least 1")
+        if self.log_every < 0:
+            raise ConfigError(f"--log_every {self.log_every} must be >= 0 (0: no text lines)")
         if self.record_tensors and not self.record_dir:
             raise ConfigError("--record_tensors needs --record_dir")
         if self.probe_layers and not self.record_dir:

@@ -92,6 +92,55 @@ class ImageSaverHook(TrainerHook):
                          trainer.info.rank, traj.captions)
 
 
+class LogLineHook(TrainerHook):
+    """One plain text line of an iteration's metrics every ``every`` iterations (rank 0): what a
+    batch job's log shows, where a progress bar cannot redraw."""
+
+    def __init__(self, every: int, max_iterations: int):
+        self.every, self.max_iterations = every, max_iterations
+        self.start: tuple[float, int] | None = None
+
+    def on_train_start(self, trainer) -> None:
+        import time
+
+        self.start = (time.perf_counter(), trainer.iteration)
+
+    def on_iteration_end(self, trainer, result: IterationResult) -> None:
+        if self.every <= 0 or result.iteration % self.every or not trainer.info.is_main:
+            return
+        from fastvideo.utils import main_print
+
+        main_print(format_log_line(result.record, self.max_iterations, self._seconds_per_iteration(result)))
+
+    def _seconds_per_iteration(self, result: IterationResult) -> float:
+        import time
+
+        if self.start is None:
+            return float(result.record.get("time_iteration", float("nan")))
+        t0, first = self.start
+        return (time.perf_counter() - t0) / max(1, result.iteration - first)
+
+
+def format_log_line(record: dict, max_iterations: int, seconds_per_iteration: float) -> str:
+    """``[it 12/40] reward -3.84 +- 0.09 | loss -2.0e-04 | grad_norm 0.41 | ... | 0.52 s/it | ETA 15 s``."""
+    it = record["iteration"]
+    parts = [f"[it {it}/{max_iterations}] reward {record['reward_mean']:.4g} +- {record['reward_std']:.3g}",
+             f"loss {record['loss']:.3g}", f"grad_norm {record['grad_norm']:.3g}"]
+    for key, label in (("kl", "kl"), ("clip_fraction", "clip"), ("skipped_steps", "skipped")):
+        if key in record and (key != "skipped_steps" or record[key]):
+            parts.append(f"{label} {record[key]:.3g}")
+    eta = seconds_per_iteration * max(0, max_iterations - it)
+    parts.append(f"{seconds_per_iteration:.2f} s/it | ETA {_duration(eta)}")
+    return " | ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    if seconds != seconds:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s} s")
+
+
 class RewardCurveHook(TrainerHook):
     """OUTPUT_DIR/reward_curve.png redrawn at every checkpoint (rank 0)."""
 

@@ -8,6 +8,7 @@ registers (fastvideo.training.hooks).
 
 from __future__ import annotations
 
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -234,8 +235,10 @@ class Trainer:
 
         cfg = self.cfg
         records = []
+        # A progress bar only on a terminal: in a batch job's log its redraws are noise (LogLineHook
+        # prints plain lines there).
         bar = tqdm(total=cfg.optim.max_train_steps, initial=self.iteration, desc="GRPO", unit="it",
-                   disable=not self.info.is_main, dynamic_ncols=True)
+                   disable=not (self.info.is_main and sys.stderr.isatty()), dynamic_ncols=True)
         for hook in self.hooks:
             hook.on_train_start(self)
         while self.iteration < cfg.optim.max_train_steps:
