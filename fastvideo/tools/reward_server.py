@@ -45,7 +45,7 @@ from fastvideo.tools.reward_server_guard import (TOKEN_ENV, BodyError, GuardMidd
 from fastvideo.utils import require
 
 SERVER_VERSION = 1
-log = logging.getLogger(__name__)
+log = logging.getLogger("fastvideo.tools.reward_server")  # not __main__ under python -m
 
 
 def served_info(name: str, reward: Reward, kwargs: Mapping[str, Any]) -> dict:
@@ -81,6 +81,7 @@ def make_scorer(rewards: Mapping[str, Reward], device: str, limits: ServerLimits
     def score(name: str, body: bytes) -> tuple[int, dict]:
         try:
             images, prompts = decode_request(body, limits.max_pixels, limits.max_images)
+            check_inputs(images, prompts)  # a client's mistake is a 400 whatever the reward checks itself
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
             if on_accelerator and not getattr(bound, "done", False):
