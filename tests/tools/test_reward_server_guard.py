@@ -214,7 +214,10 @@ def test_is_loopback(host, loopback):
     (["--plugin", "x=no_such_module_h5:build"], "no_such_module_h5"),
 ])
 def test_main_user_errors_exit_2_with_one_line(argv, message, capsys, monkeypatch):
+    import uvicorn
+
     monkeypatch.delenv("FLUX_GRPO_REWARD_TOKEN", raising=False)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("the server started"))
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--device", "cpu"])
     err = capsys.readouterr().err
