@@ -126,7 +126,7 @@ def check_reward_server(url: str, timeout_s: float = 10.0) -> dict:
     if name not in served:
         raise RemoteRewardError(
             f"reward server {base} does not serve {name!r}; it serves {sorted(served)}")
-    return served[name]
+    return {**served[name], "limits": health.get("limits", {})}
 
 
 class RemoteReward:
@@ -148,6 +148,11 @@ class RemoteReward:
         """Scores of one request; ``first`` is the index of its first sample in the whole call."""
         body = encode_request(images, prompts, self.encoding)
         what = f"reward server {self.base} ({self.name})"
+        limit = self.info.get("limits", {}).get("max_body_bytes")
+        if limit is not None and len(body) > limit:  # the server would answer 413 (or reset mid-upload)
+            raise RemoteRewardError(
+                f"a request of {len(prompts)} images is {len(body)} bytes, over {what}'s limit of {limit} "
+                f"(its --max_body_mb): lower --reward_batch_size, send ?encoding=u8, or raise --max_body_mb")
         reply = call_with_retries(
             what, lambda: http_json(f"{self.base}/score/{self.name}", body, self.timeout_s, headers=self.headers),
             self.retries)

@@ -29,14 +29,14 @@ log = logging.getLogger("fastvideo.tools.reward_server")
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What one request may cost the server. Defaults fit a real batch with room to spare:
-    16 f32 images of 1024x1024 are 192 MiB, so large batches go out in several requests."""
+    """What one request may cost the server. The body limit fits the trainer's default request
+    (--reward_batch_size 8) of f32 images up to 1024x1024 (96 MiB) with room to spare."""
 
     token: str | None = None
-    max_body_bytes: int = 64 << 20
+    max_body_bytes: int = 128 << 20
     max_pixels: int = 4096 * 4096
     max_images: int = 256
-    max_inflight: int = 8
+    max_inflight: int = 4
     max_connections: int = 512
     read_timeout_s: float = 60.0
     header_timeout_s: float = 10.0

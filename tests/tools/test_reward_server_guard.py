@@ -91,6 +91,8 @@ def test_client_sends_the_token_from_the_url_or_the_environment(guarded, monkeyp
     reward = RemoteReward(f"{guarded}/bright", batch_size=2)
     assert torch.equal(reward(images, ["a", "b", "c"]), images.mean(dim=(1, 2, 3)))
     assert TOKEN not in repr(RemoteReward(f"{guarded}/bright?token={TOKEN}"))
+    with pytest.raises(RemoteRewardError, match="over .*limit of 1048576.*--reward_batch_size"):
+        reward(torch.rand(2, 3, 256, 256), ["a", "b"])  # 1.5 MiB: refused before it is sent
 
 
 def test_health_details_flag_shows_files():
