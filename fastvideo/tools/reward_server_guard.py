@@ -164,14 +164,17 @@ def guarded_h11(header_timeout_s: float):
 
 
 class AcceptErrorFilter(logging.Filter):
-    """Lets one asyncio "accept() out of system resource" record through per ``every_s`` seconds."""
+    """Lets one asyncio "accept() out of system resource" (or uvicorn "Exceeded concurrency limit")
+    record through per ``every_s`` seconds: a flood of connections must not flood the log too."""
+
+    floods = ("out of system resource", "Exceeded concurrency limit")
 
     def __init__(self, every_s: float = 60.0) -> None:
         super().__init__()
         self.every_s, self.last, self.dropped = every_s, -float("inf"), 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if "out of system resource" not in str(record.msg):
+        if not any(text in str(record.msg) for text in self.floods):
             return True
         now = time.monotonic()
         if now - self.last < self.every_s:
@@ -185,7 +188,8 @@ class AcceptErrorFilter(logging.Filter):
 
 def uvicorn_settings(limits: ServerLimits) -> dict:
     """uvicorn.Config keywords that bound connections, idle keep-alives and request heads."""
-    logging.getLogger("asyncio").addFilter(AcceptErrorFilter())
+    for name in ("asyncio", "uvicorn.error"):
+        logging.getLogger(name).addFilter(AcceptErrorFilter())
     return {"http": guarded_h11(limits.header_timeout_s), "limit_concurrency": limits.max_connections,
             "timeout_keep_alive": 5, "h11_max_incomplete_event_size": 64 << 10}
 

@@ -201,6 +201,7 @@ def test_accept_errors_are_rate_limited():
     passed = [flt.filter(make("socket.accept() out of system resource")) for _ in range(1000)]
     assert passed[0] and sum(passed) == 1 and flt.dropped == 999
     assert flt.filter(make("something else"))
+    assert AcceptErrorFilter().filter(make("Exceeded concurrency limit.")) and flt.filter(make("x"))
 
 
 @pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),
