@@ -181,7 +181,8 @@ class AcceptErrorFilter(logging.Filter):
             self.dropped += 1
             return False
         self.last = now
-        record.msg = f"{record.msg} (the same error {self.dropped} more times since the last report)"
+        if self.dropped:
+            record.msg = f"{record.msg} (and {self.dropped} more since the last report, not logged)"
         record.exc_info, self.dropped = None, 0
         return True
 
