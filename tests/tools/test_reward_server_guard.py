@@ -191,6 +191,10 @@ def test_one_log_line_per_request(guarded, caplog):
     with caplog.at_level(logging.INFO, logger="fastvideo.tools.reward_server"):
         request(f"{guarded}/health", token=None)
         request(f"{guarded}/health")
+        deadline = time.monotonic() + 5  # the line is written after the reply went out
+        while len([r for r in caplog.records if r.name == "fastvideo.tools.reward_server"]) < 2:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.01)
     lines = [r.getMessage() for r in caplog.records if r.name == "fastvideo.tools.reward_server"]
     assert [line.split(" B ")[0] for line in lines] == ["GET /health 401 0", "GET /health 200 0"]
 
