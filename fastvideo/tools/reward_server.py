@@ -19,6 +19,11 @@ returns as NAME; that callable takes ``(images, prompts)`` like every reward (a 
 
 One model call at a time per reward (a lock): requests from several trainer ranks queue instead of
 running two forward passes on one device at once. The trainer side is rewards/remote.py.
+
+Every request is untrusted (tools/reward_server_guard.py): a token (``--token`` or
+$FLUX_GRPO_REWARD_TOKEN; required beyond loopback), body/pixel/image limits checked before the
+bytes are read or decoded, header and body timeouts, 4xx for the client's mistakes and 5xx only
+for the server's own failures; ``/health`` lists model files only with ``--health_details``.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoint annotations (Request) as objects.
