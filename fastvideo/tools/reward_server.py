@@ -260,7 +260,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     bad = [f"{k} {v}" for k, v in numbers.items() if not v > 0]
     if bad:
         raise ValueError(f"{', '.join(bad)}: must be > 0")
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    token = args.token or os.environ.get(TOKEN_ENV) or None  # "" is no token
     if token is None and not is_loopback(args.host):
         raise ValueError(f"--host {args.host} accepts other machines: give --token SECRET (or set {TOKEN_ENV}) "
                          f"and the same token to the trainer, or bind --host 127.0.0.1")
