@@ -15,12 +15,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app, port: int | None = None, timeout_s: float = 20.0):
-    """Yields (base URL, uvicorn.Server); set server.should_exit to stop it early."""
+def serve_in_thread(app, port: int | None = None, timeout_s: float = 20.0, settings: dict | None = None):
+    """Yields (base URL, uvicorn.Server); set server.should_exit to stop it early.
+
+    ``settings``: more uvicorn.Config keywords (the server's uvicorn_settings(limits))."""
     import uvicorn
 
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **(settings or {})))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

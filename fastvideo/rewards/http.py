@@ -3,7 +3,8 @@
 Its own module so that rewards/remote.py (our reward server) and rewards/vlm.py (OpenAI-compatible
 judges) share it without importing each other. A failed call is retried ``retries`` times with
 exponential backoff (0.5 s, 1 s, 2 s...) before :class:`RemoteRewardError` names the endpoint; a
-4xx answer (unknown reward, bad request) is not retried: it would fail again.
+4xx answer (unknown reward, bad request, wrong token, too large) is the client's mistake and is
+never retried: it would fail again. A 5xx answer or a connection error always is.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ class RemoteRewardError(RuntimeError):
 
 
 def http_json(url: str, body: bytes | None = None, timeout_s: float = 10.0,
-              content_type: str = "application/octet-stream") -> dict:
-    """GET (body None) or POST ``url``; the JSON reply. Raises urllib errors as they come."""
-    request = urllib.request.Request(url, data=body, method="GET" if body is None else "POST")
+              content_type: str = "application/octet-stream", headers: dict[str, str] | None = None) -> dict:
+    """GET (body None) or POST ``url`` with extra ``headers``; the JSON reply. Raises urllib errors as they come."""
+    request = urllib.request.Request(url, data=body, method="GET" if body is None else "POST", headers=headers or {})
     if body is not None:
         request.add_header("Content-Type", content_type)
     with urllib.request.urlopen(request, timeout=timeout_s) as reply:

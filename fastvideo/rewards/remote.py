@@ -7,15 +7,19 @@
 The URL's last path segment names the reward the server serves (``GET /health`` lists them);
 the number after the last ``:`` is the weight (1.0 when absent). ``encoding`` (f32, u8, png; see
 rewards/wire.py) sets how images travel; f32, the default, gives bit-identical scores.
+``token`` is the server's shared secret (``--token``), sent as ``Authorization: Bearer TOKEN``;
+without it the client sends ``$FLUX_GRPO_REWARD_TOKEN`` when set (preferred: a URL may be logged).
 
 The client splits a call into requests of at most ``batch_size`` images, waits ``timeout_s`` for
 each and retries a failed one ``retries`` times with exponential backoff (0.5 s, 1 s, 2 s...)
 before raising :class:`RemoteRewardError` naming the URL. A 4xx answer (unknown reward, bad
-request) is not retried: it would fail again.
+request, wrong token, too large) is not retried: it would fail again. A non-finite score raises
+:class:`NonFiniteRewardError` naming the reward and the sample.
 """
 
 from __future__ import annotations
 
+import os
 import urllib.error
 from dataclasses import dataclass
 from typing import Sequence
@@ -28,6 +32,11 @@ from fastvideo.rewards.http import RemoteRewardError, call_with_retries, error_t
 from fastvideo.rewards.wire import ENCODINGS, encode_request
 
 ENDPOINT_KINDS = ("remote", "vlm")
+TOKEN_ENV = "FLUX_GRPO_REWARD_TOKEN"
+
+
+class NonFiniteRewardError(RemoteRewardError):
+    """The server's reward returned NaN or infinity for some samples (the server works; the reward does not)."""
 
 
 @dataclass(frozen=True)
@@ -83,14 +92,33 @@ def server_base(url: str) -> tuple[str, str, str]:
     return urlunsplit((parts.scheme, parts.netloc, path, "", "")), name, encoding
 
 
+def auth_headers(url: str) -> dict[str, str]:
+    """The Authorization header for a remote: URL: its ``token=``, else $FLUX_GRPO_REWARD_TOKEN, else none."""
+    token = parse_qs(urlsplit(url).query).get("token", [os.environ.get(TOKEN_ENV, "")])[-1]
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def redact(url: str) -> str:
+    """The URL with a ``token=`` value hidden, for messages and logs."""
+    parts = urlsplit(url)
+    query = "&".join("token=***" if q.startswith("token=") else q for q in parts.query.split("&"))
+    return urlunsplit(parts._replace(query=query))
+
+
 def check_reward_server(url: str, timeout_s: float = 10.0) -> dict:
     """GET <server>/health and check that it serves the URL's reward; its health record."""
     base, name, _ = server_base(url)
     try:
-        health = http_json(f"{base}/health", timeout_s=timeout_s)
+        health = http_json(f"{base}/health", timeout_s=timeout_s, headers=auth_headers(url))
+    except urllib.error.HTTPError as exc:
+        if exc.code != 401:
+            raise RemoteRewardError(f"reward server {base} answered /health with {error_text(exc)}") from None
+        raise RemoteRewardError(
+            f"reward server {base} refused the token: {error_text(exc)}. Give the server's --token as "
+            f"{TOKEN_ENV}=... or remote:{base}/{name}?token=...") from None
     except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
         raise RemoteRewardError(
-            f"reward server {base} (from --rewards remote:{url}) does not answer: "
+            f"reward server {base} (from --rewards remote:{redact(url)}) does not answer: "
             f"{error_text(exc)}. Start it first: python -m fastvideo.tools.reward_server "
             f"--rewards {name} --host HOST --port PORT"
         ) from None
@@ -98,7 +126,7 @@ def check_reward_server(url: str, timeout_s: float = 10.0) -> dict:
     if name not in served:
         raise RemoteRewardError(
             f"reward server {base} does not serve {name!r}; it serves {sorted(served)}")
-    return served[name]
+    return {**served[name], "limits": health.get("limits", {})}
 
 
 class RemoteReward:
@@ -113,14 +141,26 @@ class RemoteReward:
             raise ValueError(f"bad client settings: timeout_s={timeout_s}, retries={retries}, "
                              f"batch_size={batch_size}")
         self.timeout_s, self.retries, self.batch_size = timeout_s, retries, batch_size
+        self.headers = auth_headers(url)
         self.info = check_reward_server(url, timeout_s=min(timeout_s, 10.0)) if check else {}
 
-    def _request(self, images: ImageBatch, prompts: list[str]) -> torch.Tensor:
+    def _request(self, images: ImageBatch, prompts: list[str], first: int) -> torch.Tensor:
+        """Scores of one request; ``first`` is the index of its first sample in the whole call."""
         body = encode_request(images, prompts, self.encoding)
         what = f"reward server {self.base} ({self.name})"
+        limit = self.info.get("limits", {}).get("max_body_bytes")
+        if limit is not None and len(body) > limit:  # the server would answer 413 (or reset mid-upload)
+            raise RemoteRewardError(
+                f"a request of {len(prompts)} images is {len(body)} bytes, over {what}'s limit of {limit} "
+                f"(its --max_body_mb): lower --reward_batch_size, send ?encoding=u8, or raise --max_body_mb")
         reply = call_with_retries(
-            what, lambda: http_json(f"{self.base}/score/{self.name}", body, self.timeout_s),
+            what, lambda: http_json(f"{self.base}/score/{self.name}", body, self.timeout_s, headers=self.headers),
             self.retries)
+        if reply.get("nonfinite"):
+            bad = [first + int(i) for i in reply["nonfinite"]]
+            raise NonFiniteRewardError(
+                f"reward {self.name!r} (served by {self.base}) returned a non-finite score (NaN or inf) for "
+                f"sample(s) {bad}, prompt {prompts[bad[0] - first]!r:.80}: the reward is broken, not the server")
         scores = torch.tensor(reply.get("scores", []), dtype=torch.float32)
         if scores.shape != (len(prompts),):
             raise RemoteRewardError(f"{what} answered {reply!r:.200} for {len(prompts)} images")
@@ -129,11 +169,11 @@ class RemoteReward:
     def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
         n = check_inputs(images, prompts)
         prompts = list(prompts)
-        return torch.cat([self._request(images[i:i + self.batch_size], prompts[i:i + self.batch_size])
+        return torch.cat([self._request(images[i:i + self.batch_size], prompts[i:i + self.batch_size], i)
                           for i in range(0, n, self.batch_size)])
 
     def __repr__(self) -> str:
-        return f"RemoteReward({self.url!r}, batch_size={self.batch_size})"
+        return f"RemoteReward({redact(self.url)!r}, batch_size={self.batch_size})"
 
 
 def check_reward_endpoints(specs, timeout_s: float = 10.0) -> None:

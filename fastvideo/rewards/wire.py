@@ -13,13 +13,20 @@ header = {"prompts": [B strings], "encoding": "f32" | "u8" | "png",
 - ``png``: each image a PNG file (lossless 8-bit, smallest on the wire, costs encode time).
 
 The reply is JSON ``{"scores": [B floats]}``; a float32 score survives the JSON round trip
-exactly (float32 -> Python float -> float32).
+exactly (float32 -> Python float -> float32). A non-finite score travels as ``null`` and the
+reply then also holds ``"nonfinite": [indices]`` (JSON has no NaN).
+
+:func:`decode_request` checks every field before it allocates anything: a malformed body raises
+:class:`WireFormatError` (the server answers 400), one over the server's limits (images per
+request, pixels per image, read from a PNG's header before it is decoded) raises
+:class:`WireTooLargeError` (413).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import struct
 from typing import Sequence
 
@@ -35,6 +42,16 @@ MAX_HEADER_BYTES = 16 << 20
 
 class WireFormatError(ValueError):
     """A request body that does not follow the format above."""
+
+
+class WireTooLargeError(WireFormatError):
+    """A well-formed request over a limit (image count, pixels per image)."""
+
+
+def _check_pixels(height: int, width: int, max_pixels: int | None) -> None:
+    if max_pixels is not None and height * width > max_pixels:
+        raise WireTooLargeError(f"an image of {width}x{height} pixels is over this server's limit of "
+                                f"{max_pixels} pixels (--max_pixels)")
 
 
 def _image_payloads(images: ImageBatch, encoding: str) -> list[tuple[list[int], bytes]]:
@@ -73,18 +90,43 @@ def encode_request(images: ImageBatch, prompts: Sequence[str], encoding: str = "
     return b"".join([struct.pack("<I", len(head)), head, payload])
 
 
-def _decode_one(encoding: str, shape: list[int], data: bytes):
-    if encoding == "png":
-        im = Image.open(io.BytesIO(data))
+def _check_shape(shape, channels_first: bool, max_pixels: int | None) -> list[int]:
+    """A declared image shape -> [3, H, W] or [H, W, 3] of positive ints, within ``max_pixels``."""
+    if not (isinstance(shape, list) and len(shape) == 3 and all(type(d) is int and d > 0 for d in shape)):
+        raise WireFormatError(f"image shape must be 3 positive ints; got {shape!r:.100}")
+    height, width = (shape[1], shape[2]) if channels_first else (shape[0], shape[1])
+    if (shape[0] if channels_first else shape[2]) != 3:
+        raise WireFormatError(f"image shape {shape} is not RGB ({'[3, H, W]' if channels_first else '[H, W, 3]'})")
+    _check_pixels(height, width, max_pixels)
+    return shape
+
+
+def _decode_png(data: bytes, max_pixels: int | None):
+    """PNG bytes -> RGB PIL image; the size is read from the header before any pixel is decoded."""
+    try:
+        im = Image.open(io.BytesIO(data), formats=["PNG"])
+        _check_pixels(im.size[1], im.size[0], max_pixels)
         im.load()
         return im.convert("RGB")
-    if len(shape) != 3 or int(np.prod(shape)) != len(data):
+    except WireFormatError:
+        raise
+    except Image.DecompressionBombError as exc:  # PIL's own guard (Image.MAX_IMAGE_PIXELS)
+        raise WireTooLargeError(f"PNG image over the pixel limit: {exc}") from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise WireFormatError(f"undecodable PNG image: {type(exc).__name__}: {exc}") from None
+
+
+def _decode_one(encoding: str, meta: dict, data: bytes, max_pixels: int | None):
+    if encoding == "png":
+        return _decode_png(data, max_pixels)
+    shape = _check_shape(meta.get("shape"), False, max_pixels)
+    if math.prod(shape) != len(data):
         raise WireFormatError(f"image of shape {shape} does not match its {len(data)} bytes")
     return Image.fromarray(np.frombuffer(data, dtype=np.uint8).reshape(shape), mode="RGB")
 
 
-def decode_request(body: bytes) -> tuple[ImageBatch, list[str]]:
-    """Body -> (a float tensor [B, 3, H, W] for f32, else B PIL images; B prompts)."""
+def _parse_header(body: bytes, max_images: int | None) -> tuple[str, list[str], list[dict], int]:
+    """(encoding, prompts, image records, payload offset), every field's type checked."""
     if len(body) < 4:
         raise WireFormatError("request body too short: expected a uint32 header length first")
     (n,) = struct.unpack("<I", body[:4])
@@ -95,29 +137,49 @@ def decode_request(body: bytes) -> tuple[ImageBatch, list[str]]:
         encoding, prompts, metas = header["encoding"], header["prompts"], header["images"]
     except (ValueError, KeyError, TypeError) as exc:
         raise WireFormatError(f"bad request header: {exc}") from None
-    if encoding not in ENCODINGS:
-        raise WireFormatError(f"unknown encoding {encoding!r}; expected one of {ENCODINGS}")
-    if encoding == "f32":
-        return _decode_f32_batch(body, 4 + n, metas), list(prompts)
-    offset, images = 4 + n, []
+    if not isinstance(encoding, str) or encoding not in ENCODINGS:
+        raise WireFormatError(f"unknown encoding {encoding!r:.50}; expected one of {ENCODINGS}")
+    if not (isinstance(prompts, list) and all(isinstance(p, str) for p in prompts)):
+        raise WireFormatError("header prompts must be a list of strings")
+    if not (isinstance(metas, list) and all(isinstance(m, dict) for m in metas)):
+        raise WireFormatError("header images must be a list of {shape, nbytes} records")
+    if max_images is not None and len(metas) > max_images:
+        raise WireTooLargeError(f"{len(metas)} images in one request; this server takes at most {max_images}")
     for meta in metas:
-        data = body[offset:offset + int(meta["nbytes"])]
-        offset += int(meta["nbytes"])
-        images.append(_decode_one(encoding, list(meta["shape"]), data))
+        if not (type(meta.get("nbytes")) is int and 0 <= meta["nbytes"] <= len(body)):
+            raise WireFormatError(f"image nbytes must be an int within the body; got {meta.get('nbytes')!r:.50}")
+    return encoding, prompts, metas, 4 + n
+
+
+def decode_request(body: bytes, max_pixels: int | None = None,
+                   max_images: int | None = None) -> tuple[ImageBatch, list[str]]:
+    """Body -> (a float tensor [B, 3, H, W] for f32, else B PIL images; B prompts).
+
+    ``max_pixels`` (H * W per image) and ``max_images`` (per request): None for no limit."""
+    encoding, prompts, metas, offset = _parse_header(body, max_images)
+    if encoding == "f32":
+        return _decode_f32_batch(body, offset, metas, max_pixels), prompts
+    images = []
+    for meta in metas:
+        data = body[offset:offset + meta["nbytes"]]
+        offset += meta["nbytes"]
+        images.append(_decode_one(encoding, meta, data, max_pixels))
     if offset != len(body):
         raise WireFormatError(f"{len(body) - offset} bytes left after the last image")
-    return images, list(prompts)
+    return images, prompts
 
 
-def _decode_f32_batch(body: bytes, offset: int, metas: list[dict]) -> torch.Tensor:
+def _decode_f32_batch(body: bytes, offset: int, metas: list[dict], max_pixels: int | None) -> torch.Tensor:
     """f32 payloads -> one [B, 3, H, W] tensor (one copy); every image must share one shape."""
-    shapes = {tuple(m["shape"]) for m in metas}
-    if len(shapes) > 1:
-        raise WireFormatError("f32 images of one request must share one size")
-    shape = next(iter(shapes), (3, 1, 1))
-    if len(shape) != 3 or any(int(m["nbytes"]) != int(np.prod(shape)) * 4 for m in metas):
+    shape = [3, 1, 1]
+    for meta in metas:
+        shape = _check_shape(meta.get("shape"), True, max_pixels)
+        if shape != metas[0]["shape"]:
+            raise WireFormatError("f32 images of one request must share one size")
+    # math.prod of Python ints: a shape cannot overflow into a small byte count (np.prod would wrap).
+    if any(m["nbytes"] != math.prod(shape) * 4 for m in metas):
         raise WireFormatError(f"f32 image of shape {list(shape)} does not match its byte count")
-    if len(body) - offset != len(metas) * int(np.prod(shape)) * 4:
+    if len(body) - offset != len(metas) * math.prod(shape) * 4:
         raise WireFormatError(f"f32 payload of {len(body) - offset} bytes does not match {len(metas)} images "
                               f"of shape {list(shape)} (truncated, or bytes left after the last image)")
     arr = np.frombuffer(body, dtype="<f4", offset=offset).reshape(len(metas), *shape)

@@ -19,12 +19,20 @@ returns as NAME; that callable takes ``(images, prompts)`` like every reward (a 
 
 One model call at a time per reward (a lock): requests from several trainer ranks queue instead of
 running two forward passes on one device at once. The trainer side is rewards/remote.py.
+
+Every request is untrusted (tools/reward_server_guard.py): a token (``--token`` or
+$FLUX_GRPO_REWARD_TOKEN; required beyond loopback), body/pixel/image limits checked before the
+bytes are read or decoded, header and body timeouts, 4xx for the client's mistakes and 5xx only
+for the server's own failures; ``/health`` lists model files only with ``--health_details``.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoint annotations (Request) as objects.
 
 import argparse
+import asyncio
 import logging
+import os
+import sys
 import threading
 from typing import Any, Mapping
 
@@ -32,14 +40,17 @@ import torch
 
 import fastvideo
 from fastvideo import devices
+from fastvideo.errors import UserError
 from fastvideo.rewards.base import Reward, RewardInputError, build_reward, check_inputs
 from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
 from fastvideo.rewards.flags import add_reward_flags, extras_from_args, reward_kwargs
-from fastvideo.rewards.wire import WireFormatError, decode_request
+from fastvideo.rewards.wire import WireFormatError, WireTooLargeError, decode_request
+from fastvideo.tools.reward_server_guard import (TOKEN_ENV, BodyError, GuardMiddleware, ServerLimits, is_loopback,
+                                                 raise_open_file_limit, read_limited_body, uvicorn_settings)
 from fastvideo.utils import require
 
 SERVER_VERSION = 1
-log = logging.getLogger(__name__)
+log = logging.getLogger("fastvideo.tools.reward_server")  # not __main__ under python -m
 
 
 def served_info(name: str, reward: Reward, kwargs: Mapping[str, Any]) -> dict:
@@ -49,34 +60,33 @@ def served_info(name: str, reward: Reward, kwargs: Mapping[str, Any]) -> dict:
             "batch_size": getattr(reward, "batch_size", None), "files": files}
 
 
-def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = None,
-              device: str = "cpu"):
-    """The FastAPI app serving ``rewards`` (name -> reward)."""
-    fastapi = require("fastapi", "server", "the reward server")
-    from starlette.concurrency import run_in_threadpool
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
+def nonfinite_reply(name: str, scores: torch.Tensor) -> dict:
+    """``{"scores": [B]}``; non-finite scores (JSON has no NaN) as null, listed under "nonfinite"."""
+    values = scores.float().tolist()
+    bad = [i for i, ok in enumerate(torch.isfinite(scores.float()).tolist()) if not ok]
+    if not bad:
+        return {"scores": values}
+    log.warning("%s returned non-finite scores for samples %s", name, bad)
+    for i in bad:
+        values[i] = None
+    return {"scores": values, "nonfinite": bad, "reward": name}
 
-    app = fastapi.FastAPI(title="flux-grpo reward server", version=fastvideo.__version__)
+
+def make_scorer(rewards: Mapping[str, Reward], device: str, limits: ServerLimits):
+    """``score(name, body) -> (status, reply)``: decode, score under the reward's lock, answer.
+
+    Runs in the thread pool: the event loop stays free for /health while a model scores."""
     # Intra-op threads are a per-thread setting: the pool threads that score would otherwise use
     # the default count whatever this thread was set to, and a different count can change float
     # rounding (remote scores are meant to equal in-process ones bit for bit).
     threads = torch.get_num_threads()
     on_accelerator, bound = devices.is_accelerator(device), threading.local()
     locks = {name: threading.Lock() for name in rewards}
-    health = {"status": "ok", "server_version": SERVER_VERSION, "flux_grpo_version": fastvideo.__version__,
-              "device": device, "rewards": dict(info or {n: {} for n in rewards})}
 
-    @app.get("/health")
-    def get_health() -> dict:
-        return health
-
-    def score(name: str, body: bytes) -> JSONResponse:
-        # A sync function: FastAPI runs it in its thread pool, so the event loop stays free.
-        if name not in rewards:
-            return JSONResponse({"detail": f"unknown reward {name!r}; served: {sorted(rewards)}"}, 404)
+    def score(name: str, body: bytes) -> tuple[int, dict]:
         try:
-            images, prompts = decode_request(body)
+            images, prompts = decode_request(body, limits.max_pixels, limits.max_images)
+            check_inputs(images, prompts)  # a client's mistake is a 400 whatever the reward checks itself
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
             if on_accelerator and not getattr(bound, "done", False):
@@ -84,19 +94,56 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
                 bound.done = True
             with locks[name]:
                 scores = rewards[name](images, prompts)
+        except WireTooLargeError as exc:
+            return 413, {"detail": f"too large: {exc}"}
         except (WireFormatError, RewardInputError) as exc:
-            return JSONResponse({"detail": f"bad request: {exc}"}, 400)
-        except Exception as exc:  # noqa: BLE001 - the client gets the reason (and retries a 5xx)
+            return 400, {"detail": f"bad request: {exc}"}
+        except Exception as exc:  # noqa: BLE001 - the server's own failure: the client gets the reason, retries
             log.exception("scoring with %s failed", name)
-            return JSONResponse({"detail": f"{name} failed: {type(exc).__name__}: {exc}"}, 500)
-        return JSONResponse({"scores": scores.float().tolist()})
+            return 500, {"detail": f"{name} failed: {type(exc).__name__}: {exc}"}
+        return 200, nonfinite_reply(name, scores)
+
+    return score
+
+
+def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = None,
+              device: str = "cpu", limits: ServerLimits | None = None, health_details: bool = False):
+    """The FastAPI app serving ``rewards`` (name -> reward), behind the token and body limits."""
+    fastapi = require("fastapi", "server", "the reward server")
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    limits = limits or ServerLimits()
+    app = fastapi.FastAPI(title="flux-grpo reward server", version=fastvideo.__version__)
+    records = {n: dict(r) for n, r in (info or {n: {} for n in rewards}).items()}
+    for record in records.values():
+        if not health_details:
+            record.pop("files", None)  # file paths tell a stranger about this machine
+    health = {"status": "ok", "server_version": SERVER_VERSION, "flux_grpo_version": fastvideo.__version__,
+              "device": device, "rewards": records,
+              "limits": {"max_body_bytes": limits.max_body_bytes, "max_pixels": limits.max_pixels,
+                         "max_images": limits.max_images}}
+    score = make_scorer(rewards, device, limits)
+    inflight = asyncio.Semaphore(limits.max_inflight)
+
+    @app.get("/health")
+    def get_health() -> dict:
+        return health
 
     @app.post("/score/{name}")
     async def post_score(name: str, request: Request):
-        body = await request.body()
-        return await run_in_threadpool(score, name, body)
+        if name not in rewards:
+            return JSONResponse({"detail": f"unknown reward {name!r}; served: {sorted(rewards)}"}, 404)
+        async with inflight:  # bounds the bodies held in memory, not only the model calls
+            try:
+                body = await read_limited_body(request, limits)
+            except BodyError as exc:  # answered without reading the rest: the connection closes
+                return JSONResponse({"detail": exc.detail}, exc.status, headers={"Connection": "close"})
+            status, reply = await run_in_threadpool(score, name, body)
+        return JSONResponse(reply, status)
 
-    return app
+    return GuardMiddleware(app, limits.token)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(weights, if given, are ignored: the client weighs)")
     p.add_argument("--plugin", action="append", default=[], metavar="NAME=MODULE:FACTORY",
                    help="also serve FACTORY(device=..., batch_size=...)'s reward as NAME (repeatable)")
-    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines")
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other machines (needs a --token)")
     p.add_argument("--port", type=int, default=8000)
+    add_limit_flags(p)
     p.add_argument("--device", default="auto", choices=["auto", "cpu"],
                    help="auto: this machine's accelerator (NPU or GPU) if any, else the CPU")
     p.add_argument("--device_index", type=int, default=0, help="which accelerator")
@@ -185,13 +233,62 @@ def build_rewards(args: argparse.Namespace) -> tuple[dict[str, Reward], dict[str
     return rewards, info, device
 
 
+def add_limit_flags(p: argparse.ArgumentParser) -> None:
+    d = ServerLimits()
+    g = p.add_argument_group("access and limits")
+    g.add_argument("--token", default=None, help=f"shared secret the client sends (Authorization: Bearer); "
+                   f"default: ${TOKEN_ENV}. Required unless --host is loopback")
+    g.add_argument("--max_body_mb", type=float, default=d.max_body_bytes / (1 << 20),
+                   help="largest request body (413 above it, refused before it is read)")
+    g.add_argument("--max_pixels", type=int, default=d.max_pixels, help="largest image, H*W (413 above it)")
+    g.add_argument("--max_images", type=int, default=d.max_images, help="most images per request")
+    g.add_argument("--max_inflight", type=int, default=d.max_inflight,
+                   help="scoring requests read and scored at once (more wait)")
+    g.add_argument("--max_connections", type=int, default=d.max_connections,
+                   help="open connections before new requests get 503")
+    g.add_argument("--read_timeout_s", type=float, default=d.read_timeout_s, help="time for a request body")
+    g.add_argument("--header_timeout_s", type=float, default=d.header_timeout_s,
+                   help="time for a new connection's request head")
+    g.add_argument("--health_details", action="store_true", help="/health also lists the model files loaded")
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    """The flags as ServerLimits; ValueError naming a bad flag or a missing token."""
+    numbers = {"--max_body_mb": args.max_body_mb, "--max_pixels": args.max_pixels, "--max_images": args.max_images,
+               "--max_inflight": args.max_inflight, "--max_connections": args.max_connections,
+               "--read_timeout_s": args.read_timeout_s, "--header_timeout_s": args.header_timeout_s}
+    bad = [f"{k} {v}" for k, v in numbers.items() if not v > 0]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: must be > 0")
+    token = args.token or os.environ.get(TOKEN_ENV) or None  # "" is no token
+    if token is None and not is_loopback(args.host):
+        raise ValueError(f"--host {args.host} accepts other machines: give --token SECRET (or set {TOKEN_ENV}) "
+                         f"and the same token to the trainer, or bind --host 127.0.0.1")
+    return ServerLimits(token=token, max_body_bytes=int(args.max_body_mb * (1 << 20)), max_pixels=args.max_pixels,
+                        max_images=args.max_images, max_inflight=args.max_inflight,
+                        max_connections=args.max_connections, read_timeout_s=args.read_timeout_s,
+                        header_timeout_s=args.header_timeout_s)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    uvicorn = require("uvicorn", "server", "the reward server")
-    rewards, info, device = build_rewards(args)
-    print(f"[reward_server] serving {', '.join(rewards)} on {device} at http://{args.host}:{args.port}",
-          flush=True)
-    uvicorn.run(build_app(rewards, info, str(device)), host=args.host, port=args.port, log_level="warning")
+    try:
+        limits = limits_from_args(args)
+        uvicorn = require("uvicorn", "server", "the reward server")
+        rewards, info, device = build_rewards(args)
+    except (UserError, ValueError, OSError, ImportError, RuntimeError) as exc:  # the user's mistake: one line, no traceback
+        print(f"reward_server: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = limits.max_pixels  # PIL's own bomb guard, behind the header check
+    raise_open_file_limit()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)  # the one line per request
+    print(f"[reward_server] serving {', '.join(rewards)} on {device} at http://{args.host}:{args.port}"
+          f"{' (token required)' if limits.token else ''}", flush=True)
+    app = build_app(rewards, info, str(device), limits, args.health_details)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **uvicorn_settings(limits))
 
 
 if __name__ == "__main__":

@@ -128,3 +128,28 @@ def test_server_gone_mid_run(make_images):
         server.should_exit = True
     with pytest.raises(RemoteRewardError, match=f"{url}.*failed 3 times.*still running"):
         reward(make_images(2), ["a", "b"])
+
+
+@pytest.mark.parametrize("failure, retried", [
+    (400, False), (401, False), (404, False), (413, False), (422, False),
+    (500, True), (502, True), (503, True), ("refused", True), ("reset", True), ("timeout", True),
+])
+def test_retry_policy_4xx_never_5xx_and_connection_errors_always(failure, retried, monkeypatch):
+    import io
+    import urllib.error
+
+    from fastvideo.rewards import http
+
+    monkeypatch.setattr(http.time, "sleep", lambda s: None)
+    calls = []
+
+    def fail():
+        calls.append(1)
+        if isinstance(failure, int):
+            raise urllib.error.HTTPError("http://h/x", failure, "why", {}, io.BytesIO(b"detail"))
+        raise {"refused": urllib.error.URLError(ConnectionRefusedError()), "reset": ConnectionResetError(),
+               "timeout": TimeoutError()}[failure]
+
+    with pytest.raises(RemoteRewardError, match="failed 3 times" if retried else "refused the request"):
+        http.call_with_retries("server", fail, retries=2)
+    assert len(calls) == (3 if retried else 1)

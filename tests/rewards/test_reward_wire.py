@@ -54,3 +54,20 @@ def test_truncated_payload_is_refused():
         decode_request(body[:-4])
     with pytest.raises(WireFormatError, match="left after"):
         decode_request(body + b"xx")
+
+
+def _wire(header: dict, payload: bytes) -> bytes:
+    import json
+
+    head = json.dumps(header).encode()
+    return struct.pack("<I", len(head)) + head + payload
+
+
+@pytest.mark.parametrize("header, message", [
+    ({"encoding": "u8", "prompts": "a", "images": [{"shape": [1, 1, 3], "nbytes": 3}]}, "prompts must be a list"),
+    ({"encoding": "u8", "prompts": ["a"], "images": [{"shape": [1, 1, 3], "nbytes": "3"}]}, "nbytes must be an int"),
+    ({"encoding": "u8", "prompts": ["a"], "images": [{"shape": [1, 1, 3], "nbytes": -3}]}, "nbytes must be an int"),
+])
+def test_header_fields_are_type_checked_before_use(header, message):
+    with pytest.raises(WireFormatError, match=message):
+        decode_request(_wire(header, b"\0" * 3))

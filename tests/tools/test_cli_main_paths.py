@@ -16,6 +16,7 @@ import runpy
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -183,7 +184,8 @@ def test_reward_server_cli(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                FASTVIDEO_DEVICE="cpu")
     cmd = [sys.executable, "-m", "fastvideo.tools.reward_server", "--rewards", "compressibility", "--device", "cpu",
-           "--host", "127.0.0.1", "--port", str(port)]
+           "--host", "127.0.0.1", "--port", str(port), "--token", "s3cret"]
+    auth = {"Authorization": "Bearer s3cret"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -191,16 +193,21 @@ def test_reward_server_cli(tmp_path):
             assert proc.poll() is None, f"reward server exited: {proc.stdout.read()}"
             assert time.monotonic() < deadline, "reward server did not come up in 60 s"
             try:
-                health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read())
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/health", headers=auth)
+                health = json.loads(urllib.request.urlopen(request, timeout=2).read())
                 break
             except OSError:
                 time.sleep(0.2)
         assert "compressibility" in health["rewards"]
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
         images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
         prompts = ["a", "b", "c"]
-        remote = RemoteReward(f"http://127.0.0.1:{port}/compressibility")(images, prompts)
+        remote = RemoteReward(f"http://127.0.0.1:{port}/compressibility?token=s3cret")(images, prompts)
         assert torch.equal(remote, build_reward("compressibility")(images, prompts).float())
     finally:
         proc.terminate()
         printed, _ = proc.communicate(timeout=30)
-    assert f"[reward_server] serving compressibility on cpu at http://127.0.0.1:{port}" in printed
+    assert f"[reward_server] serving compressibility on cpu at http://127.0.0.1:{port} (token required)" in printed
+    assert "GET /health 401" in printed and "POST /score/compressibility 200" in printed  # one line per request
+    assert "Traceback" not in printed

@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,11 +79,14 @@ def _start_server(tiny_rewards, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "fastvideo.tools.reward_server", "--rewards", "hpsv2", "--device", "cpu",
            "--hps_ckpt_dir", str(tiny_rewards.hps_ckpt_dir), "--hps_model_name", tiny_rewards.hps_model_name,
            "--batch_size", "2", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Its log goes to a file, not a pipe nobody reads: one line per request would fill a pipe's
+    # buffer in a long run and block the server.
+    log = tempfile.NamedTemporaryFile("w+", prefix="reward_server_", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"reward server exited: {proc.stdout.read()}")
+            raise RuntimeError(f"reward server exited: {Path(log.name).read_text()}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
             return proc

@@ -1,0 +1,208 @@
+"""The reward server's defences: token, size limits, timeouts, request log (tools/reward_server.py).
+
+A reward server may listen beyond loopback (``--host 0.0.0.0``), so every request is treated as
+untrusted until proven otherwise:
+
+- ``Authorization: Bearer TOKEN`` checked in constant time (401), when the server has a token;
+- the body's Content-Length checked before one byte of it is read and the running count checked
+  while it streams in (413); a body that does not arrive within ``read_timeout_s`` gets 408;
+- a connection that has not sent a full request head within ``header_timeout_s`` is closed, so
+  half-sent requests cannot pile up until the process runs out of file descriptors;
+- one log line per request (method, path, status, body bytes, ms) and at most one "out of file
+  descriptors" accept error per minute (asyncio logs one per failed accept otherwise).
+
+Imported only by the server (it needs starlette/uvicorn, installed with ``.[server]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import time
+from dataclasses import dataclass
+
+TOKEN_ENV = "FLUX_GRPO_REWARD_TOKEN"
+log = logging.getLogger("fastvideo.tools.reward_server")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may cost the server. The body limit fits the trainer's default request
+    (--reward_batch_size 8) of f32 images up to 1024x1024 (96 MiB) with room to spare."""
+
+    token: str | None = None
+    max_body_bytes: int = 128 << 20
+    max_pixels: int = 4096 * 4096
+    max_images: int = 256
+    max_inflight: int = 4
+    max_connections: int = 512
+    read_timeout_s: float = 60.0
+    header_timeout_s: float = 10.0
+
+
+class BodyError(Exception):
+    """A body the server will not read to the end: ``status`` is 413 or 408."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def is_loopback(host: str) -> bool:
+    """True for hosts only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    """``Authorization`` header value == ``Bearer <token>``, compared in constant time."""
+    given = (header or "").encode("utf-8", "replace")
+    return hmac.compare_digest(given, f"Bearer {token}".encode("utf-8"))
+
+
+def declared_length(headers) -> int | None:
+    """The Content-Length header as an int; None when absent; BodyError(400) when not a number."""
+    value = headers.get("content-length")
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise BodyError(400, f"bad Content-Length {value!r:.40}")
+    return int(value)
+
+
+async def read_limited_body(request, limits: ServerLimits) -> bytes:
+    """The request body, refused (BodyError 413) past ``limits.max_body_bytes`` - from the declared
+    length before reading, else as soon as the streamed count passes it - or 408 after
+    ``read_timeout_s``."""
+    size = declared_length(request.headers)
+    if size is not None and size > limits.max_body_bytes:
+        raise BodyError(413, f"request body of {size} bytes is over this server's limit of "
+                             f"{limits.max_body_bytes} bytes (--max_body_mb); send fewer images per request")
+
+    async def collect() -> bytes:
+        chunks, total = [], 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limits.max_body_bytes:
+                raise BodyError(413, f"request body over this server's limit of {limits.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(collect(), limits.read_timeout_s)
+    except asyncio.TimeoutError:
+        raise BodyError(408, f"request body not received within {limits.read_timeout_s} s") from None
+
+
+class GuardMiddleware:
+    """ASGI middleware: the token check (401) and one log line per HTTP request."""
+
+    def __init__(self, app, token: str | None) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, seen = time.perf_counter(), {"status": 0, "bytes": 0}
+
+        async def counting_receive():
+            message = await receive()
+            seen["bytes"] += len(message.get("body", b""))
+            return message
+
+        async def recording_send(message):
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+            await send(message)
+
+        try:
+            if self.token is not None and not token_matches(_header(scope, b"authorization"), self.token):
+                await _send_json(recording_send, 401, b'{"detail": "missing or wrong token: send the header '
+                                 b'Authorization: Bearer <the server\'s --token>"}')
+            else:
+                await self.app(scope, counting_receive, recording_send)
+        finally:
+            ms = (time.perf_counter() - start) * 1000
+            log.info("%s %s %d %d B %.1f ms", scope["method"], scope["path"], seen["status"], seen["bytes"], ms)
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def _send_json(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def guarded_h11(header_timeout_s: float):
+    """uvicorn's h11 protocol, closing a connection whose first request head is not complete
+    within ``header_timeout_s`` (uvicorn itself waits forever for it)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self.loop.call_later(header_timeout_s, self._drop_if_no_request)
+
+        def _drop_if_no_request(self) -> None:
+            if self.cycle is None and not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedH11Protocol
+
+
+class AcceptErrorFilter(logging.Filter):
+    """Lets one asyncio "accept() out of system resource" (or uvicorn "Exceeded concurrency limit")
+    record through per ``every_s`` seconds: a flood of connections must not flood the log too."""
+
+    floods = ("out of system resource", "Exceeded concurrency limit")
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s, self.last, self.dropped = every_s, -float("inf"), 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not any(text in str(record.msg) for text in self.floods):
+            return True
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            self.dropped += 1
+            return False
+        self.last = now
+        if self.dropped:
+            record.msg = f"{record.msg} (and {self.dropped} more since the last report, not logged)"
+        record.exc_info, self.dropped = None, 0
+        return True
+
+
+def uvicorn_settings(limits: ServerLimits) -> dict:
+    """uvicorn.Config keywords that bound connections, idle keep-alives and request heads."""
+    for name in ("asyncio", "uvicorn.error"):
+        logging.getLogger(name).addFilter(AcceptErrorFilter())
+    return {"http": guarded_h11(limits.header_timeout_s), "limit_concurrency": limits.max_connections,
+            "timeout_keep_alive": 5, "h11_max_incomplete_event_size": 64 << 10}
+
+
+def raise_open_file_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit (often 1024 -> 1048576): more sockets before EMFILE."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 65536
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, 65536), hard))
+    except (ImportError, ValueError, OSError):  # not POSIX, or not allowed: keep the limit
+        pass

@@ -1,0 +1,231 @@
+"""The reward server's defences: token, body/pixel limits, slow clients, malformed requests, NaN."""
+
+import io
+import json
+import logging
+import socket
+import struct
+import time
+import urllib.error
+import urllib.request
+import zlib
+
+import pytest
+import torch
+from PIL import Image
+
+from fastvideo.rewards.remote import NonFiniteRewardError, RemoteReward, RemoteRewardError
+from fastvideo.rewards.wire import encode_request
+from fastvideo.tools.reward_server import build_app, main
+from fastvideo.tools.reward_server_guard import (AcceptErrorFilter, ServerLimits, is_loopback, token_matches,
+                                                 uvicorn_settings)
+from server_utils import serve_in_thread
+
+TOKEN = "t0ken"
+LIMITS = ServerLimits(token=TOKEN, max_body_bytes=1 << 20, max_pixels=64 * 64, max_images=4,
+                      header_timeout_s=1.0, read_timeout_s=2.0)
+
+
+def mean_or_nan(images, prompts):
+    """Mean brightness; NaN for the prompt "nan" (a broken plug-in)."""
+    means = images.mean(dim=(1, 2, 3)) if isinstance(images, torch.Tensor) else torch.zeros(len(images))
+    return torch.where(torch.tensor([p == "nan" for p in prompts]), torch.nan, means)
+
+
+@pytest.fixture(scope="module")
+def guarded():
+    app = build_app({"bright": mean_or_nan}, {"bright": {"files": {"ckpt_dir": "/secret/path"}}}, limits=LIMITS)
+    with serve_in_thread(app, settings=uvicorn_settings(LIMITS)) as (url, _):
+        yield url
+
+
+def request(url, body=None, token=TOKEN, timeout=10):
+    """(status, JSON reply) of GET (body None) or POST."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, data=body, headers=headers, method="GET" if body is None else "POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def wire(header: dict, payload: bytes = b"") -> bytes:
+    head = json.dumps(header).encode()
+    return struct.pack("<I", len(head)) + head + payload
+
+
+def png_bytes(width, height) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 20, 30)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def png_bomb(width, height) -> bytes:
+    """A 1x1 PNG whose header (IHDR, valid CRC) claims width x height."""
+    data = bytearray(png_bytes(1, 1))
+    data[16:24] = struct.pack(">II", width, height)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+def test_token_is_required_and_compared(guarded):
+    assert request(f"{guarded}/health", token=None)[0] == 401
+    assert request(f"{guarded}/health", token="wrong")[0] == 401
+    body = encode_request(torch.rand(2, 3, 8, 8), ["a", "b"])
+    assert request(f"{guarded}/score/bright", body, token=None)[0] == 401
+    status, health = request(f"{guarded}/health")
+    assert status == 200 and "files" not in health["rewards"]["bright"]  # no paths without --health_details
+    assert health["limits"]["max_body_bytes"] == 1 << 20
+    with pytest.raises(RemoteRewardError, match="refused the token"):
+        RemoteReward(f"{guarded}/bright?token=wrong")
+    assert token_matches(f"Bearer {TOKEN}", TOKEN) and not token_matches(None, TOKEN)
+    assert not token_matches(f"Bearer {TOKEN}x", TOKEN)
+
+
+def test_client_sends_the_token_from_the_url_or_the_environment(guarded, monkeypatch):
+    images = torch.rand(3, 3, 8, 8)
+    assert torch.equal(RemoteReward(f"{guarded}/bright?token={TOKEN}")(images, ["a", "b", "c"]),
+                       images.mean(dim=(1, 2, 3)))
+    monkeypatch.setenv("FLUX_GRPO_REWARD_TOKEN", TOKEN)
+    reward = RemoteReward(f"{guarded}/bright", batch_size=2)
+    assert torch.equal(reward(images, ["a", "b", "c"]), images.mean(dim=(1, 2, 3)))
+    assert TOKEN not in repr(RemoteReward(f"{guarded}/bright?token={TOKEN}"))
+    with pytest.raises(RemoteRewardError, match="over .*limit of 1048576.*--reward_batch_size"):
+        reward(torch.rand(2, 3, 256, 256), ["a", "b"])  # 1.5 MiB: refused before it is sent
+
+
+def test_health_details_flag_shows_files():
+    app = build_app({"bright": mean_or_nan}, {"bright": {"files": {"d": "/x"}}}, health_details=True)
+    with serve_in_thread(app) as (url, _):
+        assert request(f"{url}/health", token=None)[1]["rewards"]["bright"]["files"] == {"d": "/x"}
+
+
+def test_oversized_body_is_refused_before_it_is_read(guarded):
+    port = int(guarded.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        # Claims 8x the limit, sends 64 KiB of it: the answer must come without the rest.
+        s.sendall(f"POST /score/bright HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                  f"Content-Length: {8 << 20}\r\n\r\n".encode() + b"\0" * (64 << 10))
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+        reply = reply.decode()
+    assert reply.startswith("HTTP/1.1 413") and "--max_body_mb" in reply
+    # Streamed without a length (chunked): refused once the count passes the limit.
+    chunks = (b"\0" * (256 << 10) for _ in range(8))
+    req = urllib.request.Request(f"{guarded}/score/bright", data=chunks, method="POST",
+                                 headers={"Authorization": f"Bearer {TOKEN}", "Transfer-Encoding": "chunked"})
+    with pytest.raises(urllib.error.HTTPError, match="413"):
+        urllib.request.urlopen(req, timeout=10)
+
+
+@pytest.mark.parametrize("header, payload", [
+    ({"prompts": ["a"], "encoding": "png", "images": [{"shape": [1, 1, 3], "nbytes": 0}]}, png_bomb(100000, 100000)),
+    ({"prompts": ["a"], "encoding": "png", "images": [{"shape": [1, 1, 3], "nbytes": 0}]}, png_bytes(65, 64)),
+    ({"prompts": ["a"], "encoding": "u8", "images": [{"shape": [2 ** 32, 2 ** 32, 3], "nbytes": 0}]}, b""),
+    ({"prompts": ["a"] * 5, "encoding": "u8", "images": [{"shape": [1, 1, 3], "nbytes": 3}] * 5}, b"\0" * 15),
+], ids=["png-bomb", "png-over-max-pixels", "overflowing-shape", "too-many-images"])
+def test_too_large_images_get_413(guarded, header, payload):
+    for meta in header["images"]:
+        meta["nbytes"] = meta["nbytes"] or len(payload)
+    status, reply = request(f"{guarded}/score/bright", wire(header, payload))
+    assert status == 413, reply
+
+
+F32 = {"encoding": "f32", "prompts": ["a"], "images": [{"shape": [3, 2, 2], "nbytes": 48}]}
+MALFORMED = {
+    "prompts-not-a-list": wire({**F32, "prompts": "a"}, b"\0" * 48),
+    "prompt-not-a-string": wire({**F32, "prompts": [7]}, b"\0" * 48),
+    "images-not-a-list": wire({**F32, "images": {"shape": [3, 2, 2]}}, b"\0" * 48),
+    "image-record-not-a-dict": wire({**F32, "images": [[3, 2, 2]]}, b"\0" * 48),
+    "negative-nbytes": wire({**F32, "images": [{"shape": [3, 2, 2], "nbytes": -48}]}, b"\0" * 48),
+    "nbytes-not-an-int": wire({**F32, "images": [{"shape": [3, 2, 2], "nbytes": "48"}]}, b"\0" * 48),
+    "negative-shape": wire({**F32, "images": [{"shape": [3, -2, -2], "nbytes": 48}]}, b"\0" * 48),
+    "shape-not-rgb": wire({"encoding": "u8", "prompts": ["a"], "images": [{"shape": [2, 2, 4], "nbytes": 16}]},
+                          b"\0" * 16),
+    "undecodable-png": wire({"encoding": "png", "prompts": ["a"], "images": [{"shape": [1, 1, 3], "nbytes": 9}]},
+                            b"not a png"),
+    "encoding-a-list": wire({**F32, "encoding": ["f32"]}, b"\0" * 48),
+    "header-a-list": wire([1, 2], b""),
+    "header-not-utf8": struct.pack("<I", 2) + b"\xff\xfe",
+    "prompt-count-mismatch": wire({**F32, "prompts": ["a", "b"]}, b"\0" * 48),
+    "nan-pixels": wire(F32, struct.pack("<12f", *[float("nan")] * 12)),
+}
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED))
+def test_malformed_requests_get_400(guarded, kind):
+    status, reply = request(f"{guarded}/score/bright", MALFORMED[kind])
+    assert status == 400, reply
+
+
+def test_slow_clients_do_not_starve_health(guarded):
+    port = int(guarded.rsplit(":", 1)[1])
+    sockets = []
+    try:
+        for _ in range(200):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"POST /score/bright HTTP/1.1\r\nHost: x\r\n")  # a request head never finished
+            sockets.append(s)
+        start = time.monotonic()
+        assert request(f"{guarded}/health", timeout=2)[0] == 200
+        assert time.monotonic() - start < 2
+        time.sleep(LIMITS.header_timeout_s + 0.5)
+        sockets[0].settimeout(2)
+        assert sockets[0].recv(10) == b""  # dropped after --header_timeout_s
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_nan_score_names_the_reward_and_sample(guarded):
+    status, reply = request(f"{guarded}/score/bright", encode_request(torch.rand(2, 3, 4, 4), ["a", "nan"]))
+    assert status == 200 and reply["scores"][1] is None and reply["nonfinite"] == [1]
+    reward = RemoteReward(f"{guarded}/bright?token={TOKEN}", batch_size=2, retries=3)
+    with pytest.raises(NonFiniteRewardError, match=r"'bright'.*sample\(s\) \[3\]"):
+        reward(torch.rand(4, 3, 4, 4), ["a", "b", "c", "nan"])
+
+
+def test_one_log_line_per_request(guarded, caplog):
+    with caplog.at_level(logging.INFO, logger="fastvideo.tools.reward_server"):
+        request(f"{guarded}/health", token=None)
+        request(f"{guarded}/health")
+        deadline = time.monotonic() + 5  # the line is written after the reply went out
+        while len([r for r in caplog.records if r.name == "fastvideo.tools.reward_server"]) < 2:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.01)
+    lines = [r.getMessage() for r in caplog.records if r.name == "fastvideo.tools.reward_server"]
+    assert [line.split(" B ")[0] for line in lines] == ["GET /health 401 0", "GET /health 200 0"]
+
+
+def test_accept_errors_are_rate_limited():
+    flt = AcceptErrorFilter(every_s=60)
+    make = lambda msg: logging.LogRecord("asyncio", logging.ERROR, "", 0, msg, None, None)  # noqa: E731
+    passed = [flt.filter(make("socket.accept() out of system resource")) for _ in range(1000)]
+    assert passed[0] and sum(passed) == 1 and flt.dropped == 999
+    assert flt.filter(make("something else"))
+    assert AcceptErrorFilter().filter(make("Exceeded concurrency limit.")) and flt.filter(make("x"))
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),
+                                            ("0.0.0.0", False), ("10.0.0.5", False), ("example.org", False)])
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) == loopback
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rewards", "compressibility", "--host", "0.0.0.0"], "give --token"),
+    (["--rewards", "compressibility", "--max_body_mb", "0"], "--max_body_mb 0"),
+    (["--rewards", "aesthetic", "--aesthetic_dir", "/nonexistent/aes"], "/nonexistent/aes"),
+    (["--plugin", "x=no_such_module_h5:build"], "no_such_module_h5"),
+])
+def test_main_user_errors_exit_2_with_one_line(argv, message, capsys, monkeypatch):
+    import uvicorn
+
+    monkeypatch.delenv("FLUX_GRPO_REWARD_TOKEN", raising=False)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("the server started"))
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
