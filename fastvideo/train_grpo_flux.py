@@ -7,6 +7,7 @@ Accepts upstream DanceGRPO's and the Ascend recipe's flags (see fastvideo/config
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import warnings
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         if info.world_size > 1:
             os._exit(code)
         return code
+    # Free the wrapped models (DDP/FSDP hold the process group and C++ state) while the group still
+    # exists: left to interpreter teardown, after the group is destroyed, a rank could abort at exit
+    # ("terminate called without an active exception") after its work was done and saved.
+    gc.collect()
     devices.barrier()
     devices.destroy_distributed()
     return 0
