@@ -56,3 +56,28 @@ def main_print(*args, **kwargs) -> None:
     """print() on global rank 0 only."""
     if int(os.environ.get("RANK", 0)) == 0:
         print(*args, **kwargs, flush=True)
+
+
+def lazy_getattr(package: str, table: dict[str, str]):
+    """A package's module ``__getattr__`` (PEP 562) that imports ``name`` from ``table[name]`` on
+    first use and caches it in the package, so importing the package loads none of its modules."""
+    def __getattr__(name: str):
+        if name in table:
+            value = getattr(importlib.import_module(table[name]), name)
+            setattr(importlib.import_module(package), name, value)
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+def flatten_dict(d: dict, sep: str = "/", prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a<sep>b": 1}; non-dict values (lists included) stay values."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten_dict(v, sep, key + sep))
+        else:
+            out[key] = v
+    return out

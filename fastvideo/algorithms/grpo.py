@@ -21,7 +21,6 @@ from fastvideo.grpo.kl import gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss
 from fastvideo.sampling import sde
 from fastvideo.sampling.rollout import sde_transition
-from fastvideo.sampling.plan import SamplingPlan, full_sde_plan
 
 
 class GRPOObjective(Objective):
@@ -33,7 +32,6 @@ class GRPOObjective(Objective):
         self.g = cfg.grpo
         self.num_generations = cfg.rollout.num_generations
         self.eta = cfg.rollout.eta
-        self.shift = cfg.rollout.shift
         self.dims = context.dims
         self.device = context.device
         self.randomness = context.randomness
@@ -58,15 +56,8 @@ class GRPOObjective(Objective):
         return adv[self.dims.dp_rank * b:(self.dims.dp_rank + 1) * b]
 
     # ------------------------------------------------------------------ work
-    def plan_of(self, traj) -> SamplingPlan:
-        """The trajectory's plan; a plan-less trajectory is DanceGRPO's (every step SDE, the GRPO flags' T)."""
-        if traj.plan is not None:
-            return traj.plan
-        n = traj.num_steps
-        return full_sde_plan(n, self.shift, self.g.candidate_steps(n), self.g.trained_steps(n))
-
     def plan_update(self, traj, iteration: int) -> list[list[Term]]:
-        plan = self.plan_of(traj)
+        plan = traj.plan
         perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, len(plan.trainable))
         selected = plan.select_steps(perms)  # [B, T] on CPU
         b, mb = traj.num_samples, self.g.train_micro_batch_size
@@ -86,8 +77,7 @@ class GRPOObjective(Objective):
         sig_next = traj.sigmas[(steps + 1).to(traj.sigmas.device)]
         v = policy.velocity(traj, rows, lat, sig)
         plan = traj.plan
-        _, logp = sde_transition(plan.sde_kind if plan else "dance", lat, v, sig, sig_next, self.eta,
-                                 plan.sigmas[1] if plan else None, prev_sample=nxt)
+        _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, self.eta, plan.sigmas[1], prev_sample=nxt)
         if not policy.has_reference:
             return logp, None
         # DanceGRPO's step Gaussian (config refuses --kl_coef with --flow_grpo_sampling).
@@ -98,7 +88,7 @@ class GRPOObjective(Objective):
     def loss(self, policy, traj, advantages: torch.Tensor, term: Term, stats: StatsAccumulator) -> torch.Tensor:
         g = self.g
         rows, steps = term.rows, term.steps
-        num_trained = self.plan_of(traj).num_trained
+        num_trained = traj.plan.num_trained
         scale = g.loss_coef / (g.gradient_accumulation_steps * num_trained)
         logp, kl = self.log_prob(policy, traj, rows, steps)
         old = traj.log_probs[rows.to(traj.log_probs.device), steps.to(traj.log_probs.device)]

@@ -28,6 +28,7 @@ import numpy as np
 from fastvideo.alignment import probes as probes_mod
 from fastvideo.alignment.measures import pearson, psnr, relative_errors  # noqa: F401  (part of this module's API)
 from fastvideo.errors import UserError
+from fastvideo.utils import flatten_dict
 from fastvideo.alignment.recorder import IMAGES, MANIFEST, METRICS
 
 # Relative-error tolerance per probe kind. The probes run in the models' dtypes (fp32 master
@@ -424,22 +425,11 @@ _IGNORED_CONFIG = ("output.output_dir", "output.image_dir", "output.record_dir",
                    "model.pretrained_model_name_or_path", "model.vae_model_path", "model.dit_model_name_or_path")
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def config_differences(ma: dict | None, mb: dict | None) -> dict[str, tuple]:
     """Config keys (dotted) whose values differ, paths excluded; empty without both manifests."""
     if not ma or not mb:
         return {}
-    fa, fb = _flatten(ma.get("config", {})), _flatten(mb.get("config", {}))
+    fa, fb = flatten_dict(ma.get("config", {}), "."), flatten_dict(mb.get("config", {}), ".")
     return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
             if fa.get(k) != fb.get(k) and k not in _IGNORED_CONFIG and not k.startswith("compat_notes")}
 

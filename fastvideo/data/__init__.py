@@ -2,7 +2,7 @@
 
 # Names are imported from their module on first use (PEP 562): fastvideo.data.settings (the
 # trainer's flags) must not load torch for --help.
-import importlib
+from fastvideo.utils import lazy_getattr
 
 _LAZY = {
     "EmbeddingDatasetError": "fastvideo.data.dataset", "EmbeddingShapeError": "fastvideo.data.dataset",
@@ -13,12 +13,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -7,7 +7,7 @@ their modules (hps, pickscore, clip_score, compressibility) and are imported on 
 
 # Names are imported from their module on first use (PEP 562), so that importing a sub-module
 # (rewards.settings, rewards.flags, rewards.mix: the trainer's flags) does not load torch for --help.
-import importlib
+from fastvideo.utils import lazy_getattr
 
 _LAZY = {
     "group_normalize": "fastvideo.rewards.advantages",
@@ -41,12 +41,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastvideo.utils import flatten_dict
+
 EXIT_EQUAL, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 
 # Keys whose value depends on the machine's speed or allocator, not on the maths.
@@ -70,16 +72,9 @@ def exact(v: Any) -> str:
     return repr(v)
 
 
-def flatten(row: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(row: dict) -> dict[str, Any]:
     """{"rewards": {"detail": {"mean": 1}}} -> {"rewards/detail/mean": 1}; lists stay values."""
-    out: dict[str, Any] = {}
-    for k, v in row.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, name + "/"))
-        else:
-            out[name] = v
-    return out
+    return flatten_dict(row, "/")
 
 
 def read_jsonl(path: Path) -> list[dict]:
