@@ -39,7 +39,7 @@ class GRPOObjective(Objective):
 
     # ------------------------------------------------------------------ advantages
     def advantages(self, rewards: RewardResult) -> torch.Tensor:
-        if getattr(self.reward, "mix", None):  # MixGRPO's --multi_reward_mix (rewards/mix.py)
+        if getattr(self.reward, "mix", None):  # --reward_mix (MixGRPO's --multi_reward_mix)
             return self.reward.mixed_advantages(rewards.per_reward).clamp(-self.g.adv_clip_max, self.g.adv_clip_max)
         return self.group_advantages(rewards.total)
 

@@ -1,10 +1,14 @@
-"""MixGRPO's path and bookkeeping flags, so its launch lines run unchanged.
+"""MixGRPO's reward selection, path and bookkeeping flags, so its launch lines run unchanged.
 
-Its reward selection (--reward_model, the weight flags, --multi_reward_mix, --unified_reward_url)
-is mapped onto --rewards by fastvideo.rewards.mix; its window / solver flags live with their code
-in fastvideo.sampling.mix. Here: its model paths become our folder flags, what is not implemented
-is refused (its own KL term, trimmed advantages: a non-zero value fails), and the rest is noted
-as having no effect.
+    --reward_model multi_reward --hps_weight 1 --image_reward_weight 1 --pick_score_weight 1
+    --multi_reward_mix advantage_aggr|reward_aggr [--unified_reward_url http://host:port[,...]]
+
+becomes the reward component's own flags: ``--rewards`` with MixGRPO's rewards and its weights
+divided by their sum (as MixGRPO does), several judge servers joined with ``|`` in one vlm: entry,
+and ``--reward_mix`` (the two mixes are defined in fastvideo.rewards.advantages). Its model paths
+become our folder flags, what is not implemented is refused (its own KL term, trimmed advantages:
+a non-zero value fails), and the rest is noted as having no effect. Its window / solver flags live
+with their code in fastvideo.sampling.mix.
 """
 
 from __future__ import annotations
@@ -13,9 +17,28 @@ import argparse
 import os
 
 from fastvideo.errors import ConfigError
+from fastvideo.rewards.flags import MIX_MODES
 from fastvideo.settings import flag_group
 
 _INERT_STRINGS = {None, "", "None", "none", "null"}
+# MixGRPO's --reward_model choices -> its reward names, in its order.
+REWARD_MODELS = {
+    "hpsv2": ("hpsv2",),
+    "image_reward": ("image_reward",),
+    "clip_score": ("clip_score",),
+    "pick_score": ("pick_score",),
+    "unified_reward": ("unified_reward",),
+    "hpsv2_clip_score": ("hpsv2", "clip_score"),
+    "multi_reward": ("hpsv2", "image_reward", "pick_score", "unified_reward"),
+}
+# MixGRPO reward -> (our reward name, its weight flag)
+OURS = {
+    "hpsv2": ("hpsv2", "hps_weight"),
+    "image_reward": ("imagereward", "image_reward_weight"),
+    "clip_score": ("clip", "clip_score_weight"),
+    "pick_score": ("pickscore", "pick_score_weight"),
+    "unified_reward": ("vlm", "unified_reward_weight"),
+}
 # Flags that change nothing here, and why (a start-up note when one is given).
 NO_EFFECT = {
     "experiment_name": "outputs go to --output_dir",
@@ -29,9 +52,24 @@ _PATHS = ("hps_path", "hps_clip_path", "clip_score_path", "image_reward_path", "
 _CLIP_MODELS = ("clip_score", "hpsv2_clip_score")
 
 
+def _add_reward_flags(parser: argparse.ArgumentParser) -> None:
+    g = flag_group(parser, "MixGRPO reward selection (becomes --rewards and --reward_mix)")
+    g.add_argument("--reward_model", type=str, default=None, choices=sorted(REWARD_MODELS),
+                   help="MixGRPO's reward selection; instead of --rewards")
+    g.add_argument("--multi_reward_mix", type=str, default=None, choices=MIX_MODES,
+                   help="MixGRPO's name of --reward_mix (default with --reward_model: advantage_aggr)")
+    for _, flag in OURS.values():
+        g.add_argument(f"--{flag}", type=float, default=1.0, help="MixGRPO weight (weights are divided by their sum)")
+    g.add_argument("--unified_reward_url", type=str, default=None,
+                   help="UnifiedReward server root(s), comma-separated (rank r uses URL r mod n); served "
+                        "as vlm:URL/v1?model=--unified_reward_model; None (as MixGRPO's scripts pass) means no judge")
+    g.add_argument("--unified_reward_model", type=str, default="UnifiedReward",
+                   help="model name the UnifiedReward server expects (MixGRPO sends 'UnifiedReward')")
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    g = flag_group(parser, "MixGRPO compatibility (paths, bookkeeping; its reward selection is "
-                           "in fastvideo.rewards.mix)")
+    _add_reward_flags(parser)
+    g = flag_group(parser, "MixGRPO compatibility (paths, bookkeeping)")
     g.add_argument("--hps_path", type=str, default=None,
                    help="HPS_v2.1_compressed.pt; its folder (with open_clip_pytorch_model.bin) becomes --hps_ckpt_dir")
     g.add_argument("--hps_clip_path", type=str, default=None, help="open_clip_pytorch_model.bin next to --hps_path")
@@ -115,12 +153,10 @@ def _no_effect_notes(args: argparse.Namespace, defaults: argparse.Namespace) -> 
 
 def _unused_reward_flags(args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
     """MixGRPO's reward flags given a value although --reward_model (or its absence) does not read them."""
-    from fastvideo.rewards.mix import OURS, REWARD_MODELS
-
     used = set(REWARD_MODELS.get(args.reward_model, ()))
     names = [flag for reward, (_, flag) in OURS.items() if reward not in used]
     if "unified_reward" not in used:
-        names += ["unified_reward_url", "unified_reward_model"]
+        names += ["unified_reward_model"] + ([] if _judge_urls(args) is None else ["unified_reward_url"])
     if args.reward_model is None:
         names += list(_PATHS)
     elif args.reward_model not in _CLIP_MODELS:
@@ -143,6 +179,54 @@ def translate(args: argparse.Namespace, defaults: argparse.Namespace) -> tuple[d
                "--image_reward_dir")
         notes.append(f"{', '.join(unused)}: accepted for MixGRPO compatibility, no effect here: {why}")
     if args.reward_model is None:
+        if args.multi_reward_mix is not None:
+            raise ConfigError("--multi_reward_mix needs --reward_model (MixGRPO's reward selection); with --rewards "
+                              "give --reward_mix")
         return {}, notes
     changes, path_notes = _map_paths(args)
+    changes.update(_reward_changes(args))
     return changes, path_notes + notes
+
+
+def _judge_urls(args: argparse.Namespace) -> list[str] | None:
+    """--unified_reward_url's servers; None when absent (MixGRPO's scripts pass the string None)."""
+    if args.unified_reward_url in _INERT_STRINGS:
+        return None
+    urls = [u.strip().rstrip("/") for u in args.unified_reward_url.split(",") if u.strip()]
+    return urls or None
+
+
+def mixgrpo_specs(args: argparse.Namespace) -> list[str]:
+    """--reward_model and the weight flags -> --rewards entries with weights divided by their sum.
+    unified_reward is included when --unified_reward_url is given (required when it is the only
+    reward); several judge servers share one vlm: entry, joined with ``|``: which one a rank asks
+    is chosen when the reward is built (training.builders.rank_reward_specs), so the
+    configuration is the same on every rank."""
+    names = list(REWARD_MODELS[args.reward_model])
+    urls = _judge_urls(args)
+    if "unified_reward" in names and urls is None:
+        if args.reward_model == "unified_reward":
+            raise ConfigError("--reward_model unified_reward needs --unified_reward_url http://host:port")
+        names.remove("unified_reward")
+    weights = {n: getattr(args, OURS[n][1]) for n in names}
+    total = sum(weights.values())
+    if not total > 0:
+        raise ConfigError(f"MixGRPO reward weights {weights} must have a positive sum")
+    entries = []
+    for n in names:
+        ours, _ = OURS[n]
+        head = ours
+        if ours == "vlm":
+            head = "vlm:" + "|".join(f"{u}/v1?model={args.unified_reward_model}" for u in urls)
+        entries.append(f"{head}:{weights[n] / total:.17g}")
+    return entries
+
+
+def _reward_changes(args: argparse.Namespace) -> dict:
+    """MixGRPO's reward selection as the reward component's flags (--rewards, --reward_mix)."""
+    if args.rewards or args.use_hpsv2 or args.use_pickscore:
+        raise ConfigError("give the rewards either with --reward_model (MixGRPO) or with --rewards / "
+                          "--use_hpsv2 / --use_pickscore, not both")
+    if args.reward_mix is not None:
+        raise ConfigError("give --multi_reward_mix (MixGRPO) or --reward_mix, not both")
+    return {"rewards": ",".join(mixgrpo_specs(args)), "reward_mix": args.multi_reward_mix or "advantage_aggr"}

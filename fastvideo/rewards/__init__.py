@@ -6,7 +6,7 @@ their modules (hps, pickscore, clip_score, compressibility) and are imported on 
 """
 
 # Names are imported from their module on first use (PEP 562), so that importing a sub-module
-# (rewards.settings, rewards.flags, rewards.mix: the trainer's flags) does not load torch for --help.
+# (rewards.settings, rewards.flags: the trainer's flags) does not load torch for --help.
 from fastvideo.utils import lazy_getattr
 
 _LAZY = {

@@ -2,14 +2,14 @@
 
 :func:`group_normalize` is the within-group standardisation (r - mean) / (std + eps) over the G
 consecutive samples of one prompt; rewards/combine.py weights normalised rewards with it.
-:func:`mix_advantages` is MixGRPO's ``--multi_reward_mix`` (flags mapped in rewards/mix.py), with
+:func:`mix_advantages` is ``--reward_mix`` (MixGRPO's ``--multi_reward_mix``, mapped by fastvideo.compat), with
 std the unbiased sample std (torch's default, which MixGRPO uses):
 
 - ``advantage_aggr``: A = sum_k w_k * (r_k - mean_g(r_k)) / (std_g(r_k) + 1e-8)
   (each reward's advantages per group, then their weighted sum; not normalised again);
 - ``reward_aggr``:    R = sum_k w_k * r_k, A = (R - mean_g(R)) / (std_g(R) + 1e-8).
 
-A module of its own below combine.py and mix.py, which both use it.
+A module of its own below combine.py, which uses it, and importable without the reward models.
 """
 
 from __future__ import annotations

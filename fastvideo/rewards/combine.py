@@ -156,7 +156,7 @@ class MultiReward:
         if mix is not None and (num_generations is None or num_generations < 2):
             raise ValueError(f"--multi_reward_mix {mix} needs groups: num_generations >= 2")
         self.components = list(components)
-        self.mix = mix  # MixGRPO's advantage_aggr / reward_aggr (rewards/mix.py), or None
+        self.mix = mix  # MixGRPO's advantage_aggr / reward_aggr (--reward_mix, rewards/advantages.py), or None
         self.normalize = normalize
         self.num_generations = num_generations
         self.eps = eps

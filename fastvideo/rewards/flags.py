@@ -1,5 +1,6 @@
-"""Flags of the reward models added after the first four, of remote rewards, and MixGRPO's
-reward flags; part of the reward component (fastvideo/rewards/settings.py) and of the reward server.
+"""Flags of the reward models added after the first four, of remote rewards, and of how several
+rewards become advantages (--reward_mix); part of the reward component (fastvideo/rewards/settings.py)
+and of the reward server. MixGRPO's reward flags are translated onto these by fastvideo.compat.
 
 The typed result is :class:`RewardExtras` (TrainConfig.reward.extras); builders.build_rewards
 turns it into per-reward constructor arguments with :func:`reward_kwargs`.
@@ -12,6 +13,9 @@ from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
 
+# rewards.advantages.MIX_MODES (that module imports torch; tests/rewards check the two agree).
+MIX_MODES = ("advantage_aggr", "reward_aggr")
+
 
 @dataclass
 class RewardExtras:
@@ -22,12 +26,12 @@ class RewardExtras:
     remote_retries: int = 3
     vlm_concurrency: int = 8
     vlm_timeout_s: float = 120.0
-    multi_reward_mix: str | None = None  # advantage_aggr | reward_aggr (MixGRPO), None: --rewards
+    multi_reward_mix: str | None = None  # --reward_mix: advantage_aggr | reward_aggr, None: weighted sum
 
 
 def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
     """The newer rewards' file flags; with client=True (the trainer) also the remote:/vlm: client
-    settings and MixGRPO's flags (a reward server takes only the file flags)."""
+    settings and --reward_mix (a reward server takes only the file flags)."""
     g = p.add_argument_group("more rewards (aesthetic, imagereward, remote:, vlm:)")
     g.add_argument("--aesthetic_dir", type=str, default=RewardExtras.aesthetic_dir,
                    help="folder with sac+logos+ava1-l14-linearMSE.pth and the CLIP ViT-L/14 weights "
@@ -47,9 +51,10 @@ def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
                    help="requests in flight at once to a vlm: judge")
     g.add_argument("--vlm_timeout", type=float, default=RewardExtras.vlm_timeout_s,
                    help="seconds one vlm: judge request may take")
-    from fastvideo.rewards.mix import add_mixgrpo_flags
-
-    add_mixgrpo_flags(p)
+    g.add_argument("--reward_mix", type=str, default=None, choices=MIX_MODES,
+                   help="turn several rewards into advantages as MixGRPO does (fastvideo/rewards/advantages.py): "
+                        "advantage_aggr (each reward's group advantages, weighted) or reward_aggr (the weighted "
+                        "reward, group-normalised); default: the weighted sum of --rewards. Needs --use_group")
 
 
 def extras_from_args(args: argparse.Namespace) -> RewardExtras:
@@ -75,38 +80,24 @@ def extras_from_args(args: argparse.Namespace) -> RewardExtras:
 
 def extras_flags(extras: dict) -> dict:
     """The flags that extras_from_args turns back into ``extras`` (RewardExtras as a dict)."""
-    if extras["multi_reward_mix"] is not None:
-        raise ConfigError("a config of MixGRPO's --reward_model rewards cannot be replayed from its resolved form: "
-                          "give --reward_model and its weight flags (or --rewards) instead")
     names = ("aesthetic_dir", "aesthetic_clip_name", "image_reward_dir", "vlm_concurrency")
-    return {**{n: extras[n] for n in names}, "reward_timeout": extras["remote_timeout_s"],
+    return {**{n: extras[n] for n in names}, "reward_mix": extras["multi_reward_mix"],
+            "reward_timeout": extras["remote_timeout_s"],
             "reward_retries": extras["remote_retries"], "vlm_timeout": extras["vlm_timeout_s"]}
 
 
 def mix_mode(args: argparse.Namespace) -> str | None:
-    """MixGRPO's --multi_reward_mix (its default advantage_aggr with --reward_model); None when
-    the rewards come from --rewards. Needs --use_group, as in MixGRPO."""
-    if getattr(args, "reward_model", None) is None:
+    """--reward_mix, checked: it replaces --reward_group_norm and needs groups (--use_group), as
+    in MixGRPO."""
+    mode = args.reward_mix
+    if mode is None:
         return None
-    mode = args.multi_reward_mix or "advantage_aggr"
     if getattr(args, "reward_group_norm", False):
-        raise ConfigError(f"--reward_group_norm does not apply with --multi_reward_mix {mode}, which "
-                         "normalises the MixGRPO way; drop it")
+        raise ConfigError(f"--reward_group_norm does not apply with --reward_mix {mode} (MixGRPO's "
+                          "--multi_reward_mix), which normalises the MixGRPO way; drop it")
     if not getattr(args, "use_group", True):
-        raise ConfigError(f"--multi_reward_mix {mode} (MixGRPO's --reward_model) needs --use_group")
+        raise ConfigError(f"--reward_mix {mode} (MixGRPO's --multi_reward_mix) needs --use_group")
     return mode
-
-
-def spec_from_args(args: argparse.Namespace) -> list:
-    """MixGRPO's --reward_model flags as RewardSpecs ([] when not used); ConfigError if mixed
-    with --rewards (which fastvideo.compat fills from the legacy --use_hpsv2/--use_pickscore)."""
-    from fastvideo.rewards.mix import mixgrpo_specs
-
-    specs = mixgrpo_specs(args)
-    if specs and args.rewards:
-        raise ConfigError("give the rewards either with --reward_model (MixGRPO) or with --rewards / "
-                         "--use_hpsv2 / --use_pickscore, not both")
-    return specs
 
 
 def reward_kwargs(extras: RewardExtras) -> dict[str, dict]:

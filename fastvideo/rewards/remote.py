@@ -51,6 +51,10 @@ class Endpoint:
 def split_endpoint_item(item: str) -> tuple[Endpoint, float | None]:
     """``"remote:http://h:8000/hpsv2:0.5"`` -> (Endpoint, 0.5); weight None when not given.
 
+    One entry may list several servers of one reward joined with ``|``
+    (``vlm:http://a/v1?model=M|http://b/v1?model=M:0.25``): data-parallel rank r asks server
+    r mod n (training.builders.rank_reward_specs).
+
     The trailing ``:number`` is a weight only if what stays before it is still a URL with a path
     (``remote:http://h:8000`` keeps 8000 as its port and then fails for lack of a reward name).
     """
@@ -64,6 +68,15 @@ def split_endpoint_item(item: str) -> tuple[Endpoint, float | None]:
         except ValueError:
             pass
     url = rest.strip()
+    names = {_endpoint_name(kind, one) for one in url.split("|")}
+    if len(names) > 1:
+        raise ValueError(f"{kind}: the servers of one entry ({url!r}, joined with |) must serve one reward; "
+                         f"they name {sorted(names)}")
+    return Endpoint(kind, url, names.pop()), weight
+
+
+def _endpoint_name(kind: str, url: str) -> str:
+    """The reward one remote:/vlm: server URL names (ValueError naming the problem)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"{kind}: needs an http(s) URL, e.g. {kind}:http://host:8000/...; got {url!r}")
@@ -76,12 +89,11 @@ def split_endpoint_item(item: str) -> tuple[Endpoint, float | None]:
         encoding = parse_qs(parts.query).get("encoding", ["f32"])[-1]
         if encoding not in ENCODINGS:
             raise ValueError(f"remote: URL {url!r}: encoding must be one of {ENCODINGS}")
-    else:
-        query = parse_qs(parts.query)
-        if not query.get("model"):
-            raise ValueError(f"vlm: URL {url!r} needs ?model=NAME (the served model's name)")
-        name = "vlm/" + query["model"][-1]
-    return Endpoint(kind, url, name), weight
+        return name
+    query = parse_qs(parts.query)
+    if not query.get("model"):
+        raise ValueError(f"vlm: URL {url!r} needs ?model=NAME (the served model's name)")
+    return "vlm/" + query["model"][-1]
 
 
 def server_base(url: str) -> tuple[str, str, str]:

@@ -1,6 +1,6 @@
 """The reward component's settings: which rewards (with weights), their model files, where and in
 which precision they score. The newer rewards' and remote judges' flags are in rewards/flags.py
-(RewardExtras); MixGRPO's --reward_model selection in rewards/mix.py."""
+(RewardExtras); MixGRPO's --reward_model selection is translated onto --rewards by fastvideo.compat."""
 
 from __future__ import annotations
 
@@ -12,17 +12,13 @@ from fastvideo.settings import Settings, at_least_one, flag_group
 
 
 def reward_spec(args: argparse.Namespace) -> list:
-    """The trained rewards ([RewardSpec(name, weight)]) from --rewards or MixGRPO's --reward_model."""
+    """The trained rewards ([RewardSpec(name, weight)]) from --rewards."""
     from fastvideo.rewards.combine import parse_reward_spec
-    from fastvideo.rewards.flags import spec_from_args
 
     try:
-        mixgrpo = spec_from_args(args)  # MixGRPO's --reward_model flags; [] when not used
         spec = parse_reward_spec(args.rewards) if args.rewards else []
-    except ValueError as exc:  # the spec parsers' own errors (unknown name, bad weight, MixGRPO weights)
+    except ValueError as exc:  # the spec parser's own errors (unknown name, bad weight)
         raise ConfigError(str(exc)) from exc
-    if mixgrpo:
-        return mixgrpo
     if not spec:
         raise ConfigError('no reward given: add --rewards NAME:WEIGHT (e.g. --rewards "hpsv2:1.0" or '
                           '--rewards compressibility:1.0) or --use_hpsv2')

@@ -175,13 +175,14 @@ def reward_dtype(precision: str) -> torch.dtype | None:
 
 
 def rank_reward_specs(specs: list, rank: int) -> list:
-    """The specs one data-parallel rank builds: a spec listing several servers (MixGRPO's
-    comma-separated --unified_reward_url) asks server ``rank mod n``, as MixGRPO spreads its ranks."""
+    """The specs one data-parallel rank builds: a spec listing several servers joined with ``|``
+    (MixGRPO's comma-separated --unified_reward_url) asks server ``rank mod n``, as MixGRPO spreads
+    its ranks."""
     from dataclasses import replace
 
     out = []
     for spec in specs:
-        urls = spec.url.split(",") if spec.url else []
+        urls = spec.url.split("|") if spec.url else []
         out.append(replace(spec, url=urls[rank % len(urls)]) if len(urls) > 1 else spec)
     return out
 
@@ -192,7 +193,7 @@ def check_reward_endpoints(cfg: TrainConfig) -> None:
     if any(s.url for s in cfg.reward.spec):
         from fastvideo.rewards.remote import check_reward_endpoints as check
 
-        most = max(len(s.url.split(",")) if s.url else 1 for s in cfg.reward.spec)
+        most = max(len(s.url.split("|")) if s.url else 1 for s in cfg.reward.spec)
         for r in range(most):
             check(rank_reward_specs(cfg.reward.spec, r))
 

@@ -60,7 +60,7 @@ def test_unified_reward_becomes_a_vlm_judge_per_rank(tmp_path, monkeypatch):
     cfg = _cfg(tmp_path, "--reward_model", "multi_reward", "--unified_reward_url", "http://a:1,http://b:2/",
                "--multi_reward_mix", "reward_aggr", "--use_group")
     # The configuration is the same on every rank; rank 3 builds its judge on server 3 mod 2.
-    assert cfg.reward.spec[-1].url == "http://a:1/v1?model=UnifiedReward,http://b:2/v1?model=UnifiedReward"
+    assert cfg.reward.spec[-1].url == "http://a:1/v1?model=UnifiedReward|http://b:2/v1?model=UnifiedReward"
     vlm = rank_reward_specs(cfg.reward.spec, 3)[-1]
     assert (vlm.kind, vlm.url, vlm.weight) == ("vlm", "http://b:2/v1?model=UnifiedReward", 0.25)
     assert rank_reward_specs(cfg.reward.spec, 2)[-1].url == "http://a:1/v1?model=UnifiedReward"
@@ -70,6 +70,11 @@ def test_unified_reward_becomes_a_vlm_judge_per_rank(tmp_path, monkeypatch):
 @pytest.mark.parametrize("flags, message", [
     (["--reward_model", "hpsv2", "--rewards", "hpsv2"], "not both"),
     (["--rewards", "hpsv2", "--multi_reward_mix", "reward_aggr"], "needs --reward_model"),
+    (["--reward_model", "hpsv2", "--use_hpsv2", "--use_group"], "not both"),
+    (["--reward_model", "hpsv2", "--reward_mix", "reward_aggr", "--use_group"], "not both"),
+    (["--rewards", "hpsv2,pickscore", "--reward_mix", "reward_aggr"], "needs --use_group"),
+    (["--rewards", "hpsv2,pickscore", "--use_group", "--reward_mix", "reward_aggr", "--reward_group_norm"],
+     "--reward_group_norm"),
     (["--reward_model", "multi_reward"], "needs --use_group"),
     (["--reward_model", "unified_reward", "--use_group"], "--unified_reward_url"),
     (["--reward_model", "hpsv2", "--use_group", "--reward_group_norm"], "--reward_group_norm"),
@@ -78,3 +83,41 @@ def test_unified_reward_becomes_a_vlm_judge_per_rank(tmp_path, monkeypatch):
 def test_bad_combinations_fail_early(tmp_path, flags, message):
     with pytest.raises(ConfigError, match=message):
         _cfg(tmp_path, *flags)
+
+
+def test_unified_reward_url_none_means_no_judge(tmp_path):
+    """MixGRPO's own scripts pass --unified_reward_url None: no judge, as upstream."""
+    cfg = _cfg(tmp_path, "--reward_model", "multi_reward", "--unified_reward_url", "None", "--use_group")
+    assert [s.name for s in cfg.reward.spec] == ["hpsv2", "imagereward", "pickscore"]
+    assert not any("unified_reward_url" in n for n in cfg.compat_notes)
+    with pytest.raises(ConfigError, match="--unified_reward_url"):
+        _cfg(tmp_path, "--reward_model", "unified_reward", "--unified_reward_url", "None", "--use_group")
+
+
+def test_reward_mix_is_our_own_flag_and_replays(tmp_path):
+    """--reward_mix works with --rewards too; MixGRPO's selection resolves to --rewards + --reward_mix,
+    so the resolved configuration replays (judge servers included) to the same rewards."""
+    from fastvideo.config import resolved_flags
+
+    ours = _cfg(tmp_path, "--rewards", "hpsv2:0.25,pickscore:0.75", "--reward_mix", "reward_aggr", "--use_group")
+    assert ours.reward.extras.multi_reward_mix == "reward_aggr"
+    mixgrpo = _cfg(tmp_path, "--reward_model", "multi_reward", "--unified_reward_url", "http://a:1,http://b:2",
+                   "--hps_weight", "3", "--use_group")
+    flags = resolved_flags(mixgrpo.to_json())
+    assert flags["reward_mix"] == "advantage_aggr"
+    argv = []
+    for k, v in flags.items():
+        if k in ("rewards", "reward_mix", "use_group"):
+            argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
+    again = _cfg(tmp_path, *argv)
+    assert again.reward.spec == mixgrpo.reward.spec
+    assert again.reward.extras.multi_reward_mix == "advantage_aggr"
+
+
+def test_servers_of_one_entry_must_serve_one_reward():
+    from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
+
+    spec = parse_reward_spec("vlm:http://a:1/v1?model=J|http://b:2/v1?model=J:0.5")
+    assert [(s.name, s.url, s.weight) for s in spec] == [("vlm/J", "http://a:1/v1?model=J|http://b:2/v1?model=J", 0.5)]
+    with pytest.raises(RewardSpecError, match="must serve one reward"):
+        parse_reward_spec("vlm:http://a:1/v1?model=J|http://b:2/v1?model=K")

@@ -224,6 +224,6 @@ def test_help_imports_no_torch_and_is_fast():
 
 
 def test_the_parsers_copy_of_the_mix_modes_is_the_objectives():
-    from fastvideo.rewards import advantages, mix
+    from fastvideo.rewards import advantages, flags
 
-    assert mix.MIX_MODES == advantages.MIX_MODES
+    assert flags.MIX_MODES == advantages.MIX_MODES
