@@ -3,7 +3,8 @@
 Items are (prompt p, image k) pairs in prompt-major order. They are cut into a fixed grid of
 batches (batch j holds items j*B .. j*B+B-1) dealt round-robin to ranks, so every image is
 computed in the same batch, with the same noise (RandomSource.eval_noise, keyed on the prompt's
-text and k), whatever the world size: scores are the same at 1 and 2 ranks. Every rank runs the
+text and k), whatever the world size: scores are the same at 1 and 2 ranks (up to BLAS rounding on FSDP's
+flat-parameter buffers, an ulp or so). Every rank runs the
 same number of batches (a spare rank repeats batch 0 and drops it) because an FSDP forward is a
 collective.
 """
