@@ -33,7 +33,7 @@ def test_base_and_checkpoint_reproduce_the_training_evaluation(tiny_flux_dir, ti
     real = core.sample_images
 
     def slow_sample_images(*args, **kwargs):  # makes evaluation time stand out from iteration time
-        time.sleep(1.0)
+        time.sleep(2.5)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(core, "sample_images", slow_sample_images)
@@ -46,8 +46,10 @@ def test_base_and_checkpoint_reproduce_the_training_evaluation(tiny_flux_dir, ti
     assert train(argv) == 0
     capsys.readouterr()
     # Evaluation time is recorded in eval.jsonl and is not part of the iterations' times.
-    assert all(r["time_eval"] >= 3.0 for r in read_jsonl(run / "eval.jsonl"))  # 12 images in 3 batches
-    assert all(r["time_iteration"] < 3.0 for r in read_metrics(run))
+    assert all(r["time_eval"] >= 7.5 for r in read_jsonl(run / "eval.jsonl"))  # 12 images in 3 batches
+    # An iteration of the tiny model takes well under a second on an idle 2-core CPU; the bound leaves
+    # room for a loaded machine and still fails if an evaluation's 7.5 s were counted in.
+    assert all(r["time_iteration"] < 6.0 for r in read_metrics(run))
     out = tmp_path / "cmp"
     assert main(_tool_args(eval_prompt_file, out, f"base={tiny_flux_dir}", f"tuned={run / 'checkpoint-2'}")) == 0
     printed = capsys.readouterr().out
