@@ -128,7 +128,7 @@ def test_resume_inputs_are_refused_cleanly(finished_run, tmp_path, monkeypatch, 
 
     damaged = tmp_path / "damaged"
     shutil.copytree(out / "checkpoint-1", damaged)
-    with open(damaged / "model.safetensors", "r+b") as f:
+    with open(damaged / "diffusion_pytorch_model.safetensors", "r+b") as f:
         f.truncate(100)
     _refused(_train([*argv, "--resume_from_checkpoint", str(damaged)], monkeypatch), capsys, "damaged")
     pickled = tmp_path / "pickled"
@@ -138,6 +138,9 @@ def test_resume_inputs_are_refused_cleanly(finished_run, tmp_path, monkeypatch, 
     torch.save({"x": Path("evil")}, pickled / "extra_state.safetensors")
     marker = json.loads((pickled / "COMPLETE.json").read_text())
     marker["files"]["extra_state.safetensors"] = (pickled / "extra_state.safetensors").stat().st_size
+    from fastvideo.training.checkpoint import file_digest
+
+    marker["sha256"]["extra_state.safetensors"] = file_digest(pickled / "extra_state.safetensors")
     (pickled / "COMPLETE.json").write_text(json.dumps(marker))
     _refused(_train([*argv, "--resume_from_checkpoint", str(pickled)], monkeypatch), capsys, "pickle")
 

@@ -309,7 +309,7 @@ def get_model_family(name_or_path: str, **settings) -> ModelFamily:
 
 def family_for_class_name(class_name: str) -> str | None:
     """The registered family whose transformer class an exported config names (config.json's
-    _class_name, e.g. a checkpoint's transformer_config.json); None when no family, or more than
+    _class_name, e.g. a checkpoint's config.json); None when no family, or more than
     one, claims it (the class name alone cannot tell those apart)."""
     _ensure_builtin()
     claimants = []

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from helpers import single_process_trainer, train_args  # noqa: E402
+from fastvideo.training.checkpoint import read_weights  # noqa: E402
 
 TOL = 1e-6
 
@@ -109,7 +110,7 @@ def test_exported_file_starts_a_new_run_with_the_same_adapters(lora_run, tiny_fl
     argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "run", use_lora=True, lora_rank=4, lora_alpha=8,
                       resume_from_lora_checkpoint=tmp_path / "lora")
     trainer = single_process_trainer(argv, monkeypatch)
-    saved = load_file(str(ckpt / "lora.safetensors"))
+    saved = read_weights(ckpt, lora=True)
     params = dict(trainer.model.named_parameters())
     assert set(saved) == {k for k, p in params.items() if p.requires_grad}
     for k, v in saved.items():
@@ -130,6 +131,6 @@ def test_ema_adapters_export(lora_run, tmp_path):
     got = load_file(str(tmp_path / "ema" / "pytorch_lora_weights.safetensors"))
     expected = to_diffusers(load_file(str(ckpt / "ema.safetensors")), scale=2.0)
     assert set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in got)
-    trained = to_diffusers(load_file(str(ckpt / "lora.safetensors")), scale=2.0)
+    trained = to_diffusers(read_weights(ckpt, lora=True), scale=2.0)
     b = next(k for k in got if ".lora_B." in k)
     torch.testing.assert_close(got[b], 0.5 * trained[b])  # lora_B starts at 0: EMA = 0.5 * trained
