@@ -198,6 +198,11 @@ class ModelFamily(abc.ABC):
     def cond_from_tensors(self, records: Sequence[Mapping[str, torch.Tensor]]) -> Conditioning:
         """Stack per-prompt stored records (as read by the dataset) into one Conditioning."""
 
+    def stored_record(self, record: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One prompt's record (Conditioning.record) as the preprocessing writes it, in the shapes
+        of record_shapes; check_record reads it back (default: as it is)."""
+        return dict(record)
+
     @abc.abstractmethod
     def check_record(self, idx: int, record: dict[str, torch.Tensor], first_dims: tuple | None = None,
                      where: str = "") -> tuple[dict[str, torch.Tensor], tuple]:
