@@ -131,6 +131,16 @@ def test_resume_inputs_are_refused_cleanly(finished_run, tmp_path, monkeypatch, 
     with open(damaged / "diffusion_pytorch_model.safetensors", "r+b") as f:
         f.truncate(100)
     _refused(_train([*argv, "--resume_from_checkpoint", str(damaged)], monkeypatch), capsys, "damaged")
+    flipped = tmp_path / "flipped"  # same size, one bit changed: found by its sha256
+    shutil.copytree(out / "checkpoint-1", flipped)
+    with open(flipped / "diffusion_pytorch_model.safetensors", "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    err = _refused(_train([*argv, "--resume_from_checkpoint", str(flipped)], monkeypatch), capsys,
+                   "diffusion_pytorch_model.safetensors does not match its sha256")
+    assert err.count("\n") == 1, err
     pickled = tmp_path / "pickled"
     shutil.copytree(out / "checkpoint-1", pickled)
     import json

@@ -96,7 +96,6 @@ def read_weights(path: str | os.PathLike, lora: bool = False) -> dict:
     return _read_tensors(weights)
 
 
-
 # ======================================================================== finding checkpoints
 def checkpoint_dir(output_dir: str | os.PathLike, iteration: int) -> Path:
     return Path(output_dir) / f"{PREFIX}{iteration}"
@@ -157,7 +156,10 @@ def folder_digests(folder: Path, names: list[str]) -> dict[str, str]:
 
 
 def _fingerprint(path: Path, names) -> tuple:
-    stats = [(n, (path / n).stat()) for n in sorted(names)]
+    try:
+        stats = [(n, (path / n).stat()) for n in sorted(names)]
+    except OSError as exc:  # a digest recorded for a file the marker's sizes do not list
+        raise CheckpointError(f"checkpoint {str(path)!r} is damaged: {exc}") from exc
     return tuple((n, st.st_size, st.st_mtime_ns) for n, st in stats)
 
 
