@@ -61,7 +61,9 @@ def child(argv: list[str], report: str) -> None:
     if devices.rank() == 0:
         ckpt = Path(cfg.output.output_dir) / f"checkpoint-{cfg.optim.max_train_steps}"
         row["checkpoint_mb"] = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file()) / 2**20
-        weights = ckpt / ("lora.safetensors" if cfg.lora.enabled else "model.safetensors")
+        from fastvideo.training import checkpoint_files as files
+
+        weights = files.stored_file(ckpt, files.LORA_FILE if cfg.lora.enabled else files.MODEL_FILE)
         row["weights_file_mb"] = weights.stat().st_size / 2**20
     with open(report, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")

@@ -128,9 +128,19 @@ def test_resume_inputs_are_refused_cleanly(finished_run, tmp_path, monkeypatch, 
 
     damaged = tmp_path / "damaged"
     shutil.copytree(out / "checkpoint-1", damaged)
-    with open(damaged / "model.safetensors", "r+b") as f:
+    with open(damaged / "diffusion_pytorch_model.safetensors", "r+b") as f:
         f.truncate(100)
     _refused(_train([*argv, "--resume_from_checkpoint", str(damaged)], monkeypatch), capsys, "damaged")
+    flipped = tmp_path / "flipped"  # same size, one bit changed: found by its sha256
+    shutil.copytree(out / "checkpoint-1", flipped)
+    with open(flipped / "diffusion_pytorch_model.safetensors", "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    err = _refused(_train([*argv, "--resume_from_checkpoint", str(flipped)], monkeypatch), capsys,
+                   "diffusion_pytorch_model.safetensors does not match its sha256")
+    assert err.count("\n") == 1, err
     pickled = tmp_path / "pickled"
     shutil.copytree(out / "checkpoint-1", pickled)
     import json
@@ -138,6 +148,9 @@ def test_resume_inputs_are_refused_cleanly(finished_run, tmp_path, monkeypatch, 
     torch.save({"x": Path("evil")}, pickled / "extra_state.safetensors")
     marker = json.loads((pickled / "COMPLETE.json").read_text())
     marker["files"]["extra_state.safetensors"] = (pickled / "extra_state.safetensors").stat().st_size
+    from fastvideo.training.checkpoint import file_digest
+
+    marker["sha256"]["extra_state.safetensors"] = file_digest(pickled / "extra_state.safetensors")
     (pickled / "COMPLETE.json").write_text(json.dumps(marker))
     _refused(_train([*argv, "--resume_from_checkpoint", str(pickled)], monkeypatch), capsys, "pickle")
 

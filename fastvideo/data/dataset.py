@@ -7,7 +7,8 @@ Layout (written by fastvideo.data_preprocess.embeddings; names from the model fa
     ROOT/<folder>/{name}         one stored tensor of one prompt
 
 FLUX: prompt_embed/ (T5 sequence embedding [L, D]), pooled_prompt_embeds/ (CLIP pooled [P]),
-text_ids/ (zeros [L, 3]; DanceGRPO's own files hold one [3] row, expanded to [L, 3]).
+text_ids/ (zeros: one [3] row as upstream DanceGRPO writes it, or [L, 3] as this project's folders
+before held; both are read as [L, 3]).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ folders and json keys are the family's ``storage``)::
 
     OUT/prompt_embed/{idx}.pt           T5 sequence embedding [L, D_t5]   (L = max_sequence_length)
     OUT/pooled_prompt_embeds/{idx}.pt   CLIP pooled embedding [D_clip]
-    OUT/text_ids/{idx}.pt               zeros [L, 3]  (upstream stores one [3] row; we keep [L, 3])
+    OUT/text_ids/{idx}.pt               zeros [3]: one row, as upstream writes it (the reader also
+                                        takes the [L, 3] files of this project's older folders)
     OUT/videos2caption.json             [{"prompt_embed_path": "{idx}.pt", "text_ids": "{idx}.pt",
                                           "pooled_prompt_embeds_path": "{idx}.pt", "caption": ...}]
     OUT/preprocess_meta.json            what the files were made from (model, length, dtype, captions)
@@ -164,8 +165,9 @@ def is_encoded(output_dir: str | Path, idx: int, spec: EmbeddingSpec, family: Mo
 
 
 def save_prompt_record(output_dir: str | Path, idx: int, record, family: ModelFamily | None = None) -> None:
-    """Write one prompt's stored tensors (record: Conditioning name -> tensor; FLUX: [L, D], [P],
-    [L, 3]) as plain CPU tensors with their own storage."""
+    """Write one prompt's stored tensors (record: Conditioning name -> tensor, in the family's
+    stored_record form; FLUX: [L, D], [P], [3]) as plain CPU tensors with their own storage."""
+    record = _family(family).stored_record(record)
     names = [s.name for s in _family(family).storage]
     for path, name in zip(embedding_paths(output_dir, idx, family), names):
         # copy=True: a row of the batch would otherwise pickle the whole batch's storage.

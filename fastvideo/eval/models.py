@@ -31,9 +31,11 @@ class ModelSpec:
 
 
 def _kind(path: Path, family_label: str) -> str:
+    from fastvideo.training import checkpoint_files as files
     from fastvideo.training.lora import LORA_WEIGHTS_NAME
 
-    if (path / "COMPLETE.json").is_file() and (path / "lora.safetensors").is_file():
+    trainer_checkpoint = (path / files.MARKER).is_file()
+    if trainer_checkpoint and files.has_file(path, files.LORA_FILE):
         return LORA_CHECKPOINT
     if (path / LORA_WEIGHTS_NAME).is_file():
         return LORA_FILE
@@ -42,13 +44,13 @@ def _kind(path: Path, family_label: str) -> str:
                              "`python -m fastvideo.tools.export CKPT OUT --lora` and evaluate OUT (on --base)")
     if (path / "transformer" / "config.json").is_file():
         return MODEL_FOLDER
-    if (path / "model.safetensors").is_file() and (path / "COMPLETE.json").is_file():
+    if trainer_checkpoint and files.has_file(path, files.MODEL_FILE):
         return CHECKPOINT
     if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
         return TRANSFORMER_FOLDER
     raise ModelSpecError(
         f"--model {str(path)!r} is neither a {family_label} folder (transformer/config.json), a training checkpoint "
-        "(model.safetensors or lora.safetensors + COMPLETE.json), an exported transformer folder (config.json + "
+        "(diffusion_pytorch_model.safetensors or pytorch_lora_weights.safetensors + COMPLETE.json), an exported transformer folder (config.json + "
         "*.safetensors) nor an exported LoRA (pytorch_lora_weights.safetensors)")
 
 
@@ -81,8 +83,7 @@ def family_name_for(models: list[ModelSpec], flag: str | None) -> str:
 
 def load_transformer_for(spec: ModelSpec, base: Path, device, family, dtype=torch.float32):
     """The transformer of ``spec`` (a ``family`` model); a checkpoint takes its architecture from
-    its own transformer_config.json (else from ``base``) and its weights from model.safetensors."""
-    from safetensors.torch import load_file
+    its own config.json (else from ``base``) and its weights (either checkpoint layout)."""
 
     from fastvideo.rewards.base import load_state_dict_strict
     from fastvideo.training import checkpoint as ckpt_lib
@@ -97,11 +98,11 @@ def load_transformer_for(spec: ModelSpec, base: Path, device, family, dtype=torc
         family.adapt_for_device(model, device)
         return model.eval()
     ckpt_lib.verify_checkpoint(spec.path)
-    own = spec.path / ckpt_lib.CONFIG_FILE
+    own = ckpt_lib.stored_file(spec.path, ckpt_lib.CONFIG_FILE)
     config_path = own if own.is_file() else base / "transformer" / "config.json"
     config = {k: v for k, v in json.loads(config_path.read_text(encoding="utf-8")).items() if not k.startswith("_")}
     model = family.transformer_class().from_config(config)
-    load_state_dict_strict(model, load_file(str(spec.path / ckpt_lib.MODEL_FILE)), str(spec.path))
+    load_state_dict_strict(model, ckpt_lib.read_weights(spec.path), str(spec.path))
     model.to(device=device, dtype=dtype)
     family.adapt_for_device(model, device)
     return model.eval()

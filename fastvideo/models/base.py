@@ -198,6 +198,11 @@ class ModelFamily(abc.ABC):
     def cond_from_tensors(self, records: Sequence[Mapping[str, torch.Tensor]]) -> Conditioning:
         """Stack per-prompt stored records (as read by the dataset) into one Conditioning."""
 
+    def stored_record(self, record: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One prompt's record (Conditioning.record) as the preprocessing writes it, in the shapes
+        of record_shapes; check_record reads it back (default: as it is)."""
+        return dict(record)
+
     @abc.abstractmethod
     def check_record(self, idx: int, record: dict[str, torch.Tensor], first_dims: tuple | None = None,
                      where: str = "") -> tuple[dict[str, torch.Tensor], tuple]:
@@ -309,7 +314,7 @@ def get_model_family(name_or_path: str, **settings) -> ModelFamily:
 
 def family_for_class_name(class_name: str) -> str | None:
     """The registered family whose transformer class an exported config names (config.json's
-    _class_name, e.g. a checkpoint's transformer_config.json); None when no family, or more than
+    _class_name, e.g. a checkpoint's config.json); None when no family, or more than
     one, claims it (the class name alone cannot tell those apart)."""
     _ensure_builtin()
     claimants = []

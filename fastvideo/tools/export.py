@@ -15,7 +15,7 @@ when the file system allows, else copied) with its transformer/ replaced by the 
 --pretrained_model_name_or_path. The transformer config comes from the checkpoint itself; the
 base folder is needed only for the other components. --ema exports the EMA weights.
 
-A LoRA checkpoint (--use_lora; it holds lora.safetensors, the adapters only) exports with --lora as
+A LoRA checkpoint (--use_lora; it holds pytorch_lora_weights.safetensors, the adapters only) exports with --lora as
 a diffusers LoRA file, ``pipe.load_lora_weights(OUT)`` on the stock FluxPipeline of the base model
 (the scale alpha / rank is folded into lora_B: diffusers 0.32 loads a file at scale 1), or with
 --merge as a full transformer folder (base + scale * B @ A) like a full fine-tuning export. The

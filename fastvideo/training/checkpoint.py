@@ -8,18 +8,28 @@
 
 Layout of ``OUTPUT_DIR/checkpoint-{iteration}/``:
 
-    model.safetensors          full fp32 transformer weights, diffusers parameter names
-    lora.safetensors           instead of model.safetensors in a LoRA run (trainable_only): the
-                               adapters alone, in-model peft names (training/lora.py); the EMA file
-                               then holds the adapters' EMA
-    transformer_config.json    the transformer's diffusers config (export needs no base folder)
+    diffusion_pytorch_model.safetensors + config.json
+                               full fp32 transformer weights (diffusers parameter names) and the
+                               transformer's diffusers config, upstream DanceGRPO's names: the
+                               folder is a transformer folder, FluxTransformer2DModel.from_pretrained
+                               loads it (and export needs no base folder)
+    pytorch_lora_weights.safetensors
+                               instead, in a LoRA run (trainable_only): the adapters alone in
+                               diffusers' LoRA format (transformer.<module>.lora_A|B.weight, values
+                               as trained, plus transformer.<module>.alpha), so
+                               FluxPipeline.load_lora_weights(folder) applies them at alpha / rank
+                               (checkpoint_files.lora_file_entries); the EMA file then holds the
+                               adapters' EMA in in-model peft names (training/lora.py)
     optimizer.json/.safetensors    full AdamW state keyed by parameter name (any world size)
     scheduler.json             LR scheduler state
     ema.safetensors, ema.json  full EMA weights (same names as the model) and its counters
     extra_state.json/.safetensors  the caller's dict (iteration, sampler, RNG states ...)
     rank_state/rank-NNNNN.*    optional per-rank dicts
     meta.json                  iteration, world size, torch version, time
-    COMPLETE.json              written last: every file with its size
+    COMPLETE.json              written last: every file with its size and its sha256
+
+Checkpoints of the layout before (model.safetensors, lora.safetensors with peft names,
+transformer_config.json; no sha256 in the marker) still resume: checkpoint_files.stored_file.
 
 Full (unsharded) state dicts rather than torch.distributed.checkpoint shards: the model file is
 directly a diffusers weight file, a checkpoint resumes on any number of ranks, and DCP's metadata
@@ -30,6 +40,9 @@ Atomicity: everything is written into ``checkpoint-{iteration}.tmp-XXXX`` and fs
 is written last; the folder is then renamed into place (an atomic rename on POSIX file systems)
 and the parent folder fsynced. A crash at any point leaves either the previous checkpoints only
 or the new, complete one; find_latest() ignores temporary folders and folders without a marker.
+Damage after the save (a flipped bit, a truncated file) is found before anything is read:
+verify_checkpoint compares every file with its size and sha256, and 'latest' skips a damaged
+checkpoint with a warning naming the file, resuming from the newest undamaged one.
 Rank 0 writes the shared files; the output folder must be on a file system all ranks see when
 per-rank state is saved.
 """
@@ -68,18 +81,29 @@ from fastvideo.training.state_io import (  # noqa: F401  (re-exported: part of t
 from fastvideo.training.checkpoint_files import (  # noqa: F401  (re-exported: part of this module's API)
     _SCRATCH_RE,
     CONFIG_FILE,
+    DIGEST,
     EMA_FILE,
+    LEGACY_NAMES,
     LORA_FILE,
     MARKER,
     MODEL_FILE,
     PREFIX,
+    DamagedCheckpointWarning,
     NoCheckpointError,
+    adapters_from_lora_file,
     checkpoint_dir,
+    file_digest,
     find_latest,
+    folder_digests,
+    has_file,
     is_complete,
+    legacy_states,
     list_checkpoints,
+    lora_file_entries,
+    read_weights,
     recorded_family,
     resolve_checkpoint,
+    stored_file,
     verify_checkpoint,
 )
 
@@ -151,6 +175,10 @@ def _clean_config(config: dict | None, class_name: str) -> dict | None:
     for key in ("_use_default_values", "_name_or_path"):
         cfg.pop(key, None)
     cfg.setdefault("_class_name", class_name)
+    if "_diffusers_version" not in cfg:  # what diffusers' from_pretrained records of the folder it reads
+        import diffusers
+
+        cfg["_diffusers_version"] = diffusers.__version__
     return cfg
 
 
@@ -188,7 +216,9 @@ def prune_checkpoints(output_dir: str | os.PathLike, keep_last: int | None) -> l
 
 def _publish(tmp: Path, final: Path, files: list[str], iteration: int) -> None:
     sizes = {name: (tmp / name).stat().st_size for name in files}
-    _write_json(tmp / MARKER, {"format_version": FORMAT_VERSION, "iteration": iteration, "files": sizes})
+    digests = folder_digests(tmp, sorted(files))  # read back from the page cache just written
+    _write_json(tmp / MARKER, {"format_version": FORMAT_VERSION, "iteration": iteration, "files": sizes,
+                               DIGEST: digests})
     for folder in {(tmp / name).parent for name in files} | {tmp}:
         _fsync_path(folder)
     if final.exists():  # a rerun reached the same iteration: the new state replaces the old
@@ -203,13 +233,22 @@ def _open_temp(output_dir: Path, iteration: int) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{iteration}.tmp-", dir=output_dir))
 
 
+def _lora_alpha(extra_state: dict | None) -> float | None:
+    """The run's lora_alpha (the trainer records its LoRA settings in extra_state["lora"])."""
+    info = (extra_state or {}).get("lora")
+    return float(info["alpha"]) if isinstance(info, dict) and "alpha" in info else None
+
+
 def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimizer, lr_scheduler, ema,
                       extra_state, transformer_config, trainable_only=False) -> None:
     """Gather one component at a time (every rank takes part), write it on rank 0 and drop it:
     rank 0 never holds the model, the optimizer state and the EMA in host memory at once."""
     state = fsdp.full_model_state_dict(model, trainable_only)
+    if is_main and trainable_only:
+        w.run(lambda: w.tensors(LORA_FILE, lora_file_entries(state, _lora_alpha(extra_state))))
+    elif is_main:
+        w.tensors(MODEL_FILE, state)
     if is_main:
-        w.tensors(LORA_FILE if trainable_only else MODEL_FILE, state)
         config = _model_config(model, transformer_config)
         if config is not None:
             w.json(CONFIG_FILE, config)
@@ -331,12 +370,12 @@ def _check_safetensors(path: Path) -> None:
 def _check_loadable(path: Path, optimizer, lr_scheduler, ema, trainable_only=False) -> None:
     """Everything rank 0 will read, checked before the first collective: marker, sizes, headers."""
     verify_checkpoint(path)
-    if trainable_only and not (path / LORA_FILE).is_file() and (path / MODEL_FILE).is_file():
+    if trainable_only and not has_file(path, LORA_FILE) and has_file(path, MODEL_FILE):
         raise CheckpointError(f"{path} is a full fine-tuning checkpoint; resume it without --use_lora (or start the "
                               "LoRA run from its exported weights with --dit_model_name_or_path)")
-    if not trainable_only and (path / LORA_FILE).is_file():
+    if not trainable_only and has_file(path, LORA_FILE):
         raise CheckpointError(f"{path} is a LoRA checkpoint (adapters only); resume it with --use_lora")
-    weights = LORA_FILE if trainable_only else MODEL_FILE
+    weights = stored_file(path, LORA_FILE if trainable_only else MODEL_FILE).name
     wanted = {weights: "model weights", "extra_state.json": "extra state", "meta.json": "metadata"}
     if optimizer is not None:
         wanted["optimizer.json"] = "optimizer state"
@@ -366,12 +405,12 @@ def load_checkpoint(
 ) -> LoadedCheckpoint:
     """Collective. Restore what is passed from a checkpoint folder; rank 0 reads the model,
     optimizer and EMA files and the wrapper distributes them, so it works for any world size.
-    trainable_only: a LoRA checkpoint (lora.safetensors); the frozen base is left as built."""
+    trainable_only: a LoRA checkpoint (its adapters only); the frozen base is left as built."""
     path = Path(path)
     is_main = devices.rank() == 0
     _rank0_then_share(lambda: _check_loadable(path, optimizer, lr_scheduler, ema, trainable_only))
-    weights = path / (LORA_FILE if trainable_only else MODEL_FILE)
-    fsdp.load_full_model_state_dict(model, _read_tensors(weights) if is_main else {}, strict=not trainable_only)
+    weights = read_weights(path, trainable_only) if is_main else {}
+    fsdp.load_full_model_state_dict(model, weights, strict=not trainable_only)
     if optimizer is not None:
         fsdp.load_full_optimizer_state_dict(model, optimizer, load_tree(path, "optimizer") if is_main else {})
     if ema is not None:
@@ -451,16 +490,3 @@ class Checkpointer:
 
     def find_latest(self) -> Path | None:
         return find_latest(self.output_dir)
-
-
-def legacy_states(extra: dict) -> dict:
-    """The stateful parts of a checkpoint written before they were saved by name (919d5af and
-    earlier): the trainer's counters and the sampler at the top level of extra_state."""
-    states = {"trainer": {"iteration": int(extra["iteration"]),
-                          "consecutive_nonfinite": int(extra.get("consecutive_nonfinite", 0))},
-              "objective": {}}
-    if "seed" in extra:
-        states["randomness"] = {"seed": int(extra["seed"])}
-    if "sampler" in extra:
-        states["sampler"] = extra["sampler"]
-    return states

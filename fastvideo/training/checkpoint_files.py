@@ -1,27 +1,99 @@
-"""Where checkpoints are and whether they are whole: the folder layout's names, finding the
-latest complete checkpoint, and checking one before anything is read from it (no collectives)."""
+"""Where checkpoints are and whether they are whole: the folder layout's names (this layout's and
+the one before it), finding the latest complete checkpoint, and checking one before anything is
+read from it (no collectives)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fastvideo.training.state_io import CheckpointError, _read_json
+from fastvideo.training.state_io import CheckpointError, _read_json, _read_tensors
 
 PREFIX = "checkpoint-"
 MARKER = "COMPLETE.json"
-MODEL_FILE = "model.safetensors"
-CONFIG_FILE = "transformer_config.json"
+# Upstream DanceGRPO's names: FluxTransformer2DModel.from_pretrained(checkpoint-N) loads the weights,
+# and FluxPipeline.load_lora_weights(checkpoint-N) the adapters of a LoRA run.
+MODEL_FILE = "diffusion_pytorch_model.safetensors"
+CONFIG_FILE = "config.json"
+LORA_FILE = "pytorch_lora_weights.safetensors"
 EMA_FILE = "ema.safetensors"
-LORA_FILE = "lora.safetensors"
+# The names of the layout before upstream's (model.safetensors + transformer_config.json): read, never written.
+LEGACY_NAMES = {MODEL_FILE: "model.safetensors", CONFIG_FILE: "transformer_config.json", LORA_FILE: "lora.safetensors"}
 _FINAL_RE = re.compile(r"^checkpoint-(\d+)$")
 _SCRATCH_RE = re.compile(r"^checkpoint-\d+\.(tmp|old|deleting)-")
 
 
 class NoCheckpointError(CheckpointError, FileNotFoundError):
     """No (complete) checkpoint where one was asked for."""
+
+
+# ======================================================================== files of a checkpoint
+def stored_file(path: str | os.PathLike, name: str) -> Path:
+    """``path/name`` (name: one of this layout's names), else the file of the older layout that held
+    the same content when only that one exists (so old checkpoints still resume)."""
+    path = Path(path)
+    legacy = LEGACY_NAMES.get(name)
+    if legacy is not None and not (path / name).is_file() and (path / legacy).is_file():
+        return path / legacy
+    return path / name
+
+
+def has_file(path: str | os.PathLike, name: str) -> bool:
+    return stored_file(path, name).is_file()
+
+
+# A LoRA checkpoint's adapters in diffusers' LoRA file format, values unchanged (exact resume):
+# transformer.<module>.lora_A|B.weight plus transformer.<module>.alpha, which diffusers'
+# load_lora_weights reads as peft's lora_alpha (scale alpha / rank), as upstream's trainer applies.
+_IN_MODEL = re.compile(r"^(?P<module>.+)\.(?P<ab>lora_[AB])\.default\.weight$")
+_IN_FILE = re.compile(r"^transformer\.(?P<module>.+)\.(?P<ab>lora_[AB])\.weight$")
+_ALPHA = re.compile(r"^transformer\.(?P<module>.+)\.alpha$")
+
+
+def lora_file_entries(adapters: dict, alpha: float | None) -> dict:
+    """In-model adapter names (peft: <module>.lora_A.default.weight) -> the file's entries; alpha
+    None writes no alpha entries (diffusers then applies scale 1)."""
+    import torch
+
+    out = {}
+    for key, value in adapters.items():
+        m = _IN_MODEL.match(key)
+        if m is None:
+            raise ValueError(f"{key!r} is not a LoRA adapter weight ('<module>.lora_A|B.default.weight')")
+        out[f"transformer.{m['module']}.{m['ab']}.weight"] = value
+        if alpha is not None:
+            out[f"transformer.{m['module']}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
+    return out
+
+
+def adapters_from_lora_file(entries: dict, where: str = "the LoRA file") -> dict:
+    """Inverse of lora_file_entries (alpha entries dropped): in-model adapter names, values as stored."""
+    out = {}
+    for key, value in entries.items():
+        if _ALPHA.match(key):
+            continue
+        m = _IN_FILE.match(key)
+        if m is None:
+            raise CheckpointError(f"{where}: {key!r} is not a FLUX transformer LoRA entry "
+                                  "('transformer.<module>.lora_A|B.weight')")
+        out[f"{m['module']}.{m['ab']}.default.weight"] = value
+    return out
+
+
+def read_weights(path: str | os.PathLike, lora: bool = False) -> dict:
+    """A checkpoint's transformer weights (lora: its adapters, in-model peft names), either layout."""
+    path = Path(path)
+    if not lora:
+        return _read_tensors(stored_file(path, MODEL_FILE))
+    weights = stored_file(path, LORA_FILE)
+    if weights.name == LORA_FILE:  # diffusers' LoRA format; the older lora.safetensors holds peft names
+        return adapters_from_lora_file(_read_tensors(weights), str(weights))
+    return _read_tensors(weights)
 
 
 # ======================================================================== finding checkpoints
@@ -60,9 +132,59 @@ def find_latest(output_dir: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
-def verify_checkpoint(path: str | os.PathLike) -> dict:
-    """Check that ``path`` is a complete checkpoint (marker present, every file at its recorded
-    size). Returns the marker. Raises NoCheckpointError / CheckpointError naming the problem."""
+class DamagedCheckpointWarning(UserWarning):
+    """'latest' skipped a checkpoint whose files do not match COMPLETE.json."""
+
+
+# ======================================================================== digests
+DIGEST = "sha256"  # hashlib's, OpenSSL's implementation: about 1.3 GB/s per core (docs/checkpoints.md)
+_verified: dict[str, tuple] = {}  # folder -> (name, size, mtime) of its files when their digests matched
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The hex sha256 of a file, read in a stream (memory stays flat whatever its size)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, DIGEST).hexdigest()
+
+
+def folder_digests(folder: Path, names: list[str]) -> dict[str, str]:
+    """{name: digest} of files in ``folder``, hashed in parallel threads (hashlib releases the GIL)."""
+    if not names:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(4, len(names))) as pool:
+        return dict(zip(names, pool.map(lambda n: file_digest(folder / n), names)))
+
+
+def _fingerprint(path: Path, names) -> tuple:
+    try:
+        stats = [(n, (path / n).stat()) for n in sorted(names)]
+    except OSError as exc:  # a digest recorded for a file the marker's sizes do not list
+        raise CheckpointError(f"checkpoint {str(path)!r} is damaged: {exc}") from exc
+    return tuple((n, st.st_size, st.st_mtime_ns) for n, st in stats)
+
+
+def _check_digests(path: Path, recorded: dict) -> None:
+    """Raise CheckpointError naming the first file whose content does not match its digest. A folder
+    checked before in this process, its files unchanged since, is not read again."""
+    key = str(path.resolve())
+    fingerprint = _fingerprint(path, recorded)
+    if _verified.get(key) == fingerprint:
+        return
+    actual = folder_digests(path, sorted(recorded))
+    for name in sorted(recorded):
+        if actual[name] != recorded[name]:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is damaged: {name} does not match its {DIGEST} in {MARKER} (its bytes "
+                "changed after the save). Resume from an earlier checkpoint, or with 'latest', which skips "
+                "damaged checkpoints")
+    _verified[key] = fingerprint
+
+
+def verify_checkpoint(path: str | os.PathLike, digests: bool = True) -> dict:
+    """Check that ``path`` is a complete checkpoint: marker present, every file at its recorded
+    size and (digests, when the marker records them: checkpoints written before digests do not)
+    with its recorded sha256. Returns the marker. Raises NoCheckpointError / CheckpointError
+    naming the problem and the damaged file."""
     path = Path(path)
     if not path.exists():
         raise NoCheckpointError(f"checkpoint {str(path)!r} does not exist")
@@ -84,15 +206,37 @@ def verify_checkpoint(path: str | os.PathLike) -> dict:
         f = path / name
         if not f.is_file() or f.stat().st_size != size:
             raise CheckpointError(f"checkpoint {str(path)!r} is damaged: {name} is missing or has the wrong size")
+    recorded = marker.get(DIGEST) if isinstance(marker, dict) else None
+    if digests and isinstance(recorded, dict):
+        _check_digests(path, recorded)
     return marker
 
 
+def _latest_valid(output_dir: str | os.PathLike) -> tuple[Path | None, list[str]]:
+    """The newest complete checkpoint whose files match its marker, and the problems of the newer
+    ones it skipped (each also warned about with a DamagedCheckpointWarning naming the file)."""
+    problems = []
+    for _, path in reversed(list_checkpoints(output_dir)):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as exc:
+            warnings.warn(f"skipping a damaged checkpoint: {exc}", DamagedCheckpointWarning, stacklevel=4)
+            problems.append(str(exc))
+            continue
+        return path, problems
+    return None, problems
+
+
 def resolve_checkpoint(spec: str | os.PathLike, output_dir: str | os.PathLike | None = None) -> Path:
-    """'latest' -> the newest complete checkpoint in output_dir; a path -> that checkpoint, checked."""
+    """'latest' -> the newest complete, undamaged checkpoint in output_dir; a path -> that
+    checkpoint, checked (a damaged one is refused)."""
     if str(spec) == "latest":
         if output_dir is None:
             raise ValueError("resume 'latest' needs the output directory to search")
-        latest = find_latest(output_dir)
+        latest, problems = _latest_valid(output_dir)
+        if latest is None and problems:
+            raise CheckpointError(f"--resume_from_checkpoint latest: every checkpoint in {str(output_dir)!r} is "
+                                  f"damaged; the newest: {problems[0]}")
         if latest is None:
             raise NoCheckpointError(
                 f"--resume_from_checkpoint latest: no complete {PREFIX}N folder in {str(output_dir)!r}. Start "
@@ -123,8 +267,22 @@ def recorded_family(folder: str | os.PathLike) -> str | None:
     run = _json_or_none(folder.parent / "config.json")
     if isinstance(run, dict) and isinstance(run.get("model"), dict) and "rollout" in run:
         return run["model"].get("family", DEFAULT_FAMILY)
-    for name in (CONFIG_FILE, "config.json"):
+    for name in (CONFIG_FILE, LEGACY_NAMES[CONFIG_FILE]):
         config = _json_or_none(folder / name)
         if isinstance(config, dict) and isinstance(config.get("_class_name"), str):
             return family_for_class_name(config["_class_name"])
     return None
+
+
+# ======================================================================== older extra state
+def legacy_states(extra: dict) -> dict:
+    """The stateful parts of a checkpoint written before they were saved by name (919d5af and
+    earlier): the trainer's counters and the sampler at the top level of extra_state."""
+    states = {"trainer": {"iteration": int(extra["iteration"]),
+                          "consecutive_nonfinite": int(extra.get("consecutive_nonfinite", 0))},
+              "objective": {}}
+    if "seed" in extra:
+        states["randomness"] = {"seed": int(extra["seed"])}
+    if "sampler" in extra:
+        states["sampler"] = extra["sampler"]
+    return states

@@ -1,6 +1,10 @@
 """Export a training checkpoint's transformer as a diffusers folder (the library under
 ``python -m fastvideo.tools.export``, whose help shows the command line).
 
+A checkpoint folder itself already loads as upstream's do (FluxTransformer2DModel.from_pretrained, or
+FluxPipeline.load_lora_weights for a LoRA run); export writes a clean folder, the EMA weights, a
+chosen dtype or a whole pipeline.
+
 - :func:`export_checkpoint`: a full fine-tuning checkpoint -> a transformer folder
   (config.json + diffusion_pytorch_model.safetensors, the family's transformer class
   ``.from_pretrained``), or with ``base`` a complete pipeline folder: every component of the base folder (hard-linked
@@ -48,7 +52,7 @@ def checkpoint_family(ckpt: str | os.PathLike, **settings):
 
 
 def _transformer_config(ckpt: Path, base: Path | None, family) -> dict:
-    own = ckpt / ckpt_lib.CONFIG_FILE
+    own = ckpt_lib.stored_file(ckpt, ckpt_lib.CONFIG_FILE)
     if own.is_file():
         config = json.loads(own.read_text(encoding="utf-8"))
     elif base is not None and (base / "transformer" / "config.json").is_file():
@@ -120,10 +124,10 @@ def export_checkpoint(
     base_dir = Path(base) if base is not None else None
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    if (ckpt / ckpt_lib.LORA_FILE).is_file():
+    if ckpt_lib.has_file(ckpt, ckpt_lib.LORA_FILE):
         raise ExportError(f"{ckpt} is a LoRA checkpoint (adapters only): export it with --lora (a diffusers LoRA "
                           "file) or --merge (a full transformer folder)")
-    weights = ckpt / (ckpt_lib.EMA_FILE if ema else ckpt_lib.MODEL_FILE)
+    weights = ckpt / ckpt_lib.EMA_FILE if ema else ckpt_lib.stored_file(ckpt, ckpt_lib.MODEL_FILE)
     if not weights.is_file():
         raise ExportError(f"{ckpt} has no {weights.name}" + (" (the run did not use --use_ema)" if ema else ""))
     family = checkpoint_family(ckpt)
@@ -140,7 +144,7 @@ def export_checkpoint(
 
 
 def _lora_info(ckpt: Path) -> dict:
-    if not (ckpt / ckpt_lib.LORA_FILE).is_file():
+    if not ckpt_lib.has_file(ckpt, ckpt_lib.LORA_FILE):
         raise ExportError(f"{ckpt} is not a LoRA checkpoint (no {ckpt_lib.LORA_FILE}); --lora and --merge are for "
                           "runs with --use_lora. Export a full fine-tuning checkpoint without them")
     info = ckpt_lib.load_tree(ckpt, "extra_state").get("lora")
@@ -152,10 +156,11 @@ def _lora_info(ckpt: Path) -> dict:
 def _adapters(ckpt: Path, ema: bool) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    weights = ckpt / (ckpt_lib.EMA_FILE if ema else ckpt_lib.LORA_FILE)
-    if not weights.is_file():
-        raise ExportError(f"{ckpt} has no {weights.name}" + (" (the run did not use --use_ema)" if ema else ""))
-    return load_file(str(weights))
+    if not ema:
+        return ckpt_lib.read_weights(ckpt, lora=True)
+    if not (ckpt / ckpt_lib.EMA_FILE).is_file():
+        raise ExportError(f"{ckpt} has no {ckpt_lib.EMA_FILE} (the run did not use --use_ema)")
+    return load_file(str(ckpt / ckpt_lib.EMA_FILE))
 
 
 def _atomic_folder(out: Path, overwrite: bool, fill) -> Path:

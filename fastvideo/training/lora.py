@@ -166,7 +166,7 @@ def read_lora_file(spec: str | Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     path = lora_weights_file(spec)
-    state = load_file(str(path))
+    state = _fold_alphas(load_file(str(path)))
     upstream_cfg = path.parent / "lora_config.json"
     if upstream_cfg.is_file():
         params = json.loads(upstream_cfg.read_text(encoding="utf-8")).get("lora_params", {})
@@ -174,6 +174,18 @@ def read_lora_file(spec: str | Path) -> dict[str, torch.Tensor]:
             s = float(params["lora_alpha"]) / float(params["lora_rank"])
             state = {k: (v.float() * s if ".lora_B." in k else v) for k, v in state.items()}
     return state
+
+
+def _fold_alphas(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A file with ``transformer.<module>.alpha`` entries (a LoRA checkpoint of this trainer, read by
+    diffusers at alpha / rank) brought to scale 1: lora_B times alpha / rank, alpha entries dropped."""
+    alphas = {k.removesuffix(".alpha"): float(v) for k, v in state.items() if k.endswith(".alpha")}
+    out = {k: v for k, v in state.items() if not k.endswith(".alpha")}
+    for module, alpha in alphas.items():
+        a_key, b_key = f"{module}.lora_A.weight", f"{module}.lora_B.weight"
+        if a_key in out and b_key in out:
+            out[b_key] = out[b_key].float() * (alpha / out[a_key].shape[0])
+    return out
 
 
 def load_adapter_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:

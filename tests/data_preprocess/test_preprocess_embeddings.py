@@ -82,7 +82,7 @@ def test_layout_values_and_dataset(reference, tiny_flux_dir):
                 assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
             assert torch.equal(files[0], embeds[row]) and files[0].shape == (SEQ, 32)
             assert torch.equal(files[1], pooled[row]) and files[1].shape == (32,)
-            assert torch.equal(files[2], ids) and files[2].shape == (SEQ, 3) and not files[2].any()
+            assert torch.equal(files[2], ids[row]) and files[2].shape == (3,) and not files[2].any()  # upstream: one row
     config = json.loads((tiny_flux_dir / "transformer" / "config.json").read_text())
     ds = PromptEmbeddingDataset(reference / "videos2caption.json", expected=config)
     assert ds.dims() == (SEQ, 32, 32) and ds[7][3] == prompts[7]

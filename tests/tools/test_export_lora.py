@@ -18,7 +18,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from helpers import single_process_trainer, train_args  # noqa: E402
+from helpers import single_process_trainer, to_old_layout, train_args  # noqa: E402
+from fastvideo.training.checkpoint import read_weights  # noqa: E402
 
 TOL = 1e-6
 
@@ -66,6 +67,53 @@ def test_stock_pipeline_with_exported_lora_matches_trainer_model(lora_run, tiny_
     assert (ours - base).abs().max().item() > 1e3 * TOL, "the adapters did not change the output: test is vacuous"
 
 
+def test_the_lora_checkpoint_itself_loads_in_the_stock_pipeline(lora_run, tiny_flux_dir, monkeypatch):
+    """FluxPipeline.load_lora_weights(checkpoint-N), no export, no weight_name (as online, where
+    diffusers picks the file itself; a local folder needs no network): the trainer's latents. The
+    file keeps the adapters as trained and records alpha, which diffusers applies as alpha / rank."""
+    import diffusers.loaders.lora_base as lora_base
+    from diffusers import FluxPipeline
+
+    trainer, ckpt = lora_run
+    monkeypatch.setattr(lora_base, "HF_HUB_OFFLINE", False)
+    stock = FluxPipeline.from_pretrained(tiny_flux_dir)
+    stock.load_lora_weights(str(ckpt))
+    loaded = _latents(stock, trainer.dataset)
+    ours = _latents(FluxPipeline.from_pretrained(tiny_flux_dir, transformer=trainer.model.eval()), trainer.dataset)
+    assert (loaded - ours).abs().max().item() <= TOL
+
+
+def test_lora_checkpoint_file_and_older_layout_read_alike(lora_run, tmp_path):
+    """The checkpoint's LoRA file read as a diffusers file at scale 1 (--resume_from_lora_checkpoint FILE)
+    gives the trained adapters back; a LoRA checkpoint of the older layout (lora.safetensors, peft
+    names) reads and exports as the new one."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from fastvideo.tools.export import main
+    from fastvideo.training.lora import from_diffusers, read_lora_file
+
+    _, ckpt = lora_run
+    trained = read_weights(ckpt, lora=True)
+    entries = load_file(str(ckpt / "pytorch_lora_weights.safetensors"))
+    assert {float(v) for k, v in entries.items() if k.endswith(".alpha")} == {8.0}
+    again = from_diffusers(read_lora_file(ckpt / "pytorch_lora_weights.safetensors"), scale=2.0)
+    assert set(again) == set(trained) and all(torch.equal(again[k], trained[k]) for k in trained)
+
+    old = tmp_path / "run" / "checkpoint-1"
+    shutil.copytree(ckpt, old)
+    shutil.copy(ckpt.parent / "config.json", old.parent / "config.json")
+    to_old_layout(old)
+    got = read_weights(old, lora=True)
+    assert set(got) == set(trained) and all(torch.equal(got[k], trained[k]) for k in trained)
+    main([str(ckpt), str(tmp_path / "new_export"), "--lora"])
+    main([str(old), str(tmp_path / "old_export"), "--lora"])
+    name = "pytorch_lora_weights.safetensors"
+    a, b = load_file(str(tmp_path / "new_export" / name)), load_file(str(tmp_path / "old_export" / name))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_merged_export_equals_adapted_model(lora_run, tiny_flux_dir, tmp_path):
     from diffusers import FluxTransformer2DModel
 
@@ -109,7 +157,7 @@ def test_exported_file_starts_a_new_run_with_the_same_adapters(lora_run, tiny_fl
     argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "run", use_lora=True, lora_rank=4, lora_alpha=8,
                       resume_from_lora_checkpoint=tmp_path / "lora")
     trainer = single_process_trainer(argv, monkeypatch)
-    saved = load_file(str(ckpt / "lora.safetensors"))
+    saved = read_weights(ckpt, lora=True)
     params = dict(trainer.model.named_parameters())
     assert set(saved) == {k for k, p in params.items() if p.requires_grad}
     for k, v in saved.items():
@@ -130,6 +178,6 @@ def test_ema_adapters_export(lora_run, tmp_path):
     got = load_file(str(tmp_path / "ema" / "pytorch_lora_weights.safetensors"))
     expected = to_diffusers(load_file(str(ckpt / "ema.safetensors")), scale=2.0)
     assert set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in got)
-    trained = to_diffusers(load_file(str(ckpt / "lora.safetensors")), scale=2.0)
+    trained = to_diffusers(read_weights(ckpt, lora=True), scale=2.0)
     b = next(k for k in got if ".lora_B." in k)
     torch.testing.assert_close(got[b], 0.5 * trained[b])  # lora_B starts at 0: EMA = 0.5 * trained

@@ -80,3 +80,34 @@ def single_process_trainer(argv: list[str], monkeypatch):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     return build_trainer(parse_config(argv), devices.init_distributed())
+
+
+def to_old_layout(path) -> None:
+    """Rewrite a checkpoint folder in place in the layout written before upstream's names:
+    model.safetensors, lora.safetensors (peft names), transformer_config.json, and a COMPLETE.json
+    with sizes only (no digests)."""
+    from safetensors.torch import save_file
+
+    from fastvideo.training import checkpoint_files as files
+
+    path = Path(path)
+    if (path / files.LORA_FILE).is_file():
+        save_file(files.read_weights(path, lora=True), str(path / "lora.safetensors"))
+        (path / files.LORA_FILE).unlink()
+    for new, old in ((files.MODEL_FILE, "model.safetensors"), (files.CONFIG_FILE, "transformer_config.json")):
+        if (path / new).is_file():
+            os.replace(path / new, path / old)
+    marker = json.loads((path / files.MARKER).read_text())
+    sizes = {p.relative_to(path).as_posix(): p.stat().st_size for p in sorted(path.rglob("*"))
+             if p.is_file() and p.name != files.MARKER}
+    (path / files.MARKER).write_text(json.dumps({"format_version": 1, "iteration": marker["iteration"],
+                                                 "files": sizes}))
+
+
+def flip_bit(path, offset_from_end: int = 1) -> None:
+    """Flip one bit of a file in place (same size): the damage a size check cannot see."""
+    with open(path, "r+b") as f:
+        f.seek(-offset_from_end, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-offset_from_end, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0x10]))

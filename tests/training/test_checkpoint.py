@@ -153,7 +153,7 @@ def test_round_trip_fsdp_two_ranks_then_one(tmp_path):
     saved, _ = run_distributed(_round_trip, str(tmp_path), "full")
     path = find_latest(tmp_path)
     files = json.loads((path / checkpoint.MARKER).read_text())["files"]
-    assert {"rank_state/rank-00000.json", "rank_state/rank-00001.json", "model.safetensors"} <= set(files)
+    assert {"rank_state/rank-00000.json", "rank_state/rank-00001.json", "diffusion_pytorch_model.safetensors"} <= set(files)
 
     model = tiny_transformer(1)
     optimizer, scheduler, ema = training_state(model)
@@ -207,14 +207,14 @@ def test_interrupted_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(state_io, "_write_tensors", fail_on_second_file)
     with pytest.raises(OSError, match="simulated"):
         _save(ckpt, 2, state)
-    assert written == ["model.safetensors", "optimizer.safetensors"]  # the model file had been written
+    assert written == ["diffusion_pytorch_model.safetensors", "optimizer.safetensors"]  # the model file had been written
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-1"]  # the partial folder is gone
     monkeypatch.undo()
 
     # A process killed mid-save leaves its temporary folder; a folder may also lack the marker.
     dead = tmp_path / "checkpoint-3.tmp-killed"
     dead.mkdir()
-    shutil.copy(tmp_path / "checkpoint-1" / "model.safetensors", dead)
+    shutil.copy(tmp_path / "checkpoint-1" / "diffusion_pytorch_model.safetensors", dead)
     unmarked = tmp_path / "checkpoint-9"
     shutil.copytree(tmp_path / "checkpoint-1", unmarked)
     (unmarked / checkpoint.MARKER).unlink()
@@ -257,9 +257,9 @@ def test_resume_errors_are_clear(tmp_path):
         Checkpointer(tmp_path).load(str(tmp_path), model=model)
     with pytest.raises(CheckpointError, match="no EMA weights"):
         Checkpointer(tmp_path).load("latest", model=model, ema=EMA(model, 0.9))
-    with open(path / "model.safetensors", "r+b") as f:
+    with open(path / "diffusion_pytorch_model.safetensors", "r+b") as f:
         f.truncate(100)
-    with pytest.raises(CheckpointError, match="damaged: model.safetensors"):
+    with pytest.raises(CheckpointError, match="damaged: diffusion_pytorch_model.safetensors"):
         Checkpointer(tmp_path).load("latest", model=model)
 
 
@@ -282,17 +282,19 @@ def test_pickle_is_never_written_or_loaded(tmp_path):
 
     path = ckpt.save(2, model=model, extra={"iteration": 2})
     flag = tmp_path / "pwned"
-    for name in ("model.safetensors", "extra_state.json"):
+    for name in ("diffusion_pytorch_model.safetensors", "extra_state.json"):
         victim = path / name
         backup = victim.read_bytes()
         torch.save({"x": Payload(flag)}, victim)
         marker = json.loads((path / checkpoint.MARKER).read_text())
         marker["files"][name] = victim.stat().st_size  # a consistent-looking, malicious checkpoint
+        marker["sha256"][name] = checkpoint.file_digest(victim)
         (path / checkpoint.MARKER).write_text(json.dumps(marker))
         with pytest.raises(CheckpointError, match="without pickle"):
             ckpt.load("latest", model=model)
         victim.write_bytes(backup)
         marker["files"][name] = len(backup)
+        marker["sha256"][name] = checkpoint.file_digest(victim)
         (path / checkpoint.MARKER).write_text(json.dumps(marker))
     with pytest.raises(CheckpointError, match="refusing to load"):
         torch.save({"x": Payload(flag)}, tmp_path / "foreign.pt")
@@ -326,7 +328,7 @@ def test_export_loads_in_diffusers(tmp_path, tiny_flux_dir, capsys):
     for seed in (1, 2):
         train_step(model, optimizer, scheduler, ema, seed)
     path = Checkpointer(tmp_path / "run").save(2, model=model, ema=ema, transformer_config=dict(model.config))
-    policy, averaged = load_file(path / "model.safetensors"), load_file(path / "ema.safetensors")
+    policy, averaged = load_file(path / "diffusion_pytorch_model.safetensors"), load_file(path / "ema.safetensors")
     assert not torch.equal(policy["proj_out.weight"], averaged["proj_out.weight"])
 
     for use_ema, want in ((False, policy), (True, averaged)):

@@ -84,8 +84,8 @@ def test_resume_is_exact_in_mixgrpo_mode_and_refuses_another_window(tiny_flux_di
                                                 resume_from_checkpoint="latest", **common), monkeypatch)
     assert resumed.iteration == 2
     resumed.train()
-    a = load_file(str(tmp_path / "a" / "checkpoint-3" / "model.safetensors"))
-    b = load_file(str(tmp_path / "b" / "checkpoint-3" / "model.safetensors"))
+    a = load_file(str(tmp_path / "a" / "checkpoint-3" / "diffusion_pytorch_model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "checkpoint-3" / "diffusion_pytorch_model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     ma, mb = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
     assert [r["sde_window_start"] for r in ma] == [r["sde_window_start"] for r in mb] == [0, 1, 2]

@@ -87,13 +87,13 @@ def test_toy_family_and_objective_train_and_resume_exactly(toy_run_inputs, tmp_p
     assert saved["objective"]["updates"] == 1
     assert saved["objective"]["baseline"] == pytest.approx(rows[0]["reward_mean"] / 2)
     assert saved["trainer"]["iteration"] == 1 and saved["sampler"]["position"] == 1
-    final_straight = load_file(str(straight / "checkpoint-2" / "model.safetensors"))
-    final_split = load_file(str(split / "checkpoint-2" / "model.safetensors"))
+    final_straight = load_file(str(straight / "checkpoint-2" / "diffusion_pytorch_model.safetensors"))
+    final_split = load_file(str(split / "checkpoint-2" / "diffusion_pytorch_model.safetensors"))
     base = load_file(str(next((model / "transformer").glob("*.safetensors"))))
     assert set(final_straight) == set(base)
     assert all(torch.equal(final_straight[k], final_split[k]) for k in final_straight)
     assert any(not torch.equal(final_straight[k], base[k]) for k in base)  # it trained
-    config = json.loads((straight / "checkpoint-2" / "transformer_config.json").read_text())
+    config = json.loads((straight / "checkpoint-2" / "config.json").read_text())
     assert config["_class_name"] == "ToyTransformer"
 
 

@@ -69,7 +69,7 @@ def test_server_lost_mid_run(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypat
     assert "retry 1/1" in caplog.text
     ckpt = tmp_path / "checkpoint-1"
     verify_checkpoint(ckpt)
-    weights = load_file(str(ckpt / "model.safetensors"))
+    weights = load_file(str(ckpt / "diffusion_pytorch_model.safetensors"))
     assert weights and all(torch.isfinite(v).all() for v in weights.values())
     assert not (tmp_path / "checkpoint-2").exists()
 
@@ -115,7 +115,7 @@ def test_two_rank_run_through_a_reward_server_equals_in_process(tiny_flux_dir, t
                 max_train_steps=2, checkpointing_steps=2, num_generations=4, rollout_batch_size=3,
                 use_group=False, save_images_every=0))
             assert proc.returncode == 0, proc.stderr[-4000:]
-            runs[mode] = (read_metrics(out), load_file(str(out / "checkpoint-2" / "model.safetensors")))
+            runs[mode] = (read_metrics(out), load_file(str(out / "checkpoint-2" / "diffusion_pytorch_model.safetensors")))
     finally:
         server.terminate()
         server.wait(30)

@@ -144,7 +144,7 @@ def test_two_process_run_with_overlap_matches_serial(tiny_flux_dir, tiny_embeddi
                                    use_group=False, num_generations=4, rollout_batch_size=3,
                                    save_images_every=0, reward_overlap=mode))
         assert proc.returncode == 0, proc.stderr[-4000:]
-        runs[mode] = (read_metrics(out), load_file(str(out / "checkpoint-2" / "model.safetensors")))
+        runs[mode] = (read_metrics(out), load_file(str(out / "checkpoint-2" / "diffusion_pytorch_model.safetensors")))
     (rows_on, w_on), (rows_off, w_off) = runs["on"], runs["off"]
     for a, b in zip(rows_on, rows_off):
         for key in ("reward_mean", "reward_std", "adv_mean", "adv_std", "loss", "grad_norm"):

@@ -37,7 +37,7 @@ def test_two_process_fsdp_run(tiny_flux_dir, tiny_embeddings, tmp_path):
         assert all(map(lambda v: v == v, [r["loss"], r["grad_norm"], r["reward_mean"]]))  # finite, not NaN
     ckpt = out / "checkpoint-2"
     assert (ckpt / "COMPLETE.json").is_file()
-    trained = load_file(str(ckpt / "model.safetensors"))
+    trained = load_file(str(ckpt / "diffusion_pytorch_model.safetensors"))
     base = _tiny_transformer_weights(tiny_flux_dir)
     assert set(trained) == set(base)
     changed = sum(not torch.equal(trained[k], base[k]) for k in base)
@@ -59,8 +59,8 @@ def test_exact_resume_two_processes(tiny_flux_dir, tiny_embeddings, tmp_path):
     _ok(torchrun(train_args(tiny_embeddings, tiny_flux_dir, split, max_train_steps=2, **common)))
     _ok(torchrun(train_args(tiny_embeddings, tiny_flux_dir, split, max_train_steps=4,
                             resume_from_checkpoint="latest", **common)))
-    a = load_file(str(straight / "checkpoint-4" / "model.safetensors"))
-    b = load_file(str(split / "checkpoint-4" / "model.safetensors"))
+    a = load_file(str(straight / "checkpoint-4" / "diffusion_pytorch_model.safetensors"))
+    b = load_file(str(split / "checkpoint-4" / "diffusion_pytorch_model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed parameters differ from the straight run"
     ea = load_file(str(straight / "checkpoint-4" / "ema.safetensors"))
     eb = load_file(str(split / "checkpoint-4" / "ema.safetensors"))
@@ -232,11 +232,11 @@ def test_exported_checkpoint_continues_via_dit_model_path(tiny_flux_dir, tiny_em
     assert _run_single(argv, monkeypatch) == 0
     exported = tmp_path / "exported"
     export_main([str(first / "checkpoint-1"), str(exported)])
-    trained = load_file(str(first / "checkpoint-1" / "model.safetensors"))
+    trained = load_file(str(first / "checkpoint-1" / "diffusion_pytorch_model.safetensors"))
 
     second = tmp_path / "second"
     argv = train_args(tiny_embeddings, tiny_flux_dir, second, max_train_steps=1, save_images_every=0,
                       fsdp_sharding_strategy="none", dit_model_name_or_path=str(exported), learning_rate=0.0)
     assert _run_single(argv, monkeypatch) == 0
-    continued = load_file(str(second / "checkpoint-1" / "model.safetensors"))
+    continued = load_file(str(second / "checkpoint-1" / "diffusion_pytorch_model.safetensors"))
     assert all(torch.equal(trained[k], continued[k]) for k in trained)  # lr 0: weights unchanged

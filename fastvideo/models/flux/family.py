@@ -172,7 +172,12 @@ class FluxFamily(base.ModelFamily):
 
     def record_shapes(self, max_sequence_length, encoder_dims):
         L = max_sequence_length
-        return (L, encoder_dims["embed_dim"]), (encoder_dims["pooled_dim"],), (L, 3)
+        return (L, encoder_dims["embed_dim"]), (encoder_dims["pooled_dim"],), (3,)
+
+    def stored_record(self, record):
+        """text_ids as upstream DanceGRPO writes them: one [3] row (FLUX's text ids are all zeros),
+        which upstream's trainer repeats over the sequence and check_record expands to [L, 3]."""
+        return {**record, "text_ids": record["text_ids"][0]}
 
     # -- sampling
     def layout(self, height, width, vae, transformer=None, device=None) -> LatentLayout:
