@@ -151,7 +151,7 @@ def test_window_plan_euler_and_flash_tail():
     (("--sde_steps", "30",), "exceeds"),
     (("--sde_steps", "2", "--sde_start", "23"), "runs past"),
     (("--sde_steps", "2", "--sde_start", "soon"), "random"),
-    (("--kl_coeff", "0.01"), "KL"),
+    (("--advantage_rerange_strategy", "balance"), "training_strategy part"),
     (("--reward_model", "multi_reward", "--rewards", None), "needs --use_group"),
     (("--reward_model", "hpsv2"), "not both"),
 ])
