@@ -27,7 +27,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="do not train the last transition: the default; accepted for upstream launch lines")
     g = flag_group(parser, "parallelism")
     g.add_argument("--fsdp_sharding_startegy", dest="fsdp_sharding_strategy", type=str,
-                   default=argparse.SUPPRESS, choices=["full", "hybrid", "none"],
+                   default=argparse.SUPPRESS, choices=["full", "hybrid", "hybrid_full", "hybrid_zero2", "none"],
                    help="DanceGRPO's spelling of --fsdp_sharding_strategy")
     g.add_argument("--train_sp_batch_size", type=int, default=1, help="compatibility only")
     flag_group(parser, "outputs").add_argument("--logging_dir", type=str, default="logs",

@@ -7,7 +7,8 @@
     optimizer.step()
 
 Strategies: "full" shards parameters, gradients and optimizer state over all ranks; "hybrid" shards
-within a node and replicates across nodes (a 2-D mesh); "none" keeps a full replica per rank and
+within a node and replicates across nodes (a 2-D mesh); "hybrid_zero2" the same but keeps the
+gathered parameters from forward to backward (ZeRO-2); "none" keeps a full replica per rank and
 averages gradients with DDP. One process (no process group) always gets the plain module.
 
 Why FSDP1 (``FullyShardedDataParallel``) and not FSDP2 (``fully_shard``)
@@ -57,7 +58,8 @@ from torch import nn
 
 from fastvideo import devices
 
-STRATEGIES = ("full", "hybrid", "none")
+STRATEGIES = ("full", "hybrid", "hybrid_zero2", "none")
+HYBRID = ("hybrid", "hybrid_zero2")  # upstream's hybrid_full (HYBRID_SHARD) and hybrid_zero2
 ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 
 
@@ -188,7 +190,8 @@ def wrap_model(
 
     strategy: "full" (FSDP FULL_SHARD over all ranks), "hybrid" (FSDP HYBRID_SHARD on a
       (nodes, LOCAL_WORLD_SIZE) mesh: shard within a node, replicate across nodes; one node is full
-      sharding, one rank per node is NO_SHARD replication), "none" (DDP, gradients averaged).
+      sharding, one rank per node is NO_SHARD replication), "hybrid_zero2" (_HYBRID_SHARD_ZERO2 on
+      that mesh; one node: SHARD_GRAD_OP), "none" (DDP, gradients averaged).
       Each block of ``block_classes`` (default: the model's ``_no_split_modules``, see
       default_block_classes) becomes one FSDP unit.
     mixed_precision: FSDP compute/reduce dtypes (FSDP strategies only). The trainer normally leaves
@@ -264,7 +267,8 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
 
     kwargs = {}
     sharding = ShardingStrategy.FULL_SHARD
-    if strategy == "hybrid":
+    if strategy in HYBRID:
+        zero2 = strategy == "hybrid_zero2"
         replicate, shard = hybrid_mesh_shape(world, _local_world_size_from_env())
         if shard == 1:
             # One rank per node: pure replication. FSDP1 given a (W, 1) mesh silently switches to
@@ -276,7 +280,9 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
 
             mesh = init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
             kwargs["device_mesh"] = mesh
-            sharding = ShardingStrategy.HYBRID_SHARD
+            sharding = ShardingStrategy._HYBRID_SHARD_ZERO2 if zero2 else ShardingStrategy.HYBRID_SHARD
+        elif zero2:  # a single node: ZeRO-2 over all ranks
+            sharding = ShardingStrategy.SHARD_GRAD_OP
         # replicate == 1 (a single node): hybrid is exactly full sharding.
     if policy is not None:
         kwargs["mixed_precision"] = MixedPrecision(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)

@@ -61,7 +61,10 @@ def _check_strategy(info, strategy: str, local_sizes: list[str | None]):
 
                 assert len(FSDP.fsdp_modules(model)) == 3, where  # root + one unit per block
                 if local == "2" and info.world_size == 4:
-                    assert model.sharding_strategy.name == "HYBRID_SHARD", where
+                    assert model.sharding_strategy.name == {"hybrid": "HYBRID_SHARD",
+                                                            "hybrid_zero2": "_HYBRID_SHARD_ZERO2"}[strategy], where
+                if strategy == "hybrid_zero2" and info.world_size == 2:  # one node: ZeRO-2 over all ranks
+                    assert model.sharding_strategy.name == "SHARD_GRAD_OP", where
             out = model(**tiny_inputs(info.rank))[0]
             torch.testing.assert_close(out, outs[info.rank], atol=1e-6, rtol=0, msg=where)
             weighted_loss(out).backward()
@@ -104,8 +107,9 @@ def _check_strategy(info, strategy: str, local_sizes: list[str | None]):
 
 @pytest.mark.parametrize(
     "strategy,world_size,local_sizes",
-    [("full", 2, [None]), ("hybrid", 2, ["1"]), ("hybrid", 4, ["2"]), ("none", 2, [None])],
-    ids=["full", "hybrid-1-rank-per-node", "hybrid-2x2-mesh", "none-ddp"],
+    [("full", 2, [None]), ("hybrid", 2, ["1"]), ("hybrid", 4, ["2"]), ("none", 2, [None]),
+     ("hybrid_zero2", 2, ["2"]), ("hybrid_zero2", 4, ["2"])],
+    ids=["full", "hybrid-1-rank-per-node", "hybrid-2x2-mesh", "none-ddp", "zero2-one-node", "zero2-2x2-mesh"],
 )
 def test_wrapped_matches_unwrapped(strategy, world_size, local_sizes):
     """Forward equals the unwrapped model (1e-6); gradients equal the rank-average of single-process
