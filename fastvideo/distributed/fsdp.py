@@ -31,7 +31,7 @@ Both exist as public API in torch 2.7.1 (FSDP2 moved to ``torch.distributed.fsdp
 * EMA: with flat parameters each rank holds one flat shard per FSDP unit; the EMA shadows exactly
   those tensors and updates them with a handful of foreach kernels, without any gathering.
 
-LoRA (frozen bf16 base + trainable fp32 adapters): FSDP1 flat parameters must be uniform in
+LoRA (frozen base + trainable adapters, bf16 + fp32 with --lora_base_precision bf16): FSDP1 flat parameters must be uniform in
 requires_grad and dtype, so ``extra_units`` makes each adapter Linear an FSDP unit of its own,
 nested in its block's unit, which then holds only frozen weights (training/lora.is_adapter_unit
 says why this beats use_orig_params=True). Adapter-only checkpoints load through
@@ -57,6 +57,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fastvideo import devices
+from fastvideo.distributed.selective import spaced_blocks
 
 STRATEGIES = ("full", "hybrid", "hybrid_zero2", "none")
 HYBRID = ("hybrid", "hybrid_zero2")  # upstream's hybrid_full (HYBRID_SHARD) and hybrid_zero2
@@ -136,7 +137,7 @@ def is_checkpointed(block: nn.Module) -> bool:
 def apply_activation_checkpointing(
     model: nn.Module, block_classes: Sequence[type[nn.Module]] | None = None, fraction: float = 1.0
 ) -> int:
-    """Checkpoint the first ``round(fraction * n)`` blocks (non-reentrant torch.utils.checkpoint).
+    """Checkpoint ``round(fraction * n)`` blocks spaced evenly (spaced_blocks; non-reentrant).
 
     The block's ``forward`` is replaced on the instance instead of wrapping the block in another
     module, so parameter names (and with them state dicts and checkpoints) are unchanged. Returns the
@@ -148,11 +149,12 @@ def apply_activation_checkpointing(
     blocks = _blocks_in_order(model, classes)
     if not blocks:
         raise ValueError(_no_blocks_message(model, classes))
-    count = int(math.floor(fraction * len(blocks) + 0.5))
-    for block in blocks[:count]:
+    chosen = [blocks[i] for i in spaced_blocks(len(blocks), fraction)]
+    for block in chosen:
         if not is_checkpointed(block):
             block.forward = _checkpointed(block.forward)
-    return count
+    return len(chosen)
+
 
 
 def _no_blocks_message(model: nn.Module, classes: tuple[type, ...]) -> str:
@@ -197,7 +199,7 @@ def wrap_model(
     mixed_precision: FSDP compute/reduce dtypes (FSDP strategies only). The trainer normally leaves
       this None and uses devices.autocast over fp32 master weights instead.
     cpu_offload: keep the FSDP shards (and so the optimizer step) in host memory.
-    gradient_checkpointing / checkpoint_fraction: recompute the first fraction of the blocks in backward.
+    gradient_checkpointing / checkpoint_fraction: recompute that fraction of the blocks (evenly spaced).
 
     extra_units: optional predicate (module -> bool) naming more modules to make FSDP units of
       their own, nested inside the blocks (LoRA adapters: training/lora.is_adapter_unit).
