@@ -36,12 +36,24 @@ class GRPOObjective(Objective):
         self.device = context.device
         self.randomness = context.randomness
         self.reward = context.reward
+        if self.g.trimmed_ratio > 0:
+            kept = self.num_generations - min(int(self.num_generations * self.g.trimmed_ratio), self.num_generations - 1)
+            if kept < 2:
+                from fastvideo.errors import ConfigError
+
+                raise ConfigError(f"--trimmed_ratio {self.g.trimmed_ratio} leaves {kept} of the {self.num_generations} "
+                                  "rewards of a group: a std needs 2; lower it or raise --num_generations")
 
     # ------------------------------------------------------------------ advantages
     def advantages(self, rewards: RewardResult) -> torch.Tensor:
         if getattr(self.reward, "mix", None):  # --reward_mix (MixGRPO's --multi_reward_mix)
-            return self.reward.mixed_advantages(rewards.per_reward).clamp(-self.g.adv_clip_max, self.g.adv_clip_max)
-        return self.group_advantages(rewards.total)
+            trim = {"trim_ratio": self.g.trimmed_ratio} if self.g.trimmed_ratio > 0 else {}
+            adv = self.reward.mixed_advantages(rewards.per_reward, **trim)
+            adv = adv.clamp(-self.g.adv_clip_max, self.g.adv_clip_max)
+        else:
+            adv = self.group_advantages(rewards.total)
+        self._last_advantages = adv  # the sign decides --advantage_rerange_strategy balance's order
+        return adv
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """[B] local rewards -> [B] advantages. Groups live on one rank; without --use_group the
@@ -49,7 +61,7 @@ class GRPOObjective(Objective):
         g = self.g
         unbiased = g.adv_std == "sample"
         if g.use_group:
-            return group_advantages(rewards, self.num_generations, g.adv_clip_max, unbiased)
+            return group_advantages(rewards, self.num_generations, g.adv_clip_max, unbiased, g.trimmed_ratio)
         everything = self.dims.gather_dp(rewards.to(self.device)).cpu()
         adv = batch_advantages(everything, g.adv_clip_max, unbiased)
         b = rewards.numel()
@@ -60,12 +72,34 @@ class GRPOObjective(Objective):
         plan = traj.plan
         perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, len(plan.trainable))
         selected = plan.select_steps(perms)  # [B, T] on CPU
-        b, mb = traj.num_samples, self.g.train_micro_batch_size
+        order = self.sample_order(traj, iteration)
+        b, mb = order.numel(), self.g.train_micro_batch_size
         micro = []
         for m in range(math.ceil(b / mb)):
-            rows = torch.arange(m * mb, min(b, (m + 1) * mb))
+            rows = order[m * mb:min(b, (m + 1) * mb)]
             micro.append([Term(m, rows, selected[rows, t]) for t in range(plan.num_trained)])
         return micro
+
+    def sample_order(self, traj, iteration: int) -> torch.Tensor:
+        """int64 [B'] rows in the order the update visits them: 0..B-1, or MixGRPO's
+        --advantage_rerange_strategy (random: shuffled; balance: the positive and the negative
+        advantages each shuffled, then alternated starting with the smaller set, the rest of the
+        larger set after; zero advantages are left out, as MixGRPO's balance_pos_neg does)."""
+        b = traj.num_samples
+        if self.g.advantage_rerange == "null":
+            return torch.arange(b)
+        key = int(traj.sample_ids[0])
+        if self.g.advantage_rerange == "random":
+            return self.randomness.sample_order(iteration, key, b)
+        adv = getattr(self, "_last_advantages", None)
+        if adv is None or adv.numel() != b:
+            raise RuntimeError("advantage_rerange_strategy balance needs this iteration's advantages first")
+        pos, neg = torch.nonzero(adv.cpu() > 0).flatten(), torch.nonzero(adv.cpu() < 0).flatten()
+        pos = pos[self.randomness.sample_order(iteration, key, pos.numel(), part=1)]
+        neg = neg[self.randomness.sample_order(iteration, key, neg.numel(), part=2)]
+        small, large = (pos, neg) if pos.numel() < neg.numel() else (neg, pos)
+        pairs = torch.stack([small, large[:small.numel()]], dim=1).flatten()
+        return torch.cat([pairs, large[small.numel():]])
 
     # ------------------------------------------------------------------ loss
     def log_prob(self, policy, traj, rows: torch.Tensor, steps: torch.Tensor):
@@ -97,6 +131,10 @@ class GRPOObjective(Objective):
         if kl is not None:  # beta * mean KL, normalised like the policy term below
             loss = loss + g.kl_coef * kl.mean()
             sums["kl"] = kl.detach().mean()
+        if g.rollout_kl_coef > 0:  # MixGRPO's kl_loss: 0.5 * mean((logp - logp_rollout)^2), same scale
+            rollout_kl = 0.5 * ((logp - old) ** 2).mean()
+            loss = loss + g.rollout_kl_coef * rollout_kl
+            sums["rollout_kl"] = rollout_kl.detach()
         stats.add(term, sums, {"first_ratio_dev": s.ratio_abs_dev_max})
         return loss * (scale * rows.numel() / g.train_micro_batch_size)
 
@@ -104,6 +142,8 @@ class GRPOObjective(Objective):
         means = {"ratio_mean": stats.mean("ratio_mean"), "clip_fraction": stats.mean("clip_fraction")}
         if self.g.kl_coef > 0:
             means["kl"] = stats.mean("kl")
+        if self.g.rollout_kl_coef > 0:
+            means["rollout_kl"] = stats.mean("rollout_kl")
         first = stats.first_max.get("first_ratio_dev", torch.zeros(()))
         return means, {"first_ratio_dev": float(first)}
 

@@ -22,6 +22,12 @@ class GRPOSettings(Settings):
     train_micro_batch_size: int
     gradient_accumulation_steps: int
     kl_coef: float = 0.0
+    # MixGRPO's flags: its KL term 0.5 (logp - logp_rollout)^2 (--kl_coeff), the mean / std of each
+    # group without its lowest rewards (--trimmed_ratio), the sample order of the update
+    # (--advantage_rerange_strategy null | random | balance; window mode only, as MixGRPO).
+    rollout_kl_coef: float = 0.0
+    trimmed_ratio: float = 0.0
+    advantage_rerange: str = "null"
 
     def candidate_steps(self, sampling_steps: int) -> int:
         """Transitions a sample may train on: 0 .. N-2 upstream (the last one never), N with --train_last_step."""
@@ -55,8 +61,18 @@ class GRPOSettings(Settings):
         g.add_argument("--kl_coef", type=float, default=0.0,
                        help="beta of a KL penalty to the frozen base policy (closed-form KL of each trained SDE "
                             "step; LoRA: the adapters switched off; full fine-tuning: a frozen copy of the initial "
-                            "weights, sharded like the model). 0: off. MixGRPO's --kl_coeff is a different KL term: "
-                            "only its 0 is accepted")
+                            "weights, sharded like the model). 0: off. MixGRPO's --kl_coeff is a different term")
+        g.add_argument("--kl_coeff", type=float, default=0.0,
+                       help="MixGRPO's KL term: adds kl_coeff * 0.5 (logp - logp_rollout)^2 per trained step (to "
+                            "the rollout policy, no reference model; MixGRPO's parser default is 0.01, its scripts "
+                            "pass 0.0)")
+        g.add_argument("--trimmed_ratio", type=float, default=0.0,
+                       help="MixGRPO: each group's advantage mean and std leave out its lowest "
+                            "int(G x ratio) rewards (needs --use_group)")
+        g.add_argument("--advantage_rerange_strategy", type=str, default="null", choices=["null", "random", "balance"],
+                       help="MixGRPO (--training_strategy part only): the order the update visits the rank's "
+                            "samples; random: shuffled; balance: positive and negative advantages alternate "
+                            "(zero advantages dropped, as MixGRPO)")
         g.add_argument("--train_micro_batch_size", type=int, default=1, help="samples per micro-batch in the update")
         flag_group(parser, "optimisation").add_argument(
             "--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
@@ -70,16 +86,37 @@ class GRPOSettings(Settings):
             adv_clip_max=args.adv_clip_max, loss_coef=args.loss_coef,
             train_micro_batch_size=args.train_micro_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps, kl_coef=args.kl_coef,
+            rollout_kl_coef=args.kl_coeff, trimmed_ratio=args.trimmed_ratio,
+            advantage_rerange=_rerange(args),
         ).checked()
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
-        return dict(section)  # every field is the flag of the same name
+        flags = dict(section)  # every other field is the flag of the same name
+        flags["kl_coeff"] = flags.pop("rollout_kl_coef", 0.0)
+        flags["advantage_rerange_strategy"] = flags.pop("advantage_rerange", "null")
+        flags.setdefault("trimmed_ratio", 0.0)
+        return flags
 
     def check(self) -> None:
         if not 0.0 < self.timestep_fraction <= 1.0:
             raise ConfigError(f"--timestep_fraction {self.timestep_fraction} must be in (0, 1]")
         if self.kl_coef < 0:
             raise ConfigError(f"--kl_coef {self.kl_coef} must be >= 0 (0 turns the KL penalty off)")
+        if self.rollout_kl_coef < 0:
+            raise ConfigError(f"--kl_coeff {self.rollout_kl_coef} must be >= 0 (0 turns MixGRPO's KL term off)")
+        if not 0.0 <= self.trimmed_ratio < 1.0:
+            raise ConfigError(f"--trimmed_ratio {self.trimmed_ratio} must be in [0, 1)")
+        if self.trimmed_ratio > 0 and not self.use_group:
+            raise ConfigError("--trimmed_ratio trims within groups (MixGRPO): it needs --use_group")
         if self.clip_range <= 0 or self.adv_clip_max <= 0:
             raise ConfigError("--clip_range and --adv_clip_max must be positive")
+
+
+def _rerange(args: argparse.Namespace) -> str:
+    """MixGRPO reorders the samples only under --training_strategy part; elsewhere the flag would do nothing."""
+    strategy = args.advantage_rerange_strategy
+    if strategy != "null" and getattr(args, "training_strategy", "all") != "part":
+        raise ConfigError(f"--advantage_rerange_strategy {strategy} applies to MixGRPO's window "
+                          "(--training_strategy part) only, as upstream; drop it or add --training_strategy part")
+    return strategy

@@ -22,16 +22,27 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     g = flag_group(parser, "rewards")
     g.add_argument("--use_hpsv2", action="store_true", help="alias of --rewards hpsv2:1.0")
     g.add_argument("--use_pickscore", action="store_true", help="alias of --rewards pickscore:1.0")
+    g.add_argument("--use_hpsv3", action="store_true",
+                   help="upstream's LoRA script: HPSv3 is not built in; refused with how to serve it through the "
+                        "reward server's --plugin")
     flag_group(parser, "GRPO").add_argument(
         "--ignore_last", action="store_true",
         help="do not train the last transition: the default; accepted for upstream launch lines")
     g = flag_group(parser, "parallelism")
     g.add_argument("--fsdp_sharding_startegy", dest="fsdp_sharding_strategy", type=str,
-                   default=argparse.SUPPRESS, choices=["full", "hybrid", "none"],
+                   default=argparse.SUPPRESS, choices=["full", "hybrid", "hybrid_full", "hybrid_zero2", "none"],
                    help="DanceGRPO's spelling of --fsdp_sharding_strategy")
     g.add_argument("--train_sp_batch_size", type=int, default=1, help="compatibility only")
     flag_group(parser, "outputs").add_argument("--logging_dir", type=str, default="logs",
                                                help="compatibility only")
+
+
+HPSV3_REFUSAL = (
+    "--use_hpsv3: HPSv3 (the hpsv3 package's HPSv3RewardInferencer, which upstream's LoRA script calls) is not "
+    "built into this trainer. Serve it with the reward server's plug-in, in an environment that has hpsv3: "
+    "python -m fastvideo.tools.reward_server --plugin hpsv3=MODULE:FACTORY (FACTORY(device=, batch_size=) returns "
+    "a callable (images, prompts) -> scores; fastvideo/tools/reward_server.py), then train with "
+    "--rewards remote:http://HOST:PORT/hpsv3:1.0 instead of --use_hpsv3")
 
 
 def _legacy_rewards(args: argparse.Namespace) -> str | None:
@@ -62,6 +73,8 @@ def translate(args: argparse.Namespace, defaults: argparse.Namespace) -> tuple[d
     if args.train_last_step and args.ignore_last:
         raise ConfigError("--train_last_step and --ignore_last contradict each other; give one (not training "
                           "the last transition is the default)")
+    if args.use_hpsv3:
+        raise ConfigError(HPSV3_REFUSAL)
     changes = _lora_resume(args)
     legacy = _legacy_rewards(args)
     if legacy:

@@ -6,9 +6,9 @@
 becomes the reward component's own flags: ``--rewards`` with MixGRPO's rewards and its weights
 divided by their sum (as MixGRPO does), several judge servers joined with ``|`` in one vlm: entry,
 and ``--reward_mix`` (the two mixes are defined in fastvideo.rewards.advantages). Its model paths
-become our folder flags, what is not implemented is refused (its own KL term, trimmed advantages:
-a non-zero value fails), and the rest is noted as having no effect. Its window / solver flags live
-with their code in fastvideo.sampling.mix.
+become our folder flags and the rest is noted as having no effect. Its window / solver flags live with their code in
+fastvideo.sampling.mix; its KL term, trimming and sample reordering in the GRPO objective's settings
+(fastvideo.algorithms.settings).
 """
 
 from __future__ import annotations
@@ -85,12 +85,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    help="MixGRPO compatibility; requests to the judge run --vlm_concurrency at a time")
     g.add_argument("--experiment_name", type=str, default=None,
                    help="MixGRPO's run name; outputs go to --output_dir here")
-    g.add_argument("--kl_coeff", type=float, default=0.0,
-                   help="MixGRPO's KL coefficient (its own KL term, not implemented): only 0 is accepted; this "
-                        "trainer's KL penalty is --kl_coef")
-    g.add_argument("--trimmed_ratio", type=float, default=0.0, help="trimmed advantages; only 0 is supported")
-    g.add_argument("--advantage_rerange_strategy", type=str, default="null", choices=["null"],
-                   help="MixGRPO's advantage re-ordering; only null")
     g.add_argument("--drop_last_sample", action="store_true",
                    help="decode the last step's x0 prediction: always the case here (upstream DanceGRPO)")
 
@@ -166,11 +160,6 @@ def _unused_reward_flags(args: argparse.Namespace, defaults: argparse.Namespace)
 
 def translate(args: argparse.Namespace, defaults: argparse.Namespace) -> tuple[dict, list[str]]:
     """(flag values to use instead, notes); ConfigError for MixGRPO settings not implemented."""
-    if args.kl_coeff != 0.0:
-        raise ConfigError(f"--kl_coeff {args.kl_coeff}: MixGRPO's KL term is not implemented; use 0 (MixGRPO's "
-                          "scripts do), or this trainer's --kl_coef (KL of each SDE step to the frozen base)")
-    if args.trimmed_ratio != 0.0:
-        raise ConfigError(f"--trimmed_ratio {args.trimmed_ratio}: trimmed advantages are not implemented; use 0")
     notes = _no_effect_notes(args, defaults)
     unused = _unused_reward_flags(args, defaults)
     if unused:

@@ -39,6 +39,9 @@ class LoraSettings(Settings):
     dropout: float
     target_modules: tuple[str, ...]
     init_weights: str | None  # a diffusers-format LoRA file/folder to start the adapters from
+    # The frozen base's precision: "master" = --master_weight_type (fp32 by default: upstream's LoRA
+    # script loads it in float32 and computes under bf16 autocast), "bf16" = half its memory.
+    base_precision: str = "master"
 
     @property
     def scale(self) -> float:
@@ -61,6 +64,10 @@ class LoraSettings(Settings):
                        help="dropout on the adapter input (training only)")
         g.add_argument("--lora_target_modules", type=str, default=",".join(DEFAULT_TARGETS),
                        help="comma-separated module names (peft suffix match) that get adapters")
+        g.add_argument("--lora_base_precision", choices=("master", "bf16"), default="master",
+                       help="dtype of the frozen base under --use_lora: master = --master_weight_type (fp32 by "
+                            "default, upstream's LoRA script; bf16 autocast computes in bf16 either way), bf16 = "
+                            "half the base's memory (norms and embedders then see bf16 weights)")
         g.add_argument("--resume_from_lora_checkpoint", type=str, default=None,
                        help='upstream DanceGRPO\'s flag. A checkpoint of this trainer (or "latest") resumes it '
                             "exactly, like --resume_from_checkpoint; a diffusers LoRA file or folder "
@@ -77,15 +84,18 @@ class LoraSettings(Settings):
             if spec:
                 raise ConfigError("--resume_from_lora_checkpoint needs --use_lora "
                                   "(or run fastvideo/train_grpo_flux_lora.py)")
-            return cls(False, args.lora_rank, args.lora_alpha, args.lora_dropout, targets, None)
+            return cls(False, args.lora_rank, args.lora_alpha, args.lora_dropout, targets, None,
+                       args.lora_base_precision)
         init = None
         if spec and not is_trainer_checkpoint(spec):
             init = spec
-        return cls(True, args.lora_rank, args.lora_alpha, args.lora_dropout, targets, init).checked()
+        return cls(True, args.lora_rank, args.lora_alpha, args.lora_dropout, targets, init,
+                   args.lora_base_precision).checked()
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
-        changed = [f"--{n}" for n in ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")
+        changed = [f"--{n}" for n in ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
+                                      "lora_base_precision")
                    if getattr(args, n) != getattr(defaults, n)]
         if changed and not args.use_lora:
             return [f"{', '.join(changed)} have no effect without --use_lora"]
@@ -95,7 +105,9 @@ class LoraSettings(Settings):
     def flags_from_resolved(cls, section: dict) -> dict:
         return {"use_lora": section["enabled"], "lora_rank": section["rank"], "lora_alpha": section["alpha"],
                 "lora_dropout": section["dropout"], "lora_target_modules": ",".join(section["target_modules"]),
-                "resume_from_lora_checkpoint": section["init_weights"]}
+                "resume_from_lora_checkpoint": section["init_weights"],
+                # a config.json from before the flag ran a bf16 base under --mixed_precision bf16
+                "lora_base_precision": section.get("base_precision", "bf16")}
 
     def check(self) -> None:
         if self.rank < 1:

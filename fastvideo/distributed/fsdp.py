@@ -7,7 +7,8 @@
     optimizer.step()
 
 Strategies: "full" shards parameters, gradients and optimizer state over all ranks; "hybrid" shards
-within a node and replicates across nodes (a 2-D mesh); "none" keeps a full replica per rank and
+within a node and replicates across nodes (a 2-D mesh); "hybrid_zero2" the same but keeps the
+gathered parameters from forward to backward (ZeRO-2); "none" keeps a full replica per rank and
 averages gradients with DDP. One process (no process group) always gets the plain module.
 
 Why FSDP1 (``FullyShardedDataParallel``) and not FSDP2 (``fully_shard``)
@@ -30,7 +31,7 @@ Both exist as public API in torch 2.7.1 (FSDP2 moved to ``torch.distributed.fsdp
 * EMA: with flat parameters each rank holds one flat shard per FSDP unit; the EMA shadows exactly
   those tensors and updates them with a handful of foreach kernels, without any gathering.
 
-LoRA (frozen bf16 base + trainable fp32 adapters): FSDP1 flat parameters must be uniform in
+LoRA (frozen base + trainable adapters, bf16 + fp32 with --lora_base_precision bf16): FSDP1 flat parameters must be uniform in
 requires_grad and dtype, so ``extra_units`` makes each adapter Linear an FSDP unit of its own,
 nested in its block's unit, which then holds only frozen weights (training/lora.is_adapter_unit
 says why this beats use_orig_params=True). Adapter-only checkpoints load through
@@ -56,8 +57,10 @@ import torch.distributed as dist
 from torch import nn
 
 from fastvideo import devices
+from fastvideo.distributed.selective import spaced_blocks
 
-STRATEGIES = ("full", "hybrid", "none")
+STRATEGIES = ("full", "hybrid", "hybrid_zero2", "none")
+HYBRID = ("hybrid", "hybrid_zero2")  # upstream's hybrid_full (HYBRID_SHARD) and hybrid_zero2
 ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 
 
@@ -134,7 +137,7 @@ def is_checkpointed(block: nn.Module) -> bool:
 def apply_activation_checkpointing(
     model: nn.Module, block_classes: Sequence[type[nn.Module]] | None = None, fraction: float = 1.0
 ) -> int:
-    """Checkpoint the first ``round(fraction * n)`` blocks (non-reentrant torch.utils.checkpoint).
+    """Checkpoint ``round(fraction * n)`` blocks spaced evenly (spaced_blocks; non-reentrant).
 
     The block's ``forward`` is replaced on the instance instead of wrapping the block in another
     module, so parameter names (and with them state dicts and checkpoints) are unchanged. Returns the
@@ -146,11 +149,12 @@ def apply_activation_checkpointing(
     blocks = _blocks_in_order(model, classes)
     if not blocks:
         raise ValueError(_no_blocks_message(model, classes))
-    count = int(math.floor(fraction * len(blocks) + 0.5))
-    for block in blocks[:count]:
+    chosen = [blocks[i] for i in spaced_blocks(len(blocks), fraction)]
+    for block in chosen:
         if not is_checkpointed(block):
             block.forward = _checkpointed(block.forward)
-    return count
+    return len(chosen)
+
 
 
 def _no_blocks_message(model: nn.Module, classes: tuple[type, ...]) -> str:
@@ -188,13 +192,14 @@ def wrap_model(
 
     strategy: "full" (FSDP FULL_SHARD over all ranks), "hybrid" (FSDP HYBRID_SHARD on a
       (nodes, LOCAL_WORLD_SIZE) mesh: shard within a node, replicate across nodes; one node is full
-      sharding, one rank per node is NO_SHARD replication), "none" (DDP, gradients averaged).
+      sharding, one rank per node is NO_SHARD replication), "hybrid_zero2" (_HYBRID_SHARD_ZERO2 on
+      that mesh; one node: SHARD_GRAD_OP), "none" (DDP, gradients averaged).
       Each block of ``block_classes`` (default: the model's ``_no_split_modules``, see
       default_block_classes) becomes one FSDP unit.
     mixed_precision: FSDP compute/reduce dtypes (FSDP strategies only). The trainer normally leaves
       this None and uses devices.autocast over fp32 master weights instead.
     cpu_offload: keep the FSDP shards (and so the optimizer step) in host memory.
-    gradient_checkpointing / checkpoint_fraction: recompute the first fraction of the blocks in backward.
+    gradient_checkpointing / checkpoint_fraction: recompute that fraction of the blocks (evenly spaced).
 
     extra_units: optional predicate (module -> bool) naming more modules to make FSDP units of
       their own, nested inside the blocks (LoRA adapters: training/lora.is_adapter_unit).
@@ -264,7 +269,8 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
 
     kwargs = {}
     sharding = ShardingStrategy.FULL_SHARD
-    if strategy == "hybrid":
+    if strategy in HYBRID:
+        zero2 = strategy == "hybrid_zero2"
         replicate, shard = hybrid_mesh_shape(world, _local_world_size_from_env())
         if shard == 1:
             # One rank per node: pure replication. FSDP1 given a (W, 1) mesh silently switches to
@@ -276,7 +282,9 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
 
             mesh = init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
             kwargs["device_mesh"] = mesh
-            sharding = ShardingStrategy.HYBRID_SHARD
+            sharding = ShardingStrategy._HYBRID_SHARD_ZERO2 if zero2 else ShardingStrategy.HYBRID_SHARD
+        elif zero2:  # a single node: ZeRO-2 over all ranks
+            sharding = ShardingStrategy.SHARD_GRAD_OP
         # replicate == 1 (a single node): hybrid is exactly full sharding.
     if policy is not None:
         kwargs["mixed_precision"] = MixedPrecision(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)

@@ -43,7 +43,7 @@ class ParallelDims:
         dp = world_size // sp
         if strategy == "none":
             return cls(world_size, rank, dp_replicate=dp, dp_shard=1, sp=sp)
-        if strategy == "hybrid":
+        if strategy in ("hybrid", "hybrid_zero2"):
             shard = min(ranks_per_node or dp, dp)
             return cls(world_size, rank, dp_replicate=dp // shard, dp_shard=shard, sp=sp)
         return cls(world_size, rank, dp_replicate=1, dp_shard=dp, sp=sp)

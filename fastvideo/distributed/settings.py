@@ -10,6 +10,10 @@ from fastvideo.errors import ConfigError
 from fastvideo.settings import Settings, flag_group
 
 
+# hybrid_full is upstream DanceGRPO's name of hybrid (FSDP HYBRID_SHARD)
+STRATEGY_CHOICES = ("full", "hybrid", "hybrid_full", "hybrid_zero2", "none")
+
+
 @dataclass
 class ParallelSettings(Settings):
     fsdp_strategy: str  # full | hybrid | none
@@ -18,9 +22,10 @@ class ParallelSettings(Settings):
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         g = flag_group(parser, "parallelism")
-        g.add_argument("--fsdp_sharding_strategy", type=str, default="full", choices=["full", "hybrid", "none"],
-                       help="FSDP sharding: full (every rank holds a shard), hybrid (shard within a node, "
-                            "replicate across nodes), none (replicate)")
+        g.add_argument("--fsdp_sharding_strategy", type=str, default="full", choices=list(STRATEGY_CHOICES),
+                       help="FSDP sharding: full (every rank holds a shard), hybrid (= upstream's hybrid_full: "
+                            "shard within a node, replicate across nodes), hybrid_zero2 (the same, gathered "
+                            "parameters kept from forward to backward), none (replicate)")
         g.add_argument("--use_cpu_offload", action="store_true", help="keep FSDP's parameter shards on the CPU")
         g.add_argument("--sp_size", type=int, default=1, help="sequence parallel size; must be 1")
 
@@ -28,7 +33,8 @@ class ParallelSettings(Settings):
     def from_args(cls, args: argparse.Namespace) -> "ParallelSettings":
         if args.sp_size != 1:
             raise ConfigError(f"--sp_size {args.sp_size}: sequence parallelism is not supported; use --sp_size 1")
-        return cls(args.fsdp_sharding_strategy, args.use_cpu_offload).checked()
+        strategy = "hybrid" if args.fsdp_sharding_strategy == "hybrid_full" else args.fsdp_sharding_strategy
+        return cls(strategy, args.use_cpu_offload).checked()
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:

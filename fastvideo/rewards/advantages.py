@@ -23,11 +23,12 @@ EPS = 1e-8
 
 
 def group_normalize(
-    scores: torch.Tensor, num_generations: int, eps: float = 1e-8, unbiased: bool = True
+    scores: torch.Tensor, num_generations: int, eps: float = 1e-8, unbiased: bool = True, trim_ratio: float = 0.0
 ) -> torch.Tensor:
     """``[B]`` -> ``[B]``: (r - group mean) / (group std + eps) over consecutive groups of G.
 
-    unbiased=True matches torch.std's default, which DanceGRPO's advantages use.
+    unbiased=True matches torch.std's default, which DanceGRPO's advantages use. trim_ratio > 0:
+    mean and std without each group's lowest int(G * trim_ratio) scores (MixGRPO's --trimmed_ratio).
     """
     if num_generations < 2:
         raise ValueError(f"group normalisation needs num_generations >= 2; got {num_generations}")
@@ -37,18 +38,22 @@ def group_normalize(
             "a batch must hold whole groups"
         )
     groups = scores.float().view(-1, num_generations)
-    mean = groups.mean(dim=1, keepdim=True)
-    std = groups.std(dim=1, keepdim=True, unbiased=unbiased)
+    stats = groups
+    if trim_ratio > 0:
+        k = min(int(num_generations * trim_ratio), num_generations - 1)
+        stats = groups.sort(dim=1).values[:, k:]
+    mean = stats.mean(dim=1, keepdim=True)
+    std = stats.std(dim=1, keepdim=True, unbiased=unbiased)
     return ((groups - mean) / (std + eps)).view(-1)
 
 
 def mix_advantages(raw: Mapping[str, torch.Tensor], weights: Mapping[str, float], group_size: int,
-                   mode: str) -> torch.Tensor:
+                   mode: str, trim_ratio: float = 0.0) -> torch.Tensor:
     """MixGRPO's advantages from raw per-reward scores ([B] each, groups of G contiguous). [B]."""
     if mode not in MIX_MODES:
         raise ValueError(f"unknown mix {mode!r}; use one of {MIX_MODES}")
     names = list(weights)
     if mode == "advantage_aggr":
-        return sum(weights[n] * group_normalize(raw[n].float(), group_size, EPS, unbiased=True) for n in names)
+        return sum(weights[n] * group_normalize(raw[n].float(), group_size, EPS, True, trim_ratio) for n in names)
     merged = sum(weights[n] * raw[n].float() for n in names)
-    return group_normalize(merged, group_size, EPS, unbiased=True)
+    return group_normalize(merged, group_size, EPS, True, trim_ratio)

@@ -173,10 +173,11 @@ class MultiReward:
         batch (e.g. one rollout chunk) and the slices concatenated before :meth:`combine`."""
         return {name: reward(images, prompts).float() for name, _, reward in self.components}
 
-    def mixed_advantages(self, raw: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """[B] advantages the MixGRPO way (self.mix), from raw scores of whole groups."""
+    def mixed_advantages(self, raw: Mapping[str, torch.Tensor], trim_ratio: float = 0.0) -> torch.Tensor:
+        """[B] advantages the MixGRPO way (self.mix), from raw scores of whole groups
+        (trim_ratio: MixGRPO's --trimmed_ratio, rewards.advantages.group_normalize)."""
         weights = {name: weight for name, weight, _ in self.components}
-        return mix_advantages(raw, weights, self.num_generations, self.mix)
+        return mix_advantages(raw, weights, self.num_generations, self.mix, trim_ratio)
 
     def combine(self, raw: Mapping[str, torch.Tensor]) -> MultiRewardOutput:
         """Weighted (optionally group-normalised) sum of raw scores [B]; B must hold whole groups

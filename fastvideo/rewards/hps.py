@@ -13,9 +13,16 @@ The hpsv2 package is not needed: its scorer is an open_clip CLIP model whose wei
 4. score = <normalised image features, normalised text features>, no logit scale
    (upstream takes the diagonal of image_features @ text_features.T).
 
-Scores of real HPSv2.1 on good images are around 0.25-0.35. Upstream scored 8-bit PIL images;
-a float tensor input skips that rounding (a small difference) -- pass
-``tensor_to_pils(images)`` to reproduce upstream bit for bit.
+Scores of real HPSv2.1 on good images are around 0.25-0.35.
+
+Input precision (``input_precision`` / ``--hps_input``): "uint8" (default) is upstream's path --
+DanceGRPO turns each decoded image into an 8-bit PIL image (diffusers' postprocess: round(255 x))
+and scores it through HPS's ``preprocess_val`` (ToTensor, i.e. value / 255, then the resize
+below) with the similarity ``image_features @ text_features.T`` under the reward autocast (fp16
+on GPU/NPU, as upstream's ``torch.amp.autocast('cuda')``; float32 on CPU, where the device layer
+runs no autocast). Float images are rounded to 8 bits first, so a tensor and the same images as
+8-bit PIL score the same. "float" skips the rounding and takes the row-wise dot product in
+float32 (for alignment work: it differs from upstream by ~1e-4 per image).
 """
 
 from __future__ import annotations
@@ -165,6 +172,16 @@ def load_hps_model(
     return model.eval().requires_grad_(False)
 
 
+INPUT_PRECISIONS = ("uint8", "float")
+
+
+def quantize_8bit(images: torch.Tensor) -> torch.Tensor:
+    """``[B, 3, H, W]`` in [0, 1] -> the same images after an 8-bit round trip, float32 on CPU:
+    round(255 x) / 255 as diffusers' numpy_to_pil then ToTensor (uint8 / 255) compute it."""
+    x = images.detach().float().cpu().clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8)
+    return x.float().div(255.0)
+
+
 def hps_preprocess(images: torch.Tensor, image_size: int) -> torch.Tensor:
     """HPS validation transform: ``[B, 3, H, W]`` in [0, 1] -> normalised ``[B, 3, S, S]``.
 
@@ -196,6 +213,7 @@ class HPSv2Reward(BatchedReward):
         model_config: optional JSON config registered under model_name (otherwise
             ``<hps_ckpt_dir>/<model_name>.json`` is used when model_name is not built in).
         checkpoint_name: HPS file inside hps_ckpt_dir (HPS_v2_compressed.pt for HPSv2.0).
+        input_precision: "uint8" (upstream's 8-bit images, default) or "float" (see the module doc).
         device, dtype, batch_size: see BatchedReward.
     """
 
@@ -210,9 +228,14 @@ class HPSv2Reward(BatchedReward):
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
         batch_size: int = 8,
+        input_precision: str = "uint8",
     ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         import open_clip
+
+        if input_precision not in INPUT_PRECISIONS:
+            raise ValueError(f"input_precision must be one of {INPUT_PRECISIONS}, not {input_precision!r}")
+        self.input_precision = input_precision
 
         open_clip_bin, hps_file = resolve_hps_files(hps_ckpt_dir, checkpoint_name)
         ensure_open_clip_config(model_name, model_config, search_dir=hps_ckpt_dir)
@@ -231,6 +254,8 @@ class HPSv2Reward(BatchedReward):
         Done on CPU so every device sees bit-identical pixels (and antialiased bicubic is not
         implemented on every accelerator)."""
         if isinstance(images, torch.Tensor):
+            if self.input_precision == "uint8":
+                return hps_preprocess(quantize_8bit(images), self.image_size)
             return hps_preprocess(images.detach().float().cpu(), self.image_size)
         return torch.cat(
             [hps_preprocess(x.unsqueeze(0), self.image_size) for x in as_tensor_list(images)]
@@ -242,5 +267,7 @@ class HPSv2Reward(BatchedReward):
         with self.autocast():
             image_features = self.model.encode_image(pixels, normalize=True)
             text_features = self.model.encode_text(tokens, normalize=True)
+            if self.input_precision == "uint8":  # upstream: the similarity under the autocast
+                return torch.diagonal(image_features @ text_features.T).float()
         # Row-wise dot product == diagonal of image_features @ text_features.T, in float32.
         return (image_features.float() * text_features.float()).sum(dim=-1)

@@ -39,6 +39,7 @@ class RewardSettings(Settings):
     overlap: str  # auto | on | off (see builders.overlap_reward_scoring)
     precision: str  # auto | fp16 | bf16 | fp32 (see builders.reward_dtype)
     extras: object = None  # rewards.flags.RewardExtras: newer rewards' paths, remote settings
+    hps_input: str = "uint8"  # uint8 (upstream's 8-bit images) | float (fastvideo.rewards.hps)
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -53,6 +54,10 @@ class RewardSettings(Settings):
                        help="folder with HPS_v2.1_compressed.pt and open_clip_pytorch_model.bin (hpsv2)")
         g.add_argument("--hps_model_name", type=str, default="ViT-H-14",
                        help="open_clip architecture of the HPS checkpoint")
+        g.add_argument("--hps_input", type=str, default="uint8", choices=["uint8", "float"],
+                       help="uint8: score decoded images as 8-bit images through HPS's preprocess_val, the "
+                            "similarity under the reward autocast (upstream); float: skip the 8-bit rounding, "
+                            "float32 similarity (alignment work)")
         g.add_argument("--pickscore_dir", type=str, default="./pickscore_ckpt", help="PickScore model folder (pickscore)")
         g.add_argument("--pickscore_processor_dir", type=str, default=None,
                        help="folder of PickScore's CLIP processor when it is not in --pickscore_dir")
@@ -82,7 +87,17 @@ class RewardSettings(Settings):
             pickscore_dir=args.pickscore_dir, pickscore_processor_dir=args.pickscore_processor_dir,
             clip_dir=args.clip_dir, device=args.reward_device, batch_size=args.reward_batch_size,
             overlap=args.reward_overlap, precision=args.reward_precision, extras=extras_from_args(args),
+            hps_input=args.hps_input,
         ).checked()
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        # hpsv2 may be trained, evaluated (--eval_rewards) or guarded (--guard_reward)
+        named = [args.rewards or "", getattr(args, "eval_rewards", None) or "", getattr(args, "guard_reward", None) or ""]
+        local = any(s.name == "hpsv2" and not s.url for s in reward_spec(args))
+        if args.hps_input != defaults.hps_input and not local and not any("hpsv2" in n for n in named[1:]):
+            return [f"--hps_input {args.hps_input} has no effect without the hpsv2 reward"]
+        return []
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
@@ -93,7 +108,9 @@ class RewardSettings(Settings):
         return {"rewards": ",".join(spec_text(s) for s in section["spec"]), "reward_group_norm": section["group_norm"],
                 **{n: section[n] for n in names}, "reward_device": section["device"],
                 "reward_batch_size": section["batch_size"], "reward_overlap": section["overlap"],
-                "reward_precision": section["precision"], **extras_flags(section["extras"])}
+                "reward_precision": section["precision"], **extras_flags(section["extras"]),
+                # a config.json from before the flag scored float images
+                "hps_input": section.get("hps_input", "float")}
 
 
 def spec_text(spec) -> str:

@@ -10,7 +10,9 @@ train_grpo_flux.py):
 - ``--sample_strategy progressive``: the window starts at 0 and moves by ``--prog_overlap_step``
   (with ``--prog_overlap``; else by W) every ``--iters_per_group`` iterations; past the last
   start it rolls back to 0 (``--roll_back``) or stays there. ``decay``/``exp_decay`` change
-  the iterations per position as upstream; ``random`` draws the start every iteration.
+  the iterations per position as upstream; ``random`` starts at 0 on the first iteration and then
+  draws the start every iteration from 0 .. C-1-W (C trainable transitions; upstream's
+  ``max_timesteps - group_size`` with max_timesteps = N - 2).
 - ``--dpm_algorithm_type dpmsolver++|dpmsolver --dpm_apply_strategy post``: after the window, the
   ODE runs on a compressed schedule (``--dpm_post_compress_ratio``) with multistep DPM-Solver++
   (data prediction) or DPM-Solver (noise prediction) of ``--dpm_solver_order`` 1-3; the history
@@ -21,7 +23,9 @@ train_grpo_flux.py):
   noise is the solver's: ``--eta`` does not apply). ``dpmsolver`` is refused here: the noise-
   prediction solver is singular at FLUX's first sigma, 1.
 - ``--sde_steps k --sde_start random|INT``: Flow-GRPO-Fast, k SDE steps at a start drawn per
-  iteration (or fixed), ODE before and after, those k trained.
+  iteration (or fixed), ODE before and after, those k trained. A random start is drawn within
+  ``--sde_window_range LO,HI`` (Flow-GRPO's ``sde_window_range``, default 0,5): uniform in
+  LO .. HI-k, so the window lies in transitions LO .. HI-1.
 
 The window position is a pure function of the iteration (and of the run's seeded randomness for
 random starts), so a resumed run continues it exactly. Choices where upstream is silent or
@@ -43,6 +47,7 @@ if TYPE_CHECKING:  # the plan module imports torch: not needed to build the pars
     from fastvideo.sampling.plan import SamplingPlan
 
 STRATEGIES = ("progressive", "random", "decay", "exp_decay")
+DEFAULT_SDE_WINDOW_RANGE = "0,5"  # Flow-GRPO's sde_window_range default (0, 5)
 EXP_DECAY_THRESHOLD, EXP_DECAY_K = 13, 0.1  # upstream GRPOTrainingStates defaults (no flags)
 
 DEVIATIONS = (
@@ -96,6 +101,9 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
                    help="Flow-GRPO-Fast: k SDE (and trained) steps, ODE elsewhere (0: off)")
     g.add_argument("--sde_start", type=str, default="random",
                    help="Flow-GRPO-Fast: first SDE step, 'random' (drawn per iteration) or an integer")
+    g.add_argument("--sde_window_range", type=str, default=DEFAULT_SDE_WINDOW_RANGE,
+                   help="Flow-GRPO-Fast with --sde_start random: LO,HI; the window of --sde_steps k lies in "
+                        "transitions LO .. HI-1 (its start uniform in LO .. HI-k), Flow-GRPO's sde_window_range")
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,7 @@ class MixSettings(Settings):
     window_size: int = 0
     start_strategy: str = "progressive"  # progressive | decay | exp_decay | random | fixed
     fixed_start: int = 0
+    window_range: tuple[int, int] | None = None  # fast mode, random start: (LO, HI) of the window
     iters_per_group: int = 25
     move_step: int = 4
     max_iters_per_group: int = 10
@@ -133,6 +142,7 @@ class MixSettings(Settings):
         return {
             "mix_mode": self.mode, "sde_window": self.window_size, "window_strategy": self.start_strategy,
             "window_fixed_start": self.fixed_start, "iters_per_group": self.iters_per_group,
+            "sde_window_range": list(self.window_range) if self.window_range else None,
             "window_move_step": self.move_step, "max_iters_per_group": self.max_iters_per_group,
             "min_iters_per_group": self.min_iters_per_group, "roll_back": self.roll_back,
             "frozen_init_timesteps": self.frozen_init_timesteps, "dpm_post_compress_ratio": self.dpm_post_ratio,
@@ -225,8 +235,9 @@ def settings_from_args(args: argparse.Namespace, candidates: int) -> MixSettings
         if fixed and int(args.sde_start) + args.sde_steps > candidates:
             raise ConfigError(f"--sde_start {args.sde_start} with --sde_steps {args.sde_steps} runs past the last "
                               f"trainable transition {candidates - 1}")
+        window_range = None if fixed else parse_window_range(args.sde_window_range, args.sde_steps, candidates)
         return MixSettings(mode="fast", window_size=args.sde_steps, start_strategy="fixed" if fixed else "random",
-                           fixed_start=int(args.sde_start) if fixed else 0, **dpm)
+                           fixed_start=int(args.sde_start) if fixed else 0, window_range=window_range, **dpm)
     if args.training_strategy == "part":
         return MixSettings(
             mode="window", window_size=args.group_size, start_strategy=args.sample_strategy,
@@ -239,6 +250,21 @@ def settings_from_args(args: argparse.Namespace, candidates: int) -> MixSettings
         raise ConfigError(f"--frozen_init_timesteps {args.frozen_init_timesteps} exceeds the {candidates} trainable "
                           "transitions")
     return MixSettings(frozen_init_timesteps=args.frozen_init_timesteps, **dpm)
+
+
+def parse_window_range(text: str, window: int, candidates: int) -> tuple[int, int]:
+    """``--sde_window_range LO,HI`` -> (LO, min(HI, candidates)), checked to hold a window of
+    ``window`` steps (HI is clipped to the ``candidates`` trainable transitions: a window past them
+    would train a step that is never trained)."""
+    try:
+        lo, hi = (int(v) for v in str(text).split(","))
+    except ValueError:
+        raise ConfigError(f"--sde_window_range {text!r}: give two integers LO,HI (Flow-GRPO's default 0,5)") from None
+    hi = min(hi, candidates)
+    if lo < 0 or hi - lo < window:
+        raise ConfigError(f"--sde_window_range {text}: needs 0 <= LO and LO + --sde_steps ({window}) <= HI (HI at "
+                          f"most {candidates}, the trainable transitions); widen the range or lower --sde_steps")
+    return lo, hi
 
 
 def _dpm_flags(s: dict) -> dict:
@@ -257,7 +283,9 @@ def resolved_flags(s: dict) -> dict:
     flags = _dpm_flags(s)
     if s["mode"] == "fast":
         start = "random" if s["start_strategy"] == "random" else str(s["fixed_start"])
-        return {**flags, "sde_steps": s["window_size"], "sde_start": start}
+        span = s.get("window_range")  # None: a fixed start, or a config.json from before the flag
+        extra = {"sde_window_range": ",".join(str(v) for v in span)} if span else {}
+        return {**flags, "sde_steps": s["window_size"], "sde_start": start, **extra}
     if s["mode"] == "window":
         moved = s["move_step"] != s["window_size"]
         return {**flags, "training_strategy": "part", "group_size": s["window_size"],
@@ -294,6 +322,8 @@ def unused_flag_notes(args: argparse.Namespace, defaults: argparse.Namespace) ->
         notes.append("--no_share_ode_prefix has no effect without --init_same_noise (no two samples share a state)")
     if not args.sde_steps and args.sde_start != defaults.sde_start:
         notes.append("--sde_start has no effect without --sde_steps")
+    if args.sde_window_range != defaults.sde_window_range and (not args.sde_steps or args.sde_start != "random"):
+        notes.append("--sde_window_range has no effect without --sde_steps k --sde_start random")
     if args.frozen_init_timesteps != defaults.frozen_init_timesteps and (args.training_strategy == "part"
                                                                          or args.sde_steps):
         notes.append("--frozen_init_timesteps applies to --training_strategy all only")
@@ -333,7 +363,13 @@ def window_start(mix: MixSettings, iteration: int, candidates: int, randomness=N
     if mix.start_strategy == "random":
         if randomness is None:
             raise ValueError("a random window start needs the run's RandomSource")
-        return randomness.window_start(iteration, max(candidates - mix.window_size + 1, 1))
+        if mix.window_range is not None:  # Flow-GRPO-Fast: start in LO .. HI-W
+            lo, hi = mix.window_range
+            return lo + randomness.window_start(iteration, max(hi - mix.window_size - lo + 1, 1))
+        if iteration <= 1:  # MixGRPO: the window starts at 0 and is first drawn after iteration 1
+            return 0
+        # MixGRPO: 0 .. max_timesteps - W, max_timesteps = the last candidate (N - 2)
+        return randomness.window_start(iteration, max(candidates - mix.window_size, 1))
     return scheduled_start(mix, iteration, candidates - 1)
 
 

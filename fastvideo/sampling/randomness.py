@@ -30,6 +30,7 @@ DATA_ORDER = "data_order"
 EVAL_NOISE = "eval_noise"
 EVAL_STEP_NOISE = "eval_step_noise"
 WINDOW_START = "window_start"
+SAMPLE_ORDER = "sample_order"
 
 GENERATE, CAPTURE, REPLAY = "generate", "capture", "replay"
 
@@ -140,6 +141,12 @@ class RandomSource:
             raise ValueError(f"window_start needs n >= 1, got {n}")
         value = self._draw(WINDOW_START, iteration, None, None, (), lambda g: torch.randint(n, (), generator=g))
         return int(value)
+
+    def sample_order(self, iteration: int, key_id: int, n: int, part: int = 0) -> torch.Tensor:
+        """int64 [n]: a permutation of range(n) for MixGRPO's --advantage_rerange_strategy, keyed
+        by ``key_id`` (the rank's first global sample id) and ``part`` (one draw per list shuffled)."""
+        n = int(n)
+        return self._draw(SAMPLE_ORDER, iteration, key_id, part, (n,), lambda g: torch.randperm(n, generator=g))
 
     def data_order(self, epoch: int, n: int) -> torch.Tensor:
         """int64 [n]: the permutation of the prompt dataset for ``epoch`` (same on every rank)."""

@@ -24,6 +24,9 @@ from fastvideo.sampling.plan import DPM, ODE, SDE, SamplingPlan
 from fastvideo.sampling.randomness import RandomSource
 
 
+SAME_NOISE_SCOPES = ("rank", "prompt")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     """How to sample. ``guidance_scale`` and ``quantize_timestep`` are settings of the model
@@ -42,6 +45,9 @@ class RolloutConfig:
     num_generations: int
     rollout_batch_size: int
     init_same_noise: bool
+    # What init_same_noise shares: "rank" (upstream DanceGRPO: one noise for every sample of the
+    # rollout call, i.e. of a rank's train_batch_size x G samples) or "prompt" (one per group).
+    same_noise_scope: str = "rank"
     quantize_timestep: bool = True
     # With init_same_noise, compute a plan's leading ODE transitions once per group (their states
     # are the same for the group's G samples): SamplingPlan.shared_prefix.
@@ -58,6 +64,8 @@ class RolloutConfig:
             problems.append(f"eta must be >= 0 (got {self.eta}); 0 gives the deterministic ODE sampler")
         if self.shift <= 0:
             problems.append(f"shift must be > 0 (got {self.shift})")
+        if self.same_noise_scope not in SAME_NOISE_SCOPES:
+            problems.append(f"same_noise_scope must be one of {SAME_NOISE_SCOPES} (got {self.same_noise_scope!r})")
         if problems:
             raise ValueError("invalid rollout configuration: " + "; ".join(problems))
 
@@ -233,6 +241,19 @@ def _prefix_states(run: _Run, randomness: RandomSource, iteration: int, noise_id
     return torch.cat(heads).repeat_interleave(G, dim=0)  # [B, prefix+1, L, C]
 
 
+def initial_noise_ids(cfg: RolloutConfig, group_of_sample: torch.Tensor, sample_ids: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: the id each sample's initial noise is drawn under (equal ids, equal noise).
+
+    Without init_same_noise every sample has its own. With it, scope "prompt" draws under the group
+    id; scope "rank" draws every sample of the call under the first group's id, as upstream draws
+    one noise before its per-sample loop (so with one prompt per rank both scopes agree)."""
+    if not cfg.init_same_noise:
+        return sample_ids
+    if cfg.same_noise_scope == "prompt":
+        return group_of_sample
+    return torch.full_like(group_of_sample, int(group_of_sample[0]))
+
+
 def _step_noise(run: _Run, randomness: RandomSource, iteration: int, sample_ids, device) -> dict:
     """{k: [b, L, C]} for the plan's SDE transitions, drawn on the CPU up front and copied once."""
     sde_steps = [k for k, kind in enumerate(run.plan.kinds) if kind == SDE]
@@ -265,8 +286,9 @@ def rollout(
 
     cond: the family's Conditioning of P prompts, captions P strings, group_ids [P] global prompt
     ids (distinct across ranks). Returns a Trajectory of B = P * G samples, group-major (the G
-    samples of prompt p are rows p*G .. p*G+G-1). With cfg.init_same_noise the G samples of a
-    group share their initial noise (drawn under the group id); step noise is always per sample.
+    samples of prompt p are rows p*G .. p*G+G-1). With cfg.init_same_noise every sample of the call
+    shares one initial noise (same_noise_scope "rank", upstream) or the G samples of each group do
+    ("prompt"); see initial_noise_ids. Step noise is always per sample.
     autocast_dtype (e.g. torch.bfloat16) wraps the transformer and VAE in devices.autocast; the
     SDE maths stays float32. decode=False leaves ``images`` None so the caller can time decoding
     separately (decode_images). on_chunk(rows, x0) is called after each chunk is sampled, with the
@@ -281,7 +303,7 @@ def rollout(
     device = torch.device(device)
     num_prompts, G = len(cond), cfg.num_generations
     group_of_sample, sample_ids = _group_and_sample_ids(group_ids, num_prompts, G)
-    noise_ids = group_of_sample if cfg.init_same_noise else sample_ids
+    noise_ids = initial_noise_ids(cfg, group_of_sample, sample_ids)
     layout = family.layout(cfg.height, cfg.width, vae, transformer, device)
     run = _Run(family, transformer, plan, plan.sigmas.to(device), cond.to(device).repeat_interleave(G), layout, cfg,
                _amp(device, autocast_dtype))

@@ -24,6 +24,7 @@ class RolloutSettings(Settings):
     rollout_batch_size: int
     init_same_noise: bool
     share_ode_prefix: bool = True
+    same_noise_scope: str = "rank"
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -41,7 +42,12 @@ class RolloutSettings(Settings):
                        help="pass the exact sigma to the transformer (diffusers' FluxPipeline) instead of "
                             "upstream's floor(1000*sigma)/1000")
         g.add_argument("--num_generations", type=int, default=12, help="samples per prompt (group size)")
-        g.add_argument("--init_same_noise", action="store_true", help="share the initial noise within a group")
+        g.add_argument("--init_same_noise", action="store_true",
+                       help="share the initial noise (see --same_noise_scope)")
+        g.add_argument("--same_noise_scope", choices=("rank", "prompt"), default="rank",
+                       help="with --init_same_noise: rank = one noise for all train_batch_size x G samples of a "
+                            "rank (upstream DanceGRPO); prompt = one noise per group, so a rank's groups start "
+                            "apart")
         g.add_argument("--no_share_ode_prefix", action="store_true",
                        help="with --init_same_noise, still compute a window plan's leading ODE steps for every "
                             "sample (by default once per group: the G samples pass through the same states there)")
@@ -66,7 +72,7 @@ class RolloutSettings(Settings):
             shift=args.shift, guidance_scale=args.guidance_scale,
             quantize_timestep=not args.no_quantize_timestep, num_generations=args.num_generations,
             rollout_batch_size=args.rollout_batch_size, init_same_noise=args.init_same_noise,
-            share_ode_prefix=not args.no_share_ode_prefix,
+            share_ode_prefix=not args.no_share_ode_prefix, same_noise_scope=args.same_noise_scope,
         ).checked()
 
     @classmethod
@@ -75,7 +81,15 @@ class RolloutSettings(Settings):
                  "init_same_noise")
         return {**{n: section[n] for n in names}, "h": section["height"], "w": section["width"],
                 "no_quantize_timestep": not section["quantize_timestep"],
-                "no_share_ode_prefix": not section["share_ode_prefix"]}
+                "no_share_ode_prefix": not section["share_ode_prefix"],
+                # a config.json written before the flag existed ran with one noise per prompt
+                "same_noise_scope": section.get("same_noise_scope", "prompt")}
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        if args.same_noise_scope != defaults.same_noise_scope and not args.init_same_noise:
+            return [f"--same_noise_scope {args.same_noise_scope} has no effect without --init_same_noise"]
+        return []
 
     def check(self) -> None:
         h, w = self.height, self.width

@@ -92,9 +92,10 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
 
 
 def lora_base_dtype(cfg: TrainConfig) -> torch.dtype:
-    """The frozen base's dtype under LoRA: the compute dtype (bf16 under --mixed_precision bf16,
-    half the memory of fp32 master weights; nothing trains it, so no master copy is needed)."""
-    if cfg.model.mixed_precision == "bf16":
+    """The frozen base's dtype under LoRA (--lora_base_precision): the master dtype by default, as
+    upstream's LoRA script keeps it (float32, computed under bf16 autocast), or bf16 (half the
+    memory; nothing trains the base, so no master copy is needed)."""
+    if cfg.lora.base_precision == "bf16":
         return torch.bfloat16
     return torch.float32 if cfg.model.master_weight_type == "fp32" else torch.bfloat16
 
@@ -204,7 +205,7 @@ def reward_build_kwargs(cfg: TrainConfig, device: torch.device) -> tuple[dict, d
 
     r = cfg.reward
     per_reward = {
-        "hpsv2": {"hps_ckpt_dir": r.hps_ckpt_dir, "model_name": r.hps_model_name},
+        "hpsv2": {"hps_ckpt_dir": r.hps_ckpt_dir, "model_name": r.hps_model_name, "input_precision": r.hps_input},
         "pickscore": {"pickscore_dir": r.pickscore_dir, "processor_dir": r.pickscore_processor_dir},
         "clip": {"clip_dir": r.clip_dir},
         **reward_kwargs(r.extras or RewardExtras()),

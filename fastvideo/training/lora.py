@@ -6,8 +6,9 @@
     with adapters_disabled(model): ...            # the frozen base policy (KL reference)
 
 Only the adapters (``lora_A`` / ``lora_B`` of the target Linears) are trainable. The base stays
-frozen in the compute dtype (bf16 under --mixed_precision bf16: half the memory of fp32 master
-weights) and the adapters are kept in float32 (--master_weight_type), the optimizer's precision.
+frozen in the master dtype (float32 by default, as upstream's LoRA script; bf16 autocast computes
+in bf16) or in bf16 with --lora_base_precision bf16 (half its memory), and the adapters are kept
+in --master_weight_type, the optimizer's precision.
 
 Names: peft injects in place, so inside the trainer an adapter is
 ``transformer_blocks.0.attn.to_q.lora_A.default.weight`` (that is what checkpoints hold); the

@@ -5,10 +5,13 @@
 # DPM-Solver++ (2nd order, midpoint) on 40 % of the steps, and the window moves every 20 iterations;
 # FLASH=star is MixGRPO-Flash*: the window stays at the first 4 steps, the DPM tail keeps 20 %.
 # Settings from Tencent-Hunyuan/MixGRPO scripts/finetune/finetune_flux_grpo_MixGRPO{,_Flash,_Flash*}.sh.
-# REWARD_MODEL is hpsv2 by default (also image_reward, pick_score, clip_score, hpsv2_clip_score,
-# multi_reward; see docs/rewards.md for their weights folders). Same script on a 16-GPU CUDA node. DRY_RUN=1 prints
+# REWARD_MODEL is MixGRPO's multi_reward by default (HPSv2.1 + ImageReward + PickScore, + UnifiedReward
+# with UNIFIED_REWARD_URL; also hpsv2, image_reward, pick_score, clip_score, hpsv2_clip_score; see
+# docs/rewards.md for their weights folders). One node of 16: each optimizer step averages half of
+# MixGRPO's 4 x 8-GPU samples (mixgrpo_args.sh). Same script on a 16-GPU CUDA node. DRY_RUN=1 prints
 # the torchrun command. Overridable: NPROC (16), MASTER_PORT (19003), MODEL_PATH (data/flux),
-# DATA_JSON, OUTPUT_DIR, HPS_DIR (hps_ckpt), REWARD_MODEL, FLASH (0), EXTRA_ARGS.
+# DATA_JSON, OUTPUT_DIR, HPS_DIR (hps_ckpt), IMAGE_REWARD_DIR (image_reward_ckpt), PICKSCORE_DIR
+# (pickscore_ckpt), REWARD_MODEL (multi_reward), UNIFIED_REWARD_URL (None), FLASH (0), EXTRA_ARGS.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh

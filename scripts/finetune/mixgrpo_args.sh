@@ -1,9 +1,19 @@
 # MixGRPO's training flags (Tencent-Hunyuan/MixGRPO scripts/finetune/finetune_flux_grpo_MixGRPO{,_Flash,_Flash*}.sh),
 # shared by the MixGRPO launchers. Sourced after scripts/common.sh; sets MIXGRPO_ARGS.
-# Reads: MODEL_PATH, DATA_JSON, OUTPUT_DIR, HPS_DIR, REWARD_MODEL, FLASH (0: MixGRPO, 1: MixGRPO-Flash,
-# star: MixGRPO-Flash*, whose window stays at the first 4 steps and whose DPM tail keeps 20 %).
+# Reads: MODEL_PATH, DATA_JSON, OUTPUT_DIR, HPS_DIR, IMAGE_REWARD_DIR, PICKSCORE_DIR, REWARD_MODEL,
+# UNIFIED_REWARD_URL, FLASH (0: MixGRPO, 1: MixGRPO-Flash, star: MixGRPO-Flash*, whose window stays
+# at the first 4 steps and whose DPM tail keeps 20 %).
+# The reward is MixGRPO's: multi_reward = HPSv2.1 + ImageReward + PickScore, each weight 1 / 3, and
+# UnifiedReward too when UNIFIED_REWARD_URL names its server(s) (MixGRPO's scripts pass None: no judge);
+# --multi_reward_mix advantage_aggr. REWARD_MODEL=hpsv2 scores HPS alone.
+# Nodes: MixGRPO's scripts run 4 nodes x 8 GPUs = 32 ranks with these per-rank settings (1 prompt x
+# 12 samples, 3 micro-batches per optimizer step), so each of its optimizer steps averages 32 x 3
+# samples; the 8-device launcher averages 8 x 3 (a quarter), the 16-die one 16 x 3 (a half). Launch
+# 32 ranks (torchrun --nnodes 4) for upstream's step; the per-rank flags need no change.
 MODEL_PATH=${MODEL_PATH:-data/flux}
 HPS_DIR=${HPS_DIR:-hps_ckpt}
+IMAGE_REWARD_DIR=${IMAGE_REWARD_DIR:-image_reward_ckpt}
+PICKSCORE_DIR=${PICKSCORE_DIR:-pickscore_ckpt}
 PROG_OVERLAP_STEP=1; DPM_RATIO=0.4
 case "${FLASH:-0}" in
   1) ITERS_PER_GROUP=20; DPM_ALGORITHM=dpmsolver++; DEFAULT_OUT=data/outputs/mixgrpo_flash ;;
@@ -60,13 +70,19 @@ MIXGRPO_ARGS=(
   --min_iters_per_group 1
   --roll_back
   --trimmed_ratio 0.0
-  --reward_model "${REWARD_MODEL:-hpsv2}"
+  --reward_model "${REWARD_MODEL:-multi_reward}"
   --hps_path "$HPS_DIR/HPS_v2.1_compressed.pt"
   --hps_clip_path "$HPS_DIR/open_clip_pytorch_model.bin"
+  --image_reward_path "$IMAGE_REWARD_DIR/ImageReward.pt"
+  --image_reward_med_config "$IMAGE_REWARD_DIR/med_config.json"
+  --pickscore_dir "$PICKSCORE_DIR"
+  --unified_reward_url "${UNIFIED_REWARD_URL:-None}"
   --multi_reward_mix advantage_aggr
   --hps_weight 1.0
   --clip_score_weight 1.0
+  --image_reward_weight 1.0
   --pick_score_weight 1.0
+  --unified_reward_weight 1.0
   --dpm_algorithm_type "$DPM_ALGORITHM"
   --dpm_apply_strategy post
   --dpm_post_compress_ratio "$DPM_RATIO"

@@ -61,7 +61,10 @@ def _check_strategy(info, strategy: str, local_sizes: list[str | None]):
 
                 assert len(FSDP.fsdp_modules(model)) == 3, where  # root + one unit per block
                 if local == "2" and info.world_size == 4:
-                    assert model.sharding_strategy.name == "HYBRID_SHARD", where
+                    assert model.sharding_strategy.name == {"hybrid": "HYBRID_SHARD",
+                                                            "hybrid_zero2": "_HYBRID_SHARD_ZERO2"}[strategy], where
+                if strategy == "hybrid_zero2" and info.world_size == 2:  # one node: ZeRO-2 over all ranks
+                    assert model.sharding_strategy.name == "SHARD_GRAD_OP", where
             out = model(**tiny_inputs(info.rank))[0]
             torch.testing.assert_close(out, outs[info.rank], atol=1e-6, rtol=0, msg=where)
             weighted_loss(out).backward()
@@ -104,8 +107,9 @@ def _check_strategy(info, strategy: str, local_sizes: list[str | None]):
 
 @pytest.mark.parametrize(
     "strategy,world_size,local_sizes",
-    [("full", 2, [None]), ("hybrid", 2, ["1"]), ("hybrid", 4, ["2"]), ("none", 2, [None])],
-    ids=["full", "hybrid-1-rank-per-node", "hybrid-2x2-mesh", "none-ddp"],
+    [("full", 2, [None]), ("hybrid", 2, ["1"]), ("hybrid", 4, ["2"]), ("none", 2, [None]),
+     ("hybrid_zero2", 2, ["2"]), ("hybrid_zero2", 4, ["2"])],
+    ids=["full", "hybrid-1-rank-per-node", "hybrid-2x2-mesh", "none-ddp", "zero2-one-node", "zero2-2x2-mesh"],
 )
 def test_wrapped_matches_unwrapped(strategy, world_size, local_sizes):
     """Forward equals the unwrapped model (1e-6); gradients equal the rank-average of single-process
@@ -162,3 +166,36 @@ def test_clip_grad_norm_single_process():
     torch.testing.assert_close(norm, expected, rtol=0, atol=0)
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p.grad, q.grad)
+
+
+DANCEGRPO = "/work/.mirror/XueZeyue+DanceGRPO/repo"
+
+
+@pytest.mark.skipif(not os.path.isdir(DANCEGRPO), reason="upstream DanceGRPO mirror not available")
+@pytest.mark.parametrize("fraction", [0.25, 0.3, 0.5, 2 / 3, 0.9, 1.0, 0.0])
+def test_selective_checkpointing_spaces_blocks_as_upstream(fraction):
+    """Upstream's apply_fsdp_checkpointing (fastvideo/utils/fsdp_util.py at 15cc71d), run on 57 stand-in
+    blocks (FLUX: 19 double + 38 single), picks the same blocks as spaced_blocks."""
+    import subprocess
+
+    from fastvideo.distributed.selective import spaced_blocks
+
+    src = subprocess.run(["git", "-C", DANCEGRPO, "show", "HEAD:fastvideo/utils/fsdp_util.py"],
+                         capture_output=True, text=True, check=True).stdout
+    start = src.index("def apply_fsdp_checkpointing")
+    fn_src = src[start:src.index("\ndef ", start + 1)]
+    picked = []
+
+    class Block:
+        pass
+
+    blocks = [Block() for _ in range(57)]
+
+    def fake_apply(model, checkpoint_wrapper_fn, check_fn):  # what torch's helper does: ask each module
+        picked.extend(i for i, b in enumerate(model) if check_fn(b))
+
+    ns = {"apply_activation_checkpointing": fake_apply, "non_reentrant_wrapper": None, "print": lambda *a: None}
+    exec(compile(fn_src, "fsdp_util.py", "exec"), ns)  # the reference: upstream's own function
+    ns["apply_fsdp_checkpointing"](blocks, Block, fraction)
+    assert spaced_blocks(57, fraction) == picked
+    assert len(picked) == int(fraction * 57 + 0.5)

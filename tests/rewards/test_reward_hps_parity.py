@@ -68,8 +68,8 @@ def img_score():
 
 
 @pytest.fixture(scope="module")
-def reference_scores(img_score, tiny_rewards, tmp_path_factory, make_pils_module):
-    """hpsv2's scores for PARITY_PROMPTS x images of PARITY_SIZES."""
+def hpsv2_score(img_score, tiny_rewards, tmp_path_factory):
+    """images (8-bit PIL), prompts -> hpsv2's scores, one image at a time as upstream does."""
     from hpsv2.src import open_clip as hpsv2_open_clip
 
     hpsv2_open_clip.add_model_config(tiny_rewards.hps_model_config)
@@ -96,21 +96,63 @@ def reference_scores(img_score, tiny_rewards, tmp_path_factory, make_pils_module
             with_score_predictor=False,
             with_region_predictor=False,
         )
+    root = str(tmp_path_factory.mktemp("hpsv2_root"))
+
+    def score(images, prompts):
         mp = pytest.MonkeyPatch()
         # score() reuses a model already in model_dict instead of building ViT-H-14.
         mp.setitem(img_score.model_dict, "model", model)
         mp.setitem(img_score.model_dict, "preprocess_val", preprocess_val)
         mp.setattr(img_score, "device", "cpu")
-        mp.setattr(img_score, "root_path", str(tmp_path_factory.mktemp("hpsv2_root")))
+        mp.setattr(img_score, "root_path", root)
         try:
-            images = make_pils_module(PARITY_SIZES)
-            scores = [
-                float(img_score.score([im], prompt, cp=str(folder / "HPS_v2.1_compressed.pt"))[0])
-                for im, prompt in zip(images, PARITY_PROMPTS)
-            ]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return torch.tensor([float(img_score.score([im], p, cp=str(folder / "HPS_v2.1_compressed.pt"))[0])
+                                     for im, p in zip(images, prompts)])
         finally:
             mp.undo()
-    return images, torch.tensor(scores)
+
+    return score
+
+
+@pytest.fixture(scope="module")
+def reference_scores(hpsv2_score, make_pils_module):
+    """hpsv2's scores for PARITY_PROMPTS x images of PARITY_SIZES."""
+    images = make_pils_module(PARITY_SIZES)
+    return images, hpsv2_score(images, PARITY_PROMPTS)
+
+
+def test_hps_on_float_images_equals_hpsv2_on_the_same_images_as_8bit_pil(hpsv2_score, hps_reward):
+    """The default --hps_input uint8 path: decoded float images score as upstream scores them
+    (diffusers' postprocess to 8-bit PIL, then HPS's preprocess_val), to 1e-6."""
+    from fastvideo.rewards import tensor_to_pils
+
+    gen = torch.Generator().manual_seed(3)
+    floats = [torch.rand(1, 3, h, w, generator=gen) for h, w in PARITY_SIZES]
+    theirs = hpsv2_score([tensor_to_pils(x)[0] for x in floats], PARITY_PROMPTS)
+    assert hps_reward.input_precision == "uint8"
+    ours = torch.cat([hps_reward(x, [p]) for x, p in zip(floats, PARITY_PROMPTS)])
+    assert theirs.std() > 1e-3
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
+    # a batch of equal-size images takes the same path
+    same = torch.cat(floats[4:5] * 3)
+    torch.testing.assert_close(hps_reward(same, PARITY_PROMPTS[:3]),
+                               hpsv2_score(tensor_to_pils(same), PARITY_PROMPTS[:3]), atol=1e-6, rtol=0)
+
+
+def test_float_path_skips_the_8bit_rounding(hps_reward, tiny_rewards):
+    """--hps_input float: no rounding; it differs from upstream's 8-bit path by more than the tolerance."""
+    from fastvideo.rewards import build_reward
+
+    float_hps = build_reward("hpsv2", hps_ckpt_dir=tiny_rewards.hps_ckpt_dir, model_name=tiny_rewards.hps_model_name,
+                             input_precision="float")
+    x = torch.rand(4, 3, 40, 48, generator=torch.Generator().manual_seed(4))
+    a, b = hps_reward(x, PARITY_PROMPTS[:4]), float_hps(x, PARITY_PROMPTS[:4])
+    assert (a - b).abs().max() > 1e-6
+    torch.testing.assert_close(a, b, atol=1e-2, rtol=0)
+    q = torch.round(x * 255) / 255
+    torch.testing.assert_close(hps_reward(q, PARITY_PROMPTS[:4]), float_hps(q, PARITY_PROMPTS[:4]), atol=1e-6, rtol=0)
 
 
 @pytest.fixture(scope="module")

@@ -59,13 +59,54 @@ def test_window_start_matches_upstream_state_machine(strategy, tmp_path):
 
 
 def test_random_start_is_seeded_per_iteration_and_in_range():
+    """Flow-GRPO-Fast: the start is uniform in LO .. HI-k of --sde_window_range (default Flow-GRPO's (0, 5))."""
     s = _settings("--sde_steps", "2", "--sde_start", "random", steps=10).mix
-    a = [mix.window_start(s, i, 9, RandomSource(3)) for i in range(1, 60)]
-    assert a == [mix.window_start(s, i, 9, RandomSource(3)) for i in range(1, 60)]
-    assert a != [mix.window_start(s, i, 9, RandomSource(4)) for i in range(1, 60)]
-    assert set(a) == set(range(0, 8))  # starts 0..7 keep both SDE steps among candidates 0..8
+    assert s.window_range == (0, 5)
+    a = [mix.window_start(s, i, 9, RandomSource(3)) for i in range(1, 80)]
+    assert a == [mix.window_start(s, i, 9, RandomSource(3)) for i in range(1, 80)]
+    assert a != [mix.window_start(s, i, 9, RandomSource(4)) for i in range(1, 80)]
+    assert set(a) == {0, 1, 2, 3}  # the window [start, start + 2) stays inside transitions 0..4
     plan = mix.plan_for_iteration(s, 10, 3.0, 9, 5, 7, RandomSource(3))
     assert plan.kinds.count(SDE) == 2 and plan.trainable == (a[6], a[6] + 1) and plan.num_trained == 2
+    wide = _settings("--sde_steps", "2", "--sde_window_range", "0,9", steps=10).mix
+    assert {mix.window_start(wide, i, 9, RandomSource(3)) for i in range(1, 120)} == set(range(0, 8))
+    inner = _settings("--sde_steps", "2", "--sde_window_range", "2,6", steps=10).mix
+    assert {mix.window_start(inner, i, 9, RandomSource(3)) for i in range(1, 80)} == {2, 3, 4}
+    # HI past the trainable transitions is clipped to them (8 steps: candidates 0..6)
+    assert _settings("--sde_steps", "2", "--sde_window_range", "1,30", steps=8).mix.window_range == (1, 7)
+
+
+@pytest.mark.parametrize("value, match", [("0,1", "LO \\+ --sde_steps"), ("3", "two integers"), ("--sde_window_range=-1,4", "0 <= LO")])
+def test_bad_sde_window_range_fails_clearly(value, match):
+    flag = [value] if value.startswith("--") else ["--sde_window_range", value]
+    with pytest.raises(ConfigError, match=match):
+        _settings("--sde_steps", "2", *flag, steps=10)
+
+
+def test_mixgrpo_random_strategy_starts_at_zero_then_draws_up_to_n_minus_2_minus_w():
+    """MixGRPO's GRPOTrainingStates: cur_timestep 0 for the first iteration, then
+    rng.integers(0, max_timesteps - group_size + 1) with max_timesteps = N - 2: 0 .. N-2-W."""
+    steps, w = 16, 4
+    s = _settings("--training_strategy", "part", "--group_size", str(w), "--sample_strategy", "random",
+                  steps=steps).mix
+    starts = [mix.window_start(s, i, steps - 1, RandomSource(5)) for i in range(1, 400)]
+    assert starts[0] == 0
+    assert set(starts[1:]) == set(range(0, steps - 2 - w + 1))
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="upstream MixGRPO mirror not available")
+def test_mixgrpo_random_range_is_upstreams():
+    src = subprocess.run(["git", "-C", str(MIRROR), "show", "HEAD:fastvideo/utils/grpo_states.py"],
+                         capture_output=True, text=True, check=True).stdout
+    ns: dict = {}
+    exec(compile(src, "grpo_states.py", "exec"), ns)
+    ref = ns["GRPOTrainingStates"](iters_per_group=1, group_size=4, max_timesteps=14, sample_strategy="random")
+    theirs = {ref.cur_timestep}
+    for seed in range(400):
+        ref.update_iteration(seed)
+        theirs.add(int(ref.cur_timestep))
+    s = _settings("--training_strategy", "part", "--group_size", "4", "--sample_strategy", "random", steps=16).mix
+    assert {mix.window_start(s, i, 15, RandomSource(5)) for i in range(1, 400)} == theirs
 
 
 def test_full_plan_is_dancegrpo():
@@ -110,7 +151,7 @@ def test_window_plan_euler_and_flash_tail():
     (("--sde_steps", "30",), "exceeds"),
     (("--sde_steps", "2", "--sde_start", "23"), "runs past"),
     (("--sde_steps", "2", "--sde_start", "soon"), "random"),
-    (("--kl_coeff", "0.01"), "KL"),
+    (("--advantage_rerange_strategy", "balance"), "training_strategy part"),
     (("--reward_model", "multi_reward", "--rewards", None), "needs --use_group"),
     (("--reward_model", "hpsv2"), "not both"),
 ])

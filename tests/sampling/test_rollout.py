@@ -134,8 +134,31 @@ def test_noise_differs_across_prompts_samples_and_ranks(models):
     assert not torch.allclose(rank0.images, rank1.images)
 
 
-def test_init_same_noise_shares_only_within_a_group(models):
-    traj = _run(models, _cfg(num_generations=3, init_same_noise=True, rollout_batch_size=2),
+def test_init_same_noise_rank_scope_shares_one_noise_over_the_whole_call(models):
+    """Upstream DanceGRPO draws one noise before its per-sample loop: with train_batch_size 2 all
+    2 x G samples of the rank start from it (whatever the chunking), step noise stays per sample."""
+    cfg = _cfg(num_generations=3, init_same_noise=True, rollout_batch_size=2)
+    assert cfg.same_noise_scope == "rank"
+    traj = _run(models, cfg, prompts=(0, 1), group_ids=(4, 5))
+    x0 = traj.latents[:, 0]
+    assert all(torch.equal(x0[0], x0[i]) for i in range(6))
+    assert torch.unique(traj.latents[:, 1].flatten(1), dim=0).shape[0] == 6
+    # the shared noise is the first group's, so with one prompt per rank both scopes agree
+    alone = _run(models, _cfg(num_generations=3, init_same_noise=True, same_noise_scope="prompt"),
+                 prompts=(0,), group_ids=(4,))
+    assert torch.equal(alone.latents[0, 0], x0[0])
+    other_rank = _run(models, cfg, prompts=(0, 1), group_ids=(6, 7))
+    assert not torch.allclose(other_rank.latents[0, 0], x0[0])
+
+
+def test_same_noise_scope_is_checked():
+    with pytest.raises(ValueError, match="same_noise_scope must be one of"):
+        _cfg(init_same_noise=True, same_noise_scope="batch")
+
+
+def test_init_same_noise_prompt_scope_shares_only_within_a_group(models):
+    traj = _run(models, _cfg(num_generations=3, init_same_noise=True, rollout_batch_size=2,
+                             same_noise_scope="prompt"),
                 prompts=(0, 0), group_ids=(4, 5))
     x0, x1 = traj.latents[:, 0], traj.latents[:, 1]
     for g in range(2):

@@ -119,7 +119,8 @@ def test_mixgrpo_launch_line_trains_two_iterations_on_two_ranks(flash, tiny_flux
 
     hps_dir = write_hps(tmp_path / "hps", seed=0, preset="tiny")[0]
     out = tmp_path / "run"
-    env = _launcher_env(tiny_flux_dir, tiny_embeddings, out, hps_dir, HPS_PRESETS["tiny"][0], FLASH=flash)
+    env = _launcher_env(tiny_flux_dir, tiny_embeddings, out, hps_dir, HPS_PRESETS["tiny"][0], FLASH=flash,
+                        REWARD_MODEL="hpsv2")
     script = ROOT / "scripts" / "finetune" / "finetune_flux_mixgrpo_a3_16die.sh"
     dry = subprocess.run(["bash", str(script)], env=dict(env, DRY_RUN="1"), capture_output=True, text=True, cwd=ROOT)
     words = shlex.split(dry.stdout.strip().splitlines()[-1])
@@ -158,7 +159,11 @@ def test_mixgrpo_launchers_dry_run_parse(tmp_path):
             # Flash* (prog_overlap_step 0): the window never leaves the first 4 steps
             assert cfg.mix.move_step == (0 if flash == "star" else 1)
             assert mix.scheduled_start(cfg.mix, 301, 23) == {"0": 12, "1": 15, "star": 0}[flash]
-            assert [s.name for s in cfg.reward.spec] == ["hpsv2"] and cfg.reward.hps_ckpt_dir == "hps_ckpt"
+            # MixGRPO's multi_reward, no judge (UNIFIED_REWARD_URL None), weights 1/3 each
+            assert [s.name for s in cfg.reward.spec] == ["hpsv2", "imagereward", "pickscore"]
+            assert [s.weight for s in cfg.reward.spec] == pytest.approx([1 / 3] * 3)
+            assert cfg.reward.extras.multi_reward_mix == "advantage_aggr" and cfg.reward.hps_ckpt_dir == "hps_ckpt"
+            assert cfg.reward.extras.image_reward_dir == "image_reward_ckpt" and cfg.reward.pickscore_dir == "pickscore_ckpt"
         env["FLASH"] = "2"
         out = subprocess.run(["bash", str(ROOT / "scripts" / "finetune" / name)], capture_output=True, text=True,
                              env=env, cwd=ROOT, timeout=120)
