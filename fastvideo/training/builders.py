@@ -233,9 +233,10 @@ def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, dims=None):
     # The fused AdamW kernel (one kernel for all state updates) where torch has it: on CPU it cut the
     # time outside model compute of a small-preset iteration from 13.1% to 7.7% (bench/iteration.py,
     # docs/performance.md). Elsewhere the multi-tensor (foreach) path.
-    fused = devices.fused_adamw_supported(next(iter(params)).device)
+    # --adamw_kernel chooses another (devices.adamw_kernel_kwargs).
+    kernel = devices.adamw_kernel_kwargs(next(iter(params)).device, o.adamw_kernel)
     optimizer = torch.optim.AdamW(params, lr=o.learning_rate, betas=(0.9, 0.999), weight_decay=o.weight_decay,
-                                  eps=1e-8, fused=fused or None, foreach=None if fused else True)
+                                  eps=1e-8, **kernel)
     # Iterations x optimizer steps per iteration is what the schedule counts.
     steps_per_iteration = cfg.derived(dims.dp_size if dims is not None else devices.world_size())[
         "optimizer_steps_per_iteration"]
