@@ -68,6 +68,9 @@ class PrecisionPolicy:
 
     param_dtype: torch.dtype = torch.bfloat16
     reduce_dtype: torch.dtype = torch.float32
+    # Cast the root's forward inputs to param_dtype (FSDP's default). False leaves them to autocast:
+    # the trainer's sigma / timestep and position ids stay float32.
+    cast_inputs: bool = True
 
 
 def default_block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
@@ -183,6 +186,7 @@ def wrap_model(
     checkpoint_fraction: float = 1.0,
     extra_units=None,
     param_init_fn=None,
+    forward_prefetch: bool = False,
 ) -> nn.Module:
     """Wrap ``model`` for data-parallel training; returns the module to call, optimise and checkpoint.
 
@@ -201,6 +205,8 @@ def wrap_model(
     param_init_fn: for a model built on the meta device (FSDP strategies on > 1 rank only): called by
       FSDP on each module of a unit to materialise and fill it just before that unit is sharded
       (fastvideo.models.sharded_load.UnitLoader).
+    forward_prefetch: FSDP issues the next unit's all-gather before the current unit's forward
+      (FSDP strategies only; --fsdp_forward_prefetch).
 
     Build the optimizer from the returned module's parameters, after this call. Every rank must call
     this with the same model weights (all ranks load the same files).
@@ -238,7 +244,8 @@ def wrap_model(
         return model.to(device)
     if strategy == "none":
         return _wrap_ddp(model, device)
-    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn)
+    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn,
+                      forward_prefetch)
 
 
 def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -258,7 +265,7 @@ def _wrap_policy(classes, extra_units):
 
 
 def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units=None,
-               param_init_fn=None) -> nn.Module:
+               param_init_fn=None, forward_prefetch=False) -> nn.Module:
     from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -279,7 +286,8 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
             sharding = ShardingStrategy.HYBRID_SHARD
         # replicate == 1 (a single node): hybrid is exactly full sharding.
     if policy is not None:
-        kwargs["mixed_precision"] = MixedPrecision(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)
+        kwargs["mixed_precision"] = MixedPrecision(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype,
+                                                   cast_root_forward_inputs=policy.cast_inputs)
     if cpu_offload:
         kwargs["cpu_offload"] = CPUOffload(offload_params=True)
         if param_init_fn is None:
@@ -293,6 +301,7 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
         device_id=device,
         use_orig_params=False,  # flat parameters: see the module docstring
         limit_all_gathers=True,  # bounds the all-gathers in flight, which bounds peak memory
+        forward_prefetch=forward_prefetch,
         **kwargs,
     )
 

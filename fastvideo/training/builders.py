@@ -83,6 +83,8 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
         checkpoint_fraction=cfg.model.selective_checkpointing,
         extra_units=extra_units,
         param_init_fn=loader,
+        mixed_precision=fsdp_precision(cfg),
+        forward_prefetch=cfg.fsdp_forward_prefetch,
     )
     if loader is not None:
         loader.check_complete()
@@ -119,7 +121,8 @@ def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.d
     ref.requires_grad_(False).eval()
     if cfg.fsdp_strategy != "none" and devices.world_size() > 1:
         ref = wrap_model(ref, strategy=cfg.fsdp_strategy, device=device, cpu_offload=cfg.cpu_offload,
-                         block_classes=family.block_classes(), param_init_fn=loader)
+                         block_classes=family.block_classes(), param_init_fn=loader,
+                         mixed_precision=fsdp_precision(cfg), forward_prefetch=cfg.fsdp_forward_prefetch)
     if loader is not None:
         loader.check_complete()
     return FrozenCopyReference(ref)
@@ -223,6 +226,17 @@ def build_rewards(cfg: TrainConfig, device: torch.device, rank: int = 0):
     return build_multi_reward(rank_reward_specs(r.spec, rank), reward_kwargs=per_reward, common_kwargs=common,
                               normalize=r.group_norm, num_generations=cfg.rollout.num_generations,
                               mix=(r.extras or RewardExtras()).multi_reward_mix)
+
+
+def fsdp_precision(cfg: TrainConfig):
+    """FSDP's MixedPrecision for --fsdp_param_dtype: None for fp32 gathers (upstream); bf16 gathers
+    with fp32 gradient reduction into the fp32 master shards, inputs left to autocast. On one
+    process there is no FSDP (the plain module; wrap_model warns)."""
+    if cfg.fsdp_param_dtype == "fp32":
+        return None
+    from fastvideo.distributed.fsdp import PrecisionPolicy
+
+    return PrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_inputs=False)
 
 
 def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, dims=None):
