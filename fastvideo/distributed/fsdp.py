@@ -31,10 +31,12 @@ Both exist as public API in torch 2.7.1 (FSDP2 moved to ``torch.distributed.fsdp
   those tensors and updates them with a handful of foreach kernels, without any gathering.
 
 LoRA (frozen bf16 base + trainable fp32 adapters): FSDP1 flat parameters must be uniform in
-requires_grad and dtype, so ``extra_units`` makes each adapter Linear an FSDP unit of its own,
-nested in its block's unit, which then holds only frozen weights (training/lora.is_adapter_unit
-says why this beats use_orig_params=True). Adapter-only checkpoints load through
-load_trainable_state_dict, which gathers one adapter unit at a time.
+requires_grad and dtype. ``replicate_frozen`` leaves the frozen parameters out of FSDP (each rank
+keeps the whole frozen base, never gathered), so each block's unit holds exactly its adapters: one
+unit per block, not one per adapter Linear (~380 for FLUX), and no gather of the base per forward.
+``extra_units`` (training/lora.is_adapter_unit) is the layout with a sharded base: each adapter
+Linear its own unit nested in its block's unit of frozen weights (with CPU offload). Adapter-only
+checkpoints load through load_trainable_state_dict, which gathers one trainable unit at a time.
 
 "none" uses DDP rather than a manual all-reduce after backward: DDP buckets and overlaps the
 all-reduce with backward, works with gloo and HCCL, is understood by the state-dict API, and needs no
@@ -187,6 +189,7 @@ def wrap_model(
     extra_units=None,
     param_init_fn=None,
     forward_prefetch: bool = False,
+    replicate_frozen: bool = False,
 ) -> nn.Module:
     """Wrap ``model`` for data-parallel training; returns the module to call, optimise and checkpoint.
 
@@ -207,6 +210,8 @@ def wrap_model(
       (fastvideo.models.sharded_load.UnitLoader).
     forward_prefetch: FSDP issues the next unit's all-gather before the current unit's forward
       (FSDP strategies only; --fsdp_forward_prefetch).
+    replicate_frozen: keep the parameters that do not require grad out of FSDP, whole on every rank
+      and on ``device`` (a LoRA base): the units then hold only trainable parameters.
 
     Build the optimizer from the returned module's parameters, after this call. Every rank must call
     this with the same model weights (all ranks load the same files).
@@ -244,8 +249,16 @@ def wrap_model(
         return model.to(device)
     if strategy == "none":
         return _wrap_ddp(model, device)
+    ignored = None
+    if replicate_frozen:
+        if cpu_offload or param_init_fn is not None:
+            raise ValueError("replicate_frozen keeps the frozen parameters on the device: it takes neither cpu_offload "
+                             "nor param_init_fn")
+        ignored = [p for p in model.parameters() if not p.requires_grad]
+        for p in ignored:  # FSDP does not move what it ignores
+            p.data = p.data.to(device)
     return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn,
-                      forward_prefetch)
+                      forward_prefetch, ignored)
 
 
 def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -265,7 +278,7 @@ def _wrap_policy(classes, extra_units):
 
 
 def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units=None,
-               param_init_fn=None, forward_prefetch=False) -> nn.Module:
+               param_init_fn=None, forward_prefetch=False, ignored=None) -> nn.Module:
     from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -294,6 +307,8 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
             model.to("cpu")  # FSDP shards on the host; each unit is copied to device_id for its compute
     if param_init_fn is not None:
         kwargs["param_init_fn"] = param_init_fn
+    if ignored:
+        kwargs["ignored_states"] = ignored
     return FSDP(
         model,
         auto_wrap_policy=_wrap_policy(classes, extra_units),
@@ -440,6 +455,18 @@ def _trainable_leaves(model: nn.Module):
     return out
 
 
+def _unit_trainable(inner: nn.Module, unit: bool):
+    """(name, parameter) of the trainable parameters ``inner`` owns: directly, or for an FSDP unit
+    anywhere below it except inside nested units (a block unit holding its adapters)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if not unit:
+        return list(inner.named_parameters(recurse=False))
+    nested = [n + "." for n, m in inner.named_modules() if n and isinstance(m, FSDP)]
+    return [(_clean_name(n), p) for n, p in inner.named_parameters()
+            if p.requires_grad and not any(n.startswith(prefix) for prefix in nested)]
+
+
 def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
     """Collective. Copy rank 0's trainable parameters (names as the unwrapped model's) into every
     rank's model, leaving frozen ones alone: each tensor is broadcast and written into its
@@ -463,7 +490,7 @@ def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tens
         ctx = FSDP.summon_full_params(module, recurse=False, writeback=True) if isinstance(module, FSDP) \
             else contextlib.nullcontext()
         with ctx, torch.no_grad():
-            for pname, param in inner.named_parameters(recurse=False):
+            for pname, param in _unit_trainable(inner, isinstance(module, FSDP)):
                 key = f"{name}.{pname}" if name else pname
                 seen.add(key)
                 if devices.rank() == 0:

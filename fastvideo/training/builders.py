@@ -70,7 +70,9 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
         from fastvideo.training import lora
 
         lora.apply_lora(model, cfg.lora, base_dtype=lora_base_dtype(cfg), adapter_dtype=dtype, seed=cfg.optim.seed)
-        extra_units = lora.is_adapter_unit
+        # One FSDP unit per block holding its adapters, the frozen base replicated (never gathered);
+        # with CPU offload the base stays sharded (an adapter unit per Linear, nested in its block).
+        extra_units = lora.is_adapter_unit if cfg.cpu_offload else None
     else:
         model.requires_grad_(True)
     model = wrap_model(
@@ -85,6 +87,7 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
         param_init_fn=loader,
         mixed_precision=fsdp_precision(cfg),
         forward_prefetch=cfg.fsdp_forward_prefetch,
+        replicate_frozen=cfg.lora.enabled and not cfg.cpu_offload,
     )
     if loader is not None:
         loader.check_complete()
