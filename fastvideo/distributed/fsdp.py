@@ -46,7 +46,6 @@ extra call in the training loop (a forgotten manual sync would silently train di
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import warnings
@@ -58,6 +57,13 @@ import torch.distributed as dist
 from torch import nn
 
 from fastvideo import devices
+from fastvideo.distributed.checkpointing import (  # noqa: F401  (re-exported: their former home)
+    _blocks_in_order,
+    _no_blocks_message,
+    apply_activation_checkpointing,
+    default_block_classes,
+    is_checkpointed,
+)
 
 STRATEGIES = ("full", "hybrid", "none")
 ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
@@ -73,18 +79,6 @@ class PrecisionPolicy:
     # Cast the root's forward inputs to param_dtype (FSDP's default). False leaves them to autocast:
     # the trainer's sigma / timestep and position ids stay float32.
     cast_inputs: bool = True
-
-
-def default_block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
-    """The model's repeated blocks when the caller names none: the classes a diffusers / transformers
-    model lists in ``_no_split_modules`` (FLUX: its double- and single-stream blocks), in the order
-    they are listed. A model family passes its own (ModelFamily.block_classes)."""
-    names = list(getattr(model, "_no_split_modules", None) or [])
-    found: dict[str, type[nn.Module]] = {}
-    for m in model.modules():
-        if type(m).__name__ in names:
-            found.setdefault(type(m).__name__, type(m))
-    return tuple(found[n] for n in names if n in found)
 
 
 def hybrid_mesh_shape(world_size: int, local_world_size: int | None) -> tuple[int, int]:
@@ -112,58 +106,6 @@ def _local_world_size_from_env() -> int | None:
         return int(value)
     except ValueError as exc:
         raise ValueError(f"{ENV_LOCAL_WORLD_SIZE}={value!r} is not an integer") from exc
-
-
-# ---------------------------------------------------------------- activation checkpointing
-def _blocks_in_order(model: nn.Module, block_classes: tuple[type[nn.Module], ...]) -> list[nn.Module]:
-    """Blocks in registration order, which for FLUX is execution order (double, then single)."""
-    return [m for m in model.modules() if isinstance(m, block_classes)]
-
-
-def _checkpointed(forward):
-    @functools.wraps(forward)
-    def run(*args, **kwargs):
-        # Rollouts run under no_grad: nothing would be saved, so recomputation would be pure waste.
-        if not torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    run.__fastvideo_checkpointed__ = True
-    return run
-
-
-def is_checkpointed(block: nn.Module) -> bool:
-    return bool(getattr(block.forward, "__fastvideo_checkpointed__", False))
-
-
-def apply_activation_checkpointing(
-    model: nn.Module, block_classes: Sequence[type[nn.Module]] | None = None, fraction: float = 1.0
-) -> int:
-    """Checkpoint the first ``round(fraction * n)`` blocks (non-reentrant torch.utils.checkpoint).
-
-    The block's ``forward`` is replaced on the instance instead of wrapping the block in another
-    module, so parameter names (and with them state dicts and checkpoints) are unchanged. Returns the
-    number of blocks checkpointed. Idempotent.
-    """
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"checkpoint fraction {fraction} must be in [0, 1]")
-    classes = tuple(block_classes or default_block_classes(model))
-    blocks = _blocks_in_order(model, classes)
-    if not blocks:
-        raise ValueError(_no_blocks_message(model, classes))
-    count = int(math.floor(fraction * len(blocks) + 0.5))
-    for block in blocks[:count]:
-        if not is_checkpointed(block):
-            block.forward = _checkpointed(block.forward)
-    return count
-
-
-def _no_blocks_message(model: nn.Module, classes: tuple[type, ...]) -> str:
-    names = ", ".join(c.__name__ for c in classes) or "(none named: no block_classes given and no _no_split_modules)"
-    return (
-        f"{type(model).__name__} contains no module of class {names}; pass block_classes= the model's "
-        "transformer block classes (ModelFamily.block_classes())"
-    )
 
 
 # ---------------------------------------------------------------- wrapping
@@ -249,16 +191,21 @@ def wrap_model(
         return model.to(device)
     if strategy == "none":
         return _wrap_ddp(model, device)
-    ignored = None
-    if replicate_frozen:
-        if cpu_offload or param_init_fn is not None:
-            raise ValueError("replicate_frozen keeps the frozen parameters on the device: it takes neither cpu_offload "
-                             "nor param_init_fn")
-        ignored = [p for p in model.parameters() if not p.requires_grad]
-        for p in ignored:  # FSDP does not move what it ignores
-            p.data = p.data.to(device)
+    ignored = _replicated_frozen(model, device, cpu_offload or param_init_fn is not None) if replicate_frozen else None
     return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn,
                       forward_prefetch, ignored)
+
+
+def _replicated_frozen(model: nn.Module, device: torch.device, offloaded: bool) -> list[nn.Parameter]:
+    """The frozen parameters FSDP is to ignore (replicate_frozen), moved to ``device`` (FSDP does
+    not move what it ignores)."""
+    if offloaded:
+        raise ValueError("replicate_frozen keeps the frozen parameters on the device: it takes neither cpu_offload "
+                         "nor param_init_fn")
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.data = p.data.to(device)
+    return frozen
 
 
 def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:

@@ -22,7 +22,6 @@ def counted(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
     out = tmp_path_factory.mktemp("sync_budget")
     trainer = single_process_trainer(train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=1,
                                                 save_images_every=0, train_micro_batch_size=1), mp)
-    trainer.setup()
     with SyncCounter() as counter:
         record = trainer.run_iteration()
     mp.undo()
