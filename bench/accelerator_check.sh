@@ -17,12 +17,15 @@
 #   alignment/report.md    compare_runs' report of the pair (summary.json, plots), verdict in summary.txt
 #   first_ratio_dev.txt    the first update's max |ratio - 1| on the accelerator (0 up to rounding: the
 #                          policy has not moved yet, so any deviation is rollout/update mismatch)
+#   options.txt / .json    bench/options_table.py: the tiny model's seconds per iteration, MFU and
+#                          host-sync count (in the step loops and in total) with each hot-loop option
+#                          on and off (--adamw_kernel, bf16 autocast; FSDP options need 2 ranks)
 #   gpu_flux_full.txt      bench/gpu_flux_full.py: FLUX.1-dev size, random weights; seconds per phase,
 #                          MFU, peak memory
 #   summary.txt            every figure above, one line each
 # FASTVIDEO_DEVICE=cpu makes the CPU stand in for the accelerator (the script's own test does that).
 set -uo pipefail
-if [ $# -ne 2 ]; then sed -n '2,23p' "$0"; exit 2; fi
+if [ $# -ne 2 ]; then sed -n '2,26p' "$0"; exit 2; fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WHEELHOUSE="$1"
 mkdir -p "$2" && OUT="$(cd "$2" && pwd)"
@@ -92,6 +95,17 @@ PY
   note "first update max |ratio - 1| on $DEV: $(cat "$OUT/first_ratio_dev.txt")"
 else
   note "run pair: FAILED (rc=$pair_rc; see $WORK/cpu.log and $WORK/acc.log)"
+fi
+
+# 3b. the hot-loop options on and off, on the device (bench/options_table.py).
+if [ -f "$WORK/emb/videos2caption.json" ]; then
+  FASTVIDEO_DEVICE="$DEV" OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 timeout 240 "$PY" bench/options_table.py --iterations 2 \
+    --model_dir "$WORK/tiny_flux" --data_json "$WORK/emb/videos2caption.json" --json "$OUT/options.json" \
+    > "$OUT/options.txt" 2>&1
+  note "options table: rc=$? ($(elapsed) s)"
+  grep -A6 "^variant" "$OUT/options.txt" | sed 's/^/    /' | tee -a "$SUMMARY"
+else
+  note "options table: skipped (no tiny model embeddings)"
 fi
 
 # 4. full-size FLUX on the accelerator (tiny config when the CPU stands in), in what time is left.

@@ -96,6 +96,8 @@ class TrainConfig:
     lora: LoraSettings = field(default_factory=lambda: LoraSettings(False, 128, 256.0, 0.0, (), None))
     mix: MixSettings = field(default_factory=MixSettings)  # SDE window / solver (sampling.mix)
     algorithm: str = "grpo"  # a registered objective or a "pkg.module:Name" plugin (--algorithm)
+    fsdp_param_dtype: str = "fp32"  # --fsdp_param_dtype (distributed.settings)
+    fsdp_forward_prefetch: bool = False  # --fsdp_forward_prefetch
 
     def derived(self, world_size: int) -> dict:
         """Quantities users otherwise compute by hand; logged at start-up."""
@@ -138,6 +140,9 @@ def resolved_flags(resolved: dict) -> dict:
 def _check_across(s: dict) -> None:
     """The rules that span two components (each component checks its own flags)."""
     rollout, grpo, reward, mix = s["rollout"], s["grpo"], s["reward"], s["mix"]
+    if s["parallel"].fsdp_param_dtype == "bf16" and s["model"].mixed_precision != "bf16":
+        raise ConfigError("--fsdp_param_dtype bf16 computes with bf16 parameters: it needs --mixed_precision bf16 "
+                          f"(autocast), not {s['model'].mixed_precision!r}")
     if grpo.use_group and rollout.num_generations < 2:
         raise ConfigError(f"--num_generations {rollout.num_generations}: a group needs at least 2 samples")
     if reward.group_norm and not grpo.use_group:
@@ -178,7 +183,8 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         prompts_per_rank=data.prompts_per_rank, model=s["model"], rollout=rollout, reward=s["reward"],
         grpo=s["grpo"], optim=s["optim"], output=s["output"], fsdp_strategy=parallel.fsdp_strategy,
         cpu_offload=parallel.cpu_offload, compat_notes=notes, eval=s["eval"], lora=s["lora"], mix=s["mix"],
-        algorithm=args.algorithm,
+        algorithm=args.algorithm, fsdp_param_dtype=parallel.fsdp_param_dtype,
+        fsdp_forward_prefetch=parallel.fsdp_forward_prefetch,
     )
 
 

@@ -350,9 +350,51 @@ def on_stream(device: torch.device | str, stream, after=None) -> Iterator[None]:
 
 
 def fused_adamw_supported(device: torch.device | str) -> bool:
-    """torch's fused AdamW kernel exists for CPU and CUDA; torch_npu's support for it is not
-    documented for 2.7.1, so NPU uses the multi-tensor path."""
-    return torch.device(device).type in (CPU, CUDA)
+    """Whether torch.optim.AdamW(fused=True) has a kernel (aten::_fused_adamw_) for ``device``:
+    torch ships one for CPU and CUDA; on NPU only if torch_npu registers one for its dispatch key
+    (PrivateUse1); torch_npu 2.7.1 (Ascend/pytorch v7.2.0-pytorch2.7.1) does not document one."""
+    dev_type = _type_name(device)
+    if dev_type in (CPU, CUDA):
+        return True
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adamw_", "PrivateUse1"))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ADAMW_KERNELS = ("auto", "fused", "foreach", "loop")
+
+
+def _type_name(device: torch.device | str) -> str:
+    """"npu:0" -> "npu" without parsing it as a torch.device (which needs torch_npu loaded)."""
+    return device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+
+
+def adamw_kernel_kwargs(device: torch.device | str, kernel: str = "auto") -> dict:
+    """torch.optim.AdamW's kernel arguments for parameters on ``device``: ``fused`` (one kernel for
+    all updates), ``foreach`` (multi-tensor), ``loop`` (one parameter at a time, torch's reference);
+    ``auto`` is fused where fused_adamw_supported, else foreach. All of them keep the same
+    optimizer state (per parameter: step, exp_avg, exp_avg_sq; tests/training/test_optimizer_kernels.py),
+    so a checkpoint written with one resumes with another; their updates agree to rounding.
+
+    Not torch_npu.optim.NpuFusedAdamW (Ascend/pytorch v7.2.0-pytorch2.7.1,
+    torch_npu/optim/npu_fused_adamw.py and npu_fused_optim_base.py): it re-points every parameter
+    and gradient into one combined buffer (npu_change_data_ptr) and documents that parameters must
+    never be re-allocated, while FSDP swaps a flat parameter's storage at every gather and hands
+    back new gradient tensors at every backward; it also refuses zero_grad(set_to_none=True) and
+    keeps ``step`` as a Python int, unlike torch's AdamW state."""
+    if kernel not in ADAMW_KERNELS:
+        raise ValueError(f"unknown AdamW kernel {kernel!r}; choose one of {', '.join(ADAMW_KERNELS)}")
+    if kernel == "auto":
+        kernel = "fused" if fused_adamw_supported(device) else "foreach"
+    if kernel == "fused":
+        if not fused_adamw_supported(device):
+            raise ValueError(f"the fused AdamW kernel is not available on {_type_name(device)}; "
+                             "use --adamw_kernel foreach")
+        return {"fused": True, "foreach": None}
+    if kernel == "foreach":
+        return {"fused": None, "foreach": True}
+    return {"fused": False, "foreach": False}
 
 
 def seed_everything(seed: int) -> None:

@@ -111,7 +111,7 @@ class GRPOObjective(Objective):
         sig_next = traj.sigmas[(steps + 1).to(traj.sigmas.device)]
         v = policy.velocity(traj, rows, lat, sig)
         plan = traj.plan
-        _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, self.eta, plan.sigmas[1], prev_sample=nxt)
+        _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, self.eta, plan.host_sigmas[1], prev_sample=nxt)
         if not policy.has_reference:
             return logp, None
         # DanceGRPO's step Gaussian (config refuses --kl_coef with --flow_grpo_sampling).

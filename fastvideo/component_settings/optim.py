@@ -26,6 +26,7 @@ class OptimSettings(Settings):
     ema_decay: float
     ema_start_step: int
     max_nonfinite_steps: int
+    adamw_kernel: str = "auto"
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -47,6 +48,9 @@ class OptimSettings(Settings):
         g.add_argument("--ema_start_step", type=int, default=0, help="optimizer step from which the EMA updates")
         g.add_argument("--max_nonfinite_steps", type=int, default=3,
                        help="abort after this many optimizer steps in a row with a non-finite loss or gradient")
+        g.add_argument("--adamw_kernel", type=str, default="auto", choices=["auto", "fused", "foreach", "loop"],
+                       help="AdamW implementation: auto (fused where the device has the kernel: CPU, CUDA; else "
+                            "foreach), fused, foreach (multi-tensor) or loop (per parameter); same checkpoint state")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "OptimSettings":
@@ -59,7 +63,7 @@ class OptimSettings(Settings):
             lr_scheduler=args.lr_scheduler, lr_warmup_steps=args.lr_warmup_steps,
             lr_num_cycles=args.lr_num_cycles, lr_power=args.lr_power, use_ema=args.use_ema,
             ema_decay=args.ema_decay, ema_start_step=args.ema_start_step,
-            max_nonfinite_steps=args.max_nonfinite_steps,
+            max_nonfinite_steps=args.max_nonfinite_steps, adamw_kernel=args.adamw_kernel,
         ).checked()
 
     @classmethod

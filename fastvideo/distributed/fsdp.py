@@ -31,11 +31,13 @@ Both exist as public API in torch 2.7.1 (FSDP2 moved to ``torch.distributed.fsdp
 * EMA: with flat parameters each rank holds one flat shard per FSDP unit; the EMA shadows exactly
   those tensors and updates them with a handful of foreach kernels, without any gathering.
 
-LoRA (frozen base + trainable adapters, bf16 + fp32 with --lora_base_precision bf16): FSDP1 flat parameters must be uniform in
-requires_grad and dtype, so ``extra_units`` makes each adapter Linear an FSDP unit of its own,
-nested in its block's unit, which then holds only frozen weights (training/lora.is_adapter_unit
-says why this beats use_orig_params=True). Adapter-only checkpoints load through
-load_trainable_state_dict, which gathers one adapter unit at a time.
+LoRA (frozen base, fp32 or bf16 with --lora_base_precision bf16, + trainable fp32 adapters): FSDP1 flat parameters must be uniform in
+requires_grad and dtype. ``replicate_frozen`` leaves the frozen parameters out of FSDP (each rank
+keeps the whole frozen base, never gathered), so each block's unit holds exactly its adapters: one
+unit per block, not one per adapter Linear (~380 for FLUX), and no gather of the base per forward.
+``extra_units`` (training/lora.is_adapter_unit) is the layout with a sharded base: each adapter
+Linear its own unit nested in its block's unit of frozen weights (with CPU offload). Adapter-only
+checkpoints load through load_trainable_state_dict, which gathers one trainable unit at a time.
 
 "none" uses DDP rather than a manual all-reduce after backward: DDP buckets and overlaps the
 all-reduce with backward, works with gloo and HCCL, is understood by the state-dict API, and needs no
@@ -45,7 +47,6 @@ extra call in the training loop (a forgotten manual sync would silently train di
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import warnings
@@ -57,7 +58,13 @@ import torch.distributed as dist
 from torch import nn
 
 from fastvideo import devices
-from fastvideo.distributed.selective import spaced_blocks
+from fastvideo.distributed.checkpointing import (  # noqa: F401  (re-exported: their former home)
+    _blocks_in_order,
+    _no_blocks_message,
+    apply_activation_checkpointing,
+    default_block_classes,
+    is_checkpointed,
+)
 
 STRATEGIES = ("full", "hybrid", "hybrid_zero2", "none")
 HYBRID = ("hybrid", "hybrid_zero2")  # upstream's hybrid_full (HYBRID_SHARD) and hybrid_zero2
@@ -71,18 +78,9 @@ class PrecisionPolicy:
 
     param_dtype: torch.dtype = torch.bfloat16
     reduce_dtype: torch.dtype = torch.float32
-
-
-def default_block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
-    """The model's repeated blocks when the caller names none: the classes a diffusers / transformers
-    model lists in ``_no_split_modules`` (FLUX: its double- and single-stream blocks), in the order
-    they are listed. A model family passes its own (ModelFamily.block_classes)."""
-    names = list(getattr(model, "_no_split_modules", None) or [])
-    found: dict[str, type[nn.Module]] = {}
-    for m in model.modules():
-        if type(m).__name__ in names:
-            found.setdefault(type(m).__name__, type(m))
-    return tuple(found[n] for n in names if n in found)
+    # Cast the root's forward inputs to param_dtype (FSDP's default). False leaves them to autocast:
+    # the trainer's sigma / timestep and position ids stay float32.
+    cast_inputs: bool = True
 
 
 def hybrid_mesh_shape(world_size: int, local_world_size: int | None) -> tuple[int, int]:
@@ -112,59 +110,6 @@ def _local_world_size_from_env() -> int | None:
         raise ValueError(f"{ENV_LOCAL_WORLD_SIZE}={value!r} is not an integer") from exc
 
 
-# ---------------------------------------------------------------- activation checkpointing
-def _blocks_in_order(model: nn.Module, block_classes: tuple[type[nn.Module], ...]) -> list[nn.Module]:
-    """Blocks in registration order, which for FLUX is execution order (double, then single)."""
-    return [m for m in model.modules() if isinstance(m, block_classes)]
-
-
-def _checkpointed(forward):
-    @functools.wraps(forward)
-    def run(*args, **kwargs):
-        # Rollouts run under no_grad: nothing would be saved, so recomputation would be pure waste.
-        if not torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    run.__fastvideo_checkpointed__ = True
-    return run
-
-
-def is_checkpointed(block: nn.Module) -> bool:
-    return bool(getattr(block.forward, "__fastvideo_checkpointed__", False))
-
-
-def apply_activation_checkpointing(
-    model: nn.Module, block_classes: Sequence[type[nn.Module]] | None = None, fraction: float = 1.0
-) -> int:
-    """Checkpoint ``round(fraction * n)`` blocks spaced evenly (spaced_blocks; non-reentrant).
-
-    The block's ``forward`` is replaced on the instance instead of wrapping the block in another
-    module, so parameter names (and with them state dicts and checkpoints) are unchanged. Returns the
-    number of blocks checkpointed. Idempotent.
-    """
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"checkpoint fraction {fraction} must be in [0, 1]")
-    classes = tuple(block_classes or default_block_classes(model))
-    blocks = _blocks_in_order(model, classes)
-    if not blocks:
-        raise ValueError(_no_blocks_message(model, classes))
-    chosen = [blocks[i] for i in spaced_blocks(len(blocks), fraction)]
-    for block in chosen:
-        if not is_checkpointed(block):
-            block.forward = _checkpointed(block.forward)
-    return len(chosen)
-
-
-
-def _no_blocks_message(model: nn.Module, classes: tuple[type, ...]) -> str:
-    names = ", ".join(c.__name__ for c in classes) or "(none named: no block_classes given and no _no_split_modules)"
-    return (
-        f"{type(model).__name__} contains no module of class {names}; pass block_classes= the model's "
-        "transformer block classes (ModelFamily.block_classes())"
-    )
-
-
 # ---------------------------------------------------------------- wrapping
 def _as_policy(mixed_precision) -> PrecisionPolicy | None:
     if mixed_precision is None or isinstance(mixed_precision, PrecisionPolicy):
@@ -187,6 +132,8 @@ def wrap_model(
     checkpoint_fraction: float = 1.0,
     extra_units=None,
     param_init_fn=None,
+    forward_prefetch: bool = False,
+    replicate_frozen: bool = False,
 ) -> nn.Module:
     """Wrap ``model`` for data-parallel training; returns the module to call, optimise and checkpoint.
 
@@ -206,6 +153,10 @@ def wrap_model(
     param_init_fn: for a model built on the meta device (FSDP strategies on > 1 rank only): called by
       FSDP on each module of a unit to materialise and fill it just before that unit is sharded
       (fastvideo.models.sharded_load.UnitLoader).
+    forward_prefetch: FSDP issues the next unit's all-gather before the current unit's forward
+      (FSDP strategies only; --fsdp_forward_prefetch).
+    replicate_frozen: keep the parameters that do not require grad out of FSDP, whole on every rank
+      and on ``device`` (a LoRA base): the units then hold only trainable parameters.
 
     Build the optimizer from the returned module's parameters, after this call. Every rank must call
     this with the same model weights (all ranks load the same files).
@@ -243,7 +194,21 @@ def wrap_model(
         return model.to(device)
     if strategy == "none":
         return _wrap_ddp(model, device)
-    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn)
+    ignored = _replicated_frozen(model, device, cpu_offload or param_init_fn is not None) if replicate_frozen else None
+    return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn,
+                      forward_prefetch, ignored)
+
+
+def _replicated_frozen(model: nn.Module, device: torch.device, offloaded: bool) -> list[nn.Parameter]:
+    """The frozen parameters FSDP is to ignore (replicate_frozen), moved to ``device`` (FSDP does
+    not move what it ignores)."""
+    if offloaded:
+        raise ValueError("replicate_frozen keeps the frozen parameters on the device: it takes neither cpu_offload "
+                         "nor param_init_fn")
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.data = p.data.to(device)
+    return frozen
 
 
 def _wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -263,7 +228,7 @@ def _wrap_policy(classes, extra_units):
 
 
 def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units=None,
-               param_init_fn=None) -> nn.Module:
+               param_init_fn=None, forward_prefetch=False, ignored=None) -> nn.Module:
     from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -287,13 +252,16 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
             sharding = ShardingStrategy.SHARD_GRAD_OP
         # replicate == 1 (a single node): hybrid is exactly full sharding.
     if policy is not None:
-        kwargs["mixed_precision"] = MixedPrecision(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)
+        kwargs["mixed_precision"] = MixedPrecision(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype,
+                                                   cast_root_forward_inputs=policy.cast_inputs)
     if cpu_offload:
         kwargs["cpu_offload"] = CPUOffload(offload_params=True)
         if param_init_fn is None:
             model.to("cpu")  # FSDP shards on the host; each unit is copied to device_id for its compute
     if param_init_fn is not None:
         kwargs["param_init_fn"] = param_init_fn
+    if ignored:
+        kwargs["ignored_states"] = ignored
     return FSDP(
         model,
         auto_wrap_policy=_wrap_policy(classes, extra_units),
@@ -301,6 +269,7 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
         device_id=device,
         use_orig_params=False,  # flat parameters: see the module docstring
         limit_all_gathers=True,  # bounds the all-gathers in flight, which bounds peak memory
+        forward_prefetch=forward_prefetch,
         **kwargs,
     )
 
@@ -439,6 +408,18 @@ def _trainable_leaves(model: nn.Module):
     return out
 
 
+def _unit_trainable(inner: nn.Module, unit: bool):
+    """(name, parameter) of the trainable parameters ``inner`` owns: directly, or for an FSDP unit
+    anywhere below it except inside nested units (a block unit holding its adapters)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if not unit:
+        return list(inner.named_parameters(recurse=False))
+    nested = [n + "." for n, m in inner.named_modules() if n and isinstance(m, FSDP)]
+    return [(_clean_name(n), p) for n, p in inner.named_parameters()
+            if p.requires_grad and not any(n.startswith(prefix) for prefix in nested)]
+
+
 def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
     """Collective. Copy rank 0's trainable parameters (names as the unwrapped model's) into every
     rank's model, leaving frozen ones alone: each tensor is broadcast and written into its
@@ -462,7 +443,7 @@ def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tens
         ctx = FSDP.summon_full_params(module, recurse=False, writeback=True) if isinstance(module, FSDP) \
             else contextlib.nullcontext()
         with ctx, torch.no_grad():
-            for pname, param in inner.named_parameters(recurse=False):
+            for pname, param in _unit_trainable(inner, isinstance(module, FSDP)):
                 key = f"{name}.{pname}" if name else pname
                 seen.add(key)
                 if devices.rank() == 0:

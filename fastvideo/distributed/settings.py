@@ -1,5 +1,7 @@
-"""Parallelism settings: how FSDP shards the model and whether it offloads to the CPU.
-TrainConfig keeps them at its top level (cfg.fsdp_strategy, cfg.cpu_offload)."""
+"""Parallelism settings: how FSDP shards the model, whether it offloads to the CPU, the dtype it
+gathers parameters in and whether it prefetches the next block's gather in forward. TrainConfig
+keeps them at its top level (cfg.fsdp_strategy, cfg.cpu_offload, cfg.fsdp_param_dtype,
+cfg.fsdp_forward_prefetch)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ STRATEGY_CHOICES = ("full", "hybrid", "hybrid_full", "hybrid_zero2", "none")
 class ParallelSettings(Settings):
     fsdp_strategy: str  # full | hybrid | none
     cpu_offload: bool
+    fsdp_param_dtype: str = "fp32"  # fp32 | bf16: the dtype FSDP all-gathers (and computes) parameters in
+    fsdp_forward_prefetch: bool = False
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -28,19 +32,34 @@ class ParallelSettings(Settings):
                             "parameters kept from forward to backward), none (replicate)")
         g.add_argument("--use_cpu_offload", action="store_true", help="keep FSDP's parameter shards on the CPU")
         g.add_argument("--sp_size", type=int, default=1, help="sequence parallel size; must be 1")
+        g.add_argument("--fsdp_param_dtype", type=str, default="fp32", choices=["fp32", "bf16"],
+                       help="dtype FSDP all-gathers parameters in: fp32 (upstream) or bf16 (half the gather "
+                            "traffic; gradients still reduced in fp32 into fp32 master shards; needs "
+                            "--mixed_precision bf16)")
+        g.add_argument("--fsdp_forward_prefetch", action="store_true",
+                       help="FSDP issues the next block's all-gather before the current block's forward "
+                            "(overlap in rollouts, which run forward only)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ParallelSettings":
         if args.sp_size != 1:
             raise ConfigError(f"--sp_size {args.sp_size}: sequence parallelism is not supported; use --sp_size 1")
         strategy = "hybrid" if args.fsdp_sharding_strategy == "hybrid_full" else args.fsdp_sharding_strategy
-        return cls(strategy, args.use_cpu_offload).checked()
+        return cls(strategy, args.use_cpu_offload, args.fsdp_param_dtype, args.fsdp_forward_prefetch).checked()
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
         """section: the whole resolved config (TrainConfig keeps these at its top level)."""
-        return {"fsdp_sharding_strategy": section["fsdp_strategy"], "use_cpu_offload": section["cpu_offload"]}
+        return {"fsdp_sharding_strategy": section["fsdp_strategy"], "use_cpu_offload": section["cpu_offload"],
+                "fsdp_param_dtype": section.get("fsdp_param_dtype", "fp32"),
+                "fsdp_forward_prefetch": section.get("fsdp_forward_prefetch", False)}
 
     def check(self) -> None:
         if self.cpu_offload and self.fsdp_strategy == "none":
             raise ConfigError("--use_cpu_offload needs FSDP sharding (--fsdp_sharding_strategy full or hybrid)")
+        for flag, on in (("--fsdp_param_dtype bf16", self.fsdp_param_dtype == "bf16"),
+                         ("--fsdp_forward_prefetch", self.fsdp_forward_prefetch)):
+            if on and self.fsdp_strategy == "none":
+                raise ConfigError(f"{flag} is an FSDP setting; --fsdp_sharding_strategy none (DDP) has no "
+                                  "parameter gathers: use full or hybrid")
+

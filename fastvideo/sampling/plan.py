@@ -71,6 +71,9 @@ class SamplingPlan:
                              f"{DPM_ALGORITHMS} / {DPM_SOLVER_TYPES}")
         if not 1 <= self.dpm_order <= 3:
             raise ValueError(f"dpm_order {self.dpm_order} must be 1, 2 or 3")
+        # The sigmas as Python floats, read once per plan: the step loops compare and pass them
+        # without reading a tensor back (fastvideo.perf.syncs).
+        object.__setattr__(self, "host_sigmas", tuple(self.sigmas.tolist()))
         if self.sde_kind in DPM_SDE_KINDS:
             to_data = [k for k in range(n) if self.kinds[k] == SDE and float(self.sigmas[k + 1]) <= 0.0]
             if to_data:

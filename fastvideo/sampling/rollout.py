@@ -166,7 +166,7 @@ def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: 
     # transitions so far, newest last, with their sigmas. A DPM step right after SDE steps reads
     # the SDE steps' outputs too (upstream does so with --flow_grpo_sampling and under
     # --dpm_apply_strategy all). Host-side sigmas: the order choice never syncs the device.
-    history, host_sigmas = [], plan.sigmas.tolist()
+    history, host_sigmas = [], plan.host_sigmas
     for k in range(first, stop):
         v = family.velocity(transformer, x, sigmas[k], cond, layout)
         kind = plan.kinds[k]
@@ -193,7 +193,7 @@ def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: 
 
 def _sde_transition(plan: SamplingPlan, x, v, sigmas, k, eta, noise=None, prev_sample=None):
     """Transition k of an SDE step of the plan's kind -> (sample, log_prob [B])."""
-    return sde_transition(plan.sde_kind, x, v, sigmas[k], sigmas[k + 1], eta, plan.sigmas[1], noise, prev_sample)
+    return sde_transition(plan.sde_kind, x, v, sigmas[k], sigmas[k + 1], eta, plan.host_sigmas[1], noise, prev_sample)
 
 
 def sde_transition(sde_kind, x, v, sigma, sigma_next, eta, sigma_max, noise=None, prev_sample=None):

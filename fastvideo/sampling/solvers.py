@@ -39,7 +39,8 @@ def flow_sde_step(
     s = _per_sample(sigma, batch, ndim, x.device)
     s_next = _per_sample(sigma_next, batch, ndim, x.device)
     delta = s_next - s
-    s_safe = torch.where(s == 1.0, torch.as_tensor(float(sigma_max), device=x.device), s)
+    # A Python scalar operand: no tensor made on the host and copied per step (sigma_max is a float)
+    s_safe = torch.where(s == 1.0, float(sigma_max), s)
     g = eta * torch.sqrt(s / (1.0 - s_safe))
     mean = x * (1.0 + g * g / (2.0 * s) * delta) + v * (1.0 + g * g * (1.0 - s) / (2.0 * s)) * delta
     std = g * torch.sqrt(-delta)
@@ -60,6 +61,11 @@ def dpm_model_output(latents: torch.Tensor, velocity: torch.Tensor, sigma, algor
         x, v = latents.float(), velocity.float()
         return x + (1.0 - _per_sample(sigma, x.shape[0], x.ndim, x.device)) * v
     raise ValueError(f"dpm algorithm {algorithm!r}; valid: {DPM_ALGORITHMS}")
+
+
+def _host_float(value) -> float:
+    """A Python float of a sigma given as a float (free) or a tensor (read back: a host sync)."""
+    return value if isinstance(value, float) else float(value)
 
 
 def _lam(sigma: torch.Tensor) -> torch.Tensor:
@@ -96,9 +102,10 @@ def dpm_solver_step(
     s0 = torch.as_tensor(sigmas[-1], **f32)
     m0 = outputs[-1].float()
     alpha_t, alpha_0 = 1.0 - st, 1.0 - s0
-    if algorithm == "dpmsolver" and float(s0) >= 1.0:
+    # Branch on the host values (the rollout passes floats): reading s0 / st back would sync per step
+    if algorithm == "dpmsolver" and _host_float(sigmas[-1]) >= 1.0:
         raise ValueError("the noise-prediction DPM-Solver cannot step from sigma 1 (alpha = 0); use dpmsolver++")
-    if float(st) == 0.0:  # the step to the data: lambda_t is infinite, so take the limit exactly
+    if _host_float(sigma_next) == 0.0:  # the step to the data: lambda_t is infinite, so take the limit exactly
         return m0 if algorithm == "dpmsolver++" else (x - s0 * m0) / alpha_0
     h = _lam(st) - _lam(s0)
     # exp(-h) = (sigma_t / alpha_t) (alpha_0 / sigma_0), formed without logs (as diffusers' exp(-h))

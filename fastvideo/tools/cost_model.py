@@ -155,13 +155,17 @@ def memory_shape(args):
 
 
 def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> str:
-    from fastvideo.perf.memory import GB, estimate
+    from fastvideo.perf import comms
+    from fastvideo.perf.memory import GB, estimate, profile_model
 
     shape = memory_shape(args)
-    est = estimate(config, vae_cfg, shape, family=family)
+    prof = profile_model(config, vae_cfg, shape, family=family)
+    est = estimate(config, vae_cfg, shape, prof=prof, family=family)
+    traffic = comms.from_memory_shape(shape, prof.params, args.trained_steps)
     if args.json:
         return json.dumps({"model": desc, "shape": {k: str(v) for k, v in vars(shape).items()}, **est.as_dict(),
-                           "verdict": est.verdict(args.device_memory_gb)}, indent=2)
+                           "verdict": est.verdict(args.device_memory_gb),
+                           "fsdp_traffic_bytes": comms.traffic_by_gather_dtype(traffic)}, indent=2)
     lines = [f"model {desc}: {args.h}x{args.w}, {shape.samples_per_rank} samples per rank, {args.world_size} ranks, "
              f"{shape.strategy} sharding ({shape.shards} shards), checkpointing {shape.checkpoint_fraction:g}, "
              f"micro-batch {shape.micro_batch}, rollout batch {shape.rollout_batch}",
@@ -172,6 +176,7 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
     lines.append("phases: " + ", ".join(f"{k} {v / GB:.2f} GB" for k, v in est.phases.items()))
     lines.append(est.verdict(args.device_memory_gb))
     lines.append("not counted: framework context and workspaces, allocator fragmentation, reward activations")
+    lines += ["", *comms.gather_dtype_table(traffic)]
     return "\n".join(lines)
 # ----------------------------------------------------------------------------- mixed sampling (MixGRPO)
 REFERENCE_STEPS, REFERENCE_FRACTION = 16, 0.6  # DanceGRPO's FLUX script

@@ -70,7 +70,9 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
         from fastvideo.training import lora
 
         lora.apply_lora(model, cfg.lora, base_dtype=lora_base_dtype(cfg), adapter_dtype=dtype, seed=cfg.optim.seed)
-        extra_units = lora.is_adapter_unit
+        # One FSDP unit per block holding its adapters, the frozen base replicated (never gathered);
+        # with CPU offload the base stays sharded (an adapter unit per Linear, nested in its block).
+        extra_units = lora.is_adapter_unit if cfg.cpu_offload else None
     else:
         model.requires_grad_(True)
     model = wrap_model(
@@ -83,6 +85,9 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
         checkpoint_fraction=cfg.model.selective_checkpointing,
         extra_units=extra_units,
         param_init_fn=loader,
+        mixed_precision=fsdp_precision(cfg),
+        forward_prefetch=cfg.fsdp_forward_prefetch,
+        replicate_frozen=cfg.lora.enabled and not cfg.cpu_offload,
     )
     if loader is not None:
         loader.check_complete()
@@ -120,7 +125,8 @@ def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.d
     ref.requires_grad_(False).eval()
     if cfg.fsdp_strategy != "none" and devices.world_size() > 1:
         ref = wrap_model(ref, strategy=cfg.fsdp_strategy, device=device, cpu_offload=cfg.cpu_offload,
-                         block_classes=family.block_classes(), param_init_fn=loader)
+                         block_classes=family.block_classes(), param_init_fn=loader,
+                         mixed_precision=fsdp_precision(cfg), forward_prefetch=cfg.fsdp_forward_prefetch)
     if loader is not None:
         loader.check_complete()
     return FrozenCopyReference(ref)
@@ -226,6 +232,17 @@ def build_rewards(cfg: TrainConfig, device: torch.device, rank: int = 0):
                               mix=(r.extras or RewardExtras()).multi_reward_mix)
 
 
+def fsdp_precision(cfg: TrainConfig):
+    """FSDP's MixedPrecision for --fsdp_param_dtype: None for fp32 gathers (upstream); bf16 gathers
+    with fp32 gradient reduction into the fp32 master shards, inputs left to autocast. On one
+    process there is no FSDP (the plain module; wrap_model warns)."""
+    if cfg.fsdp_param_dtype == "fp32":
+        return None
+    from fastvideo.distributed.fsdp import PrecisionPolicy
+
+    return PrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_inputs=False)
+
+
 def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, dims=None):
     from diffusers.optimization import get_scheduler
 
@@ -234,9 +251,10 @@ def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, dims=None):
     # The fused AdamW kernel (one kernel for all state updates) where torch has it: on CPU it cut the
     # time outside model compute of a small-preset iteration from 13.1% to 7.7% (bench/iteration.py,
     # docs/performance.md). Elsewhere the multi-tensor (foreach) path.
-    fused = devices.fused_adamw_supported(next(iter(params)).device)
+    # --adamw_kernel chooses another (devices.adamw_kernel_kwargs).
+    kernel = devices.adamw_kernel_kwargs(next(iter(params)).device, o.adamw_kernel)
     optimizer = torch.optim.AdamW(params, lr=o.learning_rate, betas=(0.9, 0.999), weight_decay=o.weight_decay,
-                                  eps=1e-8, fused=fused or None, foreach=None if fused else True)
+                                  eps=1e-8, **kernel)
     # Iterations x optimizer steps per iteration is what the schedule counts.
     steps_per_iteration = cfg.derived(dims.dp_size if dims is not None else devices.world_size())[
         "optimizer_steps_per_iteration"]

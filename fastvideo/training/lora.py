@@ -2,7 +2,8 @@
 
     settings = LoraSettings.from_args(args)       # fastvideo/component_settings/lora.py -> TrainConfig.lora
     apply_lora(model, settings, base_dtype, seed) # builders.build_models, before wrap_model
-    wrap_model(..., extra_units=is_adapter_unit)  # each adapter Linear its own FSDP unit
+    wrap_model(..., replicate_frozen=True)        # one FSDP unit per block: its adapters (base replicated)
+    wrap_model(..., extra_units=is_adapter_unit)  # with CPU offload: each adapter Linear its own unit
     with adapters_disabled(model): ...            # the frozen base policy (KL reference)
 
 Only the adapters (``lora_A`` / ``lora_B`` of the target Linears) are trainable. The base stays

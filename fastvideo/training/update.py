@@ -81,13 +81,16 @@ class Updater:
                 skipped += int(not ok)
         self.model.eval()
         means, maxes = objective.summarize(stats)
+        # Read back once per iteration, after the loop (the norms stay on the device until here).
+        norms = torch.stack(grad_norms).tolist() if grad_norms else []
         return UpdateStats(loss=float(loss_sum),
-                           grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+                           grad_norm=sum(norms) / len(norms) if norms else float("nan"),
                            optimizer_steps=opt_steps, skipped_steps=skipped, forward_passes=stats.terms,
                            means=means, maxes=maxes)
 
-    def optimizer_step(self, window_loss: torch.Tensor) -> tuple[float, bool]:
-        """Clip, check finiteness (the same decision on every rank), step or skip."""
+    def optimizer_step(self, window_loss: torch.Tensor) -> tuple[torch.Tensor | float, bool]:
+        """Clip, check finiteness (the same decision on every rank), step or skip. Returns the
+        gradient norm before clipping (a 0-d tensor, not read back: NaN float when skipped)."""
         from fastvideo.distributed.fsdp import clip_grad_norm
 
         norm = clip_grad_norm(self.model, self.optim.max_grad_norm)
@@ -101,7 +104,7 @@ class Updater:
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.consecutive_nonfinite = 0
-        return float(norm), True
+        return norm.detach().float(), True
 
     def _count_nonfinite(self, norm: torch.Tensor) -> None:
         s = self.state

@@ -37,4 +37,5 @@ def test_accelerator_check_runs_on_cpu(tmp_path):
     assert "alignment cpu vs cpu: ALIGNED" in summary and (out / "alignment" / "report.md").is_file()
     # Same device, same draws: the first update sees exactly the rollout's log-probs.
     assert float((out / "first_ratio_dev.txt").read_text()) < 1e-5
+    assert "options table: rc=0" in summary and "adamw foreach" in summary
     assert "gpu_flux_full.py --allow_cpu: rc=0" in summary and "total:" in summary

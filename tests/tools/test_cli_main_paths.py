@@ -37,6 +37,7 @@ COVERED = {
     "export": "test_export_cli",
     "make_tiny_flux": "test_make_tiny_flux_cli",
     "make_tiny_reward": "test_make_tiny_reward_cli",
+    "omp_threads": "test_omp_threads_cli",
     "reward_server": "test_reward_server_cli",
 }
 
@@ -211,3 +212,11 @@ def test_reward_server_cli(tmp_path):
     assert f"[reward_server] serving compressibility on cpu at http://127.0.0.1:{port} (token required)" in printed
     assert "GET /health 401" in printed and "POST /score/compressibility 200" in printed  # one line per request
     assert "Traceback" not in printed
+
+
+def test_omp_threads_cli(monkeypatch, capsys):
+    from fastvideo.tools.omp_threads import threads_per_process
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    code, out = run_tool("omp_threads", ["2"], monkeypatch, capsys)
+    assert code == 0 and int(out) == threads_per_process(2)

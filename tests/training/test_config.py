@@ -35,6 +35,10 @@ def _validate(*extra):
     (["--use_hpsv2"], "either with --rewards or with --use_hpsv2"),
     (["--rewards", "hpsv2:1,nonsense:2"], "nonsense"),
     (["--selective_checkpointing", "0.5"], "needs --gradient_checkpointing"),
+    (["--fsdp_param_dtype", "bf16", "--mixed_precision", "no"], "needs --mixed_precision bf16"),
+    (["--fsdp_forward_prefetch", "--fsdp_sharding_strategy", "none"], "is an FSDP setting"),
+    (["--fsdp_param_dtype", "bf16", "--mixed_precision", "bf16", "--fsdp_sharding_strategy", "none"],
+     "is an FSDP setting"),
 ])
 def test_bad_flags_fail_with_their_message(flags, message):
     with pytest.raises((ConfigError, ValueError), match=message):

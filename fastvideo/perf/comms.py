@@ -1,0 +1,87 @@
+"""FSDP communication per iteration and rank: the bytes all-gathered and reduce-scattered, by phase.
+
+FSDP1 FULL_SHARD (and HYBRID_SHARD within a node) gathers a unit's parameters before its forward
+and frees them after; a trained forward's backward gathers them again, then reduce-scatters the
+gradients. So one iteration of GRPO moves, per rank (a ring collective receives (W-1)/W of the
+full tensor, W = the shard group size):
+
+    rollout   F_r = sampling_steps x ceil(samples / rollout_batch) forwards, each one gather of P
+    update    T_u = ceil(samples / micro_batch) x trained_steps terms, each a forward and a backward
+              gather of P and one reduce-scatter of the trainable parameters' gradients
+
+with P the parameters FSDP manages, in bytes at the gather dtype (--fsdp_param_dtype: fp32 4,
+bf16 2; gradients are reduced in fp32). Gradient checkpointing recomputes inside the backward's
+gather (no extra traffic). Under LoRA the frozen base sits in the FSDP units too (gathered at its
+bf16 dtype every forward) unless it is replicated outside FSDP (training/lora.py), when only the
+adapters are gathered.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CommShape:
+    """What decides FSDP's traffic. params: parameters in FSDP units gathered at gather_bytes;
+    frozen_params: parameters gathered at frozen_bytes (a LoRA base inside the units; 0 if none or
+    replicated); trainable: parameters whose gradients are reduced (default: params)."""
+
+    params: int
+    samples_per_rank: int
+    rollout_batch: int
+    micro_batch: int
+    sampling_steps: int
+    trained_steps: int
+    shards: int  # the shard group size (world size for full sharding; 1: no gathers)
+    gather_bytes: int = 4
+    reduce_bytes: int = 4
+    frozen_params: int = 0
+    frozen_bytes: int = 2
+    trainable: int | None = None
+
+
+def fsdp_traffic(s: CommShape) -> dict[str, float]:
+    """Bytes one rank receives per iteration: rollout_gather, update_gather, reduce_scatter, their
+    total and the gathers (forward/backward passes that gather) counted."""
+    if s.shards <= 1:
+        return {"rollout_gather": 0.0, "update_gather": 0.0, "reduce_scatter": 0.0, "total": 0.0,
+                "gathers": 0}
+    ring = (s.shards - 1) / s.shards
+    rollout_forwards = s.sampling_steps * math.ceil(s.samples_per_rank / s.rollout_batch)
+    terms = math.ceil(s.samples_per_rank / s.micro_batch) * s.trained_steps
+    one_gather = (s.params * s.gather_bytes + s.frozen_params * s.frozen_bytes) * ring
+    trainable = s.params if s.trainable is None else s.trainable
+    out = {
+        "rollout_gather": rollout_forwards * one_gather,
+        "update_gather": 2 * terms * one_gather,
+        "reduce_scatter": terms * trainable * s.reduce_bytes * ring,
+        "gathers": rollout_forwards + 2 * terms,
+    }
+    out["total"] = out["rollout_gather"] + out["update_gather"] + out["reduce_scatter"]
+    return out
+
+
+def gather_dtype_table(s: CommShape) -> list[str]:
+    """Lines comparing fp32 and bf16 gathers (--fsdp_param_dtype) for one shape, in GB per iteration."""
+    gb = 1e9
+    lines = [f"FSDP traffic per rank per iteration ({s.shards} shards): GB received",
+             f"{'gather dtype':<14}{'rollout':>10}{'update':>10}{'reduce':>10}{'total':>10}"]
+    for name, nbytes in (("fp32", 4), ("bf16", 2)):
+        t = fsdp_traffic(CommShape(**{**s.__dict__, "gather_bytes": nbytes}))
+        lines.append(f"{name:<14}{t['rollout_gather'] / gb:>10.1f}{t['update_gather'] / gb:>10.1f}"
+                     f"{t['reduce_scatter'] / gb:>10.1f}{t['total'] / gb:>10.1f}")
+    return lines
+
+
+def from_memory_shape(m, params: int, trained_steps: int) -> CommShape:
+    """The CommShape of a perf.memory.MemoryShape (the cost model's --memory flags)."""
+    return CommShape(params=params, samples_per_rank=m.samples_per_rank, rollout_batch=m.rollout_batch,
+                     micro_batch=m.micro_batch, sampling_steps=m.sampling_steps, trained_steps=trained_steps,
+                     shards=m.shards if m.strategy != "none" else 1)
+
+
+def traffic_by_gather_dtype(s: CommShape) -> dict[str, dict[str, float]]:
+    """{"fp32": fsdp_traffic, "bf16": fsdp_traffic} of one shape."""
+    return {name: fsdp_traffic(CommShape(**{**s.__dict__, "gather_bytes": b})) for name, b in (("fp32", 4), ("bf16", 2))}

@@ -1,0 +1,44 @@
+"""FSDP traffic accounting (fastvideo.perf.comms) and the cost model's gather-dtype table."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastvideo.perf.comms import CommShape, fsdp_traffic, traffic_by_gather_dtype
+
+
+def test_traffic_by_hand():
+    # 4 ranks, 1000 params fp32; 6 samples, rollout batch 4 -> 2 chunks x 3 steps = 6 rollout forwards;
+    # micro-batch 4 -> 2 micro-batches x 2 trained steps = 4 terms (forward + backward gathers)
+    s = CommShape(params=1000, samples_per_rank=6, rollout_batch=4, micro_batch=4, sampling_steps=3,
+                  trained_steps=2, shards=4)
+    t = fsdp_traffic(s)
+    ring = 3 / 4
+    assert t["rollout_gather"] == pytest.approx(6 * 4000 * ring)
+    assert t["update_gather"] == pytest.approx(8 * 4000 * ring)
+    assert t["reduce_scatter"] == pytest.approx(4 * 4000 * ring)
+    assert t["gathers"] == 14
+    by = traffic_by_gather_dtype(s)
+    assert by["bf16"]["rollout_gather"] == pytest.approx(by["fp32"]["rollout_gather"] / 2)
+    assert by["bf16"]["reduce_scatter"] == by["fp32"]["reduce_scatter"]  # gradients reduced in fp32
+    # LoRA with the frozen base inside the units: it is gathered (bf16) too, only adapters reduced
+    lora = fsdp_traffic(CommShape(**{**s.__dict__, "params": 10, "frozen_params": 1000, "trainable": 10}))
+    assert lora["rollout_gather"] == pytest.approx(6 * (40 + 2000) * ring)
+    assert lora["reduce_scatter"] == pytest.approx(4 * 40 * ring)
+    assert fsdp_traffic(CommShape(**{**s.__dict__, "shards": 1}))["total"] == 0
+
+
+def test_cost_model_prints_fp32_and_bf16_gathers(capsys):
+    from fastvideo.tools.cost_model import main
+
+    import json
+
+    flags = ["--memory", "--model", "tiny", "--world_size", "2", "--h", "32", "--w", "32", "--sampling_steps", "4"]
+    main(flags)
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("fp32 ", "bf16 "))]
+    assert rows == ["fp32", "bf16"] and "FSDP traffic per rank per iteration (2 shards)" in out
+    main(flags + ["--json"])
+    t = json.loads(capsys.readouterr().out)["fsdp_traffic_bytes"]
+    assert t["fp32"]["rollout_gather"] > 0
+    assert t["bf16"]["rollout_gather"] == pytest.approx(t["fp32"]["rollout_gather"] / 2)  # rollout gathers halve
