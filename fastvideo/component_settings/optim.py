@@ -46,7 +46,8 @@ class OptimSettings(Settings):
         g.add_argument("--ema_decay", type=float, default=0.995, help="EMA decay per optimizer step")
         g.add_argument("--ema_start_step", type=int, default=0, help="optimizer step from which the EMA updates")
         g.add_argument("--max_nonfinite_steps", type=int, default=3,
-                       help="abort after this many optimizer steps in a row with a non-finite loss or gradient")
+                       help="abort after this many iterations in a row with a non-finite reward (its samples are "
+                            "dropped), loss or gradient (its optimizer steps are skipped)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "OptimSettings":

@@ -18,16 +18,21 @@ from typing import Mapping
 
 import torch
 
+from fastvideo.grpo.advantages import masked_standardize
+
 MIX_MODES = ("advantage_aggr", "reward_aggr")
 EPS = 1e-8
 
 
 def group_normalize(
-    scores: torch.Tensor, num_generations: int, eps: float = 1e-8, unbiased: bool = True
+    scores: torch.Tensor, num_generations: int, eps: float = 1e-8, unbiased: bool = True,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[B]`` -> ``[B]``: (r - group mean) / (group std + eps) over consecutive groups of G.
 
-    unbiased=True matches torch.std's default, which DanceGRPO's advantages use.
+    unbiased=True matches torch.std's default, which DanceGRPO's advantages use. ``valid`` [B] bool
+    (None: all): the samples kept; the statistics come from those alone, dropped samples and groups
+    with fewer than 2 kept get 0 (grpo.advantages.masked_standardize).
     """
     if num_generations < 2:
         raise ValueError(f"group normalisation needs num_generations >= 2; got {num_generations}")
@@ -37,6 +42,8 @@ def group_normalize(
             "a batch must hold whole groups"
         )
     groups = scores.float().view(-1, num_generations)
+    if valid is not None and not bool(valid.all()):
+        return masked_standardize(groups, valid.view(-1, num_generations), unbiased, eps).view(-1)
     mean = groups.mean(dim=1, keepdim=True)
     std = groups.std(dim=1, keepdim=True, unbiased=unbiased)
     return ((groups - mean) / (std + eps)).view(-1)
@@ -44,11 +51,23 @@ def group_normalize(
 
 def mix_advantages(raw: Mapping[str, torch.Tensor], weights: Mapping[str, float], group_size: int,
                    mode: str) -> torch.Tensor:
-    """MixGRPO's advantages from raw per-reward scores ([B] each, groups of G contiguous). [B]."""
+    """MixGRPO's advantages from raw per-reward scores ([B] each, groups of G contiguous). [B].
+
+    A sample with a non-finite score under any reward is dropped from its group (advantage 0)."""
     if mode not in MIX_MODES:
         raise ValueError(f"unknown mix {mode!r}; use one of {MIX_MODES}")
     names = list(weights)
+    valid = finite_samples(raw)
     if mode == "advantage_aggr":
-        return sum(weights[n] * group_normalize(raw[n].float(), group_size, EPS, unbiased=True) for n in names)
+        return sum(weights[n] * group_normalize(raw[n].float(), group_size, EPS, True, valid) for n in names)
     merged = sum(weights[n] * raw[n].float() for n in names)
-    return group_normalize(merged, group_size, EPS, unbiased=True)
+    return group_normalize(merged, group_size, EPS, True, valid)
+
+
+def finite_samples(raw: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """[B] bool: the samples every reward scored with a finite number."""
+    valid = None
+    for scores in raw.values():
+        ok = torch.isfinite(scores)
+        valid = ok if valid is None else valid & ok
+    return valid

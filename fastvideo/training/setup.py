@@ -94,20 +94,36 @@ def log_config(cfg, info, device) -> None:
 
 
 def reward_metrics(dims, device, rewards, advantages: torch.Tensor, cfg) -> dict:
-    """Reward and advantage statistics over the data-parallel group's samples ("_samples": how many)."""
+    """Reward and advantage statistics over the data-parallel group's samples ("_samples": how many).
+
+    Samples a reward scored non-finite (dropped, rewards/combine.py) are left out of the reward
+    statistics and counted: ``rewards/nonfinite_dropped`` (every iteration) and, when some,
+    ``rewards/nonfinite/<name>`` per reward."""
     G = cfg.rollout.num_generations
     all_rewards = dims.gather_dp(rewards.total.to(device)).cpu()
+    kept = _finite(all_rewards)
     record = {
-        "reward_mean": all_rewards.mean().item(),
-        "reward_std": all_rewards.std(unbiased=False).item(),
+        "reward_mean": kept.mean().item(),
+        "reward_std": kept.std(unbiased=False).item(),
         # Without --use_group the whole gathered batch is the one normalisation group.
         "zero_std_ratio": zero_std_ratio(all_rewards, G if cfg.grpo.use_group else all_rewards.numel()).item(),
+        "rewards/nonfinite_dropped": all_rewards.numel() - kept.numel(),
     }
     for name, vals in rewards.per_reward.items():
         everything = dims.gather_dp(vals.to(device)).cpu()
-        record[f"reward/{name}_mean"] = everything.mean().item()
-        record[f"reward/{name}_std"] = everything.std(unbiased=False).item()
+        finite = _finite(everything)
+        record[f"reward/{name}_mean"] = finite.mean().item()
+        record[f"reward/{name}_std"] = finite.std(unbiased=False).item()
+        if finite.numel() < everything.numel():
+            record[f"rewards/nonfinite/{name}"] = everything.numel() - finite.numel()
     all_adv = dims.gather_dp(advantages.to(device)).cpu()
     record.update(adv_mean=all_adv.mean().item(), adv_std=all_adv.std(unbiased=False).item(),
                   adv_abs_max=all_adv.abs().max().item(), _samples=all_rewards.numel())
     return record
+
+
+def _finite(values: torch.Tensor) -> torch.Tensor:
+    """The finite entries of [N] (the tensor itself when all are: the default path's statistics
+    stay bit-identical)."""
+    ok = torch.isfinite(values)
+    return values if bool(ok.all()) else values[ok]
