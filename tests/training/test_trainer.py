@@ -104,7 +104,7 @@ def test_non_finite_loss_skips_then_aborts(tiny_flux_dir, tiny_embeddings, tmp_p
     assert _run_single(argv, monkeypatch) == 1
     err = capsys.readouterr()
     assert "optimizer step skipped" in err.out + err.err
-    assert "2 iterations in a row had non-finite values (iteration 2: non-finite loss in 1 of 1" in err.err
+    assert "2 iterations in a row had non-finite values (iteration 2: non-finite loss and gradient in 1 of 1" in err.err
     assert "Lower --learning_rate" in err.err
     rows = read_metrics(out)
     # Both iterations logged (their step skipped), then the stop: 2 iterations in a row.
