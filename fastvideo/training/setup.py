@@ -63,6 +63,7 @@ def build_parts(trainer) -> None:
     devices.seed_everything(cfg.optim.seed)
     builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
     trainer.dataset = builders.build_dataset(cfg, trainer.family)
+    _scan_data(trainer.dataset)  # every embedding file there and well-shaped, before any model loads
     trainer.transformer_config, trainer.model, trainer.vae = builders.build_models(cfg, device, trainer.family)
     trainer.dataset.check_against_transformer(trainer.transformer_config)
     trainer.kl_reference = builders.build_kl_reference(cfg, trainer.model, device, trainer.family)
@@ -78,6 +79,14 @@ def build_parts(trainer) -> None:
     trainer.optimizer, trainer.lr_scheduler = builders.build_optimizer(cfg, trainer.model, trainer.dims)
     trainer.ema = builders.build_ema(cfg, trainer.model)
     trainer.randomness = builders.build_randomness(cfg, info)
+
+
+def _scan_data(dataset) -> None:
+    from fastvideo.data.scan import scan_embeddings
+
+    scan = scan_embeddings(dataset)
+    main_print(f"[data] {scan.prompts} prompts: {scan.files} embedding files present and shaped {scan.dims} "
+               f"({scan.seconds:.2f} s)")
 
 
 def log_config(cfg, info, device) -> None:
