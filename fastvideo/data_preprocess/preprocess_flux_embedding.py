@@ -43,11 +43,15 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
     )
     ap.add_argument("--model_family", default="flux",
                     help="model family whose text encoders encode the prompts (a registered name or pkg.module:Name)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace embeddings in --output_dir made from other settings or captions, or of unknown "
+                         "origin (no preprocess_meta.json); without it such a folder is refused, never deleted")
     a = ap.parse_args(argv)
     return PreprocessConfig(
         model_path=a.model_path, prompt_file=a.prompt_dir, output_dir=a.output_dir,
         max_sequence_length=a.max_sequence_length, max_prompts=a.max_prompts,
         batch_size=a.batch_size, dataloader_num_workers=a.dataloader_num_workers, model_family=a.model_family,
+        overwrite=a.overwrite,
     )
 
 
