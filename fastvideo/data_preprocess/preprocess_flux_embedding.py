@@ -19,10 +19,11 @@ if not __package__:  # run as a script path (torchrun's usual form): make the re
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess  # noqa: E402
+from fastvideo.errors import one_line_errors  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     ap.add_argument(
         "--model_path", default="data/flux", help="diffusers-layout FLUX folder (its text encoders are used)"
     )

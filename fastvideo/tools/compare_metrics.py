@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fastvideo import utils
+from fastvideo.errors import one_line_errors
 from fastvideo.utils import flatten_dict
 
 EXIT_EQUAL, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
@@ -156,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_a", type=Path, help="reference run: its --output_dir or its metrics.jsonl")
     p.add_argument("run_b", type=Path, help="run to check against A")
     p.add_argument("--quiet", action="store_true", help="no table, only the verdict")
-    return p
+    return one_line_errors(p)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from fastvideo.alignment.compare import DEFAULT_LAYER_TOL, RunFolderError, Thresholds, compare_runs, parse_layer_tol
+from fastvideo.errors import one_line_errors
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {','.join(f'{k}={v:g}' for k, v in DEFAULT_LAYER_TOL.items())})")
     p.add_argument("--reward_floor", type=float, default=1e-8,
                    help="smallest |reward| used as the denominator of the relative error")
-    return p
+    return one_line_errors(p)
 
 
 def main(argv: list[str] | None = None) -> int:

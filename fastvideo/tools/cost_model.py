@@ -24,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from fastvideo.errors import one_line_errors
 from fastvideo.grpo.loss import num_trained_steps
 from fastvideo import devices
 from fastvideo.models.base import DEFAULT_FAMILY, UnknownModelFamilyError, get_model_family
@@ -71,7 +72,7 @@ def resolve_model(spec: str, family) -> tuple[dict, dict, str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     ap.add_argument("--model", default="reference",
                     help="reference (alias flux-dev) | tiny | small | config.json | model folder")
     ap.add_argument("--model_family", default=DEFAULT_FAMILY,

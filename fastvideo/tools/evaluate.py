@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from fastvideo.errors import one_line_errors
 from fastvideo.eval.models import (
     MODEL_FOLDER,
     ModelSpecError,
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pickscore_processor_dir", default=None)
     p.add_argument("--clip_dir", default="./clip_ckpt")
     p.add_argument("--reward_batch_size", type=int, default=8)
-    return p
+    return one_line_errors(p)
 
 
 def _rewards(args, device) -> dict:

@@ -40,7 +40,7 @@ import torch
 
 import fastvideo
 from fastvideo import devices
-from fastvideo.errors import UserError
+from fastvideo.errors import UserError, one_line_errors
 from fastvideo.rewards.base import Reward, RewardInputError, build_reward, check_inputs
 from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
 from fastvideo.rewards.flags import add_reward_flags, extras_from_args, reward_kwargs
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pickscore_processor_dir", default=None)
     g.add_argument("--clip_dir", default="./clip_ckpt")
     add_reward_flags(p, client=False)
-    return p
+    return one_line_errors(p)
 
 
 class PluginReward:
