@@ -64,18 +64,19 @@ class PreprocessConfig:
     overwrite: bool = False  # delete files made from other settings or captions (else refuse)
 
     def validate(self) -> None:
+        """Bad flags fail here, as one ConfigError line, before torch.distributed or the encoders start."""
         limit = get_model_family(self.model_family).max_sequence_length_limit
         if not 1 <= self.max_sequence_length <= limit:
-            raise ValueError(
+            raise ConfigError(
                 f"--max_sequence_length must be in 1..{limit} (the {self.model_family} text encoder's limit), "
                 f"got {self.max_sequence_length}"
             )
-        if self.max_prompts < 1:
-            raise ValueError(f"--max_prompts must be at least 1, got {self.max_prompts}")
-        if self.batch_size < 1:
-            raise ValueError(f"--batch_size must be at least 1, got {self.batch_size}")
-        if self.dataloader_num_workers < 0:
-            raise ValueError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
+        for flag, low in (("max_prompts", 1), ("batch_size", 1), ("dataloader_num_workers", 0)):
+            if getattr(self, flag) < low:
+                raise ConfigError(f"--{flag} must be at least {low}, got {getattr(self, flag)}")
+        out = Path(self.output_dir)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--output_dir {self.output_dir} is a file, not a folder: choose a folder for the embeddings")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastvideo import devices
+from fastvideo.errors import ConfigError
 from fastvideo.eval import report
 from fastvideo.eval.core import EvalResult, SampleSettings, evaluate
 from fastvideo.eval.prompts import check_no_overlap, load_eval_prompts
@@ -48,7 +49,7 @@ class TrainingEvaluation(TrainerHook):
                                          trainer.device, self.family)
         check_no_overlap(self.prompts.captions, trainer.dataset.captions)
         if tuple(self.prompts.dims) != tuple(trainer.dataset.dims()):
-            raise ValueError(f"--eval_prompts embeddings have dims {tuple(self.prompts.dims)} but the training "
+            raise ConfigError(f"--eval_prompts embeddings have dims {tuple(self.prompts.dims)} but the training "
                              f"embeddings have {tuple(trainer.dataset.dims())}; use the same encoders")
         self.rewards = build_eval_rewards(settings.rewards, trainer)
         r = cfg.rollout

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
+from fastvideo.errors import UserError
 from fastvideo.models.base import Conditioning
 
 
-class EvalPromptError(ValueError):
+class EvalPromptError(UserError, ValueError):
     """The evaluation prompt set cannot be used as asked."""
 
 

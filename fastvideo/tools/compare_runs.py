@@ -45,8 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.reward_tol < 0 or args.max_iterations < 1 or args.reward_floor <= 0:
+    # "not >=" also refuses NaN, which every comparison would silently pass.
+    if not (args.reward_tol >= 0 and args.max_iterations >= 1 and args.reward_floor > 0):
         parser.error("--reward_tol must be >= 0, --max_iterations >= 1 and --reward_floor > 0")
+    if any(v is not None and v != v for v in (args.psnr_min, args.loss_corr_min)):
+        parser.error("--psnr_min and --loss_corr_min must be numbers, not nan")
     try:
         layer_tol = parse_layer_tol(args.layer_tol)
     except ValueError as exc:

@@ -260,6 +260,8 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     bad = [f"{k} {v}" for k, v in numbers.items() if not v > 0]
     if bad:
         raise ValueError(f"{', '.join(bad)}: must be > 0")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port} must be in 0..65535")
     token = args.token or os.environ.get(TOKEN_ENV) or None  # "" is no token
     if token is None and not is_loopback(args.host):
         raise ValueError(f"--host {args.host} accepts other machines: give --token SECRET (or set {TOKEN_ENV}) "
