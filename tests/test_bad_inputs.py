@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,8 +41,16 @@ def env(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
     train_prompts.write_text("\n".join(captions[:3]) + "\n")
     empty_prompts = root / "empty_prompts.txt"
     empty_prompts.write_text("\n\n")
+    mixed = root / "mixed_model"  # one more block in the config than in the weights
+    shutil.copytree(tiny_flux_dir, mixed)
+    cfg = json.loads((mixed / "transformer" / "config.json").read_text())
+    (mixed / "transformer" / "config.json").write_text(json.dumps({**cfg, "num_layers": cfg["num_layers"] + 1}))
+    read_only = root / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
     return dict(model=str(tiny_flux_dir), emb=str(tiny_embeddings), root=root, file=str(a_file), empty=str(empty),
-                incomplete=str(incomplete), train_prompts=str(train_prompts), empty_prompts=str(empty_prompts))
+                incomplete=str(incomplete), train_prompts=str(train_prompts), empty_prompts=str(empty_prompts),
+                mixed_model=str(mixed), read_only=str(read_only))
 
 
 def _t(needle, **flags):
@@ -84,6 +93,9 @@ TRAIN = [
     _t("no complete checkpoint", resume_from_checkpoint="latest"),
     _t("training prompts", eval_every=1, eval_prompts="{train_prompts}", eval_rewards="detail"),
     _t("config", config="{root}/nope.yaml"),
+    _t("config.json and weights disagree", pretrained_model_name_or_path="{mixed_model}", fsdp_sharding_strategy="none"),
+    pytest.param(*_t("not writable", output_dir="{read_only}/out"),
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")),
 ]
 
 PREPROCESS = [
@@ -211,12 +223,16 @@ def _one_line(code, err):
 
 
 def test_the_table_has_over_100_cases_across_the_seven_entry_points():
-    entries = {c[0] for c in CASES}
+    entries = {_entry(c) for c in CASES}
     assert len(CASES) >= 100 and entries == {"train", "preprocess", "evaluate", "export", "compare_runs",
                                               "reward_server", "cost_model"}
 
 
-@pytest.mark.parametrize("entry, argv, needle", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def _entry(case) -> str:
+    return case.values[0] if hasattr(case, "values") else case[0]
+
+
+@pytest.mark.parametrize("entry, argv, needle", CASES, ids=[f"{_entry(c)}-{i}" for i, c in enumerate(CASES)])
 def test_bad_input_exits_2_with_one_line(entry, argv, needle, env, capsys, monkeypatch):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FASTVIDEO_DEBUG"):
         monkeypatch.delenv(k, raising=False)
@@ -236,7 +252,6 @@ SUBPROCESS = [
                                    "--learning_rate", "nan"]),
     ("fastvideo.data_preprocess.preprocess_flux_embedding", ["--max_prompts", "0"]),
     ("fastvideo.tools.reward_server", ["--rewards", "nope"]),
-    ("fastvideo.tools.cost_model", ["--h", "0"]),
 ]
 
 

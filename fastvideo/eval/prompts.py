@@ -80,6 +80,21 @@ def _encode_text_file(path: Path, model_dir: str, max_sequence_length: int, devi
     return EvalPrompts(captions, family.cond_from_tensors(records), family.check_record(0, records[0])[1])
 
 
+def eval_captions(path: str | Path) -> list[str]:
+    """The captions of an --eval_prompts file, read without encoding them (a start-up check)."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvalPromptError(f"--eval_prompts {str(path)!r} does not exist; pass a prompts .txt file "
+                              "(e.g. assets/eval_prompts.txt) or a preprocessed videos2caption.json")
+    if path.suffix == ".json":
+        import json
+
+        return [e.get("caption", "") for e in json.loads(path.read_text(encoding="utf-8"))]
+    from fastvideo.data.prompts import load_prompts
+
+    return load_prompts(path).prompts
+
+
 def load_eval_prompts(path: str | Path, model_dir: str, max_sequence_length: int,
                       device: torch.device | str = "cpu", family=None) -> EvalPrompts:
     """A .json file is a preprocessed videos2caption.json (used as is); anything else is a text
