@@ -65,7 +65,7 @@ def build_parts(trainer) -> None:
     trainer.dataset = builders.build_dataset(cfg, trainer.family)
     _scan_data(trainer.dataset)  # every embedding file there and well-shaped, before any model loads
     if cfg.eval is not None:  # held-out prompts must not be training prompts: found before any model loads
-        from fastvideo.eval.prompts import check_no_overlap, eval_captions
+        from fastvideo.data.prompts import check_no_overlap, eval_captions
 
         check_no_overlap(eval_captions(cfg.eval.prompts), trainer.dataset.captions)
     trainer.transformer_config, trainer.model, trainer.vae = builders.build_models(cfg, device, trainer.family)
