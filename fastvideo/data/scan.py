@@ -3,7 +3,7 @@ shapes the model family expects (one L, D, P for all prompts), before any model 
 
 A missing or wrong-shaped ``prompt_embed/N.pt`` would otherwise be found only when the sampler
 draws it, hours into a run. The files are opened with ``torch.load(mmap=True, weights_only=True)``:
-only the archive's index is read, not the tensor data (measured: docs/data.md).
+only the archive's index is read, not the tensor data.
 """
 
 from __future__ import annotations
