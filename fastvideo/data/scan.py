@@ -39,20 +39,31 @@ def _header(path, idx: int) -> torch.Tensor:
     return t
 
 
-def scan_embeddings(dataset) -> ScanResult:
-    """Check every prompt's files of a PromptEmbeddingDataset (its family's storage and shape
-    rules, ``family.check_record``); raise an EmbeddingDatasetError naming the first bad file."""
+def _check_prompt(dataset, idx: int, first_dims=None):
+    """Prompt ``idx``'s files checked by its family (shapes; the same dims as prompt 0's
+    ``first_dims``): (its dims, paths, tensors)."""
+    family, root, entry = dataset.family, dataset.root, dataset.entries[idx]
+    paths = {s.name: root / s.folder / entry[s.json_key] for s in family.storage}
+    raw = {name: _header(path, idx) for name, path in paths.items()}
+    try:
+        return family.check_record(idx, raw, first_dims, str(root))[1], paths, raw
+    except EmbeddingShapeError as exc:
+        shapes = ", ".join(f"{p} {tuple(raw[n].shape)}" for n, p in paths.items())
+        raise EmbeddingShapeError(f"{exc} (files: {shapes})") from None
+
+
+def scan_embeddings(dataset, rank: int = 0, world_size: int = 1, threads: int = 8) -> ScanResult:
+    """Check the files of prompts rank, rank + world_size, ... of a PromptEmbeddingDataset (each
+    rank a share; the rank that finds a bad file fails the run) against the family's rules
+    (``family.check_record``) and against prompt 0's dims; raise an EmbeddingDatasetError naming
+    the first bad file. Header reads are I/O bound, so they run on ``threads`` threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
     start = time.perf_counter()
-    family, root = dataset.family, dataset.root
-    first_dims = None
-    for idx, entry in enumerate(dataset.entries):
-        paths = {s.name: root / s.folder / entry[s.json_key] for s in family.storage}
-        raw = {name: _header(path, idx) for name, path in paths.items()}
-        try:
-            _, dims = family.check_record(idx, raw, first_dims, str(root))
-        except EmbeddingShapeError as exc:
-            shapes = ", ".join(f"{p} {tuple(raw[n].shape)}" for n, p in paths.items())
-            raise EmbeddingShapeError(f"{exc} (files: {shapes})") from None
-        first_dims = first_dims or dims
-    n = len(dataset.entries)
-    return ScanResult(n, n * len(family.storage), time.perf_counter() - start, first_dims)
+    first_dims = _check_prompt(dataset, 0)[0]
+    mine = range(rank, len(dataset.entries), world_size)
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        for _ in pool.map(lambda i: _check_prompt(dataset, i, first_dims), mine):
+            pass  # the first bad file raises here, in index order
+    files = len(mine) * len(dataset.family.storage)
+    return ScanResult(len(mine), files, time.perf_counter() - start, first_dims)

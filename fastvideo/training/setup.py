@@ -63,7 +63,7 @@ def build_parts(trainer) -> None:
     devices.seed_everything(cfg.optim.seed)
     builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
     trainer.dataset = builders.build_dataset(cfg, trainer.family)
-    _scan_data(trainer.dataset)  # every embedding file there and well-shaped, before any model loads
+    _scan_data(trainer.dataset, info)  # every embedding file there and well-shaped, before any model loads
     if cfg.eval is not None:  # held-out prompts must not be training prompts: found before any model loads
         from fastvideo.data.prompts import check_no_overlap, eval_captions
 
@@ -85,12 +85,12 @@ def build_parts(trainer) -> None:
     trainer.randomness = builders.build_randomness(cfg, info)
 
 
-def _scan_data(dataset) -> None:
+def _scan_data(dataset, info) -> None:
     from fastvideo.data.scan import scan_embeddings
 
-    scan = scan_embeddings(dataset)
-    main_print(f"[data] {scan.prompts} prompts: {scan.files} embedding files present and shaped {scan.dims} "
-               f"({scan.seconds:.2f} s)")
+    scan = scan_embeddings(dataset, info.rank, info.world_size)  # each rank a share
+    main_print(f"[data] {len(dataset)} prompts: rank 0 checked {scan.files} embedding files, present and shaped "
+               f"{scan.dims} ({scan.seconds:.2f} s)")
 
 
 def log_config(cfg, info, device) -> None:

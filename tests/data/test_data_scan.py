@@ -29,6 +29,8 @@ def test_a_good_folder_scans_with_its_dims(emb):
     ds = PromptEmbeddingDataset(emb)
     scan = scan_embeddings(ds)
     assert scan.prompts == len(ds) and scan.files == 3 * len(ds)
+    half = scan_embeddings(ds, rank=1, world_size=2)  # a rank checks its share
+    assert half.prompts == len(ds) // 2 and half.dims == scan.dims
     assert scan.dims == ds.dims()
 
 
