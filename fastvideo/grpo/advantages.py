@@ -51,8 +51,8 @@ def masked_standardize(groups: torch.Tensor, valid: torch.Tensor, unbiased: bool
     mean = torch.where(valid, r, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
     dev = torch.where(valid, r - mean, 0.0)
     var = (dev * dev).sum(dim=1, keepdim=True) / (count - int(unbiased)).clamp(min=1)
-    out = dev / (var.sqrt() + eps)
-    return torch.where(valid & (count >= 2), out, 0.0)
+    # A row with one valid entry has dev 0 there (and no spread): 0, like a skipped group.
+    return torch.where(valid, dev / (var.sqrt() + eps), 0.0)
 
 
 def finite_group_advantages(rewards: torch.Tensor, group_size: int, clip_max: float,
