@@ -28,7 +28,8 @@ def _header(path, idx: int) -> torch.Tensor:
     """The tensor of one stored file, memory-mapped (its data is not read)."""
     if not path.is_file():
         raise EmbeddingDatasetError(f"prompt {idx}: {str(path)!r} (named by the embedding index) is missing; "
-                                    "re-run the preprocessing into that folder (it resumes and writes the missing files)")
+                                    "re-run the preprocessing into that folder (it resumes and writes the "
+                                    "missing files)")
     try:
         t = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # a truncated or foreign file: name it, whatever torch's reason

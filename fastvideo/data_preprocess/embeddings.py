@@ -76,7 +76,8 @@ class PreprocessConfig:
                 raise ConfigError(f"--{flag} must be at least {low}, got {getattr(self, flag)}")
         out = Path(self.output_dir)
         if out.exists() and not out.is_dir():
-            raise ConfigError(f"--output_dir {self.output_dir} is a file, not a folder: choose a folder for the embeddings")
+            raise ConfigError(f"--output_dir {self.output_dir} is a file, not a folder: choose a folder for the "
+                              "embeddings")
 
 
 @dataclass(frozen=True)

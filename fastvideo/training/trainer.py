@@ -27,7 +27,8 @@ from fastvideo.training import setup as run_setup
 from fastvideo.training.hooks import IterationResult, TrainerHook
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars
 from fastvideo.training.policy import Policy
-from fastvideo.training.update import NonFiniteError, TrainerState, Updater, UpdateStats, iteration_problems  # noqa: F401
+from fastvideo.training.update import (  # noqa: F401
+    NonFiniteError, TrainerState, Updater, UpdateStats, iteration_problems)
 from fastvideo.utils import main_print
 
 __all__ = ["Trainer", "GRPOTrainer", "NonFiniteError", "RewardResult", "UpdateStats"]
