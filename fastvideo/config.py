@@ -27,7 +27,7 @@ from fastvideo.component_settings.optim import OptimSettings
 from fastvideo.component_settings.outputs import OutputSettings
 from fastvideo.data.settings import DataSettings
 from fastvideo.distributed.settings import ParallelSettings
-from fastvideo.errors import ConfigError, UserError
+from fastvideo.errors import ConfigError, UserError, one_line_errors
 from fastvideo.models.settings import ModelConfig
 from fastvideo.rewards.settings import RewardSettings
 from fastvideo.sampling.mix import MixSettings
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         component.add_flags(p)
     compat.add_flags(p)
     move_to_group(p, "essentials", ESSENTIALS)
-    return p
+    return one_line_errors(p)
 
 
 @functools.cache

@@ -41,10 +41,40 @@ def report_failure(exc: BaseException, prog: str, rank: int | None = None) -> in
     where = f"[rank {rank}] " if rank is not None else ""
     user = isinstance(exc, UserError)
     if user:
-        sys.stderr.write(f"{where}{prog}: error: {exc}\n")
+        sys.stderr.write(f"{where}{prog}: error: {one_line(exc)}\n")
     else:
         sys.stderr.write(f"{where}{prog} failed: {type(exc).__name__}: {exc}\n")
     if not user or debug_enabled():
         traceback.print_exception(type(exc), exc, exc.__traceback__)
     sys.stderr.flush()
     return USER_ERROR_EXIT if user else 1
+
+
+def one_line(message: object) -> str:
+    """A message on one line (a user error's report is one line: its own newlines become '; ')."""
+    return "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def one_line_errors(parser):
+    """Make an argparse parser report a bad flag as one line, ``PROG: error: MESSAGE``, exit 2
+    (argparse prints its usage first; ``--help`` still shows it). Returns the parser."""
+
+    def error(message: str):
+        sys.stderr.write(f"{parser.prog}: error: {one_line(message)} (see --help)\n")
+        sys.stderr.flush()
+        raise SystemExit(USER_ERROR_EXIT)
+
+    parser.error = error
+    return parser
+
+
+def exit_on_user_error(prog: str, exc: BaseException, rank: int | None = None):
+    """Report ``exc`` -- which the calling entry point has judged to be the user's mistake (a
+    UserError, or e.g. the ValueError of a bad argument) -- as one line and exit 2; with
+    FASTVIDEO_DEBUG=1 its traceback follows. Never returns."""
+    where = f"[rank {rank}] " if rank is not None else ""
+    sys.stderr.write(f"{where}{prog}: error: {one_line(exc)}\n")
+    if debug_enabled():
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    sys.stderr.flush()
+    raise SystemExit(USER_ERROR_EXIT) from None

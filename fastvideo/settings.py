@@ -30,12 +30,13 @@ settings of the optimiser, outputs, LoRA and evaluation live in ``fastvideo.comp
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 from fastvideo.errors import ConfigError
 
-__all__ = ["ConfigError", "HelpFormatter", "Settings", "at_least_one", "check_plugin_name", "flag_group", "move_to_group",
-           "parser_defaults"]
+__all__ = ["ConfigError", "HelpFormatter", "Settings", "at_least_one", "check_number", "check_plugin_name",
+           "flag_group", "move_to_group", "parser_defaults"]
 
 
 class Settings:
@@ -103,6 +104,19 @@ def parser_defaults(parser: argparse.ArgumentParser) -> argparse.Namespace:
     """Every flag's default, read from the parser once (no second parse, no required flags)."""
     return argparse.Namespace(**{a.dest: parser.get_default(a.dest) for a in parser._actions
                                  if a.dest != argparse.SUPPRESS})
+
+
+def check_number(flag: str, value: float, *, above: float | None = None, at_least: float | None = None,
+                 allow_inf: bool = False) -> None:
+    """Refuse a NaN (and, unless ``allow_inf``, an infinite) flag value, and one at or below
+    ``above`` / below ``at_least``: such values reach the optimiser or the sampler and fail hours
+    later, or silently poison the run. ``flag`` is the flag's name without dashes."""
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ConfigError(f"--{flag} {value} must be a finite number")
+    if above is not None and not value > above:
+        raise ConfigError(f"--{flag} {value} must be greater than {above:g}")
+    if at_least is not None and not value >= at_least:
+        raise ConfigError(f"--{flag} {value} must be at least {at_least:g}")
 
 
 def at_least_one(args: argparse.Namespace, *names: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,49 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+class LogFileError(UserError, ValueError):
+    """A log file (metrics.jsonl, eval.jsonl, BEST.json) damaged before its last line."""
+
+
+def read_jsonl(path: str | os.PathLike, warn: bool = True) -> list[dict]:
+    """The records of a JSON-lines log; [] when the file is missing.
+
+    A torn last line (a crash or a full disk mid-write: no newline, or not JSON) is dropped,
+    saying which file and what was dropped; damage on an earlier line raises LogFileError naming
+    the file and the line (it is not something a crash leaves)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < last:
+                raise LogFileError(f"{path} line {i + 1} is not JSON ({line[:60]!r}): the file is damaged "
+                                   "before its last line; repair or remove that line") from None
+            if warn:
+                print(f"[warning] {path}: dropped its torn last line {i + 1} ({len(line)} characters: "
+                      f"{line[:60]!r}...); the write was cut short (crash or full disk)", file=sys.stderr, flush=True)
+    return records
+
+
+def read_json_or_none(path: str | os.PathLike) -> Any:
+    """A small JSON file (a marker), or None when missing or torn (saying so)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        print(f"[warning] {path} is not valid JSON (torn write?): ignored", file=sys.stderr, flush=True)
+        return None
 
 
 def main_print(*args, **kwargs) -> None:

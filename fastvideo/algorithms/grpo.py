@@ -16,7 +16,7 @@ import math
 import torch
 
 from fastvideo.algorithms.base import Objective, ObjectiveContext, RewardResult, StatsAccumulator, Term
-from fastvideo.grpo.advantages import batch_advantages, group_advantages
+from fastvideo.grpo.advantages import finite_batch_advantages, finite_group_advantages
 from fastvideo.grpo.kl import gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss
 from fastvideo.sampling import sde
@@ -57,13 +57,16 @@ class GRPOObjective(Objective):
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """[B] local rewards -> [B] advantages. Groups live on one rank; without --use_group the
-        whole data-parallel batch is normalised, so rewards are gathered first."""
+        whole data-parallel batch is normalised, so rewards are gathered first. A non-finite
+        reward (a sample MultiReward dropped) gets advantage 0 and stays out of its group's
+        statistics; all finite, the plain formulas run (bit-identical)."""
         g = self.g
         unbiased = g.adv_std == "sample"
         if g.use_group:
-            return group_advantages(rewards, self.num_generations, g.adv_clip_max, unbiased, g.trimmed_ratio)
+            return finite_group_advantages(rewards, self.num_generations, g.adv_clip_max, unbiased, g.trimmed_ratio)
+        # Gathered with the NaNs in: every rank sees the same mask and takes the same path.
         everything = self.dims.gather_dp(rewards.to(self.device)).cpu()
-        adv = batch_advantages(everything, g.adv_clip_max, unbiased)
+        adv = finite_batch_advantages(everything, g.adv_clip_max, unbiased)
         b = rewards.numel()
         return adv[self.dims.dp_rank * b:(self.dims.dp_rank + 1) * b]
 

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
-from fastvideo.settings import Settings, at_least_one, flag_group
+from fastvideo.settings import Settings, at_least_one, check_number, flag_group
 
 
 @dataclass
@@ -47,7 +47,8 @@ class OptimSettings(Settings):
         g.add_argument("--ema_decay", type=float, default=0.995, help="EMA decay per optimizer step")
         g.add_argument("--ema_start_step", type=int, default=0, help="optimizer step from which the EMA updates")
         g.add_argument("--max_nonfinite_steps", type=int, default=3,
-                       help="abort after this many optimizer steps in a row with a non-finite loss or gradient")
+                       help="abort after this many iterations in a row with a non-finite reward (its samples are "
+                            "dropped), loss or gradient (its optimizer steps are skipped)")
         g.add_argument("--adamw_kernel", type=str, default="auto", choices=["auto", "fused", "foreach", "loop"],
                        help="AdamW implementation: auto (fused where the device has the kernel: CPU, CUDA; else "
                             "foreach), fused, foreach (multi-tensor) or loop (per parameter); same checkpoint state")
@@ -73,6 +74,12 @@ class OptimSettings(Settings):
         return {**section, "sampler_seed": None if same else section["sampler_seed"]}
 
     def check(self) -> None:
+        check_number("learning_rate", self.learning_rate, above=0.0)
+        check_number("weight_decay", self.weight_decay, at_least=0.0)
+        check_number("max_grad_norm", self.max_grad_norm, allow_inf=True)  # <= 0 or inf: measure only
+        check_number("lr_power", self.lr_power)
+        if self.lr_warmup_steps < 0:
+            raise ConfigError(f"--lr_warmup_steps {self.lr_warmup_steps} must be >= 0")
         if self.use_ema and not 0.0 < self.ema_decay < 1.0:
             raise ConfigError(f"--ema_decay {self.ema_decay} must be in (0, 1)")
         from diffusers.optimization import SchedulerType

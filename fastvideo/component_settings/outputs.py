@@ -4,10 +4,29 @@ alignment recordings (--record_dir, randomness capture/replay, module probes).""
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastvideo.errors import ConfigError
 from fastvideo.settings import Settings, at_least_one, flag_group
+
+def check_writable_folder(flag: str, folder: str | None) -> None:
+    """A folder the run will write: refused when it is a file, or it (or, not yet made, its nearest
+    existing parent) is not a writable folder -- found now, not at the first checkpoint."""
+    if not folder:
+        return
+    path = Path(folder).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--{flag} {folder} is a file, not a folder: choose a folder for the run's outputs")
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--{flag} {folder}: {probe} is a file, so the folder cannot be made")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--{flag} {folder}: {probe} is not writable by this user; choose another folder")
+
 
 # The module kinds whose outputs --probe_layers records (fastvideo/alignment/probes.py reads them here).
 PROBE_KINDS = ("rope", "norm", "attention", "block", "vae")
@@ -108,3 +127,5 @@ class OutputSettings(Settings):
             raise ConfigError("--record_tensors needs --record_dir")
         if self.probe_layers and not self.record_dir:
             raise ConfigError("--probe_layers needs --record_dir (probe outputs are written there)")
+        for flag, folder in (("output_dir", self.output_dir), ("image_dir", self.image_dir)):
+            check_writable_folder(flag, folder)

@@ -108,3 +108,41 @@ def load_prompts(path: str | Path, max_prompts: int | None = None) -> PromptList
     if max_prompts is not None and len(prompts) > max_prompts:
         prompts, spare = prompts[:max_prompts], prompts[max_prompts:]
     return PromptList(path, prompts, len(lines), blank, cjk, spare)
+
+
+# ---------------------------------------------------------------- held-out evaluation prompts
+class EvalPromptError(UserError, ValueError):
+    """The evaluation prompt set cannot be used as asked."""
+
+
+def _normalise(caption: str) -> str:
+    return " ".join(caption.split()).casefold()
+
+
+def check_no_overlap(eval_captions: list[str], train_captions: list[str]) -> None:
+    """Refuse evaluation prompts that also appear in the training set (whitespace and case
+    ignored): a held-out score measured on trained prompts says nothing about generalisation."""
+    train = {_normalise(c) for c in train_captions}
+    shared = [c for c in eval_captions if _normalise(c) in train]
+    if shared:
+        shown = "; ".join(repr(c) for c in shared[:3])
+        raise EvalPromptError(
+            f"{len(shared)} of {len(eval_captions)} evaluation prompts are also training prompts ({shown}"
+            f"{' ...' if len(shared) > 3 else ''}); remove them from --eval_prompts (held-out prompts only)"
+        )
+    dupes = len(eval_captions) - len({_normalise(c) for c in eval_captions})
+    if dupes:
+        raise EvalPromptError(f"--eval_prompts holds {dupes} duplicate prompt(s); each prompt must appear once")
+
+
+def eval_captions(path: str | Path) -> list[str]:
+    """The captions of an --eval_prompts file, read without encoding them (a start-up check)."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvalPromptError(f"--eval_prompts {str(path)!r} does not exist; pass a prompts .txt file "
+                              "(e.g. assets/eval_prompts.txt) or a preprocessed videos2caption.json")
+    if path.suffix == ".json":
+        import json
+
+        return [e.get("caption", "") for e in json.loads(path.read_text(encoding="utf-8"))]
+    return load_prompts(path).prompts

@@ -15,8 +15,10 @@ folders and json keys are the family's ``storage``)::
 batches (batch k holds prompts k*B .. k*B+B-1) dealt round-robin to ranks, so every prompt is
 encoded inside the same batch whatever the number of ranks and whether the run was resumed: the
 files are the same bit for bit. A rerun skips prompts whose files are all present, loadable and
-of the expected shape and dtype; files made from other settings or another caption are removed
-first (see ``prepare_output``), so a resumed directory never mixes two runs.
+of the expected shape and dtype; files made from other settings or another caption, or of unknown
+origin (no preprocess_meta.json, as upstream's folders), are refused unless ``--overwrite`` lets
+them be removed first (see ``prepare_output``), so a resumed directory never mixes two runs and
+nothing is deleted unasked.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 
 from fastvideo import devices
 from fastvideo.data.prompts import PromptList, load_prompts
+from fastvideo.errors import ConfigError
 from fastvideo.models.base import DEFAULT_FAMILY, ModelFamily, get_model_family
 from fastvideo.utils import atomic_write_json
 
@@ -59,20 +62,23 @@ class PreprocessConfig:
     batch_size: int = 8
     dataloader_num_workers: int = 1
     model_family: str = DEFAULT_FAMILY
+    overwrite: bool = False  # delete files made from other settings or captions (else refuse)
 
     def validate(self) -> None:
+        """Bad flags fail here, as one ConfigError line, before torch.distributed or the encoders start."""
         limit = get_model_family(self.model_family).max_sequence_length_limit
         if not 1 <= self.max_sequence_length <= limit:
-            raise ValueError(
+            raise ConfigError(
                 f"--max_sequence_length must be in 1..{limit} (the {self.model_family} text encoder's limit), "
                 f"got {self.max_sequence_length}"
             )
-        if self.max_prompts < 1:
-            raise ValueError(f"--max_prompts must be at least 1, got {self.max_prompts}")
-        if self.batch_size < 1:
-            raise ValueError(f"--batch_size must be at least 1, got {self.batch_size}")
-        if self.dataloader_num_workers < 0:
-            raise ValueError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
+        for flag, low in (("max_prompts", 1), ("batch_size", 1), ("dataloader_num_workers", 0)):
+            if getattr(self, flag) < low:
+                raise ConfigError(f"--{flag} must be at least {low}, got {getattr(self, flag)}")
+        out = Path(self.output_dir)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--output_dir {self.output_dir} is a file, not a folder: choose a folder for the "
+                              "embeddings")
 
 
 @dataclass(frozen=True)
@@ -210,15 +216,18 @@ def settings_fingerprint(cfg: PreprocessConfig, spec: EmbeddingSpec) -> dict:
     }
 
 
-def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str], family: ModelFamily | None = None) -> int:
-    """Rank 0, before anyone writes: create the folders, delete files that cannot be trusted for
-    this run, then record the run in preprocess_meta.json. Returns how many prompts' files were
-    deleted.
+def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str], family: ModelFamily | None = None,
+                   overwrite: bool = False) -> int:
+    """Rank 0, before anyone writes: create the folders, find the files that cannot be trusted for
+    this run, delete them only with ``overwrite`` (else raise a ConfigError saying what differs),
+    then record the run in preprocess_meta.json. Returns how many prompts' files were deleted.
 
-    Untrusted: every file when there is no readable meta (unknown origin) or the settings changed;
-    otherwise the files of indices whose caption changed. Deleting before the meta is rewritten
+    Untrusted: every file when there is no readable meta (unknown origin: upstream DanceGRPO's
+    folders have none) or the settings changed; otherwise the files of indices whose caption
+    changed. Files of indices past this run's prompt list (a --max_prompts cap) are kept, and so
+    are their captions in the meta, for a later full run. Deleting before the meta is rewritten
     keeps an interruption at any point safe: the rerun deletes the same files again. The old
-    videos2caption.json goes too when the prompt list changed; the run writes it again at the end.
+    videos2caption.json goes when the prompt list changed; the run writes it again at the end.
     """
     out = Path(output_dir)
     for sub in subdirs(family):
@@ -228,23 +237,57 @@ def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str], f
     new_hashes = [caption_hash(c) for c in prompts]
     old = _read_meta(out / META_NAME)
     on_disk = _indices_on_disk(out, family)
+    old_hashes = old.get("caption_sha256_16", []) if old is not None else []
     if old is None or old.get("settings") != settings:
         stale = on_disk
     else:
-        old_hashes = old.get("caption_sha256_16", [])
-        stale = {
-            i for i in on_disk if i >= len(old_hashes) or i >= len(new_hashes) or old_hashes[i] != new_hashes[i]
-        }
+        stale = {i for i in on_disk if i < len(new_hashes) and (i >= len(old_hashes) or old_hashes[i] != new_hashes[i])}
+    if stale and not overwrite:
+        raise ConfigError(_refusal(out, old, settings, stale, family))
     for idx in stale:
         for path in embedding_paths(out, idx, family):
             path.unlink(missing_ok=True)
-    if stale or old is None or old.get("caption_sha256_16") != new_hashes:
+    kept_tail = [] if old is None or old.get("settings") != settings else old_hashes[len(new_hashes):]
+    hashes = new_hashes + kept_tail
+    if stale or old is None or old.get("caption_sha256_16") != hashes:
         # An index describing other prompts must not outlive this run if it is interrupted.
         (out / JSON_NAME).unlink(missing_ok=True)
     atomic_write_json(
-        out / META_NAME, {"format": META_FORMAT, "settings": settings, "caption_sha256_16": new_hashes}, indent=None
+        out / META_NAME, {"format": META_FORMAT, "settings": settings, "caption_sha256_16": hashes}, indent=None
     )
     return len(stale)
+
+
+def _refusal(out: Path, old: dict | None, settings: dict, stale: set[int], family) -> str:
+    """Why the files of ``stale`` cannot be reused, and the ways out."""
+    ways = "pass --overwrite to replace them, or choose another --output_dir"
+    if old is None:
+        shape = _shape_report(out, sorted(stale), family)
+        return (f"{out} holds the embeddings of {len(stale)} prompts but no {META_NAME} (written by upstream "
+                f"DanceGRPO or another tool), so what they encode is unknown; they are left as they are "
+                f"({shape}): train on them directly with --data_json_path {out / JSON_NAME}, or {ways}")
+    changed = sorted(k for k in set(settings) | set(old.get("settings", {}))
+                     if settings.get(k) != old.get("settings", {}).get(k))
+    if changed:
+        return (f"{out} holds the embeddings of {len(stale)} prompts made with other settings "
+                f"(differing: {', '.join(changed)}); refusing to delete them: {ways}")
+    first = min(stale)
+    return (f"{out} holds the embeddings of {len(stale)} prompts whose captions differ from this prompt list "
+            f"(first: prompt {first}); refusing to delete them: {ways}")
+
+
+def _shape_report(out: Path, indices: list[int], family) -> str:
+    """'their shapes check: (L, D, P) = ...' or the first file whose shape does not (header reads)."""
+    fam, dims = _family(family), None
+    for idx in indices:
+        paths = embedding_paths(out, idx, family)
+        try:
+            raw = {s.name: torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+                   for s, p in zip(fam.storage, paths)}
+            _, dims = fam.check_record(idx, raw, dims, str(out))
+        except Exception as exc:  # a missing, unreadable or wrong-shaped file: name it
+            return f"prompt {idx}'s files do not pass the shape check: {type(exc).__name__}: {str(exc)[:200]}"
+    return f"all pass the shape check, {fam.name} dims {dims}"
 
 
 def _read_meta(path: Path) -> dict | None:
@@ -359,7 +402,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
         encoders = family.load_text_encoders(cfg.model_path, info.device, dtype)
         spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, family.encoder_dims(encoders)), dtype)
         if info.is_main:
-            removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), prompts, family)
+            removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), prompts, family, cfg.overwrite)
             if removed:
                 _log(info, f"removed the files of {removed} prompts made from other settings or captions")
         devices.barrier()

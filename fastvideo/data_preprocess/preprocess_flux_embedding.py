@@ -19,10 +19,11 @@ if not __package__:  # run as a script path (torchrun's usual form): make the re
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess  # noqa: E402
+from fastvideo.errors import one_line_errors  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     ap.add_argument(
         "--model_path", default="data/flux", help="diffusers-layout FLUX folder (its text encoders are used)"
     )
@@ -43,11 +44,15 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
     )
     ap.add_argument("--model_family", default="flux",
                     help="model family whose text encoders encode the prompts (a registered name or pkg.module:Name)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace embeddings in --output_dir made from other settings or captions, or of unknown "
+                         "origin (no preprocess_meta.json); without it such a folder is refused, never deleted")
     a = ap.parse_args(argv)
     return PreprocessConfig(
         model_path=a.model_path, prompt_file=a.prompt_dir, output_dir=a.output_dir,
         max_sequence_length=a.max_sequence_length, max_prompts=a.max_prompts,
         batch_size=a.batch_size, dataloader_num_workers=a.dataloader_num_workers, model_family=a.model_family,
+        overwrite=a.overwrite,
     )
 
 

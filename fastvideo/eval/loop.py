@@ -10,13 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastvideo import devices
+from fastvideo.errors import ConfigError
 from fastvideo.eval import report
 from fastvideo.eval.core import EvalResult, SampleSettings, evaluate
 from fastvideo.eval.prompts import check_no_overlap, load_eval_prompts
 from fastvideo.eval.settings import EvalSettings
-from fastvideo.training.guard import RewardHackingGuard, publish_best
+from fastvideo.training.guard import RewardHackingGuard, publish_best, recover_best
 from fastvideo.training.hooks import TrainerHook
-from fastvideo.utils import main_print
+from fastvideo.utils import main_print, read_json_or_none
 
 EVAL_JSONL = "eval.jsonl"
 
@@ -48,7 +49,7 @@ class TrainingEvaluation(TrainerHook):
                                          trainer.device, self.family)
         check_no_overlap(self.prompts.captions, trainer.dataset.captions)
         if tuple(self.prompts.dims) != tuple(trainer.dataset.dims()):
-            raise ValueError(f"--eval_prompts embeddings have dims {tuple(self.prompts.dims)} but the training "
+            raise ConfigError(f"--eval_prompts embeddings have dims {tuple(self.prompts.dims)} but the training "
                              f"embeddings have {tuple(trainer.dataset.dims())}; use the same encoders")
         self.rewards = build_eval_rewards(settings.rewards, trainer)
         r = cfg.rollout
@@ -71,37 +72,60 @@ class TrainingEvaluation(TrainerHook):
         return self.after_iteration(trainer)
 
     def start(self, trainer) -> None:
-        """Before the first iteration: evaluate the base model, or on resume rebuild the guard."""
+        """Before the first iteration: evaluate the base model, or on resume rebuild the guard (and
+        run the resumed iteration's evaluation if it was due but not recorded: a crash between
+        its checkpoint and its eval.jsonl line)."""
         path = self.out / EVAL_JSONL
+        if self.is_main:
+            recover_best(self.out)
         if trainer.iteration == 0:
             if self.is_main and path.exists():
                 path.unlink()
             self.run(trainer)
             return
-        for rec in (report.truncate_jsonl(path, trainer.iteration) if self.is_main else []):
+        records = report.truncate_jsonl(path, trainer.iteration) if self.is_main else []
+        for rec in records:
             self.guard.update(rec["iteration"], rec["trained_score"], rec.get("guard_score"))
+        missing = self.is_main and trainer.iteration % self.s.every == 0 and not any(
+            r["iteration"] == trainer.iteration for r in records)
         self._share_guard_state(trainer)
         if self.is_main:
-            self._forget_future_best(trainer.iteration)
+            self._forget_other_best(trainer.iteration)
+        if self._any_rank(trainer, missing):
+            main_print(f"[eval] evaluation {trainer.iteration} was due but not recorded in {path} "
+                       "(a crash after its checkpoint): running it now")
+            self.run(trainer)
 
-    def _forget_future_best(self, iteration: int) -> None:
-        """A best/ from after the resumed iteration belongs to an abandoned continuation: point it
-        back at the best checkpoint of the records kept, or remove it if that one is gone."""
-        import json
+    @staticmethod
+    def _any_rank(trainer, flag: bool) -> bool:
+        """Rank 0's decision, on every rank (only rank 0 may see OUTPUT_DIR)."""
+        if trainer.dims.world_size == 1:
+            return flag
+        import torch
+
+        return bool(trainer.dims.all_reduce_max(torch.tensor([float(flag)], device=trainer.device)).item() > 0)
+
+    def _forget_other_best(self, iteration: int) -> None:
+        """best/ must be the best of the records kept: one from after the resumed iteration (an
+        abandoned continuation) or from an evaluation never recorded (a crash) or with a torn
+        BEST.json is pointed back at the records' best checkpoint, or removed if that one is gone."""
         import shutil
 
         from fastvideo.training.checkpoint import checkpoint_dir, is_complete
         from fastvideo.training.guard import BEST_DIR, BEST_MARKER
 
-        marker = self.out / BEST_DIR / BEST_MARKER
-        if not marker.is_file() or json.loads(marker.read_text())["iteration"] <= iteration:
+        if not (self.out / BEST_DIR).exists():
             return
+        marker = read_json_or_none(self.out / BEST_DIR / BEST_MARKER)
         best = self.guard.best_iteration
+        if marker is not None and marker.get("iteration") == best:
+            return
         if best is not None and is_complete(checkpoint_dir(self.out, best)):
             publish_best(checkpoint_dir(self.out, best), self.out, best, self.guard.best_score)
         else:
             shutil.rmtree(self.out / BEST_DIR)
-            main_print(f"[eval] removed {self.out / BEST_DIR}: it was from after the resumed iteration {iteration}")
+            main_print(f"[eval] removed {self.out / BEST_DIR}: it is not the best of the evaluations recorded "
+                       f"up to the resumed iteration {iteration}")
 
     def after_iteration(self, trainer) -> bool:
         """Evaluate when due; True when the guard stops the run (a checkpoint has been written)."""

@@ -7,11 +7,8 @@ from pathlib import Path
 
 import torch
 
+from fastvideo.data.prompts import EvalPromptError, check_no_overlap, eval_captions  # noqa: F401 (re-exported)
 from fastvideo.models.base import Conditioning
-
-
-class EvalPromptError(ValueError):
-    """The evaluation prompt set cannot be used as asked."""
 
 
 @dataclass
@@ -25,26 +22,6 @@ class EvalPrompts:
 
     def __len__(self) -> int:
         return len(self.captions)
-
-
-def _normalise(caption: str) -> str:
-    return " ".join(caption.split()).casefold()
-
-
-def check_no_overlap(eval_captions: list[str], train_captions: list[str]) -> None:
-    """Refuse evaluation prompts that also appear in the training set (whitespace and case
-    ignored): a held-out score measured on trained prompts says nothing about generalisation."""
-    train = {_normalise(c) for c in train_captions}
-    shared = [c for c in eval_captions if _normalise(c) in train]
-    if shared:
-        shown = "; ".join(repr(c) for c in shared[:3])
-        raise EvalPromptError(
-            f"{len(shared)} of {len(eval_captions)} evaluation prompts are also training prompts ({shown}"
-            f"{' ...' if len(shared) > 3 else ''}); remove them from --eval_prompts (held-out prompts only)"
-        )
-    dupes = len(eval_captions) - len({_normalise(c) for c in eval_captions})
-    if dupes:
-        raise EvalPromptError(f"--eval_prompts holds {dupes} duplicate prompt(s); each prompt must appear once")
 
 
 def _family(family):

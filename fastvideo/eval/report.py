@@ -8,14 +8,14 @@ from pathlib import Path
 
 import torch
 
+from fastvideo import utils
+
 ROW_LABEL_W = 56  # pixels left of each grid row for its "it N" label
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def read_jsonl(path: str | Path, warn: bool = True) -> list[dict]:
+    """eval.jsonl's records (a torn last line dropped, saying so: fastvideo.utils.read_jsonl)."""
+    return utils.read_jsonl(path, warn)
 
 
 def append_jsonl(path: str | Path, record: dict) -> None:
@@ -27,10 +27,10 @@ def append_jsonl(path: str | Path, record: dict) -> None:
 
 def truncate_jsonl(path: str | Path, last_iteration: int) -> list[dict]:
     """Keep the records up to ``last_iteration`` (resume); returns them."""
-    keep = [r for r in read_jsonl(path) if r["iteration"] <= last_iteration]
+    keep = [r for r in read_jsonl(path) if r.get("iteration", 0) <= last_iteration]
     path = Path(path)
-    if path.exists():
-        path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep), encoding="utf-8")
+    if path.exists():  # atomically: a crash now leaves the old file or the new one
+        utils.atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
     return keep
 
 

@@ -49,3 +49,42 @@ def zero_std_ratio(rewards: torch.Tensor, group_size: int, tol: float = 0.0) -> 
     r = rewards.float().view(-1, group_size)
     spread = r.max(dim=1).values - r.min(dim=1).values
     return (spread <= tol).float().mean()
+
+
+def masked_standardize(groups: torch.Tensor, valid: torch.Tensor, unbiased: bool = True,
+                       eps: float = EPS) -> torch.Tensor:
+    """(r - mean) / (std + eps) per row of ``groups`` [n, G] over the entries where ``valid`` [n, G]
+    (bool) holds; the others, and every entry of a row with fewer than 2 valid ones (no spread to
+    normalise by: the group is skipped), get 0. Dropped samples thus add no policy-gradient signal.
+
+    The rows' statistics are the ones torch.mean / torch.std would give over the valid entries
+    alone (the same formula, not the same kernel: equal up to rounding)."""
+    r = groups.float()
+    count = valid.sum(dim=1, keepdim=True)
+    mean = torch.where(valid, r, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    dev = torch.where(valid, r - mean, 0.0)
+    var = (dev * dev).sum(dim=1, keepdim=True) / (count - int(unbiased)).clamp(min=1)
+    # A row with one valid entry has dev 0 there (and no spread): 0, like a skipped group.
+    return torch.where(valid, dev / (var.sqrt() + eps), 0.0)
+
+
+def finite_group_advantages(rewards: torch.Tensor, group_size: int, clip_max: float,
+                            unbiased: bool = True, trim_ratio: float = 0.0) -> torch.Tensor:
+    """:func:`group_advantages` where non-finite rewards are dropped: each group's advantages come
+    from its finite rewards (untrimmed); a dropped sample, and a group with fewer than 2 finite
+    rewards, get 0. All finite: exactly :func:`group_advantages` (with trim_ratio). [B] -> [B]."""
+    if bool(torch.isfinite(rewards).all()):
+        return group_advantages(rewards, group_size, clip_max, unbiased, trim_ratio)
+    if group_size < 2 or rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size} >= 2")
+    r = rewards.float().view(-1, group_size)
+    return masked_standardize(r, torch.isfinite(r), unbiased).clamp(-clip_max, clip_max).reshape(-1)
+
+
+def finite_batch_advantages(rewards: torch.Tensor, clip_max: float, unbiased: bool = True) -> torch.Tensor:
+    """:func:`batch_advantages` over the finite rewards; non-finite ones get 0 (all of them when
+    fewer than 2 are finite). All finite: exactly :func:`batch_advantages`. [B] -> [B]."""
+    if bool(torch.isfinite(rewards).all()):
+        return batch_advantages(rewards, clip_max, unbiased)
+    r = rewards.float().view(1, -1)
+    return masked_standardize(r, torch.isfinite(r), unbiased).clamp(-clip_max, clip_max).reshape(-1)

@@ -5,18 +5,25 @@ within-group standardisation (r - mean) / (std + eps) over groups of ``num_gener
 consecutive samples (the G samples of one prompt). Normalising first puts rewards of very
 different scales (HPS ~0.3, PickScore ~20, compressibility ~-100) on one footing, so the weights
 mean what they say. The raw per-reward scores are returned too, for logging.
+
+A sample any reward scored NaN or infinity is dropped: :meth:`MultiReward.combine` logs the
+reward and the samples, normalises each group over its kept samples and gives the dropped ones a
+NaN total, from which the objective's advantages (0 for them, grpo.advantages) and the metrics
+(``rewards/nonfinite_dropped``, training.setup.reward_metrics) know them.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from fastvideo.errors import UserError
-from fastvideo.rewards.advantages import group_normalize, mix_advantages
+from fastvideo.rewards.advantages import finite_samples, group_normalize, mix_advantages
 from fastvideo.rewards.base import ImageBatch, Reward, build_reward, check_reward_name
 
 
@@ -182,14 +189,34 @@ class MultiReward:
     def combine(self, raw: Mapping[str, torch.Tensor]) -> MultiRewardOutput:
         """Weighted (optionally group-normalised) sum of raw scores [B]; B must hold whole groups
         when normalising."""
+        valid = finite_samples({name: raw[name] for name in self.names})
+        dropping = not bool(valid.all())
+        if dropping:
+            warn_nonfinite(raw, self.names)
         total = None
         for name, weight, _ in self.components:
             scores = raw[name]
             if self.normalize:
-                scores = group_normalize(scores, self.num_generations, self.eps)
+                scores = group_normalize(scores, self.num_generations, self.eps, valid=valid if dropping else None)
             term = weight * scores
             total = term if total is None else total + term
+        if dropping:  # NaN marks the dropped samples for the advantages and the metrics
+            total = torch.where(valid, total, float("nan"))
         return MultiRewardOutput(total=total, raw=dict(raw))
+
+
+def warn_nonfinite(raw: Mapping[str, torch.Tensor], names: Sequence[str]) -> None:
+    """One line per reward that scored some samples NaN or inf, naming it and the samples (this
+    rank's indices), on every rank (a rank's bad samples are its own)."""
+    rank = os.environ.get("RANK", "0")
+    for name in names:
+        bad = (~torch.isfinite(raw[name])).nonzero().flatten().tolist()
+        if bad:
+            values = [float(raw[name][i]) for i in bad[:4]]
+            print(f"[warning] [rank {rank}] reward {name!r} returned non-finite scores {values} for "
+                  f"{len(bad)} of {raw[name].numel()} samples (indices {bad[:8]}): dropped from their "
+                  "groups (advantage 0); see rewards/nonfinite_dropped in metrics.jsonl",
+                  file=sys.stderr, flush=True)
 
 
 def _endpoint_reward(spec: RewardSpec, kwargs: Mapping[str, Any], common: Mapping[str, Any]) -> Reward:

@@ -13,8 +13,10 @@ without it the client sends ``$FLUX_GRPO_REWARD_TOKEN`` when set (preferred: a U
 The client splits a call into requests of at most ``batch_size`` images, waits ``timeout_s`` for
 each and retries a failed one ``retries`` times with exponential backoff (0.5 s, 1 s, 2 s...)
 before raising :class:`RemoteRewardError` naming the URL. A 4xx answer (unknown reward, bad
-request, wrong token, too large) is not retried: it would fail again. A non-finite score raises
-:class:`NonFiniteRewardError` naming the reward and the sample.
+request, wrong token, too large) is not retried: it would fail again. A score the server reports
+non-finite (JSON has no NaN: it sends null and lists the index under "nonfinite") comes back as
+NaN, which :class:`fastvideo.rewards.combine.MultiReward` drops from its group, logs naming the
+reward, and counts (``rewards/nonfinite_dropped``).
 """
 
 from __future__ import annotations
@@ -33,10 +35,6 @@ from fastvideo.rewards.wire import ENCODINGS, encode_request
 
 ENDPOINT_KINDS = ("remote", "vlm")
 TOKEN_ENV = "FLUX_GRPO_REWARD_TOKEN"
-
-
-class NonFiniteRewardError(RemoteRewardError):
-    """The server's reward returned NaN or infinity for some samples (the server works; the reward does not)."""
 
 
 @dataclass(frozen=True)
@@ -156,8 +154,8 @@ class RemoteReward:
         self.headers = auth_headers(url)
         self.info = check_reward_server(url, timeout_s=min(timeout_s, 10.0)) if check else {}
 
-    def _request(self, images: ImageBatch, prompts: list[str], first: int) -> torch.Tensor:
-        """Scores of one request; ``first`` is the index of its first sample in the whole call."""
+    def _request(self, images: ImageBatch, prompts: list[str]) -> torch.Tensor:
+        """Scores of one request [b] float32, NaN where the server's reward was non-finite."""
         body = encode_request(images, prompts, self.encoding)
         what = f"reward server {self.base} ({self.name})"
         limit = self.info.get("limits", {}).get("max_body_bytes")
@@ -168,20 +166,18 @@ class RemoteReward:
         reply = call_with_retries(
             what, lambda: http_json(f"{self.base}/score/{self.name}", body, self.timeout_s, headers=self.headers),
             self.retries)
-        if reply.get("nonfinite"):
-            bad = [first + int(i) for i in reply["nonfinite"]]
-            raise NonFiniteRewardError(
-                f"reward {self.name!r} (served by {self.base}) returned a non-finite score (NaN or inf) for "
-                f"sample(s) {bad}, prompt {prompts[bad[0] - first]!r:.80}: the reward is broken, not the server")
-        scores = torch.tensor(reply.get("scores", []), dtype=torch.float32)
-        if scores.shape != (len(prompts),):
+        values = reply.get("scores")
+        if not isinstance(values, list) or len(values) != len(prompts):
             raise RemoteRewardError(f"{what} answered {reply!r:.200} for {len(prompts)} images")
-        return scores
+        try:  # the server's nulls are its non-finite scores (listed under "nonfinite")
+            return torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float32)
+        except (TypeError, ValueError):
+            raise RemoteRewardError(f"{what} answered non-numeric scores {values!r:.200}") from None
 
     def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
         n = check_inputs(images, prompts)
         prompts = list(prompts)
-        return torch.cat([self._request(images[i:i + self.batch_size], prompts[i:i + self.batch_size], i)
+        return torch.cat([self._request(images[i:i + self.batch_size], prompts[i:i + self.batch_size])
                           for i in range(0, n, self.batch_size)])
 
     def __repr__(self) -> str:

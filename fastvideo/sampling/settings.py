@@ -8,7 +8,7 @@ import argparse
 from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
-from fastvideo.settings import Settings, at_least_one, flag_group
+from fastvideo.settings import Settings, at_least_one, check_number, flag_group
 
 
 @dataclass
@@ -95,6 +95,9 @@ class RolloutSettings(Settings):
         h, w = self.height, self.width
         if h <= 0 or w <= 0 or h % 16 or w % 16:
             raise ConfigError(f"--h {h} --w {w}: both must be positive multiples of 16")
+        check_number("eta", self.eta)
+        check_number("shift", self.shift, above=0.0)  # sigma' = shift*s / (1 + (shift-1)*s): 0 collapses it
+        check_number("guidance_scale", self.guidance_scale)
         if self.eta <= 0:
             raise ConfigError(f"--eta {self.eta}: GRPO needs a stochastic sampler (eta > 0) to have "
                               "log-probabilities")

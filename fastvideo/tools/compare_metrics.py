@@ -17,13 +17,14 @@ Exit status: 0 when equal, 1 at the first difference (named: file, iteration, ke
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastvideo import utils
+from fastvideo.errors import one_line_errors
 from fastvideo.utils import flatten_dict
 
 EXIT_EQUAL, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
@@ -78,8 +79,8 @@ def flatten(row: dict) -> dict[str, Any]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The rows of a JSON-lines file (blank lines skipped)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of a JSON-lines file (blank lines skipped; a torn last line dropped, saying so)."""
+    return utils.read_jsonl(path)
 
 
 def compare_rows(rows_a: list[dict], rows_b: list[dict], file: str,
@@ -156,14 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_a", type=Path, help="reference run: its --output_dir or its metrics.jsonl")
     p.add_argument("run_b", type=Path, help="run to check against A")
     p.add_argument("--quiet", action="store_true", help="no table, only the verdict")
-    return p
+    return one_line_errors(p)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         diff, rows_a, rows_b, has_eval = compare_run_folders(args.run_a, args.run_b)
-    except (MetricsFileError, json.JSONDecodeError) as exc:
+    except (MetricsFileError, utils.LogFileError) as exc:
         print(f"compare_metrics: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if not args.quiet:

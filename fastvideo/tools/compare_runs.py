@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from fastvideo.alignment.compare import DEFAULT_LAYER_TOL, RunFolderError, Thresholds, compare_runs, parse_layer_tol
+from fastvideo.errors import one_line_errors
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -38,14 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {','.join(f'{k}={v:g}' for k, v in DEFAULT_LAYER_TOL.items())})")
     p.add_argument("--reward_floor", type=float, default=1e-8,
                    help="smallest |reward| used as the denominator of the relative error")
-    return p
+    return one_line_errors(p)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.reward_tol < 0 or args.max_iterations < 1 or args.reward_floor <= 0:
+    # "not >=" also refuses NaN, which every comparison would silently pass.
+    if not (args.reward_tol >= 0 and args.max_iterations >= 1 and args.reward_floor > 0):
         parser.error("--reward_tol must be >= 0, --max_iterations >= 1 and --reward_floor > 0")
+    if any(v is not None and v != v for v in (args.psnr_min, args.loss_corr_min)):
+        parser.error("--psnr_min and --loss_corr_min must be numbers, not nan")
     try:
         layer_tol = parse_layer_tol(args.layer_tol)
     except ValueError as exc:

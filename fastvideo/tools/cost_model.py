@@ -24,9 +24,10 @@ import json
 import sys
 from pathlib import Path
 
+from fastvideo.errors import ConfigError, UserError, exit_on_user_error, one_line_errors
 from fastvideo.grpo.loss import num_trained_steps
 from fastvideo import devices
-from fastvideo.models.base import DEFAULT_FAMILY, UnknownModelFamilyError, get_model_family
+from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
 from fastvideo.perf.flops import (
     IterationFlops,
     IterationShape,
@@ -55,13 +56,13 @@ def resolve_model(spec: str, family) -> tuple[dict, dict, str]:
         candidates = [path / "config.json", path / "transformer" / "config.json"]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
-            raise SystemExit(
+            raise ConfigError(
                 f"--model {spec}: no config.json or transformer/config.json there; give reference, tiny, small, a "
                 "transformer config.json or a diffusers model folder"
             )
         path = found
     if not path.is_file():
-        raise SystemExit(f"--model {spec}: not reference/tiny/small and no such file or folder")
+        raise ConfigError(f"--model {spec}: not reference/tiny/small and no such file or folder")
     config = json.loads(path.read_text())
     vae_path = path.parent.parent / "vae" / "config.json"
     if vae_path.is_file():
@@ -71,7 +72,7 @@ def resolve_model(spec: str, family) -> tuple[dict, dict, str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     ap.add_argument("--model", default="reference",
                     help="reference (alias flux-dev) | tiny | small | config.json | model folder")
     ap.add_argument("--model_family", default=DEFAULT_FAMILY,
@@ -100,8 +101,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not 0.0 < args.timestep_fraction <= 1.0:
             ap.error(f"--timestep_fraction {args.timestep_fraction} must be in (0, 1]")
         args.trained_steps = num_trained_steps(args.sampling_steps, args.timestep_fraction, args.train_last_step)
-    if args.seconds_per_iteration is not None and args.seconds_per_iteration <= 0:
-        ap.error("--seconds_per_iteration must be positive")
+    for flag in ("seconds_per_iteration", "peak_tflops"):
+        value = getattr(args, flag)
+        if value is not None and not (0 < value < float("inf")):
+            ap.error(f"--{flag} {value} must be a positive number")
+    for flag in ("h", "w", "sampling_steps", "num_generations", "world_size", "prompts_per_rank"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag} {getattr(args, flag)} must be at least 1")
+    if args.rewards:
+        from fastvideo.rewards.combine import parse_reward_spec
+
+        try:
+            parse_reward_spec(args.rewards)
+        except UserError as exc:
+            ap.error(str(exc))
     resolve_mix(args, ap)
     return args
 
@@ -136,7 +149,7 @@ def memory_shape(args):
     from fastvideo.perf.memory import MemoryShape
 
     if args.fsdp_sharding_strategy == "hybrid" and args.ranks_per_node is None:
-        raise SystemExit("--fsdp_sharding_strategy hybrid needs --ranks_per_node (the shard group size)")
+        raise ConfigError("--fsdp_sharding_strategy hybrid needs --ranks_per_node (the shard group size)")
     comms = {"full": 1, "none": 1, "hybrid": 3}[args.fsdp_sharding_strategy] if args.device == devices.NPU else 0
     vae_fp32 = args.vae_precision == "fp32" or (args.vae_precision == "auto" and args.device == devices.CPU)
     return MemoryShape(
@@ -250,7 +263,7 @@ def _peak(args) -> float | None:
     if args.device_name:
         peak = peak_tflops_for(args.device_name)
         if peak is None:
-            raise SystemExit(f"no peak known for device {args.device_name!r}: pass --peak_tflops")
+            raise ConfigError(f"no peak known for device {args.device_name!r}: pass --peak_tflops")
         return peak
     return None
 
@@ -335,18 +348,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         family = get_model_family(args.model_family)
-    except UnknownModelFamilyError as err:
-        from fastvideo.errors import report_failure
-
-        raise SystemExit(report_failure(err, "cost_model")) from None
-    config, vae_cfg, desc = resolve_model(args.model, family)
-    if args.memory:
-        print(memory_report(args, config, vae_cfg, desc, family))
-        return
-    try:
+        config, vae_cfg, desc = resolve_model(args.model, family)
+        if args.memory:
+            print(memory_report(args, config, vae_cfg, desc, family))
+            return
         s = summarise(args, config, vae_cfg, family)
-    except ValueError as err:
-        raise SystemExit(f"cost_model: {err}") from None
+    except (UserError, ValueError) as err:  # bad flags or a bad config file: one line, exit 2
+        exit_on_user_error("cost_model", err)
     if args.json:
         json.dump({"model": desc, **{k: v for k, v in s.items() if not k.startswith("_")}}, sys.stdout, indent=2)
         print()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from fastvideo.errors import one_line_errors
 from fastvideo.eval.models import (
     MODEL_FOLDER,
     ModelSpecError,
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pickscore_processor_dir", default=None)
     p.add_argument("--clip_dir", default="./clip_ckpt")
     p.add_argument("--reward_batch_size", type=int, default=8)
-    return p
+    return one_line_errors(p)
 
 
 def _rewards(args, device) -> dict:
@@ -89,6 +90,15 @@ def _check(args, models, family) -> Path:
                                          args.num_images_per_prompt, args.grid_prompts) < 1:
         raise ValueError("--h/--w must be positive multiples of 16; --steps, --batch_size, "
                          "--num_images_per_prompt and --grid_prompts at least 1")
+    import math
+
+    if not (math.isfinite(args.eta) and args.eta >= 0):
+        raise ValueError(f"--eta {args.eta} must be a finite number >= 0 (0: ODE sampling)")
+    if not (math.isfinite(args.shift) and args.shift > 0) or not math.isfinite(args.guidance_scale):
+        raise ValueError(f"--shift {args.shift} must be a finite number > 0 and --guidance_scale "
+                         f"{args.guidance_scale} finite")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a file, not a folder")
     base = Path(args.base) if args.base else next((m.path for m in models if m.kind == MODEL_FOLDER), None)
     if base is None:
         raise ModelSpecError(f"no {family.name} model folder among the models: pass --base MODEL_DIR for the VAE "

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 
+from fastvideo.errors import one_line_errors
+
 # The library (fastvideo/training/export.py); export_checkpoint stays importable from here too.
 from fastvideo.training.export import DTYPES, export_checkpoint, export_lora, export_merged
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     ap.add_argument("checkpoint", help="a checkpoint-N folder written by the trainer")
     ap.add_argument("out", help="folder to write")
     ap.add_argument("--ema", action="store_true", help="export the EMA weights instead of the policy")

@@ -40,7 +40,7 @@ import torch
 
 import fastvideo
 from fastvideo import devices
-from fastvideo.errors import UserError
+from fastvideo.errors import UserError, one_line_errors
 from fastvideo.rewards.base import Reward, RewardInputError, build_reward, check_inputs
 from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
 from fastvideo.rewards.flags import add_reward_flags, extras_from_args, reward_kwargs
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pickscore_processor_dir", default=None)
     g.add_argument("--clip_dir", default="./clip_ckpt")
     add_reward_flags(p, client=False)
-    return p
+    return one_line_errors(p)
 
 
 class PluginReward:
@@ -260,6 +260,8 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     bad = [f"{k} {v}" for k, v in numbers.items() if not v > 0]
     if bad:
         raise ValueError(f"{', '.join(bad)}: must be > 0")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port} must be in 0..65535")
     token = args.token or os.environ.get(TOKEN_ENV) or None  # "" is no token
     if token is None and not is_loopback(args.host):
         raise ValueError(f"--host {args.host} accepts other machines: give --token SECRET (or set {TOKEN_ENV}) "

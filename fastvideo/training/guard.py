@@ -24,6 +24,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastvideo.utils import atomic_write_json, main_print
+
 BEST_DIR = "best"
 BEST_MARKER = "BEST.json"
 
@@ -90,9 +92,11 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 def publish_best(checkpoint: str | os.PathLike, output_dir: str | os.PathLike, iteration: int,
                  score: float) -> Path:
-    """Make OUTPUT_DIR/best a hard-linked copy of ``checkpoint`` plus BEST.json; rank 0 only.
+    """Make OUTPUT_DIR/best a hard-linked copy of ``checkpoint`` plus BEST.json (fsynced); rank 0 only.
 
-    Swapped in by renames, so a crash leaves the old best or the new one, never half of one."""
+    Swapped in by renames (best -> best.old-*, best.tmp-* -> best), so a crash leaves the old best
+    or the new one, or -- between the two renames -- the old one under best.old-*, which
+    :func:`recover_best` puts back on the next start."""
     src, out = Path(checkpoint), Path(output_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f"{BEST_DIR}.tmp-", dir=out))
     for f in sorted(src.rglob("*")):
@@ -103,7 +107,7 @@ def publish_best(checkpoint: str | os.PathLike, output_dir: str | os.PathLike, i
             target.parent.mkdir(parents=True, exist_ok=True)
             _link_or_copy(f, target)
     marker = {"iteration": int(iteration), "score": float(score), "source": src.name}
-    (tmp / BEST_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    atomic_write_json(tmp / BEST_MARKER, marker)  # fsynced before the swap
     final = out / BEST_DIR
     old = None
     if final.exists():
@@ -114,3 +118,21 @@ def publish_best(checkpoint: str | os.PathLike, output_dir: str | os.PathLike, i
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def recover_best(output_dir: str | os.PathLike) -> None:
+    """Finish or undo a :func:`publish_best` a crash interrupted; rank 0, before the run starts.
+
+    best.tmp-* is a new best not swapped in (its evaluation was not recorded either: the resumed
+    run evaluates again and publishes it again), so it is removed; best.old-* is the previous best,
+    put back when best/ is missing and removed otherwise."""
+    out = Path(output_dir)
+    for tmp in sorted(out.glob(f"{BEST_DIR}.tmp-*")):
+        shutil.rmtree(tmp, ignore_errors=True)
+        main_print(f"[eval] removed {tmp}: an interrupted publication of the best checkpoint")
+    olds = sorted(out.glob(f"{BEST_DIR}.old-*"))
+    if olds and not (out / BEST_DIR).exists():
+        os.replace(olds.pop(), out / BEST_DIR)
+        main_print(f"[eval] restored {out / BEST_DIR} from the interrupted publication's previous best")
+    for old in olds:
+        shutil.rmtree(old, ignore_errors=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from fastvideo import devices
+from fastvideo.utils import atomic_write_text, read_jsonl
 
 
 class PhaseTimer:
@@ -67,9 +68,10 @@ class MetricsWriter:
     def truncate_after(self, iteration: int) -> None:
         if not self.enabled or not self.path.exists():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["iteration"] <= iteration]
-        self.path.write_text("".join(line + "\n" for line in keep))
+        # Tolerates a torn last line (a crash mid-write), saying so; rewritten atomically (a crash
+        # now leaves the old file or the new one).
+        keep = [r for r in read_jsonl(self.path) if r.get("iteration", 0) <= iteration]
+        atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
 
     def reset(self) -> None:
         if self.enabled and self.path.exists():
@@ -83,9 +85,7 @@ class MetricsWriter:
             f.write(json.dumps(record, sort_keys=True) + "\n")
 
     def read(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_jsonl(self.path)
 
 
 def plot_reward_curve(records: list[dict], out_png: str | Path, title: str = "GRPO reward") -> Path | None:

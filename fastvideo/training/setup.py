@@ -64,6 +64,11 @@ def build_parts(trainer) -> None:
     devices.seed_everything(cfg.optim.seed)
     builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
     trainer.dataset = builders.build_dataset(cfg, trainer.family)
+    _scan_data(trainer.dataset, info)  # every embedding file there and well-shaped, before any model loads
+    if cfg.eval is not None:  # held-out prompts must not be training prompts: found before any model loads
+        from fastvideo.data.prompts import check_no_overlap, eval_captions
+
+        check_no_overlap(eval_captions(cfg.eval.prompts), trainer.dataset.captions)
     trainer.transformer_config, trainer.model, trainer.vae = builders.build_models(cfg, device, trainer.family)
     trainer.dataset.check_against_transformer(trainer.transformer_config)
     trainer.kl_reference = builders.build_kl_reference(cfg, trainer.model, device, trainer.family)
@@ -81,6 +86,14 @@ def build_parts(trainer) -> None:
     trainer.randomness = builders.build_randomness(cfg, info)
 
 
+def _scan_data(dataset, info) -> None:
+    from fastvideo.data.scan import scan_embeddings
+
+    scan = scan_embeddings(dataset, info.rank, info.world_size)  # each rank a share
+    main_print(f"[data] {len(dataset)} prompts: rank 0 checked {scan.files} embedding files, present and shaped "
+               f"{scan.dims} ({scan.seconds:.2f} s)")
+
+
 def log_config(cfg, info, device) -> None:
     """Print the resolved config with its derived quantities and keep it as OUTPUT_DIR/config.json."""
     from fastvideo.utils import atomic_write_json
@@ -95,20 +108,36 @@ def log_config(cfg, info, device) -> None:
 
 
 def reward_metrics(dims, device, rewards, advantages: torch.Tensor, cfg) -> dict:
-    """Reward and advantage statistics over the data-parallel group's samples ("_samples": how many)."""
+    """Reward and advantage statistics over the data-parallel group's samples ("_samples": how many).
+
+    Samples a reward scored non-finite (dropped, rewards/combine.py) are left out of the reward
+    statistics and counted: ``rewards/nonfinite_dropped`` (every iteration) and, when some,
+    ``rewards/nonfinite/<name>`` per reward."""
     G = cfg.rollout.num_generations
     all_rewards = dims.gather_dp(rewards.total.to(device)).cpu()
+    kept = _finite(all_rewards)
     record = {
-        "reward_mean": all_rewards.mean().item(),
-        "reward_std": all_rewards.std(unbiased=False).item(),
+        "reward_mean": kept.mean().item(),
+        "reward_std": kept.std(unbiased=False).item(),
         # Without --use_group the whole gathered batch is the one normalisation group.
         "zero_std_ratio": zero_std_ratio(all_rewards, G if cfg.grpo.use_group else all_rewards.numel()).item(),
+        "rewards/nonfinite_dropped": all_rewards.numel() - kept.numel(),
     }
     for name, vals in rewards.per_reward.items():
         everything = dims.gather_dp(vals.to(device)).cpu()
-        record[f"reward/{name}_mean"] = everything.mean().item()
-        record[f"reward/{name}_std"] = everything.std(unbiased=False).item()
+        finite = _finite(everything)
+        record[f"reward/{name}_mean"] = finite.mean().item()
+        record[f"reward/{name}_std"] = finite.std(unbiased=False).item()
+        if finite.numel() < everything.numel():
+            record[f"rewards/nonfinite/{name}"] = everything.numel() - finite.numel()
     all_adv = dims.gather_dp(advantages.to(device)).cpu()
     record.update(adv_mean=all_adv.mean().item(), adv_std=all_adv.std(unbiased=False).item(),
                   adv_abs_max=all_adv.abs().max().item(), _samples=all_rewards.numel())
     return record
+
+
+def _finite(values: torch.Tensor) -> torch.Tensor:
+    """The finite entries of [N] (the tensor itself when all are: the default path's statistics
+    stay bit-identical)."""
+    ok = torch.isfinite(values)
+    return values if bool(ok.all()) else values[ok]

@@ -27,7 +27,8 @@ from fastvideo.training import setup as run_setup
 from fastvideo.training.hooks import IterationResult, TrainerHook
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars
 from fastvideo.training.policy import Policy
-from fastvideo.training.update import NonFiniteError, TrainerState, Updater, UpdateStats  # noqa: F401
+from fastvideo.training.update import (  # noqa: F401
+    NonFiniteError, TrainerState, Updater, UpdateStats, iteration_problems)
 from fastvideo.utils import main_print
 
 __all__ = ["Trainer", "GRPOTrainer", "NonFiniteError", "RewardResult", "UpdateStats"]
@@ -194,6 +195,7 @@ class Trainer:
             self.objective.after_update(self.policy, iteration)
         self.iteration = iteration
         record = self._iteration_metrics(iteration, traj, rewards, advantages, stats, time.perf_counter() - t0)
+        self.updater.end_iteration(iteration, iteration_problems(record, stats))  # stops a run that stays non-finite
         result = IterationResult(iteration, traj, rewards, advantages, record)
         for hook in self.hooks:
             hook.on_iteration_end(self, result)

@@ -1,6 +1,12 @@
 """The shared update loop: micro-batches of an objective's terms, gradient accumulation, clipping,
 one optimizer step per accumulation window, non-finite steps skipped on every rank alike.
 
+Non-finite values are survived, then stopped: a step with a non-finite loss or gradient is
+skipped, a sample with a non-finite reward is dropped (rewards/combine.py), and the run stops
+only after ``--max_nonfinite_steps`` consecutive *iterations* had such a problem, naming the
+cause (:meth:`Updater.end_iteration`). Counting iterations, not optimizer steps, keeps one bad
+iteration from being fatal where an iteration takes several steps.
+
 It knows no algorithm: the objective plans the work (Terms) and computes each term's loss.
 """
 
@@ -15,7 +21,7 @@ from fastvideo.utils import main_print
 
 
 class NonFiniteError(RuntimeError):
-    """Too many optimizer steps in a row had a non-finite loss or gradient."""
+    """Too many iterations in a row had a non-finite reward, loss or gradient."""
 
 
 @dataclass
@@ -27,6 +33,7 @@ class UpdateStats:
     forward_passes: int
     means: dict[str, float] = field(default_factory=dict)  # the objective's metrics, averaged across ranks
     maxes: dict[str, float] = field(default_factory=dict)  # ... maxed across ranks
+    nonfinite: list[str] = field(default_factory=list)  # why steps were skipped ("loss", "gradient"), as on every rank
 
 
 @dataclass
@@ -65,7 +72,7 @@ class Updater:
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
         window_loss = torch.zeros((), device=self.device)  # this accumulation window's loss
-        grad_norms, opt_steps, skipped = [], 0, 0
+        grad_norms, opt_steps, skipped, causes = [], 0, 0, []
         for m, terms in enumerate(micro_batches):
             for term in terms:
                 loss = objective.loss(policy, traj, adv, term, stats)
@@ -73,12 +80,13 @@ class Updater:
                 loss_sum += loss.detach()
                 window_loss += loss.detach()
             if (m + 1) % self.accumulation == 0 or m == len(micro_batches) - 1:
-                norm, ok = self.optimizer_step(window_loss)
+                norm, bad = self.optimizer_step(window_loss)
                 window_loss = torch.zeros((), device=self.device)
-                if ok:
+                if not bad:
                     grad_norms.append(norm)
-                opt_steps += int(ok)
-                skipped += int(not ok)
+                causes += [c for c in bad if c not in causes]
+                opt_steps += int(not bad)
+                skipped += int(bool(bad))
         self.model.eval()
         means, maxes = objective.summarize(stats)
         # Read back once per iteration, after the loop (the norms stay on the device until here).
@@ -86,34 +94,65 @@ class Updater:
         return UpdateStats(loss=float(loss_sum),
                            grad_norm=sum(norms) / len(norms) if norms else float("nan"),
                            optimizer_steps=opt_steps, skipped_steps=skipped, forward_passes=stats.terms,
-                           means=means, maxes=maxes)
+                           means=means, maxes=maxes, nonfinite=causes)
 
-    def optimizer_step(self, window_loss: torch.Tensor) -> tuple[torch.Tensor | float, bool]:
+    def optimizer_step(self, window_loss: torch.Tensor) -> tuple[torch.Tensor | float, list[str]]:
         """Clip, check finiteness (the same decision on every rank), step or skip. Returns the
-        gradient norm before clipping (a 0-d tensor, not read back: NaN float when skipped)."""
+        gradient norm before clipping (a 0-d tensor, not read back; NaN float when skipped) and
+        what was non-finite ([] when the step was taken)."""
         from fastvideo.distributed.fsdp import clip_grad_norm
 
         norm = clip_grad_norm(self.model, self.optim.max_grad_norm)
-        bad = (~torch.isfinite(norm)).float() + (~torch.isfinite(window_loss)).float()
-        bad = self.dims.all_reduce_max(bad.reshape(1).to(self.device))
-        if bad.item() > 0:
+        bad = torch.stack([(~torch.isfinite(window_loss)).float(), (~torch.isfinite(norm)).float()])
+        bad = self.dims.all_reduce_max(bad.to(self.device)).tolist()
+        causes = [name for name, flag in zip(("loss", "gradient"), bad) if flag > 0]
+        if causes:
             self.optimizer.zero_grad(set_to_none=True)
-            self._count_nonfinite(norm)
-            return float("nan"), False
+            main_print(f"[warning] iteration {self.state.iteration + 1}: non-finite {' and '.join(causes)} "
+                       f"(grad norm {float(norm)}); optimizer step skipped")
+            return float("nan"), causes
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.state.consecutive_nonfinite = 0
-        return norm.detach().float(), True
+        return norm.detach().float(), []
 
-    def _count_nonfinite(self, norm: torch.Tensor) -> None:
+    def end_iteration(self, iteration: int, problems: list[str]) -> None:
+        """Count an iteration with problems (non-finite rewards, loss or gradient; the same list on
+        every rank) and stop after --max_nonfinite_steps of them in a row; a clean one resets."""
         s = self.state
+        if not problems:
+            s.consecutive_nonfinite = 0
+            return
         s.consecutive_nonfinite += 1
-        main_print(f"[warning] iteration {s.iteration + 1}: non-finite loss or gradient (grad norm {float(norm)}); "
-                   f"optimizer step skipped ({s.consecutive_nonfinite} in a row)")
-        if s.consecutive_nonfinite >= self.optim.max_nonfinite_steps:
-            raise NonFiniteError(
-                f"{s.consecutive_nonfinite} optimizer steps in a row had a non-finite loss or gradient; "
-                "stopping. Lower --learning_rate or --max_grad_norm, use --mixed_precision no to rule out "
-                "bf16 overflow, or resume from an earlier checkpoint."
-            )
+        limit = self.optim.max_nonfinite_steps
+        main_print(f"[warning] iteration {iteration}: {'; '.join(problems)} "
+                   f"({s.consecutive_nonfinite} iteration(s) in a row; the run stops at {limit})")
+        if s.consecutive_nonfinite >= limit:
+            raise NonFiniteError(f"{s.consecutive_nonfinite} iterations in a row had non-finite values "
+                                 f"(iteration {iteration}: {'; '.join(problems)}); stopping. {_advice(problems)}")
+
+
+def iteration_problems(record: dict, stats: UpdateStats) -> list[str]:
+    """What was non-finite in an iteration, from its (rank-reduced) metrics and update stats."""
+    problems = []
+    dropped = record.get("rewards/nonfinite_dropped", 0)
+    if dropped:
+        names = sorted(k.split("/", 2)[2] for k in record if k.startswith("rewards/nonfinite/"))
+        problems.append(f"reward {', '.join(map(repr, names))} scored {dropped} sample(s) non-finite "
+                        "(dropped from their groups)")
+    if stats.skipped_steps:
+        problems.append(f"non-finite {' and '.join(stats.nonfinite)} in {stats.skipped_steps} of "
+                        f"{stats.skipped_steps + stats.optimizer_steps} optimizer step(s) (skipped)")
+    return problems
+
+
+def _advice(problems: list[str]) -> str:
+    """The fix for the causes named (a reward's own scores, or the optimisation)."""
+    tips = []
+    if any(p.startswith("reward") for p in problems):
+        tips.append("The reward returns NaN or inf for these images: fix it or drop it from --rewards "
+                    "(its warnings above name the samples).")
+    if any(p.startswith("non-finite") for p in problems):
+        tips.append("Lower --learning_rate or --max_grad_norm, use --mixed_precision no to rule out bf16 "
+                    "overflow, or resume from an earlier checkpoint.")
+    return " ".join(tips)

@@ -13,6 +13,7 @@ import torch
 
 from fastvideo.data.dataset import EmbeddingShapeError, PromptEmbeddingDataset
 from fastvideo.data.prompts import PromptFileError
+from fastvideo.errors import ConfigError
 from fastvideo.data_preprocess.embeddings import batch_grid, rank_batches, subdirs
 from fastvideo.data_preprocess.preprocess_flux_embedding import main, parse_args
 
@@ -146,13 +147,19 @@ def test_changed_captions_and_settings_are_not_reused(reference, tiny_flux_dir, 
     lines[2] = "a completely different prompt about a violet submarine"
     edited = tmp_path / "edited.txt"
     edited.write_text("\n".join(lines) + "\n")
-    result = run(tiny_flux_dir, out, edited)
+    before = sorted(p.name for p in (out / "prompt_embed").iterdir())
+    with pytest.raises(ConfigError, match=r"1 prompts whose captions differ .*first: prompt 2.*--overwrite"):
+        run(tiny_flux_dir, out, edited)
+    assert sorted(p.name for p in (out / "prompt_embed").iterdir()) == before  # nothing deleted unasked
+    result = run(tiny_flux_dir, out, edited, "--overwrite")
     printed = capsys.readouterr().out
     assert "removed the files of 1 prompts" in printed and result.num_encoded == 1
     new = torch.load(out / "prompt_embed" / "2.pt", weights_only=True)
     assert not torch.equal(new, torch.load(reference / "prompt_embed" / "2.pt", weights_only=True))
     assert json.loads((out / "videos2caption.json").read_text())[2]["caption"] == lines[2]
-    shorter = run(tiny_flux_dir, out, edited, "--max_sequence_length", 64)
+    with pytest.raises(ConfigError, match=r"8 prompts made with other settings \(differing: max_sequence_length, shapes\)"):
+        run(tiny_flux_dir, out, edited, "--max_sequence_length", 64)
+    shorter = run(tiny_flux_dir, out, edited, "--max_sequence_length", 64, "--overwrite")
     assert shorter.num_encoded == 8 and "removed the files of 8 prompts" in capsys.readouterr().out
     assert torch.load(out / "prompt_embed" / "0.pt", weights_only=True).shape == (64, 32)
 
@@ -213,14 +220,30 @@ def test_prepare_output_keeps_trusted_files_only(tmp_path):
     assert prepare_output(tmp_path, settings, ["a", "b", "c"]) == 0  # same run: all kept
     assert (tmp_path / "videos2caption.json").is_file()
     assert not (tmp_path / "prompt_embed" / ".0.pt.123.tmp").exists()
-    assert prepare_output(tmp_path, settings, ["a", "B", "c", "d"]) == 1  # caption 1 changed
+    assert prepare_output(tmp_path, settings, ["a"]) == 0  # a capped run keeps the others' files ...
+    assert (tmp_path / "prompt_embed" / "2.pt").exists()
+    assert prepare_output(tmp_path, settings, ["a", "b", "c"]) == 0  # ... and their captions, for a full run
+    with pytest.raises(ConfigError, match="captions differ"):
+        prepare_output(tmp_path, settings, ["a", "B", "c", "d"])
+    assert (tmp_path / "prompt_embed" / "1.pt").exists()
+    assert prepare_output(tmp_path, settings, ["a", "B", "c", "d"], overwrite=True) == 1  # caption 1 changed
     assert not (tmp_path / "prompt_embed" / "1.pt").exists() and (tmp_path / "prompt_embed" / "2.pt").exists()
     assert not (tmp_path / "videos2caption.json").exists(), "an index of other prompts must go"
-    assert prepare_output(tmp_path, {**settings, "max_sequence_length": 8}, ["a", "B", "c", "d"]) == 2
+    with pytest.raises(ConfigError, match=r"other settings \(differing: max_sequence_length\)"):
+        prepare_output(tmp_path, {**settings, "max_sequence_length": 8}, ["a", "B", "c", "d"])
+    assert prepare_output(tmp_path, {**settings, "max_sequence_length": 8}, ["a", "B", "c", "d"], overwrite=True) == 2
     assert not list((tmp_path / "prompt_embed").glob("*.pt"))
     (tmp_path / "preprocess_meta.json").unlink()
     save_prompt_record(tmp_path, 0, _zeros_record())
-    assert prepare_output(tmp_path, settings, ["a"]) == 1  # files of unknown origin are not trusted
+    # Files of unknown origin (upstream's folders have no meta): shape-checked, left as they are.
+    with pytest.raises(ConfigError, match=r"no preprocess_meta.json .*all pass the shape check, flux dims \(4, 2, 2\)"
+                                          r".*--data_json_path"):
+        prepare_output(tmp_path, settings, ["a"])
+    torch.save(torch.zeros(2, 2), tmp_path / "pooled_prompt_embeds" / "0.pt")
+    with pytest.raises(ConfigError, match=r"prompt 0's files do not pass the shape check"):
+        prepare_output(tmp_path, settings, ["a"])
+    assert (tmp_path / "prompt_embed" / "0.pt").exists()
+    assert prepare_output(tmp_path, settings, ["a"], overwrite=True) == 1
 
 
 def test_tensor_writes_are_atomic(tmp_path, monkeypatch):

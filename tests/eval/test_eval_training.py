@@ -153,9 +153,9 @@ def test_resume_forgets_a_best_from_the_abandoned_future(tmp_path):
     ev.out, ev.guard = tmp_path, RewardHackingGuard(guard_enabled=False)
     for it, score in ((0, 0.0), (1, 2.0), (2, 3.0)):
         ev.guard.update(it, score)
-    ev._forget_future_best(3)
+    ev._forget_other_best(3)
     assert json.loads((tmp_path / "best" / "BEST.json").read_text())["iteration"] == 2
     ev.guard.best_iteration = 1  # its checkpoint is gone: best/ is removed rather than left wrong
     publish_best(tmp_path / "checkpoint-4", tmp_path, 4, 9.0)
-    ev._forget_future_best(3)
+    ev._forget_other_best(3)
     assert not (tmp_path / "best").exists()

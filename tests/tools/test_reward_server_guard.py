@@ -14,7 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from fastvideo.rewards.remote import NonFiniteRewardError, RemoteReward, RemoteRewardError
+from fastvideo.rewards.combine import MultiReward
+from fastvideo.rewards.remote import RemoteReward, RemoteRewardError
 from fastvideo.rewards.wire import encode_request
 from fastvideo.tools.reward_server import build_app, main
 from fastvideo.tools.reward_server_guard import (AcceptErrorFilter, ServerLimits, is_loopback, token_matches,
@@ -179,12 +180,18 @@ def test_slow_clients_do_not_starve_health(guarded):
             s.close()
 
 
-def test_nan_score_names_the_reward_and_sample(guarded):
+def test_nan_score_is_dropped_naming_the_reward_and_sample(guarded, capsys):
     status, reply = request(f"{guarded}/score/bright", encode_request(torch.rand(2, 3, 4, 4), ["a", "nan"]))
     assert status == 200 and reply["scores"][1] is None and reply["nonfinite"] == [1]
     reward = RemoteReward(f"{guarded}/bright?token={TOKEN}", batch_size=2, retries=3)
-    with pytest.raises(NonFiniteRewardError, match=r"'bright'.*sample\(s\) \[3\]"):
-        reward(torch.rand(4, 3, 4, 4), ["a", "b", "c", "nan"])
+    images = torch.rand(4, 3, 4, 4)
+    scores = reward(images, ["a", "b", "c", "nan"])  # the second request holds the NaN: index 3 overall
+    assert torch.isfinite(scores[:3]).all() and torch.isnan(scores[3])
+    out = MultiReward([("bright", 1.0, reward)], normalize=True, num_generations=2)(images, ["a", "b", "c", "nan"])
+    assert torch.isnan(out.total[3]) and torch.isfinite(out.total[:2]).all()
+    assert out.total[2] == 0  # its group has one kept sample: no spread, skipped
+    err = capsys.readouterr().err
+    assert "reward 'bright' returned non-finite scores [nan] for 1 of 4 samples (indices [3])" in err
 
 
 def _health_lines(caplog) -> list[str]:

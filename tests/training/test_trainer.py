@@ -104,9 +104,11 @@ def test_non_finite_loss_skips_then_aborts(tiny_flux_dir, tiny_embeddings, tmp_p
     assert _run_single(argv, monkeypatch) == 1
     err = capsys.readouterr()
     assert "optimizer step skipped" in err.out + err.err
-    assert "2 optimizer steps in a row had a non-finite loss or gradient" in err.err
+    assert "2 iterations in a row had non-finite values (iteration 2: non-finite loss and gradient in 1 of 1" in err.err
+    assert "Lower --learning_rate" in err.err
     rows = read_metrics(out)
-    assert len(rows) == 1 and rows[0]["skipped_steps"] == 1  # iteration 1 skipped, iteration 2 aborted
+    # Both iterations logged (their step skipped), then the stop: 2 iterations in a row.
+    assert len(rows) == 2 and [r["skipped_steps"] for r in rows] == [1, 1]
 
 
 def test_missing_inputs_fail_early(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch, capsys):

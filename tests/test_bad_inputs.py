@@ -1,0 +1,262 @@
+"""The exit-2-one-line contract, table-driven: every bad input below, across the seven entry points
+(train, preprocess, evaluate, export, compare_runs, reward_server, cost_model), exits 2 with ONE
+line on stderr and no traceback.
+
+The cases run in this process through each entry point's own ``main`` (the real path: parsing,
+checks, then the work, which none of them reaches); a few run as real subprocesses to hold the
+command line itself to the contract. A case is (entry point, argv builder, a word the line must hold).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "training"))
+from helpers import ROOT, train_args  # noqa: E402
+
+NAN, INF = "nan", "inf"
+
+
+@pytest.fixture(scope="module")
+def env(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
+    """Paths the builders use: the tiny model and embeddings, a file, an empty folder, a
+    checkpoint-like folder without its marker, a prompts file shared with training."""
+    root = tmp_path_factory.mktemp("bad_inputs")
+    a_file = root / "a_file.txt"
+    a_file.write_text("not a folder\n")
+    empty = root / "empty"
+    empty.mkdir()
+    incomplete = root / "checkpoint-3"
+    incomplete.mkdir()
+    (incomplete / "model.safetensors").write_bytes(b"\0" * 16)
+    train_prompts = root / "train_prompts.txt"
+    captions = [e["caption"] for e in json.loads(Path(tiny_embeddings).read_text())]
+    train_prompts.write_text("\n".join(captions[:3]) + "\n")
+    empty_prompts = root / "empty_prompts.txt"
+    empty_prompts.write_text("\n\n")
+    mixed = root / "mixed_model"  # one more block in the config than in the weights
+    shutil.copytree(tiny_flux_dir, mixed)
+    cfg = json.loads((mixed / "transformer" / "config.json").read_text())
+    (mixed / "transformer" / "config.json").write_text(json.dumps({**cfg, "num_layers": cfg["num_layers"] + 1}))
+    read_only = root / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    return dict(model=str(tiny_flux_dir), emb=str(tiny_embeddings), root=root, file=str(a_file), empty=str(empty),
+                incomplete=str(incomplete), train_prompts=str(train_prompts), empty_prompts=str(empty_prompts),
+                mixed_model=str(mixed), read_only=str(read_only))
+
+
+def _t(needle, **flags):
+    """A train case: the tiny run's flags with ``flags`` replaced (None removes one)."""
+    flags = {"max_train_steps": 1, "save_images_every": 0, **flags}
+    return ("train", lambda e: train_args(e["emb"], e["model"], e["root"] / "out", **flags), needle)
+
+
+def _raw(entry, needle, *argv):
+    """A case with literal argv; {model} {emb} {file} {empty} {incomplete} {root} ... are filled in."""
+    return (entry, lambda e: [a.format(**e) for a in argv], needle)
+
+
+TRAIN = [
+    _t("learning_rate", learning_rate=-1e-5), _t("learning_rate", learning_rate=NAN),
+    _t("learning_rate", learning_rate=INF), _t("learning_rate", learning_rate=0),
+    _t("weight_decay", weight_decay=-0.1), _t("weight_decay", weight_decay=NAN),
+    _t("max_grad_norm", max_grad_norm=NAN), _t("shift", shift=0), _t("shift", shift=-2), _t("shift", shift=NAN),
+    _t("eta", eta=INF), _t("eta", eta=NAN), _t("eta", eta=-0.3), _t("eta", eta=0),
+    _t("guidance_scale", guidance_scale=NAN), _t("lr_warmup_steps", lr_warmup_steps=-1),
+    _t("lr_scheduler", lr_scheduler="bogus"), _t("ema_decay", use_ema=True, ema_decay=1.5),
+    _t("max_train_steps", max_train_steps=0), _t("max_nonfinite_steps", max_nonfinite_steps=0),
+    _t("num_generations", num_generations=0), _t("sampling_steps", sampling_steps=0),
+    _t("--h", h=0), _t("--h", w=-32), _t("multiples of 16", h=40),
+    _t("train_batch_size", train_batch_size=0), _t("rollout_batch_size", rollout_batch_size=0),
+    _t("train_micro_batch_size", train_micro_batch_size=0),
+    _t("gradient_accumulation_steps", gradient_accumulation_steps=0),
+    _t("timestep_fraction", timestep_fraction=0), _t("timestep_fraction", timestep_fraction=1.5),
+    _t("checkpointing_steps", checkpointing_steps=0), _t("checkpoints_total_limit", checkpoints_total_limit=0),
+    _t("--rewards", rewards=""), _t("not a number", rewards="compressibility:abc"),
+    _t("finite", rewards="compressibility:inf"), _t("unknown reward", rewards="nope:1"),
+    _t("all reward weights are zero", rewards="compressibility:0"),
+    _t("appears twice", rewards="compressibility,compressibility"),
+    _t("mixed_precision", mixed_precision="fp8"), _t("learning_rate", learning_rate="abc"),
+    _t("unrecognized", no_such_flag=True), _t("log_every", log_every=-1),
+    _t("dump_randomness", dump_randomness=True, load_randomness=True),
+    _t("is a file", output_dir="{file}"), _t("is a file", output_dir="{file}/sub"),
+    _t("sequence parallelism", sp_size=2), _t("either with --rewards", use_hpsv2=True),
+    _t("nope.json", data_json_path="{root}/nope.json"), _t("make_tiny_flux", pretrained_model_name_or_path="{empty}"),
+    _t("no complete checkpoint", resume_from_checkpoint="latest"),
+    _t("training prompts", eval_every=1, eval_prompts="{train_prompts}", eval_rewards="detail"),
+    _t("config", config="{root}/nope.yaml"),
+    _t("config.json and weights disagree", pretrained_model_name_or_path="{mixed_model}", fsdp_sharding_strategy="none"),
+    pytest.param(*_t("not writable", output_dir="{read_only}/out"),
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")),
+]
+
+PREPROCESS = [
+    _raw("preprocess", "max_sequence_length", "--model_path", "{model}", "--prompt_dir", "{train_prompts}",
+         "--output_dir", "{root}/p", "--max_sequence_length", "0"),
+    _raw("preprocess", "max_sequence_length", "--model_path", "{model}", "--output_dir", "{root}/p",
+         "--max_sequence_length", "-4"),
+    _raw("preprocess", "max_sequence_length", "--model_path", "{model}", "--max_sequence_length", "600"),
+    _raw("preprocess", "max_sequence_length", "--max_sequence_length", "abc"),
+    _raw("preprocess", "batch_size", "--model_path", "{model}", "--batch_size", "0"),
+    _raw("preprocess", "batch_size", "--model_path", "{model}", "--batch_size", "-1"),
+    _raw("preprocess", "max_prompts", "--model_path", "{model}", "--max_prompts", "0"),
+    _raw("preprocess", "max_prompts", "--model_path", "{model}", "--max_prompts", "-5"),
+    _raw("preprocess", "dataloader_num_workers", "--model_path", "{model}", "--dataloader_num_workers", "-1"),
+    _raw("preprocess", "does not exist", "--model_path", "{model}", "--prompt_dir", "{root}/none.txt",
+         "--output_dir", "{root}/p"),
+    _raw("preprocess", "empty_prompts", "--model_path", "{model}", "--prompt_dir", "{empty_prompts}",
+         "--output_dir", "{root}/p"),
+    _raw("preprocess", "is a file", "--model_path", "{model}", "--prompt_dir", "{train_prompts}",
+         "--output_dir", "{file}"),
+    _raw("preprocess", "model family", "--model_path", "{model}", "--model_family", "nope"),
+    _raw("preprocess", "unrecognized", "--no_such_flag"),
+]
+
+EVALUATE = [
+    _raw("evaluate", "--model", "--prompts", "{train_prompts}", "--rewards", "detail", "--out", "{root}/e"),
+    _raw("evaluate", "is not a folder", "--model", "{root}/nomodel", "--prompts", "{train_prompts}",
+         "--rewards", "detail", "--out", "{root}/e"),
+    _raw("evaluate", "none.txt", "--model", "{model}", "--prompts", "{root}/none.txt", "--rewards", "detail",
+         "--out", "{root}/e"),
+    _raw("evaluate", "unknown reward", "--model", "{model}", "--prompts", "{train_prompts}", "--rewards", "nope",
+         "--out", "{root}/e"),
+    _raw("evaluate", "steps", "--model", "{model}", "--prompts", "{train_prompts}", "--rewards", "detail",
+         "--out", "{root}/e", "--steps", "0"),
+    _raw("evaluate", "batch_size", "--model", "{model}", "--prompts", "{train_prompts}", "--rewards", "detail",
+         "--out", "{root}/e", "--batch_size", "0"),
+    _raw("evaluate", "num_images_per_prompt", "--model", "{model}", "--prompts", "{train_prompts}",
+         "--rewards", "detail", "--out", "{root}/e", "--num_images_per_prompt", "0"),
+    _raw("evaluate", "--h", "--model", "{model}", "--prompts", "{train_prompts}", "--rewards", "detail",
+         "--out", "{root}/e", "--h", "0"),
+    _raw("evaluate", "eta", "--model", "{model}", "--prompts", "{train_prompts}", "--rewards", "detail",
+         "--out", "{root}/e", "--eta", "nan"),
+    _raw("evaluate", "mixed_precision", "--model", "{model}", "--prompts", "{train_prompts}", "--rewards",
+         "detail", "--out", "{root}/e", "--mixed_precision", "fp8"),
+    _raw("evaluate", "is a file", "--model", "{model}", "--prompts", "{train_prompts}", "--rewards", "detail",
+         "--out", "{file}"),
+]
+
+EXPORT = [
+    _raw("export", "does not exist", "{root}/no_checkpoint", "{root}/x"),
+    _raw("export", "two different exports", "{incomplete}", "{root}/x", "--lora", "--merge"),
+    _raw("export", "adapters only", "{incomplete}", "{root}/x", "--lora", "--dtype", "bf16"),
+    _raw("export", "dtype", "{incomplete}", "{root}/x", "--dtype", "fp8"),
+    _raw("export", "COMPLETE", "{incomplete}", "{root}/x"),
+    _raw("export", "a_file", "{file}", "{root}/x"),
+    _raw("export", "checkpoint", "{empty}", "{root}/x"),
+    _raw("export", "arguments are required"),
+]
+
+COMPARE_RUNS = [
+    _raw("compare_runs", "--out", "{empty}", "{empty}"),
+    _raw("compare_runs", "reward_tol", "{empty}", "{empty}", "--out", "{root}/c", "--reward_tol", "-1"),
+    _raw("compare_runs", "max_iterations", "{empty}", "{empty}", "--out", "{root}/c", "--max_iterations", "0"),
+    _raw("compare_runs", "reward_floor", "{empty}", "{empty}", "--out", "{root}/c", "--reward_floor", "0"),
+    _raw("compare_runs", "layer_tol", "{empty}", "{empty}", "--out", "{root}/c", "--layer_tol", "garbage"),
+    _raw("compare_runs", "nowhere", "{root}/nowhere", "{empty}", "--out", "{root}/c"),
+    _raw("compare_runs", "a_file", "{file}", "{empty}", "--out", "{root}/c"),
+    _raw("compare_runs", "empty", "{empty}", "{empty}", "--out", "{root}/c"),
+    _raw("compare_runs", "reward_tol", "{empty}", "{empty}", "--out", "{root}/c", "--reward_tol", "nan"),
+]
+
+REWARD_SERVER = [
+    _raw("reward_server", "unknown reward", "--rewards", "nope"),
+    _raw("reward_server", "port", "--rewards", "detail", "--port", "-1"),
+    _raw("reward_server", "port", "--rewards", "detail", "--port", "70000"),
+    _raw("reward_server", "batch_size", "--rewards", "detail", "--batch_size", "0"),
+    _raw("reward_server", "max_body_mb", "--rewards", "detail", "--max_body_mb", "0"),
+    _raw("reward_server", "--token", "--rewards", "detail", "--host", "0.0.0.0"),
+    _raw("reward_server", "plugin", "--rewards", "detail", "--plugin", "bad"),
+    _raw("reward_server", "max_pixels", "--rewards", "detail", "--max_pixels", "0"),
+    _raw("reward_server", "device", "--rewards", "detail", "--device", "tpu"),
+    _raw("reward_server", "no_hps", "--rewards", "hpsv2", "--hps_ckpt_dir", "{root}/no_hps"),
+    _raw("reward_server", "read_timeout_s", "--rewards", "detail", "--read_timeout_s", "nan"),
+]
+
+COST_MODEL = [
+    _raw("cost_model", "model", "--model", "bogus"),
+    _raw("cost_model", "--h", "--model", "tiny", "--h", "0"),
+    _raw("cost_model", "sampling_steps", "--model", "tiny", "--sampling_steps", "0"),
+    _raw("cost_model", "num_generations", "--model", "tiny", "--num_generations", "0"),
+    _raw("cost_model", "timestep_fraction", "--model", "tiny", "--timestep_fraction", "2"),
+    _raw("cost_model", "world_size", "--model", "tiny", "--world_size", "0"),
+    _raw("cost_model", "model family", "--model_family", "nope"),
+    _raw("cost_model", "none", "--model", "{root}/none/config.json"),
+    _raw("cost_model", "unknown reward", "--model", "tiny", "--rewards", "nope"),
+    _raw("cost_model", "peak_tflops", "--model", "tiny", "--peak_tflops", "-1"),
+]
+
+CASES = TRAIN + PREPROCESS + EVALUATE + EXPORT + COMPARE_RUNS + REWARD_SERVER + COST_MODEL
+
+
+def _main(entry: str):
+    """The entry point's own main (argv -> exit status or SystemExit)."""
+    if entry == "train":
+        from fastvideo.train_grpo_flux import main
+    elif entry == "preprocess":
+        from fastvideo.data_preprocess.preprocess_flux_embedding import cli as main
+    else:
+        import importlib
+
+        main = importlib.import_module(f"fastvideo.tools.{entry}").main
+    return main
+
+
+def _fill(argv, e):
+    return [a.format(**e) if "{" in a else a for a in argv]
+
+
+def _one_line(code, err):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+def test_the_table_has_over_100_cases_across_the_seven_entry_points():
+    entries = {_entry(c) for c in CASES}
+    assert len(CASES) >= 100 and entries == {"train", "preprocess", "evaluate", "export", "compare_runs",
+                                              "reward_server", "cost_model"}
+
+
+def _entry(case) -> str:
+    return case.values[0] if hasattr(case, "values") else case[0]
+
+
+@pytest.mark.parametrize("entry, argv, needle", CASES, ids=[f"{_entry(c)}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_exits_2_with_one_line(entry, argv, needle, env, capsys, monkeypatch):
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FASTVIDEO_DEBUG"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("FLUX_GRPO_REWARD_TOKEN", "")
+    args = _fill(argv(env), env)
+    capsys.readouterr()
+    try:
+        code = _main(entry)(args)
+    except SystemExit as stop:
+        code = stop.code
+    line = _one_line(code, capsys.readouterr().err)
+    assert needle in line, line
+
+
+SUBPROCESS = [
+    ("fastvideo.train_grpo_flux", ["--data_json_path", "x.json", "--pretrained_model_name_or_path", "y",
+                                   "--learning_rate", "nan"]),
+    ("fastvideo.data_preprocess.preprocess_flux_embedding", ["--max_prompts", "0"]),
+    ("fastvideo.tools.reward_server", ["--rewards", "nope"]),
+]
+
+
+@pytest.mark.parametrize("module, argv", SUBPROCESS, ids=[m.rsplit(".", 1)[-1] for m, _ in SUBPROCESS])
+def test_the_command_line_itself_exits_2_with_one_line(module, argv, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "FASTVIDEO_DEVICE": "cpu", "PYTHONPATH": str(ROOT)})
+    _one_line(proc.returncode, proc.stderr)
