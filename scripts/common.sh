@@ -63,16 +63,26 @@ _FG_GUESS=$(fg_guess_device)
 # without CANN) so the CPU demo and tests also work on an Ascend machine.
 if [ "$_FG_GUESS" = cpu ]; then export TORCH_DEVICE_BACKEND_AUTOLOAD=${TORCH_DEVICE_BACKEND_AUTOLOAD:-0}; fi
 if [ "$_FG_GUESS" = npu ]; then fg_source_npu_env; fi
-FASTVIDEO_DEVICE=$(fg_confirm_device "$_FG_GUESS") || exit 1
+_FG_UNCONFIRMED=""
+if [ "${DRY_RUN:-0}" = 1 ] && [ -n "$_FG_GUESS" ]; then
+  # A dry run previews any target on any machine (an NPU command on a login node without one):
+  # a device torch cannot confirm here is kept as requested and said so in the device line.
+  FASTVIDEO_DEVICE=$(fg_confirm_device "$_FG_GUESS" 2>/dev/null) || { FASTVIDEO_DEVICE=$_FG_GUESS; _FG_UNCONFIRMED=1; }
+else
+  FASTVIDEO_DEVICE=$(fg_confirm_device "$_FG_GUESS") || exit 1
+fi
 export FASTVIDEO_DEVICE
 # torch found an NPU that the hardware probe missed (CANN loaded by hand, unusual install path).
 if [ "$FASTVIDEO_DEVICE" = npu ]; then fg_source_npu_env; fi
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 if [ "${DRY_RUN:-0}" = 1 ]; then
-  echo "device: $FASTVIDEO_DEVICE; cann: ${CANN_SET_ENV_SOURCED:-none}"
+  echo "device: $FASTVIDEO_DEVICE${_FG_UNCONFIRMED:+ (not confirmed: torch sees no $FASTVIDEO_DEVICE on this machine)}; cann: ${CANN_SET_ENV_SOURCED:-none}"
 fi
-# torchrun (from the same environment as PYTHON)
-TORCHRUN=("$PYTHON" -m torch.distributed.run)
+# torchrun (from the same environment as PYTHON) behind fastvideo.launch: the configuration check
+# runs once before any worker starts (every problem one line, exit 2; FASTVIDEO_PREFLIGHT=0 skips
+# it), a user error inside the ranks is printed once instead of once per rank (exit 2, no torchrun
+# traceback), SIGTERM / SIGINT stop the run at a checkpoint (exit 0 / 130).
+TORCHRUN=("$PYTHON" -m fastvideo.launch)
 
 # fg_run ARGS...: run torchrun with ARGS, or with DRY_RUN=1 print the command (one line) and exit 0.
 fg_run() {
@@ -81,6 +91,5 @@ fg_run() {
     printf '\n'
     return 0
   fi
-  echo "+ torchrun $*" >&2
-  "${TORCHRUN[@]}" "$@"
+  "${TORCHRUN[@]}" "$@"  # prints "+ torchrun ARGS" once the configuration check passed
 }

@@ -23,8 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 CONTROL_ENV = "FASTVIDEO_CONTROL_DIR"
 LAUNCH_ENV = "FASTVIDEO_LAUNCH_ARGV"  # the launcher's own arguments (before the training script)
 STOP_MARK = "stop"
@@ -113,6 +111,8 @@ class StopRequest:
     def agreed(self, dims, device) -> int:
         """The signal any rank of the data-parallel group received (0: none); every rank calls
         this at the same point. int32, not bool: HCCL reduces no bool."""
+        import torch
+
         flag = torch.tensor([self.signum], dtype=torch.int32, device=device)
         if dims is not None and dims.dp_size > 1:
             dims.all_reduce_max(flag)
