@@ -62,7 +62,7 @@ class OutputSettings(Settings):
         g.add_argument("--overwrite", action="store_true",
                        help="clear what an earlier run wrote in --output_dir (checkpoints, metrics, images, "
                             "evaluation files; nothing else) instead of refusing a non-empty folder")
-        g.add_argument("--no_checkpoint_on_signal", dest="checkpoint_on_signal", action="store_false",
+        g.add_argument("--no_checkpoint_on_signal", action="store_true",
                        help="on SIGTERM / SIGINT stop after the current iteration without writing a checkpoint "
                             "(default: write one and print the resume command)")
         g = flag_group(parser, "alignment")
@@ -97,7 +97,7 @@ class OutputSettings(Settings):
             probe_layers=_probe_kinds(args.probe_layers),
             log_every=args.log_every,
             overwrite=args.overwrite,
-            checkpoint_on_signal=args.checkpoint_on_signal,
+            checkpoint_on_signal=not args.no_checkpoint_on_signal,
         ).checked()
 
     @classmethod
@@ -107,7 +107,7 @@ class OutputSettings(Settings):
         image_dir = None if section["image_dir"] == section["output_dir"] else section["image_dir"]
         flags = {**section, "probe_layers": ",".join(kinds) if kinds else None, "image_dir": image_dir}
         flags["overwrite"] = False  # replaying a run's config.json must not clear its folder
-        flags["checkpoint_on_signal"] = section.get("checkpoint_on_signal", True)
+        flags["no_checkpoint_on_signal"] = not flags.pop("checkpoint_on_signal", True)
         return flags
 
     @classmethod
