@@ -101,6 +101,9 @@ class Trainer:
                                lr_scheduler=self.lr_scheduler, ema=self.ema, states=parts)
         self.metrics.truncate_after(self.iteration)
         main_print(f"[resume] continuing after iteration {self.iteration} from {self.resume_path}")
+        from fastvideo.training.resume_changes import apply_and_log
+
+        apply_and_log(self, main_print)  # a new --learning_rate, cadences: applied, and said
 
     def save_checkpoint(self) -> Path:
         from fastvideo.training.lora import lora_checkpoint_info
