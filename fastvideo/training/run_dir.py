@@ -27,7 +27,7 @@ from fastvideo.errors import ConfigError, UserError
 LOCK_NAME = "train.lock"
 # What a training run writes into OUTPUT_DIR (checkpoints and their temporaries, metrics, the
 # resolved config, images, evaluation files, the guard's best/ copy, atomic-write temporaries).
-RUN_ENTRIES = ("config.json", "metrics.jsonl", "reward_curve.png", "eval.jsonl", "eval_*.png", "eval_*.jsonl",
+RUN_ENTRIES = ("config.json", "metrics.jsonl", "reward_curve.png", "eval", "eval.jsonl", "eval_*.png", "eval_*.jsonl",
                "best", "images", "checkpoint-*", ".*.tmp", LOCK_NAME)
 
 

@@ -37,6 +37,7 @@ def _earlier_run(folder):
     (folder / "images" / "step_000001").mkdir(parents=True)
     (folder / "best").mkdir()
     (folder / "eval_grid.png").write_bytes(b"png")
+    (folder / "eval" / "rows").mkdir(parents=True)
     (folder / "notes.txt").write_text("the user's own file")
 
 
