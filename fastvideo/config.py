@@ -188,14 +188,23 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
     )
 
 
-def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
-    """Flags (over --config FILE's values) -> TrainConfig; --print_config prints it and exits 0."""
+def parse_config(argv: Sequence[str] | None = None, usage: bool = True) -> TrainConfig:
+    """Flags (over --config FILE's values) -> TrainConfig; --print_config prints it and exits 0.
+    A bad flag: argparse's usage text and exit 2, or with ``usage=False`` a ConfigError carrying
+    the message alone (the entry point prints it once, on rank 0)."""
     parser = build_parser()
+    if not usage:
+        def refuse(message):
+            raise ConfigError(message)
+
+        parser.error = refuse
     try:
         config_file.apply_file(parser, argv, resolved_flags)
         args = parser.parse_args(argv)
         cfg = validate_args(args)
     except UserError as exc:  # ConfigError, and a reward spec's own errors (unknown name, bad weight)
+        if not usage:
+            raise
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
     if args.print_config:

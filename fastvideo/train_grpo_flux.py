@@ -57,34 +57,104 @@ def build_trainer(cfg, info):
     return trainer
 
 
+def _rank_from_env() -> int:
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def report_user_error(exc: BaseException, rank: int) -> int:
+    """A user error that every rank meets alike (a flag, a missing input): one line, from rank 0
+    only (under fastvideo.launch: written for the launcher, which prints each distinct line once).
+    Returns the exit status (2)."""
+    from fastvideo.errors import USER_ERROR_EXIT, report_failure
+    from fastvideo.training import run_control, run_dir
+
+    if isinstance(exc, run_dir.PeerRefused):
+        return USER_ERROR_EXIT
+    if run_control.control_dir() is not None:
+        run_control.write_rank_error(rank, f"train_grpo_flux: error: {exc}")
+        return USER_ERROR_EXIT
+    if rank == 0:
+        return report_failure(exc, "train_grpo_flux")
+    return USER_ERROR_EXIT
+
+
+def _report(exc: BaseException, info) -> int:
+    from fastvideo.errors import UserError, report_failure
+    from fastvideo.training import run_control
+
+    if isinstance(exc, UserError):
+        return report_user_error(exc, info.rank)
+    code = report_failure(exc, "train_grpo_flux", info.rank if info.world_size > 1 else None)
+    run_control.write_rank_error(info.rank, f"train_grpo_flux failed on rank {info.rank}: {type(exc).__name__}: {exc}")
+    return code
+
+
+def _stopped(trainer, info, argv: list[str]) -> int:
+    """After SIGTERM / SIGINT: say where the run stopped and how to resume it; the exit status."""
+    from fastvideo.training.run_control import StopRequest, resume_command
+
+    signum, path = trainer.stopped_by
+    if info.is_main:
+        import signal
+
+        name = signal.Signals(signum).name
+        if path is None:
+            print(f"[stop] {name}: stopped after iteration {trainer.iteration} without a checkpoint "
+                  "(--no_checkpoint_on_signal, or no iteration done)", flush=True)
+        else:
+            print(f"[stop] {name}: checkpoint {path} written after iteration {trainer.iteration}; resume with:\n"
+                  f"  {resume_command([sys.argv[0], *argv], path)}", flush=True)
+    return StopRequest.exit_code(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Parse before importing torch (devices): --help, --print_config and flag errors come back fast.
     from fastvideo.config import parse_config
+    from fastvideo.errors import UserError
 
-    cfg = parse_config(argv)
-    from fastvideo import devices
-    from fastvideo.errors import report_failure
-
-    info = devices.init_distributed()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        build_trainer(cfg, info).train()
+        cfg = parse_config(argv, usage=False)
+    except UserError as exc:  # every rank parses the same flags: one line, from rank 0
+        return report_user_error(exc, _rank_from_env())
+    from fastvideo import devices
+    from fastvideo.training import run_control, run_dir
+
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun worker: die with the launcher
+        run_control.die_with_parent()
+    info = devices.init_distributed()
+    stop = run_control.StopRequest().install()
+    code = 0
+    try:
+        trainer = build_trainer(cfg, info)
+        trainer.stop_request = stop
+        trainer.train()
+        if trainer.stopped_by is not None:
+            code = _stopped(trainer, info, argv)
     except BaseException as exc:
         if isinstance(exc, SystemExit) and not exc.code:
             raise
-        # Say which rank failed and why (a user error as its message alone, exit 2; anything else
-        # with its traceback, exit 1), then exit without waiting on collectives: torchrun sees the
-        # failure and stops the other ranks instead of letting them hang.
-        code = report_failure(exc, "train_grpo_flux", info.rank if info.world_size > 1 else None)
+        # Say why (a user error as one line, exit 2; anything else with its traceback, exit 1), then
+        # exit without waiting on collectives: torchrun sees the failure and stops the other ranks
+        # instead of letting them hang.
+        code = _report(exc, info)
+        if info.is_main:
+            run_dir.release_lock(cfg.output.output_dir)
         if info.world_size > 1:
             os._exit(code)
         return code
+    finally:
+        stop.uninstall()
+    if info.is_main:
+        run_dir.release_lock(cfg.output.output_dir)
     # Free the wrapped models (DDP/FSDP hold the process group and C++ state) while the group still
     # exists: left to interpreter teardown, after the group is destroyed, a rank could abort at exit
     # ("terminate called without an active exception") after its work was done and saved.
+    del trainer
     gc.collect()
     devices.barrier()
     devices.destroy_distributed()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

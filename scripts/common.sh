@@ -41,6 +41,8 @@ fg_confirm_device() {
         "(cann: ${CANN_SET_ENV_SOURCED:-none})." >&2
       echo "  On an Ascend machine: source CANN's set_env.sh first, or set CANN_SET_ENV=/path/to/set_env.sh." >&2
       echo "  On a machine without an NPU: $PYTHON -m pip uninstall torch-npu" >&2
+    elif [ "${DRY_RUN:-0}" = 1 ] && [ -n "$_FG_REQUESTED" ]; then
+      rm -f "$err"; echo "$guess"; return 3  # a dry run previews a device this machine lacks
     else
       echo "common.sh: device detection failed ($PYTHON):" >&2
       tail -n 5 "$err" >&2
@@ -49,6 +51,9 @@ fg_confirm_device() {
     exit 1
   fi
   rm -f "$err"
+  if [ "$guess" = npu ] && [ "$out" != npu ] && [ "${DRY_RUN:-0}" = 1 ] && [ -n "$_FG_REQUESTED" ]; then
+    echo npu; return 3
+  fi
   if [ "$guess" = npu ] && [ "$out" != npu ]; then
     echo "common.sh: Ascend hardware found (npu-smi or ${ASCEND_ROOT:-/usr/local/Ascend}) but torch sees '$out':" \
       "install the NPU stack (bash env_setup.sh --target npu) with CANN sourced, or set FASTVIDEO_DEVICE=$out" >&2
@@ -58,21 +63,31 @@ fg_confirm_device() {
 }
 
 CANN_SET_ENV_SOURCED=${CANN_SET_ENV_SOURCED:-}
+_FG_REQUESTED=${FASTVIDEO_DEVICE:-}  # asked for by name (a dry run may preview it without the device)
 _FG_GUESS=$(fg_guess_device)
 # A run forced onto the CPU does not need torch-npu: keep torch from auto-loading it (which fails
 # without CANN) so the CPU demo and tests also work on an Ascend machine.
 if [ "$_FG_GUESS" = cpu ]; then export TORCH_DEVICE_BACKEND_AUTOLOAD=${TORCH_DEVICE_BACKEND_AUTOLOAD:-0}; fi
 if [ "$_FG_GUESS" = npu ]; then fg_source_npu_env; fi
-FASTVIDEO_DEVICE=$(fg_confirm_device "$_FG_GUESS") || exit 1
+# fg_confirm_device returns 3 in a dry run for a device asked for by FASTVIDEO_DEVICE that torch
+# cannot confirm here (an NPU command previewed on a login node without one): kept as requested
+# and said so in the device line. Hardware found without a working stack still stops with the fix.
+_FG_UNCONFIRMED=""
+_FG_RC=0
+FASTVIDEO_DEVICE=$(fg_confirm_device "$_FG_GUESS") || _FG_RC=$?
+if [ "$_FG_RC" = 3 ]; then _FG_UNCONFIRMED=1; elif [ "$_FG_RC" != 0 ]; then exit 1; fi
 export FASTVIDEO_DEVICE
 # torch found an NPU that the hardware probe missed (CANN loaded by hand, unusual install path).
 if [ "$FASTVIDEO_DEVICE" = npu ]; then fg_source_npu_env; fi
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 if [ "${DRY_RUN:-0}" = 1 ]; then
-  echo "device: $FASTVIDEO_DEVICE; cann: ${CANN_SET_ENV_SOURCED:-none}"
+  echo "device: $FASTVIDEO_DEVICE${_FG_UNCONFIRMED:+ (not confirmed: torch sees no $FASTVIDEO_DEVICE on this machine)}; cann: ${CANN_SET_ENV_SOURCED:-none}"
 fi
-# torchrun (from the same environment as PYTHON)
-TORCHRUN=("$PYTHON" -m torch.distributed.run)
+# torchrun (from the same environment as PYTHON) behind fastvideo.launch: the configuration check
+# runs once before any worker starts (every problem one line, exit 2; FASTVIDEO_PREFLIGHT=0 skips
+# it), a user error inside the ranks is printed once instead of once per rank (exit 2, no torchrun
+# traceback), SIGTERM / SIGINT stop the run at a checkpoint (exit 0 / 130).
+TORCHRUN=("$PYTHON" -m fastvideo.launch)
 
 # fg_run ARGS...: run torchrun with ARGS, or with DRY_RUN=1 print the command (one line) and exit 0.
 fg_run() {
@@ -81,6 +96,5 @@ fg_run() {
     printf '\n'
     return 0
   fi
-  echo "+ torchrun $*" >&2
-  "${TORCHRUN[@]}" "$@"
+  "${TORCHRUN[@]}" "$@"  # prints "+ torchrun ARGS" once the configuration check passed
 }

@@ -132,11 +132,16 @@ def select_modules(
     chosen: list[tuple[str, torch.nn.Module, str]] = []
     seen: set[int] = set()
     if transformer is not None and kinds - {"vae"}:
+        names: set[str] = set()
         for raw, module in transformer.named_modules():
             name = canonical_name(raw)
             kind = transformer_module_kind(name, module) if name else None
-            if kind in kinds and id(module) not in seen:
+            # One module per canonical name: an FSDP unit (transformer_blocks.0) and the block it
+            # wraps (transformer_blocks.0._fsdp_wrapped_module) return the same tensor, which
+            # was recorded twice and made safetensors refuse the file ("Some tensors share memory").
+            if kind in kinds and id(module) not in seen and name not in names:
                 seen.add(id(module))
+                names.add(name)
                 chosen.append((name, module, kind))
     if "vae" in kinds:
         if vae is None:
@@ -217,7 +222,10 @@ class _OutputCollector:
                     continue
                 key = base if first else f"{base}#{pos}"
                 first = False
-                self.tensors[key] = item.detach().float().cpu().contiguous()
+                # An own copy: outputs that are views of one storage (FSDP's flat parameters, a
+                # module returning slices of one tensor, a float32 CPU output kept as is by
+                # .float().cpu()) would make safetensors refuse them ("Some tensors share memory").
+                self.tensors[key] = item.detach().to(device="cpu", dtype=torch.float32, copy=True).contiguous()
                 dtype = str(item.dtype).replace("torch.", "")
                 self.entries.append(ProbeEntry(key, name, kind, list(item.shape), dtype))
 

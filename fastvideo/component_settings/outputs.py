@@ -58,6 +58,8 @@ class OutputSettings(Settings):
     load_randomness: str | None
     probe_layers: list[str] | None
     log_every: int = 1
+    overwrite: bool = False  # an action on the folder, not a setting: never replayed from a config.json
+    checkpoint_on_signal: bool = True
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -76,6 +78,12 @@ class OutputSettings(Settings):
         g.add_argument("--log_every", type=int, default=1,
                        help="print one text line of metrics (reward, loss, grad norm, KL, clip fraction, "
                             "s/iteration, ETA) every N iterations on rank 0, for batch-job logs (0: never)")
+        g.add_argument("--overwrite", action="store_true",
+                       help="clear what an earlier run wrote in --output_dir (checkpoints, metrics, images, "
+                            "evaluation files; nothing else) instead of refusing a non-empty folder")
+        g.add_argument("--no_checkpoint_on_signal", action="store_true",
+                       help="on SIGTERM / SIGINT stop after the current iteration without writing a checkpoint "
+                            "(default: write one and print the resume command)")
         g = flag_group(parser, "alignment")
         g.add_argument("--record_dir", type=str, default=None, help="record a run for compare_runs")
         g.add_argument("--record_tensors", action="store_true",
@@ -107,6 +115,8 @@ class OutputSettings(Settings):
             load_randomness=args.load_randomness,
             probe_layers=_probe_kinds(args.probe_layers),
             log_every=args.log_every,
+            overwrite=args.overwrite,
+            checkpoint_on_signal=not args.no_checkpoint_on_signal,
         ).checked()
 
     @classmethod
@@ -114,7 +124,16 @@ class OutputSettings(Settings):
         kinds = section["probe_layers"]
         # image_dir as given: None when it is OUTPUT_DIR, so that a new --output_dir moves the images too.
         image_dir = None if section["image_dir"] == section["output_dir"] else section["image_dir"]
-        return {**section, "probe_layers": ",".join(kinds) if kinds else None, "image_dir": image_dir}
+        flags = {**section, "probe_layers": ",".join(kinds) if kinds else None, "image_dir": image_dir}
+        flags["overwrite"] = False  # replaying a run's config.json must not clear its folder
+        flags["no_checkpoint_on_signal"] = not flags.pop("checkpoint_on_signal", True)
+        return flags
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        if args.overwrite and args.resume_from_checkpoint:
+            return ["--overwrite has no effect with --resume_from_checkpoint: the run continues in its folder"]
+        return []
 
     def check(self) -> None:
         if self.dump_randomness and self.load_randomness:

@@ -72,7 +72,8 @@ def resolve_model(spec: str, family) -> tuple[dict, dict, str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    # No abbreviations: a training command line's --t would be an ambiguous prefix of --text_tokens ...
+    ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False))
     ap.add_argument("--model", default="reference",
                     help="reference (alias flux-dev) | tiny | small | config.json | model folder")
     ap.add_argument("--model_family", default=DEFAULT_FAMILY,
@@ -96,7 +97,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _memory_flags(ap.add_argument_group("memory model (--memory)"))
     add_mix_arguments(ap)
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    ignored = training_flags_without_cost(extra, ap)
+    if ignored:
+        sys.stderr.write(f"cost_model: no effect on the cost, ignored: {', '.join(ignored)}\n")
     if args.trained_steps is None:
         if not 0.0 < args.timestep_fraction <= 1.0:
             ap.error(f"--timestep_fraction {args.timestep_fraction} must be in (0, 1]")
@@ -117,6 +121,32 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(str(exc))
     resolve_mix(args, ap)
     return args
+
+
+# Training flags that change the cost but are not modelled here: refused rather than ignored.
+UNMODELLED = ("--use_lora", "--lora_rank", "--lora_alpha", "--kl_coef", "--kl_coeff", "--sp_size")
+
+
+def training_flags_without_cost(extra: list[str], ap: argparse.ArgumentParser) -> list[str]:
+    """The training flags (fastvideo.config's) among the words the cost model does not take: they
+    are ignored and named. An unknown flag, or one that changes the cost but is not modelled,
+    stops with ap.error."""
+    from fastvideo.config import build_parser
+
+    training = {s for a in build_parser()._actions for s in a.option_strings}
+    ignored, i = [], 0
+    while i < len(extra):
+        word = extra[i]
+        name = word.split("=", 1)[0]
+        if not name.startswith("--") or name not in training:
+            ap.error(f"unrecognized argument {word!r} (neither a cost-model nor a training flag)")
+        if name in UNMODELLED:
+            ap.error(f"{name} changes the cost but is not modelled here: estimate without it")
+        ignored.append(name)
+        i += 1
+        while "=" not in word and i < len(extra) and not extra[i].startswith("--"):
+            i += 1  # the flag's value(s)
+    return list(dict.fromkeys(ignored))
 
 
 def _memory_flags(g) -> None:

@@ -53,12 +53,36 @@ def check_resume(cfg, world_size: int):
     return path
 
 
+def prepare_output_dir(cfg, info, device) -> None:
+    """Rank 0 refuses, clears (--overwrite) and locks OUTPUT_DIR (training/run_dir.py); every rank
+    learns whether it failed (one int32 MAX), so that all stop together before any model loads."""
+    from fastvideo.training import run_dir
+
+    failure, notes = None, []
+    if info.is_main:
+        try:
+            notes = run_dir.prepare_output_dir(cfg.output.output_dir, bool(cfg.output.resume_from_checkpoint),
+                                               cfg.output.overwrite)
+        except ConfigError as exc:
+            failure = exc
+    if info.world_size > 1:
+        flag = torch.tensor([1 if failure is not None else 0], dtype=torch.int32, device=device)
+        devices.all_reduce_max(flag)
+        if failure is None and flag.item():
+            raise run_dir.PeerRefused("rank 0 refused the output folder")
+    if failure is not None:
+        raise failure
+    for note in notes:
+        main_print(f"[outputs] {note}")
+
+
 def build_parts(trainer) -> None:
     """Everything the loop needs, set as attributes of ``trainer`` (see the order in the docstring)."""
     from fastvideo.training import builders
 
     cfg, info, device = trainer.cfg, trainer.info, trainer.device
     check_batch_layout(cfg, trainer.dims)
+    prepare_output_dir(cfg, info, device)
     trainer.resume_path = check_resume(cfg, info.world_size)  # before any model loads: a refused resume costs nothing
     devices.set_fast_matmul(device, cfg.model.allow_tf32)
     devices.seed_everything(cfg.optim.seed)

@@ -49,6 +49,9 @@ class Trainer:
         self.hooks: list[TrainerHook] = []
         self.data_randomness = None
         self.scorer = None  # ChunkScorer when decode + reward overlap the rollout
+        self.stop_request = None  # run_control.StopRequest the entry point installs (SIGTERM / SIGINT)
+        self.stopped_by: tuple[int, Path | None] | None = None  # (signal, its checkpoint) after a stop
+        self.saved: tuple[int, Path] | None = None  # (iteration, folder) of the last checkpoint written
 
     @property
     def iteration(self) -> int:
@@ -99,6 +102,9 @@ class Trainer:
                                lr_scheduler=self.lr_scheduler, ema=self.ema, states=parts)
         self.metrics.truncate_after(self.iteration)
         main_print(f"[resume] continuing after iteration {self.iteration} from {self.resume_path}")
+        from fastvideo.training.resume_changes import apply_and_log
+
+        apply_and_log(self, main_print)  # a new --learning_rate, cadences: applied, and said
 
     def save_checkpoint(self) -> Path:
         from fastvideo.training.lora import lora_checkpoint_info
@@ -109,6 +115,7 @@ class Trainer:
         path = self.checkpointer.save(self.iteration, model=self.model, optimizer=self.optimizer,
                                       lr_scheduler=self.lr_scheduler, ema=self.ema, extra=extra,
                                       states=self.stateful_parts(), transformer_config=self.transformer_config)
+        self.saved = (self.iteration, path)
         for hook in self.hooks:
             hook.on_checkpoint(self, path)
         return path
@@ -232,6 +239,20 @@ class Trainer:
         self.metrics.write(record)
         return record
 
+    def _stop_requested(self) -> bool:
+        """At an iteration boundary, whether any rank got SIGTERM / SIGINT (all ranks agree); if so
+        write a checkpoint of the iterations done (--no_checkpoint_on_signal: none) and record it
+        in self.stopped_by."""
+        signum = self.stop_request.agreed(self.dims, self.device) if self.stop_request is not None else 0
+        if not signum:
+            return False
+        path = None
+        if self.cfg.output.checkpoint_on_signal and self.iteration > 0:
+            # The same decision on every rank (saving is collective): was this iteration just saved?
+            path = self.saved[1] if self.saved and self.saved[0] == self.iteration else self.save_checkpoint()
+        self.stopped_by = (signum, path)
+        return True
+
     def train(self) -> list[dict]:
         from tqdm.auto import tqdm
 
@@ -244,6 +265,8 @@ class Trainer:
         for hook in self.hooks:
             hook.on_train_start(self)
         while self.iteration < cfg.optim.max_train_steps:
+            if self._stop_requested():
+                break
             record = self.run_iteration()
             records.append(record)
             bar.update(1)

@@ -4,6 +4,9 @@
 # compressibility reward (no weights needed) on 2 CPU processes (gloo, FSDP full shard).
 # Writes DEMO_DIR/outputs/{metrics.jsonl, reward_curve.png, images/, checkpoint-*} and the held-out
 # evaluation: eval.jsonl, eval_grid.png, eval_curve.png, best/ (reward-hacking guard on detail, warn only).
+# A second run starts afresh: --overwrite clears what the first one wrote in DEMO_DIR/outputs
+# (checkpoints, metrics, images, evaluation files; nothing else). To continue a run instead:
+#   EXTRA_ARGS="--resume_from_checkpoint latest" STEPS=60 bash scripts/demo/grpo_tiny_cpu.sh
 # Overridable: DEMO_DIR (data/demo), NPROC (2), STEPS (iterations), EXTRA_ARGS, DRY_RUN=1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -61,6 +64,7 @@ fg_run --standalone --nnodes=1 --nproc_per_node="$NPROC" \
   --eval_batch_size 16 \
   --guard_reward detail \
   --guard_action warn \
+  --overwrite \
   ${EXTRA_ARGS:-}
 
 [ "${DRY_RUN:-0}" = 1 ] && exit 0

@@ -24,6 +24,10 @@ cd "$ROOT"
 source scripts/common.sh
 
 MODEL_PATH=${MODEL_PATH:-data/flux}
+if [ -z "${PROMPT_FILE:-}" ]; then
+  # Said, not silent: a run meant for its own prompts would otherwise train on the bundled ones.
+  echo "preprocess: PROMPT_FILE not set: encoding the bundled assets/prompts.txt ($(grep -c . assets/prompts.txt) prompts)" >&2
+fi
 PROMPT_FILE=${PROMPT_FILE:-assets/prompts.txt}
 OUTPUT_DIR=${OUTPUT_DIR:-data/rl_embeddings}
 MAX_SEQ_LEN=${MAX_SEQ_LEN:-512}

@@ -88,3 +88,18 @@ def test_an_explicit_model_family_prints_the_same_and_an_unknown_one_fails_in_on
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown model family 'nope'" in err and "valid: flux" in err
+
+
+def test_a_training_command_lines_flags_are_accepted_and_the_ignored_ones_named(capsys):
+    """The flags of a launcher's line: cost flags are read, the others named once as ignored;
+    --t is no longer an ambiguous prefix; unmodelled cost flags and unknown flags are refused."""
+    args = cost_model.parse_args(["--seed", "42", "--use_hpsv2", "--t", "1", "--h", "512", "--num_generations", "8",
+                                  "--cache_dir=data/.cache", "--use_group", "--train_batch_size", "2"])
+    assert (args.h, args.num_generations, args.prompts_per_rank, args.text_tokens) == (512, 8, 2, 512)
+    err = capsys.readouterr().err
+    assert "no effect on the cost, ignored: --seed, --use_hpsv2, --t, --cache_dir, --use_group" in err
+    for bad, needle in ((["--use_lora"], "not modelled"), (["--kl_coef", "0.1"], "not modelled"),
+                        (["--bogus", "1"], "neither a cost-model nor a training flag")):
+        with pytest.raises(SystemExit):
+            cost_model.parse_args(bad)
+        assert needle in capsys.readouterr().err

@@ -1,0 +1,151 @@
+"""torchrun with the checks and reports a cluster job needs: what scripts/common.sh runs.
+
+    python -m fastvideo.launch [torchrun flags] fastvideo/train_grpo_flux.py [training flags]
+
+1. Before any worker starts, the configuration check (fastvideo.preflight) runs once, here: every
+   problem one line, exit 2 (FASTVIDEO_PREFLIGHT=0 skips it).
+2. torchrun runs the workers. A user error inside the ranks is written by each rank to a control
+   folder and printed here once per distinct line (not once per rank), exit 2, without torchrun's
+   ChildFailedError traceback; another failure is summarised in one line per distinct message
+   (each rank printed its own traceback), exit 1.
+3. SIGTERM / SIGINT: the workers finish their iteration, write a checkpoint and print the resume
+   command (training/run_control.py); this process exits 0 (SIGTERM) or 130 (SIGINT). torchrun waits
+   TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default here 900) for them before it kills them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+DEFAULT_SHUTDOWN_TIMEOUT_S = "900"
+PROG = "train_grpo_flux"
+
+
+def split_command(argv: list[str]):
+    """(torchrun's parsed arguments, the torchrun flags before the script)."""
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    head = argv[:len(argv) - len(args.training_script_args) - 1]
+    return args, head
+
+
+def _nodes(nnodes: str) -> int:
+    return int(str(nnodes).split(":")[-1])
+
+
+def _nproc(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:  # "auto", "gpu", ...: torchrun decides; the world check is skipped
+        return 0
+
+
+def preflight(args) -> int:
+    """0, or 2 after printing every problem of the training command."""
+    from fastvideo import preflight as check
+
+    flags = check.script_flags(args.training_script, list(args.training_script_args))
+    if flags is None or os.environ.get("FASTVIDEO_PREFLIGHT", "1") == "0":
+        return 0
+    nproc = _nproc(args.nproc_per_node)
+    problems = check.check_training(flags, nproc, _nodes(args.nnodes), check_world=nproc > 0)
+    if problems:
+        check.report(problems, PROG, max(nproc, 1) * _nodes(args.nnodes))
+        return 2
+    return 0
+
+
+def _mark_signals(control: Path) -> None:
+    """torchrun's agent turns SIGTERM / SIGINT into a shutdown that forwards the signal to the
+    workers; mark it first, so a worker can tell a stop request from a peer's failure."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    from fastvideo.training.run_control import mark_stop_requested
+
+    original = api._terminate_process_handler
+
+    def handler(signum, frame):
+        mark_stop_requested(control, signum)
+        original(signum, frame)
+
+    api._terminate_process_handler = handler
+
+
+def rank_errors(control: Path) -> dict[str, list[int]]:
+    """{error line: ranks} from the control folder."""
+    out: dict[str, list[int]] = {}
+    for path in sorted(control.glob("error-rank*.txt")):
+        rank = int(path.stem.removeprefix("error-rank"))
+        for line in path.read_text().splitlines()[:1]:
+            out.setdefault(line, []).append(rank)
+    return out
+
+
+def _ranks(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
+
+
+def report_children(failures: dict, control: Path, stream=None) -> int:
+    """After torchrun's ChildFailedError: each distinct error once; 2 if every failed rank exited
+    2 (a user error), else 1."""
+    stream = stream or sys.stderr
+    codes = {rank: f.exitcode for rank, f in failures.items()}
+    errors = rank_errors(control)
+    user = all(code == 2 for code in codes.values())
+    for line, ranks in errors.items():
+        stream.write(line if user and len(ranks) > 1 else f"{line} ({_ranks(ranks)})")
+        stream.write("\n")
+    if not user or not errors:
+        shown = ", ".join(f"rank {r}: exit {c}" for r, c in sorted(codes.items()))
+        stream.write(f"{PROG}: worker(s) failed ({shown}); their output is above\n")
+    stream.flush()
+    return 2 if user else 1
+
+
+def run(argv: list[str]) -> int:
+    args, head = split_command(argv)
+    code = preflight(args)
+    if code:
+        return code
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    from fastvideo.training.run_control import CONTROL_ENV, LAUNCH_ENV
+
+    control = Path(tempfile.mkdtemp(prefix="fastvideo-launch-"))
+    os.environ[CONTROL_ENV] = str(control)
+    os.environ[LAUNCH_ENV] = shlex.join(head)
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_S)
+    _mark_signals(control)
+    if os.environ.get("FASTVIDEO_DEBUG", "") in ("", "0"):
+        # The agent logs each failed rank with its own banner; report_children says it once.
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    sys.stderr.write(f"+ torchrun {shlex.join(argv)}\n")
+    sys.stderr.flush()
+    try:
+        torchrun_main(argv)
+    except ChildFailedError as exc:
+        return report_children(exc.failures, control)
+    except SignalException as exc:
+        return 130 if exc.sigval == signal.SIGINT else 0
+    finally:
+        shutil.rmtree(control, ignore_errors=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

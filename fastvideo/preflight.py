@@ -1,0 +1,251 @@
+"""The configuration check a launcher runs once, in one process, before torchrun spawns a rank.
+
+It collects EVERY problem it can find instead of stopping at the first: unknown flags (with the
+nearest known name), bad values, the rules of the settings, the embedding index, the model and VAE
+folders, the checkpoint to resume from, the reward weights and endpoints, the output folder, and
+the world size against the devices of this node. Each problem is one line;
+fastvideo.launch prints them and exits 2 without starting a worker.
+
+    python -m fastvideo.preflight --nproc_per_node 2 -- fastvideo/train_grpo_flux.py [flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+from fastvideo.errors import UserError
+
+# The entry points whose flags this module checks (others are started unchecked).
+TRAINING_SCRIPTS = {"train_grpo_flux.py": (), "train_grpo_flux_lora.py": ("--use_lora",)}
+
+
+class _ParseError(Exception):
+    pass
+
+
+def one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _raising_parser():
+    from fastvideo.config import build_parser
+
+    parser = build_parser()
+
+    def refuse(message):
+        raise _ParseError(message)
+
+    parser.error = refuse
+    return parser
+
+
+def _unknown_flag_problems(parser, extras: list[str]) -> list[str]:
+    known = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    problems = []
+    for word in extras:
+        if not word.startswith("--"):
+            continue
+        name = word.split("=", 1)[0]
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        problems.append(f"unknown flag {name}" + (f" (did you mean {near[0]}?)" if near else ""))
+    return problems
+
+
+def _drop_argument(argv: list[str], message: str) -> list[str] | None:
+    """argv without the flag an argparse message names ("argument --h: invalid int value"), so
+    that the parse can go on to the next problem; None when no flag is named."""
+    m = re.match(r"argument (--[\w-]+)", message)
+    if not m:
+        return None
+    names = {m.group(1)}
+    out, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        if word.split("=", 1)[0] in names:
+            i += 1
+            while i < len(argv) and "=" not in word and not argv[i].startswith("--"):
+                i += 1
+            continue
+        out.append(word)
+        i += 1
+    return out if out != argv else None
+
+
+def parse_all(argv: list[str]) -> tuple[argparse.Namespace | None, list[str]]:
+    """(the parsed flags or None, every parse problem): unknown flags and bad values."""
+    from fastvideo import config_file
+    from fastvideo.config import resolved_flags
+
+    parser = _raising_parser()
+    problems = []
+    try:
+        config_file.apply_file(parser, argv, resolved_flags)
+    except (UserError, _ParseError) as exc:
+        problems.append(one_line(exc))
+    rest = list(argv)
+    for _ in range(20):
+        try:
+            args, extras = parser.parse_known_args(rest)
+        except _ParseError as exc:
+            problems.append(one_line(exc))
+            rest = _drop_argument(rest, str(exc))
+            if rest is None:
+                return None, problems
+            continue
+        return (args if not problems else None), problems + _unknown_flag_problems(parser, extras)
+    return None, problems
+
+
+def _attempt(problems: list[str], check: Callable[[], object]) -> object:
+    """Run ``check``; a UserError (or a missing file) becomes one problem line."""
+    try:
+        return check()
+    except (UserError, OSError, ValueError) as exc:
+        problems.append(one_line(exc))
+        return None
+
+
+def file_problems(args: argparse.Namespace, cfg) -> list[str]:
+    """The inputs the flags name: embedding index, model and VAE folders, resume checkpoint, reward
+    weights (``cfg``: the built TrainConfig, or None when the flags did not validate)."""
+    from fastvideo.models.base import get_model_family
+
+    problems: list[str] = []
+    family = _attempt(problems, lambda: get_model_family(args.model_family))
+    if family is not None:
+        from fastvideo.data.dataset import PromptEmbeddingDataset
+
+        _attempt(problems, lambda: PromptEmbeddingDataset(args.data_json_path, family=family))
+        if not args.dit_model_name_or_path:
+            _attempt(problems, lambda: family.check_folder(args.pretrained_model_name_or_path,
+                                                           family.training_components))
+        vae = getattr(args, "vae_model_path", None)
+        if vae and vae != args.pretrained_model_name_or_path:
+            _attempt(problems, lambda: family.check_folder(vae, ("vae",)))
+    if args.resume_from_checkpoint:
+        from fastvideo.training import checkpoint
+
+        _attempt(problems, lambda: checkpoint.read_resume_point(args.resume_from_checkpoint, args.output_dir))
+    if cfg is not None:
+        problems += reward_problems(cfg)
+    from fastvideo.training import run_dir
+
+    overwrite = getattr(args, "overwrite", False)
+    problems += run_dir.folder_problems(args.output_dir, bool(args.resume_from_checkpoint), overwrite)
+    return problems
+
+
+def reward_problems(cfg) -> list[str]:
+    """Missing reward weights of the local rewards, and remote:/vlm: endpoints that do not answer."""
+    problems: list[str] = []
+    names = {s.name for s in cfg.reward.spec if not s.url}
+    r = cfg.reward
+    if "hpsv2" in names:
+        from fastvideo.rewards.hps import resolve_hps_files
+
+        _attempt(problems, lambda: resolve_hps_files(r.hps_ckpt_dir))
+    for name, folder, flag in (("pickscore", r.pickscore_dir, "pickscore_dir"), ("clip", r.clip_dir, "clip_dir")):
+        if name in names and not Path(folder).is_dir():
+            problems.append(f"--{flag} {folder!r} does not exist (the {name} reward's weights)")
+    if any(s.url for s in r.spec):
+        from fastvideo.training.builders import check_reward_endpoints
+
+        _attempt(problems, lambda: check_reward_endpoints(cfg))
+    return problems
+
+
+def world_problems(nproc_per_node: int, nnodes: int, device: str) -> list[str]:
+    """Processes on this node against its devices (nothing to check on the CPU). A device type
+    this machine lacks (a dry run of an NPU launch on a login node) is not counted."""
+    from fastvideo import devices
+
+    if device == devices.CPU:
+        return []
+    if device == devices.NPU:
+        module = devices._device_module(devices.NPU) if devices.npu_available() else None
+        count = int(module.device_count()) if module is not None else None
+        return devices.npu_launch_problems(nproc_per_node * nnodes, nproc_per_node,
+                                           os.environ.get(devices.ENV_VISIBLE_NPUS), count)
+    module = devices._device_module(device)
+    count = int(module.device_count()) if module is not None and module.is_available() else 0
+    if nproc_per_node > count:
+        return [f"{nproc_per_node} processes on this node but {count} {device} device(s) visible: lower "
+                "--nproc_per_node (NPROC) or widen the visible devices"]
+    return []
+
+
+def check_training(argv: list[str], nproc_per_node: int = 1, nnodes: int = 1, device: str | None = None,
+                   check_world: bool = True) -> list[str]:
+    """Every problem of a training command line (the flags after the script), one line each."""
+    from fastvideo.config import validate_args
+
+    args, problems = parse_all(argv)
+    if args is None:  # a bad value: the rest is checked from the flags that do parse
+        args = _lenient_args(argv)
+    cfg = _attempt(problems, lambda: validate_args(args)) if args is not None else None
+    if args is not None:
+        problems += file_problems(args, cfg)
+    if check_world:
+        problems += world_problems(nproc_per_node, nnodes, device or os.environ.get("FASTVIDEO_DEVICE", "cpu"))
+    return list(dict.fromkeys(problems))
+
+
+def _lenient_args(argv: list[str]) -> argparse.Namespace | None:
+    """The flags that do parse once the bad ones are dropped (for the file checks)."""
+    parser, rest = _raising_parser(), list(argv)
+    for _ in range(20):
+        try:
+            return parser.parse_known_args(rest)[0]
+        except _ParseError as exc:
+            rest = _drop_argument(rest, str(exc))
+            if rest is None:
+                return None
+    return None
+
+
+def script_flags(script: str, args: list[str]) -> list[str] | None:
+    """The flags to check for ``script`` (with what the script implies, e.g. --use_lora), or None
+    when the script is not a training entry point."""
+    implied = TRAINING_SCRIPTS.get(os.path.basename(script))
+    if implied is None:
+        return None
+    return [*(f for f in implied if f not in args), *args]
+
+
+def report(problems: list[str], prog: str, nranks: int, stream=None) -> None:
+    stream = stream or sys.stderr
+    for problem in problems:
+        stream.write(f"{prog}: error: {problem}\n")
+    many = f"{len(problems)} problems" if len(problems) > 1 else "1 problem"
+    stream.write(f"{prog}: {many} found before starting {nranks} rank(s); no worker was started "
+                 "(FASTVIDEO_PREFLIGHT=0 skips this check)\n")
+    stream.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fastvideo.preflight", description=__doc__.splitlines()[0])
+    p.add_argument("--nproc_per_node", type=int, default=1)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("script")
+    p.add_argument("flags", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    flags = script_flags(a.script, a.flags)
+    if flags is None:
+        print(f"{a.script}: not a training entry point; nothing to check")
+        return 0
+    problems = check_training(flags, a.nproc_per_node, a.nnodes)
+    if problems:
+        report(problems, "train_grpo_flux", a.nproc_per_node * a.nnodes)
+        return 2
+    print("train_grpo_flux: configuration check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""How a worker process is stopped: preemption signals, its launcher's death, and the files it
+leaves for the launcher (fastvideo.launch) to report from.
+
+- SIGTERM (a scheduler's preemption) and SIGINT (Ctrl-C) only set a flag; the trainer reads it at
+  the end of each iteration, all ranks agree on it (an int32 MAX over the data-parallel group, as
+  HCCL allows), the run writes a checkpoint (unless --no_checkpoint_on_signal), prints the command
+  that resumes it and exits 0 (SIGTERM) or 130 (SIGINT). A checkpoint holds whole iterations, so
+  the iteration under way finishes first: that is what makes the resumed run equal the
+  uninterrupted one.
+- Under fastvideo.launch, torchrun also sends SIGTERM to the workers when a peer failed: the
+  launcher marks a real stop request in FASTVIDEO_CONTROL_DIR/stop, and a worker that gets a
+  signal without that mark exits at once (there is no peer to agree with).
+- Workers ask the kernel to kill them when their launcher dies (prctl PR_SET_PDEATHSIG on Linux):
+  after a ``kill -9`` of torchrun no orphan keeps training into the folder a relaunch resumes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+CONTROL_ENV = "FASTVIDEO_CONTROL_DIR"
+LAUNCH_ENV = "FASTVIDEO_LAUNCH_ARGV"  # the launcher's own arguments (before the training script)
+STOP_MARK = "stop"
+EXIT_CODES = {signal.SIGTERM: 0, signal.SIGINT: 130}
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent exits (Linux only; returns
+    whether it is armed). Called by torchrun workers only: their parent is the launcher."""
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def control_dir() -> Path | None:
+    value = os.environ.get(CONTROL_ENV)
+    return Path(value) if value else None
+
+
+def mark_stop_requested(folder: Path, signum: int) -> None:
+    """The launcher's side: a stop was asked for (not a peer's failure)."""
+    (folder / STOP_MARK).write_text(str(int(signum)))
+
+
+def write_rank_error(rank: int, line: str) -> None:
+    """The one line of a failed rank, for the launcher to print once across ranks."""
+    folder = control_dir()
+    if folder is not None and folder.is_dir():
+        (folder / f"error-rank{rank}.txt").write_text(line.rstrip("\n") + "\n")
+
+
+def _is_teardown(wait_s: float = 2.0) -> bool:
+    """Under the launcher, a signal without its stop mark is torchrun stopping the survivors of a
+    failed peer."""
+    folder = control_dir()
+    if folder is None:
+        return False
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if (folder / STOP_MARK).exists():
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class StopRequest:
+    """SIGTERM / SIGINT -> a flag the loop polls at iteration boundaries (install() arms it)."""
+
+    def __init__(self):
+        self.signum = 0
+        self._previous = {}
+
+    def install(self) -> "StopRequest":
+        try:
+            for sig in EXIT_CODES:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread (an embedding application): signals stay as they were
+            pass
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum:  # a repeat (the terminal's Ctrl-C and torchrun's forwarded one): already stopping
+            return
+        if _is_teardown():
+            os._exit(128 + signum)
+        self.signum = signum
+        name = signal.Signals(signum).name
+        sys.stderr.write(f"[stop] {name} received: finishing the current iteration, then stopping\n")
+        sys.stderr.flush()
+
+    def agreed(self, dims, device) -> int:
+        """The signal any rank of the data-parallel group received (0: none); every rank calls
+        this at the same point. int32, not bool: HCCL reduces no bool."""
+        import torch
+
+        flag = torch.tensor([self.signum], dtype=torch.int32, device=device)
+        if dims is not None and dims.dp_size > 1:
+            dims.all_reduce_max(flag)
+        return int(flag.item())
+
+    @staticmethod
+    def exit_code(signum: int) -> int:
+        return EXIT_CODES.get(signal.Signals(signum), 128 + signum)
+
+
+def resume_command(argv: list[str], checkpoint: str | Path, python: str | None = None) -> str:
+    """The command line that continues this run from ``checkpoint``: the launcher's arguments
+    (when started by fastvideo.launch), this script, its flags without an earlier
+    --resume_from_checkpoint / --overwrite, and --resume_from_checkpoint CHECKPOINT."""
+    import shlex
+
+    script, flags = argv[0], _without_flags(list(argv[1:]), {"--resume_from_checkpoint": 1, "--overwrite": 0})
+    launch = os.environ.get(LAUNCH_ENV)
+    if launch is not None:
+        head = [python or sys.executable, "-m", "fastvideo.launch", *shlex.split(launch)]
+    else:
+        nproc = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        head = ["torchrun", f"--nproc_per_node={nproc}"]
+    return shlex.join([*head, script, *flags, "--resume_from_checkpoint", str(checkpoint)])
+
+
+def _without_flags(argv: list[str], drop: dict[str, int]) -> list[str]:
+    """argv without the flags of ``drop`` ({flag: number of values}), in either --f v or --f=v form."""
+    out, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        name = word.split("=", 1)[0]
+        if name in drop:
+            i += 1 + (drop[name] if "=" not in word else 0)
+            continue
+        out.append(word)
+        i += 1
+    return out

@@ -1,0 +1,105 @@
+"""Checks before spawning: a launch with several mistakes reports all of them, one line each, and
+exits 2 before any worker starts; a user error inside the ranks is printed once (exit 2, no
+torchrun traceback)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastvideo import preflight
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "training"))
+from helpers import python_path, train_args  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_parse_problem_is_reported():
+    args, problems = preflight.parse_all(["--data_json_path", "x.json", "--h", "tall", "--sampling_steps", "many",
+                                          "--bogus_flag", "1", "--learning_rat3", "1e-5",
+                                          "--pretrained_model_name_or_path", "m"])
+    assert args is None
+    assert problems == ["argument --h: invalid int value: 'tall'",
+                        "argument --sampling_steps: invalid int value: 'many'",
+                        "unknown flag --bogus_flag",
+                        "unknown flag --learning_rat3 (did you mean --learning_rate?)"]
+
+
+def test_files_and_rules_are_checked_together(tiny_flux_dir, tiny_embeddings, tmp_path):
+    argv = train_args(tmp_path / "none.json", tmp_path / "no_model", tmp_path / "out", rewards="hpsv2:1",
+                      hps_ckpt_dir=str(tmp_path / "no_hps"), sp_size=2,
+                      resume_from_checkpoint=str(tmp_path / "no_ckpt"))
+    problems = preflight.check_training(argv, nproc_per_node=2)
+    assert len(problems) == 4, problems  # the rewards are not checked when the flags do not validate
+    for needle, problem in zip(["sequence parallelism", "none.json", "no_model", "no_ckpt"], problems):
+        assert needle in problem, (needle, problem)
+    valid_flags = preflight.check_training(argv[:-4], nproc_per_node=2)  # without --sp_size 2 and the resume
+    assert len(valid_flags) == 3 and "no_hps" in valid_flags[2], valid_flags
+    assert all("\n" not in p for p in problems)
+    ok = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "fresh")
+    assert preflight.check_training(ok, nproc_per_node=2) == []
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "metrics.jsonl").write_text("{}\n")
+    [problem] = preflight.check_training(ok, nproc_per_node=2)
+    assert "already holds" in problem
+    assert preflight.check_training([*ok, "--overwrite"], nproc_per_node=2) == []
+
+
+def test_world_size_against_the_devices():
+    assert preflight.world_problems(64, 1, "cpu") == []
+    [problem] = preflight.world_problems(3, 1, "npu")  # HCCL cannot shard over 3 ranks
+    assert "world size 3" in problem
+
+
+def _launch_env(**extra) -> dict:
+    return {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "PYTHON": sys.executable,
+            "FASTVIDEO_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(ROOT), **extra}
+
+
+def test_a_launch_with_three_mistakes_prints_three_lines_and_starts_nothing(tiny_flux_dir, tmp_path):
+    """The acceptance test: wrong flag, missing weights folder, missing embeddings index, 2 ranks."""
+    out, hps = tmp_path / "out", tmp_path / "hps"
+    hps.mkdir()
+    for name in ("open_clip_pytorch_model.bin", "HPS_v2.1_compressed.pt"):  # present (not loaded by the check)
+        (hps / name).write_bytes(b"")
+    env = _launch_env(NPROC="2", MODEL_PATH=str(tmp_path / "no_flux"), DATA_JSON=str(tmp_path / "none.json"),
+                      OUTPUT_DIR=str(out), EXTRA_ARGS=f"--bogus_flag 1 --hps_ckpt_dir {hps}")
+    proc = subprocess.run(["bash", "scripts/finetune/finetune_flux_grpo_a3_16die.sh"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) <= 6, lines
+    text = "\n".join(lines)
+    assert "unknown flag --bogus_flag" in text and "no_flux" in text and "none.json" in text
+    assert "3 problems found before starting 2 rank(s)" in text
+    assert "Traceback" not in text and "+ torchrun" not in text and not out.exists()
+
+
+def test_a_user_error_inside_the_ranks_is_one_line(tiny_flux_dir, tmp_path):
+    """Past the check (FASTVIDEO_PREFLIGHT=0): both ranks fail alike, the launcher prints it once."""
+    argv = train_args(tmp_path / "none.json", tiny_flux_dir, tmp_path / "out")
+    cmd = [sys.executable, "-m", "fastvideo.launch", "--standalone", "--nproc_per_node=2",
+           "fastvideo/train_grpo_flux.py", *argv]
+    proc = subprocess.run(cmd, env=_launch_env(FASTVIDEO_PREFLIGHT="0", HF_HUB_OFFLINE="1"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[0].startswith("+ torchrun")
+    assert len(lines) == 2 and "none.json" in lines[1] and lines[1].startswith("train_grpo_flux: error:"), lines
+    assert "ChildFailedError" not in proc.stderr and "usage:" not in proc.stderr
+
+
+@pytest.mark.parametrize("device", ["npu", "cuda"])
+def test_dry_run_previews_a_device_this_machine_lacks(device):
+    env = {**_launch_env(FASTVIDEO_DEVICE=device, DRY_RUN="1"), "ASCEND_ROOT": "/nonexistent"}
+    proc = subprocess.run(["bash", "scripts/finetune/finetune_flux_grpo_a3_16die.sh"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first, command = proc.stdout.splitlines()[:2]
+    assert first.startswith(f"device: {device}") and "--nproc_per_node=16" in command
+    assert "Traceback" not in proc.stderr
