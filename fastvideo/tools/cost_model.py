@@ -89,6 +89,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--trained_steps", type=int, default=None,
                     help="override T (default: int((sampling_steps - 1 + train_last_step) * timestep_fraction))")
     ap.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--algorithm", default="grpo", choices=["grpo", "nft"],
+                    help="nft: trained steps are int(N x fraction) of all N timesteps, one more no-grad forward "
+                         "(the old policy) per trained step")
+    ap.add_argument("--kl_coef", type=float, default=0.0, help="> 0: one more no-grad forward (the reference) per "
+                                                                "trained step")
     ap.add_argument("--seconds_per_iteration", type=float, default=None, help="measured wall time of one iteration")
     ap.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak per device, TFLOPS")
     ap.add_argument("--device_name", default=None, help="look the peak up by name (H800, H200, A100, 910C, ...)")
@@ -100,6 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not 0.0 < args.timestep_fraction <= 1.0:
             ap.error(f"--timestep_fraction {args.timestep_fraction} must be in (0, 1]")
         args.trained_steps = num_trained_steps(args.sampling_steps, args.timestep_fraction, args.train_last_step)
+        if args.algorithm == "nft":  # algorithms/nft.py: all N sampling timesteps are candidates
+            args.trained_steps = max(1, int(args.sampling_steps * args.timestep_fraction))
+    args.nograd_update_forwards = int(args.algorithm == "nft") + int(args.kl_coef > 0)
     if args.seconds_per_iteration is not None and args.seconds_per_iteration <= 0:
         ap.error("--seconds_per_iteration must be positive")
     resolve_mix(args, ap)
@@ -262,6 +270,7 @@ def summarise(args, config: dict, vae_cfg: dict, family=None) -> dict:
         num_generations=args.num_generations, prompts_per_rank=args.prompts_per_rank,
         world_size=args.world_size, trained_steps=args.trained_steps,
         gradient_checkpointing=args.gradient_checkpointing,
+        nograd_update_forwards=getattr(args, "nograd_update_forwards", 0),
     )
     it: IterationFlops = iteration_flops(shape, config, vae_cfg, family)
     per = family.transformer_flops(config, shape.image_tokens, shape.text_tokens)
@@ -269,6 +278,7 @@ def summarise(args, config: dict, vae_cfg: dict, family=None) -> dict:
         "image_tokens": shape.image_tokens, "text_tokens": shape.text_tokens, "samples": shape.samples,
         "sampling_steps": shape.sampling_steps, "trained_steps": shape.trained_steps,
         "gradient_checkpointing": shape.gradient_checkpointing, "world_size": shape.world_size,
+        "nograd_update_forwards": shape.nograd_update_forwards,
         # The family's parts of one forward (its "forward", "backward", "blocks" totals apart).
         "forward_breakdown": {k: v for k, v in per.items() if k not in SUMMARY_KEYS},
         "_forward": (per["forward"], per["blocks"]),  # for the table; not in --json's output
@@ -305,6 +315,8 @@ def format_table(s: dict, model_desc: str) -> str:
         ("rollout (no grad)", f"{s['sampling_steps'] * n} forwards", f["rollout"]),
         ("update forward", f"{t * n} forwards", f["update_forward"]),
         ("update backward", f"{t * n} backwards", f["update_backward"]),
+        *([("update no-grad", f"{s['nograd_update_forwards'] * t * n} forwards", f["update_nograd"])]
+          if s["nograd_update_forwards"] else []),
         ("recompute (checkpoint)", f"{t * n if f['recompute'] else 0} block forwards", f["recompute"]),
         ("VAE decode", f"{n} decodes", f["vae_decode"]),
     ]
