@@ -51,7 +51,9 @@ class ObjectiveContext:
     device: torch.device
     reward: Any = None  # the run's reward (fastvideo.rewards.combine.MultiReward)
     randomness: Any = None  # fastvideo.sampling.randomness.RandomSource
-    model: Any = None  # the wrapped trainable transformer (for an objective's own copy of its weights)
+    # () -> a shard-local float32 copy of the trainable weights (training.ema.WeightCopy: step(decay),
+    # swapped_in(), the checkpointer's full_state_dict / load_full_state_dict), for an old policy
+    copy_weights: Callable[[], Any] | None = None
     extras: dict = field(default_factory=dict)
 
 

@@ -9,7 +9,8 @@ Update: each sample trains on T = int(N * --timestep_fraction) of the N sampling
 x_t = (1 - t) x0 + t eps, with eps drawn from the run's randomness source by (iteration, sample,
 step), so a resumed run sees the same noise. Loss: nft_loss.nft_policy_loss, plus
 --kl_coef * mean((v - v_ref)^2) against the frozen base (LoRA: adapters off).
-Old policy: a float32 copy of this rank's local shards of the trainable weights (FSDP: the flat
+Old policy (training.ema.WeightCopy, built by the trainer: ObjectiveContext.copy_weights): a
+float32 copy of this rank's local shards of the trainable weights (FSDP: the flat
 shards, so it is sharded by construction; LoRA: the adapters only, a second adapter set), swapped
 into the model for the rollout and for v_old; after each iteration
 old <- decay * old + (1 - decay) * current, decay = nft_loss.decay_schedule(optimizer steps so far).
@@ -27,34 +28,8 @@ from fastvideo.algorithms.base import ObjectiveContext, StatsAccumulator, Term
 from fastvideo.algorithms.grpo import GRPOObjective
 from fastvideo.algorithms.nft_loss import decay_schedule, nft_policy_loss, optimality, velocity_kl
 from fastvideo.errors import ConfigError
-from fastvideo.training.ema import EMA
 
 OLD_POLICY = "old_policy"  # the checkpoint's old_policy.safetensors
-
-
-class OldPolicy(EMA):
-    """The old policy's weights: EMA's shard-local float32 shadow, with each step's own decay."""
-
-    def __init__(self, model):
-        super().__init__(model, decay=0.5)  # a placeholder: step() sets every update's decay
-
-    @torch.no_grad()
-    def step(self, decay: float) -> None:
-        """old <- decay * old + (1 - decay) * current (decay 0: an exact copy)."""
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"old-policy decay {decay} must be in [0, 1)")
-        self.decay = float(decay)
-        if decay == 0.0:
-            for shadow, param in zip(self.shadow, self._params):
-                shadow.copy_(_local(param))
-            self.num_updates += 1
-        else:
-            self.update()
-
-
-def _local(param: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(param, "to_local", None)
-    return to_local() if callable(to_local) else param.data
 
 
 def nft_trained_steps(num_steps: int, fraction: float) -> int:
@@ -81,12 +56,11 @@ class NFTObjective(GRPOObjective):
     def __init__(self, context: ObjectiveContext):
         super().__init__(context)
         cfg = context.cfg
-        if context.model is None:
-            raise ConfigError("--algorithm nft keeps a copy of the trainable weights: build it with the model "
-                              "(ObjectiveContext.model)")
+        if context.copy_weights is None:
+            raise ConfigError("--algorithm nft keeps a copy of the trainable weights: its context needs "
+                              "copy_weights (the trainer's training.ema.WeightCopy of the model)")
         self.nft = cfg.nft
-        self.model = context.model
-        self.old = OldPolicy(context.model)
+        self.old = context.copy_weights()  # training.ema.WeightCopy: this rank's shards, float32
         self.steps_per_iteration = cfg.derived(context.dims.dp_size)["optimizer_steps_per_iteration"]
         self.iteration = 0  # the update's iteration (plan_update), which addresses its noise
         self.last_decay = 0.0
@@ -96,7 +70,7 @@ class NFTObjective(GRPOObjective):
         return None if self.nft.solver == "sde" else deterministic_plan(self.nft.solver, sampling_steps, shift)
 
     def rollout_weights(self) -> contextlib.AbstractContextManager:
-        return self.old.swapped_in(self.model)
+        return self.old.swapped_in()
 
     def weight_sets(self) -> dict:
         return {OLD_POLICY: self.old}

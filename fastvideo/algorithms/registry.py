@@ -15,7 +15,7 @@ from fastvideo.errors import ConfigError
 
 
 def _nft(context: ObjectiveContext) -> Objective:
-    from fastvideo.algorithms.nft import NFTObjective  # imports the training package's EMA: only when chosen
+    from fastvideo.algorithms.nft import NFTObjective  # imported when chosen
 
     return NFTObjective(context)
 

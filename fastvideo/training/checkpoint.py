@@ -16,6 +16,7 @@ Layout of ``OUTPUT_DIR/checkpoint-{iteration}/``:
     optimizer.json/.safetensors    full AdamW state keyed by parameter name (any world size)
     scheduler.json             LR scheduler state
     ema.safetensors, ema.json  full EMA weights (same names as the model) and its counters
+    <name>.safetensors         an objective's own weight sets (Objective.weight_sets: NFT's old_policy), gathered like the EMA
     extra_state.json/.safetensors  the caller's dict (iteration, sampler, RNG states ...)
     rank_state/rank-NNNNN.*    optional per-rank dicts
     meta.json                  iteration, world size, torch version, time

@@ -24,6 +24,7 @@ from fastvideo.sampling.plan import SamplingPlan
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
 from fastvideo.training import builders
 from fastvideo.training import setup as run_setup
+from fastvideo.training.ema import WeightCopy
 from fastvideo.training.hooks import IterationResult, TrainerHook
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars
 from fastvideo.training.policy import Policy
@@ -71,7 +72,7 @@ class Trainer:
         run_setup.build_parts(self)
         self.objective = make_objective(ObjectiveContext(
             cfg=self.cfg, dims=self.dims, device=self.device, reward=self.reward, randomness=self.randomness,
-            model=self.model))
+            copy_weights=lambda: WeightCopy(self.model)))
         self.policy = Policy(self.model, self.family, self.device, self.autocast_dtype, self.kl_reference)
         self.updater = Updater(self.model, self.optimizer, self.lr_scheduler, self.cfg.optim,
                                self.cfg.grpo.gradient_accumulation_steps, self.dims, self.device, self.state)

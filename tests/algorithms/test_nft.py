@@ -11,11 +11,12 @@ from torch import nn
 
 from fastvideo.algorithms import nft_loss
 from fastvideo.algorithms.base import ObjectiveContext, StatsAccumulator
-from fastvideo.algorithms.nft import NFTObjective, OldPolicy, deterministic_plan
+from fastvideo.algorithms.nft import NFTObjective, deterministic_plan
 from fastvideo.config import build_parser, validate_args
 from fastvideo.distributed.parallel import ParallelDims
 from fastvideo.errors import ConfigError
 from fastvideo.sampling.randomness import RandomSource
+from fastvideo.training.ema import WeightCopy
 
 BASE = ["--data_json_path", "d", "--pretrained_model_name_or_path", "m", "--rewards", "compressibility",
         "--use_group", "--algorithm", "nft"]
@@ -130,7 +131,7 @@ def test_bf16_predictions_are_computed_in_float32():
 
 def test_old_policy_step_and_swap():
     model = nn.Linear(3, 2)
-    old = OldPolicy(model)
+    old = WeightCopy(model)
     start = [p.detach().clone() for p in model.parameters()]
     with torch.no_grad():
         for p in model.parameters():
@@ -171,7 +172,7 @@ def _objective(model, *flags):
     cfg = validate_args(build_parser().parse_args(BASE + list(flags)))
     rand = RandomSource(11)
     ctx = ObjectiveContext(cfg=cfg, dims=ParallelDims.build(1, 0, "full"), device=torch.device("cpu"),
-                           randomness=rand, model=model)
+                           randomness=rand, copy_weights=lambda: WeightCopy(model))
     return NFTObjective(ctx), rand
 
 
