@@ -65,6 +65,8 @@ def run(model: Path, data: Path, out: Path, mode: str, seed: int, iterations: in
         "--checkpointing_steps", "100000", "--save_images_every", "0", "--dataloader_num_workers", "0",
         "--seed", str(seed), "--sampler_seed", str(1223627 + seed), "--fsdp_sharding_strategy", "none",
     ] + MODES[mode]
+    if "--nft_solver" in argv:  # a deterministic NFT rollout from shared noise gives G equal samples
+        argv.remove("--init_same_noise")
     trainer = GRPOTrainer(parse_config(argv), devices.init_distributed())
     trainer.setup()
     trainer.save_checkpoint = lambda: None

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 from fastvideo import compat, config_file
+from fastvideo.algorithms.nft_settings import NFTSettings
 from fastvideo.algorithms.settings import GRPOSettings
 from fastvideo.component_settings.outputs import PROBE_KINDS  # re-exported for old imports
 from fastvideo.compat.dancegrpo import COMPAT_ONLY_FLAGS  # re-exported for old imports
@@ -41,7 +42,7 @@ __all__ = ["COMPAT_ONLY_FLAGS", "COMPONENTS", "PROBE_KINDS", "ConfigError", "Eva
 # (name, settings class), in the order their flags appear in --help and their settings are built.
 COMPONENTS = (
     ("data", DataSettings), ("model", ModelConfig), ("reward", RewardSettings), ("rollout", RolloutSettings),
-    ("grpo", GRPOSettings), ("mix", MixSettings), ("optim", OptimSettings), ("parallel", ParallelSettings),
+    ("grpo", GRPOSettings), ("nft", NFTSettings), ("mix", MixSettings), ("optim", OptimSettings), ("parallel", ParallelSettings),
     ("output", OutputSettings), ("eval", EvalSettings), ("lora", LoraSettings),
 )
 # The first help section: what most runs set.
@@ -64,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the resolved configuration (a valid --config file) and exit")
     flag_group(p, "components").add_argument(
         "--algorithm", type=str, default="grpo",
-        help='training objective: a registered name (grpo) or a plugin "pkg.module:Name"')
+        help='training objective: a registered name (grpo, nft: DiffusionNFT, docs/nft.md) or a plugin '
+             '"pkg.module:Name"')
     for _, component in COMPONENTS:
         component.add_flags(p)
     compat.add_flags(p)
@@ -98,6 +100,7 @@ class TrainConfig:
     algorithm: str = "grpo"  # a registered objective or a "pkg.module:Name" plugin (--algorithm)
     fsdp_param_dtype: str = "fp32"  # --fsdp_param_dtype (distributed.settings)
     fsdp_forward_prefetch: bool = False  # --fsdp_forward_prefetch
+    nft: NFTSettings = field(default_factory=NFTSettings)  # --algorithm nft's own flags
 
     def derived(self, world_size: int) -> dict:
         """Quantities users otherwise compute by hand; logged at start-up."""
@@ -108,12 +111,17 @@ class TrainConfig:
             "world_size": world_size,
             "samples_per_iteration": samples_per_rank * world_size,
             "samples_per_rank": samples_per_rank,
-            "trained_steps_per_sample": self.mix.trained_steps(self.grpo.trained_steps(self.rollout.sampling_steps),
-                                                               self.grpo.candidate_steps(self.rollout.sampling_steps)),
+            "trained_steps_per_sample": self._trained_steps_per_sample(),
             "micro_batches_per_rank": micro_batches,
             "optimizer_steps_per_iteration": math.ceil(micro_batches / self.grpo.gradient_accumulation_steps),
             "train_global_batch_size": micro * self.grpo.gradient_accumulation_steps * world_size,
         }
+
+    def _trained_steps_per_sample(self) -> int:
+        n = self.rollout.sampling_steps
+        if self.nft.enabled:  # NFT: int(N * fraction) of all N sampling timesteps (algorithms/nft.py)
+            return max(1, int(n * self.grpo.timestep_fraction))
+        return self.mix.trained_steps(self.grpo.trained_steps(n), self.grpo.candidate_steps(n))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -155,6 +163,13 @@ def _check_across(s: dict) -> None:
     if grpo.kl_coef > 0 and mix.dpm_all:
         raise ConfigError("--kl_coef is the KL between DanceGRPO's SDE steps; it is not implemented for the "
                           "SDE-DPM-Solver steps of --dpm_apply_strategy all")
+    if s["nft"].enabled and s["nft"].solver != "sde" and (mix.mode != "full" or mix.sde_kind != "dance"):
+        raise ConfigError(f"--nft_solver {s['nft'].solver} samples every step deterministically; the SDE window / "
+                          "solver flags (--training_strategy part, --sde_steps, --flow_grpo_sampling, "
+                          "--dpm_apply_strategy) choose GRPO's SDE steps: drop them, or use --nft_solver sde")
+    if s["nft"].enabled and s["nft"].solver != "sde" and rollout.init_same_noise:
+        raise ConfigError(f"--init_same_noise with --nft_solver {s['nft'].solver}: a deterministic solver from the same "
+                          "noise gives a group G identical samples (no advantage); drop --init_same_noise")
 
 
 def _across_notes(args: argparse.Namespace) -> list[str]:
@@ -184,7 +199,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         grpo=s["grpo"], optim=s["optim"], output=s["output"], fsdp_strategy=parallel.fsdp_strategy,
         cpu_offload=parallel.cpu_offload, compat_notes=notes, eval=s["eval"], lora=s["lora"], mix=s["mix"],
         algorithm=args.algorithm, fsdp_param_dtype=parallel.fsdp_param_dtype,
-        fsdp_forward_prefetch=parallel.fsdp_forward_prefetch,
+        fsdp_forward_prefetch=parallel.fsdp_forward_prefetch, nft=s["nft"],
     )
 
 

@@ -14,6 +14,7 @@ plugin module named as ``--algorithm pkg.module:Name`` is imported and ``Name`` 
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -50,6 +51,9 @@ class ObjectiveContext:
     device: torch.device
     reward: Any = None  # the run's reward (fastvideo.rewards.combine.MultiReward)
     randomness: Any = None  # fastvideo.sampling.randomness.RandomSource
+    # () -> a shard-local float32 copy of the trainable weights (training.ema.WeightCopy: step(decay),
+    # swapped_in(), the checkpointer's full_state_dict / load_full_state_dict), for an old policy
+    copy_weights: Callable[[], Any] | None = None
     extras: dict = field(default_factory=dict)
 
 
@@ -103,6 +107,22 @@ class Objective(ABC):
 
     def after_update(self, policy, iteration: int) -> None:
         """Called once per iteration after its optimizer steps (e.g. an old-policy average)."""
+
+    def sampling_plan(self, iteration: int, sampling_steps: int, shift: float):
+        """This iteration's rollout schedule (a sampling.plan.SamplingPlan), or None for the run's
+        own (the SDE / MixGRPO plan of the sampling flags). NFT samples with a deterministic solver."""
+        return None
+
+    def rollout_weights(self) -> contextlib.AbstractContextManager:
+        """The weights the rollout samples with: the trainer enters this around the rollout. The
+        current ones by default; NFT swaps its old policy in."""
+        return contextlib.nullcontext()
+
+    def weight_sets(self) -> dict:
+        """Named copies of the trainable weights this objective keeps (e.g. NFT's old policy),
+        saved by the checkpointer like the EMA (gathered, any world size): each has
+        full_state_dict(model, trainable_only) and load_full_state_dict(model, state, strict=...)."""
+        return {}
 
     def state_dict(self) -> dict:
         return {}

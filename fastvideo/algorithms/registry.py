@@ -12,7 +12,15 @@ from fastvideo.algorithms.base import Objective, ObjectiveContext, ObjectiveFact
 from fastvideo.algorithms.grpo import GRPOObjective
 from fastvideo.errors import ConfigError
 
-_REGISTRY: dict[str, ObjectiveFactory] = {"grpo": GRPOObjective}
+
+
+def _nft(context: ObjectiveContext) -> Objective:
+    from fastvideo.algorithms.nft import NFTObjective  # imported when chosen
+
+    return NFTObjective(context)
+
+
+_REGISTRY: dict[str, ObjectiveFactory] = {"grpo": GRPOObjective, "nft": _nft}
 
 
 def register_objective(name: str, factory: ObjectiveFactory) -> None:

@@ -306,7 +306,11 @@ def free_unsharded_params(model: nn.Module) -> None:
 
     for module in FSDP.fsdp_modules(model):
         handle = getattr(module, "_handle", None)
-        if handle is not None and handle.uses_sharded_strategy and not handle.needs_unshard():
+        # Before FSDP's lazy initialisation (a swap ahead of the first forward: NFT's old-policy
+        # rollout) no unsharded buffer exists, so nothing is gathered and needs_unshard would fail.
+        if handle is None or not hasattr(handle.flat_param, "_full_param_padded"):
+            continue
+        if handle.uses_sharded_strategy and not handle.needs_unshard():
             _reshard(module, handle, True)
 
 

@@ -103,6 +103,9 @@ class IterationShape:
     world_size: int = 16
     trained_steps: int = 9
     gradient_checkpointing: bool = True
+    # No-grad update forwards per trained (sample, step) besides the one with gradients: NFT's
+    # old-policy prediction (1), a KL reference's (+1); 0 for GRPO without KL.
+    nograd_update_forwards: int = 0
 
     @property
     def image_tokens(self) -> int:
@@ -130,11 +133,12 @@ class IterationFlops:
     update_backward: int  # their backward
     recompute: int  # checkpointed blocks re-run in backward (0 without checkpointing)
     vae_decode: int  # one decode per sample
+    update_nograd: int = 0  # the update's no-grad forwards (NFT's v_old, a KL reference's v_ref)
 
     @property
     def model_flops(self) -> int:
         """The work the algorithm needs: everything but the checkpointing recompute (for MFU)."""
-        return self.rollout + self.update_forward + self.update_backward + self.vae_decode
+        return self.rollout + self.update_forward + self.update_backward + self.vae_decode + self.update_nograd
 
     @property
     def hardware_flops(self) -> int:
@@ -166,6 +170,7 @@ def iteration_flops(shape: IterationShape, transformer=None, vae_cfg: Mapping | 
         update_backward=trained * per["backward"],
         recompute=trained * per["blocks"] if shape.gradient_checkpointing else 0,
         vae_decode=shape.samples * vae_decoder_flops(vae_cfg, *lat),
+        update_nograd=shape.nograd_update_forwards * trained * fwd,
     )
 
 

@@ -31,6 +31,7 @@ EVAL_NOISE = "eval_noise"
 EVAL_STEP_NOISE = "eval_step_noise"
 WINDOW_START = "window_start"
 SAMPLE_ORDER = "sample_order"
+TRAIN_NOISE = "train_noise"
 
 GENERATE, CAPTURE, REPLAY = "generate", "capture", "replay"
 
@@ -132,6 +133,16 @@ class RandomSource:
         update phase trains, and in which order)."""
         n = int(n)
         return self._per_id(TIMESTEP_PERM, iteration, sample_ids, None, (n,), lambda g: torch.randperm(n, generator=g))
+
+    def train_noise(self, iteration: int, sample_ids: Ids, steps: Ids, shape_per_sample: Sequence[int]) -> torch.Tensor:
+        """eps ~ N(0, I) float32 [B, *shape_per_sample] with which a forward-process objective (NFT)
+        noises sample ids[i]'s clean latent at its trained step steps[i] (one draw per pair)."""
+        shape = tuple(int(s) for s in shape_per_sample)
+        ids, steps = _ids_list(sample_ids), _ids_list(steps)
+        if len(ids) != len(steps) or not ids:
+            raise ValueError(f"train_noise: {len(ids)} sample ids for {len(steps)} steps")
+        make = lambda g: torch.randn(shape, generator=g)  # noqa: E731
+        return torch.stack([self._draw(TRAIN_NOISE, iteration, i, k, shape, make) for i, k in zip(ids, steps)])
 
     def window_start(self, iteration: int, n: int) -> int:
         """Uniform in range(n): where the SDE window of ``iteration`` starts (MixGRPO's random

@@ -91,6 +91,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--trained_steps", type=int, default=None,
                     help="override T (default: int((sampling_steps - 1 + train_last_step) * timestep_fraction))")
     ap.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--algorithm", default="grpo", choices=["grpo", "nft"],
+                    help="nft: trained steps are int(N x fraction) of all N timesteps, one more no-grad forward "
+                         "(the old policy) per trained step")
+    ap.add_argument("--kl_coef", type=float, default=0.0, help="> 0: one more no-grad forward (the reference) per "
+                                                                "trained step")
     ap.add_argument("--seconds_per_iteration", type=float, default=None, help="measured wall time of one iteration")
     ap.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak per device, TFLOPS")
     ap.add_argument("--device_name", default=None, help="look the peak up by name (H800, H200, A100, 910C, ...)")
@@ -105,6 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not 0.0 < args.timestep_fraction <= 1.0:
             ap.error(f"--timestep_fraction {args.timestep_fraction} must be in (0, 1]")
         args.trained_steps = num_trained_steps(args.sampling_steps, args.timestep_fraction, args.train_last_step)
+        if args.algorithm == "nft":  # algorithms/nft.py: all N sampling timesteps are candidates
+            args.trained_steps = max(1, int(args.sampling_steps * args.timestep_fraction))
+    args.nograd_update_forwards = int(args.algorithm == "nft") + int(args.kl_coef > 0)
     for flag in ("seconds_per_iteration", "peak_tflops"):
         value = getattr(args, flag)
         if value is not None and not (0 < value < float("inf")):
@@ -124,7 +132,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # Training flags that change the cost but are not modelled here: refused rather than ignored.
-UNMODELLED = ("--use_lora", "--lora_rank", "--lora_alpha", "--kl_coef", "--kl_coeff", "--sp_size")
+UNMODELLED = ("--use_lora", "--lora_rank", "--lora_alpha", "--kl_coeff", "--sp_size")  # --kl_coef: a flag above (FLOPs)
 
 
 def training_flags_without_cost(extra: list[str], ap: argparse.ArgumentParser) -> list[str]:
@@ -310,6 +318,7 @@ def summarise(args, config: dict, vae_cfg: dict, family=None) -> dict:
         num_generations=args.num_generations, prompts_per_rank=args.prompts_per_rank,
         world_size=args.world_size, trained_steps=args.trained_steps,
         gradient_checkpointing=args.gradient_checkpointing,
+        nograd_update_forwards=getattr(args, "nograd_update_forwards", 0),
     )
     it: IterationFlops = iteration_flops(shape, config, vae_cfg, family)
     per = family.transformer_flops(config, shape.image_tokens, shape.text_tokens)
@@ -317,6 +326,7 @@ def summarise(args, config: dict, vae_cfg: dict, family=None) -> dict:
         "image_tokens": shape.image_tokens, "text_tokens": shape.text_tokens, "samples": shape.samples,
         "sampling_steps": shape.sampling_steps, "trained_steps": shape.trained_steps,
         "gradient_checkpointing": shape.gradient_checkpointing, "world_size": shape.world_size,
+        "nograd_update_forwards": shape.nograd_update_forwards,
         # The family's parts of one forward (its "forward", "backward", "blocks" totals apart).
         "forward_breakdown": {k: v for k, v in per.items() if k not in SUMMARY_KEYS},
         "_forward": (per["forward"], per["blocks"]),  # for the table; not in --json's output
@@ -353,6 +363,8 @@ def format_table(s: dict, model_desc: str) -> str:
         ("rollout (no grad)", f"{s['sampling_steps'] * n} forwards", f["rollout"]),
         ("update forward", f"{t * n} forwards", f["update_forward"]),
         ("update backward", f"{t * n} backwards", f["update_backward"]),
+        *([("update no-grad", f"{s['nograd_update_forwards'] * t * n} forwards", f["update_nograd"])]
+          if s["nograd_update_forwards"] else []),
         ("recompute (checkpoint)", f"{t * n if f['recompute'] else 0} block forwards", f["recompute"]),
         ("VAE decode", f"{n} decodes", f["vae_decode"]),
     ]

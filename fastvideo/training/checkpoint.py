@@ -23,6 +23,7 @@ Layout of ``OUTPUT_DIR/checkpoint-{iteration}/``:
     optimizer.json/.safetensors    full AdamW state keyed by parameter name (any world size)
     scheduler.json             LR scheduler state
     ema.safetensors, ema.json  full EMA weights (same names as the model) and its counters
+    <name>.safetensors         an objective's own weight sets (Objective.weight_sets: NFT's old_policy), gathered like the EMA
     extra_state.json/.safetensors  the caller's dict (iteration, sampler, RNG states ...)
     rank_state/rank-NNNNN.*    optional per-rank dicts
     meta.json                  iteration, world size, torch version, time
@@ -240,7 +241,7 @@ def _lora_alpha(extra_state: dict | None) -> float | None:
 
 
 def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimizer, lr_scheduler, ema,
-                      extra_state, transformer_config, trainable_only=False) -> None:
+                      extra_state, transformer_config, trainable_only=False, weight_sets=None) -> None:
     """Gather one component at a time (every rank takes part), write it on rank 0 and drop it:
     rank 0 never holds the model, the optimizer state and the EMA in host memory at once."""
     state = fsdp.full_model_state_dict(model, trainable_only)
@@ -264,6 +265,11 @@ def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimize
             w.tensors(EMA_FILE, state)
             w.tree("ema", {"decay": ema.decay, "num_updates": ema.num_updates})
         del state
+    for name, weights in (weight_sets or {}).items():  # an objective's own weights (NFT's old policy)
+        state = weights.full_state_dict(model, trainable_only)
+        if is_main:
+            w.tensors(f"{name}.safetensors", state)
+        del state
     if is_main:
         if lr_scheduler is not None:
             w.tree("scheduler", lr_scheduler.state_dict())
@@ -285,6 +291,7 @@ def save_checkpoint(
     rank_state: dict | None = None,
     keep_last: int | None = None,
     trainable_only: bool = False,
+    weight_sets: dict | None = None,
 ) -> Path:
     """Collective: every rank calls it. Writes OUTPUT_DIR/checkpoint-{iteration} atomically and
     returns its path; then keeps only the newest ``keep_last`` checkpoints. ``extra_state`` is saved
@@ -298,7 +305,7 @@ def save_checkpoint(
         w.run(lambda: setattr(w, "folder", _open_temp(output_dir, iteration)))
     w.folder = _broadcast_from_rank0(w.folder)
     _write_components(w, is_main, iteration, model, optimizer, lr_scheduler, ema, extra_state, transformer_config,
-                      trainable_only)
+                      trainable_only, weight_sets)
     if rank_state is not None and w.folder is not None:
         w.run(lambda: (w.folder / "rank_state").mkdir(exist_ok=True))
         w.tree(f"rank_state/rank-{devices.rank():05d}", rank_state)
@@ -367,7 +374,7 @@ def _check_safetensors(path: Path) -> None:
         ) from exc
 
 
-def _check_loadable(path: Path, optimizer, lr_scheduler, ema, trainable_only=False) -> None:
+def _check_loadable(path: Path, optimizer, lr_scheduler, ema, trainable_only=False, weight_sets=()) -> None:
     """Everything rank 0 will read, checked before the first collective: marker, sizes, headers."""
     verify_checkpoint(path)
     if trainable_only and not has_file(path, LORA_FILE) and has_file(path, MODEL_FILE):
@@ -383,6 +390,8 @@ def _check_loadable(path: Path, optimizer, lr_scheduler, ema, trainable_only=Fal
         wanted["scheduler.json"] = "LR scheduler state"
     if ema is not None:
         wanted.update({EMA_FILE: "EMA weights (saved without --use_ema?)", "ema.json": "EMA counters"})
+    for name in weight_sets:
+        wanted[f"{name}.safetensors"] = f"{name} weights (saved by another --algorithm?)"
     for name, what in wanted.items():
         if not (path / name).is_file():
             raise CheckpointError(f"{path} has no {what} ({name})")
@@ -402,13 +411,15 @@ def load_checkpoint(
     lr_scheduler=None,
     ema=None,
     trainable_only: bool = False,
+    weight_sets: dict | None = None,
 ) -> LoadedCheckpoint:
     """Collective. Restore what is passed from a checkpoint folder; rank 0 reads the model,
     optimizer and EMA files and the wrapper distributes them, so it works for any world size.
     trainable_only: a LoRA checkpoint (its adapters only); the frozen base is left as built."""
     path = Path(path)
     is_main = devices.rank() == 0
-    _rank0_then_share(lambda: _check_loadable(path, optimizer, lr_scheduler, ema, trainable_only))
+    weight_sets = weight_sets or {}
+    _rank0_then_share(lambda: _check_loadable(path, optimizer, lr_scheduler, ema, trainable_only, weight_sets))
     weights = read_weights(path, trainable_only) if is_main else {}
     fsdp.load_full_model_state_dict(model, weights, strict=not trainable_only)
     if optimizer is not None:
@@ -416,6 +427,9 @@ def load_checkpoint(
     if ema is not None:
         ema.load_full_state_dict(model, _read_tensors(path / EMA_FILE) if is_main else {}, strict=not trainable_only)
         ema.num_updates = int(_rank0_then_share(lambda: load_tree(path, "ema")["num_updates"]))
+    for name, weights in weight_sets.items():
+        state = _read_tensors(path / f"{name}.safetensors") if is_main else {}
+        weights.load_full_state_dict(model, state, strict=not trainable_only)
     if lr_scheduler is not None:
         lr_scheduler.load_state_dict(_rank0_then_share(lambda: load_tree(path, "scheduler")))
     extra = _rank0_then_share(lambda: load_tree(path, "extra_state"))
@@ -447,11 +461,11 @@ def read_resume_point(spec: str | os.PathLike, output_dir: str | os.PathLike) ->
 
 def resume_from_checkpoint(
     spec: str | os.PathLike, output_dir: str | os.PathLike, model: nn.Module, optimizer=None, lr_scheduler=None,
-    ema=None, trainable_only: bool = False,
+    ema=None, trainable_only: bool = False, weight_sets: dict | None = None,
 ) -> LoadedCheckpoint:
     """Collective. ``spec`` is 'latest' (newest complete checkpoint in output_dir) or a folder."""
     found = _rank0_then_share(lambda: str(resolve_checkpoint(spec, output_dir)))
-    return load_checkpoint(found, model, optimizer, lr_scheduler, ema, trainable_only)
+    return load_checkpoint(found, model, optimizer, lr_scheduler, ema, trainable_only, weight_sets)
 
 
 class Checkpointer:
@@ -465,18 +479,20 @@ class Checkpointer:
         self.trainable_only = trainable_only  # LoRA: save and load the adapters only
 
     def save(self, iteration: int, *, model, optimizer=None, lr_scheduler=None, ema=None, extra=None,
-             transformer_config=None, rank_state=None, states: dict | None = None) -> Path:
+             transformer_config=None, rank_state=None, states: dict | None = None,
+             weight_sets: dict | None = None) -> Path:
         extra = dict(extra or {})
         if states:
             extra.setdefault("iteration", iteration)
             extra["state"] = {name: part.state_dict() for name, part in states.items()}
         return save_checkpoint(self.output_dir, iteration, model, optimizer, lr_scheduler, ema, extra,
-                               transformer_config, rank_state, self.keep_last, self.trainable_only)
+                               transformer_config, rank_state, self.keep_last, self.trainable_only, weight_sets)
 
-    def load(self, spec, *, model, optimizer=None, lr_scheduler=None, ema=None, states: dict | None = None) -> dict:
+    def load(self, spec, *, model, optimizer=None, lr_scheduler=None, ema=None, states: dict | None = None,
+             weight_sets: dict | None = None) -> dict:
         """Restore everything passed; returns the saved extra dict (with 'iteration' always set)."""
         loaded = resume_from_checkpoint(spec, self.output_dir, model, optimizer, lr_scheduler, ema,
-                                        self.trainable_only)
+                                        self.trainable_only, weight_sets)
         extra = dict(loaded.extra_state)
         extra.setdefault("iteration", loaded.iteration)
         saved = extra.get("state")

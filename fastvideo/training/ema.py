@@ -134,3 +134,25 @@ def _without_aliases(state: dict[str, torch.Tensor], model: nn.Module) -> dict[s
         k: (v.clone() if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() in live else v)
         for k, v in state.items()
     }
+
+
+class WeightCopy(EMA):
+    """A shard-local float32 copy of the trainable weights moved toward them with each step's own
+    decay (an objective's old policy, e.g. DiffusionNFT's): built for objectives through
+    ObjectiveContext.copy_weights, so that they need not import the training package."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model, decay=0.5)  # a placeholder: step() sets every update's decay
+
+    @torch.no_grad()
+    def step(self, decay: float) -> None:
+        """copy <- decay * copy + (1 - decay) * current (decay 0: an exact copy)."""
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"weight-copy decay {decay} must be in [0, 1)")
+        self.decay = float(decay)
+        if decay == 0.0:
+            for shadow, param in zip(self.shadow, self._params):
+                shadow.copy_(_local(param))
+            self.num_updates += 1
+        else:
+            self.update()

@@ -24,6 +24,7 @@ from fastvideo.sampling.plan import SamplingPlan
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
 from fastvideo.training import builders
 from fastvideo.training import setup as run_setup
+from fastvideo.training.ema import WeightCopy
 from fastvideo.training.hooks import IterationResult, TrainerHook
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars
 from fastvideo.training.policy import Policy
@@ -74,7 +75,8 @@ class Trainer:
         make_objective = resolve_objective(self.cfg.algorithm)  # an unknown --algorithm fails before any model loads
         run_setup.build_parts(self)
         self.objective = make_objective(ObjectiveContext(
-            cfg=self.cfg, dims=self.dims, device=self.device, reward=self.reward, randomness=self.randomness))
+            cfg=self.cfg, dims=self.dims, device=self.device, reward=self.reward, randomness=self.randomness,
+            copy_weights=lambda: WeightCopy(self.model)))
         self.policy = Policy(self.model, self.family, self.device, self.autocast_dtype, self.kl_reference)
         self.updater = Updater(self.model, self.optimizer, self.lr_scheduler, self.cfg.optim,
                                self.cfg.grpo.gradient_accumulation_steps, self.dims, self.device, self.state)
@@ -99,7 +101,8 @@ class Trainer:
         if not strict:  # a changed seed is allowed (and logged by the run-identity check)
             parts.pop("randomness")
         self.checkpointer.load(self.resume_path, model=self.model, optimizer=self.optimizer,
-                               lr_scheduler=self.lr_scheduler, ema=self.ema, states=parts)
+                               lr_scheduler=self.lr_scheduler, ema=self.ema, states=parts,
+                               weight_sets=self.objective.weight_sets())
         self.metrics.truncate_after(self.iteration)
         main_print(f"[resume] continuing after iteration {self.iteration} from {self.resume_path}")
         from fastvideo.training.resume_changes import apply_and_log
@@ -114,7 +117,8 @@ class Trainer:
                  **lora_checkpoint_info(self.cfg)}
         path = self.checkpointer.save(self.iteration, model=self.model, optimizer=self.optimizer,
                                       lr_scheduler=self.lr_scheduler, ema=self.ema, extra=extra,
-                                      states=self.stateful_parts(), transformer_config=self.transformer_config)
+                                      states=self.stateful_parts(), transformer_config=self.transformer_config,
+                                      weight_sets=self.objective.weight_sets())
         self.saved = (self.iteration, path)
         for hook in self.hooks:
             hook.on_checkpoint(self, path)
@@ -145,13 +149,17 @@ class Trainer:
         """This iteration's schedule (SDE / ODE / DPM-Solver++ steps, trainable steps): sampling.mix."""
         n = self.cfg.rollout.sampling_steps
         g = self.cfg.grpo
+        own = self.objective.sampling_plan(iteration, n, self.cfg.rollout.shift)
+        if own is not None:
+            return own
         return plan_for_iteration(self.cfg.mix, n, self.cfg.rollout.shift, g.candidate_steps(n), g.trained_steps(n),
                                   iteration, self.randomness)
 
     def _rollout(self, iteration: int, cond, captions, indices, plan, on_chunk=None):
-        return rollout(self.family, self.model, self.vae, cond, captions, indices, self.rollout_cfg,
-                       self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
-                       on_chunk=on_chunk, plan=plan)
+        with self.objective.rollout_weights():  # NFT samples with its old policy
+            return rollout(self.family, self.model, self.vae, cond, captions, indices, self.rollout_cfg,
+                           self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
+                           on_chunk=on_chunk, plan=plan)
 
     def _sample_and_score(self, iteration: int, indices: list[int]) -> tuple[Trajectory, RewardResult]:
         cond, captions = self.load_prompts(indices)

@@ -120,3 +120,23 @@ def test_bad_shapes_fail_early():
         F.IterationShape(height=700)
     with pytest.raises(ValueError, match="world_size"):
         F.IterationShape(world_size=0)
+
+
+def test_nft_counts_its_no_grad_update_forwards():
+    """NFT: one no-grad forward per trained (sample, step) for the old policy, one more for a KL
+    reference; MFU counts them. The cost model's --algorithm nft trains int(N x fraction) of all N."""
+    from fastvideo.tools.cost_model import parse_args, summarise
+
+    shape = F.IterationShape(height=32, width=32, text_tokens=2, sampling_steps=10, num_generations=2,
+                             world_size=1, trained_steps=9, nograd_update_forwards=2)
+    it = F.iteration_flops(shape, TOY)
+    fwd = FX.transformer_forward_flops(TOY, shape.image_tokens, 2)
+    assert it.update_nograd == 2 * 9 * 2 * fwd == 2 * it.update_forward
+    assert it.model_flops == it.rollout + it.update_forward + it.update_backward + it.vae_decode + it.update_nograd
+    args = parse_args(["--algorithm", "nft", "--sampling_steps", "10", "--timestep_fraction", "0.99",
+                       "--kl_coef", "1e-4", "--h", "256", "--w", "256"])
+    s = summarise(args, TOY, None)
+    assert s["trained_steps"] == 9 and s["nograd_update_forwards"] == 2
+    assert s["flops"]["update_nograd"] == 2 * s["flops"]["update_forward"]
+    grpo = parse_args(["--sampling_steps", "10", "--timestep_fraction", "0.99", "--h", "256", "--w", "256"])
+    assert grpo.trained_steps == 8 and grpo.nograd_update_forwards == 0  # GRPO: the last transition never trains

@@ -71,6 +71,8 @@ LAUNCHERS = [
     "scripts/finetune/finetune_flux_grpo_8gpus.sh",
     "scripts/finetune/finetune_flux_grpo.sh",
     "scripts/demo/grpo_tiny_cpu.sh",
+    "scripts/finetune/finetune_flux_nft_8gpus.sh",
+    "scripts/finetune/finetune_flux_nft_a3_16die.sh",
 ]
 
 

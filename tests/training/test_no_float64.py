@@ -78,3 +78,30 @@ def test_guard_catches_a_float64_advantage(as_on_npu, tiny_flux_dir, tiny_embedd
     with pytest.raises(Float64OnDevice, match="float64"):
         with NoFloat64OnDevice():
             trainer.run_iteration()
+
+
+@pytest.mark.parametrize("reference_weight", [False, True])
+def test_nft_iteration_without_float64(reference_weight, as_on_npu, tiny_flux_dir, tiny_embeddings, tmp_path,
+                                       monkeypatch):
+    """--algorithm nft (bf16, KL): float64-free; the reference's float64 adaptive weight
+    (DiffusionNFT computes mean |x0_pred - x0| in double) would be caught."""
+    from fastvideo.algorithms import nft_loss
+
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path, mixed_precision="bf16", max_train_steps=1,
+                      fsdp_sharding_strategy="none", save_images_every=0, reward_overlap="off", algorithm="nft",
+                      kl_coef=0.1)
+    trainer = single_process_trainer(argv, monkeypatch)
+    if reference_weight:
+        def in_double(x0_pred, x0):
+            err = x0_pred - x0
+            w = (x0_pred.double() - x0.double()).abs().mean(dim=tuple(range(1, err.ndim))).clamp(min=1e-5)
+            return err.square().mean(dim=tuple(range(1, err.ndim))) / w.float()
+
+        monkeypatch.setattr(nft_loss, "_weighted_error", in_double)
+        with pytest.raises(Float64OnDevice, match="float64"):
+            with NoFloat64OnDevice():
+                trainer.run_iteration()
+        return
+    with NoFloat64OnDevice() as guard:
+        record = trainer.run_iteration()
+    assert guard.ops > 1000 and record["iteration"] == 1 and record["kl"] == record["kl"]

@@ -1,0 +1,78 @@
+"""DiffusionNFT's settings (--algorithm nft): the guidance strength beta, the old policy's decay
+schedule, how advantages become optimality, and the rollout's solver.
+
+Names and defaults are the reference's (NVlabs/DiffusionNFT config/nft.py): ``config.beta`` ->
+--nft_beta 1.0, ``config.decay_type`` -> --nft_decay_type 1, ``config.train.adv_mode`` ->
+--adv_mode all, ``config.sample.solver`` dpm2 (deterministic) -> --nft_solver dpm. The objective
+also reads GRPO's shared flags: --adv_clip_max (5, as the reference), --timestep_fraction (which
+share of the N sampling timesteps each sample trains), --use_group / --adv_std (advantages),
+--train_micro_batch_size, --gradient_accumulation_steps, and --kl_coef (the reference's
+``config.train.beta``: a velocity MSE to the frozen base).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from fastvideo.errors import ConfigError
+from fastvideo.settings import Settings, flag_group
+
+ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
+DECAY_TYPES = (0, 1, 2)
+SOLVERS = ("dpm", "ode", "sde")
+_DEFAULTS = {"nft_beta": 1.0, "nft_decay_type": 1, "adv_mode": "all", "nft_solver": "dpm"}
+
+
+@dataclass
+class NFTSettings(Settings):
+    beta: float = 1.0
+    decay_type: int = 1
+    adv_mode: str = "all"
+    solver: str = "dpm"
+    enabled: bool = False  # --algorithm nft
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        g = flag_group(parser, "NFT (--algorithm nft)")
+        g.add_argument("--nft_beta", type=float, default=1.0,
+                       help="DiffusionNFT's beta: v+ = beta v + (1 - beta) v_old, v- = (1 + beta) v_old - beta v "
+                            "(reference config.beta; its OCR and multi-reward runs use 0.1)")
+        g.add_argument("--nft_decay_type", type=int, default=1, choices=list(DECAY_TYPES),
+                       help="old policy <- decay * old + (1 - decay) * current after each iteration, decay(step) of "
+                            "the optimizer steps so far: 0 flat (0: old = current), 1 min(0.001 step, 0.5), "
+                            "2 0 for 75 steps then min(0.0075 (step - 75), 0.999)")
+        g.add_argument("--adv_mode", type=str, default="all", choices=list(ADV_MODES),
+                       help="which clipped advantages NFT uses: all, positive_only / negative_only (the other sign "
+                            "set to 0), one_only (1 where > 0 else 0), binary (the sign)")
+        g.add_argument("--nft_solver", type=str, default="dpm", choices=list(SOLVERS),
+                       help="NFT's rollout: dpm (DPM-Solver++ 2M on the shifted schedule, the reference's dpm2), "
+                            "ode (Euler), sde (the SDE plan of the sampling flags, --eta)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "NFTSettings":
+        return cls(beta=args.nft_beta, decay_type=args.nft_decay_type, adv_mode=args.adv_mode,
+                   solver=args.nft_solver, enabled=args.algorithm == "nft").checked()
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        # A config.json written before NFT existed has no "nft" section: the defaults.
+        if "beta" not in section:
+            return {}
+        return {"nft_beta": section["beta"], "nft_decay_type": section["decay_type"],
+                "adv_mode": section["adv_mode"], "nft_solver": section["solver"]}
+
+    def check(self) -> None:
+        if self.beta <= 0:
+            raise ConfigError(f"--nft_beta {self.beta} must be > 0 (the loss divides by it)")
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        if args.algorithm == "nft":
+            unused = [f"--{k}" for k in ("clip_range",) if getattr(args, k) != getattr(defaults, k)]
+            if args.nft_solver != "sde" and args.eta != defaults.eta:
+                unused.append("--eta")
+            return [f"{', '.join(unused)}: no effect with --algorithm nft (no importance ratio; the rollout is "
+                    f"--nft_solver {args.nft_solver})"] if unused else []
+        given = [f"--{k}" for k, v in _DEFAULTS.items() if getattr(args, k) != v]
+        return [f"{', '.join(given)}: no effect without --algorithm nft"] if given else []

@@ -1,0 +1,265 @@
+"""DiffusionNFT: the objective against an independent reference of its loss, the decay schedule,
+optimality, float32 stability, the old policy's weights, and the objective's work plan."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from fastvideo.algorithms import nft_loss
+from fastvideo.algorithms.base import ObjectiveContext, StatsAccumulator
+from fastvideo.algorithms.nft import NFTObjective, deterministic_plan
+from fastvideo.config import build_parser, validate_args
+from fastvideo.distributed.parallel import ParallelDims
+from fastvideo.errors import ConfigError
+from fastvideo.sampling.randomness import RandomSource
+from fastvideo.training.ema import WeightCopy
+
+BASE = ["--data_json_path", "d", "--pretrained_model_name_or_path", "m", "--rewards", "compressibility",
+        "--use_group", "--algorithm", "nft"]
+
+
+# ---------------------------------------------------------------- the reference, from the issue's formulas
+def reference_nft_loss(v, v_old, x0, eps, t, adv, beta, clip_max, kl_beta=0.0, v_ref=None):
+    """Written from the formulas alone (per sample, with explicit loops; shares no code with
+    fastvideo.algorithms.nft_loss)."""
+    total = 0.0
+    b = x0.shape[0]
+    for i in range(b):
+        a = min(max(float(adv[i]), -clip_max), clip_max)
+        r = min(max(a / clip_max / 2 + 0.5, 0.0), 1.0)
+        ti = float(t[i])
+        xt = (1 - ti) * x0[i] + ti * eps[i]
+        vp = beta * v[i] + (1 - beta) * v_old[i]
+        vn = (1 + beta) * v_old[i] - beta * v[i]
+        terms = []
+        for vv in (vp, vn):
+            x0_hat = xt - ti * vv
+            w = max(float((x0_hat - x0[i]).detach().abs().mean()), 1e-5)  # a Python float: no gradient
+            terms.append(((x0_hat - x0[i]) ** 2).mean() / w)
+        total = total + (r * terms[0] / beta + (1 - r) * terms[1] / beta)
+    loss = clip_max * total / b
+    if v_ref is not None:
+        loss = loss + kl_beta * sum(((v[i] - v_ref[i]) ** 2).mean() for i in range(b)) / b
+    return loss
+
+
+def _inputs(seed=0, b=3, shape=(5, 4)):
+    g = torch.Generator().manual_seed(seed)
+    x0, eps = torch.randn(b, *shape, generator=g), torch.randn(b, *shape, generator=g)
+    v_old = torch.randn(b, *shape, generator=g)
+    v = (v_old + 0.3 * torch.randn(b, *shape, generator=g)).requires_grad_(True)
+    t = torch.rand(b, generator=g) * 0.9 + 0.05
+    adv = torch.tensor([2.5, -7.0, 0.4])[:b]
+    return v, v_old, x0, eps, t, adv
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.1])
+def test_loss_and_gradient_equal_the_independent_reference(beta):
+    v, v_old, x0, eps, t, adv = _inputs()
+    tb = t.view(-1, 1, 1)
+    x_t = (1 - tb) * x0 + tb * eps
+    r = nft_loss.optimality(adv, 5.0)
+    ours, _ = nft_loss.nft_policy_loss(v, v_old, x_t, x0, t, r, beta, 5.0)
+    (g_ours,) = torch.autograd.grad(ours, v)
+    v2 = v.detach().clone().requires_grad_(True)
+    ref = reference_nft_loss(v2, v_old, x0, eps, t, adv, beta, 5.0)
+    (g_ref,) = torch.autograd.grad(ref, v2)
+    assert abs(float(ours.detach()) - float(ref.detach())) <= 1e-6 * max(1.0, abs(float(ref.detach())))
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-6, atol=1e-6)
+    assert float(g_ours.abs().max()) > 1e-3  # a gradient that is not trivially zero
+
+
+def test_decay_schedule_is_the_references():
+    d = nft_loss.decay_schedule
+    assert [d(s, 0) for s in (0, 10, 10_000)] == [0.0, 0.0, 0.0]
+    assert [d(s, 1) for s in (0, 100, 499, 500, 5000)] == pytest.approx([0.0, 0.1, 0.499, 0.5, 0.5])
+    assert [d(s, 2) for s in (0, 74, 75, 76, 100, 208, 10_000)] == pytest.approx(
+        [0.0, 0.0, 0.0, 0.0075, 0.1875, 0.9975, 0.999])
+
+
+def test_optimality_and_advantage_modes():
+    adv = torch.tensor([-10.0, -2.5, 0.0, 2.5, 10.0])
+    assert nft_loss.optimality(adv, 5.0).tolist() == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+    assert nft_loss.optimality(adv, 5.0, "positive_only").tolist() == pytest.approx([0.5, 0.5, 0.5, 0.75, 1.0])
+    assert nft_loss.optimality(adv, 5.0, "negative_only").tolist() == pytest.approx([0.0, 0.25, 0.5, 0.5, 0.5])
+    assert nft_loss.optimality(adv, 5.0, "one_only").tolist() == pytest.approx([0.5, 0.5, 0.5, 0.6, 0.6])
+    assert nft_loss.optimality(adv, 5.0, "binary").tolist() == pytest.approx([0.4, 0.4, 0.5, 0.6, 0.6])
+
+
+def test_exact_predictions_give_a_finite_zero_loss_and_gradient(monkeypatch):
+    """x0-predictions equal to x0 exactly (values exact in float32): the adaptive weight is 0 before
+    its clip, the 0 / 0 the reference guards with 1e-5; loss and gradient are finite zeros."""
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randint(-4, 5, (3, 5, 4), generator=g).float()
+    eps = torch.randint(-4, 5, (3, 5, 4), generator=g).float()
+    t = torch.tensor([0.5, 0.25, 1.0])
+    exact = eps - x0  # x_t - t (eps - x0) = x0 for every t, exactly
+    tb = t.view(-1, 1, 1)
+    x_t = (1 - tb) * x0 + tb * eps
+    r = nft_loss.optimality(torch.tensor([1.0, -1.0, 0.0]), 5.0)
+
+    def run():
+        v = exact.clone().requires_grad_(True)
+        loss, _ = nft_loss.nft_policy_loss(v, exact, x_t, x0, t, r, 1.0, 5.0)
+        return loss, torch.autograd.grad(loss, v)[0]
+
+    loss, grad = run()
+    assert float(loss.detach()) == 0.0 and torch.equal(grad, torch.zeros_like(grad))
+    monkeypatch.setattr(nft_loss, "WEIGHT_FLOOR", 0.0)  # without the clip: 0 / 0
+    loss, grad = run()
+    assert torch.isnan(loss)
+
+
+def test_bf16_predictions_are_computed_in_float32():
+    """bf16 model outputs: the loss is the float32 loss of the upcast values (no bf16 arithmetic,
+    no float64: the NPU path), and finite."""
+    v, v_old, x0, eps, t, adv = _inputs(2)
+    vb, vob = v.detach().bfloat16().requires_grad_(True), v_old.bfloat16()
+    tb = t.view(-1, 1, 1)
+    x_t = (1 - tb) * x0 + tb * eps
+    r = nft_loss.optimality(adv, 5.0)
+    low, _ = nft_loss.nft_policy_loss(vb, vob, x_t, x0, t, r, 0.1, 5.0)
+    up, _ = nft_loss.nft_policy_loss(vb.detach().float(), vob.float(), x_t, x0, t, r, 0.1, 5.0)
+    assert low.dtype == torch.float32 and float(low) == float(up)
+    (g,) = torch.autograd.grad(low, vb)
+    assert torch.isfinite(g.float()).all()
+
+
+def test_old_policy_step_and_swap():
+    model = nn.Linear(3, 2)
+    old = WeightCopy(model)
+    start = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    old.step(0.25)
+    for s, a, p in zip(old.shadow, start, model.parameters()):
+        torch.testing.assert_close(s, 0.25 * a + 0.75 * p.detach(), rtol=0, atol=1e-6)
+    current = [p.detach().clone() for p in model.parameters()]
+    with old.swapped_in(model):
+        assert all(torch.equal(p, s) for p, s in zip(model.parameters(), old.shadow))
+    assert all(torch.equal(p, c) for p, c in zip(model.parameters(), current))  # restored bit for bit
+    old.step(0.0)
+    assert all(torch.equal(s, p.detach()) for s, p in zip(old.shadow, model.parameters()))
+    with pytest.raises(ValueError, match="must be in"):
+        old.step(1.0)
+
+
+# ---------------------------------------------------------------- the objective itself
+class _Policy:
+    """A policy over a linear velocity model: v(x) = model(x) (no family, no conditioning)."""
+
+    def __init__(self, model, ref=None):
+        self.model, self.ref = model, ref
+
+    @property
+    def has_reference(self):
+        return self.ref is not None
+
+    def velocity(self, traj, rows, x, sigma):
+        return self.model(x)
+
+    @torch.no_grad()
+    def reference_velocity(self, traj, rows, x, sigma):
+        return self.ref(x)
+
+
+def _objective(model, *flags):
+    cfg = validate_args(build_parser().parse_args(BASE + list(flags)))
+    rand = RandomSource(11)
+    ctx = ObjectiveContext(cfg=cfg, dims=ParallelDims.build(1, 0, "full"), device=torch.device("cpu"),
+                           randomness=rand, copy_weights=lambda: WeightCopy(model))
+    return NFTObjective(ctx), rand
+
+
+def _traj(b=4, n=6):
+    g = torch.Generator().manual_seed(3)
+    return SimpleNamespace(x0=torch.randn(b, 5, 4, generator=g), sigmas=deterministic_plan("dpm", n, 3.0).sigmas,
+                           sample_ids=torch.arange(100, 100 + b), plan=deterministic_plan("dpm", n, 3.0),
+                           num_samples=b)
+
+
+@pytest.mark.parametrize("kl", [0.0, 0.05])
+def test_objective_loss_equals_the_reference_loss_and_gradient(kl):
+    torch.manual_seed(0)
+    model, ref = nn.Linear(4, 4), nn.Linear(4, 4)
+    obj, rand = _objective(model, "--nft_beta", "0.3", "--train_micro_batch_size", "2", "--timestep_fraction",
+                           "0.5", "--gradient_accumulation_steps", "2", "--kl_coef", str(kl))
+    with torch.no_grad():  # an old policy that differs from the current one
+        for s in obj.old.shadow:
+            s.add_(0.1 * torch.randn_like(s))
+    old_model = nn.Linear(4, 4)
+    old_model.load_state_dict({"weight": obj.old.shadow[0], "bias": obj.old.shadow[1]})
+    traj, adv = _traj(), torch.tensor([1.5, -0.5, 9.0, -3.0])
+    micro = obj.plan_update(traj, iteration=5)
+    term = micro[1][2]
+    loss = obj.loss(_Policy(model, ref if kl else None), traj, adv, term, StatsAccumulator(torch.device("cpu")))
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+
+    rows, steps = term.rows, term.steps
+    x0, t = traj.x0[rows], traj.sigmas[steps]
+    eps = rand.train_noise(5, traj.sample_ids[rows], steps, (5, 4))  # the draw the objective is bound to use
+    tb = t.view(-1, 1, 1)
+    x_t = (1 - tb) * x0 + tb * eps
+    twin = nn.Linear(4, 4)
+    twin.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        v_old, v_ref = old_model(x_t), ref(x_t)
+    expected = reference_nft_loss(twin(x_t), v_old, x0, eps, t, adv[rows], 0.3, 5.0, kl, v_ref if kl else None)
+    expected = expected / (2 * 3)  # GA 2 x T 3 (int(6 * 0.5)) terms per optimizer step, full micro-batch
+    ref_grads = torch.autograd.grad(expected, list(twin.parameters()))
+    assert abs(float(loss.detach()) - float(expected.detach())) <= 1e-6 * max(1.0, abs(float(expected.detach())))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    # the swap for v_old left the current weights in place
+    assert torch.equal(model.weight, twin.weight)
+
+
+def test_plan_update_draws_a_permutation_prefix_per_sample():
+    obj, _ = _objective(nn.Linear(4, 4), "--train_micro_batch_size", "3", "--timestep_fraction", "0.99")
+    traj = _traj(b=4, n=10)
+    micro = obj.plan_update(traj, iteration=2)
+    assert [len(m) for m in micro] == [9, 9] and [m[0].rows.tolist() for m in micro] == [[0, 1, 2], [3]]
+    for i in range(4):
+        m, j = divmod(i, 3)
+        steps = [int(term.steps[j]) for term in micro[m]]
+        assert len(set(steps)) == 9 and all(0 <= s < 10 for s in steps)  # never sigma 0 (index 10)
+    again = obj.plan_update(traj, iteration=2)
+    assert all(torch.equal(a.steps, b.steps) for ma, mb in zip(micro, again) for a, b in zip(ma, mb))
+
+
+def test_rollout_plans_and_config_rules():
+    plan = deterministic_plan("dpm", 8, 3.0)
+    assert plan.describe() == "D" * 8 and plan.trainable == () and plan.dpm_order == 2
+    assert deterministic_plan("ode", 8, 3.0).describe() == "O" * 8
+    obj, _ = _objective(nn.Linear(4, 4), "--nft_solver", "sde")
+    assert obj.sampling_plan(1, 8, 3.0) is None  # the run's SDE plan
+    with pytest.raises(ConfigError, match="init_same_noise"):
+        validate_args(build_parser().parse_args(BASE + ["--init_same_noise"]))
+    with pytest.raises(ConfigError, match="nft_solver sde"):
+        validate_args(build_parser().parse_args(BASE + ["--sde_steps", "2"]))
+    with pytest.raises(ConfigError, match="must be > 0"):
+        validate_args(build_parser().parse_args(BASE + ["--nft_beta", "0"]))
+    grpo = validate_args(build_parser().parse_args(BASE[:-2] + ["--nft_beta", "0.1"]))
+    assert any("--nft_beta: no effect without --algorithm nft" in n for n in grpo.compat_notes)
+    nft = validate_args(build_parser().parse_args(BASE + ["--clip_range", "0.2"]))
+    assert any("--clip_range" in n and "no effect with --algorithm nft" in n for n in nft.compat_notes)
+    assert nft.derived(1)["trained_steps_per_sample"] == int(16 * 0.6)
+
+
+def test_objective_state_round_trip_and_refuses_grpo_state():
+    obj, _ = _objective(nn.Linear(4, 4))
+    assert obj.steps_per_iteration == 12  # 12 samples per rank, micro-batches of 1
+    obj.after_update(None, 25)  # decay type 1 after 25 x 12 optimizer steps: 0.3
+    state = obj.state_dict()
+    assert state == {"old_updates": 1, "last_decay": pytest.approx(0.3)}
+    other, _ = _objective(nn.Linear(4, 4))
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+    with pytest.raises(ConfigError, match="not NFT's"):
+        other.load_state_dict({})
+    assert set(obj.weight_sets()) == {"old_policy"}
