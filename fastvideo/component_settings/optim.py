@@ -74,7 +74,7 @@ class OptimSettings(Settings):
         return {**section, "sampler_seed": None if same else section["sampler_seed"]}
 
     def check(self) -> None:
-        check_number("learning_rate", self.learning_rate, above=0.0)
+        check_number("learning_rate", self.learning_rate, at_least=0.0)  # 0: frozen weights (a control run)
         check_number("weight_decay", self.weight_decay, at_least=0.0)
         check_number("max_grad_norm", self.max_grad_norm, allow_inf=True)  # <= 0 or inf: measure only
         check_number("lr_power", self.lr_power)

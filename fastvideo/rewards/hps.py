@@ -19,7 +19,7 @@ Input precision (``input_precision`` / ``--hps_input``): "uint8" (default) is up
 DanceGRPO turns each decoded image into an 8-bit PIL image (diffusers' postprocess: round(255 x))
 and scores it through HPS's ``preprocess_val`` (ToTensor, i.e. value / 255, then the resize
 below) with the similarity ``image_features @ text_features.T`` under the reward autocast (fp16
-on GPU/NPU, as upstream's ``torch.amp.autocast('cuda')``; float32 on CPU, where the device layer
+on GPU/NPU, as upstream's autocast on its accelerator; float32 on CPU, where the device layer
 runs no autocast). Float images are rounded to 8 bits first, so a tensor and the same images as
 8-bit PIL score the same. "float" skips the rounding and takes the row-wise dot product in
 float32 (for alignment work: it differs from upstream by ~1e-4 per image).

@@ -87,7 +87,10 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
         param_init_fn=loader,
         mixed_precision=fsdp_precision(cfg),
         forward_prefetch=cfg.fsdp_forward_prefetch,
-        replicate_frozen=cfg.lora.enabled and not cfg.cpu_offload,
+        # An objective that swaps a second weight set in and out (NFT's old policy) keeps the
+        # per-adapter layout: with the base replicated the swap was not seen by the forward
+        # (old == current after an update, measured); open in the hot-loop issue.
+        replicate_frozen=cfg.lora.enabled and not cfg.cpu_offload and cfg.algorithm == "grpo",
     )
     if loader is not None:
         loader.check_complete()

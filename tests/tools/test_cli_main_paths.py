@@ -148,7 +148,7 @@ def test_export_cli(tiny_flux_dir, tmp_path, monkeypatch, capsys):
     code, out = run_tool("export", [str(ckpt), str(out_dir)], monkeypatch, capsys)
     assert code == 0
     assert out.strip() == f"exported policy weights of {ckpt} as a diffusers transformer folder: {out_dir}"
-    saved, exported = load_file(ckpt / "model.safetensors"), load_file(out_dir / "diffusion_pytorch_model.safetensors")
+    saved, exported = load_file(ckpt / "diffusion_pytorch_model.safetensors"), load_file(out_dir / "diffusion_pytorch_model.safetensors")
     assert saved.keys() == exported.keys() and all(torch.equal(saved[k], exported[k]) for k in saved)
     assert json.loads((out_dir / "config.json").read_text())["_class_name"] == "FluxTransformer2DModel"
     # a LoRA export of a full checkpoint is refused with the fix, exit status non-zero

@@ -51,7 +51,8 @@ def runs(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, weights", [("full", "model.safetensors"), ("lora", "lora.safetensors")])
+@pytest.mark.parametrize("name, weights", [("full", "diffusion_pytorch_model.safetensors"),
+                                           ("lora", "pytorch_lora_weights.safetensors")])
 def test_nft_trains_two_ranks_and_resumes_exactly(runs, name, weights, tiny_flux_dir):
     straight, resumed = runs[name]
     rows, again = read_metrics(straight), read_metrics(resumed)

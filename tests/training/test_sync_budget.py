@@ -13,7 +13,9 @@ from fastvideo.perf.syncs import COPY_KINDS, STEP_PHASES, SyncCounter
 # docs/performance.md): reward metrics, the sampler, the rollout's id checks, the update's
 # read-backs, one skip decision per optimizer step. A new one makes this test fail: remove it, or
 # move it out of the loops and raise the budget with a reason.
-ITERATION_BUDGET = 32
+# 36 since the non-finite-reward checks (rewards kept/dropped: combine, finite_group_advantages,
+# reward_metrics' finite means), once per iteration each.
+ITERATION_BUDGET = 36
 
 
 @pytest.fixture(scope="module")

@@ -139,7 +139,7 @@ def _held_out_gain(seed, tiny_embeddings, tiny_flux_dir, out, eval_prompts, monk
     argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=LEARNING_ITERATIONS, h=64, w=64,
                       sampling_steps=6, eta=0.7, num_generations=8, train_batch_size=2, rollout_batch_size=8,
                       train_micro_batch_size=4, timestep_fraction=1.0, clip_range=0.2, learning_rate=3e-3,
-                      init_same_noise=True, save_images_every=0, checkpointing_steps=100,
+                      init_same_noise=True, same_noise_scope="prompt", save_images_every=0, checkpointing_steps=100,
                       fsdp_sharding_strategy="none", seed=seed, eval_every=LEARNING_ITERATIONS,
                       eval_prompts=str(eval_prompts), eval_batch_size=LEARNING_EVAL_PROMPTS)
     assert _run_single(argv, monkeypatch) == 0
