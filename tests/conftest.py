@@ -41,3 +41,11 @@ def tiny_rewards(tmp_path_factory):
     from fastvideo.tools.make_tiny_reward import make_tiny_reward
 
     return make_tiny_reward(tmp_path_factory.mktemp("tiny_rewards"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_dir(tmp_path_factory):
+    """A tiny random-weight SD3.5 folder in diffusers layout (make_tiny_sd3), built once per session."""
+    from fastvideo.tools.make_tiny_sd3 import make_tiny_sd3
+
+    return make_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3"), seed=0)
