@@ -190,7 +190,8 @@ def predict_velocity(transformer, x, sigma, embeds, pooled, neg_embeds, neg_pool
     embeds [B, Lt, D], pooled [B, P]; with guidance_scale > 1 (classifier-free guidance, as
     StableDiffusion3Pipeline and Flow-GRPO decide) the empty prompt's neg_embeds [Lt, D] /
     neg_pooled [P] run in the same batch (unconditional rows first, as the pipeline) and
-    v = v_u + s (v_c - v_u); otherwise one conditional pass and the negatives are unused."""
+    v = v_u + s (v_c - v_u) with v_u detached (Flow-GRPO); otherwise one conditional pass and the
+    negatives are unused."""
     b = x.shape[0]
     if embeds.shape[0] != b or pooled.shape[0] != b:
         raise ValueError(f"batch sizes differ: latents {b}, prompt_embeds {embeds.shape[0]}, pooled {pooled.shape[0]}")
@@ -207,6 +208,9 @@ def predict_velocity(transformer, x, sigma, embeds, pooled, neg_embeds, neg_pool
     v = from_grid(out.float())
     if guided:
         v_u, v_c = v.chunk(2)
+        # Flow-GRPO's compute_log_prob detaches the unconditional prediction: the update's
+        # gradient flows through the conditional rows only (the value is unchanged).
+        v_u = v_u.detach()
         v = v_u + guidance_scale * (v_c - v_u)
     return v
 
