@@ -184,3 +184,26 @@ def test_bad_embeddings_and_folders_fail_clearly(tiny_sd3_dir, tmp_path, cond):
         (tmp_path / "m").mkdir()
         (tmp_path / "m" / "model_index.json").write_text("{}")
         family.check_folder(tmp_path / "m")
+
+
+def test_update_gradient_flows_through_the_conditional_rows_only(pipe, cond):
+    """Flow-GRPO's compute_log_prob detaches the unconditional prediction: d v / d x = s d v_c / d x."""
+    family = SD3Family(guidance_scale=SCALE)
+    layout = family.layout(64, 64, pipe.vae, pipe.transformer)
+    x = torch.randn(2, *layout.tokens, requires_grad=True)
+    (grad,) = torch.autograd.grad(family.velocity(pipe.transformer, x, 0.5, cond, layout).sum(), x)
+    (grad_c,) = torch.autograd.grad(SD3Family(1.0).velocity(pipe.transformer, x, 0.5, cond, layout).sum(), x)
+    torch.testing.assert_close(grad, SCALE * grad_c, rtol=1e-4, atol=1e-6)
+
+
+def test_cost_model_counts_sd35_medium_with_both_guidance_passes(capsys):
+    from fastvideo.models.sd3 import flops as F
+    from fastvideo.tools import cost_model
+
+    cost_model.main(["--model_family", "sd3", "--h", "512", "--w", "512", "--sampling_steps", "10",
+                     "--num_generations", "24", "--prompts_per_rank", "1", "--timestep_fraction", "1.0",
+                     "--world_size", "8", "--text_tokens", "128", "--gradient_checkpointing", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    one_pass = F.transformer_flops_breakdown(F.SD35_MEDIUM, 32 * 32, 77 + 128)["total"]
+    assert out["flops"]["rollout"] == 10 * 8 * 24 * 2 * one_pass  # steps x samples x (cond + uncond)
+    assert out["trained_steps"] == 9
