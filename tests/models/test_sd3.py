@@ -173,7 +173,8 @@ def test_bad_embeddings_and_folders_fail_clearly(tiny_sd3_dir, tmp_path, cond):
     family.check_record(0, rec)
     with pytest.raises(EmbeddingShapeError, match="negative"):
         family.check_record(0, {**rec, "neg_pooled": rec["neg_pooled"][:-1]})
-    dims = (77 + SEQ, rec["prompt_embeds"].shape[1], rec["pooled"].shape[0])
+    dims = family.check_record(0, rec)[1]
+    assert dims == (SEQ, rec["prompt_embeds"].shape[1], rec["pooled"].shape[0])  # dims[0]: the T5 length
     config = json.loads((tiny_sd3_dir / "transformer" / "config.json").read_text())
     family.check_dims(dims, config, SEQ)
     with pytest.raises(EmbeddingShapeError, match="max_sequence_length 8"):

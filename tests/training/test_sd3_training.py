@@ -138,5 +138,27 @@ def test_sd3_lora_trains_resumes_exactly_and_exports_a_diffusers_lora_file(tiny_
     out = export_lora(straight / "checkpoint-2", tmp_path / "lora")
     pipe = StableDiffusion3Pipeline.from_pretrained(tiny_sd3_dir)
     stock = _final_latents(pipe)
-    pipe.load_lora_weights(out)
+    pipe.load_lora_weights(str(out), weight_name="pytorch_lora_weights.safetensors")
     assert not torch.allclose(_final_latents(pipe), stock, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_sd3_iteration_on_the_npu_paths_does_no_float64(precision, tiny_sd3_dir, sd3_embeddings, tmp_path,
+                                                         monkeypatch):
+    """One SD3.5 iteration with classifier-free guidance, the CPU treated as an NPU (stand-in
+    torch_npu): SD3.5's q/k RMSNorms take the fused kernel, and nothing runs in float64."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import npu_stub
+    from float64_guard import NoFloat64OnDevice
+    from helpers import single_process_trainer, train_args
+
+    stub = npu_stub.install(monkeypatch)
+    argv = train_args(sd3_embeddings, tiny_sd3_dir, tmp_path, model_family="sd3", guidance_scale=4.5,
+                      flow_grpo_sampling=True, eta=0.7, no_quantize_timestep=True, mixed_precision=precision,
+                      max_train_steps=1, fsdp_sharding_strategy="none", save_images_every=0, reward_overlap="off")
+    trainer = single_process_trainer(argv, monkeypatch)
+    with NoFloat64OnDevice() as guard:
+        record = trainer.run_iteration()
+    assert guard.ops > 1000 and record["iteration"] == 1
+    assert stub.calls["npu_rms_norm"] > 0
+    assert record["forward_passes_rollout"] == 4 * 2 * 2  # steps x samples x (uncond + cond)

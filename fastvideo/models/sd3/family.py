@@ -107,7 +107,8 @@ class SD3Family(base.ModelFamily):
             {"neg_prompt_embeds": records[0]["neg_prompt_embeds"], "neg_pooled": records[0]["neg_pooled"]})
 
     def check_record(self, idx, record, first_dims=None, where: str = ""):
-        """-> (record, (Lt, D, P)); the negatives must have the prompt's shapes."""
+        """-> (record, (L, D, P)) with L the T5 length (prompt_embeds has 77 + L rows: dims[0] is
+        max_sequence_length, as FLUX's); the negatives must have the prompt's shapes."""
         embed, pooled = record["prompt_embeds"], record["pooled"]
         if embed.ndim != 2 or pooled.ndim != 1:
             raise EmbeddingShapeError(f"prompt {idx}: prompt_embed {tuple(embed.shape)} / pooled {tuple(pooled.shape)} "
@@ -115,9 +116,12 @@ class SD3Family(base.ModelFamily):
         if record["neg_prompt_embeds"].shape != embed.shape or record["neg_pooled"].shape != pooled.shape:
             raise EmbeddingShapeError(f"prompt {idx}: the negative (empty-prompt) embeddings differ in shape from "
                                       f"the prompt's in {where!r}; re-run the preprocessing into an empty folder")
-        dims = (embed.shape[0], embed.shape[1], pooled.shape[0])
+        if embed.shape[0] <= C.CLIP_TOKENS:
+            raise EmbeddingShapeError(f"prompt {idx}: prompt_embed has {embed.shape[0]} rows, not 77 CLIP + T5 tokens: "
+                                      f"{where!r} was not made by SD3 preprocessing (--model_family sd3)")
+        dims = (embed.shape[0] - C.CLIP_TOKENS, embed.shape[1], pooled.shape[0])
         if first_dims is not None and dims != first_dims:
-            raise EmbeddingShapeError(f"prompt {idx} has (77 + L, D, P) = {dims} but prompt 0 has {first_dims}: "
+            raise EmbeddingShapeError(f"prompt {idx} has (L, D, P) = {dims} but prompt 0 has {first_dims}: "
                                       f"{where!r} mixes two preprocessing runs — re-run it into an empty folder")
         return dict(record), dims
 
@@ -131,8 +135,8 @@ class SD3Family(base.ModelFamily):
         if get("pooled_projection_dim") is not None and pooled != get("pooled_projection_dim"):
             raise EmbeddingShapeError(f"pooled prompt embeddings have width {pooled} but the transformer expects "
                                       f"pooled_projection_dim {get('pooled_projection_dim')}: {MODEL_HINT}")
-        if max_sequence_length is not None and seq != C.CLIP_TOKENS + max_sequence_length:
-            raise EmbeddingShapeError(f"prompt embeddings have {seq} tokens but 77 + {max_sequence_length} are "
+        if max_sequence_length is not None and seq != max_sequence_length:
+            raise EmbeddingShapeError(f"prompt embeddings have 77 + {seq} tokens but 77 + {max_sequence_length} are "
                                       f"expected: re-run preprocessing with --max_sequence_length {max_sequence_length}")
 
     def encoder_dims(self, encoders) -> dict[str, int]:
