@@ -162,3 +162,20 @@ def test_sd3_iteration_on_the_npu_paths_does_no_float64(precision, tiny_sd3_dir,
     assert guard.ops > 1000 and record["iteration"] == 1
     assert stub.calls["npu_rms_norm"] > 0
     assert record["forward_passes_rollout"] == 4 * 2 * 2  # steps x samples x (uncond + cond)
+
+
+def test_demo_model_sd3_dry_run_parses_to_the_tiny_sd3_run():
+    from fastvideo.config import build_parser, validate_args
+
+    env = {"DRY_RUN": "1", "MODEL": "sd3", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+           "HOME": os.environ.get("HOME", "/root")}
+    out = subprocess.run(["bash", str(ROOT / "scripts/demo/grpo_tiny_cpu.sh")], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    words = shlex.split(out.stdout.strip().splitlines()[-1])
+    cfg = validate_args(build_parser().parse_args(words[words.index("fastvideo/train_grpo_flux.py") + 1:]))
+    assert cfg.model.family == "sd3" and cfg.rollout.guidance_scale == 4.5 and cfg.mix.sde_kind == "flow"
+    assert cfg.model.pretrained_model_name_or_path == "data/demo/tiny_sd3"
+    bad = subprocess.run(["bash", str(ROOT / "scripts/demo/grpo_tiny_cpu.sh")], capture_output=True, text=True,
+                         env={**env, "MODEL": "sd4"}, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "MODEL=sd4" in bad.stderr
