@@ -191,10 +191,11 @@ def test_update_gradient_flows_through_the_conditional_rows_only(pipe, cond):
     """Flow-GRPO's compute_log_prob detaches the unconditional prediction: d v / d x = s d v_c / d x."""
     family = SD3Family(guidance_scale=SCALE)
     layout = family.layout(64, 64, pipe.vae, pipe.transformer)
-    x = torch.randn(2, *layout.tokens, requires_grad=True)
+    x = torch.randn(2, *layout.tokens, generator=torch.Generator().manual_seed(1), requires_grad=True)
     (grad,) = torch.autograd.grad(family.velocity(pipe.transformer, x, 0.5, cond, layout).sum(), x)
     (grad_c,) = torch.autograd.grad(SD3Family(1.0).velocity(pipe.transformer, x, 0.5, cond, layout).sum(), x)
-    torch.testing.assert_close(grad, SCALE * grad_c, rtol=1e-4, atol=1e-6)
+    # batched (guided) and unbatched (v_c) calls round differently: 1e-5 against gradients of ~1
+    torch.testing.assert_close(grad, SCALE * grad_c, rtol=1e-4, atol=1e-5)
 
 
 def test_cost_model_counts_sd35_medium_with_both_guidance_passes(capsys):
