@@ -66,7 +66,7 @@ def check_sd3_folder(path: str | Path, components: tuple[str, ...] | None = None
 
 
 def adapt_for_device(transformer, device) -> None:
-    """On an NPU: torch_npu's fused RMSNorm for SD3.5's q/k norms (npu_ops swaps every Attention's
+    """On an NPU: the fused RMSNorm kernel for SD3.5's q/k norms (npu_ops swaps every Attention's
     RMSNorm; SD3 has no RoPE and no FLUX processor, so nothing else changes). Elsewhere nothing."""
     from fastvideo import devices
 
