@@ -41,3 +41,42 @@ def tiny_rewards(tmp_path_factory):
     from fastvideo.tools.make_tiny_reward import make_tiny_reward
 
     return make_tiny_reward(tmp_path_factory.mktemp("tiny_rewards"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_dir(tmp_path_factory):
+    """A tiny random-weight SD3.5 folder in diffusers layout (make_tiny_sd3), built once per session."""
+    from fastvideo.tools.make_tiny_sd3 import make_tiny_sd3
+
+    return make_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3"), seed=0)
+
+
+# FLUX.1-schnell's scheduler_config.json: no dynamic shifting, shift 1.
+SCHNELL_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.32.0",
+                     "base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 4096, "max_shift": 1.15,
+                     "num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False}
+
+
+@pytest.fixture(scope="session")
+def tiny_schnell_dir(tiny_flux_dir, tmp_path_factory):
+    """The tiny FLUX folder with a schnell-shaped transformer (guidance_embeds False, random weights)."""
+    import json
+    import shutil
+
+    import torch
+    from diffusers import FluxTransformer2DModel
+
+    out = tmp_path_factory.mktemp("schnell") / "model"
+    shutil.copytree(tiny_flux_dir, out)
+    config = json.loads((out / "transformer" / "config.json").read_text())
+    config = {k: v for k, v in config.items() if not k.startswith("_")} | {"guidance_embeds": False}
+    torch.manual_seed(0)
+    model = FluxTransformer2DModel.from_config(config)
+    with torch.no_grad():  # as make_tiny_flux: the zero-initialised output projections get small values
+        for name, p in model.named_parameters():
+            if torch.count_nonzero(p) == 0 and "norm" not in name:
+                p.copy_(torch.randn(p.shape) * 0.02)
+    shutil.rmtree(out / "transformer")
+    model.save_pretrained(out / "transformer", safe_serialization=True)
+    (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHNELL_SCHEDULER))
+    return out

@@ -374,7 +374,12 @@ def full_model_state_dict(model: nn.Module, trainable_only: bool = False) -> dic
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     options = _options(model, load=False, ignore_frozen_params=trainable_only)
-    return _rank0_only(get_model_state_dict(model, options=options))
+    state = _rank0_only(get_model_state_dict(model, options=options))
+    if trainable_only:
+        # ignore_frozen_params keeps persistent buffers (SD3's pos_embed.pos_embed): drop them
+        buffers = {_clean_name(n) for n, _ in unwrap_model(model).named_buffers()}
+        state = {k: v for k, v in state.items() if k not in buffers}
+    return state
 
 
 def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:

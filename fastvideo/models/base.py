@@ -225,6 +225,12 @@ class ModelFamily(abc.ABC):
     def check_cond(self, cond: Conditioning) -> None:
         """Raise ValueError when a prompt-level Conditioning is malformed (default: no check)."""
 
+    @property
+    def velocity_passes(self) -> int:
+        """Transformer passes (in samples) one velocity costs: 2 for a family that runs
+        classifier-free guidance's conditional and unconditional rows (SD3 with guidance_scale > 1)."""
+        return 1
+
     # -- sampling
     @abc.abstractmethod
     def layout(self, height: int, width: int, vae, transformer=None, device=None) -> LatentLayout:
@@ -285,6 +291,7 @@ def model_family_names() -> list[str]:
 def _ensure_builtin() -> None:
     # The built-in families register themselves on import.
     importlib.import_module("fastvideo.models.flux")
+    importlib.import_module("fastvideo.models.sd3")
 
 
 def get_model_family(name_or_path: str, **settings) -> ModelFamily:

@@ -37,7 +37,9 @@ class RolloutSettings(Settings):
         g.add_argument("--sampling_steps", type=int, default=16, help="denoising steps of a rollout")
         g.add_argument("--eta", type=float, default=0.3, help="noise level of the SDE sampler (must be > 0)")
         g.add_argument("--shift", type=float, default=3.0, help="timestep shift of the sigma schedule")
-        g.add_argument("--guidance_scale", type=float, default=3.5, help="FLUX.1-dev guidance embedding value")
+        g.add_argument("--guidance_scale", type=float, default=3.5,
+                       help="FLUX.1-dev: its guidance embedding's value; SD3 (--model_family sd3): the classifier-free "
+                            "guidance scale, on above 1, in rollout and update (Flow-GRPO: 4.5)")
         g.add_argument("--no_quantize_timestep", action="store_true",
                        help="pass the exact sigma to the transformer (diffusers' FluxPipeline) instead of "
                             "upstream's floor(1000*sigma)/1000")
@@ -53,7 +55,8 @@ class RolloutSettings(Settings):
                             "sample (by default once per group: the G samples pass through the same states there)")
         g.add_argument("--rollout_batch_size", type=int, default=1, help="samples per transformer call in the rollout")
         g.add_argument("--cfg", type=float, default=0.0,
-                       help="classifier-free guidance; must be 0 (FLUX.1-dev is guidance-distilled)")
+                       help="DanceGRPO's classifier-free guidance flag; must be 0 (FLUX.1-dev is guidance-distilled; "
+                            "SD3's classifier-free guidance is --guidance_scale)")
         g.add_argument("--precondition_outputs", action="store_true", help="not supported for FLUX")
 
     @classmethod
@@ -62,8 +65,9 @@ class RolloutSettings(Settings):
         if args.t != 1 or args.num_latent_t != 1:
             raise ConfigError("--t and --num_latent_t must be 1: this trainer is for images")
         if args.cfg != 0.0:
-            raise ConfigError(f"--cfg {args.cfg}: classifier-free guidance is not supported; FLUX.1-dev uses its "
-                              "guidance embedding (--guidance_scale)")
+            raise ConfigError(f"--cfg {args.cfg}: classifier-free guidance is not supported through --cfg; FLUX.1-dev "
+                              "uses its guidance embedding (--guidance_scale), and --model_family sd3 takes its "
+                              "classifier-free guidance scale as --guidance_scale")
         if args.precondition_outputs:
             raise ConfigError("--precondition_outputs is not supported for FLUX (velocity prediction)")
         at_least_one(args, "rollout_batch_size")

@@ -93,6 +93,7 @@ from fastvideo.training.checkpoint_files import (  # noqa: F401  (re-exported: p
     NoCheckpointError,
     adapters_from_lora_file,
     checkpoint_dir,
+    clean_config,
     file_digest,
     find_latest,
     folder_digests,
@@ -159,35 +160,11 @@ class _Writer:
 
 
 # ======================================================================== save
-def _config_value(value):
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    raise TypeError(f"transformer config value {value!r} ({type(value).__name__}) is not JSON-serialisable")
-
-
-def _clean_config(config: dict | None, class_name: str) -> dict | None:
-    """A diffusers config as plain JSON, without the entries that describe where it was loaded from;
-    class_name: the _class_name it gets when it names none (the saved model's class)."""
-    if config is None:
-        return None
-    cfg = json.loads(json.dumps(dict(config), default=_config_value))
-    for key in ("_use_default_values", "_name_or_path"):
-        cfg.pop(key, None)
-    cfg.setdefault("_class_name", class_name)
-    if "_diffusers_version" not in cfg:  # what diffusers' from_pretrained records of the folder it reads
-        import diffusers
-
-        cfg["_diffusers_version"] = diffusers.__version__
-    return cfg
-
-
 def _model_config(model: nn.Module, transformer_config: dict | None) -> dict | None:
     """transformer_config (else the model's own config) as saved, naming the model's class."""
     unwrapped = fsdp.unwrap_model(model)
     config = transformer_config if transformer_config is not None else getattr(unwrapped, "config", None)
-    return _clean_config(config, type(unwrapped).__name__) if config is not None else None
+    return clean_config(config, type(unwrapped).__name__) if config is not None else None
 
 
 def _remove_scratch(output_dir: Path) -> None:

@@ -286,3 +286,28 @@ def legacy_states(extra: dict) -> dict:
     if "sampler" in extra:
         states["sampler"] = extra["sampler"]
     return states
+
+
+# ======================================================================== model config
+def _config_value(value):
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"transformer config value {value!r} ({type(value).__name__}) is not JSON-serialisable")
+
+
+def clean_config(config: dict | None, class_name: str) -> dict | None:
+    """A diffusers config as plain JSON, without the entries that describe where it was loaded from;
+    class_name: the _class_name it gets when it names none (the saved model's class)."""
+    if config is None:
+        return None
+    cfg = json.loads(json.dumps(dict(config), default=_config_value))
+    for key in ("_use_default_values", "_name_or_path"):
+        cfg.pop(key, None)
+    cfg.setdefault("_class_name", class_name)
+    if "_diffusers_version" not in cfg:  # what diffusers' from_pretrained records of the folder it reads
+        import diffusers
+
+        cfg["_diffusers_version"] = diffusers.__version__
+    return cfg

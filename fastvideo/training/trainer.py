@@ -237,8 +237,10 @@ class Trainer:
         record.update(means)
         record.update(maxes)
         record["optimizer_steps"] = stats.optimizer_steps
-        record["forward_passes_update"] = stats.forward_passes
-        record["forward_passes_rollout"] = traj.rollout_forward_samples()
+        # Under classifier-free guidance one velocity is two transformer passes (the family says).
+        passes = getattr(self.family, "velocity_passes", 1)
+        record["forward_passes_update"] = stats.forward_passes * passes
+        record["forward_passes_rollout"] = traj.rollout_forward_samples() * passes
         record["shared_ode_prefix"] = traj.shared_prefix
         if traj.plan is not None and traj.plan.window_start >= 0:
             record["sde_window_start"] = traj.plan.window_start

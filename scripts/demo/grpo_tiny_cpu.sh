@@ -7,7 +7,9 @@
 # A second run starts afresh: --overwrite clears what the first one wrote in DEMO_DIR/outputs
 # (checkpoints, metrics, images, evaluation files; nothing else). To continue a run instead:
 #   EXTRA_ARGS="--resume_from_checkpoint latest" STEPS=60 bash scripts/demo/grpo_tiny_cpu.sh
-# Overridable: DEMO_DIR (data/demo), NPROC (2), STEPS (iterations), EXTRA_ARGS, DRY_RUN=1.
+# Overridable: DEMO_DIR (data/demo), NPROC (2), STEPS (iterations), EXTRA_ARGS, DRY_RUN=1,
+# MODEL (flux, or sd3: the tiny SD3.5 with classifier-free guidance 4.5 and Flow-GRPO's SDE; its
+# model, embeddings and outputs go to DEMO_DIR/{tiny_sd3, embeddings_sd3, outputs_sd3}).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 if [ "${DRY_RUN:-0}" != 1 ]; then bash env_setup.sh --target cpu; fi  # a dry run installs nothing
@@ -17,22 +19,30 @@ DEMO_DIR=${DEMO_DIR:-data/demo}
 NPROC=${NPROC:-2}
 STEPS=${STEPS:-40}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+case "${MODEL:-flux}" in
+  flux) TINY=tiny_flux; BUILD=(fastvideo.tools.make_tiny_flux --preset tiny); EMB=embeddings; OUT=outputs
+        PREPROCESS=preprocess_flux_rl_embeddings.sh; SEQ=32; FAMILY_ARGS=() ;;
+  sd3) TINY=tiny_sd3; BUILD=(fastvideo.tools.make_tiny_sd3); EMB=embeddings_sd3; OUT=outputs_sd3
+       PREPROCESS=preprocess_sd3_rl_embeddings.sh; SEQ=16
+       FAMILY_ARGS=(--model_family sd3 --guidance_scale 4.5 --flow_grpo_sampling --no_quantize_timestep) ;;
+  *) echo "MODEL=${MODEL}: use flux or sd3" >&2; exit 2 ;;
+esac
 
 if [ "${DRY_RUN:-0}" != 1 ]; then
-  if [ ! -f "$DEMO_DIR/tiny_flux/model_index.json" ]; then
-    "$PYTHON" -m fastvideo.tools.make_tiny_flux "$DEMO_DIR/tiny_flux" --preset tiny --seed 0
+  if [ ! -f "$DEMO_DIR/$TINY/model_index.json" ]; then
+    "$PYTHON" -m "${BUILD[@]}" "$DEMO_DIR/$TINY" --seed 0
   fi
-  MODEL_PATH="$DEMO_DIR/tiny_flux" PROMPT_FILE=assets/prompts.txt OUTPUT_DIR="$DEMO_DIR/embeddings" \
-    NPROC="$NPROC" MAX_SEQ_LEN=32 MAX_PROMPTS=64 bash scripts/preprocess/preprocess_flux_rl_embeddings.sh
+  MODEL_PATH="$DEMO_DIR/$TINY" PROMPT_FILE=assets/prompts.txt OUTPUT_DIR="$DEMO_DIR/$EMB" \
+    NPROC="$NPROC" MAX_SEQ_LEN=$SEQ MAX_PROMPTS=64 bash "scripts/preprocess/$PREPROCESS"
 fi
 
 # shellcheck disable=SC2086
 fg_run --standalone --nnodes=1 --nproc_per_node="$NPROC" \
   fastvideo/train_grpo_flux.py \
   --seed 42 \
-  --pretrained_model_name_or_path "$DEMO_DIR/tiny_flux" \
-  --data_json_path "$DEMO_DIR/embeddings/videos2caption.json" \
-  --output_dir "$DEMO_DIR/outputs" \
+  --pretrained_model_name_or_path "$DEMO_DIR/$TINY" \
+  --data_json_path "$DEMO_DIR/$EMB/videos2caption.json" \
+  --output_dir "$DEMO_DIR/$OUT" \
   --rewards compressibility:1.0 \
   --h 64 --w 64 \
   --sampling_steps 8 \
@@ -65,10 +75,11 @@ fg_run --standalone --nnodes=1 --nproc_per_node="$NPROC" \
   --guard_reward detail \
   --guard_action warn \
   --overwrite \
+  ${FAMILY_ARGS[@]+"${FAMILY_ARGS[@]}"} \
   ${EXTRA_ARGS:-}
 
 [ "${DRY_RUN:-0}" = 1 ] && exit 0
-"$PYTHON" - "$DEMO_DIR/outputs/metrics.jsonl" <<'PY'
+"$PYTHON" - "$DEMO_DIR/$OUT/metrics.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 k = max(1, len(rows) // 5)
@@ -77,5 +88,5 @@ last = sum(r["reward_mean"] for r in rows[-k:]) / k
 print(f"demo: reward (minus JPEG kB) first {k} iterations {first:.3f} -> last {k} iterations {last:.3f} "
       f"({'rose' if last > first else 'did not rise'}); {len(rows)} iterations, "
       f"{sum(r['time_iteration'] for r in rows):.0f} s")
-print("demo: see data/demo/outputs/reward_curve.png, eval_grid.png, eval_curve.png and images/")
+print(f"demo: see {sys.argv[1].rsplit('/', 1)[0]}/reward_curve.png, eval_grid.png, eval_curve.png and images/")
 PY

@@ -228,6 +228,13 @@ def _model_dtype(module: torch.nn.Module) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
 
 
+def has_guidance_embeds(transformer: torch.nn.Module) -> bool:
+    """Whether the transformer has FLUX.1-dev's guidance embedding (FLUX.1-schnell has none);
+    DDP/FSDP wrappers keep the diffusers model under .module."""
+    config = getattr(getattr(transformer, "module", transformer), "config", None)
+    return bool(getattr(config, "guidance_embeds", True))
+
+
 def predict_velocity(
     transformer: torch.nn.Module,
     latents: torch.Tensor,
@@ -245,7 +252,8 @@ def predict_velocity(
     prompt_embeds [B, Lt, D], pooled [B, P'], text_ids [Lt, 3], image_ids [L, 3].
     The transformer gets timestep = floor(1000 sigma) / 1000 when quantize_timestep (upstream),
     else sigma (diffusers), and guidance = guidance_scale per sample (FLUX.1-dev's guidance
-    embedding; there is no classifier-free guidance). Pure tensor ops: no host synchronisation.
+    embedding; there is no classifier-free guidance; none for a model without it, FLUX.1-schnell).
+    Pure tensor ops: no host synchronisation.
     """
     b = latents.shape[0]
     if prompt_embeds.shape[0] != b or pooled.shape[0] != b:
@@ -257,6 +265,8 @@ def predict_velocity(
     # Same float32 arithmetic as upstream's int(sigma * 1000) / 1000 (sigma > 0, so floor == int).
     timestep = torch.floor(sig * 1000.0) / 1000.0 if quantize_timestep else sig
     guidance = torch.full((b,), float(guidance_scale), dtype=torch.float32, device=latents.device)
+    if not has_guidance_embeds(transformer):  # FLUX.1-schnell: no guidance embedding to feed
+        guidance = None
     dtype = _model_dtype(transformer)
     out = transformer(
         hidden_states=latents.to(dtype),

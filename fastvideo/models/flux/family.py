@@ -227,7 +227,8 @@ class FluxFamily(base.ModelFamily):
             encoder_hidden_states=torch.empty(batch, text_tokens, config["joint_attention_dim"], device=m,
                                               dtype=dtype),
             pooled_projections=torch.empty(batch, config["pooled_projection_dim"], device=m, dtype=dtype),
-            timestep=torch.empty(batch, device=m, dtype=dtype), guidance=torch.empty(batch, device=m, dtype=dtype),
+            timestep=torch.empty(batch, device=m, dtype=dtype),
+            guidance=torch.empty(batch, device=m, dtype=dtype) if config.get("guidance_embeds", True) else None,
             img_ids=C.image_ids(layout["latent_h"], layout["latent_w"]).to(m), txt_ids=C.text_ids(text_tokens).to(m),
             return_dict=False,
         )

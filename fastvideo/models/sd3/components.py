@@ -1,0 +1,223 @@
+"""Stable Diffusion 3 / 3.5 building blocks: folder check, loading, the three text encoders, latent
+layout, the (classifier-free guided) velocity and decoding.
+
+Works on real SD3/SD3.5 folders (stabilityai/stable-diffusion-3.5-medium) and on the tiny ones
+``python -m fastvideo.tools.make_tiny_sd3`` writes. Shapes: image h x w -> VAE latent
+[B, 16, h/8, w/8]; the rollout holds it channels-last as [B, (h/8)(w/8), 16] (one "token" per latent
+cell; the transformer patchifies 2x2 itself). Text: CLIP-L and CLIP-G penultimate hidden states
+concatenated [B, 77, 768 + 1280], zero-padded to T5's width and followed by T5's [B, L, 4096]:
+prompt_embeds [B, 77 + L, 4096]; pooled: the two CLIP projections [B, 768 + 1280].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fastvideo.errors import UserError
+
+CLIP_TOKENS = 77  # both CLIP tokenizers' model_max_length; SD3's prompt embedding starts with them
+REQUIRED_FILES = {
+    "transformer": ["config.json"],
+    "vae": ["config.json"],
+    "text_encoder": ["config.json"],
+    "tokenizer": [],
+    "text_encoder_2": ["config.json"],
+    "tokenizer_2": [],
+    "text_encoder_3": ["config.json"],
+    "tokenizer_3": [],
+    "scheduler": ["scheduler_config.json"],
+}
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+SD3_DOWNLOAD_HINT = (
+    "Put a diffusers-layout SD3.5 folder there (for example the stabilityai/stable-diffusion-3.5-medium "
+    "repository, downloaded to data/sd3), or build a tiny test model with "
+    "`python -m fastvideo.tools.make_tiny_sd3 data/sd3`."
+)
+
+
+class SD3FolderError(UserError, FileNotFoundError):
+    """An SD3 model folder is missing or incomplete."""
+
+
+def check_sd3_folder(path: str | Path, components: tuple[str, ...] | None = None) -> Path:
+    """Raise SD3FolderError naming every missing piece of ``path``'s ``components`` (default all)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise SD3FolderError(f"SD3 model folder {str(root)!r} does not exist. {SD3_DOWNLOAD_HINT}")
+    problems = [] if (root / "model_index.json").is_file() else ["model_index.json"]
+    for comp in components or tuple(REQUIRED_FILES):
+        sub = root / comp
+        if not sub.is_dir():
+            problems.append(f"{comp}/")
+            continue
+        problems += [f"{comp}/{name}" for name in REQUIRED_FILES[comp] if not (sub / name).is_file()]
+        if comp in ("transformer", "vae") or comp.startswith("text_encoder"):
+            if not any(p.name.endswith(WEIGHT_SUFFIXES) for p in sub.iterdir()):
+                problems.append(f"{comp}/<weights *.safetensors>")
+        if comp.startswith("tokenizer") and not any(sub.iterdir()):
+            problems.append(f"{comp}/<tokenizer files>")
+    if problems:
+        raise SD3FolderError(f"SD3 model folder {str(root)!r} is incomplete; missing: {', '.join(problems)}. "
+                             f"{SD3_DOWNLOAD_HINT}")
+    return root
+
+
+def adapt_for_device(transformer, device) -> None:
+    """On an NPU: the fused RMSNorm kernel for SD3.5's q/k norms (npu_ops swaps every Attention's
+    RMSNorm; SD3 has no RoPE and no FLUX processor, so nothing else changes). Elsewhere nothing."""
+    from fastvideo import devices
+
+    if devices.is_npu(device):
+        from fastvideo.models import npu_ops
+
+        npu_ops.maybe_adapt_for_npu(transformer, device)
+
+
+def load_transformer(root, subfolder, device, dtype):
+    from diffusers import SD3Transformer2DModel
+
+    if subfolder is not None:
+        check_sd3_folder(root, (subfolder,))
+    model = SD3Transformer2DModel.from_pretrained(root, subfolder=subfolder, torch_dtype=dtype).to(device)
+    adapt_for_device(model, device)
+    return model
+
+
+def load_vae(path, device="cpu", dtype=torch.float32):
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL.from_pretrained(check_sd3_folder(path, ("vae",)), subfolder="vae", torch_dtype=dtype)
+    return vae.requires_grad_(False).eval().to(device)
+
+
+@dataclass
+class TextEncoders:
+    """CLIP-L, CLIP-G (CLIPTextModelWithProjection) and T5 with their tokenizers."""
+
+    tokenizers: tuple
+    clip_l: torch.nn.Module
+    clip_g: torch.nn.Module
+    t5: torch.nn.Module
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.t5.parameters()).device
+
+
+def load_text_encoders(path, device="cpu", dtype=torch.float32) -> TextEncoders:
+    from transformers import CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
+
+    root = check_sd3_folder(path, ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2",
+                                   "text_encoder_3", "tokenizer_3"))
+    toks = (CLIPTokenizer.from_pretrained(root, subfolder="tokenizer"),
+            CLIPTokenizer.from_pretrained(root, subfolder="tokenizer_2"),
+            T5TokenizerFast.from_pretrained(root, subfolder="tokenizer_3"))
+    encs = [CLIPTextModelWithProjection.from_pretrained(root, subfolder="text_encoder", torch_dtype=dtype),
+            CLIPTextModelWithProjection.from_pretrained(root, subfolder="text_encoder_2", torch_dtype=dtype),
+            T5EncoderModel.from_pretrained(root, subfolder="text_encoder_3", torch_dtype=dtype)]
+    for enc in encs:
+        enc.requires_grad_(False).eval().to(device)
+    return TextEncoders(toks, *encs)
+
+
+def _clip(tokenizer, encoder, prompts, device):
+    ids = tokenizer(prompts, padding="max_length", max_length=CLIP_TOKENS, truncation=True,
+                    return_tensors="pt").input_ids.to(device)
+    out = encoder(ids, output_hidden_states=True)
+    return out.hidden_states[-2], out[0]  # penultimate layer [B, 77, W], projection [B, W]
+
+
+@torch.no_grad()
+def encode_prompts(enc: TextEncoders, prompts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """As StableDiffusion3Pipeline.encode_prompt (clip_skip None): prompt_embeds [B, 77 + L, D_t5]
+    and pooled [B, W_l + W_g]."""
+    device = enc.device
+    seq_l, pool_l = _clip(enc.tokenizers[0], enc.clip_l, prompts, device)
+    seq_g, pool_g = _clip(enc.tokenizers[1], enc.clip_g, prompts, device)
+    t5_ids = enc.tokenizers[2](prompts, padding="max_length", max_length=max_sequence_length, truncation=True,
+                               add_special_tokens=True, return_tensors="pt").input_ids.to(device)
+    t5 = enc.t5(t5_ids)[0]
+    clip = torch.cat([seq_l, seq_g], dim=-1)
+    clip = torch.nn.functional.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
+    return torch.cat([clip, t5.to(clip.dtype)], dim=-2), torch.cat([pool_l, pool_g], dim=-1)
+
+
+def _cfg(config, key, default=None):
+    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+
+
+def latent_hw(height: int, width: int, scale: int = 8) -> tuple[int, int]:
+    """Latent grid of an image; both sides multiples of 2 * scale (the transformer's 2x2 patches)."""
+    if height % (2 * scale) or width % (2 * scale):
+        raise ValueError(f"image size {height}x{width} must be a multiple of {2 * scale} on both sides")
+    return height // scale, width // scale
+
+
+def to_grid(x: torch.Tensor, latent_h: int, latent_w: int) -> torch.Tensor:
+    """Channels-last latents [B, h*w, C] -> the VAE/transformer layout [B, C, h, w]."""
+    b, length, c = x.shape
+    if length != latent_h * latent_w:
+        raise ValueError(f"{length} latent cells do not make a {latent_h}x{latent_w} grid")
+    return x.transpose(1, 2).reshape(b, c, latent_h, latent_w)
+
+
+def from_grid(z: torch.Tensor) -> torch.Tensor:
+    """[B, C, h, w] -> [B, h*w, C]; the inverse of to_grid."""
+    return z.flatten(2).transpose(1, 2)
+
+
+def _model_dtype(module: torch.nn.Module) -> torch.dtype:
+    dtype = getattr(module, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
+
+
+def timesteps(sigma, batch: int, device, quantize: bool) -> torch.Tensor:
+    """The transformer's timestep [B] float32: 1000 sigma (StableDiffusion3Pipeline's scheduler
+    timesteps, Flow-GRPO), or floor(1000 sigma) with ``quantize`` (DanceGRPO's convention)."""
+    sig = torch.as_tensor(sigma, dtype=torch.float32, device=device)
+    sig = sig.expand(batch) if sig.ndim == 0 else sig.reshape(batch)
+    t = sig * 1000.0
+    return torch.floor(t) if quantize else t
+
+
+def predict_velocity(transformer, x, sigma, embeds, pooled, neg_embeds, neg_pooled, latent_h: int, latent_w: int,
+                     guidance_scale: float, quantize_timestep: bool) -> torch.Tensor:
+    """SD3 velocity float32 [B, L, C] for channels-last latents x [B, L, C].
+
+    embeds [B, Lt, D], pooled [B, P]; with guidance_scale > 1 (classifier-free guidance, as
+    StableDiffusion3Pipeline and Flow-GRPO decide) the empty prompt's neg_embeds [Lt, D] /
+    neg_pooled [P] run in the same batch (unconditional rows first, as the pipeline) and
+    v = v_u + s (v_c - v_u) with v_u detached (Flow-GRPO); otherwise one conditional pass and the
+    negatives are unused."""
+    b = x.shape[0]
+    if embeds.shape[0] != b or pooled.shape[0] != b:
+        raise ValueError(f"batch sizes differ: latents {b}, prompt_embeds {embeds.shape[0]}, pooled {pooled.shape[0]}")
+    dtype = _model_dtype(transformer)
+    grid = to_grid(x, latent_h, latent_w).to(dtype)
+    t = timesteps(sigma, b, x.device, quantize_timestep)
+    guided = guidance_scale > 1.0
+    if guided:
+        grid, t = torch.cat([grid, grid]), torch.cat([t, t])
+        embeds = torch.cat([neg_embeds.to(embeds.device, embeds.dtype).expand(b, *embeds.shape[1:]), embeds])
+        pooled = torch.cat([neg_pooled.to(pooled.device, pooled.dtype).expand(b, *pooled.shape[1:]), pooled])
+    out = transformer(hidden_states=grid, encoder_hidden_states=embeds.to(dtype), pooled_projections=pooled.to(dtype),
+                      timestep=t, return_dict=False)[0]
+    v = from_grid(out.float())
+    if guided:
+        v_u, v_c = v.chunk(2)
+        # Flow-GRPO's compute_log_prob detaches the unconditional prediction: the update's
+        # gradient flows through the conditional rows only (the value is unchanged).
+        v_u = v_u.detach()
+        v = v_u + guidance_scale * (v_c - v_u)
+    return v
+
+
+def decode_latents(vae, x: torch.Tensor, latent_h: int, latent_w: int) -> torch.Tensor:
+    """Channels-last latents [B, L, 16] -> images [B, 3, H, W] float32 in [0, 1] (z / scaling + shift)."""
+    z = to_grid(x, latent_h, latent_w)
+    z = z / _cfg(vae.config, "scaling_factor") + (_cfg(vae.config, "shift_factor") or 0.0)
+    image = vae.decode(z.to(_model_dtype(vae)), return_dict=False)[0]
+    return (image.float() / 2 + 0.5).clamp(0, 1)

@@ -1,0 +1,45 @@
+# Flow-GRPO's PickScore configuration for SD3.5-Medium (config/grpo.py:pickscore_sd3 of
+# github.com/yifan123/flow_grpo at ac4c86e, its config/base.py defaults and scripts/train_sd3.py),
+# as this trainer's flags. Sourced by finetune_sd3_grpo_8gpus.sh and finetune_sd3_grpo_a3_16die.sh.
+# Each value's source:
+#   --h/--w 512               pickscore_sd3: config.resolution = 512
+#   --sampling_steps 10       pickscore_sd3: config.sample.num_steps = 10
+#   --guidance_scale 4.5      pickscore_sd3: config.sample.guidance_scale = 4.5 (classifier-free guidance,
+#                             in the rollout and, base.py train.cfg = True, in the update's log-probs)
+#   --eta 0.7                 base.py: sample.noise_level = 0.7
+#   --flow_grpo_sampling      sd3_sde_with_logprob: std = sqrt(sigma / (1 - sigma)) * noise_level
+#   --shift 3                 SD3.5-M's scheduler_config.json (FlowMatchEulerDiscreteScheduler shift 3.0)
+#   --no_quantize_timestep    the pipeline passes the scheduler's timesteps (1000 sigma) unrounded
+#   --num_generations 24      pickscore_sd3: sample.num_image_per_prompt = 24
+#   --timestep_fraction 1.0   pickscore_sd3: train.timestep_fraction = 0.99 trains int(10 * 0.99) = 9 steps,
+#                             transitions 0..8; here T = int(9 candidates * fraction), so 1.0 gives those 9
+#   --clip_range 1e-4         base.py: train.clip_range = 1e-4
+#   --adv_clip_max 5          base.py: train.adv_clip_max = 5
+#   --max_grad_norm 1.0       base.py: train.max_grad_norm = 1.0
+#   --weight_decay 1e-4       base.py: train.adam_weight_decay = 1e-4
+#   --learning_rate 3e-4      base.py: train.learning_rate = 3e-4
+#   --use_lora, rank 32, alpha 64, the eight attention projections
+#                             compressibility() (which pickscore_sd3 starts from): use_lora = True;
+#                             train_sd3.py: LoraConfig(r=32, lora_alpha=64, target_modules=[...])
+#   --rewards pickscore:1.0   pickscore_sd3: reward_fn = {"pickscore": 1.0}
+#   --use_group               base.py: per_prompt_stat_tracking = True (advantages within a prompt's group)
+#   --checkpointing_steps 60  pickscore_sd3: save_freq = 60
+#   --seed 42                 base.py: seed = 42
+#   --mixed_precision bf16    Flow-GRPO uses fp16, which this trainer refuses (FLUX overflows); bf16 instead
+# Not reproduced (see docs/sd3.md): train.beta = 0.01 (this trainer's --kl_coef is DanceGRPO's
+# SDE's KL and is refused with --flow_grpo_sampling), sample.global_std = True (one reward std over all prompts; here
+# per group), the EMA (decay 0.9 every 8 steps, used for evaluation only), the scheduler's own
+# timestep grid (linspace(1000, 3) there, linspace(1, 0) shifted here), and the batch split: Flow-GRPO
+# spreads a prompt's 24 images over GPUs, this trainer keeps a group on one rank.
+SD3_GRPO_ARGS=(
+  --model_family sd3
+  --h 512 --w 512 --t 1 --num_latent_t 1
+  --sampling_steps 10 --guidance_scale 4.5 --eta 0.7 --flow_grpo_sampling --shift 3 --no_quantize_timestep
+  --num_generations 24 --use_group --timestep_fraction 1.0
+  --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
+  --learning_rate 3e-4 --lr_warmup_steps 0
+  --use_lora --lora_rank 32 --lora_alpha 64
+  --lora_target_modules attn.add_k_proj,attn.add_q_proj,attn.add_v_proj,attn.to_add_out,attn.to_k,attn.to_out.0,attn.to_q,attn.to_v
+  --rewards pickscore:1.0
+  --checkpointing_steps 60 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
+)
