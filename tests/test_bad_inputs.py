@@ -66,7 +66,7 @@ def _raw(entry, needle, *argv):
 
 TRAIN = [
     _t("learning_rate", learning_rate=-1e-5), _t("learning_rate", learning_rate=NAN),
-    _t("learning_rate", learning_rate=INF), _t("learning_rate", learning_rate=-INF),
+    _t("learning_rate", learning_rate=INF), _t("learning_rate", learning_rate="-inf"),
     _t("weight_decay", weight_decay=-0.1), _t("weight_decay", weight_decay=NAN),
     _t("max_grad_norm", max_grad_norm=NAN), _t("shift", shift=0), _t("shift", shift=-2), _t("shift", shift=NAN),
     _t("eta", eta=INF), _t("eta", eta=NAN), _t("eta", eta=-0.3), _t("eta", eta=0),

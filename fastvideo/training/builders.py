@@ -72,7 +72,7 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
         lora.apply_lora(model, cfg.lora, base_dtype=lora_base_dtype(cfg), adapter_dtype=dtype, seed=cfg.optim.seed)
         # One FSDP unit per block holding its adapters, the frozen base replicated (never gathered);
         # with CPU offload the base stays sharded (an adapter unit per Linear, nested in its block).
-        extra_units = lora.is_adapter_unit if cfg.cpu_offload else None
+        extra_units = None if _replicate_frozen(cfg) else lora.is_adapter_unit
     else:
         model.requires_grad_(True)
     model = wrap_model(
@@ -87,10 +87,7 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
         param_init_fn=loader,
         mixed_precision=fsdp_precision(cfg),
         forward_prefetch=cfg.fsdp_forward_prefetch,
-        # An objective that swaps a second weight set in and out (NFT's old policy) keeps the
-        # per-adapter layout: with the base replicated the swap was not seen by the forward
-        # (old == current after an update, measured); open in the hot-loop issue.
-        replicate_frozen=cfg.lora.enabled and not cfg.cpu_offload and cfg.algorithm == "grpo",
+        replicate_frozen=_replicate_frozen(cfg),
     )
     if loader is not None:
         loader.check_complete()
@@ -295,3 +292,8 @@ def build_checkpointer(cfg: TrainConfig):
                         trainable_only=cfg.lora.enabled)
 
 
+def _replicate_frozen(cfg) -> bool:
+    """LoRA's frozen base outside FSDP (one unit per block). Not with CPU offload, and not for an
+    objective that swaps a second weight set in (NFT's old policy): under that layout the swapped
+    adapters were not seen by the forward (old == current after an update, measured)."""
+    return cfg.lora.enabled and not cfg.cpu_offload and cfg.algorithm == "grpo"

@@ -37,6 +37,7 @@ COVERED = {
     "export": "test_export_cli",
     "make_tiny_flux": "test_make_tiny_flux_cli",
     "make_tiny_reward": "test_make_tiny_reward_cli",
+    "make_tiny_sd3": "test_make_tiny_sd3_cli",
     "omp_threads": "test_omp_threads_cli",
     "reward_server": "test_reward_server_cli",
 }
@@ -162,6 +163,16 @@ def test_make_tiny_flux_cli(tiny_flux_dir, tmp_path, monkeypatch, capsys):
     assert code == 0 and out.startswith(f"wrote tiny FLUX folder to {tmp_path / 'flux'} (") and "seed 0" in out
     name = "transformer/diffusion_pytorch_model.safetensors"
     mine, fixture = load_file(tmp_path / "flux" / name), load_file(Path(tiny_flux_dir) / name)
+    assert mine.keys() == fixture.keys() and all(torch.equal(mine[k], fixture[k]) for k in mine)  # same seed
+
+
+def test_make_tiny_sd3_cli(tiny_sd3_dir, tmp_path, monkeypatch, capsys):
+    code, out = run_tool("make_tiny_sd3", [str(tmp_path / "sd3"), "--seed", "0"], monkeypatch, capsys)
+    assert code == 0 and out.startswith(f"wrote tiny SD3.5 folder to {tmp_path / 'sd3'} (") and "seed 0" in out
+    index = json.loads((tmp_path / "sd3" / "model_index.json").read_text())
+    assert index["_class_name"] == "StableDiffusion3Pipeline"
+    name = "transformer/diffusion_pytorch_model.safetensors"
+    mine, fixture = load_file(tmp_path / "sd3" / name), load_file(Path(tiny_sd3_dir) / name)
     assert mine.keys() == fixture.keys() and all(torch.equal(mine[k], fixture[k]) for k in mine)  # same seed
 
 
