@@ -294,6 +294,6 @@ def build_checkpointer(cfg: TrainConfig):
 
 def _replicate_frozen(cfg) -> bool:
     """LoRA's frozen base outside FSDP (one unit per block). Not with CPU offload, and not for an
-    objective that swaps a second weight set in (NFT's old policy): under that layout the swapped
-    adapters were not seen by the forward (old == current after an update, measured)."""
+    objective that keeps a second weight set (NFT's old policy): under that layout its saved
+    adapter names differed between a run and its resume (measured; open in the hot-loop issue)."""
     return cfg.lora.enabled and not cfg.cpu_offload and cfg.algorithm == "grpo"
