@@ -113,7 +113,7 @@ def test_sd3_full_fine_tuning_trains_resumes_exactly_and_exports_a_pipeline_fold
     from fastvideo.training.export import export_checkpoint
 
     straight, resumed = _train_and_resume(tiny_sd3_dir, sd3_embeddings, tmp_path, lora=False)
-    final = _assert_exact_resume(straight, resumed, "model.safetensors")
+    final = _assert_exact_resume(straight, resumed, "diffusion_pytorch_model.safetensors")
     base = load_file(str(next((tiny_sd3_dir / "transformer").glob("*.safetensors"))))
     assert set(final) == set(base) and any(not torch.equal(final[k], base[k]) for k in base)
     assert json.loads((straight / "config.json").read_text())["model"]["family"] == "sd3"
@@ -132,7 +132,7 @@ def test_sd3_lora_trains_resumes_exactly_and_exports_a_diffusers_lora_file(tiny_
     from fastvideo.training.export import export_lora
 
     straight, resumed = _train_and_resume(tiny_sd3_dir, sd3_embeddings, tmp_path, lora=True)
-    adapters = _assert_exact_resume(straight, resumed, "lora.safetensors")
+    adapters = _assert_exact_resume(straight, resumed, "pytorch_lora_weights.safetensors")
     assert any("add_q_proj" in k for k in adapters) and any("to_add_out" in k for k in adapters)
 
     out = export_lora(straight / "checkpoint-2", tmp_path / "lora")
