@@ -58,9 +58,16 @@ def python_path(*first) -> str:
 
 
 def torchrun(argv: list[str], nproc: int = 2, timeout: int = 300,
-             script: str = "train_grpo_flux.py") -> subprocess.CompletedProcess:
+             script: str = "train_grpo_flux.py", real: bool = False) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node=nproc fastvideo/<script> argv`` on CPU. By default the ranks are
+    forked from this process (tests/fork_launch.py: the same entry point without ~7 s of imports
+    per rank); ``real=True`` or FLUX_GRPO_TEST_REAL_TORCHRUN=1 starts the real torchrun."""
     env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                PYTHONPATH=python_path(ROOT))
+    if not real and os.environ.get("FLUX_GRPO_TEST_REAL_TORCHRUN", "0") != "1" and hasattr(os, "fork"):
+        from fork_launch import fork_torchrun
+
+        return fork_torchrun(argv, env, nproc=nproc, timeout=timeout, script=script, cwd=str(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(ROOT / "fastvideo" / script), *argv]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)

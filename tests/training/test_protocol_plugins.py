@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import ROOT, python_path, read_metrics, train_args
+from helpers import ROOT, python_path, read_metrics, torchrun, train_args
 
 HERE = Path(__file__).resolve().parent
 FAMILY, OBJECTIVE = "toy_plugins:ToyFamily", "toy_plugins:ToyObjective"
@@ -37,8 +37,9 @@ def _run(cmd, timeout=300):
 
 
 def _train(argv):
-    return _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                 str(ROOT / "fastvideo" / "train_grpo_flux.py"), *argv])
+    proc = torchrun(argv)  # forked ranks (tests/fork_launch.py): toy_plugins is on sys.path (toy_run_inputs)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import python_path, read_metrics, train_args
+from helpers import python_path, read_metrics, torchrun, train_args
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMING = ("time_", "samples_per_s", "peak_memory_gb")
@@ -47,8 +47,7 @@ def _wait_for_rows(path: Path, n: int, proc: subprocess.Popen, timeout_s: float 
 def test_sigterm_mid_iteration_then_resume_equals_an_uninterrupted_run(tiny_flux_dir, tiny_embeddings, tmp_path):
     flags = dict(max_train_steps=4, checkpointing_steps=100, save_images_every=0, checkpoints_total_limit=5)
     full = tmp_path / "full"
-    done = subprocess.run(_launch_cmd(train_args(tiny_embeddings, tiny_flux_dir, full, **flags)), env=_env(),
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = torchrun(train_args(tiny_embeddings, tiny_flux_dir, full, **flags), timeout=600)  # the reference run
     assert done.returncode == 0, done.stderr[-3000:]
 
     out = tmp_path / "stopped"
