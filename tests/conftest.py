@@ -80,3 +80,34 @@ def tiny_schnell_dir(tiny_flux_dir, tmp_path_factory):
     model.save_pretrained(out / "transformer", safe_serialization=True)
     (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHNELL_SCHEDULER))
     return out
+
+
+# FLUX_GRPO_TEST_CPU_REPORT=FILE: each test's CPU seconds (this process and the children it reaped:
+# forked ranks, torchrun, subprocesses), slowest first. Wall times depend on the machine's load;
+# CPU seconds rank the tests the same way on a busy machine as on CI's idle one.
+_CPU_REPORT = os.environ.get("FLUX_GRPO_TEST_CPU_REPORT")
+_cpu_seconds: dict[str, float] = {}
+
+
+def _cpu_now() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = _cpu_now() if _CPU_REPORT else 0.0
+    yield
+    if _CPU_REPORT:
+        _cpu_seconds[item.nodeid] = _cpu_now() - start
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _CPU_REPORT and _cpu_seconds:
+        rows = sorted(_cpu_seconds.items(), key=lambda kv: -kv[1])
+        total = sum(_cpu_seconds.values())
+        with open(_CPU_REPORT, "w", encoding="utf-8") as f:
+            f.write(f"# {len(rows)} tests, {total:.0f} CPU s in all\n")
+            f.writelines(f"{sec:8.1f}  {nodeid}\n" for nodeid, sec in rows)
