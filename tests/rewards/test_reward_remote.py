@@ -155,8 +155,8 @@ def test_server_gone_mid_run(make_images):
 
 
 @pytest.mark.parametrize("failure, retried", [
-    (400, False), (401, False), (404, False), (413, False), (422, False),
-    (500, True), (502, True), (503, True), ("refused", True), ("reset", True), ("timeout", True),
+    (400, False), (401, False), (404, False), (413, False), (422, False), (499, False),  # the last 4xx
+    (500, True), (502, True), (503, True), (599, True), ("refused", True), ("reset", True), ("timeout", True),
 ])
 def test_retry_policy_4xx_never_5xx_and_connection_errors_always(failure, retried, monkeypatch):
     import io
