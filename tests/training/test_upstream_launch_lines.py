@@ -10,10 +10,13 @@ iterations on 2 gloo ranks on the tiny model, in one torchrun start-up (launch_l
 
 What the CPU-sized runs change besides paths (appended, so the line's own value is overridden):
 --h/--w 32 (720 upstream), --max_train_steps 2, --dataloader_num_workers 0, --save_images_every 0,
-and the tiny reward models' architecture (--hps_model_name; MixGRPO: --pickscore_dir, which its
-scripts leave at the hub name). DanceGRPO reads HPS from ./hps_ckpt under the working folder (a
-path: --hps_ckpt_dir here). Everything else - 12 generations, 12 to 25 sampling steps, gradient
-accumulation, bf16, EMA, LoRA rank 128, MixGRPO's window and DPM tail - is the line's own."""
+the tiny reward models' architecture (--hps_model_name; MixGRPO: --pickscore_dir, which its
+scripts leave at the hub name), and --rollout_batch_size 24: a rank's whole rollout in one
+transformer call instead of one sample per call (trajectories do not depend on it,
+sampling/rollout.py; on a tiny model the per-call overhead is the cost). DanceGRPO reads HPS from
+./hps_ckpt under the working folder (a path: --hps_ckpt_dir here). Everything else - 12
+generations, 12 to 25 sampling steps, one sample per micro-batch, gradient accumulation, gradient
+checkpointing, bf16, EMA, LoRA rank 128, MixGRPO's window and DPM tail - is the line's own."""
 
 from __future__ import annotations
 
@@ -116,7 +119,7 @@ def test_mixgrpo_lines_parse_into_mixgrpos_settings(name, tmp_path):
 
 
 CPU_SIZE = ["--h", "32", "--w", "32", "--max_train_steps", "2", "--dataloader_num_workers", "0",
-            "--save_images_every", "0"]
+            "--save_images_every", "0", "--rollout_batch_size", "24"]
 
 
 def cpu_runs(root: Path, model, data, rewards) -> list[dict]:
