@@ -53,7 +53,19 @@ class GRPOObjective(Objective):
         else:
             adv = self.group_advantages(rewards.total)
         self._last_advantages = adv  # the sign decides --advantage_rerange_strategy balance's order
+        # MultiReward.combine marks a sample any reward scored non-finite NaN in the total: its
+        # advantage is 0 (no policy term) and its KL terms are masked in loss(). None: all kept.
+        kept = torch.isfinite(rewards.total)
+        self._kept = None if bool(kept.all()) else kept
         return adv
+
+    def _dropped_masked(self, per_sample: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[b] per-sample terms with the rows of dropped samples set to 0 (as their policy term is);
+        unchanged (no copy, no transfer) when every sample was kept."""
+        kept = getattr(self, "_kept", None)
+        if kept is None:
+            return per_sample
+        return torch.where(kept[rows].to(per_sample.device), per_sample, torch.zeros_like(per_sample))
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """[B] local rewards -> [B] advantages. Groups live on one rank; without --use_group the
@@ -132,10 +144,11 @@ class GRPOObjective(Objective):
         loss, s = clipped_policy_loss(logp, old, advantages[rows.to(advantages.device)], g.clip_range)
         sums = {"ratio_mean": s.ratio_mean, "clip_fraction": s.clip_fraction}
         if kl is not None:  # beta * mean KL, normalised like the policy term below
-            loss = loss + g.kl_coef * kl.mean()
-            sums["kl"] = kl.detach().mean()
+            kl = self._dropped_masked(kl, rows).mean()
+            loss = loss + g.kl_coef * kl
+            sums["kl"] = kl.detach()
         if g.rollout_kl_coef > 0:  # MixGRPO's kl_loss: 0.5 * mean((logp - logp_rollout)^2), same scale
-            rollout_kl = 0.5 * ((logp - old) ** 2).mean()
+            rollout_kl = 0.5 * self._dropped_masked((logp - old) ** 2, rows).mean()
             loss = loss + g.rollout_kl_coef * rollout_kl
             sums["rollout_kl"] = rollout_kl.detach()
         stats.add(term, sums, {"first_ratio_dev": s.ratio_abs_dev_max})

@@ -94,8 +94,12 @@ class RewardSettings(Settings):
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
         # hpsv2 may be trained, evaluated (--eval_rewards) or guarded (--guard_reward)
         named = [args.rewards or "", getattr(args, "eval_rewards", None) or "", getattr(args, "guard_reward", None) or ""]
-        local = any(s.name == "hpsv2" and not s.url for s in reward_spec(args))
+        specs = reward_spec(args)
+        local = any(s.name == "hpsv2" and not s.url for s in specs)
         if args.hps_input != defaults.hps_input and not local and not any("hpsv2" in n for n in named[1:]):
+            if any(s.name == "hpsv2" for s in specs):  # scored by a reward server: its own flag decides
+                return [f"--hps_input {args.hps_input} does not reach a remote hpsv2 reward: start the reward "
+                        f"server with --hps_input {args.hps_input}"]
             return [f"--hps_input {args.hps_input} has no effect without the hpsv2 reward"]
         return []
 
