@@ -18,7 +18,8 @@ when its time is up is censored at the budget. The median time to target counts 
 slower than every finished one (it is "not reached" when half or more are censored). Per seed,
 each mode is also paired with the full-SDE run of the same seed: "earlier" counts the seeds where
 it reaches the target first (a censored run is later than any finished one; two censored runs tie).
---json PATH writes every run's per-iteration rewards and CPU seconds (--from_json re-reads one),
+--json PATH writes every run's per-iteration rewards and CPU seconds, rewritten after each seed so a
+stopped race keeps its finished seeds (--from_json re-reads one),
 --plot PATH draws the mean reward gain against CPU seconds per mode.
 """
 
