@@ -7,7 +7,8 @@ full tensor, W = the shard group size):
 
     rollout   F_r = sampling_steps x ceil(samples / rollout_batch) forwards, each one gather of P
     update    T_u = ceil(samples / micro_batch) x trained_steps terms, each a forward and a backward
-              gather of P and one reduce-scatter of the trainable parameters' gradients
+              gather of P and one reduce-scatter of the trainable parameters' gradients, plus one
+              gather per no-grad forward of a term (NFT's old policy, a KL reference's copy)
 
 with P the parameters FSDP manages, in bytes at the gather dtype (--fsdp_param_dtype: fp32 4,
 bf16 2; gradients are reduced in fp32). Gradient checkpointing recomputes inside the backward's
@@ -40,6 +41,7 @@ class CommShape:
     frozen_params: int = 0
     frozen_bytes: int = 2
     trainable: int | None = None
+    nograd_update_forwards: int = 0  # per term: --algorithm nft's v_old, --kl_coef's v_ref (same size)
 
 
 def fsdp_traffic(s: CommShape) -> dict[str, float]:
@@ -53,11 +55,12 @@ def fsdp_traffic(s: CommShape) -> dict[str, float]:
     terms = math.ceil(s.samples_per_rank / s.micro_batch) * s.trained_steps
     one_gather = (s.params * s.gather_bytes + s.frozen_params * s.frozen_bytes) * ring
     trainable = s.params if s.trainable is None else s.trainable
+    update_gathers = (2 + s.nograd_update_forwards) * terms
     out = {
         "rollout_gather": rollout_forwards * one_gather,
-        "update_gather": 2 * terms * one_gather,
+        "update_gather": update_gathers * one_gather,
         "reduce_scatter": terms * trainable * s.reduce_bytes * ring,
-        "gathers": rollout_forwards + 2 * terms,
+        "gathers": rollout_forwards + update_gathers,
     }
     out["total"] = out["rollout_gather"] + out["update_gather"] + out["reduce_scatter"]
     return out
@@ -75,11 +78,11 @@ def gather_dtype_table(s: CommShape) -> list[str]:
     return lines
 
 
-def from_memory_shape(m, params: int, trained_steps: int) -> CommShape:
+def from_memory_shape(m, params: int, trained_steps: int, nograd_update_forwards: int = 0) -> CommShape:
     """The CommShape of a perf.memory.MemoryShape (the cost model's --memory flags)."""
     return CommShape(params=params, samples_per_rank=m.samples_per_rank, rollout_batch=m.rollout_batch,
                      micro_batch=m.micro_batch, sampling_steps=m.sampling_steps, trained_steps=trained_steps,
-                     shards=m.shards if m.strategy != "none" else 1)
+                     shards=m.shards if m.strategy != "none" else 1, nograd_update_forwards=nograd_update_forwards)
 
 
 def traffic_by_gather_dtype(s: CommShape) -> dict[str, dict[str, float]]:

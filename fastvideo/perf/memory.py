@@ -1,8 +1,10 @@
 """Per-device peak memory of one GRPO iteration, by component, and whether it fits a device.
 
 Static (held the whole iteration): master parameters, their gradients (during the update), AdamW's
-two moments, the EMA shadow, all divided by the shard count under FSDP (full: world size; hybrid:
-ranks per node; none = DDP: a full replica, plus DDP's gradient buckets, one more gradient copy).
+two moments, the EMA shadow, an objective's float32 weight copies (--algorithm nft: the old policy;
+plus, in the rollout, a backup of the trained shards while it is swapped in), all divided by the
+shard count under FSDP (full: world size; hybrid: ranks per node; none = DDP: a full replica, plus
+DDP's gradient buckets, one more gradient copy).
 FSDP also holds the unsharded parameters of the units in flight (two blocks with limit_all_gathers,
 plus the root unit: embedders and output layers stay gathered) and one block's unsharded gradients.
 Dynamic, per phase (the peak is the largest phase): set-up (FSDP fills the model one unit at a time:
@@ -10,7 +12,8 @@ fastvideo.models.sharded_load), the rollout's no-grad forwards, the VAE decode,
 the update's forward + backward on one micro-batch (with or without (selective) checkpointing). The
 transformer's activation figures are not estimated: the real diffusers model is run on the meta
 device under fastvideo.perf.live_bytes.LiveBytes, which counts every tensor from creation to death.
-The trajectory (latents of every step, log-probs, prompt embeddings, decoded images), the reward
+The trajectory (latents of every step, log-probs, prompt embeddings, decoded images; NFT reads only
+the last latents but the shared Trajectory keeps them all, and so does the model), the reward
 model's weights and, on NPU, HCCL's buffers (2 x HCCL_BUFFSIZE per communicator) are added.
 
 Not counted: the framework's own memory (CUDA/CANN context, kernels' workspaces, on CPU the Python
@@ -49,6 +52,8 @@ class MemoryShape:
     compute_dtype: torch.dtype = torch.bfloat16  # autocast dtype (float32 for --mixed_precision no)
     checkpoint_fraction: float = 1.0  # 0 = no gradient checkpointing
     use_ema: bool = False
+    # float32 copies of the trainable shards an objective keeps (--algorithm nft: its old policy, 1)
+    weight_copies: int = 0
     # Gradients exist while activations peak when a micro-batch trains more than one timestep or
     # gradients accumulate over micro-batches (the trainer's loop); otherwise they are set to None
     # after each optimizer step and grow only during the backward.
@@ -213,7 +218,8 @@ def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
     on_device = 0 if s.cpu_offload else 1  # CPU offload keeps shards, gradients and AdamW in host memory
     sharded = math.ceil(prof.params / s.shards) * m * on_device
     out = {"parameters": sharded, "gradients": sharded, "adamw_states": 2 * sharded,
-           "ema": sharded if s.use_ema else 0}
+           "ema": sharded if s.use_ema else 0,
+           "weight_copies": s.weight_copies * math.ceil(prof.params / s.shards) * 4 * on_device}
     if s.strategy == "none" or s.shards == 1:
         out["ddp_buckets"] = prof.params * m if s.world_size > 1 else 0
     else:
@@ -257,7 +263,10 @@ def estimate(config: dict, vae_config: dict, s: MemoryShape, prof: ModelProfile 
         "setup": {"parameters": static["parameters"], "loading": loading,
                   "reward_model": common["reward_model"], "vae_weights": common["vae_weights"],
                   "hccl_buffers": common["hccl_buffers"]},
-        "rollout": {**held, **common, "activations": prof.rollout_activations},
+        # A weight copy sampled with (NFT's old policy) is swapped in: the trained shards wait in a backup
+        # (training.ema.EMA.swapped_in). In the update it is swapped in only for the no-grad v_old forwards.
+        "rollout": {**held, **common, "activations": prof.rollout_activations,
+                    "swap_backup": static["parameters"] if s.weight_copies else 0},
         "vae_decode": {**held, **common, "activations": prof.vae_decode},
         "update": {**static, **common, "activations": prof.update_activations},
     }

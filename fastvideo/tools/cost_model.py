@@ -197,7 +197,8 @@ def memory_shape(args):
         ranks_per_node=args.ranks_per_node, master_bytes=4 if args.master_weight_type == "fp32" else 2,
         compute_dtype=torch.bfloat16 if args.mixed_precision == "bf16" else torch.float32,
         checkpoint_fraction=args.selective_checkpointing if args.gradient_checkpointing else 0.0,
-        use_ema=args.use_ema, grads_held=args.trained_steps > 1 or args.gradient_accumulation_steps > 1,
+        use_ema=args.use_ema, weight_copies=int(args.algorithm == "nft"),  # NFT's old policy
+        grads_held=args.trained_steps > 1 or args.gradient_accumulation_steps > 1,
         cpu_offload=args.use_cpu_offload and args.device != devices.CPU,
         vae_bytes=4 if vae_fp32 else 2, rewards=tuple(r.split(":")[0] for r in args.rewards.split(",") if r),
         communicators=comms,
@@ -212,7 +213,7 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
     shape = memory_shape(args)
     prof = profile_model(config, vae_cfg, shape, family=family)
     est = estimate(config, vae_cfg, shape, prof=prof, family=family)
-    traffic = comms.from_memory_shape(shape, prof.params, args.trained_steps)
+    traffic = comms.from_memory_shape(shape, prof.params, args.trained_steps, args.nograd_update_forwards)
     if args.json:
         return json.dumps({"model": desc, "shape": {k: str(v) for k, v in vars(shape).items()}, **est.as_dict(),
                            "verdict": est.verdict(args.device_memory_gb),

@@ -293,7 +293,8 @@ def build_checkpointer(cfg: TrainConfig):
 
 
 def _replicate_frozen(cfg) -> bool:
-    """LoRA's frozen base outside FSDP (one unit per block). Not with CPU offload, and not for an
-    objective that keeps a second weight set (NFT's old policy): under that layout its saved
-    adapter names differed between a run and its resume (measured; open in the hot-loop issue)."""
-    return cfg.lora.enabled and not cfg.cpu_offload and cfg.algorithm == "grpo"
+    """LoRA's frozen base outside FSDP (one unit per block holding its adapters), for every
+    objective: a weight copy swapped into the adapters (NFT's old policy) is seen by the forward and
+    resumes bit for bit under it (tests/training/test_nft_training.py). Not with CPU offload (the
+    base then stays sharded and offloaded, an adapter unit per Linear)."""
+    return cfg.lora.enabled and not cfg.cpu_offload

@@ -94,3 +94,17 @@ def test_gradients_and_activations_peak_apart_without_accumulation():
     apart = memory.estimate(cfg, {}, _shape(strategy="none", world_size=2, grads_held=False), prof)
     assert held.peak_bytes - apart.peak_bytes == 1000 * 4  # no gradients yet at the activation peak
     assert apart.components["gradients"] == 0 and apart.components["ddp_buckets"] == 4000
+
+
+def test_nft_old_policy_is_a_float32_copy_of_the_shards_and_a_rollout_backup():
+    """--algorithm nft keeps its old policy (float32, sharded like the master weights, whatever
+    their dtype) all iteration, and the trained shards' backup while it samples the rollout."""
+    prof = memory.ModelProfile(params=1001, largest_block_params=100, root_params=50, update_activations=0,
+                               rollout_activations=0, vae_params=0, vae_decode=0)
+    cfg = {"in_channels": 64, "joint_attention_dim": 8, "pooled_projection_dim": 4}
+    grpo, nft = (memory.estimate(cfg, {}, _shape(master_bytes=2, weight_copies=c), prof) for c in (0, 1))
+    assert nft.components["weight_copies"] == 251 * 4 and grpo.components["weight_copies"] == 0
+    assert nft.phases["rollout"] - grpo.phases["rollout"] == 251 * 4 + 251 * 2  # the copy and the bf16 backup
+    assert nft.phases["update"] - grpo.phases["update"] == 251 * 4  # no backup at the update's peak
+    offload = memory.static_components(prof, _shape(weight_copies=1, cpu_offload=True))
+    assert offload["weight_copies"] == 0  # the copy is of host-resident shards
