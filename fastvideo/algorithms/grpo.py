@@ -54,14 +54,15 @@ class GRPOObjective(Objective):
             adv = self.group_advantages(rewards.total)
         self._last_advantages = adv  # the sign decides --advantage_rerange_strategy balance's order
         # MultiReward.combine marks a sample any reward scored non-finite NaN in the total: its
-        # advantage is 0 (no policy term) and its KL terms are masked in loss(). None: all kept.
-        kept = torch.isfinite(rewards.total)
-        self._kept = None if bool(kept.all()) else kept
+        # advantage is 0 (no policy term) and its KL terms are masked in loss(). Always a mask, never
+        # a host-side "all kept?" test: that read-back would cost a sync per iteration (the budget in
+        # tests/training/test_sync_budget.py), and where(True, x, 0) is x bit for bit.
+        self._kept = torch.isfinite(rewards.total)
         return adv
 
     def _dropped_masked(self, per_sample: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """[b] per-sample terms with the rows of dropped samples set to 0 (as their policy term is);
-        unchanged (no copy, no transfer) when every sample was kept."""
+        unchanged when no advantages were computed (a reference loop calling loss() alone)."""
         kept = getattr(self, "_kept", None)
         if kept is None:
             return per_sample
