@@ -224,6 +224,7 @@ def test_cost_model_counts_sd35_medium_with_both_guidance_passes(capsys):
     assert out["flops"]["update_nograd"] == out["flops"]["update_forward"] == 9 * 8 * 24 * 2 * one_pass
 
 
+@pytest.mark.slow  # traces SD3.5-M's forward and backward on the meta device: ~16 s of CPU
 def test_cost_model_memory_verdict_for_sd35_medium_on_64gb_dies(capsys):
     """The launchers' shape on 16 dies (full fine-tuning: LoRA's memory is below it): SD3.5-M's
     parameters as diffusers builds them from its config, sharded 16 ways in fp32, and a verdict."""
