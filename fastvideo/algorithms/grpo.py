@@ -17,10 +17,9 @@ import torch
 
 from fastvideo.algorithms.base import Objective, ObjectiveContext, RewardResult, StatsAccumulator, Term
 from fastvideo.grpo.advantages import finite_batch_advantages, finite_group_advantages
-from fastvideo.grpo.kl import gaussian_step_kl
+from fastvideo.grpo.kl import flow_grpo_step_kl, gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss
-from fastvideo.sampling import sde
-from fastvideo.sampling.rollout import sde_transition
+from fastvideo.sampling.rollout import sde_transition, transition_gaussian
 
 
 class GRPOObjective(Objective):
@@ -130,10 +129,15 @@ class GRPOObjective(Objective):
         _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, self.eta, plan.host_sigmas[1], prev_sample=nxt)
         if not policy.has_reference:
             return logp, None
-        # DanceGRPO's step Gaussian (config refuses --kl_coef with --flow_grpo_sampling).
-        ref_mean, _ = sde.step_gaussian(lat, policy.reference_velocity(traj, rows, lat, sig), sig, sig_next, self.eta)
-        mean, std = sde.step_gaussian(lat, v, sig, sig_next, self.eta)
-        return logp, gaussian_step_kl(mean, ref_mean, std)
+        # The step Gaussians of the plan's SDE; under guidance both velocities are the guided ones
+        # (the family's velocity), as Flow-GRPO's compute_log_prob with the adapters off.
+        v_ref = policy.reference_velocity(traj, rows, lat, sig)
+        sigma_max = plan.host_sigmas[1]
+        ref_mean, _ = transition_gaussian(plan.sde_kind, lat, v_ref, sig, sig_next, self.eta, sigma_max)
+        mean, std = transition_gaussian(plan.sde_kind, lat, v, sig, sig_next, self.eta, sigma_max)
+        if plan.sde_kind == "dance":
+            return logp, gaussian_step_kl(mean, ref_mean, std)
+        return logp, flow_grpo_step_kl(mean, ref_mean, std, sig, sig_next)
 
     def loss(self, policy, traj, advantages: torch.Tensor, term: Term, stats: StatsAccumulator) -> torch.Tensor:
         g = self.g

@@ -206,6 +206,16 @@ def sde_transition(sde_kind, x, v, sigma, sigma_next, eta, sigma_max, noise=None
     return solvers.flow_sde_step(x, v, sigma, sigma_next, eta, float(sigma_max), noise=noise, prev_sample=prev_sample)
 
 
+def transition_gaussian(sde_kind, x, v, sigma, sigma_next, eta, sigma_max) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean [B, ...], std broadcastable) of an SDE step of DanceGRPO's or Flow-GRPO's kind: what
+    the KL term compares (SDE-DPM-Solver++ has none here: the config refuses --kl_coef with it)."""
+    if sde_kind == "dance":
+        return sde.step_gaussian(x, v, sigma, sigma_next, eta)
+    if sde_kind in solvers.DPM_SDE_KINDS:
+        raise ValueError(f"no step Gaussian for the KL term under {sde_kind!r}")
+    return solvers.flow_step_gaussian(x, v, sigma, sigma_next, eta, float(sigma_max))
+
+
 @dataclass
 class _Run:
     """What every chunk of one rollout shares (on the device)."""
