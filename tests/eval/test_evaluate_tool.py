@@ -50,17 +50,37 @@ def test_base_and_checkpoint_reproduce_the_training_evaluation(tiny_flux_dir, ti
     # An iteration of the tiny model takes well under a second on an idle 2-core CPU; the bound leaves
     # room for a loaded machine and still fails if an evaluation's 7.5 s were counted in.
     assert all(r["time_iteration"] < 6.0 for r in read_metrics(run))
+    monkeypatch.setattr(core, "sample_images", real)
+    # The checkpoint alone: the run's config.json gives size, steps, eta, shift, seed, batch, images per
+    # prompt, T5 length, prompts, rewards and the base folder; the scores are eval.jsonl's, bit for bit.
+    own = tmp_path / "own"
+    assert main(["--model", str(run / "checkpoint-2"), "--out", str(own)]) == 0
+    printed = capsys.readouterr().out
+    assert f"defaults from {run / 'config.json'}: h 32, w 32" in printed and "seed 7" in printed
+    recorded = {r["iteration"]: r["rewards"] for r in read_jsonl(run / "eval.jsonl")}
+    mine = {r["reward"]: float(r["mean"]) for r in csv.DictReader(open(own / "results.csv"))}
+    assert mine == {n: v["mean"] for n, v in recorded[2].items()}
+    per_prompt = {}
+    for rec in read_jsonl(own / "scores.jsonl"):
+        per_prompt.setdefault(rec["prompt"], []).append(rec["scores"]["detail"])
+    assert [round(sum(v) / len(v), 6) for v in per_prompt.values()] == recorded[2]["detail"]["per_prompt"]
+    # A flag given still wins over the run's value.
+    assert main(["--model", str(run / "checkpoint-2"), "--out", str(tmp_path / "s2"), "--steps", "2",
+                 "--rewards", "detail", "--grid_prompts", "4"]) == 0
+    capsys.readouterr()
+    other = {r["reward"]: float(r["mean"]) for r in csv.DictReader(open(tmp_path / "s2" / "results.csv"))}
+    assert list(other) == ["detail"] and other["detail"] != mine["detail"]
     out = tmp_path / "cmp"
     assert main(_tool_args(eval_prompt_file, out, f"base={tiny_flux_dir}", f"tuned={run / 'checkpoint-2'}")) == 0
     printed = capsys.readouterr().out
-    assert "| model | reward | mean | std | 95% CI | win rate vs base | n |" in printed
+    assert ("| model | reward | mean | std | 95% CI | win rate vs base | n | difference vs base [95% t-CI, paired "
+            "by prompt] |") in printed
     assert "| tuned | detail |" in printed
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert [(r["model"], r["reward"]) for r in rows][:4] == [("base", "compressibility"), ("base", "detail"),
                                                              ("base", "saturation"), ("tuned", "compressibility")]
     assert all(r["n"] == "12" for r in rows)
     # Same noise, same sampler: the checkpoint scores what the run's evaluation recorded.
-    recorded = {r["iteration"]: r["rewards"] for r in read_jsonl(run / "eval.jsonl")}
     for label, it in (("base", 0), ("tuned", 2)):
         for r in (r for r in rows if r["model"] == label):
             assert float(r["mean"]) == pytest.approx(recorded[it][r["reward"]]["mean"], rel=1e-6, abs=1e-9)

@@ -261,6 +261,12 @@ def test_every_flag_works_is_refused_or_noted():
     (["--lora_rank", "4"], "--lora_rank have no effect without --use_lora"),
     (["--eval_steps", "4"], "--eval_steps have no effect without --eval_every"),
     (["--hps_weight", "2"], "--hps_weight: accepted for MixGRPO compatibility, no effect here"),
+    (["--ema_decay", "0.9"], "--ema_decay: no effect without --use_ema"),
+    (["--lr_power", "2"], "--lr_power: no effect with --lr_scheduler constant_with_warmup"),
+    (["--lr_warmup_steps", "5", "--lr_scheduler", "constant"], "--lr_warmup_steps: no effect with --lr_scheduler constant"),
+    (["--pickscore_dir", "x"], "--pickscore_dir x has no effect without the pickscore reward"),
+    (["--use_group", "--algorithm", "nft", "--kl_coeff", "0.1", "--train_last_step"],
+     "--kl_coeff, --train_last_step: no effect with --algorithm nft"),
 ])
 def test_flags_without_effect_are_noted_once(flags, note):
     cfg = _validate(*flags)
