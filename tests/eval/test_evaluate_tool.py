@@ -155,3 +155,42 @@ def test_an_unknown_or_contradicting_model_family_fails_clearly(tiny_flux_dir, e
     with pytest.raises(SystemExit) as exc:
         main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir, ckpt, model_family="toy_family:ToyFamily"))
     assert exc.value.code == 2 and "different families (flux, toy_family:ToyFamily" in capsys.readouterr().err
+
+
+def test_run_defaults_fill_only_the_flags_not_given(tmp_path):
+    """config.json's values (rollout, seed, eval section, reward folders) become the defaults; a flag
+    given keeps its value; a second run that differs is named; no run: the built-in defaults."""
+    import json
+
+    from fastvideo.eval.run_defaults import BUILTIN, resolve
+    from fastvideo.tools.evaluate import build_parser
+
+    def run_dir(name, seed, eval_section):
+        (tmp_path / name / "checkpoint-4").mkdir(parents=True)
+        config = {"data_json_path": str(tmp_path / "gone.json"),
+                  "model": {"family": "flux", "mixed_precision": "no", "pretrained_model_name_or_path": "m"},
+                  "rollout": {"height": 64, "width": 48, "shift": 2.5, "guidance_scale": 1.0, "quantize_timestep": False,
+                              "sampling_steps": 6, "rollout_batch_size": 3},
+                  "optim": {"seed": seed}, "reward": {"hps_ckpt_dir": "h", "hps_input": "float", "batch_size": 5},
+                  "eval": eval_section}
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        return tmp_path / name / "checkpoint-4"
+
+    section = {"steps": 5, "eta": 0.25, "batch_size": 4, "num_images_per_prompt": 2, "grid_prompts": 3,
+               "prompts": "p.txt", "rewards": ["compressibility", "detail"], "max_sequence_length": 24}
+    first, second = run_dir("a", 7, section), run_dir("b", 8, None)
+    args = build_parser().parse_args(["--model", "x", "--out", "o", "--steps", "9"])
+    lines, run = resolve(args, [first, second])
+    assert run["optim"]["seed"] == 7 and lines[0].startswith(f"[evaluate] defaults from {tmp_path / 'a' / 'config.json'}")
+    assert "b/config.json differs on seed, " in lines[1]
+    got = {k: getattr(args, k) for k in BUILTIN}
+    assert got == {**BUILTIN, "h": 64, "w": 48, "shift": 2.5, "guidance_scale": 1.0, "no_quantize_timestep": True,
+                   "seed": 7, "steps": 9, "eta": 0.25, "batch_size": 4, "num_images_per_prompt": 2, "grid_prompts": 3,
+                   "max_sequence_length": 24, "mixed_precision": "no", "hps_ckpt_dir": "h", "hps_input": "float",
+                   "reward_batch_size": 5, "prompts": "p.txt", "rewards": "compressibility,detail"}
+    # a run without evaluation: its rollout's steps and batch; its embeddings are gone: T5 length built in
+    args = build_parser().parse_args(["--model", "x", "--out", "o"])
+    resolve(args, [second])
+    assert (args.steps, args.batch_size, args.eta, args.max_sequence_length, args.prompts) == (6, 3, 0.0, 512, None)
+    args = build_parser().parse_args(["--model", "x", "--out", "o"])
+    assert resolve(args, [tmp_path]) == ([], None) and {k: getattr(args, k) for k in BUILTIN} == BUILTIN

@@ -147,6 +147,8 @@ def test_lora_counts_the_adapters_the_trainer_injects(tiny_flux_dir):
 
 
 def test_lora_and_kl_reference_bytes_by_hand():
+    from fastvideo.perf import comms
+
     prof, lora, traffic = _static("--use_lora", "--lora_rank", "4", "--kl_coef", "0.1", "--use_ema",
                                   "--master_weight_type", "bf16")
     half = ADAPTERS // 2  # this rank's adapter elements
@@ -166,6 +168,9 @@ def test_lora_and_kl_reference_bytes_by_hand():
     _, full, traffic = _static("--kl_coef", "0.1")
     assert full["kl_reference"] == full["parameters"] == TINY_PARAMS // 2 * 4
     assert traffic.reference_params == TINY_PARAMS
+    # its no-grad forward gathers it once per update term: 2 micro-batches x 1 trained step, ring (2-1)/2
+    plain = comms.fsdp_traffic(dataclasses.replace(traffic, reference_params=0))
+    assert comms.fsdp_traffic(traffic)["update_gather"] - plain["update_gather"] == 2 * TINY_PARAMS * 4 / 2
     _, ddp, _ = _static("--kl_coef", "0.1", "--fsdp_sharding_strategy", "none")
     assert ddp["kl_reference"] == ddp["ddp_buckets"] == TINY_PARAMS * 4
 
