@@ -70,7 +70,7 @@ class MemoryShape:
     lora_targets: tuple[str, ...] = ("to_k", "to_q", "to_v", "to_out.0")
     lora_base_bytes: int = 4  # the frozen base's precision (--lora_base_precision)
     lora_replicate_base: bool = True  # the base outside FSDP, whole on every rank (builders._replicate_frozen)
-    kl_reference: bool = False  # --kl_coef > 0: a frozen reference policy
+    kl_reference: bool = False  # --kl_coef > 0: a frozen copy under full fine-tuning (LoRA: the base itself)
     old_policy: bool = False  # --algorithm nft: a float32 copy of the trainable shards
 
     @property
