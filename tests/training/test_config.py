@@ -1,3 +1,4 @@
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -335,3 +336,17 @@ def test_every_component_follows_the_settings_convention():
             assert getattr(component, method).__func__ is not getattr(Settings, method).__func__, (name, method)
         built = component.from_args(args)
         assert built is None or isinstance(built, component), name  # None: evaluation off
+
+
+def test_start_up_notes_are_printed_once(tmp_path, capsys):
+    """Each note is one [config] line, not repeated inside the printed configuration (rank 0 prints)."""
+    import types
+
+    from fastvideo.training.setup import log_config
+
+    cfg = _validate("--output_dir", str(tmp_path), "--lora_rank", "4", "--ema_decay", "0.9")
+    log_config(cfg, types.SimpleNamespace(world_size=2), "cpu")
+    out = capsys.readouterr().out
+    for note in ("--lora_rank have no effect without --use_lora", "--ema_decay: no effect without --use_ema"):
+        assert out.count(note) == 1, out
+    assert json.loads((tmp_path / "config.json").read_text())["compat_notes"] == cfg.compat_notes
