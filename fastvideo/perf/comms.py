@@ -41,7 +41,8 @@ class CommShape:
     frozen_params: int = 0
     frozen_bytes: int = 2
     trainable: int | None = None
-    nograd_update_forwards: int = 0  # per term: --algorithm nft's v_old, --kl_coef's v_ref (same size)
+    reference_params: int = 0  # a KL reference copy in FSDP units: gathered (no grad) once per update term
+    nograd_update_forwards: int = 0  # per term, of the model's own units: NFT's v_old, a LoRA KL's v_ref
 
 
 def fsdp_traffic(s: CommShape) -> dict[str, float]:
@@ -58,9 +59,9 @@ def fsdp_traffic(s: CommShape) -> dict[str, float]:
     update_gathers = (2 + s.nograd_update_forwards) * terms
     out = {
         "rollout_gather": rollout_forwards * one_gather,
-        "update_gather": update_gathers * one_gather,
+        "update_gather": update_gathers * one_gather + terms * s.reference_params * s.gather_bytes * ring,
         "reduce_scatter": terms * trainable * s.reduce_bytes * ring,
-        "gathers": rollout_forwards + update_gathers,
+        "gathers": rollout_forwards + update_gathers + (terms if s.reference_params else 0),
     }
     out["total"] = out["rollout_gather"] + out["update_gather"] + out["reduce_scatter"]
     return out
@@ -78,11 +79,20 @@ def gather_dtype_table(s: CommShape) -> list[str]:
     return lines
 
 
-def from_memory_shape(m, params: int, trained_steps: int, nograd_update_forwards: int = 0) -> CommShape:
-    """The CommShape of a perf.memory.MemoryShape (the cost model's --memory flags)."""
-    return CommShape(params=params, samples_per_rank=m.samples_per_rank, rollout_batch=m.rollout_batch,
-                     micro_batch=m.micro_batch, sampling_steps=m.sampling_steps, trained_steps=trained_steps,
-                     shards=m.shards if m.strategy != "none" else 1, nograd_update_forwards=nograd_update_forwards)
+def from_memory_shape(m, prof, trained_steps: int, nograd_update_forwards: int = 0) -> CommShape:
+    """The CommShape of a perf.memory.MemoryShape (the cost model's --memory flags) and its
+    ModelProfile: under LoRA the adapters are gathered and reduced, the frozen base gathered only
+    where it is sharded; a full fine-tune's KL reference copy is gathered for its forwards;
+    ``nograd_update_forwards`` more forwards of the model's own units per term (NFT's v_old, a LoRA
+    run's v_ref with the adapters off)."""
+    lora = m.lora_rank > 0
+    return CommShape(params=prof.adapter_params if lora else prof.params, samples_per_rank=m.samples_per_rank,
+                     rollout_batch=m.rollout_batch, micro_batch=m.micro_batch, sampling_steps=m.sampling_steps,
+                     trained_steps=trained_steps, shards=m.shards if m.strategy != "none" else 1,
+                     frozen_params=prof.params if lora and not m.lora_replicate_base else 0,
+                     frozen_bytes=m.lora_base_bytes,
+                     reference_params=prof.params if m.kl_reference and not lora else 0,
+                     nograd_update_forwards=nograd_update_forwards)
 
 
 def traffic_by_gather_dtype(s: CommShape) -> dict[str, dict[str, float]]:
