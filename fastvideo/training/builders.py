@@ -307,7 +307,7 @@ def build_checkpointer(cfg: TrainConfig):
     from fastvideo.training.checkpoint import Checkpointer
 
     return Checkpointer(cfg.output.output_dir, keep_last=cfg.output.checkpoints_total_limit,
-                        trainable_only=cfg.lora.enabled)
+                        trainable_only=cfg.lora.enabled, sharded=cfg.output.checkpoint_format == "sharded")
 
 
 def _replicate_frozen(cfg) -> bool:
