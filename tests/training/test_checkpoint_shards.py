@@ -146,3 +146,19 @@ def test_a_damaged_shard_is_found_before_loading(written, tmp_path):
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="rank-00001.safetensors"):
         load_checkpoint(copy, tiny_transformer())
+
+
+def test_ema_export_of_a_sharded_checkpoint_equals_the_gathered_ones(written, tmp_path):
+    from safetensors.torch import load_file
+
+    from fastvideo.training.export import export_checkpoint
+
+    root, _ = written
+    out = {}
+    for fmt in ("sharded", "gathered"):
+        folder = export_checkpoint(root / fmt / "checkpoint-2", tmp_path / fmt, ema=True)
+        out[fmt] = load_file(str(folder / "diffusion_pytorch_model.safetensors"))
+    a, b = out["sharded"], out["gathered"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    model = load_file(str(root / "sharded" / "checkpoint-2" / "diffusion_pytorch_model.safetensors"))
+    assert any(not torch.equal(a[k], model[k]) for k in a)  # the EMA, not the weights
