@@ -342,7 +342,7 @@ def _check_loadable(path: Path, optimizer, lr_scheduler, ema, trainable_only=Fal
     if lr_scheduler is not None:
         wanted["scheduler.json"] = "LR scheduler state"
     if ema is not None:
-        wanted.update({"ema.json": "EMA counters", EMA_FILE: "EMA weights (saved without --use_ema?)"})
+        wanted.update({EMA_FILE: "EMA weights (saved without --use_ema?)", "ema.json": "EMA counters"})
     for name in weight_sets:
         wanted[f"{name}.safetensors"] = f"{name} weights (saved by another --algorithm?)"
     if sharded:  # the shard index names what it holds; verify_checkpoint checked every shard file
