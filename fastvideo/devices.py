@@ -349,6 +349,24 @@ def on_stream(device: torch.device | str, stream, after=None) -> Iterator[None]:
         yield
 
 
+def host_buffer(shape, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """An uninitialised host tensor to draw data into that is bound for ``device``: page-locked
+    (pinned) when ``device`` is an accelerator, so that to_device can copy it without the host
+    waiting; ordinary memory for the CPU (nothing is copied there)."""
+    return torch.empty(shape, dtype=dtype, pin_memory=is_accelerator(_type_name(device)))
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` (on the host) on ``device``: on an accelerator from pinned memory (pinned first
+    when it is not: host_buffer avoids that copy) asynchronously, the copy queued on the current
+    stream before the work that uses it while the host goes on (torch's pinned-memory allocator
+    keeps the buffer until the copy is done); the tensor itself on the CPU."""
+    device = torch.device(device)
+    if not is_accelerator(device):
+        return tensor.to(device)
+    return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
+
+
 def fused_adamw_supported(device: torch.device | str) -> bool:
     """Whether torch.optim.AdamW(fused=True) has a kernel (aten::_fused_adamw_) for ``device``:
     torch ships one for CPU and CUDA; on NPU only if torch_npu registers one for its dispatch key

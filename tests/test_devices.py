@@ -221,3 +221,11 @@ def test_compile_on_npu_takes_torchairs_backend(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchair", torchair)
     assert devices.compile_backend("npu:0") == ("npu_backend", "config")
     assert devices.compile_backend("npu:0", "eager") == "eager"
+
+
+def test_host_buffers_are_plain_and_copies_free_on_the_cpu():
+    """Pinned memory and asynchronous copies are for accelerators; on the CPU the noise stays
+    where it was drawn (the rollout's noise goes through these: sampling/rollout.py)."""
+    buf = devices.host_buffer((2, 3), torch.float32, "cpu")
+    assert buf.shape == (2, 3) and not buf.is_pinned()
+    assert devices.to_device(buf, torch.device("cpu")) is buf
