@@ -40,6 +40,7 @@ class CommShape:
     frozen_params: int = 0
     frozen_bytes: int = 2
     trainable: int | None = None
+    keep_gathered: bool = False  # SHARD_GRAD_OP (--fsdp_sharding_strategy zero2): gathered until the backward
 
 
 def fsdp_traffic(s: CommShape) -> dict[str, float]:
@@ -53,11 +54,17 @@ def fsdp_traffic(s: CommShape) -> dict[str, float]:
     terms = math.ceil(s.samples_per_rank / s.micro_batch) * s.trained_steps
     one_gather = (s.params * s.gather_bytes + s.frozen_params * s.frozen_bytes) * ring
     trainable = s.params if s.trainable is None else s.trainable
+    if s.keep_gathered:
+        # the rollout's first forward gathers and the rest reuse it; each term then gathers once
+        # (its forward; its backward reuses it, then frees), the first reusing the rollout's
+        rollout_forwards, update_gathers = 1, terms - 1
+    else:
+        update_gathers = 2 * terms
     out = {
         "rollout_gather": rollout_forwards * one_gather,
-        "update_gather": 2 * terms * one_gather,
+        "update_gather": update_gathers * one_gather,
         "reduce_scatter": terms * trainable * s.reduce_bytes * ring,
-        "gathers": rollout_forwards + 2 * terms,
+        "gathers": rollout_forwards + update_gathers,
     }
     out["total"] = out["rollout_gather"] + out["update_gather"] + out["reduce_scatter"]
     return out
@@ -79,7 +86,7 @@ def from_memory_shape(m, params: int, trained_steps: int) -> CommShape:
     """The CommShape of a perf.memory.MemoryShape (the cost model's --memory flags)."""
     return CommShape(params=params, samples_per_rank=m.samples_per_rank, rollout_batch=m.rollout_batch,
                      micro_batch=m.micro_batch, sampling_steps=m.sampling_steps, trained_steps=trained_steps,
-                     shards=m.shards if m.strategy != "none" else 1)
+                     shards=m.shards if m.strategy != "none" else 1, keep_gathered=m.strategy == "zero2")
 
 
 def traffic_by_gather_dtype(s: CommShape) -> dict[str, dict[str, float]]:
