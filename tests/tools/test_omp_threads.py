@@ -36,13 +36,13 @@ def test_runs_without_torch():
     assert int(out.stdout) >= 1
 
 
-def test_launch_sets_cores_per_process_unless_set():
+def test_launch_sets_cores_per_process_unless_set(monkeypatch):
     from fastvideo import launch
-    from fastvideo.tools.omp_threads import usable_cores
 
+    monkeypatch.setattr(omp_threads, "usable_cores", lambda: 16)
     args, _ = launch.split_command(["--nproc_per_node=2", "fastvideo/train_grpo_flux.py", "--h", "64"])
     env = {}
-    assert launch.set_host_threads(args, env) == str(max(1, usable_cores() // 2)) == env["OMP_NUM_THREADS"]
+    assert launch.set_host_threads(args, env) == "8" == env["OMP_NUM_THREADS"]
     env = {"OMP_NUM_THREADS": "7"}
     assert launch.set_host_threads(args, env) == "7"  # the override
     auto, _ = launch.split_command(["--nproc_per_node=auto", "fastvideo/train_grpo_flux.py"])
