@@ -162,3 +162,22 @@ def test_ema_export_of_a_sharded_checkpoint_equals_the_gathered_ones(written, tm
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     model = load_file(str(root / "sharded" / "checkpoint-2" / "diffusion_pytorch_model.safetensors"))
     assert any(not torch.equal(a[k], model[k]) for k in a)  # the EMA, not the weights
+
+
+def test_one_process_writes_and_resumes_its_own_shard(tmp_path):
+    """Without FSDP (one process, plain parameters) the sharded format is one shard of whole tensors."""
+    from types import SimpleNamespace
+
+    from fastvideo.training.checkpoint import load_checkpoint, save_checkpoint
+
+    info = SimpleNamespace(rank=0, device=torch.device("cpu"))
+    model, opt, ema = _trained(info, steps=1)
+    path = save_checkpoint(tmp_path, 1, model, opt, None, ema, extra_state={}, sharded=True)
+    assert sorted(p.name for p in (path / "shards").iterdir()) == ["rank-00000.safetensors"]
+    model2, opt2, ema2 = _trained(SimpleNamespace(rank=1, device=torch.device("cpu")), steps=1)  # other state
+    load_checkpoint(path, model2, opt2, ema=ema2)
+    saved, loaded = _state(model, opt, ema), _state(model2, opt2, ema2)
+    _equal_lists(loaded["params"], saved["params"])
+    _equal_lists(loaded["shadow"], saved["shadow"])
+    for a, b in zip(loaded["opt"], saved["opt"]):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
