@@ -43,6 +43,7 @@ class CommShape:
     trainable: int | None = None
     reference_params: int = 0  # a KL reference copy in FSDP units: gathered (no grad) once per update term
     nograd_update_forwards: int = 0  # per term, of the model's own units: NFT's v_old, a LoRA KL's v_ref
+    keep_gathered: bool = False  # SHARD_GRAD_OP (--fsdp_sharding_strategy zero2): gathered until the backward
 
 
 def fsdp_traffic(s: CommShape) -> dict[str, float]:
@@ -56,7 +57,13 @@ def fsdp_traffic(s: CommShape) -> dict[str, float]:
     terms = math.ceil(s.samples_per_rank / s.micro_batch) * s.trained_steps
     one_gather = (s.params * s.gather_bytes + s.frozen_params * s.frozen_bytes) * ring
     trainable = s.params if s.trainable is None else s.trainable
-    update_gathers = (2 + s.nograd_update_forwards) * terms
+    if s.keep_gathered:
+        # the rollout's first forward gathers and the rest reuse it; each term then gathers once
+        # (its forward; its backward reuses it, then frees), the first reusing the rollout's
+        rollout_forwards, update_gathers = 1, terms - 1
+    else:
+        update_gathers = 2 * terms
+    update_gathers += s.nograd_update_forwards * terms  # no-grad forwards gather (and free) once each
     out = {
         "rollout_gather": rollout_forwards * one_gather,
         "update_gather": update_gathers * one_gather + terms * s.reference_params * s.gather_bytes * ring,
@@ -92,7 +99,7 @@ def from_memory_shape(m, prof, trained_steps: int, nograd_update_forwards: int =
                      frozen_params=prof.params if lora and not m.lora_replicate_base else 0,
                      frozen_bytes=m.lora_base_bytes,
                      reference_params=prof.params if m.kl_reference and not lora else 0,
-                     nograd_update_forwards=nograd_update_forwards)
+                     nograd_update_forwards=nograd_update_forwards, keep_gathered=m.strategy == "zero2")
 
 
 def traffic_by_gather_dtype(s: CommShape) -> dict[str, dict[str, float]]:

@@ -52,7 +52,7 @@ class MemoryShape:
     rollout_batch: int
     micro_batch: int
     world_size: int
-    strategy: str = "full"  # full | hybrid | none
+    strategy: str = "full"  # full | zero2 | hybrid | none
     ranks_per_node: int | None = None
     master_bytes: int = 4  # fp32 master weights (2 for bf16)
     compute_dtype: torch.dtype = torch.bfloat16  # autocast dtype (float32 for --mixed_precision no)
@@ -282,7 +282,10 @@ def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
             out["fsdp_unsharded"] += (2 * prof.largest_block_params + prof.root_params) * s.lora_base_bytes
         out["fsdp_unsharded_grads"] = prof.largest_block_adapter_params * m
     else:
-        out["fsdp_unsharded"] = (2 * prof.largest_block_params + prof.root_params) * m
+        # Two blocks gathered (limit_all_gathers) + the root unit, and one block's unsharded gradients;
+        # zero2 keeps every unit gathered from its forward to its backward: the whole model.
+        gathered = prof.params if s.strategy == "zero2" else 2 * prof.largest_block_params + prof.root_params
+        out["fsdp_unsharded"] = gathered * m
         out["fsdp_unsharded_grads"] = prof.largest_block_params * m
     return out
 

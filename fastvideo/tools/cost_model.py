@@ -165,7 +165,7 @@ def training_flags_without_cost(extra: list[str], ap: argparse.ArgumentParser) -
 def _memory_flags(g) -> None:
     g.add_argument("--memory", action="store_true", help="per-device peak memory instead of FLOPs")
     g.add_argument("--fsdp_sharding_strategy", "--fsdp_sharding_startegy", dest="fsdp_sharding_strategy",
-                   default="full", choices=["full", "hybrid", "none"])
+                   default="full", choices=["full", "zero2", "hybrid", "none"])
     g.add_argument("--ranks_per_node", type=int, default=None, help="hybrid sharding: the shard group size")
     g.add_argument("--rollout_batch_size", type=int, default=1)
     g.add_argument("--train_micro_batch_size", type=int, default=1)
@@ -198,7 +198,7 @@ def memory_shape(args):
 
     if args.fsdp_sharding_strategy == "hybrid" and args.ranks_per_node is None:
         raise ConfigError("--fsdp_sharding_strategy hybrid needs --ranks_per_node (the shard group size)")
-    comms = {"full": 1, "none": 1, "hybrid": 3}[args.fsdp_sharding_strategy] if args.device == devices.NPU else 0
+    comms = {"full": 1, "zero2": 1, "none": 1, "hybrid": 3}[args.fsdp_sharding_strategy] if args.device == devices.NPU else 0
     vae_fp32 = args.vae_precision == "fp32" or (args.vae_precision == "auto" and args.device == devices.CPU)
     return MemoryShape(
         height=args.h, width=args.w, text_tokens=args.text_tokens, sampling_steps=args.sampling_steps,

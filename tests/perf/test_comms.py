@@ -30,6 +30,12 @@ def test_traffic_by_hand():
     nft = fsdp_traffic(CommShape(**{**s.__dict__, "nograd_update_forwards": 2}))
     assert nft["update_gather"] == pytest.approx(16 * 4000 * ring) and nft["gathers"] == 22
     assert nft["reduce_scatter"] == t["reduce_scatter"] and nft["rollout_gather"] == t["rollout_gather"]
+    # zero2 (SHARD_GRAD_OP): the rollout gathers once; each of the 4 terms gathers once, the first
+    # reusing the rollout's gather; gradients are reduce-scattered as before
+    z = fsdp_traffic(CommShape(**{**s.__dict__, "keep_gathered": True}))
+    assert z["rollout_gather"] == pytest.approx(1 * 4000 * ring)
+    assert z["update_gather"] == pytest.approx(3 * 4000 * ring)
+    assert z["reduce_scatter"] == t["reduce_scatter"] and z["gathers"] == 4
 
 
 def test_cost_model_prints_fp32_and_bf16_gathers(capsys):
