@@ -108,6 +108,21 @@ else
   note "options table: skipped (no tiny model embeddings)"
 fi
 
+# 3c. --compile against eager (regional compilation, the device layer's backend), if time allows.
+left=$(( 480 - $(elapsed) ))
+if [ "$DEV" = cpu ]; then
+  # Inductor on a CPU standing in for the accelerator compiles for minutes and measures the CPU
+  # (docs/performance.md has that figure); tests/models/test_compile.py covers the code path.
+  note "compile check: skipped on cpu"
+elif [ "$left" -gt 200 ]; then
+  FASTVIDEO_DEVICE="$DEV" OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 timeout $(( left - 120 )) "$PY" bench/compile_check.py \
+    --preset small --size 128 --iterations 2 --json "$OUT/compile.json" > "$OUT/compile.txt" 2>&1
+  note "compile check: rc=$? ($(elapsed) s)"
+  grep -A3 "^variant" "$OUT/compile.txt" | sed 's/^/    /' | tee -a "$SUMMARY"
+else
+  note "compile check: skipped, ${left} s left"
+fi
+
 # 4. full-size FLUX on the accelerator (tiny config when the CPU stands in), in what time is left.
 left=$(( 540 - $(elapsed) ))
 if [ "$DEV" = cpu ]; then FLUX_ARGS=(--allow_cpu); else FLUX_ARGS=(--batch-sizes 1 --rollout-steps 3 --update-steps 2 --warmup 1); fi

@@ -21,6 +21,7 @@ A benchmark, not a test: it prints figures, it asserts only the forward-pass cou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -78,19 +79,26 @@ class ComputeMeter:
 BLOCK_CALLS = [0]
 
 
-def count_block_executions() -> None:
+@contextlib.contextmanager
+def count_block_executions():
     """Count every execution of a FLUX block's forward, including activation-checkpointing
-    recomputation (which calls forward directly and so bypasses module hooks)."""
+    recomputation (which calls forward directly and so bypasses module hooks), while inside; the
+    classes get their own forward back on exit (tests run this bench in-process: a counter left on
+    the classes would be traced by a later --compile)."""
     from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
 
-    for cls in (FluxTransformerBlock, FluxSingleTransformerBlock):
-        original = cls.forward
-
+    originals = {cls: cls.forward for cls in (FluxTransformerBlock, FluxSingleTransformerBlock)}
+    for cls, original in originals.items():
         def counted(self, *args, _original=original, **kwargs):
             BLOCK_CALLS[0] += 1
             return _original(self, *args, **kwargs)
 
         cls.forward = counted
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.forward = original
 
 
 def build_inputs(preset: str, work: Path) -> tuple[Path, Path]:
@@ -193,8 +201,7 @@ def main() -> None:
     if args.flush_denormal and not torch.set_flush_denormal(True):
         raise SystemExit("--flush_denormal: this CPU cannot flush denormals (no SSE3)")
     torch.manual_seed(0)
-    count_block_executions()
-    with tempfile.TemporaryDirectory() as tmp:
+    with count_block_executions(), tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model, data = build_inputs(args.preset, work)
         common = reward_flags(args.reward, work) + ["--vae_precision", args.vae_precision]

@@ -18,7 +18,8 @@ when its time is up is censored at the budget. The median time to target counts 
 slower than every finished one (it is "not reached" when half or more are censored). Per seed,
 each mode is also paired with the full-SDE run of the same seed: "earlier" counts the seeds where
 it reaches the target first (a censored run is later than any finished one; two censored runs tie).
---json PATH writes every run's per-iteration rewards and CPU seconds (--from_json re-reads one),
+--json PATH writes every run's per-iteration rewards and CPU seconds, rewritten after each seed so a
+stopped race keeps its finished seeds (--from_json re-reads one),
 --plot PATH draws the mean reward gain against CPU seconds per mode.
 """
 
@@ -182,6 +183,33 @@ def plot(results: dict[str, list[list[dict]]], target: float, path: Path) -> Non
     fig.savefig(path, dpi=110)
 
 
+def _save(path: Path | None, results: dict, seeds: list[int], equal_time: bool, target_share: float) -> None:
+    """The finished seeds' runs (rewritten after each seed, so a stopped race keeps them)."""
+    if path is None:
+        return
+    target = target_share * statistics.mean(gain(rows) for rows in results["full"])
+    path.write_text(json.dumps({
+        "target": target, "seeds": seeds, "equal_time": equal_time,
+        "runs": {m: [[{"reward_mean": r["reward_mean"], CLOCK: r[CLOCK]} for r in rows] for rows in runs]
+                 for m, runs in results.items()}}))
+
+
+def run_all(args) -> dict[str, list[list[dict]]]:
+    """Seed by seed: full SDE first (its CPU seconds are the seed's budget with --equal_time), then
+    the other modes; --json is rewritten after every seed."""
+    results: dict[str, list[list[dict]]] = {m: [] for m in ["full"] + [m for m in args.modes if m != "full"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        model, data = build_inputs("tiny", Path(tmp))
+        for i, s in enumerate(args.seeds):
+            results["full"].append(run(model, data, Path(tmp) / f"full_{s}", "full", s, args.iterations))
+            budget = sum(r[CLOCK] for r in results["full"][-1]) if args.equal_time else None
+            for m in list(results)[1:]:
+                results[m].append(run(model, data, Path(tmp) / f"{m}_{s}", m, s, args.iterations, budget))
+            _save(args.json, results, args.seeds[:i + 1], args.equal_time, args.target_share)
+            print(f"# seed {s} done ({i + 1}/{len(args.seeds)})", flush=True)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
@@ -202,24 +230,11 @@ def main() -> None:
     else:
         if "full" not in args.modes:
             raise SystemExit("--modes must include full: the target gain is a share of its gain")
-        with tempfile.TemporaryDirectory() as tmp:
-            model, data = build_inputs("tiny", Path(tmp))
-            results = {"full": [run(model, data, Path(tmp) / f"full_{s}", "full", s, args.iterations)
-                                for s in args.seeds]}
-            budgets = [sum(r[CLOCK] for r in rows) if args.equal_time else None for rows in results["full"]]
-            for m in args.modes:
-                if m != "full":
-                    results[m] = [run(model, data, Path(tmp) / f"{m}_{s}", m, s, args.iterations, budget)
-                                  for s, budget in zip(args.seeds, budgets)]
+        results = run_all(args)
         target = args.target_share * statistics.mean(gain(rows) for rows in results["full"])
         budget = "equal CPU time per seed (full SDE's)" if args.equal_time else "equal iterations"
         print(f"# tiny demo task, {args.iterations} full-SDE iterations, {budget}, seeds {args.seeds}; "
               f"target gain {target:.3f} (= {args.target_share} x full-SDE mean gain)\n")
-        if args.json:
-            args.json.write_text(json.dumps({
-                "target": target, "seeds": args.seeds, "equal_time": args.equal_time,
-                "runs": {m: [[{"reward_mean": r["reward_mean"], CLOCK: r[CLOCK]} for r in rows] for rows in runs]
-                         for m, runs in results.items()}}))
     summarize(results, target)
     if args.plot:
         plot(results, target, args.plot)

@@ -157,12 +157,9 @@ def _check_across(s: dict) -> None:
         raise ConfigError("--reward_group_norm normalises each reward within a prompt's group: it needs --use_group")
     if rollout.sampling_steps < 1 if grpo.train_last_step else rollout.sampling_steps < 2:
         raise ConfigError(f"--sampling_steps {rollout.sampling_steps} is too small")
-    if grpo.kl_coef > 0 and mix.sde_kind == "flow":
-        raise ConfigError("--kl_coef is the KL between DanceGRPO's SDE steps; it is not implemented for "
-                          "--flow_grpo_sampling")
     if grpo.kl_coef > 0 and mix.dpm_all:
-        raise ConfigError("--kl_coef is the KL between DanceGRPO's SDE steps; it is not implemented for the "
-                          "SDE-DPM-Solver steps of --dpm_apply_strategy all")
+        raise ConfigError("--kl_coef is the KL between DanceGRPO's or Flow-GRPO's SDE steps; it is not implemented "
+                          "for the SDE-DPM-Solver steps of --dpm_apply_strategy all")
     if s["nft"].enabled and s["nft"].solver != "sde" and (mix.mode != "full" or mix.sde_kind != "dance"):
         raise ConfigError(f"--nft_solver {s['nft'].solver} samples every step deterministically; the SDE window / "
                           "solver flags (--training_strategy part, --sde_steps, --flow_grpo_sampling, "

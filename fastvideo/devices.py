@@ -349,6 +349,24 @@ def on_stream(device: torch.device | str, stream, after=None) -> Iterator[None]:
         yield
 
 
+def host_buffer(shape, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """An uninitialised host tensor to draw data into that is bound for ``device``: page-locked
+    (pinned) when ``device`` is an accelerator, so that to_device can copy it without the host
+    waiting; ordinary memory for the CPU (nothing is copied there)."""
+    return torch.empty(shape, dtype=dtype, pin_memory=is_accelerator(_type_name(device)))
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` (on the host) on ``device``: on an accelerator from pinned memory (pinned first
+    when it is not: host_buffer avoids that copy) asynchronously, the copy queued on the current
+    stream before the work that uses it while the host goes on (torch's pinned-memory allocator
+    keeps the buffer until the copy is done); the tensor itself on the CPU."""
+    device = torch.device(device)
+    if not is_accelerator(device):
+        return tensor.to(device)
+    return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
+
+
 def fused_adamw_supported(device: torch.device | str) -> bool:
     """Whether torch.optim.AdamW(fused=True) has a kernel (aten::_fused_adamw_) for ``device``:
     torch ships one for CPU and CUDA; on NPU only if torch_npu registers one for its dispatch key
@@ -395,6 +413,47 @@ def adamw_kernel_kwargs(device: torch.device | str, kernel: str = "auto") -> dic
     if kernel == "foreach":
         return {"fused": None, "foreach": True}
     return {"fused": False, "foreach": False}
+
+
+COMPILE_BACKENDS = ("auto", "inductor", "aot_eager", "eager")
+# TorchAir (torch.compile's NPU backend) ships inside torch_npu, no separate package: from Ascend
+# Extension for PyTorch 7.2.0 with any PyTorch it supports (torch_npu 2.6.0.post3, 2.7.1, 2.8.0 and
+# later); before 7.2.0 only with PyTorch 2.1.0. torch_npu must be imported before torchair
+# (Ascend "TorchAir graph mode guide", installation page of the 7.2.0 and 7.3.0 documentation).
+TORCHAIR_NEEDS = ("torch_npu from Ascend Extension for PyTorch 7.2.0 or later (e.g. torch_npu 2.7.1), which ships "
+                  "TorchAir; before 7.2.0 TorchAir works only with PyTorch 2.1.0")
+
+
+def compile_backend(device: torch.device | str, name: str = "auto"):
+    """torch.compile's backend for blocks running on ``device``. ``auto``: inductor on CUDA and CPU
+    (C++/OpenMP code through the system compiler on CPU), TorchAir's NPU backend on NPU. The debug
+    backends: ``aot_eager`` (traces forward and backward through AOTAutograd, runs them eagerly:
+    shows graph breaks and autograd problems without code generation) and ``eager`` (graph capture
+    only). Raises ValueError naming the fix where the device cannot compile."""
+    if name not in COMPILE_BACKENDS:
+        raise ValueError(f"unknown compile backend {name!r}; choose one of {', '.join(COMPILE_BACKENDS)}")
+    dev_type = _type_name(device)
+    if dev_type != NPU:
+        return "inductor" if name == "auto" else name
+    if name == "inductor":
+        raise ValueError("inductor generates no NPU code: use --compile_backend auto (TorchAir) on NPU")
+    if name != "auto":
+        return name
+    return _torchair_backend()
+
+
+def _torchair_backend():
+    """TorchAir's torch.compile backend, or ValueError naming the torch_npu version that has it."""
+    torch_npu = import_torch_npu()  # first: torchair imports only after torch_npu
+    if torch_npu is None:
+        raise ValueError("--compile on NPU needs torch_npu (bash env_setup.sh --target npu, CANN sourced)")
+    try:
+        import torchair
+    except ImportError as err:
+        version = getattr(torch_npu, "__version__", "unknown")
+        raise ValueError(f"--compile on NPU needs TorchAir, but torch_npu {version} has none ({err}): install "
+                         f"{TORCHAIR_NEEDS}, or run without --compile") from None
+    return torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
 
 
 def seed_everything(seed: int) -> None:

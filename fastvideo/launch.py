@@ -8,7 +8,8 @@
    folder and printed here once per distinct line (not once per rank), exit 2, without torchrun's
    ChildFailedError traceback; another failure is summarised in one line per distinct message
    (each rank printed its own traceback), exit 1.
-3. SIGTERM / SIGINT: the workers finish their iteration, write a checkpoint and print the resume
+3. OMP_NUM_THREADS, unless set, is the node's cores per process (set_host_threads).
+4. SIGTERM / SIGINT: the workers finish their iteration, write a checkpoint and print the resume
    command (training/run_control.py); this process exits 0 (SIGTERM) or 130 (SIGINT). torchrun waits
    TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default here 900) for them before it kills them.
 """
@@ -46,6 +47,19 @@ def _nproc(value: str) -> int:
         return int(value)
     except ValueError:  # "auto", "gpu", ...: torchrun decides; the world check is skipped
         return 0
+
+
+def set_host_threads(args, environ=os.environ) -> str | None:
+    """OMP_NUM_THREADS for the workers, when it is not set: this node's cores (its affinity) split
+    between --nproc_per_node processes (torchrun would otherwise set 1, and each rank's host work,
+    CPU noise, image saving, the reward's resize, offloaded AdamW, would run on one thread).
+    An OMP_NUM_THREADS already set is kept (the override). Returns the value the workers see."""
+    from fastvideo.tools.omp_threads import threads_per_process
+
+    nproc = _nproc(args.nproc_per_node)
+    if "OMP_NUM_THREADS" not in environ and nproc > 0:
+        environ["OMP_NUM_THREADS"] = str(threads_per_process(nproc))
+    return environ.get("OMP_NUM_THREADS")
 
 
 def preflight(args) -> int:
@@ -126,6 +140,7 @@ def run(argv: list[str]) -> int:
     os.environ[CONTROL_ENV] = str(control)
     os.environ[LAUNCH_ENV] = shlex.join(head)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_S)
+    set_host_threads(args)
     _mark_signals(control)
     if os.environ.get("FASTVIDEO_DEBUG", "") in ("", "0"):
         # The agent logs each failed rank with its own banner; report_children says it once.

@@ -179,3 +179,53 @@ def test_init_distributed_refuses_a_bad_npu_launch(monkeypatch):
     with pytest.raises(ValueError, match="cannot start on NPU") as err:
         devices.init_distributed()
     assert "world size 6" in str(err.value) and "ASCEND_RT_VISIBLE_DEVICES=0,1,2" in str(err.value)
+
+
+def test_compile_backend_is_inductor_on_cpu_and_cuda_and_debug_backends_pass_through():
+    assert devices.compile_backend("cpu") == "inductor"
+    assert devices.compile_backend(torch.device("cuda", 1)) == "inductor"
+    assert devices.compile_backend("cpu", "aot_eager") == "aot_eager"
+    with pytest.raises(ValueError, match="unknown compile backend 'tvm'"):
+        devices.compile_backend("cpu", "tvm")
+    with pytest.raises(ValueError, match="inductor generates no NPU code"):
+        devices.compile_backend("npu:0", "inductor")
+
+
+def _stub_npu(monkeypatch):
+    import sys
+
+    import npu_stub
+
+    monkeypatch.setitem(sys.modules, "torch_npu", npu_stub.make_module())
+    monkeypatch.setattr(devices, "_torch_npu", None)
+    monkeypatch.setattr(devices, "_torch_npu_checked", False)
+
+
+def test_compile_on_npu_without_torchair_names_the_version_that_has_it(monkeypatch):
+    import sys
+
+    _stub_npu(monkeypatch)
+    monkeypatch.setitem(sys.modules, "torchair", None)  # import torchair -> ImportError
+    with pytest.raises(ValueError, match=r"torch_npu 2\.7\.1\+stub has none.*Ascend Extension for PyTorch 7\.2\.0"):
+        devices.compile_backend("npu:0")
+
+
+def test_compile_on_npu_takes_torchairs_backend(monkeypatch):
+    import sys
+    import types
+
+    _stub_npu(monkeypatch)
+    torchair = types.ModuleType("torchair")
+    torchair.CompilerConfig = lambda: "config"
+    torchair.get_npu_backend = lambda compiler_config=None: ("npu_backend", compiler_config)
+    monkeypatch.setitem(sys.modules, "torchair", torchair)
+    assert devices.compile_backend("npu:0") == ("npu_backend", "config")
+    assert devices.compile_backend("npu:0", "eager") == "eager"
+
+
+def test_host_buffers_are_plain_and_copies_free_on_the_cpu():
+    """Pinned memory and asynchronous copies are for accelerators; on the CPU the noise stays
+    where it was drawn (the rollout's noise goes through these: sampling/rollout.py)."""
+    buf = devices.host_buffer((2, 3), torch.float32, "cpu")
+    assert buf.shape == (2, 3) and not buf.is_pinned()
+    assert devices.to_device(buf, torch.device("cpu")) is buf

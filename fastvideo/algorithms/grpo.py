@@ -17,10 +17,9 @@ import torch
 
 from fastvideo.algorithms.base import Objective, ObjectiveContext, RewardResult, StatsAccumulator, Term
 from fastvideo.grpo.advantages import finite_batch_advantages, finite_group_advantages
-from fastvideo.grpo.kl import gaussian_step_kl
+from fastvideo.grpo.kl import flow_grpo_step_kl, gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss
-from fastvideo.sampling import sde
-from fastvideo.sampling.rollout import sde_transition
+from fastvideo.sampling.rollout import sde_transition, transition_gaussian
 
 
 class GRPOObjective(Objective):
@@ -53,7 +52,20 @@ class GRPOObjective(Objective):
         else:
             adv = self.group_advantages(rewards.total)
         self._last_advantages = adv  # the sign decides --advantage_rerange_strategy balance's order
+        # MultiReward.combine marks a sample any reward scored non-finite NaN in the total: its
+        # advantage is 0 (no policy term) and its KL terms are masked in loss(). Always a mask, never
+        # a host-side "all kept?" test: that read-back would cost a sync per iteration (the budget in
+        # tests/training/test_sync_budget.py), and where(True, x, 0) is x bit for bit.
+        self._kept = torch.isfinite(rewards.total)
         return adv
+
+    def _dropped_masked(self, per_sample: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[b] per-sample terms with the rows of dropped samples set to 0 (as their policy term is);
+        unchanged when no advantages were computed (a reference loop calling loss() alone)."""
+        kept = getattr(self, "_kept", None)
+        if kept is None:
+            return per_sample
+        return torch.where(kept[rows].to(per_sample.device), per_sample, torch.zeros_like(per_sample))
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """[B] local rewards -> [B] advantages. Groups live on one rank; without --use_group the
@@ -117,10 +129,15 @@ class GRPOObjective(Objective):
         _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, self.eta, plan.host_sigmas[1], prev_sample=nxt)
         if not policy.has_reference:
             return logp, None
-        # DanceGRPO's step Gaussian (config refuses --kl_coef with --flow_grpo_sampling).
-        ref_mean, _ = sde.step_gaussian(lat, policy.reference_velocity(traj, rows, lat, sig), sig, sig_next, self.eta)
-        mean, std = sde.step_gaussian(lat, v, sig, sig_next, self.eta)
-        return logp, gaussian_step_kl(mean, ref_mean, std)
+        # The step Gaussians of the plan's SDE; under guidance both velocities are the guided ones
+        # (the family's velocity), as Flow-GRPO's compute_log_prob with the adapters off.
+        v_ref = policy.reference_velocity(traj, rows, lat, sig)
+        sigma_max = plan.host_sigmas[1]
+        ref_mean, _ = transition_gaussian(plan.sde_kind, lat, v_ref, sig, sig_next, self.eta, sigma_max)
+        mean, std = transition_gaussian(plan.sde_kind, lat, v, sig, sig_next, self.eta, sigma_max)
+        if plan.sde_kind == "dance":
+            return logp, gaussian_step_kl(mean, ref_mean, std)
+        return logp, flow_grpo_step_kl(mean, ref_mean, std, sig, sig_next)
 
     def loss(self, policy, traj, advantages: torch.Tensor, term: Term, stats: StatsAccumulator) -> torch.Tensor:
         g = self.g
@@ -132,10 +149,11 @@ class GRPOObjective(Objective):
         loss, s = clipped_policy_loss(logp, old, advantages[rows.to(advantages.device)], g.clip_range)
         sums = {"ratio_mean": s.ratio_mean, "clip_fraction": s.clip_fraction}
         if kl is not None:  # beta * mean KL, normalised like the policy term below
-            loss = loss + g.kl_coef * kl.mean()
-            sums["kl"] = kl.detach().mean()
+            kl = self._dropped_masked(kl, rows).mean()
+            loss = loss + g.kl_coef * kl
+            sums["kl"] = kl.detach()
         if g.rollout_kl_coef > 0:  # MixGRPO's kl_loss: 0.5 * mean((logp - logp_rollout)^2), same scale
-            rollout_kl = 0.5 * ((logp - old) ** 2).mean()
+            rollout_kl = 0.5 * self._dropped_masked((logp - old) ** 2, rows).mean()
             loss = loss + g.rollout_kl_coef * rollout_kl
             sums["rollout_kl"] = rollout_kl.detach()
         stats.add(term, sums, {"first_ratio_dev": s.ratio_abs_dev_max})

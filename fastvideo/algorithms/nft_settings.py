@@ -69,10 +69,14 @@ class NFTSettings(Settings):
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
         if args.algorithm == "nft":
-            unused = [f"--{k}" for k in ("clip_range",) if getattr(args, k) != getattr(defaults, k)]
+            # NFT has no importance ratio (--clip_range) and no rollout log-probabilities (MixGRPO's
+            # --kl_coeff), and trains int(N x --timestep_fraction) of all N timesteps (--train_last_step)
+            unused = [f"--{k}" for k in ("clip_range", "kl_coeff", "train_last_step")
+                      if getattr(args, k) != getattr(defaults, k)]
             if args.nft_solver != "sde" and args.eta != defaults.eta:
                 unused.append("--eta")
-            return [f"{', '.join(unused)}: no effect with --algorithm nft (no importance ratio; the rollout is "
+            return [f"{', '.join(unused)}: no effect with --algorithm nft (no importance ratio or rollout "
+                    "log-probabilities; it trains int(N x --timestep_fraction) of all N timesteps; the rollout is "
                     f"--nft_solver {args.nft_solver})"] if unused else []
         given = [f"--{k}" for k, v in _DEFAULTS.items() if getattr(args, k) != v]
         return [f"{', '.join(given)}: no effect without --algorithm nft"] if given else []

@@ -68,6 +68,25 @@ class OptimSettings(Settings):
         ).checked()
 
     @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        """EMA flags without --use_ema; schedule flags the chosen --lr_scheduler does not read
+        (diffusers' get_scheduler: warm-up all but constant / piecewise_constant, cycles only
+        cosine_with_restarts, power only polynomial)."""
+        def given(*names):
+            return [f"--{n}" for n in names if getattr(args, n) != getattr(defaults, n)]
+
+        notes = []
+        if not args.use_ema and given("ema_decay", "ema_start_step"):
+            notes.append(f"{', '.join(given('ema_decay', 'ema_start_step'))}: no effect without --use_ema")
+        sched = args.lr_scheduler
+        unused = (given("lr_warmup_steps") if sched in ("constant", "piecewise_constant") else []) + \
+            (given("lr_num_cycles") if sched != "cosine_with_restarts" else []) + \
+            (given("lr_power") if sched != "polynomial" else [])
+        if unused:
+            notes.append(f"{', '.join(unused)}: no effect with --lr_scheduler {sched}")
+        return notes
+
+    @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
         # sampler_seed as given: None when it is --seed's, so that a new --seed moves it too.
         same = section["sampler_seed"] == section["seed"]

@@ -60,6 +60,7 @@ class OutputSettings(Settings):
     log_every: int = 1
     overwrite: bool = False  # an action on the folder, not a setting: never replayed from a config.json
     checkpoint_on_signal: bool = True
+    checkpoint_format: str = "gathered"  # gathered | sharded (training/checkpoint_shards.py)
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -68,6 +69,10 @@ class OutputSettings(Settings):
                        help="checkpoints, config.json, metrics.jsonl and images go here")
         g.add_argument("--checkpointing_steps", type=int, default=40, help="write a checkpoint every N iterations")
         g.add_argument("--checkpoints_total_limit", type=int, default=3, help="keep the last K checkpoints")
+        g.add_argument("--checkpoint_format", type=str, default="gathered", choices=["gathered", "sharded"],
+                       help="gathered: optimizer state and EMA gathered on rank 0 into whole files; sharded: each "
+                            "rank writes its own shard of them at once (re-sharded on load to any world size), the "
+                            "model file gathered one FSDP unit at a time. Either resumes on any world size")
         g.add_argument("--resume_from_checkpoint", type=str, default=None, help='"latest" or a checkpoint folder')
         g.add_argument("--image_dir", type=str, default=None,
                        help="folder under which images/step_NNNNNN/ is written (default OUTPUT_DIR)")
@@ -117,6 +122,7 @@ class OutputSettings(Settings):
             log_every=args.log_every,
             overwrite=args.overwrite,
             checkpoint_on_signal=not args.no_checkpoint_on_signal,
+            checkpoint_format=args.checkpoint_format,
         ).checked()
 
     @classmethod
@@ -127,6 +133,7 @@ class OutputSettings(Settings):
         flags = {**section, "probe_layers": ",".join(kinds) if kinds else None, "image_dir": image_dir}
         flags["overwrite"] = False  # replaying a run's config.json must not clear its folder
         flags["no_checkpoint_on_signal"] = not flags.pop("checkpoint_on_signal", True)
+        flags.setdefault("checkpoint_format", "gathered")  # a config.json from before the flag
         return flags
 
     @classmethod

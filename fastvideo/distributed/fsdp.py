@@ -6,7 +6,9 @@
     norm = clip_grad_norm(model, max_grad_norm)   # same value on every rank
     optimizer.step()
 
-Strategies: "full" shards parameters, gradients and optimizer state over all ranks; "hybrid" shards
+Strategies: "full" shards parameters, gradients and optimizer state over all ranks; "zero2" the
+same but keeps the gathered parameters from forward to backward (SHARD_GRAD_OP: a rollout gathers
+once, the whole model then sits unsharded on each device); "hybrid" shards
 within a node and replicates across nodes (a 2-D mesh); "hybrid_zero2" the same but keeps the
 gathered parameters from forward to backward (ZeRO-2); "none" keeps a full replica per rank and
 averages gradients with DDP. One process (no process group) always gets the plain module.
@@ -66,7 +68,7 @@ from fastvideo.distributed.checkpointing import (  # noqa: F401  (re-exported: t
     is_checkpointed,
 )
 
-STRATEGIES = ("full", "hybrid", "hybrid_zero2", "none")
+STRATEGIES = ("full", "zero2", "hybrid", "hybrid_zero2", "none")
 HYBRID = ("hybrid", "hybrid_zero2")  # upstream's hybrid_full (HYBRID_SHARD) and hybrid_zero2
 ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 
@@ -251,6 +253,11 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
         elif zero2:  # a single node: ZeRO-2 over all ranks
             sharding = ShardingStrategy.SHARD_GRAD_OP
         # replicate == 1 (a single node): hybrid is exactly full sharding.
+    elif strategy == "zero2":
+        # SHARD_GRAD_OP over all ranks: a unit's gathered parameters stay until its backward, so a
+        # rollout (forwards only) gathers each unit once instead of at every denoising step, at
+        # the price of the whole unsharded model in device memory ("for rollouts that fit")
+        sharding = ShardingStrategy.SHARD_GRAD_OP
     if policy is not None:
         kwargs["mixed_precision"] = MixedPrecision(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype,
                                                    cast_root_forward_inputs=policy.cast_inputs)

@@ -13,7 +13,7 @@ from fastvideo.settings import Settings, flag_group
 
 
 # hybrid_full is upstream DanceGRPO's name of hybrid (FSDP HYBRID_SHARD)
-STRATEGY_CHOICES = ("full", "hybrid", "hybrid_full", "hybrid_zero2", "none")
+STRATEGY_CHOICES = ("full", "zero2", "hybrid", "hybrid_full", "hybrid_zero2", "none")
 
 
 @dataclass
@@ -27,7 +27,9 @@ class ParallelSettings(Settings):
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         g = flag_group(parser, "parallelism")
         g.add_argument("--fsdp_sharding_strategy", type=str, default="full", choices=list(STRATEGY_CHOICES),
-                       help="FSDP sharding: full (every rank holds a shard), hybrid (= upstream's hybrid_full: "
+                       help="FSDP sharding: full (every rank holds a shard), zero2 (the same, gathered parameters "
+                            "kept from forward to backward: a rollout gathers once; needs the unsharded model to "
+                            "fit a device), hybrid (= upstream's hybrid_full: "
                             "shard within a node, replicate across nodes), hybrid_zero2 (the same, gathered "
                             "parameters kept from forward to backward), none (replicate)")
         g.add_argument("--use_cpu_offload", action="store_true", help="keep FSDP's parameter shards on the CPU")

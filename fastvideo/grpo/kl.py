@@ -6,7 +6,12 @@ the std does not depend on the model), so the KL has the closed form
     KL(N(mu, std^2 I) || N(mu_ref, std^2 I)) = ||mu - mu_ref||^2 / (2 std^2)
 
 summed over elements. It is averaged over the elements here, as sde_step averages the log-prob,
-so that --kl_coef weighs the two terms on the same per-element scale (Flow-GRPO's beta).
+so that --kl_coef weighs the two terms on the same per-element scale.
+
+Under Flow-GRPO's SDE (--flow_grpo_sampling) the term is Flow-GRPO's own (scripts/train_sd3.py at
+ac4c86e: mean((mu - mu_ref)^2) / (2 std_dev_t^2)), where std_dev_t is sd3_sde_with_logprob's
+diffusion coefficient g = eta sqrt(sigma / (1 - sigma)), not the step's std g sqrt(sigma - sigma_next):
+the Gaussian KL above times (sigma - sigma_next), so that --kl_coef means its train.beta.
 """
 
 from __future__ import annotations
@@ -26,3 +31,13 @@ def gaussian_step_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tens
     diff = mean.float() - ref_mean.float()
     per_element = diff * diff / (2.0 * std.float() ** 2)
     return per_element.mean(dim=tuple(range(1, mean.ndim)))
+
+
+def flow_grpo_step_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor,
+                      sigma: torch.Tensor | float, sigma_next: torch.Tensor | float) -> torch.Tensor:
+    """Flow-GRPO's KL term of one step -> float32 [B]: mean((mean - ref_mean)^2) / (2 g^2) with g^2 =
+    std^2 / (sigma - sigma_next). mean, ref_mean: [B, ...]; std: the step's std (solvers.flow_step_gaussian);
+    sigma, sigma_next: floats, 0-d or [B] (the update trains a different step per sample)."""
+    step = torch.as_tensor(sigma, dtype=torch.float32, device=mean.device) - torch.as_tensor(
+        sigma_next, dtype=torch.float32, device=mean.device)
+    return gaussian_step_kl(mean, ref_mean, std) * step.reshape(-1)

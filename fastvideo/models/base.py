@@ -131,6 +131,37 @@ class StoredTensor:
     folder: str
 
 
+# ---------------------------------------------------------------- folders
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def check_diffusers_folder(path: str | Path, required: Mapping[str, Sequence[str]], hint: str,
+                           error_cls: type[Exception], label: str,
+                           components: Sequence[str] | None = None) -> Path:
+    """Check that ``path`` is a diffusers-layout folder (model_index.json) whose ``components``
+    (default: every key of ``required``) are sub-folders holding their ``required`` files, weights
+    (transformer, vae, text_encoder*) and tokenizer files. Raises ``error_cls`` naming every missing
+    piece, ``label`` (e.g. "FLUX model folder") and ``hint`` (how to get one)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise error_cls(f"{label} {str(root)!r} does not exist. {hint}")
+    problems = [] if (root / "model_index.json").is_file() else ["model_index.json"]
+    for comp in components or tuple(required):
+        sub = root / comp
+        if not sub.is_dir():
+            problems.append(f"{comp}/")
+            continue
+        problems += [f"{comp}/{name}" for name in required[comp] if not (sub / name).is_file()]
+        if comp in ("transformer", "vae") or comp.startswith("text_encoder"):
+            if not any(p.name.endswith(WEIGHT_SUFFIXES) for p in sub.iterdir()):
+                problems.append(f"{comp}/<weights *.safetensors>")
+        if comp.startswith("tokenizer") and not any(sub.iterdir()):
+            problems.append(f"{comp}/<tokenizer files>")
+    if problems:
+        raise error_cls(f"{label} {str(root)!r} is incomplete; missing: {', '.join(problems)}. {hint}")
+    return root
+
+
 # ---------------------------------------------------------------- the family
 class ModelFamily(abc.ABC):
     """One diffusion-model family. Settings that change its forward (FLUX's guidance scale,

@@ -1,8 +1,28 @@
 """FLOP primitives shared by the model families' analytic FLOP counts (fastvideo.perf).
 
-A matmul [m, k] x [k, n] costs 2*m*n*k FLOPs; element-wise work is not counted."""
+A matmul [m, k] x [k, n] costs 2*m*n*k FLOPs; element-wise work is not counted. Besides the two
+primitives: the layer groups FLUX.1 and SD3 build their blocks from (q/k/v projections with
+attention over the joint tokens, the 4x MLP, the timestep / pooled-text embedders), reading a
+family's dims dataclass from a transformer config, and their common 16-channel VAE.
+"""
 
 from __future__ import annotations
+
+from dataclasses import fields
+from typing import Mapping, Sequence
+
+# Width of the sinusoidal timestep (and FLUX's guidance) projection fed to TimestepEmbedding (fixed in diffusers).
+TIMESTEP_PROJ_DIM = 256
+
+# The AutoencoderKL keys that set the decoder's FLOPs, the same for FLUX.1-dev's and SD3.5's VAE.
+VAE_16CH_CONFIG = {
+    "block_out_channels": [128, 256, 512, 512],
+    "layers_per_block": 2,
+    "latent_channels": 16,
+    "out_channels": 3,
+    "mid_block_add_attention": True,
+    "use_post_quant_conv": False,
+}
 
 
 def linear_flops(tokens: int, fan_in: int, fan_out: int) -> int:
@@ -13,3 +33,42 @@ def linear_flops(tokens: int, fan_in: int, fan_out: int) -> int:
 def attention_flops(batch: int, q_len: int, kv_len: int, inner_dim: int) -> int:
     """Q K^T and A V over all heads: 2 * (2 * B * Lq * Lkv * inner_dim)."""
     return 4 * batch * q_len * kv_len * inner_dim
+
+
+def qkv_attention_flops(batch: int, tokens: int, inner_dim: int) -> int:
+    """to_q / to_k / to_v (and their add_*_proj twins: the same count per token) on B x S tokens
+    of width D, then self-attention over the S tokens; no output projection."""
+    return 3 * linear_flops(batch * tokens, inner_dim, inner_dim) + attention_flops(batch, tokens, tokens, inner_dim)
+
+
+def mlp_flops(tokens: int, inner_dim: int, hidden_dim: int) -> int:
+    """FeedForward: Linear(D, F) -> activation -> Linear(F, D) on ``tokens`` rows."""
+    return linear_flops(tokens, inner_dim, hidden_dim) + linear_flops(tokens, hidden_dim, inner_dim)
+
+
+def embedder_flops(batch: int, fan_in: int, inner_dim: int) -> int:
+    """TimestepEmbedding / PixArtAlphaTextProjection: Linear(fan_in, D) -> SiLU -> Linear(D, D), one row per sample."""
+    return linear_flops(batch, fan_in, inner_dim) + linear_flops(batch, inner_dim, inner_dim)
+
+
+def token_counts(image_tokens: int, text_tokens: int, batch: int) -> tuple[int, int, int]:
+    """(L, Lt, B) as ints, refused unless all positive."""
+    L, Lt, B = int(image_tokens), int(text_tokens), int(batch)
+    if min(L, Lt, B) <= 0:
+        raise ValueError(f"image_tokens, text_tokens and batch must be positive (got {L}, {Lt}, {B})")
+    return L, Lt, B
+
+
+def dims_from_config(cls, cfg, required: Sequence[str], class_name: str, tuple_keys: Sequence[str] = ()):
+    """A family's frozen dims dataclass ``cls`` from a transformer config dict (config.json), a
+    diffusers config object or an instance; keys absent or None keep the defaults; ``required``
+    must be present (else a ValueError naming ``class_name``); ``tuple_keys`` become tuples."""
+    if isinstance(cfg, cls):
+        return cfg
+    get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+    values = {f.name: get(f.name, None) for f in fields(cls)}
+    values = {k: (tuple(v) if k in tuple_keys else v) for k, v in values.items() if v is not None}
+    missing = [k for k in required if k not in values]
+    if missing:
+        raise ValueError(f"transformer config lacks {', '.join(missing)}: is it a {class_name} config?")
+    return cls(**values)

@@ -22,6 +22,8 @@ class ModelConfig(Settings):
     gradient_checkpointing: bool
     selective_checkpointing: float
     family: str = "flux"  # a registered model family or a "pkg.module:Class" plugin (--model_family)
+    compile: bool = False  # regional compilation of the family's blocks (models/compile.py)
+    compile_backend: str = "auto"  # devices.compile_backend: auto = inductor on CUDA/CPU, TorchAir on NPU
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -47,6 +49,12 @@ class ModelConfig(Settings):
                        help="recompute transformer blocks in the backward pass to save memory")
         g.add_argument("--selective_checkpointing", type=float, default=1.0,
                        help="fraction of transformer blocks to checkpoint (from the first)")
+        g.add_argument("--compile", action="store_true",
+                       help="compile each transformer block class once (regional torch.compile, fullgraph) and "
+                            "reuse it for every block of the class")
+        g.add_argument("--compile_backend", type=str, default="auto", choices=["auto", "inductor", "aot_eager", "eager"],
+                       help="--compile's backend: auto (inductor on CUDA/CPU, TorchAir on NPU); aot_eager and eager "
+                            "trace without generating code (to find graph breaks)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ModelConfig":
@@ -61,6 +69,8 @@ class ModelConfig(Settings):
             gradient_checkpointing=args.gradient_checkpointing,
             selective_checkpointing=args.selective_checkpointing,
             family=args.model_family,
+            compile=args.compile,
+            compile_backend=args.compile_backend,
         ).checked()
 
     @classmethod
@@ -68,7 +78,8 @@ class ModelConfig(Settings):
         names = ("pretrained_model_name_or_path", "dit_model_name_or_path", "vae_model_path", "vae_precision",
                  "master_weight_type", "mixed_precision", "allow_tf32", "gradient_checkpointing",
                  "selective_checkpointing")
-        flags = {**{n: section[n] for n in names}, "model_family": section["family"]}
+        flags = {**{n: section[n] for n in names}, "model_family": section["family"],
+                 "compile": section.get("compile", False), "compile_backend": section.get("compile_backend", "auto")}
         if flags["vae_model_path"] == flags["pretrained_model_name_or_path"]:  # the default: follows a new model folder
             flags["vae_model_path"] = None
         return flags
@@ -83,3 +94,5 @@ class ModelConfig(Settings):
         if self.selective_checkpointing < 1.0 and not self.gradient_checkpointing:
             raise ConfigError("--selective_checkpointing needs --gradient_checkpointing")
         check_plugin_name("model_family", self.family)
+        if self.compile_backend != "auto" and not self.compile:
+            raise ConfigError(f"--compile_backend {self.compile_backend} needs --compile")

@@ -28,7 +28,7 @@ SINGLE_NAME = "diffusion_pytorch_model.safetensors"
 
 def uses_sharded_load(strategy: str, world_size: int) -> bool:
     """Meta build + per-unit fill applies to FSDP strategies on more than one rank."""
-    return world_size > 1 and strategy in ("full", "hybrid", "hybrid_zero2")
+    return world_size > 1 and strategy in ("full", "zero2", "hybrid", "hybrid_zero2")
 
 
 # safetensors dtype names -> torch dtypes (the ones a diffusers checkpoint can hold).

@@ -7,7 +7,8 @@ full tensor, W = the shard group size):
 
     rollout   F_r = sampling_steps x ceil(samples / rollout_batch) forwards, each one gather of P
     update    T_u = ceil(samples / micro_batch) x trained_steps terms, each a forward and a backward
-              gather of P and one reduce-scatter of the trainable parameters' gradients
+              gather of P and one reduce-scatter of the trainable parameters' gradients, plus one
+              gather per no-grad forward of a term (NFT's old policy, a KL reference's copy)
 
 with P the parameters FSDP manages, in bytes at the gather dtype (--fsdp_param_dtype: fp32 4,
 bf16 2; gradients are reduced in fp32). Gradient checkpointing recomputes inside the backward's
@@ -40,6 +41,9 @@ class CommShape:
     frozen_params: int = 0
     frozen_bytes: int = 2
     trainable: int | None = None
+    reference_params: int = 0  # a KL reference copy in FSDP units: gathered (no grad) once per update term
+    nograd_update_forwards: int = 0  # per term, of the model's own units: NFT's v_old, a LoRA KL's v_ref
+    keep_gathered: bool = False  # SHARD_GRAD_OP (--fsdp_sharding_strategy zero2): gathered until the backward
 
 
 def fsdp_traffic(s: CommShape) -> dict[str, float]:
@@ -53,11 +57,18 @@ def fsdp_traffic(s: CommShape) -> dict[str, float]:
     terms = math.ceil(s.samples_per_rank / s.micro_batch) * s.trained_steps
     one_gather = (s.params * s.gather_bytes + s.frozen_params * s.frozen_bytes) * ring
     trainable = s.params if s.trainable is None else s.trainable
+    if s.keep_gathered:
+        # the rollout's first forward gathers and the rest reuse it; each term then gathers once
+        # (its forward; its backward reuses it, then frees), the first reusing the rollout's
+        rollout_forwards, update_gathers = 1, terms - 1
+    else:
+        update_gathers = 2 * terms
+    update_gathers += s.nograd_update_forwards * terms  # no-grad forwards gather (and free) once each
     out = {
         "rollout_gather": rollout_forwards * one_gather,
-        "update_gather": 2 * terms * one_gather,
+        "update_gather": update_gathers * one_gather + terms * s.reference_params * s.gather_bytes * ring,
         "reduce_scatter": terms * trainable * s.reduce_bytes * ring,
-        "gathers": rollout_forwards + 2 * terms,
+        "gathers": rollout_forwards + update_gathers + (terms if s.reference_params else 0),
     }
     out["total"] = out["rollout_gather"] + out["update_gather"] + out["reduce_scatter"]
     return out
@@ -75,11 +86,20 @@ def gather_dtype_table(s: CommShape) -> list[str]:
     return lines
 
 
-def from_memory_shape(m, params: int, trained_steps: int) -> CommShape:
-    """The CommShape of a perf.memory.MemoryShape (the cost model's --memory flags)."""
-    return CommShape(params=params, samples_per_rank=m.samples_per_rank, rollout_batch=m.rollout_batch,
-                     micro_batch=m.micro_batch, sampling_steps=m.sampling_steps, trained_steps=trained_steps,
-                     shards=m.shards if m.strategy != "none" else 1)
+def from_memory_shape(m, prof, trained_steps: int, nograd_update_forwards: int = 0) -> CommShape:
+    """The CommShape of a perf.memory.MemoryShape (the cost model's --memory flags) and its
+    ModelProfile: under LoRA the adapters are gathered and reduced, the frozen base gathered only
+    where it is sharded; a full fine-tune's KL reference copy is gathered for its forwards;
+    ``nograd_update_forwards`` more forwards of the model's own units per term (NFT's v_old, a LoRA
+    run's v_ref with the adapters off)."""
+    lora = m.lora_rank > 0
+    return CommShape(params=prof.adapter_params if lora else prof.params, samples_per_rank=m.samples_per_rank,
+                     rollout_batch=m.rollout_batch, micro_batch=m.micro_batch, sampling_steps=m.sampling_steps,
+                     trained_steps=trained_steps, shards=m.shards if m.strategy != "none" else 1,
+                     frozen_params=prof.params if lora and not m.lora_replicate_base else 0,
+                     frozen_bytes=m.lora_base_bytes,
+                     reference_params=prof.params if m.kl_reference and not lora else 0,
+                     nograd_update_forwards=nograd_update_forwards, keep_gathered=m.strategy == "zero2")
 
 
 def traffic_by_gather_dtype(s: CommShape) -> dict[str, dict[str, float]]:

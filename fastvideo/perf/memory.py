@@ -1,8 +1,16 @@
 """Per-device peak memory of one GRPO iteration, by component, and whether it fits a device.
 
 Static (held the whole iteration): master parameters, their gradients (during the update), AdamW's
-two moments, the EMA shadow, all divided by the shard count under FSDP (full: world size; hybrid:
-ranks per node; none = DDP: a full replica, plus DDP's gradient buckets, one more gradient copy).
+two moments, the EMA shadow (float32), all divided by the shard count under FSDP (full: world size;
+hybrid: ranks per node; none = DDP: a full replica, plus DDP's gradient buckets, one more gradient
+copy). Under LoRA (lora_rank > 0) only the adapters are trained: those components count the adapter
+parameters (rank x (in + out) per targeted Linear, peft's count), and the frozen base is held in its
+own precision, replicated on every rank (the trainer's default layout: never gathered) or, with CPU
+offload, sharded like the model. The KL reference (--kl_coef > 0) of a full fine-tune is
+a frozen copy of the initial weights in the master precision, sharded like the model; under LoRA
+the reference is the base with its adapters off, so it costs nothing. NFT's old policy is a float32
+copy of the trainable shards; in the rollout, while it is swapped in, the trained shards wait in a
+backup of the same size.
 FSDP also holds the unsharded parameters of the units in flight (two blocks with limit_all_gathers,
 plus the root unit: embedders and output layers stay gathered) and one block's unsharded gradients.
 Dynamic, per phase (the peak is the largest phase): set-up (FSDP fills the model one unit at a time:
@@ -10,7 +18,8 @@ fastvideo.models.sharded_load), the rollout's no-grad forwards, the VAE decode,
 the update's forward + backward on one micro-batch (with or without (selective) checkpointing). The
 transformer's activation figures are not estimated: the real diffusers model is run on the meta
 device under fastvideo.perf.live_bytes.LiveBytes, which counts every tensor from creation to death.
-The trajectory (latents of every step, log-probs, prompt embeddings, decoded images), the reward
+The trajectory (latents of every step, log-probs, prompt embeddings, decoded images; NFT reads only
+the last latents but the shared Trajectory keeps them all, and so does the model), the reward
 model's weights and, on NPU, HCCL's buffers (2 x HCCL_BUFFSIZE per communicator) are added.
 
 Not counted: the framework's own memory (CUDA/CANN context, kernels' workspaces, on CPU the Python
@@ -43,7 +52,7 @@ class MemoryShape:
     rollout_batch: int
     micro_batch: int
     world_size: int
-    strategy: str = "full"  # full | hybrid | none
+    strategy: str = "full"  # full | zero2 | hybrid | none
     ranks_per_node: int | None = None
     master_bytes: int = 4  # fp32 master weights (2 for bf16)
     compute_dtype: torch.dtype = torch.bfloat16  # autocast dtype (float32 for --mixed_precision no)
@@ -59,6 +68,12 @@ class MemoryShape:
     reward_bytes: int = 4
     communicators: int = 0  # HCCL communicators (0 off NPU)
     hccl_buffsize_mb: int = 200
+    lora_rank: int = 0  # 0: full fine-tuning; else adapters of this rank on lora_targets (peft suffix match)
+    lora_targets: tuple[str, ...] = ("to_k", "to_q", "to_v", "to_out.0")
+    lora_base_bytes: int = 4  # the frozen base's precision (--lora_base_precision)
+    lora_replicate_base: bool = True  # the base outside FSDP, whole on every rank (builders._replicate_frozen)
+    kl_reference: bool = False  # --kl_coef > 0: a frozen copy under full fine-tuning (LoRA: the base itself)
+    old_policy: bool = False  # --algorithm nft: a float32 copy of the trainable shards
 
     @property
     def shards(self) -> int:
@@ -80,6 +95,9 @@ class ModelProfile:
     rollout_activations: int  # one no-grad forward of one rollout batch
     vae_params: int
     vae_decode: int  # one no-grad decode of one rollout batch
+    adapter_params: int = 0  # LoRA: trainable adapter parameters (0: full fine-tuning)
+    largest_block_adapter_params: int = 0
+    root_adapter_params: int = 0  # adapters outside the blocks
 
 
 @dataclass
@@ -136,27 +154,52 @@ def _family(family):
     return family if family is not None else get_model_family(DEFAULT_FAMILY)
 
 
-def _meta_transformer(config: dict, dtype: torch.dtype, checkpoint_fraction: float, family):
+def is_lora_target(name: str, targets: tuple[str, ...]) -> bool:
+    """peft's rule for a list of target_modules: the module's name is a target or ends with '.' + it."""
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def adapter_params(module: torch.nn.Module, rank: int, targets: tuple[str, ...]) -> int:
+    """Parameters of rank-``rank`` LoRA adapters (A: rank x in, B: out x rank, no bias) on the
+    targeted Linears of ``module``."""
+    return sum(rank * (m.in_features + m.out_features) for name, m in module.named_modules()
+               if isinstance(m, torch.nn.Linear) and is_lora_target(name, targets))
+
+
+def _meta_transformer(config: dict, dtype: torch.dtype, checkpoint_fraction: float, family,
+                      lora: tuple[int, tuple[str, ...]] | None = None):
+    """The family's transformer on the meta device; lora = (rank, targets): frozen, with peft's
+    adapters injected (as training.lora.apply_lora does before the model is wrapped)."""
     from fastvideo.distributed.fsdp import apply_activation_checkpointing
 
     model = family.meta_transformer(config, dtype)
+    if lora:
+        from fastvideo.utils import require
+
+        peft = require("peft", "lora", "cost_model --memory --use_lora")
+        model.requires_grad_(False)
+        model.add_adapter(peft.LoraConfig(r=lora[0], lora_alpha=lora[0], target_modules=list(lora[1])))
+        model.to(dtype)
     if checkpoint_fraction > 0:
         apply_activation_checkpointing(model, family.block_classes(), fraction=checkpoint_fraction)
     return model
 
 
 def transformer_activation_peak(config: dict, batch: int, layout, text_tokens: int, dtype: torch.dtype, train: bool,
-                                checkpoint_fraction: float = 0.0, family=None) -> int:
+                                checkpoint_fraction: float = 0.0, family=None,
+                                lora: tuple[int, tuple[str, ...]] | None = None) -> int:
     """Peak bytes of the tensors one forward (and, if ``train``, backward) creates; parameter
     gradients are dropped as soon as they are made (they are counted as a static component).
-    layout: the family's LatentLayout (family.nominal_layout)."""
+    layout: the family's LatentLayout (family.nominal_layout); lora: (rank, targets) trains
+    adapters on the frozen model (a frozen Linear keeps no input for a weight gradient)."""
     from fastvideo.perf.live_bytes import LiveBytes
 
     family = _family(family)
-    model = _meta_transformer(config, dtype, checkpoint_fraction if train else 0.0, family)
+    model = _meta_transformer(config, dtype, checkpoint_fraction if train else 0.0, family, lora if train else None)
     inputs = family.meta_inputs(config, batch, layout, text_tokens, dtype)
     for p in model.parameters():
-        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     tracker = LiveBytes()
     with torch.set_grad_enabled(train), _fused_attention(), tracker:
         out = model(**inputs)[0]
@@ -196,13 +239,17 @@ def profile_model(config: dict, vae_config: dict, shape: MemoryShape, family=Non
     vae_params, vae_peak = vae_decode_peak(vae_config, shape.rollout_batch, lat_h, lat_w,
                                            torch.bfloat16 if shape.vae_bytes == 2 else torch.float32)
     act = shape.compute_dtype
+    lora = (shape.lora_rank, tuple(shape.lora_targets)) if shape.lora_rank else None
+    block_adapters = [adapter_params(b, shape.lora_rank, shape.lora_targets) for b in blocks] if lora else [0]
+    adapters = adapter_params(model, shape.lora_rank, shape.lora_targets) if lora else 0
     return ModelProfile(
         params=params, largest_block_params=max(block_params), root_params=params - sum(block_params),
         update_activations=transformer_activation_peak(config, shape.micro_batch, layout, shape.text_tokens, act,
-                                                       True, shape.checkpoint_fraction, family),
+                                                       True, shape.checkpoint_fraction, family, lora),
         rollout_activations=transformer_activation_peak(config, shape.rollout_batch, layout, shape.text_tokens,
                                                         act, False, family=family),
-        vae_params=vae_params, vae_decode=vae_peak,
+        vae_params=vae_params, vae_decode=vae_peak, adapter_params=adapters,
+        largest_block_adapter_params=max(block_adapters), root_adapter_params=adapters - sum(block_adapters),
     )
 
 
@@ -211,14 +258,34 @@ def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
     """Bytes held on the device across phases (gradients only during the update)."""
     m = s.master_bytes
     on_device = 0 if s.cpu_offload else 1  # CPU offload keeps shards, gradients and AdamW in host memory
-    sharded = math.ceil(prof.params / s.shards) * m * on_device
-    out = {"parameters": sharded, "gradients": sharded, "adamw_states": 2 * sharded,
-           "ema": sharded if s.use_ema else 0}
-    if s.strategy == "none" or s.shards == 1:
-        out["ddp_buckets"] = prof.params * m if s.world_size > 1 else 0
+    fsdp = s.strategy != "none" and s.shards > 1
+    lora = s.lora_rank > 0
+    trainable = prof.adapter_params if lora else prof.params
+    shard = math.ceil(trainable / s.shards) * on_device  # this rank's trainable elements
+    out = {"parameters": shard * m, "gradients": shard * m, "adamw_states": 2 * shard * m,
+           "ema": shard * 4 if s.use_ema else 0}  # the EMA shadow is float32 (training/ema.py)
+    if s.old_policy:
+        out["old_policy"] = shard * 4  # NFT: training.ema.WeightCopy, float32
+    base_sharded = lora and fsdp and not s.lora_replicate_base
+    if lora:
+        whole = prof.params * s.lora_base_bytes
+        out["frozen_base"] = math.ceil(prof.params / s.shards) * s.lora_base_bytes * on_device if base_sharded else whole
+    elif s.kl_reference:  # a frozen copy of the initial weights, wrapped like the model (builders.build_kl_reference)
+        out["kl_reference"] = math.ceil(prof.params / s.shards) * m * on_device if fsdp else prof.params * m
+    if not fsdp:
+        out["ddp_buckets"] = trainable * m if s.world_size > 1 else 0
+        return out
+    # Two blocks gathered (limit_all_gathers) + the root unit, and one block's unsharded gradients.
+    if lora:
+        out["fsdp_unsharded"] = (2 * prof.largest_block_adapter_params + prof.root_adapter_params) * m
+        if base_sharded:  # the blocks' frozen base is gathered with them
+            out["fsdp_unsharded"] += (2 * prof.largest_block_params + prof.root_params) * s.lora_base_bytes
+        out["fsdp_unsharded_grads"] = prof.largest_block_adapter_params * m
     else:
-        # Two blocks gathered (limit_all_gathers) + the root unit, and one block's unsharded gradients.
-        out["fsdp_unsharded"] = (2 * prof.largest_block_params + prof.root_params) * m
+        # Two blocks gathered (limit_all_gathers) + the root unit, and one block's unsharded gradients;
+        # zero2 keeps every unit gathered from its forward to its backward: the whole model.
+        gathered = prof.params if s.strategy == "zero2" else 2 * prof.largest_block_params + prof.root_params
+        out["fsdp_unsharded"] = gathered * m
         out["fsdp_unsharded_grads"] = prof.largest_block_params * m
     return out
 
@@ -253,11 +320,15 @@ def estimate(config: dict, vae_config: dict, s: MemoryShape, prof: ModelProfile 
         loading = 2 * max(prof.largest_block_params, prof.root_params) * s.master_bytes
     else:
         loading = 0
+    frozen = {k: static[k] for k in ("frozen_base", "kl_reference") if k in static}
     phases = {
-        "setup": {"parameters": static["parameters"], "loading": loading,
+        "setup": {"parameters": static["parameters"], **frozen, "loading": loading,
                   "reward_model": common["reward_model"], "vae_weights": common["vae_weights"],
                   "hccl_buffers": common["hccl_buffers"]},
-        "rollout": {**held, **common, "activations": prof.rollout_activations},
+        # A weight copy sampled with (NFT's old policy) is swapped in: the trained shards wait in a backup
+        # (training.ema.EMA.swapped_in). In the update it is swapped in only for the no-grad v_old forwards.
+        "rollout": {**held, **common, "activations": prof.rollout_activations,
+                    "swap_backup": static["parameters"] if s.old_policy else 0},
         "vae_decode": {**held, **common, "activations": prof.vae_decode},
         "update": {**static, **common, "activations": prof.update_activations},
     }

@@ -25,6 +25,12 @@ def reward_spec(args: argparse.Namespace) -> list:
     return spec
 
 
+# The flags of each local reward model: they have no effect while that reward is not used.
+MODEL_FLAGS = {"hpsv2": ("hps_ckpt_dir", "hps_model_name", "hps_input"),
+               "pickscore": ("pickscore_dir", "pickscore_processor_dir"), "clip": ("clip_dir",),
+               "aesthetic": ("aesthetic_dir", "aesthetic_clip_name"), "imagereward": ("image_reward_dir",)}
+
+
 @dataclass
 class RewardSettings(Settings):
     spec: list  # [RewardSpec(name, weight)]
@@ -92,12 +98,29 @@ class RewardSettings(Settings):
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
-        # hpsv2 may be trained, evaluated (--eval_rewards) or guarded (--guard_reward)
-        named = [args.rewards or "", getattr(args, "eval_rewards", None) or "", getattr(args, "guard_reward", None) or ""]
-        local = any(s.name == "hpsv2" and not s.url for s in reward_spec(args))
-        if args.hps_input != defaults.hps_input and not local and not any("hpsv2" in n for n in named[1:]):
-            return [f"--hps_input {args.hps_input} has no effect without the hpsv2 reward"]
-        return []
+        """A local reward model's flags given while no reward of that model is trained locally,
+        evaluated (--eval_rewards) or guarded (--guard_reward). A remote hpsv2 reward is scored by its
+        server, whose own --hps_input decides."""
+        specs = reward_spec(args)
+        used = {s.name for s in specs if not s.url}
+        used |= {n.strip() for n in (getattr(args, "eval_rewards", None) or "").split(",")}
+        used.add(getattr(args, "guard_reward", None))
+        remote = {s.name for s in specs if s.url}
+        notes = []
+        for reward, flags in MODEL_FLAGS.items():
+            given = [f for f in flags if hasattr(args, f) and getattr(args, f) != getattr(defaults, f)]
+            if not given or reward in used:
+                continue
+            if reward == "hpsv2" and "hpsv2" in remote and "hps_input" in given:
+                notes.append(f"--hps_input {args.hps_input} does not reach a remote hpsv2 reward: start the reward "
+                             f"server with --hps_input {args.hps_input}")
+                given = [f for f in given if f != "hps_input"]
+                if not given:
+                    continue
+            shown = [f"--{f} {getattr(args, f)}" for f in given]
+            notes.append(f"{', '.join(shown)} {'has' if len(given) == 1 else 'have'} no effect without the "
+                         f"{reward} reward")
+        return notes
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:

@@ -206,6 +206,16 @@ def sde_transition(sde_kind, x, v, sigma, sigma_next, eta, sigma_max, noise=None
     return solvers.flow_sde_step(x, v, sigma, sigma_next, eta, float(sigma_max), noise=noise, prev_sample=prev_sample)
 
 
+def transition_gaussian(sde_kind, x, v, sigma, sigma_next, eta, sigma_max) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean [B, ...], std broadcastable) of an SDE step of DanceGRPO's or Flow-GRPO's kind: what
+    the KL term compares (SDE-DPM-Solver++ has none here: the config refuses --kl_coef with it)."""
+    if sde_kind == "dance":
+        return sde.step_gaussian(x, v, sigma, sigma_next, eta)
+    if sde_kind in solvers.DPM_SDE_KINDS:
+        raise ValueError(f"no step Gaussian for the KL term under {sde_kind!r}")
+    return solvers.flow_step_gaussian(x, v, sigma, sigma_next, eta, float(sigma_max))
+
+
 @dataclass
 class _Run:
     """What every chunk of one rollout shares (on the device)."""
@@ -233,7 +243,7 @@ def _prefix_states(run: _Run, randomness: RandomSource, iteration: int, noise_id
     heads = []
     for start in range(0, num_prompts, run.cfg.rollout_batch_size):
         rows = prompt_rows[start:start + run.cfg.rollout_batch_size]
-        noise = randomness.initial_noise(iteration, noise_ids[rows], run.layout.tokens).to(device)
+        noise = devices.to_device(randomness.initial_noise(iteration, noise_ids[rows], run.layout.tokens), device)
         with run.amp:
             heads.append(sample_transitions(run.family, run.transformer, noise, {}, run.plan, run.sigmas,
                                             run.cond.select(rows.to(device)), run.layout, run.cfg.eta,
@@ -259,8 +269,10 @@ def _step_noise(run: _Run, randomness: RandomSource, iteration: int, sample_ids,
     sde_steps = [k for k, kind in enumerate(run.plan.kinds) if kind == SDE]
     # SDE-DPM-Solver steps ignore eta (upstream): they always need their noise
     if sde_steps and (run.cfg.eta > 0 or run.plan.sde_kind in solvers.DPM_SDE_KINDS):
-        eps = torch.stack([randomness.step_noise(iteration, sample_ids, k, run.layout.tokens) for k in sde_steps])
-        return dict(zip(sde_steps, eps.to(device)))
+        draws = [randomness.step_noise(iteration, sample_ids, k, run.layout.tokens) for k in sde_steps]
+        # stacked into pinned memory on an accelerator and copied without the host waiting
+        eps = torch.stack(draws, out=devices.host_buffer((len(draws), *draws[0].shape), draws[0].dtype, device))
+        return dict(zip(sde_steps, devices.to_device(eps, device)))
     return {}
 
 
@@ -318,7 +330,7 @@ def rollout(
         if prefix:
             noise = prefix_states[rows, -1]
         else:
-            noise = randomness.initial_noise(iteration, noise_ids[rows], layout.tokens).to(device)
+            noise = devices.to_device(randomness.initial_noise(iteration, noise_ids[rows], layout.tokens), device)
         step_eps = _step_noise(run, randomness, iteration, sample_ids[rows], device)
         with run.amp:
             lat, logp, x0 = sample_transitions(family, transformer, noise, step_eps, plan, run.sigmas,

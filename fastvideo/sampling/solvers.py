@@ -34,6 +34,13 @@ def flow_sde_step(
     latents, velocity, noise, prev_sample: [B, ...]; sigma, sigma_next floats or [B].
     Returns (sample float32 [B, ...], log_prob float32 [B], mean over non-batch elements).
     """
+    mean, std = flow_step_gaussian(latents, velocity, sigma, sigma_next, eta, sigma_max)
+    return sde.gaussian_transition(mean, std, noise, prev_sample, "flow_sde_step")
+
+
+def flow_step_gaussian(latents, velocity, sigma, sigma_next, eta: float, sigma_max: float):
+    """The Gaussian of Flow-GRPO's SDE step (flow_sde_step's formulas): (mean float32 [B, ...],
+    std float32 broadcastable to it). The KL term compares two such means (grpo.kl)."""
     x, v = latents.float(), velocity.float()
     batch, ndim = x.shape[0], x.ndim
     s = _per_sample(sigma, batch, ndim, x.device)
@@ -43,8 +50,7 @@ def flow_sde_step(
     s_safe = torch.where(s == 1.0, float(sigma_max), s)
     g = eta * torch.sqrt(s / (1.0 - s_safe))
     mean = x * (1.0 + g * g / (2.0 * s) * delta) + v * (1.0 + g * g * (1.0 - s) / (2.0 * s)) * delta
-    std = g * torch.sqrt(-delta)
-    return sde.gaussian_transition(mean, std, noise, prev_sample, "flow_sde_step")
+    return mean, g * torch.sqrt(-delta)
 
 
 DPM_ALGORITHMS = ("dpmsolver++", "dpmsolver")  # data prediction (x0) / noise prediction (eps)

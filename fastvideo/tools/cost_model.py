@@ -6,7 +6,8 @@
         --seconds_per_iteration S --peak_tflops P --device_name NAME]
     python -m fastvideo.tools.cost_model --memory [the run's flags: --fsdp_sharding_strategy full|hybrid|none
         --rollout_batch_size --train_micro_batch_size --mixed_precision --master_weight_type --use_ema
-        --selective_checkpointing --use_cpu_offload --rewards ...] [--device npu|cuda|cpu --ranks_per_node N
+        --selective_checkpointing --use_cpu_offload --rewards --use_lora --lora_rank --lora_target_modules
+        --lora_base_precision --kl_coef --algorithm ...] [--device npu|cuda|cpu --ranks_per_node N
         --hccl_buffsize_mb MB --device_memory_gb G]
 
 Defaults are the reference configuration (DanceGRPO's FLUX script, 16 ranks). The model family
@@ -127,12 +128,16 @@ def parse_args(argv=None) -> argparse.Namespace:
             parse_reward_spec(args.rewards)
         except UserError as exc:
             ap.error(str(exc))
+    if args.use_lora and not args.memory:
+        ap.error("--use_lora: the FLOPs of LoRA training are not modelled (a frozen base's backward computes no "
+                 "weight gradients; the adapters add their own matmuls); --memory models its memory")
     resolve_mix(args, ap)
     return args
 
 
 # Training flags that change the cost but are not modelled here: refused rather than ignored.
-UNMODELLED = ("--use_lora", "--lora_rank", "--lora_alpha", "--kl_coeff", "--sp_size")  # --kl_coef: a flag above (FLOPs)
+# (--kl_coef: a flag above; MixGRPO's --kl_coeff reuses the rollout's stored log-probabilities: no cost.)
+UNMODELLED = ("--sp_size",)
 
 
 def training_flags_without_cost(extra: list[str], ap: argparse.ArgumentParser) -> list[str]:
@@ -160,7 +165,7 @@ def training_flags_without_cost(extra: list[str], ap: argparse.ArgumentParser) -
 def _memory_flags(g) -> None:
     g.add_argument("--memory", action="store_true", help="per-device peak memory instead of FLOPs")
     g.add_argument("--fsdp_sharding_strategy", "--fsdp_sharding_startegy", dest="fsdp_sharding_strategy",
-                   default="full", choices=["full", "hybrid", "none"])
+                   default="full", choices=["full", "zero2", "hybrid", "none"])
     g.add_argument("--ranks_per_node", type=int, default=None, help="hybrid sharding: the shard group size")
     g.add_argument("--rollout_batch_size", type=int, default=1)
     g.add_argument("--train_micro_batch_size", type=int, default=1)
@@ -177,6 +182,11 @@ def _memory_flags(g) -> None:
     g.add_argument("--hccl_buffsize_mb", type=int, default=None,
                    help="HCCL_BUFFSIZE (default: the environment's, else scripts/npu_env.sh's 800)")
     g.add_argument("--device_memory_gb", type=float, default=None, help="memory per device, for the verdict")
+    g.add_argument("--use_lora", action="store_true", help="train LoRA adapters on a frozen base (--memory only)")
+    g.add_argument("--lora_rank", type=int, default=128)
+    g.add_argument("--lora_target_modules", default="to_k,to_q,to_v,to_out.0")
+    g.add_argument("--lora_base_precision", choices=("master", "bf16"), default="master",
+                   help="the frozen base's dtype: master = --master_weight_type")
 
 
 def memory_shape(args):
@@ -188,7 +198,7 @@ def memory_shape(args):
 
     if args.fsdp_sharding_strategy == "hybrid" and args.ranks_per_node is None:
         raise ConfigError("--fsdp_sharding_strategy hybrid needs --ranks_per_node (the shard group size)")
-    comms = {"full": 1, "none": 1, "hybrid": 3}[args.fsdp_sharding_strategy] if args.device == devices.NPU else 0
+    comms = {"full": 1, "zero2": 1, "none": 1, "hybrid": 3}[args.fsdp_sharding_strategy] if args.device == devices.NPU else 0
     vae_fp32 = args.vae_precision == "fp32" or (args.vae_precision == "auto" and args.device == devices.CPU)
     return MemoryShape(
         height=args.h, width=args.w, text_tokens=args.text_tokens, sampling_steps=args.sampling_steps,
@@ -197,12 +207,28 @@ def memory_shape(args):
         ranks_per_node=args.ranks_per_node, master_bytes=4 if args.master_weight_type == "fp32" else 2,
         compute_dtype=torch.bfloat16 if args.mixed_precision == "bf16" else torch.float32,
         checkpoint_fraction=args.selective_checkpointing if args.gradient_checkpointing else 0.0,
-        use_ema=args.use_ema, grads_held=args.trained_steps > 1 or args.gradient_accumulation_steps > 1,
+        use_ema=args.use_ema,
+        grads_held=args.trained_steps > 1 or args.gradient_accumulation_steps > 1,
         cpu_offload=args.use_cpu_offload and args.device != devices.CPU,
         vae_bytes=4 if vae_fp32 else 2, rewards=tuple(r.split(":")[0] for r in args.rewards.split(",") if r),
         communicators=comms,
         hccl_buffsize_mb=args.hccl_buffsize_mb or int(os.environ.get("HCCL_BUFFSIZE", 800)),
+        **_lora_and_copies(args),
     )
+
+
+def _lora_and_copies(args) -> dict:
+    """MemoryShape's LoRA fields and the extra weight copies (KL reference, NFT's old policy), as
+    the trainer builds them (training/builders.py: lora_base_dtype, _replicate_frozen,
+    build_kl_reference)."""
+    master = 4 if args.master_weight_type == "fp32" else 2
+    if args.use_lora and args.lora_rank < 1:
+        raise ConfigError(f"--lora_rank {args.lora_rank} must be at least 1")
+    targets = tuple(t.strip() for t in args.lora_target_modules.split(",") if t.strip())
+    return {"lora_rank": args.lora_rank if args.use_lora else 0, "lora_targets": targets,
+            "lora_base_bytes": 2 if args.lora_base_precision == "bf16" else master,
+            "lora_replicate_base": not args.use_cpu_offload,
+            "kl_reference": args.kl_coef > 0, "old_policy": args.algorithm == "nft"}
 
 
 def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> str:
@@ -212,14 +238,18 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
     shape = memory_shape(args)
     prof = profile_model(config, vae_cfg, shape, family=family)
     est = estimate(config, vae_cfg, shape, prof=prof, family=family)
-    traffic = comms.from_memory_shape(shape, prof.params, args.trained_steps)
+    # Forwards of the model's own units without a backward: NFT's v_old, and under LoRA the KL's v_ref
+    # (the base with its adapters off); a full fine-tune's KL reference is its own copy (reference_params).
+    own_nograd = int(args.algorithm == "nft") + int(args.kl_coef > 0 and shape.lora_rank > 0)
+    traffic = comms.from_memory_shape(shape, prof, args.trained_steps, own_nograd)
     if args.json:
         return json.dumps({"model": desc, "shape": {k: str(v) for k, v in vars(shape).items()}, **est.as_dict(),
+                           "params": prof.params, "adapter_params": prof.adapter_params,
                            "verdict": est.verdict(args.device_memory_gb),
                            "fsdp_traffic_bytes": comms.traffic_by_gather_dtype(traffic)}, indent=2)
     lines = [f"model {desc}: {args.h}x{args.w}, {shape.samples_per_rank} samples per rank, {args.world_size} ranks, "
              f"{shape.strategy} sharding ({shape.shards} shards), checkpointing {shape.checkpoint_fraction:g}, "
-             f"micro-batch {shape.micro_batch}, rollout batch {shape.rollout_batch}",
+             f"micro-batch {shape.micro_batch}, rollout batch {shape.rollout_batch}", *_copies_line(args, shape, prof),
              "", f"{'component':<24}{'GB':>10}"]
     for name, value in est.components.items():
         lines.append(f"{name:<24}{value / GB:>10.2f}")
@@ -229,6 +259,20 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
     lines.append("not counted: framework context and workspaces, allocator fragmentation, reward activations")
     lines += ["", *comms.gather_dtype_table(traffic)]
     return "\n".join(lines)
+def _copies_line(args, shape, prof) -> list[str]:
+    """What LoRA and the KL reference change, in one line (none for a plain full fine-tune)."""
+    parts = []
+    if shape.lora_rank:
+        layout = "replicated on every rank" if shape.lora_replicate_base or shape.strategy == "none" else "sharded"
+        parts.append(f"LoRA rank {shape.lora_rank} on {','.join(shape.lora_targets)}: {prof.adapter_params:,} "
+                     f"trainable parameters; the frozen base ({prof.params:,}) in {8 * shape.lora_base_bytes}-bit, "
+                     f"{layout}")
+    if args.kl_coef > 0:
+        parts.append("KL reference: the base with its adapters off (no copy)" if shape.lora_rank else
+                     "KL reference: a frozen copy of the weights in the master precision, sharded like the model")
+    return ["; ".join(parts)] if parts else []
+
+
 # ----------------------------------------------------------------------------- mixed sampling (MixGRPO)
 REFERENCE_STEPS, REFERENCE_FRACTION = 16, 0.6  # DanceGRPO's FLUX script
 

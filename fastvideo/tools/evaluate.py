@@ -8,13 +8,19 @@ LoRA), an exported transformer folder, or an exported LoRA (a folder with
 pytorch_lora_weights.safetensors), optionally LABEL=PATH. The text encoders and VAE come from --base
 (default: the first model folder among the models); LoRA models are merged into --base's transformer. The
 model family is the one the checkpoints' runs record (OUTPUT_DIR/config.json), else --model_family
-(default flux). Every model sees the same initial noise per
-(prompt, image), drawn from RandomSource(--seed) exactly as the training run's evaluation draws it,
-so with the run's --seed and sampling flags a checkpoint scores what eval.jsonl recorded.
+(default flux). Every model sees the same initial noise per (prompt, image), drawn from
+RandomSource(--seed) exactly as the training run's evaluation draws it.
+
+A checkpoint's run (OUTPUT_DIR/config.json beside OUTPUT_DIR/checkpoint-N) gives the defaults of
+the sampling flags, --seed, the batch, the prompts file, the rewards and the reward models' folders
+(fastvideo.eval.run_defaults), so `--model OUTPUT_DIR/checkpoint-N --out DIR` alone scores what
+the run's eval.jsonl recorded for iteration N; flags given override them.
 
 Writes OUT/results.md and results.csv (per model and reward: mean, std, 95% CI, win rate against
-the first model on the same noise), OUT/scores.jsonl (every image's scores), OUT/grid_NN.png
-(one row per model, same prompts and noise side by side), and prints the table.
+the first model on the same noise, and the paired difference to it with its 95% Student
+t-interval over prompts), OUT/scores.jsonl (every image's scores), OUT/grid_NN.png (one row per
+model, the same prompts and noise side by side, each prompt above its column and each image's
+scores under it), and prints the table.
 """
 
 from __future__ import annotations
@@ -37,44 +43,51 @@ from fastvideo.eval.models import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fastvideo.tools.evaluate", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    """Flags whose default reads "the run's" take it from the first checkpoint's run
+    (OUTPUT_DIR/config.json, fastvideo.eval.run_defaults), else the value after "else"."""
+    p = argparse.ArgumentParser(prog="python -m fastvideo.tools.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", action="append", required=True, help="[LABEL=]PATH; repeat to compare (first = reference)")
-    p.add_argument("--prompts", required=True, help="prompts .txt (e.g. assets/eval_prompts.txt) or videos2caption.json")
-    p.add_argument("--rewards", required=True, help='comma-separated reward names, e.g. "hpsv2,pickscore,detail"')
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--prompts", default=None, help="prompts .txt (e.g. assets/eval_prompts.txt) or videos2caption.json "
+                                                   "(default: the run's --eval_prompts)")
+    p.add_argument("--rewards", default=None, help='comma-separated reward names, e.g. "hpsv2,pickscore,detail" '
+                                                   "(default: the rewards the run's evaluation scored)")
     p.add_argument("--base", default=None,
-                   help="model folder for the VAE and text encoders (default: the first model folder among --model)")
+                   help="model folder for the VAE and text encoders (default: the first model folder among --model, "
+                        "else the checkpoint's run's --pretrained_model_name_or_path)")
     p.add_argument("--model_family", default=None,
                    help="model family (a registered name or pkg.module:Name) of models whose run records none "
                         "(default: the checkpoints' runs' family, else flux)")
-    p.add_argument("--seed", type=int, default=42, help="the training run's --seed, to reproduce its evaluation noise")
-    p.add_argument("--h", type=int, default=720)
-    p.add_argument("--w", type=int, default=720)
-    p.add_argument("--steps", type=int, default=16, help="sampling steps")
-    p.add_argument("--eta", type=float, default=0.0, help="0: ODE sampling")
-    p.add_argument("--shift", type=float, default=3.0)
-    p.add_argument("--guidance_scale", type=float, default=3.5)
-    p.add_argument("--no_quantize_timestep", action="store_true")
-    p.add_argument("--num_images_per_prompt", type=int, default=1)
-    p.add_argument("--batch_size", type=int, default=1, help="images per transformer call")
-    p.add_argument("--max_sequence_length", type=int, default=512, help="T5 length when encoding a .txt file")
-    p.add_argument("--grid_prompts", type=int, default=8, help="prompts per grid PNG")
-    p.add_argument("--mixed_precision", choices=["no", "bf16"], default="bf16",
-                   help="autocast for sampling on GPU/NPU (always fp32 on CPU)")
-    p.add_argument("--hps_ckpt_dir", default="./hps_ckpt")
-    p.add_argument("--hps_model_name", default="ViT-H-14")
-    p.add_argument("--pickscore_dir", default="./pickscore_ckpt")
-    p.add_argument("--pickscore_processor_dir", default=None)
-    p.add_argument("--clip_dir", default="./clip_ckpt")
-    p.add_argument("--reward_batch_size", type=int, default=8)
+    inherited = [
+        ("--seed", int, "the run's --seed (its evaluation noise)"), ("--h", int, None), ("--w", int, None),
+        ("--steps", int, "sampling steps"), ("--eta", float, "0: ODE sampling"), ("--shift", float, None),
+        ("--guidance_scale", float, None), ("--num_images_per_prompt", int, None),
+        ("--batch_size", int, "images per transformer call"),
+        ("--max_sequence_length", int, "T5 length when encoding a .txt file"),
+        ("--grid_prompts", int, "prompts per grid PNG"), ("--hps_ckpt_dir", str, None),
+        ("--hps_model_name", str, None), ("--pickscore_dir", str, None), ("--pickscore_processor_dir", str, None),
+        ("--clip_dir", str, None), ("--reward_batch_size", int, None)]
+    for flag, kind, text in inherited:
+        p.add_argument(flag, type=kind, default=None, help=_inherited_help(flag, text))
+    p.add_argument("--no_quantize_timestep", action="store_true", default=None, help=_inherited_help(
+        "--no_quantize_timestep", "pass the exact sigma to the transformer"))
+    p.add_argument("--hps_input", choices=["uint8", "float"], default=None, help=_inherited_help("--hps_input", None))
+    p.add_argument("--mixed_precision", choices=["no", "bf16"], default=None, help=_inherited_help(
+        "--mixed_precision", "autocast for sampling on GPU/NPU (always fp32 on CPU)"))
     return one_line_errors(p)
+
+
+def _inherited_help(flag: str, text: str | None) -> str:
+    from fastvideo.eval.run_defaults import BUILTIN
+
+    return (f"{text}; " if text else "") + f"default: the run's, else {BUILTIN[flag.lstrip('-')]}"
 
 
 def _rewards(args, device) -> dict:
     from fastvideo.rewards.base import build_reward
 
-    per = {"hpsv2": {"hps_ckpt_dir": args.hps_ckpt_dir, "model_name": args.hps_model_name},
+    per = {"hpsv2": {"hps_ckpt_dir": args.hps_ckpt_dir, "model_name": args.hps_model_name,
+                     "input_precision": args.hps_input},
            "pickscore": {"pickscore_dir": args.pickscore_dir, "processor_dir": args.pickscore_processor_dir},
            "clip": {"clip_dir": args.clip_dir}}
     names = list(dict.fromkeys(n.strip() for n in args.rewards.split(",")))
@@ -99,16 +112,22 @@ def _check(args, models, family) -> Path:
                          f"{args.guidance_scale} finite")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a file, not a folder")
-    base = Path(args.base) if args.base else next((m.path for m in models if m.kind == MODEL_FOLDER), None)
+    if args.base:
+        if not Path(args.base).is_dir():
+            raise ModelSpecError(f"--base {args.base!r} is not a folder")
+        return Path(args.base)
+    base = next((m.path for m in models if m.kind == MODEL_FOLDER), None)
+    run_base = getattr(args, "run_base", None)  # the model folder the checkpoint's run trained from
+    if base is None and run_base and Path(run_base).is_dir():
+        base = Path(run_base)
     if base is None:
-        raise ModelSpecError(f"no {family.name} model folder among the models: pass --base MODEL_DIR for the VAE "
-                             "and text encoders")
+        gone = f" (the run's model folder {run_base!r} is gone)" if run_base else ""
+        raise ModelSpecError(f"no {family.name} model folder among the models{gone}: pass --base MODEL_DIR for the "
+                             "VAE and text encoders")
     return base
 
 
 def _write(out: Path, labels, results, rows, table: str, grid_prompts: int) -> None:
-    from fastvideo.eval import report
-
     (out / "results.md").write_text(f"# Evaluation\n\n{table}", encoding="utf-8")
     with open(out / "results.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -120,13 +139,36 @@ def _write(out: Path, labels, results, rows, table: str, grid_prompts: int) -> N
                 for k in range(next(iter(res.scores.values())).shape[1]):
                     scores = {n: s[p, k].item() for n, s in res.scores.items()}
                     f.write(json.dumps({"model": label, "prompt": caption, "image": k, "scores": scores}) + "\n")
+    _write_grids(out, labels, results, grid_prompts)
+
+
+def _write_grids(out: Path, labels, results, grid_prompts: int) -> None:
+    """OUT/grid_NN.png: grid_prompts prompts each, one row per model (image 0 of each prompt, its
+    scores under it, the prompt above its column)."""
+    from fastvideo.eval.grid import labelled_grid
+
     num = len(results[0].captions)
     for page, start in enumerate(range(0, num, grid_prompts)):
-        rows_png = []
-        for i, (label, res) in enumerate(zip(labels, results)):
-            path = report.save_row(res.grid[start:start + grid_prompts], out / "rows" / f"{page:02d}_{i:02d}.png")
-            rows_png.append((label[:9], path))
-        report.compose_grid(rows_png, out / f"grid_{page:02d}.png", results[0].captions[start:start + grid_prompts])
+        cols = range(start, min(num, start + grid_prompts))
+        rows = [(label, res.grid[start:start + grid_prompts],
+                 [[f"{n} {s[p, 0].item():.4g}" for n, s in res.scores.items()] for p in cols])
+                for label, res in zip(labels, results)]
+        labelled_grid(rows, results[0].captions[start:start + grid_prompts], out / f"grid_{page:02d}.png")
+
+
+def _settings(args, models) -> list[str]:
+    """Fill the flags left unset from the first checkpoint's run (else the built-in defaults);
+    the lines saying where they came from."""
+    from fastvideo.eval.models import CHECKPOINT, LORA_CHECKPOINT
+    from fastvideo.eval.run_defaults import resolve
+
+    lines, run = resolve(args, [m.path for m in models if m.kind in (CHECKPOINT, LORA_CHECKPOINT)])
+    args.run_base = run["model"].get("pretrained_model_name_or_path") if run else None
+    for flag, source in (("prompts", "--eval_prompts"), ("rewards", "--eval_rewards")):
+        if getattr(args, flag) is None:
+            raise ValueError(f"--{flag} is needed: no checkpoint among the models comes from a run that evaluated "
+                             f"with {source} (pass --{flag})")
+    return lines
 
 
 def run(args) -> str:
@@ -138,6 +180,8 @@ def run(args) -> str:
     from fastvideo.sampling.randomness import RandomSource
 
     models = [parse_model_arg(m, _family_label(args.model_family)) for m in args.model]
+    for line in _settings(args, models):
+        print(line, flush=True)
     family = get_model_family(family_name_for(models, args.model_family), guidance_scale=args.guidance_scale,
                               quantize_timestep=not args.no_quantize_timestep)
     base = _check(args, models, family)

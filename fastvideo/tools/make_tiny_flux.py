@@ -78,11 +78,17 @@ def transformer_config(p: Preset) -> dict:
 
 
 def vae_config(p: Preset) -> dict:
+    return tiny_vae_config(p.vae_channels, p.vae_groups, FLUX_VAE_SCALING, FLUX_VAE_SHIFT)
+
+
+def tiny_vae_config(channels, groups: int, scaling: float, shift: float) -> dict:
+    """A 16-latent-channel AutoencoderKL config (FLUX.1's and SD3's layout) at the given widths,
+    with the family's latent scaling / shift factors."""
     return {
         "_class_name": "AutoencoderKL",
         "_diffusers_version": "0.32.0",
         "act_fn": "silu",
-        "block_out_channels": list(p.vae_channels),
+        "block_out_channels": list(channels),
         "down_block_types": ["DownEncoderBlock2D"] * 4,
         "up_block_types": ["UpDecoderBlock2D"] * 4,
         "force_upcast": True,
@@ -93,10 +99,10 @@ def vae_config(p: Preset) -> dict:
         "latents_std": None,
         "layers_per_block": 1,
         "mid_block_add_attention": True,
-        "norm_num_groups": p.vae_groups,
+        "norm_num_groups": groups,
         "sample_size": 1024,
-        "scaling_factor": FLUX_VAE_SCALING,
-        "shift_factor": FLUX_VAE_SHIFT,
+        "scaling_factor": scaling,
+        "shift_factor": shift,
         "use_post_quant_conv": False,
         "use_quant_conv": False,
     }
@@ -156,37 +162,77 @@ def write_t5_tokenizer(out: Path) -> int:
     return tk.get_vocab_size()
 
 
-def build_modules(p: Preset, clip_vocab: int, t5_vocab: int, seed: int):
-    """Instantiate every network of the folder with weights drawn from ``seed``."""
-    from diffusers import AutoencoderKL, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+def tiny_clip_config(vocab: int, width: int, layers: int):
+    """A CLIPTextConfig for write_clip_tokenizer's vocabulary (its last two ids are BOS / EOS)."""
+    from transformers import CLIPTextConfig
 
-    torch.manual_seed(seed)
-    transformer = FluxTransformer2DModel.from_config(transformer_config(p))
-    vae = AutoencoderKL.from_config(vae_config(p))
-    clip = CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=clip_vocab, hidden_size=p.pooled_projection_dim,
-            intermediate_size=2 * p.pooled_projection_dim, num_hidden_layers=p.clip_layers,
-            num_attention_heads=2, max_position_embeddings=77, projection_dim=p.pooled_projection_dim,
-            bos_token_id=clip_vocab - 2, eos_token_id=clip_vocab - 1, pad_token_id=clip_vocab - 1,
-        )
+    return CLIPTextConfig(
+        vocab_size=vocab, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+        num_attention_heads=2, max_position_embeddings=77, projection_dim=width,
+        bos_token_id=vocab - 2, eos_token_id=vocab - 1, pad_token_id=vocab - 1,
     )
-    t5 = T5EncoderModel(
-        T5Config(
-            vocab_size=t5_vocab, d_model=p.joint_attention_dim, d_kv=p.joint_attention_dim // 4,
-            d_ff=p.t5_ff, num_layers=p.t5_layers, num_heads=4, feed_forward_proj="gated-gelu",
-            is_encoder_decoder=False, use_cache=False, pad_token_id=0, eos_token_id=1,
-        )
-    )
-    # Random init leaves the transformer's output projections at zero (adaLN-zero style); give
-    # them small values so the tiny model's velocity depends on its input and the RL has a signal.
-    g = torch.Generator().manual_seed(seed + 1)
+
+
+def tiny_t5(vocab: int, width: int, ff: int, layers: int):
+    """A T5EncoderModel for write_t5_tokenizer's vocabulary (pad 0, EOS 1)."""
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(
+        vocab_size=vocab, d_model=width, d_kv=width // 4, d_ff=ff, num_layers=layers, num_heads=4,
+        feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False, pad_token_id=0, eos_token_id=1,
+    ))
+
+
+def wake_zero_projections(transformer, seed: int) -> None:
+    """Random init leaves the transformer's output projections at zero (adaLN-zero style); give
+    them small values (from ``seed``) so the tiny model's velocity depends on its input and the
+    RL has a signal."""
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in transformer.named_parameters():
             if torch.count_nonzero(param) == 0 and param.ndim >= 1 and "norm" not in name:
                 param.copy_(torch.randn(param.shape, generator=g) * 0.02)
+
+
+def save_tiny_folder(out: Path, modules: dict, scheduler_config: dict, model_index: dict) -> Path:
+    """Write each module (sub-folder name -> network) as safetensors, the scheduler config and
+    model_index.json: a folder the family's diffusers pipeline loads."""
+    for name, module in modules.items():
+        module.save_pretrained(out / name, safe_serialization=True)
+    atomic_write_json(out / "scheduler" / "scheduler_config.json", scheduler_config)
+    atomic_write_json(out / "model_index.json", model_index)
+    return out
+
+
+def folder_megabytes(out: Path) -> float:
+    return sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 1e6
+
+
+def build_modules(p: Preset, clip_vocab: int, t5_vocab: int, seed: int):
+    """Instantiate every network of the folder with weights drawn from ``seed``."""
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import CLIPTextModel
+
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel.from_config(transformer_config(p))
+    vae = AutoencoderKL.from_config(vae_config(p))
+    clip = CLIPTextModel(tiny_clip_config(clip_vocab, p.pooled_projection_dim, p.clip_layers))
+    t5 = tiny_t5(t5_vocab, p.joint_attention_dim, p.t5_ff, p.t5_layers)
+    wake_zero_projections(transformer, seed + 1)
     return transformer, vae, clip, t5
+
+
+FLUX_MODEL_INDEX = {
+    "_class_name": "FluxPipeline",
+    "_diffusers_version": "0.32.0",
+    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+    "text_encoder": ["transformers", "CLIPTextModel"],
+    "text_encoder_2": ["transformers", "T5EncoderModel"],
+    "tokenizer": ["transformers", "CLIPTokenizer"],
+    "tokenizer_2": ["transformers", "T5TokenizerFast"],
+    "transformer": ["diffusers", "FluxTransformer2DModel"],
+    "vae": ["diffusers", "AutoencoderKL"],
+}
 
 
 def make_tiny_flux(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
@@ -197,27 +243,9 @@ def make_tiny_flux(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> 
     out.mkdir(parents=True, exist_ok=True)
     clip_vocab = write_clip_tokenizer(out / "tokenizer")
     t5_vocab = write_t5_tokenizer(out / "tokenizer_2")
-    transformer, vae, clip, t5 = build_modules(p, clip_vocab, t5_vocab, seed)
-    transformer.save_pretrained(out / "transformer", safe_serialization=True)
-    vae.save_pretrained(out / "vae", safe_serialization=True)
-    clip.save_pretrained(out / "text_encoder", safe_serialization=True)
-    t5.save_pretrained(out / "text_encoder_2", safe_serialization=True)
-    atomic_write_json(out / "scheduler" / "scheduler_config.json", FLUX_SCHEDULER_CONFIG)
-    atomic_write_json(
-        out / "model_index.json",
-        {
-            "_class_name": "FluxPipeline",
-            "_diffusers_version": "0.32.0",
-            "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-            "text_encoder": ["transformers", "CLIPTextModel"],
-            "text_encoder_2": ["transformers", "T5EncoderModel"],
-            "tokenizer": ["transformers", "CLIPTokenizer"],
-            "tokenizer_2": ["transformers", "T5TokenizerFast"],
-            "transformer": ["diffusers", "FluxTransformer2DModel"],
-            "vae": ["diffusers", "AutoencoderKL"],
-        },
-    )
-    return out
+    modules = build_modules(p, clip_vocab, t5_vocab, seed)
+    names = ("transformer", "vae", "text_encoder", "text_encoder_2")
+    return save_tiny_folder(out, dict(zip(names, modules)), FLUX_SCHEDULER_CONFIG, FLUX_MODEL_INDEX)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,8 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     out = make_tiny_flux(args.out_dir, args.preset, args.seed)
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    print(f"wrote {args.preset} FLUX folder to {out} ({size / 1e6:.2f} MB, seed {args.seed})")
+    print(f"wrote {args.preset} FLUX folder to {out} ({folder_megabytes(out):.2f} MB, seed {args.seed})")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,16 @@ from pathlib import Path
 
 import torch
 
-from fastvideo.tools.make_tiny_flux import write_clip_tokenizer, write_t5_tokenizer
-from fastvideo.utils import atomic_write_json
+from fastvideo.tools.make_tiny_flux import (
+    folder_megabytes,
+    save_tiny_folder,
+    tiny_clip_config,
+    tiny_t5,
+    tiny_vae_config,
+    wake_zero_projections,
+    write_clip_tokenizer,
+    write_t5_tokenizer,
+)
 
 # SD3.5-Medium's scheduler and VAE latent statistics (its scheduler_config.json / vae/config.json).
 SD3_SCHEDULER_CONFIG = {
@@ -57,60 +65,22 @@ def transformer_config() -> dict:
 
 
 def vae_config() -> dict:
-    return {
-        "_class_name": "AutoencoderKL",
-        "_diffusers_version": "0.32.0",
-        "act_fn": "silu",
-        "block_out_channels": [8, 8, 8, 8],
-        "down_block_types": ["DownEncoderBlock2D"] * 4,
-        "up_block_types": ["UpDecoderBlock2D"] * 4,
-        "force_upcast": True,
-        "in_channels": 3,
-        "out_channels": 3,
-        "latent_channels": 16,
-        "latents_mean": None,
-        "latents_std": None,
-        "layers_per_block": 1,
-        "mid_block_add_attention": True,
-        "norm_num_groups": 4,
-        "sample_size": 1024,
-        "scaling_factor": SD3_VAE_SCALING,
-        "shift_factor": SD3_VAE_SHIFT,
-        "use_post_quant_conv": False,
-        "use_quant_conv": False,
-    }
-
-
-def _clip(vocab: int, width: int):
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
-    return CLIPTextModelWithProjection(CLIPTextConfig(
-        vocab_size=vocab, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
-        num_attention_heads=2, max_position_embeddings=77, projection_dim=width,
-        bos_token_id=vocab - 2, eos_token_id=vocab - 1, pad_token_id=vocab - 1,
-    ))
+    return tiny_vae_config((8, 8, 8, 8), 4, SD3_VAE_SCALING, SD3_VAE_SHIFT)
 
 
 def build_modules(clip_vocab: int, t5_vocab: int, seed: int):
-    """Every network of the folder, weights drawn from ``seed``."""
+    """Every network of the folder, weights drawn from ``seed``: CLIP-L and CLIP-G are
+    CLIPTextModelWithProjection, as SD3's."""
     from diffusers import AutoencoderKL, SD3Transformer2DModel
-    from transformers import T5Config, T5EncoderModel
+    from transformers import CLIPTextModelWithProjection
 
     torch.manual_seed(seed)
     transformer = SD3Transformer2DModel.from_config(transformer_config())
     vae = AutoencoderKL.from_config(vae_config())
-    clip_l, clip_g = _clip(clip_vocab, CLIP_L_WIDTH), _clip(clip_vocab, CLIP_G_WIDTH)
-    t5 = T5EncoderModel(T5Config(
-        vocab_size=t5_vocab, d_model=T5_WIDTH, d_kv=T5_WIDTH // 4, d_ff=64, num_layers=1, num_heads=4,
-        feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False, pad_token_id=0, eos_token_id=1,
-    ))
-    # Random init leaves the output projections at zero (adaLN-zero); small values give the tiny
-    # model a velocity that depends on its input (the RL needs a signal).
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, param in transformer.named_parameters():
-            if torch.count_nonzero(param) == 0 and param.ndim >= 1 and "norm" not in name:
-                param.copy_(torch.randn(param.shape, generator=g) * 0.02)
+    clip_l = CLIPTextModelWithProjection(tiny_clip_config(clip_vocab, CLIP_L_WIDTH, 2))
+    clip_g = CLIPTextModelWithProjection(tiny_clip_config(clip_vocab, CLIP_G_WIDTH, 2))
+    t5 = tiny_t5(t5_vocab, T5_WIDTH, 64, 1)
+    wake_zero_projections(transformer, seed + 1)
     return transformer, vae, clip_l, clip_g, t5
 
 
@@ -136,11 +106,8 @@ def make_tiny_sd3(out_dir: str | Path, seed: int = 0) -> Path:
     write_clip_tokenizer(out / "tokenizer_2")
     t5_vocab = write_t5_tokenizer(out / "tokenizer_3")
     modules = build_modules(clip_vocab, t5_vocab, seed)
-    for name, module in zip(("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"), modules):
-        module.save_pretrained(out / name, safe_serialization=True)
-    atomic_write_json(out / "scheduler" / "scheduler_config.json", SD3_SCHEDULER_CONFIG)
-    atomic_write_json(out / "model_index.json", MODEL_INDEX)
-    return out
+    names = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
+    return save_tiny_folder(out, dict(zip(names, modules)), SD3_SCHEDULER_CONFIG, MODEL_INDEX)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -149,8 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     out = make_tiny_sd3(args.out_dir, args.seed)
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    print(f"wrote tiny SD3.5 folder to {out} ({size / 1e6:.2f} MB, seed {args.seed})")
+    print(f"wrote tiny SD3.5 folder to {out} ({folder_megabytes(out):.2f} MB, seed {args.seed})")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 Endpoints (FastAPI on uvicorn; ``pip install -e .[server]``):
 
 - ``GET /health``: ``{"status": "ok", "flux_grpo_version": ..., "device": ...,
-  "rewards": {name: {"class", "module", "batch_size", "files"}}}``;
+  "rewards": {name: {"class", "module", "batch_size", "files", ["input_precision"]}}}`` (hpsv2's
+  ``--hps_input``; "files" only with ``--health_details``);
 - ``POST /score/{name}``: body in the format of fastvideo/rewards/wire.py (a batch of images and
   prompts); reply ``{"scores": [B floats]}``, the raw (unweighted) scores. Weights in
   ``--rewards`` are accepted and ignored here: the trainer's ``--rewards`` weighs.
@@ -56,8 +57,11 @@ log = logging.getLogger("fastvideo.tools.reward_server")  # not __main__ under p
 def served_info(name: str, reward: Reward, kwargs: Mapping[str, Any]) -> dict:
     """What /health says about one reward: its class, batch size and the files it loaded."""
     files = {k: str(v) for k, v in kwargs.items() if k.endswith(("_dir", "_name", "_file"))}
-    return {"class": type(reward).__name__, "module": type(reward).__module__,
-            "batch_size": getattr(reward, "batch_size", None), "files": files}
+    record = {"class": type(reward).__name__, "module": type(reward).__module__,
+              "batch_size": getattr(reward, "batch_size", None), "files": files}
+    if "input_precision" in kwargs:  # hpsv2: which --hps_input path the scores come from
+        record["input_precision"] = kwargs["input_precision"]
+    return record
 
 
 def nonfinite_reply(name: str, scores: torch.Tensor) -> dict:
@@ -167,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("reward files (as the trainer's flags)")
     g.add_argument("--hps_ckpt_dir", default="./hps_ckpt")
     g.add_argument("--hps_model_name", default="ViT-H-14")
+    g.add_argument("--hps_input", default="uint8", choices=["uint8", "float"],
+                   help="as the trainer's --hps_input: uint8 scores 8-bit images (upstream's path), float skips "
+                        "the rounding; set it to the trainer's value (a trainer's own flag does not reach here)")
     g.add_argument("--pickscore_dir", default="./pickscore_ckpt")
     g.add_argument("--pickscore_processor_dir", default=None)
     g.add_argument("--clip_dir", default="./clip_ckpt")
@@ -212,7 +219,8 @@ def build_rewards(args: argparse.Namespace) -> tuple[dict[str, Reward], dict[str
         raise RewardSpecError(f"a reward server serves local rewards only; got {remote}")
     device = devices.get_device(args.device_index, "cpu" if args.device == "cpu" else None)
     per = {
-        "hpsv2": {"hps_ckpt_dir": args.hps_ckpt_dir, "model_name": args.hps_model_name},
+        "hpsv2": {"hps_ckpt_dir": args.hps_ckpt_dir, "model_name": args.hps_model_name,
+                  "input_precision": args.hps_input},
         "pickscore": {"pickscore_dir": args.pickscore_dir, "processor_dir": args.pickscore_processor_dir},
         "clip": {"clip_dir": args.clip_dir},
         **reward_kwargs(extras_from_args(args)),

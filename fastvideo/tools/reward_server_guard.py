@@ -148,26 +148,57 @@ async def _send_json(send, status: int, body: bytes) -> None:
 
 def guarded_h11(header_timeout_s: float):
     """uvicorn's h11 protocol, closing a connection whose first request head is not complete
-    within ``header_timeout_s`` (uvicorn itself waits forever for it)."""
+    within ``header_timeout_s`` (uvicorn itself waits forever for it), and, when a new connection
+    reaches the connection cap (``limit_concurrency``), closing the oldest connection that has not
+    sent a request head yet: uvicorn answers 503 to every request while the cap is reached, so
+    without this a crowd of half-sent requests would lock out /health and honest clients until
+    their heads time out. A 503 is then left for when every connection carries a request."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    headless: dict = {}  # connections without a request head yet, oldest first (dicts keep order)
 
     class GuardedH11Protocol(H11Protocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self.loop.call_later(header_timeout_s, self._drop_if_no_request)
+            if self.limit_concurrency is not None:
+                self._make_room(self.limit_concurrency)
+            headless[self] = None
+
+        def connection_lost(self, exc) -> None:
+            headless.pop(self, None)
+            super().connection_lost(exc)
+
+        def _waiting(self) -> bool:
+            """Connected, and no request head received yet."""
+            return self.cycle is None and not self.transport.is_closing()
 
         def _drop_if_no_request(self) -> None:
-            if self.cycle is None and not self.transport.is_closing():
+            if self._waiting():
                 self.transport.close()
+
+        def _make_room(self, cap: int) -> None:
+            """Close the oldest head-less connections (not this one) until this one's request fits."""
+            closed = 0
+            while len(self.connections) >= cap and headless:
+                oldest = next(iter(headless))
+                del headless[oldest]
+                if oldest._waiting():
+                    oldest.transport.close()
+                    oldest.connections.discard(oldest)  # counted out now; connection_lost follows on the loop
+                    closed += 1
+            if closed:
+                log.warning("connection cap %d reached: closed %d connection(s) that sent no request head",
+                            cap, closed)
 
     return GuardedH11Protocol
 
 
 class AcceptErrorFilter(logging.Filter):
-    """Lets one asyncio "accept() out of system resource" (or uvicorn "Exceeded concurrency limit")
-    record through per ``every_s`` seconds: a flood of connections must not flood the log too."""
+    """Lets one asyncio "accept() out of system resource" (or uvicorn "Exceeded concurrency limit", or
+    the guard's "connection cap ... reached") record through per ``every_s`` seconds: a flood of connections must not flood the log too."""
 
-    floods = ("out of system resource", "Exceeded concurrency limit")
+    floods = ("out of system resource", "Exceeded concurrency limit", "connection cap")
 
     def __init__(self, every_s: float = 60.0) -> None:
         super().__init__()
@@ -189,8 +220,10 @@ class AcceptErrorFilter(logging.Filter):
 
 def uvicorn_settings(limits: ServerLimits) -> dict:
     """uvicorn.Config keywords that bound connections, idle keep-alives and request heads."""
-    for name in ("asyncio", "uvicorn.error"):
-        logging.getLogger(name).addFilter(AcceptErrorFilter())
+    for name in ("asyncio", "uvicorn.error", log.name):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, AcceptErrorFilter) for f in logger.filters):  # one per logger, however many servers
+            logger.addFilter(AcceptErrorFilter())
     return {"http": guarded_h11(limits.header_timeout_s), "limit_concurrency": limits.max_connections,
             "timeout_keep_alive": 5, "h11_max_incomplete_event_size": 64 << 10}
 

@@ -91,9 +91,26 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
     )
     if loader is not None:
         loader.check_complete()
+    compile_model(cfg, model, device, family)
     vae_dtype = vae_dtype_for(cfg.model.vae_precision, device)
     vae = family.load_vae(cfg.model.vae_model_path, device=device, dtype=vae_dtype)
     return transformer_config, model, vae
+
+
+def compile_model(cfg: TrainConfig, model: torch.nn.Module, device: torch.device, family) -> None:
+    """--compile: the family's block classes compiled in place, after wrapping (models/compile.py),
+    with the device layer's backend; nothing without the flag."""
+    if not cfg.model.compile:
+        return
+    from fastvideo.models.compile import compile_blocks
+
+    try:
+        backend = devices.compile_backend(device, cfg.model.compile_backend)
+    except ValueError as err:
+        from fastvideo.errors import ConfigError
+
+        raise ConfigError(str(err)) from None
+    compile_blocks(model, family.block_classes(), backend)
 
 
 def lora_base_dtype(cfg: TrainConfig) -> torch.dtype:
@@ -129,6 +146,7 @@ def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.d
                          mixed_precision=fsdp_precision(cfg), forward_prefetch=cfg.fsdp_forward_prefetch)
     if loader is not None:
         loader.check_complete()
+    compile_model(cfg, ref, device, family)
     return FrozenCopyReference(ref)
 
 
@@ -289,11 +307,12 @@ def build_checkpointer(cfg: TrainConfig):
     from fastvideo.training.checkpoint import Checkpointer
 
     return Checkpointer(cfg.output.output_dir, keep_last=cfg.output.checkpoints_total_limit,
-                        trainable_only=cfg.lora.enabled)
+                        trainable_only=cfg.lora.enabled, sharded=cfg.output.checkpoint_format == "sharded")
 
 
 def _replicate_frozen(cfg) -> bool:
-    """LoRA's frozen base outside FSDP (one unit per block). Not with CPU offload, and not for an
-    objective that keeps a second weight set (NFT's old policy): under that layout its saved
-    adapter names differed between a run and its resume (measured; open in the hot-loop issue)."""
-    return cfg.lora.enabled and not cfg.cpu_offload and cfg.algorithm == "grpo"
+    """LoRA's frozen base outside FSDP (one unit per block holding its adapters), for every
+    objective: a weight copy swapped into the adapters (NFT's old policy) is seen by the forward and
+    resumes bit for bit under it (tests/training/test_nft_training.py). Not with CPU offload (the
+    base then stays sharded and offloaded, an adapter unit per Linear)."""
+    return cfg.lora.enabled and not cfg.cpu_offload

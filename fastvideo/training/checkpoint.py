@@ -66,6 +66,7 @@ from torch import nn
 
 from fastvideo import devices
 from fastvideo.distributed import fsdp
+from fastvideo.training import checkpoint_shards as shards
 from fastvideo.training.state_io import (  # noqa: F401  (re-exported: part of this module's API)
     FORMAT_VERSION,
     CheckpointError,
@@ -107,6 +108,7 @@ from fastvideo.training.checkpoint_files import (  # noqa: F401  (re-exported: p
     resolve_checkpoint,
     stored_file,
     verify_checkpoint,
+    _check_loadable,
 )
 
 # ======================================================================== collectives for control
@@ -218,19 +220,41 @@ def _lora_alpha(extra_state: dict | None) -> float | None:
 
 
 def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimizer, lr_scheduler, ema,
-                      extra_state, transformer_config, trainable_only=False, weight_sets=None) -> None:
+                      extra_state, transformer_config, trainable_only=False, weight_sets=None, sharded=False) -> None:
     """Gather one component at a time (every rank takes part), write it on rank 0 and drop it:
-    rank 0 never holds the model, the optimizer state and the EMA in host memory at once."""
-    state = fsdp.full_model_state_dict(model, trainable_only)
-    if is_main and trainable_only:
-        w.run(lambda: w.tensors(LORA_FILE, lora_file_entries(state, _lora_alpha(extra_state))))
-    elif is_main:
-        w.tensors(MODEL_FILE, state)
+    rank 0 never holds the model, the optimizer state and the EMA in host memory at once.
+    sharded: the model gathered one FSDP unit at a time, the rest as per-rank shards."""
+    if sharded and not trainable_only and fsdp.is_fsdp(model):
+        shards.write_model_by_unit(w.folder / MODEL_FILE if w.folder else None, model, w.run)
+        if is_main:
+            w.files.append(MODEL_FILE)
+    else:
+        state = fsdp.full_model_state_dict(model, trainable_only)
+        if is_main and trainable_only:
+            w.run(lambda: w.tensors(LORA_FILE, lora_file_entries(state, _lora_alpha(extra_state))))
+        elif is_main:
+            w.tensors(MODEL_FILE, state)
+        del state
     if is_main:
         config = _model_config(model, transformer_config)
         if config is not None:
             w.json(CONFIG_FILE, config)
-    del state
+    if sharded:
+        shards.save_sharded(w, is_main, model, optimizer, ema, weight_sets)
+    else:
+        _write_gathered_states(w, is_main, model, optimizer, ema, trainable_only, weight_sets)
+    if is_main:
+        if ema is not None:
+            w.tree("ema", {"decay": ema.decay, "num_updates": ema.num_updates})
+        if lr_scheduler is not None:
+            w.tree("scheduler", lr_scheduler.state_dict())
+        w.tree("extra_state", dict(extra_state or {}))
+        w.json("meta.json", {"format_version": FORMAT_VERSION, "iteration": iteration,
+                             "world_size": devices.world_size(), "torch": torch.__version__,
+                             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+
+def _write_gathered_states(w: _Writer, is_main: bool, model, optimizer, ema, trainable_only, weight_sets) -> None:
     if optimizer is not None:
         state = fsdp.full_optimizer_state_dict(model, optimizer)
         if is_main:
@@ -240,20 +264,12 @@ def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimize
         state = ema.full_state_dict(model, trainable_only)
         if is_main:
             w.tensors(EMA_FILE, state)
-            w.tree("ema", {"decay": ema.decay, "num_updates": ema.num_updates})
         del state
     for name, weights in (weight_sets or {}).items():  # an objective's own weights (NFT's old policy)
         state = weights.full_state_dict(model, trainable_only)
         if is_main:
             w.tensors(f"{name}.safetensors", state)
         del state
-    if is_main:
-        if lr_scheduler is not None:
-            w.tree("scheduler", lr_scheduler.state_dict())
-        w.tree("extra_state", dict(extra_state or {}))
-        w.json("meta.json", {"format_version": FORMAT_VERSION, "iteration": iteration,
-                             "world_size": devices.world_size(), "torch": torch.__version__,
-                             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
 def save_checkpoint(
@@ -269,6 +285,7 @@ def save_checkpoint(
     keep_last: int | None = None,
     trainable_only: bool = False,
     weight_sets: dict | None = None,
+    sharded: bool = False,
 ) -> Path:
     """Collective: every rank calls it. Writes OUTPUT_DIR/checkpoint-{iteration} atomically and
     returns its path; then keeps only the newest ``keep_last`` checkpoints. ``extra_state`` is saved
@@ -282,7 +299,7 @@ def save_checkpoint(
         w.run(lambda: setattr(w, "folder", _open_temp(output_dir, iteration)))
     w.folder = _broadcast_from_rank0(w.folder)
     _write_components(w, is_main, iteration, model, optimizer, lr_scheduler, ema, extra_state, transformer_config,
-                      trainable_only, weight_sets)
+                      trainable_only, weight_sets, sharded)
     if rank_state is not None and w.folder is not None:
         w.run(lambda: (w.folder / "rank_state").mkdir(exist_ok=True))
         w.tree(f"rank_state/rank-{devices.rank():05d}", rank_state)
@@ -339,48 +356,6 @@ def _rank0_then_share(fn: Callable[[], Any]) -> Any:
     return value
 
 
-def _check_safetensors(path: Path) -> None:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            f.keys()
-    except Exception as exc:  # safetensors raises its own error types for corrupt or foreign files
-        raise CheckpointError(
-            f"{path} is not a readable safetensors file ({exc}); checkpoints are loaded without pickle"
-        ) from exc
-
-
-def _check_loadable(path: Path, optimizer, lr_scheduler, ema, trainable_only=False, weight_sets=()) -> None:
-    """Everything rank 0 will read, checked before the first collective: marker, sizes, headers."""
-    verify_checkpoint(path)
-    if trainable_only and not has_file(path, LORA_FILE) and has_file(path, MODEL_FILE):
-        raise CheckpointError(f"{path} is a full fine-tuning checkpoint; resume it without --use_lora (or start the "
-                              "LoRA run from its exported weights with --dit_model_name_or_path)")
-    if not trainable_only and has_file(path, LORA_FILE):
-        raise CheckpointError(f"{path} is a LoRA checkpoint (adapters only); resume it with --use_lora")
-    weights = stored_file(path, LORA_FILE if trainable_only else MODEL_FILE).name
-    wanted = {weights: "model weights", "extra_state.json": "extra state", "meta.json": "metadata"}
-    if optimizer is not None:
-        wanted["optimizer.json"] = "optimizer state"
-    if lr_scheduler is not None:
-        wanted["scheduler.json"] = "LR scheduler state"
-    if ema is not None:
-        wanted.update({EMA_FILE: "EMA weights (saved without --use_ema?)", "ema.json": "EMA counters"})
-    for name in weight_sets:
-        wanted[f"{name}.safetensors"] = f"{name} weights (saved by another --algorithm?)"
-    for name, what in wanted.items():
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path} has no {what} ({name})")
-    for name in sorted({*wanted, "optimizer.safetensors", "scheduler.safetensors", "extra_state.safetensors"}):
-        if not (path / name).is_file():
-            continue
-        if name.endswith(".safetensors"):
-            _check_safetensors(path / name)
-        else:
-            _read_json(path / name)
-
-
 def load_checkpoint(
     path: str | os.PathLike,
     model: nn.Module,
@@ -399,20 +374,30 @@ def load_checkpoint(
     _rank0_then_share(lambda: _check_loadable(path, optimizer, lr_scheduler, ema, trainable_only, weight_sets))
     weights = read_weights(path, trainable_only) if is_main else {}
     fsdp.load_full_model_state_dict(model, weights, strict=not trainable_only)
-    if optimizer is not None:
-        fsdp.load_full_optimizer_state_dict(model, optimizer, load_tree(path, "optimizer") if is_main else {})
+    if _rank0_then_share(lambda: shards.is_sharded(path)):  # any world size: each rank reads its slices
+        failure = _first_error(shards.load_sharded(path, model, optimizer, ema, weight_sets))
+        if failure is not None:
+            raise CheckpointError(f"resuming from {path} failed: {failure}")
+    else:
+        _load_gathered_states(path, is_main, model, optimizer, ema, trainable_only, weight_sets)
     if ema is not None:
-        ema.load_full_state_dict(model, _read_tensors(path / EMA_FILE) if is_main else {}, strict=not trainable_only)
         ema.num_updates = int(_rank0_then_share(lambda: load_tree(path, "ema")["num_updates"]))
-    for name, weights in weight_sets.items():
-        state = _read_tensors(path / f"{name}.safetensors") if is_main else {}
-        weights.load_full_state_dict(model, state, strict=not trainable_only)
     if lr_scheduler is not None:
         lr_scheduler.load_state_dict(_rank0_then_share(lambda: load_tree(path, "scheduler")))
     extra = _rank0_then_share(lambda: load_tree(path, "extra_state"))
     meta = _rank0_then_share(lambda: _read_json(path / "meta.json"))
     return LoadedCheckpoint(path=path, iteration=int(meta["iteration"]), extra_state=extra,
                             rank_state=_load_rank_state(path, meta), meta=meta)
+
+
+def _load_gathered_states(path, is_main, model, optimizer, ema, trainable_only, weight_sets) -> None:
+    if optimizer is not None:
+        fsdp.load_full_optimizer_state_dict(model, optimizer, load_tree(path, "optimizer") if is_main else {})
+    if ema is not None:
+        ema.load_full_state_dict(model, _read_tensors(path / EMA_FILE) if is_main else {}, strict=not trainable_only)
+    for name, weights in weight_sets.items():
+        state = _read_tensors(path / f"{name}.safetensors") if is_main else {}
+        weights.load_full_state_dict(model, state, strict=not trainable_only)
 
 
 def _load_rank_state(path: Path, meta: dict) -> dict | None:
@@ -450,10 +435,12 @@ class Checkpointer:
     stateful parts (anything with state_dict / load_state_dict returning a pickle-free tree) that
     is saved by name under extra_state["state"]."""
 
-    def __init__(self, output_dir: str | os.PathLike, keep_last: int | None = None, trainable_only: bool = False):
+    def __init__(self, output_dir: str | os.PathLike, keep_last: int | None = None, trainable_only: bool = False,
+                 sharded: bool = False):
         self.output_dir = Path(output_dir)
         self.keep_last = keep_last
         self.trainable_only = trainable_only  # LoRA: save and load the adapters only
+        self.sharded = sharded  # --checkpoint_format sharded (checkpoint_shards.py); loading reads either
 
     def save(self, iteration: int, *, model, optimizer=None, lr_scheduler=None, ema=None, extra=None,
              transformer_config=None, rank_state=None, states: dict | None = None,
@@ -463,7 +450,8 @@ class Checkpointer:
             extra.setdefault("iteration", iteration)
             extra["state"] = {name: part.state_dict() for name, part in states.items()}
         return save_checkpoint(self.output_dir, iteration, model, optimizer, lr_scheduler, ema, extra,
-                               transformer_config, rank_state, self.keep_last, self.trainable_only, weight_sets)
+                               transformer_config, rank_state, self.keep_last, self.trainable_only, weight_sets,
+                               self.sharded)
 
     def load(self, spec, *, model, optimizer=None, lr_scheduler=None, ema=None, states: dict | None = None,
              weight_sets: dict | None = None) -> dict:

@@ -311,3 +311,58 @@ def clean_config(config: dict | None, class_name: str) -> dict | None:
 
         cfg["_diffusers_version"] = diffusers.__version__
     return cfg
+
+
+# ======================================================================== before loading
+def _check_safetensors(path: Path) -> None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception as exc:  # safetensors raises its own error types for corrupt or foreign files
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({exc}); checkpoints are loaded without pickle"
+        ) from exc
+
+
+def _check_loadable(path: Path, optimizer, lr_scheduler, ema, trainable_only=False, weight_sets=()) -> None:
+    """Everything rank 0 will read, checked before the first collective: marker, sizes, headers."""
+    verify_checkpoint(path)
+    if trainable_only and not has_file(path, LORA_FILE) and has_file(path, MODEL_FILE):
+        raise CheckpointError(f"{path} is a full fine-tuning checkpoint; resume it without --use_lora (or start the "
+                              "LoRA run from its exported weights with --dit_model_name_or_path)")
+    if not trainable_only and has_file(path, LORA_FILE):
+        raise CheckpointError(f"{path} is a LoRA checkpoint (adapters only); resume it with --use_lora")
+    weights = stored_file(path, LORA_FILE if trainable_only else MODEL_FILE).name
+    wanted = {weights: "model weights", "extra_state.json": "extra state", "meta.json": "metadata"}
+    sharded = (path / "shards.json").is_file()  # checkpoint_shards.INDEX: optimizer and weight copies in shards
+    if optimizer is not None:
+        wanted["shards.json" if sharded else "optimizer.json"] = "optimizer state"
+    if lr_scheduler is not None:
+        wanted["scheduler.json"] = "LR scheduler state"
+    if ema is not None:
+        wanted.update({EMA_FILE: "EMA weights (saved without --use_ema?)", "ema.json": "EMA counters"})
+    for name in weight_sets:
+        wanted[f"{name}.safetensors"] = f"{name} weights (saved by another --algorithm?)"
+    if sharded:  # the shard index names what it holds; verify_checkpoint checked every shard file
+        wanted = {k: v for k, v in wanted.items() if k != EMA_FILE and k not in {f"{n}.safetensors" for n in weight_sets}}
+        _check_shard_sets(path, ["ema"] * (ema is not None) + list(weight_sets))
+    for name, what in wanted.items():
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path} has no {what} ({name})")
+    for name in sorted({*wanted, "optimizer.safetensors", "scheduler.safetensors", "extra_state.safetensors"}):
+        if not (path / name).is_file():
+            continue
+        if name.endswith(".safetensors"):
+            _check_safetensors(path / name)
+        else:
+            _read_json(path / name)
+
+
+def _check_shard_sets(path: Path, names: list[str]) -> None:
+    index = _read_json(path / "shards.json")
+    missing = [n for n in names if n not in (index.get("sets") or [])]
+    if missing:
+        raise CheckpointError(f"{path} holds no {', '.join(missing)} weights in its shards (saved without --use_ema, "
+                              "or by another --algorithm?)")

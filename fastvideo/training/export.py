@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from fastvideo.training import checkpoint as ckpt_lib
+from fastvideo.training import checkpoint_shards as shards
 from fastvideo.errors import UserError
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
@@ -70,15 +71,17 @@ def _transformer_config(ckpt: Path, base: Path | None, family) -> dict:
     return config
 
 
-def _write_transformer(folder: Path, weights: Path, config: dict, dtype: torch.dtype | None) -> None:
+def _write_transformer(folder: Path, weights: Path | dict, config: dict, dtype: torch.dtype | None) -> None:
+    """weights: a checkpoint's weight file, or a state dict (the EMA of a sharded checkpoint)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    if dtype is None:
+    if dtype is None and not isinstance(weights, dict):
         shutil.copyfile(weights, folder / WEIGHTS_NAME)  # the checkpoint's bytes, unchanged
         return
     from safetensors.torch import load_file, save_file
 
-    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(weights)).items()}
+    state = weights if isinstance(weights, dict) else load_file(str(weights))
+    state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v) for k, v in state.items()}
     save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
 
 
@@ -128,7 +131,11 @@ def export_checkpoint(
         raise ExportError(f"{ckpt} is a LoRA checkpoint (adapters only): export it with --lora (a diffusers LoRA "
                           "file) or --merge (a full transformer folder)")
     weights = ckpt / ckpt_lib.EMA_FILE if ema else ckpt_lib.stored_file(ckpt, ckpt_lib.MODEL_FILE)
-    if not weights.is_file():
+    if ema and not weights.is_file() and shards.is_sharded(ckpt):
+        # --checkpoint_format sharded keeps the EMA of the trainable parameters in shards; the
+        # rest (buffers) is the model file's, as the gathered EMA file holds it
+        weights = {**ckpt_lib.read_weights(ckpt), **_sharded_ema(ckpt)}
+    elif not weights.is_file():
         raise ExportError(f"{ckpt} has no {weights.name}" + (" (the run did not use --use_ema)" if ema else ""))
     family = checkpoint_family(ckpt)
     config = _transformer_config(ckpt, base_dir, family)
@@ -158,9 +165,18 @@ def _adapters(ckpt: Path, ema: bool) -> dict[str, torch.Tensor]:
 
     if not ema:
         return ckpt_lib.read_weights(ckpt, lora=True)
+    if not (ckpt / ckpt_lib.EMA_FILE).is_file() and shards.is_sharded(ckpt):
+        return _sharded_ema(ckpt)
     if not (ckpt / ckpt_lib.EMA_FILE).is_file():
         raise ExportError(f"{ckpt} has no {ckpt_lib.EMA_FILE} (the run did not use --use_ema)")
     return load_file(str(ckpt / ckpt_lib.EMA_FILE))
+
+
+def _sharded_ema(ckpt: Path) -> dict[str, torch.Tensor]:
+    try:
+        return shards.read_full(ckpt, "ema")
+    except ckpt_lib.CheckpointError as err:
+        raise ExportError(f"{err} (the run did not use --use_ema?)") from None
 
 
 def _atomic_folder(out: Path, overwrite: bool, fill) -> Path:

@@ -127,7 +127,9 @@ def log_config(cfg, info, device) -> None:
     atomic_write_json(Path(cfg.output.output_dir) / "config.json", resolved)
     for note in cfg.compat_notes:
         main_print(f"[config] {note}")
-    main_print("[config] " + json.dumps({k: v for k, v in resolved.items() if k != "derived"}, default=str))
+    # the notes were just printed, one line each: not again inside the configuration's line
+    main_print("[config] " + json.dumps({k: v for k, v in resolved.items() if k not in ("derived", "compat_notes")},
+                                        default=str))
     main_print("[config] derived: " + " ".join(f"{k}={v}" for k, v in derived.items()))
 
 

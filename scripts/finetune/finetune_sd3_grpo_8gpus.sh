@@ -4,26 +4,13 @@
 # 24 images each (8 prompts, 192 images per iteration), micro-batches of 4 with accumulation
 # 3: 2 optimizer steps per iteration, as Flow-GRPO's 2 per epoch. DRY_RUN=1 prints the torchrun command.
 # Data: bash scripts/preprocess/preprocess_sd3_rl_embeddings.sh (T5 length 128, with the empty prompt).
-# Overridable: NPROC (8), MASTER_PORT (19002), MODEL_PATH (data/sd3), DATA_JSON, OUTPUT_DIR,
-# PICKSCORE_DIR (data/pickscore), ROLLOUT_BATCH_SIZE (8), EXTRA_ARGS.
+# Overridable: NPROC (8), MASTER_PORT (19002), EXTRA_ARGS, and sd3_grpo_args.sh's MODEL_PATH, DATA_JSON,
+# OUTPUT_DIR, PICKSCORE_DIR, ROLLOUT_BATCH_SIZE.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh
-source scripts/finetune/sd3_grpo_args.sh
 export WANDB_DISABLED=${WANDB_DISABLED:-true}
-MODEL_PATH=${MODEL_PATH:-data/sd3}
+source scripts/finetune/sd3_grpo_args.sh
 # shellcheck disable=SC2086
 fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-19002}" \
-  fastvideo/train_grpo_flux.py \
-  "${SD3_GRPO_ARGS[@]}" \
-  --pretrained_model_name_or_path "$MODEL_PATH" \
-  --data_json_path "${DATA_JSON:-data/rl_embeddings_sd3/videos2caption.json}" \
-  --output_dir "${OUTPUT_DIR:-data/outputs/sd3_grpo}" \
-  --pickscore_dir "${PICKSCORE_DIR:-data/pickscore}" \
-  --train_batch_size 1 \
-  --train_micro_batch_size 4 \
-  --gradient_accumulation_steps 3 \
-  --rollout_batch_size "${ROLLOUT_BATCH_SIZE:-8}" \
-  --max_train_steps 300 \
-  --dataloader_num_workers 4 \
-  ${EXTRA_ARGS:-}
+  fastvideo/train_grpo_flux.py "${SD3_GRPO_ARGS[@]}" ${EXTRA_ARGS:-}

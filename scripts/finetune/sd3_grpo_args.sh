@@ -1,6 +1,8 @@
 # Flow-GRPO's PickScore configuration for SD3.5-Medium (config/grpo.py:pickscore_sd3 of
 # github.com/yifan123/flow_grpo at ac4c86e, its config/base.py defaults and scripts/train_sd3.py),
-# as this trainer's flags. Sourced by finetune_sd3_grpo_8gpus.sh and finetune_sd3_grpo_a3_16die.sh.
+# as this trainer's flags, and the launch settings both launchers share. Sourced by
+# finetune_sd3_grpo_8gpus.sh and finetune_sd3_grpo_a3_16die.sh. Overridable: MODEL_PATH (data/sd3),
+# DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR (data/pickscore), ROLLOUT_BATCH_SIZE (8).
 # Each value's source:
 #   --h/--w 512               pickscore_sd3: config.resolution = 512
 #   --sampling_steps 10       pickscore_sd3: config.sample.num_steps = 10
@@ -25,9 +27,12 @@
 #   --use_group               base.py: per_prompt_stat_tracking = True (advantages within a prompt's group)
 #   --checkpointing_steps 60  pickscore_sd3: save_freq = 60
 #   --seed 42                 base.py: seed = 42
+#   --kl_coef 0.01            pickscore_sd3: train.beta = 0.01, the KL of the step means to the base (adapters
+#                             off) / (2 std_dev_t^2), train_sd3.py's kl_loss, on the guided velocities
 #   --mixed_precision bf16    Flow-GRPO uses fp16, which this trainer refuses (FLUX overflows); bf16 instead
-# Not reproduced (see docs/sd3.md): train.beta = 0.01 (this trainer's --kl_coef is DanceGRPO's
-# SDE's KL and is refused with --flow_grpo_sampling), sample.global_std = True (one reward std over all prompts; here
+#   --train_batch_size 1, --train_micro_batch_size 4, --gradient_accumulation_steps 3: one prompt
+#                             (24 images) per rank, 2 optimizer steps per iteration as Flow-GRPO's 2 per epoch
+# Not reproduced (see docs/sd3.md): sample.global_std = True (one reward std over all prompts; here
 # per group), the EMA (decay 0.9 every 8 steps, used for evaluation only), the scheduler's own
 # timestep grid (linspace(1000, 3) there, linspace(1, 0) shifted here), and the batch split: Flow-GRPO
 # spreads a prompt's 24 images over GPUs, this trainer keeps a group on one rank.
@@ -41,5 +46,13 @@ SD3_GRPO_ARGS=(
   --use_lora --lora_rank 32 --lora_alpha 64
   --lora_target_modules attn.add_k_proj,attn.add_q_proj,attn.add_v_proj,attn.to_add_out,attn.to_k,attn.to_out.0,attn.to_q,attn.to_v
   --rewards pickscore:1.0
+  --kl_coef 0.01
   --checkpointing_steps 60 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
+  --pretrained_model_name_or_path "${MODEL_PATH:-data/sd3}"
+  --data_json_path "${DATA_JSON:-data/rl_embeddings_sd3/videos2caption.json}"
+  --output_dir "${OUTPUT_DIR:-data/outputs/sd3_grpo}"
+  --pickscore_dir "${PICKSCORE_DIR:-data/pickscore}"
+  --train_batch_size 1 --train_micro_batch_size 4 --gradient_accumulation_steps 3
+  --rollout_batch_size "${ROLLOUT_BATCH_SIZE:-8}"
+  --max_train_steps 300 --dataloader_num_workers 4
 )

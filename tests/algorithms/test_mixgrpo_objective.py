@@ -126,3 +126,30 @@ def test_flags_reach_the_settings():
     assert (g.advantage_rerange, g.rollout_kl_coef, g.trimmed_ratio) == ("balance", 0.01, 0.25)
     with pytest.raises(ConfigError, match="leaves 1 of the 2"):
         _objective(G=2, trimmed_ratio=0.5)
+
+
+def test_a_sample_dropped_for_a_nonfinite_reward_has_no_kl_terms():
+    """A sample any reward scored non-finite gets advantage 0 (no policy term) and no KL term
+    either: neither --kl_coef's (to the reference) nor MixGRPO's --kl_coeff (to the rollout)."""
+    logp, old, kl = torch.tensor([1.0, -0.5]), torch.tensor([0.8, -0.1]), torch.tensor([0.2, 0.7])
+    traj = SimpleNamespace(plan=SimpleNamespace(num_trained=3), log_probs=old[:, None].repeat(1, 4))
+    term = Term(0, torch.tensor([0, 1]), torch.tensor([0, 0]))
+
+    def kl_part(rewards):
+        """loss with both KL coefficients minus the loss without; and the logged KL means."""
+        out = []
+        for coefs in ({"kl_coef": 0.1, "rollout_kl_coef": 0.01}, {}):
+            obj = _objective(**coefs)
+            obj.log_prob = lambda policy, traj, rows, steps, o=obj: (logp, kl if o.g.kl_coef > 0 else None)
+            stats = StatsAccumulator(torch.device("cpu"))
+            out.append((obj.loss(None, traj, obj.advantages(RewardResult(rewards, {})), term, stats),
+                        obj.summarize(stats)[0]))
+        return out[0][0] - out[1][0], out[0][1]
+
+    scale = 1 / (2 * 3) * 2  # 1 / (GA * T) x rows / micro-batch size
+    extra, logged = kl_part(torch.tensor([1.0, float("nan"), 2.0, 3.0]))
+    kept_kl, kept_rollout = kl[0] / 2, 0.5 * (logp[0] - old[0]) ** 2 / 2  # row 1's terms are 0
+    torch.testing.assert_close(extra, (0.1 * kept_kl + 0.01 * kept_rollout) * scale)
+    assert logged["kl"] == pytest.approx(float(kept_kl)) and logged["rollout_kl"] == pytest.approx(float(kept_rollout))
+    extra, _ = kl_part(torch.tensor([1.0, 5.0, 2.0, 3.0]))  # all finite: every row's terms
+    torch.testing.assert_close(extra, (0.1 * kl.mean() + 0.01 * 0.5 * ((logp - old) ** 2).mean()) * scale)

@@ -42,6 +42,51 @@ def test_bf16_gathers_keep_fp32_masters_and_prefetch():
         assert r["err"] <= 0.05 * r["scale"], r
 
 
+def _gathers_per_rollout(info):
+    """All-gathers of 3 no-grad forwards and one trained forward + backward, per strategy."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from dist_utils import loss_fn
+
+    out = {}
+    real = dist.all_gather  # FSDP1's gather of CPU shards (all_gather_into_tensor on a device)
+    for strategy in ("full", "zero2"):
+        model = fsdp.wrap_model(tiny_transformer(), strategy, info.device)
+        calls = []
+
+        def counting(*args, **kwargs):
+            calls.append(1)
+            return real(*args, **kwargs)
+
+        dist.all_gather = counting
+        try:
+            with torch.no_grad():
+                for step in range(3):
+                    model(**tiny_inputs(info.rank + step))
+            rollout = len(calls)
+            loss_fn(model, tiny_inputs(info.rank)).backward()
+        finally:
+            dist.all_gather = real
+        out[strategy] = {"units": len(FSDP.fsdp_modules(model)), "rollout": rollout, "update": len(calls) - rollout,
+                         "strategy": str(model.sharding_strategy)}
+    return out
+
+
+def test_zero2_gathers_once_per_rollout():
+    for r in run_distributed(_gathers_per_rollout, world_size=2):
+        full, zero2 = r["full"], r["zero2"]
+        assert zero2["strategy"].endswith("SHARD_GRAD_OP") and full["strategy"].endswith("FULL_SHARD")
+        units = full["units"]  # root + 2 blocks
+        assert units == zero2["units"] == 3
+        # full shard: every forward gathers every block unit (the root stays gathered after a
+        # forward in FSDP1): 3 + 2 + 2
+        assert full["rollout"] == units + 2 * (units - 1), r
+        assert zero2["rollout"] == units, r  # the first forward gathers; the next two reuse it
+        assert zero2["update"] == 0, r  # the trained forward and its backward still hold the gather
+        assert full["update"] >= units - 1, r  # the full shard gathers the blocks again
+
+
 def _lora_layout(info, model_dir):
     from pathlib import Path
 

@@ -50,17 +50,37 @@ def test_base_and_checkpoint_reproduce_the_training_evaluation(tiny_flux_dir, ti
     # An iteration of the tiny model takes well under a second on an idle 2-core CPU; the bound leaves
     # room for a loaded machine and still fails if an evaluation's 7.5 s were counted in.
     assert all(r["time_iteration"] < 6.0 for r in read_metrics(run))
+    monkeypatch.setattr(core, "sample_images", real)
+    # The checkpoint alone: the run's config.json gives size, steps, eta, shift, seed, batch, images per
+    # prompt, T5 length, prompts, rewards and the base folder; the scores are eval.jsonl's, bit for bit.
+    own = tmp_path / "own"
+    assert main(["--model", str(run / "checkpoint-2"), "--out", str(own)]) == 0
+    printed = capsys.readouterr().out
+    assert f"defaults from {run / 'config.json'}: h 32, w 32" in printed and "seed 7" in printed
+    recorded = {r["iteration"]: r["rewards"] for r in read_jsonl(run / "eval.jsonl")}
+    mine = {r["reward"]: float(r["mean"]) for r in csv.DictReader(open(own / "results.csv"))}
+    assert mine == {n: v["mean"] for n, v in recorded[2].items()}
+    per_prompt = {}
+    for rec in read_jsonl(own / "scores.jsonl"):
+        per_prompt.setdefault(rec["prompt"], []).append(rec["scores"]["detail"])
+    assert [round(sum(v) / len(v), 6) for v in per_prompt.values()] == recorded[2]["detail"]["per_prompt"]
+    # A flag given still wins over the run's value.
+    assert main(["--model", str(run / "checkpoint-2"), "--out", str(tmp_path / "s2"), "--steps", "2",
+                 "--rewards", "detail", "--grid_prompts", "4"]) == 0
+    capsys.readouterr()
+    other = {r["reward"]: float(r["mean"]) for r in csv.DictReader(open(tmp_path / "s2" / "results.csv"))}
+    assert list(other) == ["detail"] and other["detail"] != mine["detail"]
     out = tmp_path / "cmp"
     assert main(_tool_args(eval_prompt_file, out, f"base={tiny_flux_dir}", f"tuned={run / 'checkpoint-2'}")) == 0
     printed = capsys.readouterr().out
-    assert "| model | reward | mean | std | 95% CI | win rate vs base | n |" in printed
+    assert ("| model | reward | mean | std | 95% CI | win rate vs base | n | difference vs base [95% t-CI, paired "
+            "by prompt] |") in printed
     assert "| tuned | detail |" in printed
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert [(r["model"], r["reward"]) for r in rows][:4] == [("base", "compressibility"), ("base", "detail"),
                                                              ("base", "saturation"), ("tuned", "compressibility")]
     assert all(r["n"] == "12" for r in rows)
     # Same noise, same sampler: the checkpoint scores what the run's evaluation recorded.
-    recorded = {r["iteration"]: r["rewards"] for r in read_jsonl(run / "eval.jsonl")}
     for label, it in (("base", 0), ("tuned", 2)):
         for r in (r for r in rows if r["model"] == label):
             assert float(r["mean"]) == pytest.approx(recorded[it][r["reward"]]["mean"], rel=1e-6, abs=1e-9)
@@ -135,3 +155,42 @@ def test_an_unknown_or_contradicting_model_family_fails_clearly(tiny_flux_dir, e
     with pytest.raises(SystemExit) as exc:
         main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir, ckpt, model_family="toy_family:ToyFamily"))
     assert exc.value.code == 2 and "different families (flux, toy_family:ToyFamily" in capsys.readouterr().err
+
+
+def test_run_defaults_fill_only_the_flags_not_given(tmp_path):
+    """config.json's values (rollout, seed, eval section, reward folders) become the defaults; a flag
+    given keeps its value; a second run that differs is named; no run: the built-in defaults."""
+    import json
+
+    from fastvideo.eval.run_defaults import BUILTIN, resolve
+    from fastvideo.tools.evaluate import build_parser
+
+    def run_dir(name, seed, eval_section):
+        (tmp_path / name / "checkpoint-4").mkdir(parents=True)
+        config = {"data_json_path": str(tmp_path / "gone.json"),
+                  "model": {"family": "flux", "mixed_precision": "no", "pretrained_model_name_or_path": "m"},
+                  "rollout": {"height": 64, "width": 48, "shift": 2.5, "guidance_scale": 1.0, "quantize_timestep": False,
+                              "sampling_steps": 6, "rollout_batch_size": 3},
+                  "optim": {"seed": seed}, "reward": {"hps_ckpt_dir": "h", "hps_input": "float", "batch_size": 5},
+                  "eval": eval_section}
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        return tmp_path / name / "checkpoint-4"
+
+    section = {"steps": 5, "eta": 0.25, "batch_size": 4, "num_images_per_prompt": 2, "grid_prompts": 3,
+               "prompts": "p.txt", "rewards": ["compressibility", "detail"], "max_sequence_length": 24}
+    first, second = run_dir("a", 7, section), run_dir("b", 8, None)
+    args = build_parser().parse_args(["--model", "x", "--out", "o", "--steps", "9"])
+    lines, run = resolve(args, [first, second])
+    assert run["optim"]["seed"] == 7 and lines[0].startswith(f"[evaluate] defaults from {tmp_path / 'a' / 'config.json'}")
+    assert "b/config.json differs on seed, " in lines[1]
+    got = {k: getattr(args, k) for k in BUILTIN}
+    assert got == {**BUILTIN, "h": 64, "w": 48, "shift": 2.5, "guidance_scale": 1.0, "no_quantize_timestep": True,
+                   "seed": 7, "steps": 9, "eta": 0.25, "batch_size": 4, "num_images_per_prompt": 2, "grid_prompts": 3,
+                   "max_sequence_length": 24, "mixed_precision": "no", "hps_ckpt_dir": "h", "hps_input": "float",
+                   "reward_batch_size": 5, "prompts": "p.txt", "rewards": "compressibility,detail"}
+    # a run without evaluation: its rollout's steps and batch; its embeddings are gone: T5 length built in
+    args = build_parser().parse_args(["--model", "x", "--out", "o"])
+    resolve(args, [second])
+    assert (args.steps, args.batch_size, args.eta, args.max_sequence_length, args.prompts) == (6, 3, 0.0, 512, None)
+    args = build_parser().parse_args(["--model", "x", "--out", "o"])
+    assert resolve(args, [tmp_path]) == ([], None) and {k: getattr(args, k) for k in BUILTIN} == BUILTIN

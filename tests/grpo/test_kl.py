@@ -166,3 +166,113 @@ def test_full_fine_tuning_kl_with_a_sharded_reference_two_ranks(tiny_flux_dir, t
     assert proc.returncode == 0, proc.stderr[-4000:]
     kl = [r["kl"] for r in read_metrics(tmp_path)]
     assert kl[0] == 0.0 and kl[1] > 0.0
+
+
+def _flow_grpo_kl(transformer, x, sigma, sigma_next, eta, sigma_max, cond, lat_hw, scale, ref_off):
+    """Flow-GRPO's KL term written out from scripts/train_sd3.py / sd3_sde_with_logprob.py (ac4c86e),
+    one sample at a time, the two guidance passes as two separate transformer calls:
+    std_dev_t = sqrt(sigma / (1 - sigma or sigma_max)) * eta; prev_sample_mean = x (1 + std_dev_t^2 /
+    (2 sigma) dt) + v (1 + std_dev_t^2 (1 - sigma) / (2 sigma)) dt; kl = mean((mean - mean_ref)^2) /
+    (2 std_dev_t^2). scale None: the conditional velocity alone (what a wrong KL would use)."""
+    h, w = lat_hw
+    out = []
+    for i in range(x.shape[0]):
+        s, s_next = float(sigma[i]), float(sigma_next[i])
+        grid = x[i:i + 1].reshape(1, h, w, -1).permute(0, 3, 1, 2)
+        t = torch.tensor([1000.0 * s])
+
+        def v_of(embeds, pooled):
+            o = transformer(hidden_states=grid, encoder_hidden_states=embeds, pooled_projections=pooled, timestep=t,
+                            return_dict=False)[0]
+            return o.permute(0, 2, 3, 1).reshape(1, h * w, -1)
+
+        def guided():
+            v_c = v_of(cond["prompt_embeds"][i:i + 1], cond["pooled"][i:i + 1])
+            if scale is None:
+                return v_c
+            v_u = v_of(cond["neg_prompt_embeds"][None], cond["neg_pooled"][None])
+            return v_u + scale * (v_c - v_u)
+
+        def mean_of(v):
+            std_dev_t = (s / (1 - (sigma_max if s == 1.0 else s))) ** 0.5 * eta
+            dt = s_next - s
+            return (x[i:i + 1] * (1 + std_dev_t ** 2 / (2 * s) * dt)
+                    + v * (1 + std_dev_t ** 2 * (1 - s) / (2 * s)) * dt), std_dev_t
+
+        with torch.no_grad():
+            mean, std_dev_t = mean_of(guided())
+            with ref_off():
+                mean_ref, _ = mean_of(guided())
+        out.append(((mean - mean_ref) ** 2).mean() / (2 * std_dev_t ** 2))
+    return torch.stack(out)
+
+
+def test_flow_grpo_kl_on_sd3_uses_the_guided_velocity_and_flow_grpos_scale(tiny_sd3_dir):
+    """--kl_coef with --flow_grpo_sampling on the SD3 family under guidance 4.5: the objective's KL
+    of two steps (one at sigma 1, where Flow-GRPO's std uses sigma_max) equals Flow-GRPO's formula
+    computed here from separate unconditional / conditional calls, and enters the loss as +beta KL
+    with the policy term's normalisation. The unguided KL and the exact Gaussian KL (no factor
+    sigma - sigma_next) are far from it, so either mistake fails."""
+    from types import SimpleNamespace
+
+    from fastvideo.algorithms.base import ObjectiveContext, StatsAccumulator, Term
+    from fastvideo.algorithms.grpo import GRPOObjective
+    from fastvideo.component_settings.lora import LoraSettings
+    from fastvideo.config import GRPOSettings
+    from fastvideo.distributed.parallel import ParallelDims
+    from fastvideo.models.base import TensorConditioning
+    from fastvideo.models.sd3 import components as C
+    from fastvideo.models.sd3.family import SD3Family
+    from fastvideo.sampling.plan import full_sde_plan
+    from fastvideo.sampling.randomness import RandomSource
+    from fastvideo.sampling.rollout import Trajectory
+    from fastvideo.training.kl_reference import AdapterOffReference
+    from fastvideo.training.lora import adapters_disabled, apply_lora
+    from fastvideo.training.policy import Policy
+
+    model = C.load_transformer(tiny_sd3_dir, "transformer", torch.device("cpu"), torch.float32)
+    apply_lora(model, LoraSettings(True, 2, 4.0, 0.0, ("to_q", "to_v", "add_k_proj"), None), torch.float32,
+               torch.float32, seed=0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))))
+    cfg, g = model.config, torch.Generator().manual_seed(4)
+    family, scale, eta, beta = SD3Family(guidance_scale=4.5), 4.5, 0.7, 0.01
+    layout = family.nominal_layout(32, 32, dict(cfg))
+    b, lt = 2, C.CLIP_TOKENS + 4
+    cond = TensorConditioning({"prompt_embeds": torch.randn(b, lt, cfg.joint_attention_dim, generator=g),
+                               "pooled": torch.randn(b, cfg.pooled_projection_dim, generator=g)},
+                              {"neg_prompt_embeds": torch.randn(lt, cfg.joint_attention_dim, generator=g),
+                               "neg_pooled": torch.randn(cfg.pooled_projection_dim, generator=g)})
+    plan = full_sde_plan(4, 3.0, candidates=3, num_trained=1, sde_kind="flow")
+    traj = Trajectory(latents=torch.randn(b, 5, *layout.tokens, generator=g), log_probs=torch.zeros(b, 4),
+                      sigmas=plan.sigmas, x0=torch.zeros(b, *layout.tokens), images=None, cond=cond, layout=layout,
+                      sample_ids=torch.arange(b), group_ids=torch.zeros(b, dtype=torch.long), plan=plan)
+    settings = GRPOSettings(use_group=True, adv_std="sample", train_last_step=False, timestep_fraction=0.5,
+                            clip_range=1e-4, adv_clip_max=5.0, loss_coef=1.0, train_micro_batch_size=2,
+                            gradient_accumulation_steps=1, kl_coef=beta)
+    obj = GRPOObjective(ObjectiveContext(cfg=SimpleNamespace(grpo=settings, rollout=SimpleNamespace(
+        num_generations=2, eta=eta, shift=3.0)), dims=ParallelDims.build(1, 0), device=torch.device("cpu"),
+        randomness=RandomSource(3), reward=None))
+    policy = Policy(model, family, torch.device("cpu"), None, AdapterOffReference(model))
+    rows, steps = torch.arange(b), torch.tensor([0, 2])  # sigma 1 -> 0.9 and 0.75 -> 0.5
+    x, sig, sig_next = traj.latents[rows, steps], plan.sigmas[steps], plan.sigmas[steps + 1]
+    assert float(sig[0]) == 1.0
+
+    _, kl = obj.log_prob(policy, traj, rows, steps)
+    args = (x, sig, sig_next, eta, plan.host_sigmas[1], cond, layout.latent_hw)
+    expected = _flow_grpo_kl(model, *args, scale, lambda: adapters_disabled(model))
+    print(f"Flow-GRPO KL per sample: {expected.tolist()}")
+    assert expected.min() > 1e-5  # the adapters move the step mean
+    print(f"relative gap to the formula: {((kl - expected).abs() / expected).max():.2e}")
+    torch.testing.assert_close(kl, expected, rtol=1e-4, atol=0)
+    unguided = _flow_grpo_kl(model, *args, None, lambda: adapters_disabled(model))
+    assert ((unguided - expected).abs() > 0.2 * expected).all(), (unguided, expected)
+    exact_gaussian = expected / (sig - sig_next)  # the KL of the two step Gaussians: >= 4x larger here
+    assert ((exact_gaussian - expected).abs() > expected).all()
+
+    # The loss: zero advantages leave only the KL term, + beta * mean KL / (GA * T).
+    stats = StatsAccumulator(torch.device("cpu"))
+    loss = obj.loss(policy, traj, torch.zeros(b), Term(0, rows, steps), stats)
+    torch.testing.assert_close(loss.detach(), beta * expected.mean() / (1 * plan.num_trained), rtol=1e-4, atol=0)

@@ -185,6 +185,16 @@ def test_bad_embeddings_and_folders_fail_clearly(tiny_sd3_dir, tmp_path, cond):
         (tmp_path / "m").mkdir()
         (tmp_path / "m" / "model_index.json").write_text("{}")
         family.check_folder(tmp_path / "m")
+    import shutil  # the shared check (models.base.check_diffusers_folder) names weights and tokenizer files
+
+    broken = shutil.copytree(tiny_sd3_dir, tmp_path / "broken")
+    for f in (broken / "text_encoder_3").glob("*.safetensors"):
+        f.unlink()
+    for f in (broken / "tokenizer_2").iterdir():
+        f.unlink()
+    with pytest.raises(C.SD3FolderError, match=r"missing: tokenizer_2/<tokenizer files>, "
+                                               r"text_encoder_3/<weights \*.safetensors>\. Put a diffusers-layout SD3.5"):
+        family.check_folder(broken)
 
 
 def test_update_gradient_flows_through_the_conditional_rows_only(pipe, cond):
@@ -204,8 +214,34 @@ def test_cost_model_counts_sd35_medium_with_both_guidance_passes(capsys):
 
     cost_model.main(["--model_family", "sd3", "--h", "512", "--w", "512", "--sampling_steps", "10",
                      "--num_generations", "24", "--prompts_per_rank", "1", "--timestep_fraction", "1.0",
-                     "--world_size", "8", "--text_tokens", "128", "--gradient_checkpointing", "--json"])
+                     "--world_size", "8", "--text_tokens", "128", "--gradient_checkpointing", "--kl_coef", "0.01",
+                     "--json"])
     out = json.loads(capsys.readouterr().out)
     one_pass = F.transformer_flops_breakdown(F.SD35_MEDIUM, 32 * 32, 77 + 128)["total"]
     assert out["flops"]["rollout"] == 10 * 8 * 24 * 2 * one_pass  # steps x samples x (cond + uncond)
     assert out["trained_steps"] == 9
+    # Flow-GRPO's train.beta: one guided reference velocity (2 passes, no grad) per trained step
+    assert out["flops"]["update_nograd"] == out["flops"]["update_forward"] == 9 * 8 * 24 * 2 * one_pass
+
+
+@pytest.mark.slow  # traces SD3.5-M's forward and backward on the meta device: ~16 s of CPU
+def test_cost_model_memory_verdict_for_sd35_medium_on_64gb_dies(capsys):
+    """The launchers' shape on 16 dies (full fine-tuning: LoRA's memory is below it): SD3.5-M's
+    parameters as diffusers builds them from its config, sharded 16 ways in fp32, and a verdict."""
+    from diffusers import SD3Transformer2DModel
+
+    from fastvideo.tools import cost_model
+
+    cost_model.main(["--memory", "--model_family", "sd3", "--h", "512", "--w", "512", "--sampling_steps", "10",
+                     "--num_generations", "24", "--world_size", "16", "--rollout_batch_size", "8",
+                     "--train_micro_batch_size", "4", "--gradient_accumulation_steps", "3", "--timestep_fraction",
+                     "1.0", "--text_tokens", "128", "--gradient_checkpointing", "--rewards", "pickscore:1.0",
+                     "--device", "npu", "--device_memory_gb", "64", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    with torch.device("meta"):
+        model = SD3Transformer2DModel.from_config(SD3Family().reference_config)
+    params = sum(p.numel() for p in model.parameters())
+    assert 2.2e9 < params < 2.3e9  # SD3.5-Medium's MMDiT-X (the 2.5B of its name counts the text side too)
+    assert out["model"] == "SD3.5-Medium" and out["components"]["parameters"] == params * 4 // 16
+    assert out["components"]["adamw_states"] == 2 * out["components"]["parameters"]
+    assert out["peak_bytes"] < 64e9 and out["verdict"].startswith("fits in 64 GB"), out["verdict"]

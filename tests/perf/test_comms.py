@@ -26,6 +26,16 @@ def test_traffic_by_hand():
     assert lora["rollout_gather"] == pytest.approx(6 * (40 + 2000) * ring)
     assert lora["reduce_scatter"] == pytest.approx(4 * 40 * ring)
     assert fsdp_traffic(CommShape(**{**s.__dict__, "shards": 1}))["total"] == 0
+    # NFT with a KL term: each of the 4 terms also gathers for v_old and v_ref (no backward, no reduce)
+    nft = fsdp_traffic(CommShape(**{**s.__dict__, "nograd_update_forwards": 2}))
+    assert nft["update_gather"] == pytest.approx(16 * 4000 * ring) and nft["gathers"] == 22
+    assert nft["reduce_scatter"] == t["reduce_scatter"] and nft["rollout_gather"] == t["rollout_gather"]
+    # zero2 (SHARD_GRAD_OP): the rollout gathers once; each of the 4 terms gathers once, the first
+    # reusing the rollout's gather; gradients are reduce-scattered as before
+    z = fsdp_traffic(CommShape(**{**s.__dict__, "keep_gathered": True}))
+    assert z["rollout_gather"] == pytest.approx(1 * 4000 * ring)
+    assert z["update_gather"] == pytest.approx(3 * 4000 * ring)
+    assert z["reduce_scatter"] == t["reduce_scatter"] and z["gathers"] == 4
 
 
 def test_cost_model_prints_fp32_and_bf16_gathers(capsys):

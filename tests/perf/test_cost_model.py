@@ -98,7 +98,9 @@ def test_a_training_command_lines_flags_are_accepted_and_the_ignored_ones_named(
     assert (args.h, args.num_generations, args.prompts_per_rank, args.text_tokens) == (512, 8, 2, 512)
     err = capsys.readouterr().err
     assert "no effect on the cost, ignored: --seed, --use_hpsv2, --t, --cache_dir, --use_group" in err
-    for bad, needle in ((["--use_lora"], "not modelled"), (["--kl_coeff", "0.1"], "not modelled"),
+    cost_model.parse_args(["--kl_coeff", "0.1", "--lora_alpha", "8"])  # MixGRPO's KL reuses stored log-probs
+    assert "ignored: --kl_coeff, --lora_alpha" in capsys.readouterr().err
+    for bad, needle in ((["--use_lora"], "not modelled"), (["--sp_size", "2"], "not modelled"),
                         (["--bogus", "1"], "neither a cost-model nor a training flag")):
         with pytest.raises(SystemExit):
             cost_model.parse_args(bad)

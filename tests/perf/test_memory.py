@@ -3,6 +3,8 @@ verdict, and the CLI on the small preset."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 
 import pytest
@@ -94,3 +96,113 @@ def test_gradients_and_activations_peak_apart_without_accumulation():
     apart = memory.estimate(cfg, {}, _shape(strategy="none", world_size=2, grads_held=False), prof)
     assert held.peak_bytes - apart.peak_bytes == 1000 * 4  # no gradients yet at the activation peak
     assert apart.components["gradients"] == 0 and apart.components["ddp_buckets"] == 4000
+
+
+def test_nft_old_policy_is_a_float32_copy_of_the_shards_and_a_rollout_backup():
+    """--algorithm nft keeps its old policy (float32, sharded like the master weights, whatever
+    their dtype) all iteration, and the trained shards' backup while it samples the rollout."""
+    prof = memory.ModelProfile(params=1001, largest_block_params=100, root_params=50, update_activations=0,
+                               rollout_activations=0, vae_params=0, vae_decode=0)
+    cfg = {"in_channels": 64, "joint_attention_dim": 8, "pooled_projection_dim": 4}
+    grpo, nft = (memory.estimate(cfg, {}, _shape(master_bytes=2, old_policy=c), prof) for c in (False, True))
+    assert nft.components["old_policy"] == 251 * 4 and "old_policy" not in grpo.components
+    assert nft.phases["rollout"] - grpo.phases["rollout"] == 251 * 4 + 251 * 2  # the copy and the bf16 backup
+    assert nft.phases["update"] - grpo.phases["update"] == 251 * 4  # no backup at the update's peak
+    offload = memory.static_components(prof, _shape(old_policy=True, cpu_offload=True))
+    assert offload["old_policy"] == 0  # the copy is of host-resident shards
+
+
+# The stated small config: the tiny preset (one double block, one single block, 2 heads x 16 = inner
+# dim 32; 81,664 transformer parameters), 64x64, 2 ranks, full sharding, fp32 master weights.
+TINY = ["--memory", "--model", "tiny", "--world_size", "2", "--h", "64", "--w", "64", "--text_tokens", "8",
+        "--sampling_steps", "2", "--num_generations", "2", "--device", "cpu", "--mixed_precision", "no"]
+TINY_PARAMS = 81_664
+# LoRA rank 4 on to_k, to_q, to_v, to_out.0: the double block's attention has the four (32 -> 32), the
+# single block's three (pre-only: no to_out); each adapter is A [4, 32] + B [32, 4].
+ADAPTERS, DOUBLE_BLOCK_ADAPTERS = 7 * 4 * (32 + 32), 4 * 4 * (32 + 32)  # 1792, 1024
+
+
+@functools.cache
+def _tiny_profile(lora_rank: int) -> memory.ModelProfile:
+    """The tiny preset's profile (the static components below read only its parameter counts)."""
+    from fastvideo.models.base import get_model_family
+    from fastvideo.tools import cost_model
+
+    family = get_model_family("flux")
+    config, vae, _ = cost_model.resolve_model("tiny", family)
+    shape = cost_model.memory_shape(cost_model.parse_args(TINY))
+    return memory.profile_model(config, vae, dataclasses.replace(shape, lora_rank=lora_rank), family)
+
+
+def _static(*extra):
+    from fastvideo.perf import comms
+    from fastvideo.tools import cost_model
+
+    args = cost_model.parse_args(TINY + list(extra))
+    shape = cost_model.memory_shape(args)
+    prof = _tiny_profile(shape.lora_rank)
+    return prof, memory.static_components(prof, shape), comms.from_memory_shape(shape, prof, args.trained_steps)
+
+
+def test_lora_counts_the_adapters_the_trainer_injects(tiny_flux_dir):
+    """The adapter count is peft's on the real tiny transformer, as training.lora.apply_lora injects them."""
+    from diffusers import FluxTransformer2DModel
+
+    from fastvideo.training.lora import LoraSettings, apply_lora
+
+    model = FluxTransformer2DModel.from_pretrained(tiny_flux_dir, subfolder="transformer")
+    assert sum(p.numel() for p in model.parameters()) == TINY_PARAMS
+    apply_lora(model, LoraSettings(True, 4, 8.0, 0.0, ("to_k", "to_q", "to_v", "to_out.0"), None),
+               torch.float32, torch.float32, seed=0)
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == ADAPTERS
+    prof, _, _ = _static("--use_lora", "--lora_rank", "4")
+    assert (prof.params, prof.adapter_params, prof.largest_block_adapter_params) == (TINY_PARAMS, ADAPTERS,
+                                                                                    DOUBLE_BLOCK_ADAPTERS)
+
+
+def test_lora_and_kl_reference_bytes_by_hand():
+    from fastvideo.perf import comms
+
+    prof, lora, traffic = _static("--use_lora", "--lora_rank", "4", "--kl_coef", "0.1", "--use_ema",
+                                  "--master_weight_type", "bf16")
+    half = ADAPTERS // 2  # this rank's adapter elements
+    # bf16 master adapters: 2 bytes; AdamW 2 moments; EMA float32; base in the master dtype, whole on every rank
+    assert lora == {"parameters": half * 2, "gradients": half * 2, "adamw_states": 2 * half * 2, "ema": half * 4,
+                    "frozen_base": TINY_PARAMS * 2, "fsdp_unsharded": 2 * DOUBLE_BLOCK_ADAPTERS * 2,
+                    "fsdp_unsharded_grads": DOUBLE_BLOCK_ADAPTERS * 2}  # no kl_reference: the base is it
+    assert (traffic.params, traffic.frozen_params, traffic.reference_params) == (ADAPTERS, 0, 0)
+    _, bf16_base, _ = _static("--use_lora", "--lora_rank", "4", "--lora_base_precision", "bf16")
+    assert bf16_base["frozen_base"] == TINY_PARAMS * 2 and bf16_base["parameters"] == half * 4
+    # NFT keeps a float32 old policy of the adapters; its base stays whole on every rank, as GRPO's
+    _, nft, traffic = _static("--use_lora", "--lora_rank", "4", "--algorithm", "nft")
+    assert nft["frozen_base"] == TINY_PARAMS * 4 and nft["old_policy"] == half * 4
+    assert traffic.frozen_params == 0 and traffic.nograd_update_forwards == 0  # _static passes no v_old count
+    # CPU offload shards the base (gathered with its block)
+    _, off, traffic = _static("--use_lora", "--lora_rank", "4", "--use_cpu_offload")
+    assert off["frozen_base"] == TINY_PARAMS // 2 * 4
+    assert off["fsdp_unsharded"] == 2 * DOUBLE_BLOCK_ADAPTERS * 4 + (2 * prof.largest_block_params + prof.root_params) * 4
+    assert (traffic.params, traffic.frozen_params, traffic.frozen_bytes) == (ADAPTERS, TINY_PARAMS, 4)
+    # full fine-tuning with --kl_coef: a frozen fp32 copy sharded like the model, a replica under DDP
+    _, full, traffic = _static("--kl_coef", "0.1")
+    assert full["kl_reference"] == full["parameters"] == TINY_PARAMS // 2 * 4
+    assert traffic.reference_params == TINY_PARAMS
+    # its no-grad forward gathers it once per update term: 2 micro-batches x 1 trained step, ring (2-1)/2
+    plain = comms.fsdp_traffic(dataclasses.replace(traffic, reference_params=0))
+    assert comms.fsdp_traffic(traffic)["update_gather"] - plain["update_gather"] == 2 * TINY_PARAMS * 4 / 2
+    _, ddp, _ = _static("--kl_coef", "0.1", "--fsdp_sharding_strategy", "none")
+    assert ddp["kl_reference"] == ddp["ddp_buckets"] == TINY_PARAMS * 4
+
+
+def test_lora_memory_report_and_flops_refusal(capsys):
+    from fastvideo.tools.cost_model import main
+
+    main(TINY + ["--use_lora", "--lora_rank", "4", "--kl_coef", "0.1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["adapter_params"] == ADAPTERS and out["phases"]["setup"] >= TINY_PARAMS * 4
+    main(TINY + ["--use_lora", "--lora_rank", "4"])
+    text = capsys.readouterr().out
+    assert f"LoRA rank 4 on to_k,to_q,to_v,to_out.0: {ADAPTERS:,} trainable parameters" in text
+    assert "frozen_base" in text
+    with pytest.raises(SystemExit) as exc:
+        main(["--use_lora"])  # FLOPs: not modelled under LoRA
+    assert exc.value.code == 2 and "--memory models its memory" in capsys.readouterr().err

@@ -67,6 +67,30 @@ def test_png_encoding_equals_scoring_8bit_images(server, prompts):
     torch.testing.assert_close(got, local["hpsv2"](rounded, prompts), rtol=0, atol=1e-6)
 
 
+def test_server_hps_input_scores_as_the_trainer_would(tiny_rewards, hps_reward, prompts):
+    """The server's --hps_input: server-scored HPS equals local scoring with the same
+    input_precision, for both settings (and the settings differ: the flag reaches the reward)."""
+    import copy
+
+    from fastvideo.tools.reward_server import build_app, build_parser, build_rewards
+
+    images = torch.rand(4, 3, 24, 24, generator=torch.Generator().manual_seed(8))  # not 8-bit exact
+    assert hps_reward.input_precision == "uint8" and hps_reward.batch_size == 3
+    got = {}
+    for hps_input in ("uint8", "float"):
+        args = build_parser().parse_args(["--rewards", "hpsv2", "--device", "cpu", "--batch_size", "3",
+                                          "--hps_ckpt_dir", str(tiny_rewards.hps_ckpt_dir),
+                                          "--hps_model_name", tiny_rewards.hps_model_name, "--hps_input", hps_input])
+        rewards, info, _ = build_rewards(args)
+        assert info["hpsv2"]["input_precision"] == hps_input
+        local = copy.copy(hps_reward)  # the same model, scored through the other path
+        local.input_precision = hps_input
+        with serve_in_thread(build_app(rewards, info)) as (url, _):
+            got[hps_input] = RemoteReward(f"{url}/hpsv2", batch_size=3)(images, prompts)
+        assert torch.equal(got[hps_input], local(images, prompts)), hps_input
+    assert (got["uint8"] - got["float"]).abs().max() > 1e-6
+
+
 def test_multi_reward_mixes_remote_and_local(server, tiny_rewards, prompts):
     url, local = server
     images = torch.rand(4, 3, 24, 24, generator=torch.Generator().manual_seed(7))
@@ -131,8 +155,8 @@ def test_server_gone_mid_run(make_images):
 
 
 @pytest.mark.parametrize("failure, retried", [
-    (400, False), (401, False), (404, False), (413, False), (422, False),
-    (500, True), (502, True), (503, True), ("refused", True), ("reset", True), ("timeout", True),
+    (400, False), (401, False), (404, False), (413, False), (422, False), (499, False),  # the last 4xx
+    (500, True), (502, True), (503, True), (599, True), ("refused", True), ("reset", True), ("timeout", True),
 ])
 def test_retry_policy_4xx_never_5xx_and_connection_errors_always(failure, retried, monkeypatch):
     import io

@@ -34,3 +34,16 @@ def test_runs_without_torch():
                          env={**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": ""})
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) >= 1
+
+
+def test_launch_sets_cores_per_process_unless_set(monkeypatch):
+    from fastvideo import launch
+
+    monkeypatch.setattr(omp_threads, "usable_cores", lambda: 16)
+    args, _ = launch.split_command(["--nproc_per_node=2", "fastvideo/train_grpo_flux.py", "--h", "64"])
+    env = {}
+    assert launch.set_host_threads(args, env) == "8" == env["OMP_NUM_THREADS"]
+    env = {"OMP_NUM_THREADS": "7"}
+    assert launch.set_host_threads(args, env) == "7"  # the override
+    auto, _ = launch.split_command(["--nproc_per_node=auto", "fastvideo/train_grpo_flux.py"])
+    assert launch.set_host_threads(auto, {}) is None  # torchrun decides the count: left to it

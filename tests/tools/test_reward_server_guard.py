@@ -3,6 +3,7 @@
 import io
 import json
 import logging
+import os
 import socket
 import struct
 import time
@@ -17,7 +18,7 @@ from PIL import Image
 from fastvideo.rewards.combine import MultiReward
 from fastvideo.rewards.remote import RemoteReward, RemoteRewardError
 from fastvideo.rewards.wire import encode_request
-from fastvideo.tools.reward_server import build_app, main
+from fastvideo.tools.reward_server import PluginReward, build_app, main
 from fastvideo.tools.reward_server_guard import (AcceptErrorFilter, ServerLimits, is_loopback, token_matches,
                                                  uvicorn_settings)
 from server_utils import serve_in_thread
@@ -35,7 +36,9 @@ def mean_or_nan(images, prompts):
 
 @pytest.fixture(scope="module")
 def guarded():
-    app = build_app({"bright": mean_or_nan}, {"bright": {"files": {"ckpt_dir": "/secret/path"}}}, limits=LIMITS)
+    # served as a --plugin is (PluginReward: inputs checked, [B] float32 out, NaN passed on)
+    app = build_app({"bright": PluginReward("bright", mean_or_nan, 4)}, {"bright": {"files": {"ckpt_dir": "/secret/path"}}},
+                    limits=LIMITS)
     with serve_in_thread(app, settings=uvicorn_settings(LIMITS)) as (url, _):
         yield url
 
@@ -161,23 +164,95 @@ def test_malformed_requests_get_400(guarded, kind):
     assert status == 400, reply
 
 
-def test_slow_clients_do_not_starve_health(guarded):
-    port = int(guarded.rsplit(":", 1)[1])
+def _half_sent(port: int, n: int) -> list:
     sockets = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"POST /score/bright HTTP/1.1\r\nHost: x\r\n")  # a request head never finished
+        sockets.append(s)
+    return sockets
+
+
+def _closed_by_server(s, wait_s: float) -> bool:
+    s.settimeout(wait_s)
     try:
-        for _ in range(200):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            s.sendall(b"POST /score/bright HTTP/1.1\r\nHost: x\r\n")  # a request head never finished
-            sockets.append(s)
-        start = time.monotonic()
+        return s.recv(10) == b""
+    except ConnectionResetError:  # closed with the client's unread bytes: a reset
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_slow_clients_are_dropped_after_the_header_timeout(guarded):
+    sockets = _half_sent(int(guarded.rsplit(":", 1)[1]), 5)
+    try:
         assert request(f"{guarded}/health", timeout=2)[0] == 200
-        assert time.monotonic() - start < 2
-        time.sleep(LIMITS.header_timeout_s + 0.5)
-        sockets[0].settimeout(2)
-        assert sockets[0].recv(10) == b""  # dropped after --header_timeout_s
+        assert all(_closed_by_server(s, LIMITS.header_timeout_s + 1.5) for s in sockets)
     finally:
         for s in sockets:
             s.close()
+
+
+@pytest.fixture(scope="module")
+def default_server():
+    """A server with the default limits (128 MiB bodies, 512 connections), but a header timeout
+    of 60 s: within a test only the connection cap closes a half-sent request."""
+    limits = ServerLimits(token=TOKEN, header_timeout_s=60.0)
+    app = build_app({"bright": PluginReward("bright", mean_or_nan, 4)}, limits=limits)
+    with serve_in_thread(app, settings=uvicorn_settings(limits)) as (url, _):
+        yield url
+
+
+def test_1100_slow_clients_do_not_starve_health(default_server):
+    """Issue #26's acceptance on loopback: 1,100 half-sent requests (over the default cap of 512
+    connections; the header timeout cannot fire here) -> /health answers 200 within 2 s;
+    the oldest head-less connections were closed to make room, the newest are still open."""
+    cap = ServerLimits().max_connections
+    sockets = _half_sent(int(default_server.rsplit(":", 1)[1]), 1100)
+    try:
+        # Connection k >= cap - 1 closes connection k - (cap - 1): once sockets[1100 - cap] is closed
+        # the server has taken every connection (on a loaded machine that can take seconds).
+        assert _closed_by_server(sockets[0], 30) and _closed_by_server(sockets[len(sockets) - cap], 30)
+        start = time.monotonic()
+        assert request(f"{default_server}/health", timeout=2)[0] == 200  # uvicorn alone answers 503 at the cap
+        assert time.monotonic() - start < 2
+        # /health's connection closed one more (sockets[1100 - cap + 1]); the rest are open
+        assert not _closed_by_server(sockets[len(sockets) - cap + 2], 0.2) and not _closed_by_server(sockets[-1], 0.01)
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc (Linux)")
+def test_a_600_mib_body_gets_413_without_growing_the_server(default_server):
+    """Issue #26's acceptance: a client sending a 600 MiB body (with its Content-Length, as curl and
+    the trainer send) gets 413 while the server (this process: it runs in a thread) grows < 50 MB."""
+    port = int(default_server.rsplit(":", 1)[1])
+    zeros, sent = b"\0" * (1 << 20), 0
+    before = _rss_bytes()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"POST /score/bright HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                  f"Content-Length: {600 << 20}\r\n\r\n".encode())
+        try:
+            while sent < 600 << 20:
+                s.sendall(zeros)
+                sent += len(zeros)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed without reading the rest
+        reply = b""
+        try:
+            while chunk := s.recv(4096):
+                reply += chunk
+        except ConnectionResetError:
+            pass
+    grown = _rss_bytes() - before
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert sent < 600 << 20 and grown < 50 << 20, (sent, grown)
 
 
 def test_nan_score_is_dropped_naming_the_reward_and_sample(guarded, capsys):

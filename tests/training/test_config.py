@@ -1,3 +1,4 @@
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -261,6 +262,12 @@ def test_every_flag_works_is_refused_or_noted():
     (["--lora_rank", "4"], "--lora_rank have no effect without --use_lora"),
     (["--eval_steps", "4"], "--eval_steps have no effect without --eval_every"),
     (["--hps_weight", "2"], "--hps_weight: accepted for MixGRPO compatibility, no effect here"),
+    (["--ema_decay", "0.9"], "--ema_decay: no effect without --use_ema"),
+    (["--lr_power", "2"], "--lr_power: no effect with --lr_scheduler constant_with_warmup"),
+    (["--lr_warmup_steps", "5", "--lr_scheduler", "constant"], "--lr_warmup_steps: no effect with --lr_scheduler constant"),
+    (["--pickscore_dir", "x"], "--pickscore_dir x has no effect without the pickscore reward"),
+    (["--use_group", "--algorithm", "nft", "--kl_coeff", "0.1", "--train_last_step"],
+     "--kl_coeff, --train_last_step: no effect with --algorithm nft"),
 ])
 def test_flags_without_effect_are_noted_once(flags, note):
     cfg = _validate(*flags)
@@ -329,3 +336,17 @@ def test_every_component_follows_the_settings_convention():
             assert getattr(component, method).__func__ is not getattr(Settings, method).__func__, (name, method)
         built = component.from_args(args)
         assert built is None or isinstance(built, component), name  # None: evaluation off
+
+
+def test_start_up_notes_are_printed_once(tmp_path, capsys):
+    """Each note is one [config] line, not repeated inside the printed configuration (rank 0 prints)."""
+    import types
+
+    from fastvideo.training.setup import log_config
+
+    cfg = _validate("--output_dir", str(tmp_path), "--lora_rank", "4", "--ema_decay", "0.9")
+    log_config(cfg, types.SimpleNamespace(world_size=2), "cpu")
+    out = capsys.readouterr().out
+    for note in ("--lora_rank have no effect without --use_lora", "--ema_decay: no effect without --use_ema"):
+        assert out.count(note) == 1, out
+    assert json.loads((tmp_path / "config.json").read_text())["compat_notes"] == cfg.compat_notes

@@ -186,3 +186,17 @@ def test_merge_into_base_is_w_plus_scale_b_a():
     with pytest.raises(ValueError, match="cannot merge"):
         merge_into_base({"blk.to_q.weight": w}, {"blk.to_k.lora_A.default.weight": a,
                                                   "blk.to_k.lora_B.default.weight": b}, 2.0)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "nft"])
+def test_lora_layout_does_not_depend_on_the_objective(algorithm):
+    """The replicated-base layout (one FSDP unit per block, base outside FSDP) for every objective,
+    NFT's swapped old policy included (test_nft_training.py runs it); the per-adapter layout only
+    with CPU offload."""
+    from fastvideo.training.builders import _replicate_frozen
+
+    base = ["--data_json_path", "x", "--pretrained_model_name_or_path", "x", "--rewards", "compressibility:1",
+            "--algorithm", algorithm]
+    assert _replicate_frozen(_validate(base))
+    assert not _replicate_frozen(_validate(base + ["--use_cpu_offload"]))
+    assert not _replicate_frozen(validate_args(build_parser().parse_args(base)))  # no LoRA: nothing to replicate

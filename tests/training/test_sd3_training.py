@@ -40,7 +40,7 @@ def test_sd3_launchers_parse_to_flow_grpos_pickscore_configuration(script):
     r, g = cfg.rollout, cfg.grpo
     assert cfg.model.family == "sd3" and (r.height, r.width, r.sampling_steps) == (512, 512, 10)
     assert (r.guidance_scale, r.eta, r.shift, r.quantize_timestep, r.num_generations) == (4.5, 0.7, 3.0, False, 24)
-    assert cfg.mix.sde_kind == "flow" and g.kl_coef == 0.0 and g.trained_steps(10) == 9
+    assert cfg.mix.sde_kind == "flow" and g.kl_coef == 0.01 and g.trained_steps(10) == 9  # train.beta
     assert cfg.lora.enabled and (cfg.lora.rank, cfg.lora.alpha) == (32, 64.0) and len(cfg.lora.target_modules) == 8
     assert [s.name for s in cfg.reward.spec] == ["pickscore"]
     assert cfg.derived(LAUNCHERS[script])["optimizer_steps_per_iteration"] == 2  # Flow-GRPO: 2 per epoch
@@ -87,9 +87,10 @@ def _train_and_resume(model, index, tmp_path, lora: bool):
 def _assert_exact_resume(straight, resumed, weights: str):
     rows, again = read_metrics(straight), read_metrics(resumed)
     assert [r["iteration"] for r in rows] == [r["iteration"] for r in again] == [1, 2]
-    for key in ("reward_mean", "loss", "grad_norm", "kl_mean"):
-        if key in rows[1]:
-            assert rows[1][key] == again[1][key], key
+    for key in ("reward_mean", "loss", "grad_norm", "kl"):
+        assert rows[1][key] == again[1][key], key
+    # Flow-GRPO's KL (the launchers' --kl_coef 0.01): 0 before the first optimizer step, then > 0
+    assert rows[0]["kl"] == 0.0 and rows[1]["kl"] > 0.0
     a, b = load_file(str(straight / "checkpoint-2" / weights)), load_file(str(resumed / "checkpoint-2" / weights))
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     # 4 steps x 2 samples x 2 passes (classifier-free guidance at 4.5) on each rank
@@ -105,14 +106,21 @@ def _final_latents(pipe):
                 max_sequence_length=SEQ, output_type="latent").images
 
 
+@pytest.fixture(scope="module")
+def full_runs(tiny_sd3_dir, sd3_embeddings, tmp_path_factory):
+    """The full fine-tuning run on 2 ranks and its resumed copy: shared by the resume / export test
+    and the 1-rank = 2-rank test."""
+    return _train_and_resume(tiny_sd3_dir, sd3_embeddings, tmp_path_factory.mktemp("sd3_full"), lora=False)
+
+
 @pytest.mark.slow
-def test_sd3_full_fine_tuning_trains_resumes_exactly_and_exports_a_pipeline_folder(tiny_sd3_dir, sd3_embeddings,
+def test_sd3_full_fine_tuning_trains_resumes_exactly_and_exports_a_pipeline_folder(tiny_sd3_dir, full_runs,
                                                                                     tmp_path):
     from diffusers import StableDiffusion3Pipeline
 
     from fastvideo.training.export import export_checkpoint
 
-    straight, resumed = _train_and_resume(tiny_sd3_dir, sd3_embeddings, tmp_path, lora=False)
+    straight, resumed = full_runs
     final = _assert_exact_resume(straight, resumed, "diffusion_pytorch_model.safetensors")
     base = load_file(str(next((tiny_sd3_dir / "transformer").glob("*.safetensors"))))
     assert set(final) == set(base) and any(not torch.equal(final[k], base[k]) for k in base)
@@ -123,6 +131,44 @@ def test_sd3_full_fine_tuning_trains_resumes_exactly_and_exports_a_pipeline_fold
     trained = _final_latents(StableDiffusion3Pipeline.from_pretrained(out))
     stock = _final_latents(StableDiffusion3Pipeline.from_pretrained(tiny_sd3_dir))
     assert trained.shape == stock.shape and not torch.allclose(trained, stock, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_sd3_one_rank_equals_two_ranks(tiny_sd3_dir, sd3_embeddings, full_runs, tmp_path, monkeypatch):
+    """The 2-rank full fine-tuning run (guidance 4.5, Flow-GRPO's SDE and KL, bf16 autocast) again in
+    this process as one rank holding both ranks' prompts (train_batch_size 2) with the same
+    micro-batches (2 samples, accumulated over 2: one optimizer step per iteration): the same
+    samples (noise by global sample id), rewards, advantages and updates, for 2 iterations (Adam's
+    first step is lr x sign(g), so the second is the one that tests the gradients' size). Measured
+    on a 2-core AMD EPYC: the metrics agree to 2e-7 relative and the weights after 2 steps bit for
+    bit (2 ranks average their two micro-batch gradients, one rank sums their halves: the same
+    sums); the tolerances (1e-4 relative) leave room for another reduction order."""
+    from helpers import single_process_trainer
+
+    single = tmp_path / "single"
+    argv = _tiny_argv(tiny_sd3_dir, sd3_embeddings, single, lora=False) + [
+        "--train_batch_size", "2", "--gradient_accumulation_steps", "2"]
+    single_process_trainer(argv, monkeypatch).train()
+    ones, twos = read_metrics(single), read_metrics(full_runs[0])
+    assert len(ones) == len(twos) == 2
+    worst = 0.0
+    for one, two in zip(ones, twos):
+        for key in ("reward_mean", "reward_std", "loss", "grad_norm", "ratio_mean", "kl"):
+            assert one[key] == pytest.approx(two[key], rel=1e-4, abs=1e-9), (one["iteration"], key, one[key], two[key])
+            worst = max(worst, abs(one[key] - two[key]) / max(abs(two[key]), 1e-12))
+    assert ones[1]["kl"] > 0 and ones[0]["grad_norm"] > 0 and ones[0]["reward_std"] > 0  # real updates
+    weights = "diffusion_pytorch_model.safetensors"
+    a = load_file(str(full_runs[0] / "checkpoint-2" / weights))
+    b = load_file(str(single / "checkpoint-2" / weights))
+    base = load_file(str(next((tiny_sd3_dir / "transformer").glob("*.safetensors"))))
+    assert set(a) == set(b)
+    moved = max(float((a[k].float() - base[k].float()).abs().max()) for k in a)
+    gap = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    print(f"1 rank vs 2 ranks: metrics differ by <= {worst:.1e} relative; weights moved up to {moved:.2e} "
+          f"in 2 steps and differ by up to {gap:.2e}")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
+    assert gap < 1e-2 * moved  # the steps themselves agree, not only the untouched weights
 
 
 @pytest.mark.slow

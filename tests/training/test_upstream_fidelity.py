@@ -56,6 +56,8 @@ def test_hps_input_defaults_to_upstreams_8bit_path():
     assert _cfg().reward.hps_input == "uint8"
     assert _cfg("--rewards", "hpsv2", "--hps_input", "float").reward.hps_input == "float"
     assert any("--hps_input float has no effect" in n for n in _cfg("--hps_input", "float").compat_notes)
+    remote = _cfg("--rewards", "remote:http://h:1/hpsv2", "--hps_input", "float").compat_notes
+    assert any("start the reward server with --hps_input float" in n for n in remote)
     evaluated = _cfg("--eval_every", "1", "--eval_prompts", "assets/eval_prompts.txt", "--eval_rewards", "hpsv2",
                      "--hps_input", "float")
     assert not any("--hps_input" in n for n in evaluated.compat_notes)  # evaluation scores with it

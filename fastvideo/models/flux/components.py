@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from fastvideo.errors import CheckpointError, UserError
+from fastvideo.models.base import WEIGHT_SUFFIXES, check_diffusers_folder  # noqa: F401 (WEIGHT_SUFFIXES: re-exported)
 
 # Sub-folders of a diffusers FLUX folder and the files that must be in each.
 REQUIRED_FILES = {
@@ -25,7 +26,6 @@ REQUIRED_FILES = {
     "tokenizer_2": [],
     "scheduler": ["scheduler_config.json"],
 }
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
 FLUX_DOWNLOAD_HINT = (
     "Put a diffusers-layout FLUX.1-dev folder there (for example the black-forest-labs/FLUX.1-dev "
     "repository, downloaded to data/flux), or build a tiny test model with "
@@ -42,32 +42,8 @@ def check_flux_folder(path: str | Path, components: tuple[str, ...] | None = Non
 
     Raises FluxFolderError naming every missing piece and how to get it.
     """
-    root = Path(path)
-    if not root.is_dir():
-        raise FluxFolderError(f"FLUX model folder {str(root)!r} does not exist. {FLUX_DOWNLOAD_HINT}")
-    components = components or tuple(REQUIRED_FILES)
-    problems = []
-    if not (root / "model_index.json").is_file():
-        problems.append("model_index.json")
-    for comp in components:
-        sub = root / comp
-        if not sub.is_dir():
-            problems.append(f"{comp}/")
-            continue
-        for name in REQUIRED_FILES[comp]:
-            if not (sub / name).is_file():
-                problems.append(f"{comp}/{name}")
-        if comp in ("transformer", "vae", "text_encoder", "text_encoder_2"):
-            if not any(p.name.endswith(WEIGHT_SUFFIXES) for p in sub.iterdir()):
-                problems.append(f"{comp}/<weights *.safetensors>")
-        if comp.startswith("tokenizer") and not any(sub.iterdir()):
-            problems.append(f"{comp}/<tokenizer files>")
-    if problems:
-        raise FluxFolderError(
-            f"FLUX model folder {str(root)!r} is incomplete; missing: {', '.join(problems)}. "
-            f"{FLUX_DOWNLOAD_HINT}"
-        )
-    return root
+    return check_diffusers_folder(path, REQUIRED_FILES, FLUX_DOWNLOAD_HINT, FluxFolderError, "FLUX model folder",
+                                  components)
 
 
 def adapt_for_device(transformer, device) -> None:

@@ -7,13 +7,19 @@ nobody needs; gradient checkpointing re-runs the blocks' forward).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Mapping
 
-from fastvideo.models.flops import attention_flops, linear_flops
-
-# Width of the sinusoidal timestep/guidance projection fed to TimestepEmbedding (fixed in diffusers).
-TIMESTEP_PROJ_DIM = 256
+from fastvideo.models.flops import (
+    TIMESTEP_PROJ_DIM,
+    VAE_16CH_CONFIG,
+    dims_from_config,
+    embedder_flops,
+    linear_flops,
+    mlp_flops,
+    qkv_attention_flops,
+    token_counts,
+)
 
 
 @dataclass(frozen=True)
@@ -50,33 +56,21 @@ class FluxDims:
     @classmethod
     def from_config(cls, cfg: "Mapping | FluxDims | object") -> "FluxDims":
         """From a transformer config dict (config.json), a diffusers FrozenDict/config object or FluxDims."""
-        if isinstance(cfg, FluxDims):
-            return cfg
-        get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
-        values = {}
-        for f in fields(cls):
-            v = get(f.name, None)
-            if v is not None:
-                values[f.name] = v
-        missing = [k for k in ("num_layers", "num_single_layers", "num_attention_heads", "attention_head_dim")
-                   if k not in values]
-        if missing:
-            raise ValueError(f"transformer config lacks {', '.join(missing)}: is it a FluxTransformer2DModel config?")
-        return cls(**values)
+        return dims_from_config(cls, cfg, ("num_layers", "num_single_layers", "num_attention_heads",
+                                           "attention_head_dim"), "FluxTransformer2DModel")
 
 
 FLUX_DEV = FluxDims()
 
 def _embedder_flops(d: FluxDims, L: int, Lt: int, B: int) -> dict[str, int]:
     D = d.inner_dim
-    # TimestepEmbedding: Linear(256, D) -> SiLU -> Linear(D, D); one per sample.
-    t_embed = linear_flops(B, TIMESTEP_PROJ_DIM, D) + linear_flops(B, D, D)
+    t_embed = embedder_flops(B, TIMESTEP_PROJ_DIM, D)  # one per sample
     return {
         "x_embedder": linear_flops(B * L, d.in_channels, D),
         "context_embedder": linear_flops(B * Lt, d.joint_attention_dim, D),
         "time_embedder": t_embed,
         "guidance_embedder": t_embed if d.guidance_embeds else 0,
-        "text_embedder": linear_flops(B, d.pooled_projection_dim, D) + linear_flops(B, D, D),
+        "text_embedder": embedder_flops(B, d.pooled_projection_dim, D),
     }
 
 
@@ -85,10 +79,9 @@ def double_block_flops(d: FluxDims, L: int, Lt: int, B: int = 1) -> int:
     D, F = d.inner_dim, d.mlp_dim
     S = L + Lt
     adaln = 2 * linear_flops(B, D, 6 * D)  # norm1 and norm1_context: 6 modulation vectors each
-    qkv = 3 * linear_flops(B * S, D, D)  # to_q/k/v on image tokens + add_q/k/v_proj on text tokens
     out = linear_flops(B * S, D, D)  # to_out[0] (image) + to_add_out (text)
-    mlp = linear_flops(B * S, D, F) + linear_flops(B * S, F, D)  # ff and ff_context
-    return adaln + qkv + out + mlp + attention_flops(B, S, S, D)
+    # to_q/k/v on image tokens + add_q/k/v_proj on text tokens, joint attention; ff and ff_context
+    return adaln + qkv_attention_flops(B, S, D) + out + mlp_flops(B * S, D, F)
 
 
 def single_block_flops(d: FluxDims, L: int, Lt: int, B: int = 1) -> int:
@@ -97,8 +90,7 @@ def single_block_flops(d: FluxDims, L: int, Lt: int, B: int = 1) -> int:
     D, F = d.inner_dim, d.mlp_dim
     S = L + Lt
     adaln = linear_flops(B, D, 3 * D)
-    return (adaln + linear_flops(B * S, D, F) + 3 * linear_flops(B * S, D, D)
-            + attention_flops(B, S, S, D) + linear_flops(B * S, D + F, D))
+    return adaln + linear_flops(B * S, D, F) + qkv_attention_flops(B, S, D) + linear_flops(B * S, D + F, D)
 
 
 def transformer_flops_breakdown(cfg, image_tokens: int, text_tokens: int, batch: int = 1) -> dict[str, int]:
@@ -109,9 +101,7 @@ def transformer_flops_breakdown(cfg, image_tokens: int, text_tokens: int, batch:
     "single_blocks", "norm_out", "proj_out" and "total".
     """
     d = FluxDims.from_config(cfg)
-    L, Lt, B = int(image_tokens), int(text_tokens), int(batch)
-    if min(L, Lt, B) <= 0:
-        raise ValueError(f"image_tokens, text_tokens and batch must be positive (got {L}, {Lt}, {B})")
+    L, Lt, B = token_counts(image_tokens, text_tokens, batch)
     parts = _embedder_flops(d, L, Lt, B)
     parts["double_blocks"] = d.num_layers * double_block_flops(d, L, Lt, B)
     parts["single_blocks"] = d.num_single_layers * single_block_flops(d, L, Lt, B)
@@ -146,11 +136,4 @@ def transformer_backward_flops(cfg, image_tokens: int, text_tokens: int, batch: 
 
 
 # FLUX.1-dev's VAE (AutoencoderKL) keys that set the decoder's FLOPs.
-FLUX_DEV_VAE_CONFIG = {
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "latent_channels": 16,
-    "out_channels": 3,
-    "mid_block_add_attention": True,
-    "use_post_quant_conv": False,
-}
+FLUX_DEV_VAE_CONFIG = VAE_16CH_CONFIG

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from fastvideo.errors import UserError
+from fastvideo.models.base import check_diffusers_folder
 
 CLIP_TOKENS = 77  # both CLIP tokenizers' model_max_length; SD3's prompt embedding starts with them
 REQUIRED_FILES = {
@@ -30,7 +31,6 @@ REQUIRED_FILES = {
     "tokenizer_3": [],
     "scheduler": ["scheduler_config.json"],
 }
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
 SD3_DOWNLOAD_HINT = (
     "Put a diffusers-layout SD3.5 folder there (for example the stabilityai/stable-diffusion-3.5-medium "
     "repository, downloaded to data/sd3), or build a tiny test model with "
@@ -44,25 +44,8 @@ class SD3FolderError(UserError, FileNotFoundError):
 
 def check_sd3_folder(path: str | Path, components: tuple[str, ...] | None = None) -> Path:
     """Raise SD3FolderError naming every missing piece of ``path``'s ``components`` (default all)."""
-    root = Path(path)
-    if not root.is_dir():
-        raise SD3FolderError(f"SD3 model folder {str(root)!r} does not exist. {SD3_DOWNLOAD_HINT}")
-    problems = [] if (root / "model_index.json").is_file() else ["model_index.json"]
-    for comp in components or tuple(REQUIRED_FILES):
-        sub = root / comp
-        if not sub.is_dir():
-            problems.append(f"{comp}/")
-            continue
-        problems += [f"{comp}/{name}" for name in REQUIRED_FILES[comp] if not (sub / name).is_file()]
-        if comp in ("transformer", "vae") or comp.startswith("text_encoder"):
-            if not any(p.name.endswith(WEIGHT_SUFFIXES) for p in sub.iterdir()):
-                problems.append(f"{comp}/<weights *.safetensors>")
-        if comp.startswith("tokenizer") and not any(sub.iterdir()):
-            problems.append(f"{comp}/<tokenizer files>")
-    if problems:
-        raise SD3FolderError(f"SD3 model folder {str(root)!r} is incomplete; missing: {', '.join(problems)}. "
-                             f"{SD3_DOWNLOAD_HINT}")
-    return root
+    return check_diffusers_folder(path, REQUIRED_FILES, SD3_DOWNLOAD_HINT, SD3FolderError, "SD3 model folder",
+                                  components)
 
 
 def adapt_for_device(transformer, device) -> None:

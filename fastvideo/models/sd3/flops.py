@@ -6,12 +6,18 @@ Conventions: fastvideo.perf.flops. Lt is the joint text length, 77 CLIP tokens +
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Mapping
+from dataclasses import dataclass
 
-from fastvideo.models.flops import attention_flops, linear_flops
-
-TIMESTEP_PROJ_DIM = 256  # sinusoidal timestep features fed to TimestepEmbedding (fixed in diffusers)
+from fastvideo.models.flops import (
+    TIMESTEP_PROJ_DIM,
+    VAE_16CH_CONFIG,
+    dims_from_config,
+    embedder_flops,
+    linear_flops,
+    mlp_flops,
+    qkv_attention_flops,
+    token_counts,
+)
 
 
 @dataclass(frozen=True)
@@ -35,15 +41,8 @@ class SD3Dims:
 
     @classmethod
     def from_config(cls, cfg) -> "SD3Dims":
-        if isinstance(cfg, SD3Dims):
-            return cfg
-        get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
-        values = {f.name: get(f.name, None) for f in fields(cls)}
-        values = {k: (tuple(v) if k == "dual_attention_layers" else v) for k, v in values.items() if v is not None}
-        missing = [k for k in ("num_layers", "num_attention_heads", "attention_head_dim") if k not in values]
-        if missing:
-            raise ValueError(f"transformer config lacks {', '.join(missing)}: is it an SD3Transformer2DModel config?")
-        return cls(**values)
+        return dims_from_config(cls, cfg, ("num_layers", "num_attention_heads", "attention_head_dim"),
+                                "SD3Transformer2DModel", tuple_keys=("dual_attention_layers",))
 
 
 SD35_MEDIUM = SD3Dims()
@@ -56,13 +55,10 @@ def joint_block_flops(d: SD3Dims, index: int, L: int, Lt: int, B: int = 1) -> in
     D, S = d.inner_dim, L + Lt
     last, dual = index == d.num_layers - 1, index in d.dual_attention_layers
     adaln = linear_flops(B, D, (9 if dual else 6) * D) + linear_flops(B, D, (2 if last else 6) * D)
-    qkv = 3 * linear_flops(B * S, D, D)
     out = linear_flops(B * L, D, D) + (0 if last else linear_flops(B * Lt, D, D))
-    mlp_tokens = L + (0 if last else Lt)
-    mlp = linear_flops(B * mlp_tokens, D, 4 * D) + linear_flops(B * mlp_tokens, 4 * D, D)
-    total = adaln + qkv + out + mlp + attention_flops(B, S, S, D)
-    if dual:
-        total += 4 * linear_flops(B * L, D, D) + attention_flops(B, L, L, D)
+    total = adaln + qkv_attention_flops(B, S, D) + out + mlp_flops(B * (L + (0 if last else Lt)), D, 4 * D)
+    if dual:  # attn2: its own q/k/v and output projection over the image tokens
+        total += qkv_attention_flops(B, L, D) + linear_flops(B * L, D, D)
     return total
 
 
@@ -70,15 +66,13 @@ def transformer_flops_breakdown(cfg, image_tokens: int, text_tokens: int, batch:
     """One SD3Transformer2DModel forward by part. image_tokens L = (h/16)(w/16) patches,
     text_tokens Lt = 77 + T5 length, batch B."""
     d = SD3Dims.from_config(cfg)
-    L, Lt, B = int(image_tokens), int(text_tokens), int(batch)
-    if min(L, Lt, B) <= 0:
-        raise ValueError(f"image_tokens, text_tokens and batch must be positive (got {L}, {Lt}, {B})")
+    L, Lt, B = token_counts(image_tokens, text_tokens, batch)
     D, p = d.inner_dim, d.patch_size
     parts = {
         "pos_embed": linear_flops(B * L, d.in_channels * p * p, D),  # the patchify conv
         "context_embedder": linear_flops(B * Lt, d.joint_attention_dim, d.caption_projection_dim),
-        "time_embedder": linear_flops(B, TIMESTEP_PROJ_DIM, D) + linear_flops(B, D, D),
-        "text_embedder": linear_flops(B, d.pooled_projection_dim, D) + linear_flops(B, D, D),
+        "time_embedder": embedder_flops(B, TIMESTEP_PROJ_DIM, D),
+        "text_embedder": embedder_flops(B, d.pooled_projection_dim, D),
         "blocks": sum(joint_block_flops(d, i, L, Lt, B) for i in range(d.num_layers)),
         "norm_out": linear_flops(B, D, 2 * D),
         "proj_out": linear_flops(B * L, D, p * p * d.out_channels),
@@ -98,12 +92,5 @@ def transformer_backward_flops(cfg, image_tokens: int, text_tokens: int, batch: 
     return 2 * p["total"] - data_fed
 
 
-# SD3.5's VAE (AutoencoderKL) keys that set the decoder's FLOPs.
-SD35_VAE_CONFIG = {
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "latent_channels": 16,
-    "out_channels": 3,
-    "mid_block_add_attention": True,
-    "use_post_quant_conv": False,
-}
+# SD3.5's VAE (AutoencoderKL) keys that set the decoder's FLOPs: FLUX.1's.
+SD35_VAE_CONFIG = VAE_16CH_CONFIG
