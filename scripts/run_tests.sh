@@ -9,8 +9,17 @@ export FASTVIDEO_DEVICE=cpu
 source scripts/common.sh
 # FLUX_GRPO_HCCL_RULES=1: every 2-rank test checks its collectives against HCCL's rules (tests/hccl_rules.py).
 export FASTVIDEO_DEVICE=cpu FLUX_GRPO_REQUIRE_PARITY=${FLUX_GRPO_REQUIRE_PARITY:-1} FLUX_GRPO_HCCL_RULES=${FLUX_GRPO_HCCL_RULES:-1}
+# Test files are spread over FLUX_GRPO_TEST_WORKERS processes (default 2, one per core here; 0 runs
+# them in this process): much of a test's time is single-threaded (imports, start-ups, Python), so
+# two processes keep both cores busy. A file's tests stay on one worker (--dist loadfile): they share
+# its module fixtures (the 2-rank runs several tests assert on).
+WORKERS=${FLUX_GRPO_TEST_WORKERS:-2}
+XDIST=()
+if [ "$WORKERS" != 0 ] && "$PYTHON" -c "import xdist" 2>/dev/null; then
+  XDIST=(-n "$WORKERS" --dist loadfile)
+fi
 set +e
-"$PYTHON" -m pytest -q "$@"
+"$PYTHON" -m pytest -q "${XDIST[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then

@@ -108,6 +108,7 @@ def pytest_sessionfinish(session, exitstatus):
     if _CPU_REPORT and _cpu_seconds:
         rows = sorted(_cpu_seconds.items(), key=lambda kv: -kv[1])
         total = sum(_cpu_seconds.values())
-        with open(_CPU_REPORT, "w", encoding="utf-8") as f:
+        worker = os.environ.get("PYTEST_XDIST_WORKER")  # one file per xdist worker: FILE.gw0, FILE.gw1 ...
+        with open(f"{_CPU_REPORT}.{worker}" if worker else _CPU_REPORT, "w", encoding="utf-8") as f:
             f.write(f"# {len(rows)} tests, {total:.0f} CPU s in all\n")
             f.writelines(f"{sec:8.1f}  {nodeid}\n" for nodeid, sec in rows)

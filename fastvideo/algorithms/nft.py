@@ -100,9 +100,13 @@ class NFTObjective(GRPOObjective):
             v_ref = policy.reference_velocity(traj, rows, x_t, t) if g.kl_coef > 0 else None
         v = policy.velocity(traj, rows, x_t, t)
         r = optimality(advantages[rows.to(advantages.device)], g.adv_clip_max, self.nft.adv_mode)
-        loss, sums = nft_policy_loss(v, v_old, x_t, x0, t, r.to(x0.device), self.nft.beta, g.adv_clip_max)
+        # A sample dropped for a non-finite reward has advantage 0, which NFT reads as r = 0.5 (half
+        # positive, half negative): it must be masked out, not left to train (GRPO's advantages()).
+        kept = getattr(self, "_kept", None)
+        keep = None if kept is None else kept[rows.to(kept.device)]
+        loss, sums = nft_policy_loss(v, v_old, x_t, x0, t, r.to(x0.device), self.nft.beta, g.adv_clip_max, keep)
         if v_ref is not None:
-            kl = velocity_kl(v, v_ref)
+            kl = velocity_kl(v, v_ref, keep)
             loss = loss + g.kl_coef * kl
             sums["kl"] = kl.detach()
         stats.add(term, sums)

@@ -63,9 +63,11 @@ def _weighted_error(x0_pred: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
 
 
 def nft_policy_loss(v: torch.Tensor, v_old: torch.Tensor, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor,
-                    r: torch.Tensor, beta: float, clip_max: float) -> tuple[torch.Tensor, dict]:
+                    r: torch.Tensor, beta: float, clip_max: float,
+                    keep: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """The NFT loss of b samples at one timestep each, averaged over them (a 0-d float32 tensor),
-    and detached statistics. v (with gradient), v_old, x_t, x0 [b, ...]; t, r [b]."""
+    and detached statistics. v (with gradient), v_old, x_t, x0 [b, ...]; t, r [b]; keep [b] bool or
+    None: a False row (a sample dropped for a non-finite reward) contributes 0 to the mean."""
     v, v_old, x_t, x0 = v.float(), v_old.detach().float(), x_t.float(), x0.float()
     t = t.float().reshape(-1, *([1] * (x0.ndim - 1)))
     v_pos = beta * v + (1.0 - beta) * v_old
@@ -73,12 +75,19 @@ def nft_policy_loss(v: torch.Tensor, v_old: torch.Tensor, x_t: torch.Tensor, x0:
     pos = _weighted_error(x_t - t * v_pos, x0)
     neg = _weighted_error(x_t - t * v_neg, x0)
     per_sample = r.float() * pos / beta + (1.0 - r.float()) * neg / beta
-    loss = clip_max * per_sample.mean()
+    loss = clip_max * _kept(per_sample, keep).mean()
     stats = {"nft_positive": pos.detach().mean(), "nft_negative": neg.detach().mean(),
              "old_deviate": _per_sample_mean((v.detach() - v_old).square()).mean()}
     return loss, stats
 
 
-def velocity_kl(v: torch.Tensor, v_ref: torch.Tensor) -> torch.Tensor:
-    """mean over samples of mean((v - v_ref)^2): the reference's KL term (float32, 0-d)."""
-    return _per_sample_mean((v.float() - v_ref.detach().float()).square()).mean()
+def velocity_kl(v: torch.Tensor, v_ref: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """mean over samples of mean((v - v_ref)^2): the reference's KL term (float32, 0-d); rows where
+    ``keep`` [b] is False contribute 0."""
+    return _kept(_per_sample_mean((v.float() - v_ref.detach().float()).square()), keep).mean()
+
+
+def _kept(per_sample: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """[b] per-sample terms with the dropped rows set to 0 (torch.where: a NaN there stays out)."""
+    return per_sample if keep is None else torch.where(keep.to(per_sample.device), per_sample,
+                                                       torch.zeros_like(per_sample))

@@ -263,3 +263,41 @@ def test_objective_state_round_trip_and_refuses_grpo_state():
     with pytest.raises(ConfigError, match="not NFT's"):
         other.load_state_dict({})
     assert set(obj.weight_sets()) == {"old_policy"}
+
+
+@pytest.mark.parametrize("kl", [0.0, 0.05])
+def test_a_sample_dropped_for_a_nonfinite_reward_does_not_train(kl):
+    """Its advantage is 0, which NFT would read as r = 0.5 and train on: the objective masks its
+    policy and KL terms instead. The loss is the reference loss of the kept rows, scaled to the
+    micro-batch (mean over all rows, the dropped one counting 0), and the dropped row's data has
+    no effect on the loss or its gradient."""
+    from fastvideo.algorithms.base import RewardResult
+
+    torch.manual_seed(0)
+    model, ref = nn.Linear(4, 4), nn.Linear(4, 4)
+    obj, rand = _objective(model, "--nft_beta", "0.3", "--train_micro_batch_size", "2", "--timestep_fraction",
+                           "0.5", "--num_generations", "2", "--kl_coef", str(kl))
+    adv = obj.advantages(RewardResult(torch.tensor([1.0, float("nan"), 2.0, 0.5]), {}))
+    traj = _traj()
+    term = obj.plan_update(traj, iteration=5)[0][1]  # rows 0 and 1: row 1 was dropped
+    assert term.rows.tolist() == [0, 1]
+    policy = _Policy(model, ref if kl else None)
+    loss = obj.loss(policy, traj, adv, term, StatsAccumulator(torch.device("cpu")))
+
+    steps = term.steps[:1]
+    x0, t = traj.x0[:1], traj.sigmas[steps]
+    eps = rand.train_noise(5, traj.sample_ids[:1], steps, (5, 4))
+    x_t = (1 - t.view(-1, 1, 1)) * x0 + t.view(-1, 1, 1) * eps
+    with torch.no_grad():
+        v_old, v_ref = model(x_t), ref(x_t)  # the old policy equals the model here
+    expected = reference_nft_loss(model(x_t), v_old, x0, eps, t, adv[:1], 0.3, 5.0, kl, v_ref if kl else None)
+    expected = expected / 2 / 3  # one kept row of 2; T = 3 terms per optimizer step
+    loss, expected = loss.detach(), expected.detach()
+    assert torch.isfinite(loss) and abs(float(loss) - float(expected)) <= 1e-6 * max(1.0, abs(float(expected)))
+
+    moved = SimpleNamespace(**{**vars(traj), "x0": traj.x0.clone()})
+    moved.x0[1] += 100.0  # the dropped row's data
+    again = obj.loss(policy, moved, adv, term, StatsAccumulator(torch.device("cpu"))).detach()
+    assert float(again) == float(loss)
+    moved.x0[0] += 1.0  # a kept row's data does count
+    assert float(obj.loss(policy, moved, adv, term, StatsAccumulator(torch.device("cpu"))).detach()) != float(loss)
