@@ -47,10 +47,9 @@ def _child(fn, rank, world_size, port, env, results, args):
     )
     os.environ.update({k: str(v) for k, v in env.items()})
     torch.set_num_threads(1)
-    if os.environ.get("FLUX_GRPO_HCCL_RULES", "0") == "1":
-        import hccl_rules
+    import hccl_rules
 
-        hccl_rules.install()
+    hccl_rules.apply(os.environ.get("FLUX_GRPO_HCCL_RULES", "0") == "1")  # off: also undone if inherited
     from fastvideo import devices
 
     try:

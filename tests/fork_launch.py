@@ -88,12 +88,11 @@ def _rank(script: str, argv: list[str], env: dict, out_path: str, err_path: str,
         import torch
 
         torch.set_num_threads(1)
-        if env.get("FLUX_GRPO_HCCL_RULES", "0") == "1":
-            if _TESTS not in sys.path:
-                sys.path.insert(0, _TESTS)
-            import hccl_rules
+        if _TESTS not in sys.path:
+            sys.path.insert(0, _TESTS)
+        import hccl_rules
 
-            hccl_rules.install()
+        hccl_rules.apply(env.get("FLUX_GRPO_HCCL_RULES", "0") == "1")  # off: also undone if inherited
         sys.argv = [os.path.join(ROOT, "fastvideo", script), *argv]
         try:
             code = _entry(script)(list(argv)) or 0

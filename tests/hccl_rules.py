@@ -145,8 +145,13 @@ def _refuse_gather(*args, **kwargs):
     raise HcclRuleError("ProcessGroupHCCL does not support gather")
 
 
+_ORIGINALS: dict = {}  # name -> the collective install() wrapped (uninstall() puts it back)
+
+
 def install() -> None:
     """Wrap the collectives in torch.distributed and distributed_c10d (idempotent)."""
+    for name in (*RULES, *PASS_THROUGH, "gather"):
+        _ORIGINALS.setdefault(name, getattr(c10d, name))
     for name in (*RULES, *PASS_THROUGH):
         original = getattr(c10d, name)
         if getattr(original, "__hccl_rules__", False):
@@ -155,6 +160,20 @@ def install() -> None:
         setattr(c10d, name, wrapped)
         setattr(dist, name, wrapped)
     dist.gather = c10d.gather = _refuse_gather
+
+
+def uninstall() -> None:
+    """Undo install(): a process forked from one that has the rules (an xdist worker started with
+    tests/hccl_site on PYTHONPATH) and told FLUX_GRPO_HCCL_RULES=0 gets plain gloo back."""
+    for name, original in _ORIGINALS.items():
+        setattr(c10d, name, original)
+        setattr(dist, name, original)
+    _ORIGINALS.clear()
+
+
+def apply(enabled_now: bool) -> None:
+    """install() or uninstall(), as a test child's FLUX_GRPO_HCCL_RULES says."""
+    install() if enabled_now else uninstall()
 
 
 def install_if_enabled() -> bool:

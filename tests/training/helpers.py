@@ -64,7 +64,9 @@ def torchrun(argv: list[str], nproc: int = 2, timeout: int = 300,
     per rank); ``real=True`` or FLUX_GRPO_TEST_REAL_TORCHRUN=1 starts the real torchrun."""
     env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                PYTHONPATH=python_path(ROOT))
-    if not real and os.environ.get("FLUX_GRPO_TEST_REAL_TORCHRUN", "0") != "1" and hasattr(os, "fork"):
+    # Forked ranks run a fastvideo/<script> entry point's main(); any other script (a path) gets torchrun.
+    forkable = "/" not in script and hasattr(os, "fork")
+    if not real and forkable and os.environ.get("FLUX_GRPO_TEST_REAL_TORCHRUN", "0") != "1":
         from fork_launch import fork_torchrun
 
         return fork_torchrun(argv, env, nproc=nproc, timeout=timeout, script=script, cwd=str(ROOT))
