@@ -127,15 +127,16 @@ def run_distributed(
 
 
 # ---------------------------------------------------------------- the tiny transformer
-def tiny_transformer(seed: int = 0):
-    """The tiny preset's FluxTransformer2DModel (one double and one single block) with every
-    weight non-zero, built in memory; the same seed gives the same weights in every process."""
+def tiny_transformer(seed: int = 0, **config):
+    """The tiny preset's FluxTransformer2DModel (one double and one single block, or what ``config``
+    overrides, e.g. num_layers=2) with every weight non-zero, built in memory; the same seed gives
+    the same weights in every process."""
     from diffusers import FluxTransformer2DModel
 
     from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config
 
     torch.manual_seed(seed)
-    model = FluxTransformer2DModel.from_config(transformer_config(PRESETS["tiny"]))
+    model = FluxTransformer2DModel.from_config({**transformer_config(PRESETS["tiny"]), **config})
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in model.named_parameters():

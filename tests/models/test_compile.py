@@ -12,24 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_utils import loss_fn, run_distributed, tiny_inputs
+from dist_utils import loss_fn, run_distributed, tiny_inputs, tiny_transformer
 
 
 def _two_of_each(seed: int = 0):
     """The tiny preset's transformer with 2 double- and 2 single-stream blocks, every weight non-zero."""
-    from diffusers import FluxTransformer2DModel
-
-    from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config
-
-    torch.manual_seed(seed)
-    model = FluxTransformer2DModel.from_config({**transformer_config(PRESETS["tiny"]), "num_layers": 2,
-                                                "num_single_layers": 2})
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if torch.count_nonzero(param) == 0 and "norm" not in name:
-                param.copy_(torch.randn(param.shape, generator=g) * 0.02)
-    return model
+    return tiny_transformer(seed, num_layers=2, num_single_layers=2)
 
 
 def _wrapped(info, compiled: bool):
