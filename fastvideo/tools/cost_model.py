@@ -47,7 +47,16 @@ def resolve_model(spec: str, family) -> tuple[dict, dict, str]:
     'small' or a path."""
     if spec in REFERENCE_SPECS:
         return dict(family.reference_config), dict(family.reference_vae_config), family.reference_name
+    if spec in ("tiny", "small") and family.name == "sd3":
+        if spec == "small":
+            raise ConfigError("--model small is a FLUX preset; the SD3 family has one tiny shape: --model tiny")
+        from fastvideo.tools import make_tiny_sd3
+
+        return make_tiny_sd3.transformer_config(), make_tiny_sd3.vae_config(), "tiny SD3 (make_tiny_sd3)"
     if spec in ("tiny", "small"):
+        if family.name != "flux":
+            raise ConfigError(f"--model {spec} is a FLUX preset; for --model_family {family.name} give its model "
+                              "folder or transformer config.json")
         from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config, vae_config
 
         p = PRESETS[spec]

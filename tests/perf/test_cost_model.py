@@ -105,3 +105,18 @@ def test_a_training_command_lines_flags_are_accepted_and_the_ignored_ones_named(
         with pytest.raises(SystemExit):
             cost_model.parse_args(bad)
         assert needle in capsys.readouterr().err
+
+
+def test_tiny_preset_follows_the_model_family():
+    """--model tiny with --model_family sd3 is the tiny SD3.5 builder's shape, not FLUX's preset."""
+    from fastvideo.errors import ConfigError
+    from fastvideo.models.base import get_model_family
+    from fastvideo.tools import make_tiny_flux, make_tiny_sd3
+    from fastvideo.tools.cost_model import resolve_model
+
+    config, vae, desc = resolve_model("tiny", get_model_family("sd3"))
+    assert config == make_tiny_sd3.transformer_config() and vae == make_tiny_sd3.vae_config() and "SD3" in desc
+    flux, _, _ = resolve_model("tiny", get_model_family("flux"))
+    assert flux == make_tiny_flux.transformer_config(make_tiny_flux.PRESETS["tiny"])
+    with pytest.raises(ConfigError, match="FLUX preset"):
+        resolve_model("small", get_model_family("sd3"))
