@@ -290,6 +290,25 @@ def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
     return out
 
 
+def checkpoint_host_peak(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
+    """Rank 0's peak host memory (bytes) while it writes a checkpoint, per --checkpoint_format.
+
+    gathered: every trainable tensor's whole state passes through rank 0, one component at a time
+    (the model, then AdamW's two moments in the master dtype, the float32 EMA, NFT's float32 old
+    policy): the largest component, AdamW's moments, is the peak. sharded
+    (training/checkpoint_shards.py): the model file is streamed one FSDP unit at a time (the largest
+    unit; under LoRA the whole, small adapter file), then each rank writes its own slice of the
+    AdamW state and the weight copies: the larger of the two."""
+    m = s.master_bytes
+    lora = s.lora_rank > 0
+    trainable = prof.adapter_params if lora else prof.params
+    copies = (4 if s.use_ema else 0) + (4 if s.old_policy else 0)  # float32 bytes per element
+    gathered = trainable * max(2 * m, 4 if copies else 0)
+    unit = trainable * m if lora else max(prof.largest_block_params, prof.root_params) * m
+    own = math.ceil(trainable / s.shards) * (2 * m + copies)
+    return {"gathered": gathered, "sharded": max(unit, own)}
+
+
 def trajectory_bytes(prof_config: dict, s: MemoryShape, family=None) -> int:
     """Latents of every step [B, N+1, L, C] fp32, log-probs, the Conditioning fp32 and decoded images fp32."""
     family = _family(family)

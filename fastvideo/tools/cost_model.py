@@ -242,7 +242,7 @@ def _lora_and_copies(args) -> dict:
 
 def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> str:
     from fastvideo.perf import comms
-    from fastvideo.perf.memory import GB, estimate, profile_model
+    from fastvideo.perf.memory import GB, checkpoint_host_peak, estimate, profile_model
 
     shape = memory_shape(args)
     prof = profile_model(config, vae_cfg, shape, family=family)
@@ -255,6 +255,7 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
         return json.dumps({"model": desc, "shape": {k: str(v) for k, v in vars(shape).items()}, **est.as_dict(),
                            "params": prof.params, "adapter_params": prof.adapter_params,
                            "verdict": est.verdict(args.device_memory_gb),
+                           "checkpoint_host_peak_bytes": checkpoint_host_peak(prof, shape),
                            "fsdp_traffic_bytes": comms.traffic_by_gather_dtype(traffic)}, indent=2)
     lines = [f"model {desc}: {args.h}x{args.w}, {shape.samples_per_rank} samples per rank, {args.world_size} ranks, "
              f"{shape.strategy} sharding ({shape.shards} shards), checkpointing {shape.checkpoint_fraction:g}, "
@@ -266,6 +267,9 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
     lines.append("phases: " + ", ".join(f"{k} {v / GB:.2f} GB" for k, v in est.phases.items()))
     lines.append(est.verdict(args.device_memory_gb))
     lines.append("not counted: framework context and workspaces, allocator fragmentation, reward activations")
+    host = checkpoint_host_peak(prof, shape)
+    lines.append(f"checkpoint save, rank-0 host memory peak: {host['gathered'] / GB:.2f} GB gathered (default), "
+                 f"{host['sharded'] / GB:.2f} GB with --checkpoint_format sharded")
     lines += ["", *comms.gather_dtype_table(traffic)]
     return "\n".join(lines)
 def _copies_line(args, shape, prof) -> list[str]:

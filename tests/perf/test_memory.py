@@ -206,3 +206,33 @@ def test_lora_memory_report_and_flops_refusal(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--use_lora"])  # FLOPs: not modelled under LoRA
     assert exc.value.code == 2 and "--memory models its memory" in capsys.readouterr().err
+
+
+def test_checkpoint_host_peak_by_format_by_hand():
+    """Rank 0's host peak while saving: gathered holds AdamW's two whole moments; sharded the larger
+    of one FSDP unit and its own slice of AdamW + EMA (+ NFT's old policy)."""
+    prof = memory.ModelProfile(params=1001, largest_block_params=100, root_params=50, update_activations=0,
+                               rollout_activations=0, vae_params=0, vae_decode=0, adapter_params=40)
+    plain = memory.checkpoint_host_peak(prof, _shape())  # 4 ranks, fp32 master, no EMA
+    assert plain == {"gathered": 1001 * 2 * 4, "sharded": 251 * 2 * 4}
+    ema = memory.checkpoint_host_peak(prof, _shape(use_ema=True, old_policy=True))
+    assert ema == {"gathered": 1001 * 8, "sharded": 251 * (8 + 4 + 4)}
+    bf16 = memory.checkpoint_host_peak(prof, _shape(master_bytes=2, use_ema=True))
+    assert bf16 == {"gathered": 1001 * 4, "sharded": 251 * (4 + 4)}  # the float32 EMA ties bf16 AdamW
+    wide = memory.checkpoint_host_peak(prof, _shape(world_size=64))  # a block outweighs the slice
+    assert wide["sharded"] == 100 * 4
+    lora = memory.checkpoint_host_peak(prof, _shape(lora_rank=4))  # adapters only; their file whole
+    assert lora == {"gathered": 40 * 8, "sharded": 40 * 4}
+
+
+def test_cost_model_prints_the_checkpoint_host_peak(capsys):
+    """At FLUX.1-dev size on 16 ranks with EMA: the AdamW moments (~95 GB) through rank 0 gathered,
+    one 1/16 slice of AdamW + EMA (~9 GB) sharded: docs/checkpoints.md's arithmetic."""
+    from fastvideo.tools.cost_model import main
+
+    import re
+
+    main(["--memory", "--world_size", "16", "--use_ema"])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("checkpoint save"))
+    gathered, sharded = map(float, re.findall(r"([0-9.]+) GB", line))
+    assert 90 < gathered < 100 and 8 < sharded < 10, line
