@@ -59,13 +59,18 @@ class GRPOObjective(Objective):
         self._kept = torch.isfinite(rewards.total)
         return adv
 
-    def _dropped_masked(self, per_sample: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """[b] per-sample terms with the rows of dropped samples set to 0 (as their policy term is);
-        unchanged when no advantages were computed (a reference loop calling loss() alone)."""
+    def kept_rows(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """[b] bool: which of ``rows`` kept a finite reward; None when no advantages were computed
+        (a reference loop calling loss() alone)."""
         kept = getattr(self, "_kept", None)
-        if kept is None:
+        return None if kept is None else kept[rows.to(kept.device)]
+
+    def _dropped_masked(self, per_sample: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[b] per-sample terms with the rows of dropped samples set to 0 (as their policy term is)."""
+        keep = self.kept_rows(rows)
+        if keep is None:
             return per_sample
-        return torch.where(kept[rows].to(per_sample.device), per_sample, torch.zeros_like(per_sample))
+        return torch.where(keep.to(per_sample.device), per_sample, torch.zeros_like(per_sample))
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """[B] local rewards -> [B] advantages. Groups live on one rank; without --use_group the

@@ -102,8 +102,7 @@ class NFTObjective(GRPOObjective):
         r = optimality(advantages[rows.to(advantages.device)], g.adv_clip_max, self.nft.adv_mode)
         # A sample dropped for a non-finite reward has advantage 0, which NFT reads as r = 0.5 (half
         # positive, half negative): it must be masked out, not left to train (GRPO's advantages()).
-        kept = getattr(self, "_kept", None)
-        keep = None if kept is None else kept[rows.to(kept.device)]
+        keep = self.kept_rows(rows)
         loss, sums = nft_policy_loss(v, v_old, x_t, x0, t, r.to(x0.device), self.nft.beta, g.adv_clip_max, keep)
         if v_ref is not None:
             kl = velocity_kl(v, v_ref, keep)
