@@ -5,7 +5,8 @@ The folder that make_tiny_sd3 wrote before (2 joint blocks 16 wide, SD3.5's VAE 
 the cheapest form of "learnable": Adam with exact gradients, backpropagating the decoded images'
 total variation through a short Flow-GRPO SDE sampler (fresh noise every step), must lower it.
 Measured (16 steps, 8 samples, 4 sampling steps): the folder now 0.618 of its starting total
-variation (seed 1: 0.604), the old one 0.949 (seed 1: 0.969)."""
+variation (seed 1: 0.604), the old one 0.949 (seed 1: 0.969). This check needs FLUX.1's VAE
+factors (SD3.5's fail it); the width of 32 mattered only in the GRPO runs (docs/sd3.md), not here."""
 
 from __future__ import annotations
 
