@@ -380,6 +380,8 @@ def full_model_state_dict(model: nn.Module, trainable_only: bool = False) -> dic
     that require grad (LoRA adapters), no buffers."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+    if trainable_only and is_fsdp(model):
+        return _rank0_only(_gathered_trainable(model))
     options = _options(model, load=False, ignore_frozen_params=trainable_only)
     state = _rank0_only(get_model_state_dict(model, options=options))
     if trainable_only:
@@ -434,6 +436,26 @@ def _unit_trainable(inner: nn.Module, unit: bool):
     nested = [n + "." for n, m in inner.named_modules() if n and isinstance(m, FSDP)]
     return [(_clean_name(n), p) for n, p in inner.named_parameters()
             if p.requires_grad and not any(n.startswith(prefix) for prefix in nested)]
+
+
+def _gathered_trainable(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Collective (FSDP1). The trainable parameters on rank 0 (host copies; {} elsewhere), gathered
+    one trainable unit at a time: a frozen base that FSDP shards (LoRA under CPU offload) is never
+    gathered. torch's get_model_state_dict(ignore_frozen_params=True) gathers the whole model
+    first, and with rank0_only (cpu_offload) it fails on the other ranks, whose dicts lack the
+    frozen entries it then pops (KeyError, measured on torch 2.14)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp._runtime_utils import _lazy_init
+
+    _lazy_init(model, model)  # as load_trainable_state_dict: initialise from the real root
+    offload, out = _offload_to_cpu(model), {}
+    for name, module in _trainable_leaves(model):
+        with FSDP.summon_full_params(module, recurse=False, writeback=False, rank0_only=True,
+                                     offload_to_cpu=offload):
+            if devices.rank() == 0:
+                for pname, param in _unit_trainable(module.module, True):
+                    out[f"{name}.{pname}" if name else pname] = param.detach().to("cpu", copy=True)
+    return out
 
 
 def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
