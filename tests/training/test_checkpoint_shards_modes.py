@@ -195,15 +195,15 @@ def test_hybrid_shard_on_four_ranks_resumes_and_reshards(four_ranks):
         assert not failed, f"rank {rank}: {failed}"
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("hybrid_replicas", ["rank-00000.safetensors"]),  # the replica (rank 1) writes nothing
-    ("ddp", ["rank-00000.safetensors"]),
-    ("hybrid_zero2_one_node", ["rank-00000.safetensors", "rank-00001.safetensors"]),
-    ("cpu_offload", ["rank-00000.safetensors", "rank-00001.safetensors"]),
-    ("lora", ["rank-00000.safetensors", "rank-00001.safetensors"]),
-])
-def test_replicas_write_no_shard_files_of_their_own(two_ranks, name, expected):
+ONE, TWO = ["rank-00000.safetensors"], ["rank-00000.safetensors", "rank-00001.safetensors"]
+SHARD_FILES = {"hybrid_replicas": ONE,  # the replica (rank 1) writes nothing
+               "ddp": ONE, "hybrid_zero2_one_node": TWO, "cpu_offload": TWO, "lora": TWO, "lora_cpu_offload": TWO}
+
+
+@pytest.mark.parametrize("name", list(SHARD_FILES))
+def test_replicas_write_no_shard_files_of_their_own(two_ranks, name):
     root, ranks = two_ranks
+    expected = SHARD_FILES[name]
     assert ranks[0][name]["files"] == expected
     index = json.loads((root / name / "sharded" / "checkpoint-2" / "shards.json").read_text())
     assert [s["file"] for s in index["shards"]] == [f"shards/{f}" for f in expected]
