@@ -16,6 +16,8 @@ whole parameter (DDP, one process). Any target layout is again slices of the sam
 so loading is reading, for each local tensor, the element ranges of the named parameters it
 covers from whichever rank files hold them: no gather, no rank holding more than its own shard,
 and a checkpoint of 2 FSDP ranks resumes on 1 process (plain parameters) or on 4.
+Replicas write once: ranks holding the same element ranges (hybrid sharding's other nodes,
+NO_SHARD, DDP) leave the file to the lowest of them, so there is one file per shard position.
 Tensors go to safetensors and everything else to JSON: nothing is unpickled.
 """
 
