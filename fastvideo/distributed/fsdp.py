@@ -48,7 +48,6 @@ extra call in the training loop (a forgotten manual sync would silently train di
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import warnings
@@ -56,7 +55,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from fastvideo import devices
@@ -66,6 +64,23 @@ from fastvideo.distributed.checkpointing import (  # noqa: F401  (re-exported: t
     apply_activation_checkpointing,
     default_block_classes,
     is_checkpointed,
+)
+from fastvideo.distributed.full_state import (  # noqa: F401  (re-exported: their former home)
+    _clean_name,
+    _distributed,
+    _gathered_trainable,
+    _offload_to_cpu,
+    _options,
+    _rank0_only,
+    _trainable_leaves,
+    _unit_trainable,
+    full_model_state_dict,
+    full_optimizer_state_dict,
+    is_fsdp,
+    load_full_model_state_dict,
+    load_full_optimizer_state_dict,
+    load_trainable_state_dict,
+    unwrap_model,
 )
 
 STRATEGIES = ("full", "zero2", "hybrid", "hybrid_zero2", "none")
@@ -282,21 +297,6 @@ def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, ext
 
 
 # ---------------------------------------------------------------- helpers for the training loop
-def is_fsdp(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    return isinstance(model, FSDP)
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module inside an FSDP / DDP wrapper (its .config, its block lists)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    if is_fsdp(model) or isinstance(model, DDP):
-        return model.module
-    return model
-
-
 def free_unsharded_params(model: nn.Module) -> None:
     """Drop gathered (unsharded) parameters that FSDP1 still holds.
 
@@ -342,156 +342,3 @@ def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The tensors the optimizer and the EMA see: FSDP flat shards, DDP / plain parameters."""
     return [p for p in model.parameters() if p.requires_grad]
-
-
-# ---------------------------------------------------------------- full (unsharded) state dicts
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _offload_to_cpu(model: nn.Module) -> bool:
-    """Gather to host memory on rank 0 only when the parameters live on an accelerator (or FSDP
-    offloads them there). With CPU-resident parameters offloading buys nothing, and FSDP1's
-    offload_to_cpu path breaks on them in torch 2.7.1 (storage of size 0 error)."""
-    offload = getattr(getattr(model, "cpu_offload", None), "offload_params", False)
-    return bool(offload) or any(devices.is_accelerator(p.device) for p in model.parameters())
-
-
-def _options(model: nn.Module, *, load: bool, **extra):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    if not _distributed():
-        return StateDictOptions(full_state_dict=True, **extra)
-    if load:
-        # Only rank 0 reads the files; the tensors reach the other ranks by broadcast, so host memory
-        # holds one full copy per node instead of one per rank.
-        return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, **extra)
-    return StateDictOptions(full_state_dict=True, cpu_offload=_offload_to_cpu(model), **extra)
-
-
-def _rank0_only(state: dict) -> dict:
-    return state if devices.rank() == 0 else {}
-
-
-def full_model_state_dict(model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
-    """Collective. The full, unsharded state dict with the unwrapped model's parameter names
-    (diffusers' names for FLUX) on rank 0; {} on the other ranks. Values may alias live parameters
-    on a single process: copy them before changing the model. trainable_only: only the parameters
-    that require grad (LoRA adapters), no buffers."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    options = _options(model, load=False, ignore_frozen_params=trainable_only)
-    state = _rank0_only(get_model_state_dict(model, options=options))
-    if trainable_only:
-        # ignore_frozen_params keeps persistent buffers (SD3's pos_embed.pos_embed): drop them
-        buffers = {_clean_name(n) for n, _ in unwrap_model(model).named_buffers()}
-        state = {k: v for k, v in state.items() if k not in buffers}
-    return state
-
-
-def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True) -> None:
-    """Collective. Load a full state dict that rank 0 holds (other ranks may pass {}); the wrapper
-    shards it. Consumes ``state_dict``. strict=False: rank 0's dict holds exactly the trainable
-    parameters (LoRA adapters) and the frozen ones are left as they are (load_trainable_state_dict)."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-    if not strict:
-        load_trainable_state_dict(model, state_dict)
-        return
-
-    set_model_state_dict(model, _rank0_only(state_dict), options=_options(model, load=True, strict=strict))
-
-
-def _clean_name(name: str) -> str:
-    """A wrapped module's name as in the unwrapped model (no FSDP / DDP / checkpoint prefixes)."""
-    return ".".join(p for p in name.split(".") if p not in ("_fsdp_wrapped_module", "_checkpoint_wrapped_module"))
-
-
-def _trainable_leaves(model: nn.Module):
-    """(module name in the unwrapped model, module) of every module that directly owns trainable
-    parameters; FSDP1 units of trainable parameters stand for their wrapped module."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    root = unwrap_model(model) if not is_fsdp(model) else model
-    out = []
-    for name, module in root.named_modules():
-        if isinstance(module, FSDP):
-            flat = getattr(getattr(module, "_handle", None), "flat_param", None)
-            if flat is not None and flat.requires_grad:
-                out.append((_clean_name(name), module))
-        elif not is_fsdp(model) and any(p.requires_grad for p in module.parameters(recurse=False)):
-            out.append((name, module))
-    return out
-
-
-def _unit_trainable(inner: nn.Module, unit: bool):
-    """(name, parameter) of the trainable parameters ``inner`` owns: directly, or for an FSDP unit
-    anywhere below it except inside nested units (a block unit holding its adapters)."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    if not unit:
-        return list(inner.named_parameters(recurse=False))
-    nested = [n + "." for n, m in inner.named_modules() if n and isinstance(m, FSDP)]
-    return [(_clean_name(n), p) for n, p in inner.named_parameters()
-            if p.requires_grad and not any(n.startswith(prefix) for prefix in nested)]
-
-
-def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
-    """Collective. Copy rank 0's trainable parameters (names as the unwrapped model's) into every
-    rank's model, leaving frozen ones alone: each tensor is broadcast and written into its
-    parameter, under FSDP1 by gathering that adapter unit alone (summon_full_params with
-    writeback), so no rank ever holds the full frozen base. torch's set_model_state_dict with
-    strict=False cannot do this for FSDP1 flat parameters: it mixes the frozen units' local shards
-    into the full dict it loads (size mismatch, measured on torch 2.14)."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    distributed = _distributed() and devices.world_size() > 1
-    if is_fsdp(model):
-        # Summoning a nested unit first would make it believe it is a root (FSDP1 initialises
-        # lazily from whichever unit is used first); initialise from the real root, as a forward
-        # would. Private helper, unchanged from torch 2.7 to 2.14 (like _reshard above).
-        from torch.distributed.fsdp._runtime_utils import _lazy_init
-
-        _lazy_init(model, model)
-    seen = set()
-    for name, module in _trainable_leaves(model):
-        inner = module.module if isinstance(module, FSDP) else module
-        ctx = FSDP.summon_full_params(module, recurse=False, writeback=True) if isinstance(module, FSDP) \
-            else contextlib.nullcontext()
-        with ctx, torch.no_grad():
-            for pname, param in _unit_trainable(inner, isinstance(module, FSDP)):
-                key = f"{name}.{pname}" if name else pname
-                seen.add(key)
-                if devices.rank() == 0:
-                    if key not in state_dict:
-                        raise KeyError(f"trainable parameter {key} is missing from the state dict")
-                    buf = state_dict[key].to(device=param.device, dtype=param.dtype)
-                else:
-                    buf = torch.empty_like(param)
-                if distributed:
-                    dist.broadcast(buf, src=0)
-                param.copy_(buf.view_as(param))
-    extra = set(state_dict) - seen if devices.rank() == 0 else set()
-    if extra:
-        raise KeyError(f"state dict entries that are not trainable parameters of the model: {sorted(extra)[:5]}")
-
-
-def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Collective. {"state": {param name: {"step", "exp_avg", ...}}, "param_groups": [...]} keyed
-    by the unwrapped model's parameter names, independent of the world size; {} on ranks != 0."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    return _rank0_only(get_optimizer_state_dict(model, optimizer, options=_options(model, load=False)))
-
-
-def load_full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Collective. Inverse of full_optimizer_state_dict (rank 0's dict is used). Consumes ``state``."""
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-    tuples = [{k for k, v in group.items() if isinstance(v, tuple)} for group in optimizer.param_groups]
-    set_optimizer_state_dict(model, optimizer, _rank0_only(state), options=_options(model, load=True))
-    # The setter hands back hyper-parameters like AdamW's betas as lists; keep the optimizer's own types.
-    for group, keys in zip(optimizer.param_groups, tuples):
-        for key in keys:
-            if isinstance(group.get(key), list):
-                group[key] = tuple(group[key])

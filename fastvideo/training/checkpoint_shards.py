@@ -16,6 +16,8 @@ whole parameter (DDP, one process). Any target layout is again slices of the sam
 so loading is reading, for each local tensor, the element ranges of the named parameters it
 covers from whichever rank files hold them: no gather, no rank holding more than its own shard,
 and a checkpoint of 2 FSDP ranks resumes on 1 process (plain parameters) or on 4.
+Replicas write once: ranks holding the same element ranges (hybrid sharding's other nodes,
+NO_SHARD, DDP) leave the file to the lowest of them, so there is one file per shard position.
 Tensors go to safetensors and everything else to JSON: nothing is unpickled.
 """
 
@@ -85,11 +87,20 @@ def flat_layout(model: nn.Module) -> list[FlatTensor]:
         prefix, handle = handles[id(p)]
         full = [f"{prefix}.{fqn}" if prefix else fqn for fqn in p._fqns]
         shapes = tuple(tuple(s) for s in p._shapes)
-        total = sum(math.prod(s) for s in shapes)
-        start = min(handle.rank * p.numel(), total)
-        out.append(FlatTensor(tuple(fsdp._clean_name(n) for n in full), shapes, start,
-                              start + p.numel() - p._shard_numel_padded))
+        out.append(FlatTensor(tuple(fsdp._clean_name(n) for n in full), shapes, *_held_range(handle, p, shapes)))
     return out
+
+
+def _held_range(handle, p: torch.Tensor, shapes) -> tuple[int, int]:
+    """[start, stop) of the unpadded concatenation that flat parameter ``p`` holds on this rank.
+    handle.rank is the rank in the SHARD group (HYBRID_SHARD: within the node; replicas across
+    nodes hold the same range). NO_SHARD (hybrid with one rank per node) holds it all: its handle
+    still has a rank, which must not offset the range."""
+    total = sum(math.prod(s) for s in shapes)
+    if not handle.uses_sharded_strategy:
+        return 0, total
+    start = min(handle.rank * p.numel(), total)
+    return start, start + p.numel() - p._shard_numel_padded
 
 
 # ======================================================================== save
@@ -116,8 +127,30 @@ def _param_groups(optimizer) -> list[dict]:
             for g in optimizer.param_groups]
 
 
-def write_shards(folder: Path, model: nn.Module, optimizer=None, ema=None, weight_sets=None) -> dict:
-    """This rank's shard file (every rank, in parallel); returns what rank 0 needs for the index."""
+def layout_piece(model: nn.Module) -> dict:
+    """What every rank tells the others before writing: its element ranges and the tensors' names."""
+    layout = flat_layout(model)
+    return {"rank": devices.rank(), "file": shard_file(devices.rank()),
+            "ranges": [[ft.start, ft.stop] for ft in layout],
+            "tensors": [{"names": list(ft.names), "shapes": [list(s) for s in ft.shapes]} for ft in layout]}
+
+
+def writers(pieces: list[dict]) -> list[dict]:
+    """The ranks that write a shard file: each distinct set of element ranges once, by its lowest
+    rank. Replicas (hybrid sharding's other nodes, NO_SHARD, DDP) hold the same ranges of the same
+    state, so they write nothing: one file per shard position, not per rank."""
+    seen, out = set(), []
+    for piece in pieces:
+        key = repr(piece["ranges"])
+        if key not in seen:
+            seen.add(key)
+            out.append(piece)
+    return out
+
+
+def write_shards(folder: Path, model: nn.Module, optimizer=None, ema=None, weight_sets=None) -> list:
+    """This rank's shard file (a writer rank, in parallel with the others); returns the optimizer's
+    scalars per trainable tensor (None without an optimizer)."""
     params, layout = fsdp.trainable_parameters(model), flat_layout(model)
     tensors, scalars = _optimizer_entries(optimizer, params, layout) if optimizer is not None else ({}, None)
     for name, copy in copies(ema, weight_sets).items():
@@ -125,9 +158,7 @@ def write_shards(folder: Path, model: nn.Module, optimizer=None, ema=None, weigh
             tensors[f"{name}.{i}"] = _valid(shadow, ft)
     (folder / SHARD_DIR).mkdir(exist_ok=True)
     _write_tensors(folder / shard_file(devices.rank()), tensors)
-    return {"rank": devices.rank(), "file": shard_file(devices.rank()),
-            "ranges": [[ft.start, ft.stop] for ft in layout], "scalars": scalars,
-            "tensors": [{"names": list(ft.names), "shapes": [list(s) for s in ft.shapes]} for ft in layout]}
+    return scalars
 
 
 def copies(ema, weight_sets) -> dict:
@@ -135,17 +166,20 @@ def copies(ema, weight_sets) -> dict:
     return ({"ema": ema} if ema is not None else {}) | dict(weight_sets or {})
 
 
-def write_index(folder: Path, pieces: list[dict], optimizer=None, sets: tuple[str, ...] = ()) -> None:
-    """Rank 0: shards.json from every rank's write_shards result (ranks in order)."""
+def check_layouts(pieces: list[dict]) -> None:
     first = pieces[0]
     for piece in pieces[1:]:
         if piece["tensors"] != first["tensors"]:
             raise CheckpointError("ranks disagree on the trainable tensors' layout; cannot write a sharded checkpoint")
+
+
+def write_index(folder: Path, pieces: list[dict], scalars, optimizer=None, sets: tuple[str, ...] = ()) -> None:
+    """Rank 0: shards.json from every rank's layout_piece (ranks in order; only writers' files are
+    listed) and rank 0's optimizer scalars (AdamW's step: the same on every rank)."""
     _write_json(folder / INDEX, {
-        "format": SHARD_FORMAT, "world_size": len(pieces), "tensors": first["tensors"], "sets": list(sets),
-        "shards": [{"rank": p["rank"], "file": p["file"], "ranges": p["ranges"]} for p in pieces],
-        "optimizer": None if optimizer is None else {"scalars": first["scalars"],
-                                                     "param_groups": _param_groups(optimizer)},
+        "format": SHARD_FORMAT, "world_size": len(pieces), "tensors": pieces[0]["tensors"], "sets": list(sets),
+        "shards": [{"rank": p["rank"], "file": p["file"], "ranges": p["ranges"]} for p in writers(pieces)],
+        "optimizer": None if optimizer is None else {"scalars": scalars, "param_groups": _param_groups(optimizer)},
     })
 
 
@@ -365,11 +399,16 @@ def save_sharded(w, is_main: bool, model: nn.Module, optimizer, ema, weight_sets
     """Collective. Every rank writes its shard file at once; rank 0 the index and the file list
     (``w``: the checkpoint writer, whose first failure every rank learns before publishing)."""
     box: dict = {}
-    w.run(lambda: box.update(piece=write_shards(w.folder, model, optimizer, ema, weight_sets)))
-    pieces = gather_pieces(box.get("piece"))
-    if is_main and all(pieces):
-        w.run(lambda: write_index(w.folder, pieces, optimizer, tuple(copies(ema, weight_sets))))
-        w.files += [INDEX] + [p["file"] for p in pieces]
+    w.run(lambda: box.update(piece=layout_piece(model)))
+    pieces = gather_pieces(box.get("piece"))  # before writing: replicas then know they write nothing
+    if not all(pieces):
+        return  # a rank failed: w holds the error (or another rank's writer does); nothing to write
+    w.run(lambda: check_layouts(pieces))
+    if any(p["rank"] == devices.rank() for p in writers(pieces)):
+        w.run(lambda: box.update(scalars=write_shards(w.folder, model, optimizer, ema, weight_sets)))
+    if is_main and "scalars" in box:  # rank 0 is always a writer (the lowest rank of its ranges)
+        w.run(lambda: write_index(w.folder, pieces, box["scalars"], optimizer, tuple(copies(ema, weight_sets))))
+        w.files += [INDEX] + [p["file"] for p in writers(pieces)]
 
 
 def load_sharded(path: Path, model: nn.Module, optimizer, ema, weight_sets) -> BaseException | None:

@@ -116,6 +116,29 @@ def test_one_process_resumes_a_two_rank_sharded_checkpoint_as_the_gathered_one(w
     assert a_ema.num_updates == b_ema.num_updates == 2
 
 
+def test_one_process_holds_the_two_ranks_slices_joined(written):
+    """The 1-process resume against the 2 ranks' own state, not through any loader: each
+    parameter's weights, AdamW moments and EMA, concatenated in the flat parameter's order, are
+    the two ranks' flat shards joined (FSDP's padding at the end dropped)."""
+    root, ranks = written
+    path = root / "sharded" / "checkpoint-2"
+    index = json.loads((path / "shards.json").read_text())
+    model, opt, ema = _plain_load(path, True)
+    params = dict(model.named_parameters())
+    shadow = {id(p): s for p, s in zip(model.parameters(), ema.shadow)}
+    assert len(index["tensors"]) == len(ranks[0]["saved"]["params"]) > 1
+    for i, t in enumerate(index["tensors"]):
+        mine = [params[n] for n in t["names"]]
+        cases = {"params": (lambda r: r["saved"]["params"][i], mine),
+                 "shadow": (lambda r: r["saved"]["shadow"][i], [shadow[id(p)] for p in mine])}
+        for key in ("exp_avg", "exp_avg_sq"):
+            cases[key] = (lambda r, key=key: r["saved"]["opt"][i][key], [opt.state[p][key] for p in mine])
+        for what, (slice_of, tensors) in cases.items():
+            ours = torch.cat([x.detach().reshape(-1) for x in tensors])
+            joined = torch.cat([slice_of(r).reshape(-1) for r in ranks])
+            assert torch.equal(joined[:ours.numel()], ours), (what, t["names"][0])
+
+
 def test_model_file_equals_the_gathered_one_and_loads_with_from_pretrained(written):
     from diffusers import FluxTransformer2DModel
     from safetensors.torch import load_file
