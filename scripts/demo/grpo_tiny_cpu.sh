@@ -28,9 +28,16 @@ case "${MODEL:-flux}" in
   *) echo "MODEL=${MODEL}: use flux or sd3" >&2; exit 2 ;;
 esac
 
+# A tiny folder built by another version of the builders (a preset changed: the tiny SD3.5's VAE
+# factors did) is rebuilt, else the demo would silently train the old model: the stamp is a hash of
+# the builder modules, written after a complete build.
+STAMP=$(cat fastvideo/tools/make_tiny_flux.py fastvideo/tools/make_tiny_sd3.py | sha256sum | cut -c1-16)
 if [ "${DRY_RUN:-0}" != 1 ]; then
-  if [ ! -f "$DEMO_DIR/$TINY/model_index.json" ]; then
+  if [ ! -f "$DEMO_DIR/$TINY/model_index.json" ] || [ "$(cat "$DEMO_DIR/$TINY/.demo_build" 2>/dev/null)" != "$STAMP" ]; then
+    if [ -d "$DEMO_DIR/$TINY" ]; then echo "demo: rebuilding $DEMO_DIR/$TINY (built by another builder version)"; fi
+    rm -rf "${DEMO_DIR:?}/$TINY"
     "$PYTHON" -m "${BUILD[@]}" "$DEMO_DIR/$TINY" --seed 0
+    echo "$STAMP" > "$DEMO_DIR/$TINY/.demo_build"
   fi
   MODEL_PATH="$DEMO_DIR/$TINY" PROMPT_FILE=assets/prompts.txt OUTPUT_DIR="$DEMO_DIR/$EMB" \
     NPROC="$NPROC" MAX_SEQ_LEN=$SEQ MAX_PROMPTS=64 bash "scripts/preprocess/$PREPROCESS"
