@@ -313,8 +313,7 @@ def rollout(
     and score that chunk while the next one samples (see fastvideo.training.reward_pipeline).
     plan: which transitions are SDE / ODE / DPM-Solver++ and their sigmas (fastvideo.sampling.plan;
     DanceGRPO is full_sde_plan). Step noise is drawn only for SDE transitions, addressed by index.
-    keep_latents=False: the Trajectory's latents are None (an objective that trains on x0 alone,
-    Objective.needs_trajectory); the samples, x0 and log-probs are the same as with True.
+    keep_latents=False: latents None, all else the same (Objective.needs_trajectory False: NFT).
     """
     family.check_cond(cond)
     if len(cond) != len(captions):
@@ -343,9 +342,8 @@ def rollout(
             lat, logp, x0 = sample_transitions(family, transformer, noise, step_eps, plan, run.sigmas,
                                                run.cond.select(rows), layout, cfg.eta, first=prefix,
                                                keep_states=keep_latents)
-        if prefix and keep_latents:
-            lat = torch.cat([prefix_states[rows, :-1], lat], dim=1)
         if prefix:
+            lat = torch.cat([prefix_states[rows, :-1], lat], dim=1) if keep_latents else None
             logp = torch.cat([torch.zeros(logp.shape[0], prefix, dtype=logp.dtype, device=logp.device), logp], dim=1)
         all_x0.append(x0)
         if on_chunk is not None:

@@ -28,4 +28,5 @@ def flux_rollout(transformer, vae, embeds, pooled, text_ids, captions, group_ids
     n = cfg.sampling_steps
     plan = plan if plan is not None else full_sde_plan(n, cfg.shift, n, 1)
     return rollout(family, transformer, vae, flux_cond(embeds, pooled, text_ids), captions, group_ids, cfg,
-                   randomness, iteration, device, autocast_dtype, decode, on_chunk, plan=plan, keep_latents=keep_latents)
+                   randomness, iteration, device, autocast_dtype, decode, on_chunk, plan=plan,
+                   keep_latents=keep_latents)
