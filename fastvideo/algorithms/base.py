@@ -87,6 +87,9 @@ class Objective(ABC):
     name = ""
     # The rollout keeps every transition's log-probability (GRPO); False: only the clean samples.
     needs_log_probs = True
+    # The rollout keeps every step's latents (Trajectory.latents: GRPO's transitions); False: only
+    # each sample's clean latent x0 and its conditioning (NFT's forward process re-noises x0).
+    needs_trajectory = True
 
     @abstractmethod
     def advantages(self, rewards: RewardResult) -> torch.Tensor:

@@ -52,6 +52,7 @@ def deterministic_plan(solver: str, sampling_steps: int, shift: float):
 class NFTObjective(GRPOObjective):
     name = "nft"
     needs_log_probs = False
+    needs_trajectory = False  # the update reads Trajectory.x0 and cond only
 
     def __init__(self, context: ObjectiveContext):
         super().__init__(context)

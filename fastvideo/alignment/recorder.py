@@ -11,7 +11,8 @@ Layout under ``--record_dir`` (every file is written atomically: write, then ren
         images/sample_000012.png          each rank: its images, named by GLOBAL sample id
         tensors_rank00000.safetensors     --record_tensors: initial_noise/{id} [L, C] for each sample,
                                           latents/{id} [N+1, L, C] and log_probs/{id} [N] for the
-                                          rank's first sample
+                                          rank's first sample (a rollout that kept no latents,
+                                          --algorithm nft: x0/{id} [L, C] for each sample instead)
 
 Names depend only on global sample ids, never on the rank or the position in a batch, so runs
 with different world sizes or rollout batch sizes compare file by file.
@@ -174,9 +175,12 @@ class RunRecorder(TrainerHook):
             # clone: safetensors refuses tensors that share storage (noise is a view of latents)
             return t.detach().float().cpu().clone().contiguous()
 
-        out = {f"initial_noise/{sid}": own(traj.latents[i, 0]) for i, sid in enumerate(ids)}
-        # The whole chain of one sample per rank: enough to see at which step two runs part.
-        out[f"latents/{ids[0]}"] = own(traj.latents[0])
+        if traj.latents is None:  # a rollout that kept only the clean samples (Objective.needs_trajectory)
+            out = {f"x0/{sid}": own(traj.x0[i]) for i, sid in enumerate(ids)}
+        else:
+            out = {f"initial_noise/{sid}": own(traj.latents[i, 0]) for i, sid in enumerate(ids)}
+            # The whole chain of one sample per rank: enough to see at which step two runs part.
+            out[f"latents/{ids[0]}"] = own(traj.latents[0])
         out[f"log_probs/{ids[0]}"] = own(traj.log_probs[0])
         atomic_write_bytes(folder / tensors_name(self.info.rank), save(out))
 

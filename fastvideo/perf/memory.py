@@ -18,8 +18,8 @@ fastvideo.models.sharded_load), the rollout's no-grad forwards, the VAE decode,
 the update's forward + backward on one micro-batch (with or without (selective) checkpointing). The
 transformer's activation figures are not estimated: the real diffusers model is run on the meta
 device under fastvideo.perf.live_bytes.LiveBytes, which counts every tensor from creation to death.
-The trajectory (latents of every step, log-probs, prompt embeddings, decoded images; NFT reads only
-the last latents but the shared Trajectory keeps them all, and so does the model), the reward
+The trajectory (latents of every step and the clean latent x0, log-probs, prompt embeddings, decoded
+images; NFT's rollout keeps x0 and no step latents: Objective.needs_trajectory), the reward
 model's weights and, on NPU, HCCL's buffers (2 x HCCL_BUFFSIZE per communicator) are added.
 
 Not counted: the framework's own memory (CUDA/CANN context, kernels' workspaces, on CPU the Python
@@ -74,6 +74,7 @@ class MemoryShape:
     lora_replicate_base: bool = True  # the base outside FSDP, whole on every rank (builders._replicate_frozen)
     kl_reference: bool = False  # --kl_coef > 0: a frozen copy under full fine-tuning (LoRA: the base itself)
     old_policy: bool = False  # --algorithm nft: a float32 copy of the trainable shards
+    keeps_latents: bool = True  # the rollout keeps every step's latents (False: NFT, x0 alone)
 
     @property
     def shards(self) -> int:
@@ -310,11 +311,14 @@ def checkpoint_host_peak(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
 
 
 def trajectory_bytes(prof_config: dict, s: MemoryShape, family=None) -> int:
-    """Latents of every step [B, N+1, L, C] fp32, log-probs, the Conditioning fp32 and decoded images fp32."""
+    """Latents of every step [B, N+1, L, C] fp32 (none when the rollout keeps only x0:
+    s.keeps_latents False), the clean latents x0 [B, L, C] fp32, log-probs, the Conditioning fp32
+    and decoded images fp32."""
     family = _family(family)
     tokens, channels = family.nominal_layout(s.height, s.width, prof_config).tokens
     b = s.samples_per_rank
-    latents = b * (s.sampling_steps + 1) * tokens * channels * 4
+    states = (s.sampling_steps + 1 if s.keeps_latents else 0) + 1  # + x0
+    latents = b * states * tokens * channels * 4
     embeds = b * family.cond_numel(prof_config, s.text_tokens) * 4
     images = b * 3 * s.height * s.width * 4
     return latents + b * s.sampling_steps * 4 + embeds + images

@@ -76,7 +76,8 @@ class Trajectory:
     (ids on the CPU: they address random draws, which are made on the CPU).
 
     latents [B, N+1, L, C] float32: x_0 (initial noise) .. x_N; transition k is
-        latents[:, k] -> latents[:, k+1] at sigmas[k] -> sigmas[k+1].
+        latents[:, k] -> latents[:, k+1] at sigmas[k] -> sigmas[k+1]; None for a rollout made with
+        keep_latents=False (an objective that reads only x0: Objective.needs_trajectory).
     log_probs [B, N] float32: log p(x_{k+1} | x_k) under the rollout policy (zeros if eta = 0).
     sigmas [N+1] float32; x0 [B, L, C] float32, the last step's x0 prediction; images
         [B, 3, H, W] float32 in [0, 1] decoded from x0 (None until decoded, see decode_images);
@@ -84,7 +85,7 @@ class Trajectory:
         sample_ids [B] int64 (global); group_ids [B] int64 (global prompt id); captions: B strings.
     """
 
-    latents: torch.Tensor
+    latents: torch.Tensor | None
     log_probs: torch.Tensor
     sigmas: torch.Tensor
     x0: torch.Tensor
@@ -102,7 +103,7 @@ class Trajectory:
 
     @property
     def num_samples(self) -> int:
-        return self.latents.shape[0]
+        return self.x0.shape[0]
 
     @property
     def num_steps(self) -> int:
@@ -146,18 +147,20 @@ def _group_and_sample_ids(group_ids, num_prompts: int, num_generations: int) -> 
 
 
 def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: SamplingPlan, sigmas,
-                       cond: Conditioning, layout: LatentLayout, eta: float, first: int = 0, stop: int | None = None):
+                       cond: Conditioning, layout: LatentLayout, eta: float, first: int = 0, stop: int | None = None,
+                       keep_states: bool = True):
     """Run the plan's transitions first .. stop-1 (default: all n) for one chunk of b samples.
 
     noise [b, L, C]: the state at transition ``first``; step_eps: {k: [b, L, C]} for the plan's
     SDE transitions; sigmas: the plan's sigmas on the device [n + 1]; cond: the chunk's b samples.
     Returns latents [b, stop-first+1, L, C], log_probs [b, stop-first] (zeros on ODE and DPM
     transitions, which have no density) and the last step's x0 prediction [b, L, C] (the input if
-    the last step is not run). The loop never reads a value back to the host, so an accelerator
+    the last step is not run). keep_states=False returns None for the latents and holds no state
+    beyond the current one. The loop never reads a value back to the host, so an accelerator
     runs it without stalls. Training rollouts and evaluation both sample through it.
     """
     x = noise
-    latents, log_probs = [x], []
+    latents, log_probs = ([x] if keep_states else None), []
     x0 = x
     n = plan.num_steps
     stop = n if stop is None else stop
@@ -186,9 +189,10 @@ def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: 
             x = solvers.dpm_multistep(x, history, host_sigmas[k + 1], plan.dpm_order, k, n, plan.dpm_algorithm,
                                       plan.dpm_solver_type)
             log_prob = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
-        latents.append(x)
+        if keep_states:
+            latents.append(x)
         log_probs.append(log_prob)
-    return torch.stack(latents, dim=1), torch.stack(log_probs, dim=1), x0
+    return (torch.stack(latents, dim=1) if keep_states else None), torch.stack(log_probs, dim=1), x0
 
 
 def _sde_transition(plan: SamplingPlan, x, v, sigmas, k, eta, noise=None, prev_sample=None):
@@ -293,6 +297,7 @@ def rollout(
     on_chunk: Callable[[slice, torch.Tensor], None] | None = None,
     *,
     plan: SamplingPlan,
+    keep_latents: bool = True,
 ) -> Trajectory:
     """Sample G = cfg.num_generations images per prompt with log-probabilities.
 
@@ -308,6 +313,7 @@ def rollout(
     and score that chunk while the next one samples (see fastvideo.training.reward_pipeline).
     plan: which transitions are SDE / ODE / DPM-Solver++ and their sigmas (fastvideo.sampling.plan;
     DanceGRPO is full_sde_plan). Step noise is drawn only for SDE transitions, addressed by index.
+    keep_latents=False: latents None, all else the same (Objective.needs_trajectory False: NFT).
     """
     family.check_cond(cond)
     if len(cond) != len(captions):
@@ -334,10 +340,11 @@ def rollout(
         step_eps = _step_noise(run, randomness, iteration, sample_ids[rows], device)
         with run.amp:
             lat, logp, x0 = sample_transitions(family, transformer, noise, step_eps, plan, run.sigmas,
-                                               run.cond.select(rows), layout, cfg.eta, first=prefix)
+                                               run.cond.select(rows), layout, cfg.eta, first=prefix,
+                                               keep_states=keep_latents)
         if prefix:
-            lat = torch.cat([prefix_states[rows, :-1], lat], dim=1)
-            logp = torch.cat([torch.zeros(lat.shape[0], prefix, dtype=logp.dtype, device=logp.device), logp], dim=1)
+            lat = torch.cat([prefix_states[rows, :-1], lat], dim=1) if keep_latents else None
+            logp = torch.cat([torch.zeros(logp.shape[0], prefix, dtype=logp.dtype, device=logp.device), logp], dim=1)
         all_x0.append(x0)
         if on_chunk is not None:
             on_chunk(rows, x0)
@@ -345,7 +352,7 @@ def rollout(
         all_log_probs.append(logp)
 
     traj = Trajectory(
-        latents=torch.cat(all_latents), log_probs=torch.cat(all_log_probs), sigmas=run.sigmas,
+        latents=torch.cat(all_latents) if keep_latents else None, log_probs=torch.cat(all_log_probs), sigmas=run.sigmas,
         x0=torch.cat(all_x0), images=None, cond=run.cond, layout=layout, sample_ids=sample_ids,
         group_ids=group_of_sample, captions=[c for c in captions for _ in range(G)], plan=plan,
         shared_prefix=prefix,

@@ -237,7 +237,8 @@ def _lora_and_copies(args) -> dict:
     return {"lora_rank": args.lora_rank if args.use_lora else 0, "lora_targets": targets,
             "lora_base_bytes": 2 if args.lora_base_precision == "bf16" else master,
             "lora_replicate_base": not args.use_cpu_offload,
-            "kl_reference": args.kl_coef > 0, "old_policy": args.algorithm == "nft"}
+            "kl_reference": args.kl_coef > 0, "old_policy": args.algorithm == "nft",
+            "keeps_latents": args.algorithm != "nft"}  # NFT's rollout keeps x0 alone (needs_trajectory)
 
 
 def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> str:

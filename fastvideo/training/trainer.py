@@ -159,7 +159,7 @@ class Trainer:
         with self.objective.rollout_weights():  # NFT samples with its old policy
             return rollout(self.family, self.model, self.vae, cond, captions, indices, self.rollout_cfg,
                            self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
-                           on_chunk=on_chunk, plan=plan)
+                           on_chunk=on_chunk, plan=plan, keep_latents=self.objective.needs_trajectory)
 
     def _sample_and_score(self, iteration: int, indices: list[int]) -> tuple[Trajectory, RewardResult]:
         cond, captions = self.load_prompts(indices)

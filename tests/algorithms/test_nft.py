@@ -251,6 +251,23 @@ def test_rollout_plans_and_config_rules():
     assert nft.derived(1)["trained_steps_per_sample"] == int(16 * 0.6)
 
 
+def test_an_optimizer_step_over_part_of_a_group_is_noted():
+    """8 samples per prompt, micro-batches of 4: one optimizer step per micro-batch covers half a
+    group (noted, with the accumulation that makes it one step); 2 of them per step, or one
+    micro-batch of 8, cover the group."""
+    def notes(*flags):
+        cfg = validate_args(build_parser().parse_args(BASE + ["--num_generations", "8", *flags]))
+        return [n for n in cfg.compat_notes if "not whole groups" in n]
+
+    split = notes("--train_micro_batch_size", "4")
+    assert len(split) == 1 and "covers 4 samples" in split[0] and "--gradient_accumulation_steps 2" in split[0]
+    assert notes("--train_micro_batch_size", "4", "--gradient_accumulation_steps", "2") == []
+    assert notes("--train_micro_batch_size", "8") == []
+    assert notes("--train_micro_batch_size", "4", "--gradient_accumulation_steps", "3") == []  # one step of 8
+    assert len(notes("--train_micro_batch_size", "4", "--train_batch_size", "2", "--gradient_accumulation_steps",
+                     "3")) == 1  # steps of 12 of 16 samples: the second group is split
+
+
 def test_objective_state_round_trip_and_refuses_grpo_state():
     obj, _ = _objective(nn.Linear(4, 4))
     assert obj.steps_per_iteration == 12  # 12 samples per rank, micro-batches of 1

@@ -112,6 +112,21 @@ def test_nft_old_policy_is_a_float32_copy_of_the_shards_and_a_rollout_backup():
     assert offload["old_policy"] == 0  # the copy is of host-resident shards
 
 
+def test_a_rollout_without_latents_stores_x0_alone():
+    """NFT's rollout (keeps_latents False) holds each sample's clean latent, not its N+1 states:
+    FLUX at 256 px is 16 x 16 tokens of 64 channels; 8 samples, 4 steps."""
+    cfg = {"in_channels": 64, "joint_attention_dim": 8, "pooled_projection_dim": 4}
+    state = 8 * 256 * 64 * 4  # one [B, L, C] float32 latent
+    rest = 8 * 4 * 4 + 8 * (32 * 8 + 4) * 4 + 8 * 3 * 256 * 256 * 4  # log-probs, cond, images
+    assert memory.trajectory_bytes(cfg, _shape()) == (4 + 1 + 1) * state + rest  # x_0 .. x_4 and x0
+    assert memory.trajectory_bytes(cfg, _shape(keeps_latents=False)) == state + rest
+    # the cost model's shape: --algorithm nft's rollout keeps no step latents, GRPO's all of them
+    from fastvideo.tools import cost_model
+
+    for algorithm, keeps in (("grpo", True), ("nft", False)):
+        assert cost_model.memory_shape(cost_model.parse_args(TINY + ["--algorithm", algorithm])).keeps_latents is keeps
+
+
 # The stated small config: the tiny preset (one double block, one single block, 2 heads x 16 = inner
 # dim 32; 81,664 transformer parameters), 64x64, 2 ranks, full sharding, fp32 master weights.
 TINY = ["--memory", "--model", "tiny", "--world_size", "2", "--h", "64", "--w", "64", "--text_tokens", "8",

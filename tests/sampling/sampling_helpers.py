@@ -18,7 +18,7 @@ def flux_cond(embeds, pooled, text_ids) -> TensorConditioning:
 
 
 def flux_rollout(transformer, vae, embeds, pooled, text_ids, captions, group_ids, cfg, randomness, iteration, device,
-                 autocast_dtype=None, decode=True, on_chunk=None, plan=None):
+                 autocast_dtype=None, decode=True, on_chunk=None, plan=None, keep_latents=True):
     """rollout() with FLUX's tensors and the former defaults: the family built from cfg's guidance
     settings, and without a plan DanceGRPO's (every transition SDE)."""
     from fastvideo.sampling.plan import full_sde_plan
@@ -28,4 +28,5 @@ def flux_rollout(transformer, vae, embeds, pooled, text_ids, captions, group_ids
     n = cfg.sampling_steps
     plan = plan if plan is not None else full_sde_plan(n, cfg.shift, n, 1)
     return rollout(family, transformer, vae, flux_cond(embeds, pooled, text_ids), captions, group_ids, cfg,
-                   randomness, iteration, device, autocast_dtype, decode, on_chunk, plan=plan)
+                   randomness, iteration, device, autocast_dtype, decode, on_chunk, plan=plan,
+                   keep_latents=keep_latents)

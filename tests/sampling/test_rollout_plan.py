@@ -29,10 +29,10 @@ def _cfg(steps=6, eta=0.3):
                          rollout_batch_size=4, init_same_noise=False)
 
 
-def _run(models, cfg, plan=None, rs=None, iteration=3):
+def _run(models, cfg, plan=None, rs=None, iteration=3, keep_latents=True):
     transformer, vae, embeds, pooled, text_ids = models
     return rollout(transformer, vae, embeds, pooled, text_ids, PROMPTS, [0, 1], cfg, rs or RandomSource(5), iteration,
-                   "cpu", decode=False, plan=plan)
+                   "cpu", decode=False, plan=plan, keep_latents=keep_latents)
 
 
 @torch.no_grad()
@@ -159,6 +159,26 @@ def test_shared_ode_prefix_runs_once_per_group_and_changes_nothing(models, dpm):
     head = shared.latents[:, :want_prefix + 1]
     assert torch.equal(head[0::2], head[1::2])
     assert not torch.equal(shared.latents[0::2, -1], shared.latents[1::2, -1])  # the window made them differ
+
+
+@pytest.mark.parametrize("case", ["nft_dpm", "window_shared_prefix"])
+def test_a_rollout_without_latents_keeps_the_same_samples(models, case):
+    """keep_latents=False (Objective.needs_trajectory False: NFT) stores no step latents, and its
+    x0 and log-probs are those of the rollout that keeps them, bit for bit (also past a shared
+    ODE prefix)."""
+    from fastvideo.algorithms.nft import deterministic_plan
+
+    cfg = _cfg(steps=8, eta=0.7)
+    if case == "nft_dpm":
+        plan = deterministic_plan("dpm", 8, 3.0)
+    else:
+        plan = window_plan(8, 3.0, 3, 2, candidates=7)
+        cfg = RolloutConfig(**{**cfg.__dict__, "init_same_noise": True})
+    kept, lean = (_run(models, cfg, plan, keep_latents=k) for k in (True, False))
+    assert kept.latents.shape[:2] == (4, 9) and lean.latents is None
+    assert torch.equal(lean.x0, kept.x0) and torch.equal(lean.log_probs, kept.log_probs)
+    assert lean.num_samples == 4 and lean.num_steps == 8 and lean.shared_prefix == kept.shared_prefix
+    assert torch.equal(lean.subset([3, 0]).x0, kept.x0[[3, 0]])
 
 
 def test_dpm_all_rollout_and_rescoring(models):

@@ -51,9 +51,22 @@ def runs(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
     single = root / "single"
     argv = train_args(tiny_embeddings, tiny_flux_dir, single, **{**NFT, "max_train_steps": 1}, train_batch_size=2,
                       train_micro_batch_size=4)
+    import fastvideo.training.trainer as trainer_module
+
+    kept = []  # what the rollouts stored: NFT keeps x0, not the step latents
+
+    original = trainer_module.rollout
+
+    def recording_rollout(*args, **kwargs):
+        traj = original(*args, **kwargs)
+        kept.append((traj.latents, tuple(traj.x0.shape)))
+        return traj
+
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer_module, "rollout", recording_rollout)
         single_process_trainer(argv, mp).train()
     out["single"] = single
+    out["single_rollouts"] = kept
     return out
 
 
@@ -100,6 +113,12 @@ def test_nft_trains_two_ranks_and_resumes_exactly(runs, name, weights, tiny_flux
     assert any(not torch.equal(old[k], current[k]) for k in old)  # it lags the current one
     state = json.loads((ckpt / "extra_state.json").read_text())["tree"]["state"]["objective"]
     assert state["old_updates"] == 2
+
+
+@pytest.mark.slow
+def test_the_nft_rollout_keeps_no_step_latents(runs):
+    """Objective.needs_trajectory False: the trainer's rollout stores each sample's x0 only."""
+    assert runs["single_rollouts"] and all(lat is None and shape[0] == 4 for lat, shape in runs["single_rollouts"])
 
 
 @pytest.mark.slow
