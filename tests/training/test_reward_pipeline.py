@@ -97,7 +97,10 @@ def test_scoring_runs_behind_the_next_chunk(tiny_flux_dir):
     waited = time.perf_counter() - t
     scorer.close()
     assert out.busy_s >= 0.8
-    assert waited < 0.2  # the last chunk was already being scored during the last 'sampling'
+    # Scored after sampling, finish() would wait 4 x 0.2 = 0.8 s; overlapped, at most the last
+    # chunk's 0.2 s (0 when it finished during the last 'sampling'). 0.6 separates the two with
+    # room for a loaded CI machine's scheduling delays.
+    assert waited < 0.6
     assert reward.threads and all(name.startswith("reward") for name in reward.threads)
     assert torch.equal(out.raw["slow"], out.images.mean(dim=(1, 2, 3)))
     assert out.images.shape == (8, 3, 32, 32) and timer.seconds["decode"] > 0
