@@ -16,7 +16,7 @@ import math
 import torch
 
 from fastvideo.algorithms.base import Objective, ObjectiveContext, RewardResult, StatsAccumulator, Term
-from fastvideo.grpo.advantages import finite_batch_advantages, finite_group_advantages
+from fastvideo.grpo.advantages import finite_batch_advantages, finite_group_advantages, global_std_advantages
 from fastvideo.grpo.kl import flow_grpo_step_kl, gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss
 from fastvideo.sampling.rollout import sde_transition, transition_gaussian
@@ -35,6 +35,11 @@ class GRPOObjective(Objective):
         self.device = context.device
         self.randomness = context.randomness
         self.reward = context.reward
+        if self.g.global_std and getattr(self.reward, "mix", None):
+            from fastvideo.errors import ConfigError
+
+            raise ConfigError("--global_std does not apply with --reward_mix (MixGRPO's mixed advantages have "
+                              "their own per-group statistics): drop one of them")
         if self.g.trimmed_ratio > 0:
             kept = self.num_generations - min(int(self.num_generations * self.g.trimmed_ratio), self.num_generations - 1)
             if kept < 2:
@@ -79,11 +84,14 @@ class GRPOObjective(Objective):
         statistics; all finite, the plain formulas run (bit-identical)."""
         g = self.g
         unbiased = g.adv_std == "sample"
-        if g.use_group:
+        if g.use_group and not g.global_std:
             return finite_group_advantages(rewards, self.num_generations, g.adv_clip_max, unbiased, g.trimmed_ratio)
         # Gathered with the NaNs in: every rank sees the same mask and takes the same path.
         everything = self.dims.gather_dp(rewards.to(self.device)).cpu()
-        adv = finite_batch_advantages(everything, g.adv_clip_max, unbiased)
+        if g.use_group:  # --global_std: a rank's groups are whole, so the gathered batch's are too
+            adv = global_std_advantages(everything, self.num_generations, g.adv_clip_max, unbiased)
+        else:
+            adv = finite_batch_advantages(everything, g.adv_clip_max, unbiased)
         b = rewards.numel()
         return adv[self.dims.dp_rank * b:(self.dims.dp_rank + 1) * b]
 

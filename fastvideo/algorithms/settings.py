@@ -28,6 +28,9 @@ class GRPOSettings(Settings):
     rollout_kl_coef: float = 0.0
     trimmed_ratio: float = 0.0
     advantage_rerange: str = "null"
+    # Flow-GRPO's and DiffusionNFT's config.sample.global_std: each group's mean, the std of all
+    # the iteration's rewards (every rank's), + 1e-4.
+    global_std: bool = False
 
     def candidate_steps(self, sampling_steps: int) -> int:
         """Transitions a sample may train on: 0 .. N-2 upstream (the last one never), N with --train_last_step."""
@@ -51,6 +54,10 @@ class GRPOSettings(Settings):
         g.add_argument("--adv_std", type=str, default="sample", choices=["sample", "population"],
                        help="std used to normalise advantages: sample (torch.std, upstream DanceGRPO) or "
                             "population (Flow-GRPO)")
+        g.add_argument("--global_std", action="store_true",
+                       help="with --use_group: divide each group's centred rewards by the std of ALL the "
+                            "iteration's rewards (gathered over ranks) + 1e-4, as Flow-GRPO's and DiffusionNFT's "
+                            "config.sample.global_std (their SD3.5 default); --adv_std picks the estimator")
         g.add_argument("--train_last_step", action="store_true",
                        help="also train the last sampling transition (upstream never trains it)")
         g.add_argument("--timestep_fraction", type=float, default=0.6,
@@ -87,7 +94,7 @@ class GRPOSettings(Settings):
             train_micro_batch_size=args.train_micro_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps, kl_coef=args.kl_coef,
             rollout_kl_coef=args.kl_coeff, trimmed_ratio=args.trimmed_ratio,
-            advantage_rerange=_rerange(args),
+            advantage_rerange=_rerange(args), global_std=args.global_std,
         ).checked()
 
     @classmethod
@@ -96,6 +103,7 @@ class GRPOSettings(Settings):
         flags["kl_coeff"] = flags.pop("rollout_kl_coef", 0.0)
         flags["advantage_rerange_strategy"] = flags.pop("advantage_rerange", "null")
         flags.setdefault("trimmed_ratio", 0.0)
+        flags.setdefault("global_std", False)  # configs written before the flag
         return flags
 
     def check(self) -> None:
@@ -109,6 +117,12 @@ class GRPOSettings(Settings):
             raise ConfigError(f"--trimmed_ratio {self.trimmed_ratio} must be in [0, 1)")
         if self.trimmed_ratio > 0 and not self.use_group:
             raise ConfigError("--trimmed_ratio trims within groups (MixGRPO): it needs --use_group")
+        if self.global_std and not self.use_group:
+            raise ConfigError("--global_std scales per-group advantages: it needs --use_group (without it the "
+                              "advantages are already normalised over the whole gathered batch)")
+        if self.global_std and self.trimmed_ratio > 0:
+            raise ConfigError("--global_std and --trimmed_ratio are two different statistics (Flow-GRPO's and "
+                              "MixGRPO's): pick one")
         if self.clip_range <= 0 or self.adv_clip_max <= 0:
             raise ConfigError("--clip_range and --adv_clip_max must be positive")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 EPS = 1e-8
+GLOBAL_STD_EPS = 1e-4  # Flow-GRPO / DiffusionNFT: np.std(all rewards) + 1e-4
 
 
 def trimmed_stats(groups: torch.Tensor, trim_ratio: float, unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,3 +89,23 @@ def finite_batch_advantages(rewards: torch.Tensor, clip_max: float, unbiased: bo
         return batch_advantages(rewards, clip_max, unbiased)
     r = rewards.float().view(1, -1)
     return masked_standardize(r, torch.isfinite(r), unbiased).clamp(-clip_max, clip_max).reshape(-1)
+
+
+def global_std_advantages(rewards: torch.Tensor, group_size: int, clip_max: float,
+                          unbiased: bool = False) -> torch.Tensor:
+    """(r - group mean) / (std of every reward + 1e-4), clipped to +-clip_max: Flow-GRPO's and
+    DiffusionNFT's ``config.sample.global_std`` (their PerPromptStatTracker). [B] -> [B].
+
+    rewards: the whole iteration's rewards (gathered over ranks), groups of G contiguous. The std
+    is over all of them (population with unbiased=False, as np.std). A non-finite reward is left
+    out of both statistics and gets 0; a group's only finite reward is its mean, so it gets 0 too."""
+    if group_size < 2 or rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size} >= 2")
+    r = rewards.float().view(-1, group_size)
+    valid = torch.isfinite(r)
+    count = valid.sum(dim=1, keepdim=True)
+    mean = torch.where(valid, r, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    finite = r[valid]
+    std = finite.std(unbiased=unbiased) if finite.numel() > 1 else torch.zeros(())
+    adv = torch.where(valid, (r - mean) / (std + GLOBAL_STD_EPS), 0.0)
+    return adv.clamp(-clip_max, clip_max).reshape(-1)

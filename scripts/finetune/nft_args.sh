@@ -8,6 +8,7 @@
 #   guidance_scale 1.0 (no CFG)                 --cfg 0 (no CFG); FLUX.1-dev's distilled guidance embedding 3.5
 #   resolution 512                              --h 512 --w 512
 #   num_image_per_prompt 24, per-prompt stats   --num_generations 24 --use_group (init noise per sample)
+#   sample.global_std True (np.std of all)      --global_std --adv_std population
 #   timestep_fraction 0.99                      --timestep_fraction 0.99 (9 of the 10 timesteps)
 #   beta 1.0, decay_type 1, adv_mode all        --nft_beta 1.0 --nft_decay_type 1 --adv_mode all
 #   adv_clip_max 5, train.beta (KL) 1e-4        --adv_clip_max 5 --kl_coef 1e-4 (vs the base: adapters off)
@@ -47,6 +48,8 @@ NFT_ARGS=(
   --hps_ckpt_dir "$HPS_DIR"
   --num_generations 24
   --use_group
+  --global_std
+  --adv_std population
   --timestep_fraction 0.99
   --nft_beta 1.0
   --nft_decay_type 1

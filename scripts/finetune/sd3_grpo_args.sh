@@ -25,6 +25,9 @@
 #                             train_sd3.py: LoraConfig(r=32, lora_alpha=64, target_modules=[...])
 #   --rewards pickscore:1.0   pickscore_sd3: reward_fn = {"pickscore": 1.0}
 #   --use_group               base.py: per_prompt_stat_tracking = True (advantages within a prompt's group)
+#   --global_std --adv_std population
+#                             pickscore_sd3: sample.global_std = True: each prompt's mean, np.std of ALL the
+#                             epoch's rewards + 1e-4 (stat_tracking.py PerPromptStatTracker)
 #   --checkpointing_steps 60  pickscore_sd3: save_freq = 60
 #   --seed 42                 base.py: seed = 42
 #   --kl_coef 0.01            pickscore_sd3: train.beta = 0.01, the KL of the step means to the base (adapters
@@ -32,15 +35,14 @@
 #   --mixed_precision bf16    Flow-GRPO uses fp16, which this trainer refuses (FLUX overflows); bf16 instead
 #   --train_batch_size 1, --train_micro_batch_size 4, --gradient_accumulation_steps 3: one prompt
 #                             (24 images) per rank, 2 optimizer steps per iteration as Flow-GRPO's 2 per epoch
-# Not reproduced (see docs/sd3.md): sample.global_std = True (one reward std over all prompts; here
-# per group), the EMA (decay 0.9 every 8 steps, used for evaluation only), the scheduler's own
+# Not reproduced (see docs/sd3.md): the EMA (decay 0.9 every 8 steps, used for evaluation only), the scheduler's own
 # timestep grid (linspace(1000, 3) there, linspace(1, 0) shifted here), and the batch split: Flow-GRPO
 # spreads a prompt's 24 images over GPUs, this trainer keeps a group on one rank.
 SD3_GRPO_ARGS=(
   --model_family sd3
   --h 512 --w 512 --t 1 --num_latent_t 1
   --sampling_steps 10 --guidance_scale 4.5 --eta 0.7 --flow_grpo_sampling --shift 3 --no_quantize_timestep
-  --num_generations 24 --use_group --timestep_fraction 1.0
+  --num_generations 24 --use_group --global_std --adv_std population --timestep_fraction 1.0
   --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
   --learning_rate 3e-4 --lr_warmup_steps 0
   --use_lora --lora_rank 32 --lora_alpha 64
