@@ -67,13 +67,8 @@ from fastvideo.distributed.checkpointing import (  # noqa: F401  (re-exported: t
 )
 from fastvideo.distributed.full_state import (  # noqa: F401  (re-exported: their former home)
     _clean_name,
-    _distributed,
     _gathered_trainable,
     _offload_to_cpu,
-    _options,
-    _rank0_only,
-    _trainable_leaves,
-    _unit_trainable,
     full_model_state_dict,
     full_optimizer_state_dict,
     is_fsdp,

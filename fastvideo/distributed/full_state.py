@@ -128,6 +128,16 @@ def _unit_trainable(inner: nn.Module, unit: bool):
             if p.requires_grad and not any(n.startswith(prefix) for prefix in nested)]
 
 
+def _init_from_root(model: nn.Module) -> None:
+    """Initialise FSDP1 from the real root before summoning one unit's parameters: summoning a
+    nested unit first would make it believe it is a root (FSDP1 initialises lazily from whichever
+    unit is used first), as a forward would not. Private helper, unchanged from torch 2.7 to 2.14
+    (like fsdp.py's use of _reshard)."""
+    from torch.distributed.fsdp._runtime_utils import _lazy_init
+
+    _lazy_init(model, model)
+
+
 def _gathered_trainable(model: nn.Module) -> dict[str, torch.Tensor]:
     """Collective (FSDP1). The trainable parameters on rank 0 (host copies; {} elsewhere), gathered
     one trainable unit at a time: a frozen base that FSDP shards (LoRA under CPU offload) is never
@@ -135,9 +145,8 @@ def _gathered_trainable(model: nn.Module) -> dict[str, torch.Tensor]:
     first, and with rank0_only (cpu_offload) it fails on the other ranks, whose dicts lack the
     frozen entries it then pops (KeyError, measured on torch 2.14)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp._runtime_utils import _lazy_init
 
-    _lazy_init(model, model)  # as load_trainable_state_dict: initialise from the real root
+    _init_from_root(model)
     offload, out = _offload_to_cpu(model), {}
     for name, module in _trainable_leaves(model):
         with FSDP.summon_full_params(module, recurse=False, writeback=False, rank0_only=True,
@@ -159,12 +168,7 @@ def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tens
 
     distributed = _distributed() and devices.world_size() > 1
     if is_fsdp(model):
-        # Summoning a nested unit first would make it believe it is a root (FSDP1 initialises
-        # lazily from whichever unit is used first); initialise from the real root, as a forward
-        # would. Private helper, unchanged from torch 2.7 to 2.14 (like _reshard above).
-        from torch.distributed.fsdp._runtime_utils import _lazy_init
-
-        _lazy_init(model, model)
+        _init_from_root(model)
     seen = set()
     for name, module in _trainable_leaves(model):
         inner = module.module if isinstance(module, FSDP) else module

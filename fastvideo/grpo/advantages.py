@@ -17,6 +17,19 @@ def trimmed_stats(groups: torch.Tensor, trim_ratio: float, unbiased: bool = True
     return groups.mean(dim=1, keepdim=True), groups.std(dim=1, unbiased=unbiased, keepdim=True)
 
 
+def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[B] -> [B / G, G] float32 rows of G contiguous rewards; ValueError when B does not split."""
+    if group_size < 2 or rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size} >= 2")
+    return rewards.float().view(-1, group_size)
+
+
+def _masked_mean(rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[n, G] -> [n, 1]: each row's mean over its ``valid`` entries (0 for a row with none)."""
+    count = valid.sum(dim=1, keepdim=True)
+    return torch.where(valid, rows, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
+
+
 def group_advantages(rewards: torch.Tensor, group_size: int, clip_max: float, unbiased: bool = True,
                      trim_ratio: float = 0.0) -> torch.Tensor:
     """Per-group normalised advantages.
@@ -28,9 +41,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, clip_max: float, un
     trim_ratio: MixGRPO's trimming, the mean and std over the group without its lowest rewards
     (trimmed_stats); every sample still gets an advantage.
     """
-    if group_size < 2 or rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size} >= 2")
-    r = rewards.float().view(-1, group_size)
+    r = _groups(rewards, group_size)
     mean, std = trimmed_stats(r, trim_ratio, unbiased)
     adv = (r - mean) / (std + EPS)
     return adv.clamp(-clip_max, clip_max).reshape(-1)
@@ -62,7 +73,7 @@ def masked_standardize(groups: torch.Tensor, valid: torch.Tensor, unbiased: bool
     alone (the same formula, not the same kernel: equal up to rounding)."""
     r = groups.float()
     count = valid.sum(dim=1, keepdim=True)
-    mean = torch.where(valid, r, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    mean = _masked_mean(r, valid)
     dev = torch.where(valid, r - mean, 0.0)
     var = (dev * dev).sum(dim=1, keepdim=True) / (count - int(unbiased)).clamp(min=1)
     # A row with one valid entry has dev 0 there (and no spread): 0, like a skipped group.
@@ -76,9 +87,7 @@ def finite_group_advantages(rewards: torch.Tensor, group_size: int, clip_max: fl
     rewards, get 0. All finite: exactly :func:`group_advantages` (with trim_ratio). [B] -> [B]."""
     if bool(torch.isfinite(rewards).all()):
         return group_advantages(rewards, group_size, clip_max, unbiased, trim_ratio)
-    if group_size < 2 or rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size} >= 2")
-    r = rewards.float().view(-1, group_size)
+    r = _groups(rewards, group_size)
     return masked_standardize(r, torch.isfinite(r), unbiased).clamp(-clip_max, clip_max).reshape(-1)
 
 
@@ -99,12 +108,9 @@ def global_std_advantages(rewards: torch.Tensor, group_size: int, clip_max: floa
     rewards: the whole iteration's rewards (gathered over ranks), groups of G contiguous. The std
     is over all of them (population with unbiased=False, as np.std). A non-finite reward is left
     out of both statistics and gets 0; a group's only finite reward is its mean, so it gets 0 too."""
-    if group_size < 2 or rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size} >= 2")
-    r = rewards.float().view(-1, group_size)
+    r = _groups(rewards, group_size)
     valid = torch.isfinite(r)
-    count = valid.sum(dim=1, keepdim=True)
-    mean = torch.where(valid, r, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    mean = _masked_mean(r, valid)
     finite = r[valid]
     std = finite.std(unbiased=unbiased) if finite.numel() > 1 else torch.zeros(())
     adv = torch.where(valid, (r - mean) / (std + GLOBAL_STD_EPS), 0.0)

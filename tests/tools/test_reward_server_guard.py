@@ -4,6 +4,7 @@ import io
 import json
 import logging
 import os
+import select
 import socket
 import struct
 import time
@@ -122,7 +123,6 @@ def stream_until_answered(s: socket.socket, chunks) -> int:
     """Send ``chunks`` until the server answers (socket readable) or stops reading (reset).
     Returns the bytes sent. A careful client does this; urllib only reads after the last byte,
     so with small socket buffers it can die on the reset before seeing the 413 (CI flake)."""
-    import select
     sent = 0
     for chunk in chunks:
         if select.select([s], [], [], 0)[0]:
