@@ -2,15 +2,20 @@
 # Set up a working flux-grpo environment on a fresh machine. Idempotent: a second run with the same
 # target and the same pyproject.toml returns in about a second.
 #
-#   bash env_setup.sh [--target cpu|cuda|npu] [--venv DIR | --no-venv] [--with-parity] [--force]
-#                     [--cann-version V] [--cann-home DIR] [--wheelhouse DIR]
-#   bash env_setup.sh --target T --download DIR [--python X.Y] [--platform P] [--preinstalled torch==V]
+#   bash env_setup.sh [--line recipe|current] [--target cpu|cuda|npu] [--venv DIR | --no-venv] [--with-parity]
+#                     [--force] [--cann-version V] [--cann-home DIR] [--wheelhouse DIR]
+#   bash env_setup.sh --target T --download DIR [--line L] [--python X.Y] [--platform P] [--preinstalled torch==V]
 #
+#   --line         the library line (default: $LINE, else recipe): recipe = the Ascend recipe's pins
+#                  (diffusers 0.32.0, transformers 4.46.1, peft 0.13.2; FLUX.1, SD3.5); current =
+#                  diffusers 0.42.1, transformers 5.24.0, peft 0.21.2 (FLUX.1, SD3.5 and the families
+#                  that need it). Pins: constraints/<line>.txt. Each line gets its own environment.
 #   --target       device stack to install for (default: detected; npu if npu-smi or CANN is present,
 #                  cuda if nvidia-smi works, else cpu). torch-npu is installed ONLY for npu: on other
 #                  machines it breaks `import torch`.
-#   --venv DIR     virtual environment to create/use (default: .venv in this folder, unless a
-#                  virtualenv or conda environment is already active, which is then used as is).
+#   --venv DIR     virtual environment to create/use (default: .venv for the recipe line and
+#                  .venv-current for the current line, in this folder, unless a virtualenv or conda
+#                  environment is already active, which is then used as is).
 #   --no-venv      install into the current Python environment.
 #   --with-parity  also install the hpsv2 package (no deps) for the HPS parity test, and the
 #                  aesthetic / ImageReward references (scripts/install_reward_parity.sh).
@@ -39,6 +44,7 @@ WHEELHOUSE=""
 DL_PYTHON=""
 DL_PLATFORM=""
 PREINSTALLED=()
+LINE="${LINE:-recipe}"
 need() { [ -n "${2:-}" ] || { echo "env_setup.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -55,7 +61,9 @@ while [ $# -gt 0 ]; do
     --python) need "$1" "${2:-}"; DL_PYTHON="$2"; shift 2 ;;
     --platform) need "$1" "${2:-}"; DL_PLATFORM="$2"; shift 2 ;;
     --preinstalled) need "$1" "${2:-}"; PREINSTALLED+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --line) need "$1" "${2:-}"; LINE="$2"; shift 2 ;;
+    --line=*) LINE="${1#*=}"; shift ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "env_setup.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -73,19 +81,21 @@ if [ -z "$TARGET" ]; then
   echo "env_setup.sh: detected target '$TARGET' (override with --target cpu|cuda|npu)"
 fi
 case "$TARGET" in cpu|cuda|npu) ;; *) echo "env_setup.sh: --target must be cpu, cuda or npu, not '$TARGET'" >&2; exit 2 ;; esac
+case "$LINE" in recipe|current) ;; *) echo "env_setup.sh: --line must be recipe (diffusers 0.32, the default) or current (diffusers 0.42), not '$LINE'" >&2; exit 2 ;; esac
 PLAN=(scripts/install_plan.py)
+CONSTRAINTS="$ROOT/constraints/$LINE.txt"
 CANN_ARGS=()
 [ -n "$CANN_VERSION" ] && CANN_ARGS+=(--cann-version "$CANN_VERSION")
 [ -n "$CANN_HOME" ] && CANN_ARGS+=(--cann-home "$CANN_HOME")
 
 if [ -n "$DOWNLOAD" ]; then
-  exec bash "$ROOT/scripts/download_wheels.sh" "$TARGET" "$DOWNLOAD" "$PARITY" "$DL_PYTHON" "$DL_PLATFORM" \
+  LINE="$LINE" exec bash "$ROOT/scripts/download_wheels.sh" "$TARGET" "$DOWNLOAD" "$PARITY" "$DL_PYTHON" "$DL_PLATFORM" \
     "${PREINSTALLED[*]:-}" "${CANN_ARGS[@]}"
 fi
 
 # Choose the Python environment.
 if [ "$USE_VENV" = 1 ] && [ -z "$VENV" ] && [ -z "${VIRTUAL_ENV:-}" ] && [ -z "${CONDA_PREFIX:-}" ]; then
-  VENV="$ROOT/.venv"
+  if [ "$LINE" = recipe ]; then VENV="$ROOT/.venv"; else VENV="$ROOT/.venv-$LINE"; fi
 fi
 if [ -n "$VENV" ]; then
   if [ ! -x "$VENV/bin/python" ]; then
@@ -101,9 +111,9 @@ case "$PYVER" in 3.[0-9]) echo "env_setup.sh: flux-grpo needs Python >= 3.10, $P
 
 STAMP_DIR="$("$PY" -c 'import sys; print(sys.prefix)')"
 STAMP="$STAMP_DIR/.flux_grpo_setup"
-WANT="$TARGET parity=$PARITY${CANN_VERSION:+ cann=$CANN_VERSION} $(cat pyproject.toml scripts/install_hpsv2_parity.sh scripts/install_reward_parity.sh 2>/dev/null | cksum | cut -d' ' -f1)"
+WANT="$TARGET line=$LINE parity=$PARITY${CANN_VERSION:+ cann=$CANN_VERSION} $(cat pyproject.toml "$CONSTRAINTS" scripts/install_hpsv2_parity.sh scripts/install_reward_parity.sh 2>/dev/null | cksum | cut -d' ' -f1)"
 if [ "$FORCE" = 0 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import fastvideo, torch, diffusers" 2>/dev/null; then
-  echo "env_setup.sh: environment up to date ($PY, target $TARGET)"
+  echo "env_setup.sh: environment up to date ($PY, target $TARGET, line $LINE)"
   exit 0
 fi
 
@@ -121,10 +131,10 @@ case "$TARGET" in
   npu)
     ARCH="${FLUX_GRPO_ARCH:-$(uname -m)}"  # FLUX_GRPO_ARCH: plan for another host (tests)
     # Python range, CANN version, torch-npu pairing and set_env.sh are all checked before pip runs.
-    PLAN_OUT="$("$PY" "${PLAN[@]}" torch --target npu --python-version "$PYVER" --arch "$ARCH" "${CANN_ARGS[@]}")" || exit 2
+    PLAN_OUT="$("$PY" "${PLAN[@]}" torch --target npu --line "$LINE" --python-version "$PYVER" --arch "$ARCH" "${CANN_ARGS[@]}")" || exit 2
     mapfile -t TORCH_ARGS <<< "$PLAN_OUT"
     SET_ENV="$("$PY" "${PLAN[@]}" set-env ${CANN_HOME:+--cann-home "$CANN_HOME"})" || exit 2
-    echo "env_setup.sh: NPU stack for $ARCH, Python $PYVER: ${TORCH_ARGS[*]}"
+    echo "env_setup.sh: NPU stack for $ARCH, Python $PYVER, $LINE line: ${TORCH_ARGS[*]}"
     "${PIP[@]}" "${TORCH_ARGS[@]}"
     ;;
   cpu|cuda)
@@ -141,7 +151,9 @@ case "$TARGET" in
     fi
     ;;
 esac
-"${PIP[@]}" -e ".[test]"
+# The line's pins (constraints/<line>.txt) decide diffusers / transformers / peft; pyproject allows both lines.
+echo "env_setup.sh: $LINE line ($(grep -E '^(diffusers|transformers|peft)==' "$CONSTRAINTS" | tr '\n' ' '))"
+"${PIP[@]}" -e ".[test]" -c "$CONSTRAINTS"
 if [ "$PARITY" = 1 ]; then
   PYTHON="$PY" bash "$ROOT/scripts/install_hpsv2_parity.sh"
 fi
@@ -154,7 +166,7 @@ if [ -n "$SET_ENV" ]; then
   echo "env_setup.sh: sourced $SET_ENV"
   CHECK_NPU="import torch_npu; "
 fi
-"$PY" -c "${CHECK_NPU:-}import fastvideo, torch, diffusers, transformers, open_clip; print('env_setup.sh: ok - torch', torch.__version__, '| diffusers', diffusers.__version__, '| transformers', transformers.__version__)"
+"$PY" -c "${CHECK_NPU:-}import fastvideo, torch, diffusers, transformers, open_clip; from fastvideo.library_lines import library_line; print('env_setup.sh: ok - torch', torch.__version__, '| diffusers', diffusers.__version__, '| transformers', transformers.__version__, '| line', library_line())"
 echo "$WANT" > "$STAMP"
 if [ "$TARGET" = npu ]; then
   cat <<MSG

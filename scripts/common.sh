@@ -9,8 +9,14 @@
 # Python (FASTVIDEO_DEVICE, then npu-smi on PATH or an Ascend install folder), CANN is sourced,
 # and only then is the guess confirmed with torch.
 _FG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# LINE=recipe|current picks the library line's environment (.venv / .venv-current, env_setup.sh --line).
+case "${LINE:-recipe}" in
+  recipe) _FG_VENV="$_FG_ROOT/.venv" ;;
+  current) _FG_VENV="$_FG_ROOT/.venv-current" ;;
+  *) echo "common.sh: LINE must be recipe or current, not '$LINE'" >&2; exit 2 ;;
+esac
 if [ -z "${PYTHON:-}" ]; then
-  if [ -x "$_FG_ROOT/.venv/bin/python" ]; then PYTHON="$_FG_ROOT/.venv/bin/python"; else PYTHON=python3; fi
+  if [ -x "$_FG_VENV/bin/python" ]; then PYTHON="$_FG_VENV/bin/python"; else PYTHON=python3; fi
 fi
 export PYTHON
 
@@ -81,7 +87,9 @@ export FASTVIDEO_DEVICE
 if [ "$FASTVIDEO_DEVICE" = npu ]; then fg_source_npu_env; fi
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 if [ "${DRY_RUN:-0}" = 1 ]; then
-  echo "device: $FASTVIDEO_DEVICE${_FG_UNCONFIRMED:+ (not confirmed: torch sees no $FASTVIDEO_DEVICE on this machine)}; cann: ${CANN_SET_ENV_SOURCED:-none}"
+  # The library line this environment runs (fastvideo.library_lines; no torch import).
+  _FG_LINE=$(cd "$_FG_ROOT" && "$PYTHON" -c "from fastvideo.library_lines import line_summary; print(line_summary())" 2>/dev/null || echo unknown)
+  echo "device: $FASTVIDEO_DEVICE${_FG_UNCONFIRMED:+ (not confirmed: torch sees no $FASTVIDEO_DEVICE on this machine)}; cann: ${CANN_SET_ENV_SOURCED:-none}; line: $_FG_LINE"
 fi
 # torchrun (from the same environment as PYTHON) behind fastvideo.launch: the configuration check
 # runs once before any worker starts (every problem one line, exit 2; FASTVIDEO_PREFLIGHT=0 skips

@@ -3,21 +3,28 @@ and the project's own requirements. Standard library only (it runs before anythi
 on Python 3.10+), so env_setup.sh can call it with any interpreter.
 
     python scripts/install_plan.py torch --target npu --python-version 3.11 --arch x86_64 \
-        [--cann-version 8.5.0 | --cann-home DIR]        # pip arguments, one per line
+        [--cann-version 8.5.0 | --cann-home DIR] [--line recipe|current]  # pip arguments, one per line
     python scripts/install_plan.py cann-version [--cann-home DIR]   # the installed CANN version
     python scripts/install_plan.py set-env [--cann-home DIR]        # CANN's set_env.sh path
-    python scripts/install_plan.py project [--with-parity]          # project requirements, one per line
+    python scripts/install_plan.py project [--with-parity] [--line recipe|current]  # project requirements
+    python scripts/install_plan.py constraints [--line recipe|current]  # the line's constraints file
     python scripts/install_plan.py platform-tags manylinux_2_28_aarch64  # tags that platform accepts
     python scripts/install_plan.py wheel-deps WHEEL --python-version 3.11 --arch aarch64
     python scripts/install_plan.py stub-wheel DIR NAME VERSION      # an empty wheel (see make_stub_wheel)
 
 Errors go to stderr with the fix and exit status 2.
 
+Two library lines (constraints/<line>.txt pins diffusers / transformers / peft): "recipe" (the
+Ascend recipe's late-2024 pins, the default) and "current" (diffusers 0.42.1, transformers 5.x).
+
 NPU facts (Ascend Extension for PyTorch README, "Version Matching Table", gitcode.com/Ascend/pytorch,
-read from a mirror of its master README; Python range from Ascend's version tables for 2.7.1): torch-npu 2.7.1 pairs
-with CANN 8.3.RC1, 2.7.1.post2 with CANN 8.5.0, 2.7.1.post4 with CANN 9.0.0; all three need torch
-2.7.1 and Python 3.9-3.11. x86_64 hosts take PyTorch's CPU build (torch==2.7.1+cpu from PyTorch's CPU
-wheel index); aarch64 hosts (Atlas A3) take plain torch==2.7.1 from PyPI.
+read from its master README and the v2.12.0 README; Python range from Ascend's version tables):
+- recipe line, torch 2.7.1: torch-npu 2.7.1 pairs with CANN 8.3.RC1, 2.7.1.post2 with CANN 8.5.0,
+  2.7.1.post4 with CANN 9.0.0; Python 3.9-3.11.
+- current line: torch 2.9.0 with torch-npu 2.9.0 (CANN 8.5.0), torch 2.10.0 with torch-npu 2.10.0
+  (CANN 9.0.0) and 2.10.0.post4 (CANN 9.1.0); Python 3.10-3.13 (the project tests 3.10-3.12).
+x86_64 hosts take PyTorch's CPU build (torch==X+cpu from PyTorch's CPU wheel index); aarch64 hosts
+(Atlas A3) take plain torch==X from PyPI.
 """
 
 from __future__ import annotations
@@ -32,12 +39,22 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LINES = ("recipe", "current")
+DEFAULT_LINE = "recipe"
 NPU_TORCH = "2.7.1"
 NPU_TORCHVISION = "0.22.1"
-# CANN version -> torch-npu release built against it (torch 2.7.1 line).
-CANN_TO_TORCH_NPU = {"8.3.RC1": "2.7.1", "8.5.0": "2.7.1.post2", "9.0.0": "2.7.1.post4"}
-# torch-npu 2.7.1 supports 3.9-3.11; the project itself needs >= 3.10.
-NPU_PYTHONS = ("3.10", "3.11")
+# torchvision release built for each torch release the NPU pairs use (torchvision's compatibility table).
+TORCHVISION_FOR = {"2.7.1": "0.22.1", "2.9.0": "0.24.0", "2.10.0": "0.25.0"}
+# line -> CANN version -> (torch, torch-npu built against both).
+NPU_PAIRS = {
+    "recipe": {"8.3.RC1": ("2.7.1", "2.7.1"), "8.5.0": ("2.7.1", "2.7.1.post2"), "9.0.0": ("2.7.1", "2.7.1.post4")},
+    "current": {"8.5.0": ("2.9.0", "2.9.0"), "9.0.0": ("2.10.0", "2.10.0"), "9.1.0": ("2.10.0", "2.10.0.post4")},
+}
+# The recipe line's table under its historical name (torch 2.7.1).
+CANN_TO_TORCH_NPU = {cann: npu for cann, (_, npu) in NPU_PAIRS["recipe"].items()}
+# torch-npu 2.7.1 supports 3.9-3.11, 2.9/2.10 3.10-3.13; the project itself needs >= 3.10.
+NPU_PYTHONS_BY_LINE = {"recipe": ("3.10", "3.11"), "current": ("3.10", "3.11", "3.12")}
+NPU_PYTHONS = NPU_PYTHONS_BY_LINE["recipe"]
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # CANN's Python side (operator compiler, profiler): the Ascend recipe's list and pins.
 CANN_PYTHON_DEPS = ("decorator", "sympy", "cffi", "attrs", "psutil", "scipy", "absl-py==2.3.1", "protobuf==3.20.0",
@@ -54,29 +71,57 @@ class PlanError(Exception):
     """Bad input; the message names the problem and the fix."""
 
 
-def cann_table() -> str:
-    rows = "\n".join(f"    CANN {c:<8} -> torch-npu {t} (torch {NPU_TORCH})" for c, t in CANN_TO_TORCH_NPU.items())
-    return f"supported CANN versions:\n{rows}"
+def check_line(line: str) -> str:
+    if line not in LINES:
+        raise PlanError(f"unknown library line {line!r}: use --line recipe (diffusers 0.32, the default) or "
+                        "--line current (diffusers 0.42)")
+    return line
 
 
-def check_npu_python(version: str) -> None:
-    if version not in NPU_PYTHONS:
+def constraints_file(line: str) -> Path:
+    """The pins of a library line (constraints/<line>.txt)."""
+    return ROOT / "constraints" / f"{check_line(line)}.txt"
+
+
+def line_pins(line: str) -> list[str]:
+    """The requirement lines of constraints/<line>.txt (comments dropped)."""
+    lines = (raw.split("#", 1)[0].strip() for raw in constraints_file(line).read_text().splitlines())
+    return [x for x in lines if x]
+
+
+def cann_table(line: str = DEFAULT_LINE) -> str:
+    rows = "\n".join(f"    CANN {c:<8} -> torch-npu {npu} (torch {t})" for c, (t, npu) in NPU_PAIRS[line].items())
+    return f"supported CANN versions on the {line} line:\n{rows}"
+
+
+def check_npu_python(version: str, line: str = DEFAULT_LINE) -> None:
+    pythons = NPU_PYTHONS_BY_LINE[check_line(line)]
+    if version not in pythons:
         raise PlanError(
-            f"Python {version} cannot run torch-npu {NPU_TORCH} (it supports Python 3.9-3.11, and flux-grpo needs "
-            f">= 3.10). Create a Python 3.11 environment and run env_setup.sh from it:\n"
-            f"    conda create -n flux_grpo python=3.11 && conda activate flux_grpo && bash env_setup.sh --target npu"
+            f"Python {version} cannot run the {line} line's torch-npu (supported here: Python {', '.join(pythons)}). "
+            f"Create a Python 3.11 environment and run env_setup.sh from it:\n"
+            f"    conda create -n flux_grpo python=3.11 && conda activate flux_grpo && bash env_setup.sh --target npu "
+            f"--line {line}"
         )
 
 
-def torch_npu_for(cann_version: str) -> str:
+def npu_pair_for(cann_version: str, line: str = DEFAULT_LINE) -> tuple[str, str]:
+    """(torch, torch-npu) for a CANN version on a library line."""
     key = cann_version.strip()
-    if key not in CANN_TO_TORCH_NPU:
+    pairs = NPU_PAIRS[check_line(line)]
+    if key not in pairs:
+        other = [x for x in LINES if x != line and key in NPU_PAIRS[x]]
+        hint = f" The {other[0]} line pairs with it: --line {other[0]}." if other else ""
         raise PlanError(
-            f"no torch-npu release is known to pair with CANN {key!r}.\n{cann_table()}\n"
+            f"no torch-npu release is known to pair with CANN {key!r} on the {line} line.{hint}\n{cann_table(line)}\n"
             "Install one of these CANN versions, or, if you know the pairing holds, force one with "
-            "--cann-version 8.5.0 (for example)."
+            f"--cann-version {next(iter(pairs))} (for example)."
         )
-    return CANN_TO_TORCH_NPU[key]
+    return pairs[key]
+
+
+def torch_npu_for(cann_version: str, line: str = DEFAULT_LINE) -> str:
+    return npu_pair_for(cann_version, line)[1]
 
 
 def _version_from_text(text: str) -> str | None:
@@ -125,22 +170,25 @@ def find_set_env(home: Path | None) -> Path:
                     "CANN_SET_ENV=/path/to/set_env.sh.")
 
 
-def torch_args(target: str, python_version: str, arch: str, cann_version: str | None = None) -> list[str]:
-    """pip install arguments for the torch stack of ``target`` (cpu | cuda | npu)."""
+def torch_args(target: str, python_version: str, arch: str, cann_version: str | None = None,
+               line: str = DEFAULT_LINE) -> list[str]:
+    """pip install arguments for the torch stack of ``target`` (cpu | cuda | npu) on a library line."""
+    check_line(line)
     if target in ("cpu", "cuda"):
         return ["torch>=2.7.1,<2.15", "torchvision>=0.22.1"]
     if target != "npu":
         raise PlanError(f"unknown target {target!r}; use cpu, cuda or npu")
-    check_npu_python(python_version)
+    check_npu_python(python_version, line)
     if cann_version is None:
         raise PlanError("the NPU target needs the CANN version (read from the CANN tree, or --cann-version)")
-    npu = torch_npu_for(cann_version)
+    torch, npu = npu_pair_for(cann_version, line)
+    vision = TORCHVISION_FOR[torch]
     if arch == "x86_64":
         # torch-npu's x86_64 wheels are built against PyTorch's CPU build, not PyPI's CUDA build.
-        return [f"torch=={NPU_TORCH}+cpu", f"torchvision=={NPU_TORCHVISION}+cpu", f"torch-npu=={npu}",
+        return [f"torch=={torch}+cpu", f"torchvision=={vision}+cpu", f"torch-npu=={npu}",
                 *CANN_PYTHON_DEPS, "--extra-index-url", PYTORCH_CPU_INDEX]
     if arch == "aarch64":
-        return [f"torch=={NPU_TORCH}", f"torchvision=={NPU_TORCHVISION}", f"torch-npu=={npu}", *CANN_PYTHON_DEPS]
+        return [f"torch=={torch}", f"torchvision=={vision}", f"torch-npu=={npu}", *CANN_PYTHON_DEPS]
     raise PlanError(f"torch-npu has wheels for x86_64 and aarch64 only, not {arch!r}")
 
 
@@ -233,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--arch", required=True)
     t.add_argument("--cann-version")
     t.add_argument("--cann-home")
+    t.add_argument("--line", default=DEFAULT_LINE)
     for name in ("cann-version", "set-env"):
         sub.add_parser(name).add_argument("--cann-home")
     sub.add_parser("platform-tags").add_argument("tag")
@@ -242,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--arch", required=True)
     p = sub.add_parser("project")
     p.add_argument("--with-parity", action="store_true")
+    p.add_argument("--line", default=DEFAULT_LINE)
+    sub.add_parser("constraints").add_argument("--line", default=DEFAULT_LINE)
     s = sub.add_parser("stub-wheel")
     s.add_argument("dir")
     s.add_argument("name")
@@ -251,9 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "torch":
             cann = args.cann_version
             if args.target == "npu" and cann is None:
-                check_npu_python(args.python_version)
+                check_npu_python(args.python_version, check_line(args.line))
                 cann = read_cann_version(find_cann_home(args.cann_home))
-            lines = torch_args(args.target, args.python_version, args.arch, cann)
+            lines = torch_args(args.target, args.python_version, args.arch, cann, args.line)
         elif args.cmd == "cann-version":
             lines = [read_cann_version(find_cann_home(args.cann_home))]
         elif args.cmd == "set-env":
@@ -261,8 +312,11 @@ def main(argv: list[str] | None = None) -> int:
             lines = [str(find_set_env(home))]
         elif args.cmd == "project":
             lines = project_requirements(ROOT / "pyproject.toml", with_torch=False) + list(BUILD_DEPS)
+            lines += line_pins(args.line)
             if args.with_parity:
                 lines += list(PARITY_DEPS)
+        elif args.cmd == "constraints":
+            lines = [str(constraints_file(args.line))]
         elif args.cmd == "wheel-deps":
             lines = wheel_requirements(Path(args.wheel), args.python_version, args.arch)
         elif args.cmd == "platform-tags":

@@ -33,9 +33,12 @@ want openai-clip 1.0.1
 want fairscale 0.4.13
 want image-reward 1.5
 # What the parity test imports of image-reward must import here (its package __init__ is bypassed).
-"$PYTHON" -W ignore - <<'PY'
+"$PYTHON" -W ignore - "$REPO/tests/rewards" <<'PY'
 import importlib.util, sys, types
 from pathlib import Path
+sys.path.insert(0, sys.argv[1])  # tests/rewards: the transformers-5 import shims the parity test applies too
+from reference_shims import apply_transformers5_shims
+apply_transformers5_shims()
 root = Path(importlib.util.find_spec("ImageReward").origin).parent
 for name, folder in (("ImageReward", root), ("ImageReward.models", root / "models")):
     stub = types.ModuleType(name); stub.__path__ = [str(folder)]; sys.modules[name] = stub

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The test command: sets up the environment (quick when already done) and runs the suite on CPU.
-#   bash scripts/run_tests.sh [pytest args...]
+#   bash scripts/run_tests.sh [pytest args...]              the recipe library line (.venv)
+#   LINE=current bash scripts/run_tests.sh [pytest args...] the current library line (.venv-current)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash env_setup.sh --target cpu --with-parity
+export LINE=${LINE:-recipe}
+bash env_setup.sh --target cpu --with-parity --line "$LINE"
 export FASTVIDEO_DEVICE=cpu
 source scripts/common.sh
 # FLUX_GRPO_HCCL_RULES=1: every 2-rank test checks its collectives against HCCL's rules (tests/hccl_rules.py).

@@ -108,7 +108,7 @@ def tiny_vae_config(channels, groups: int, scaling: float, shift: float) -> dict
     }
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """CLIP's reversible byte -> printable-character map (GPT-2 byte-level BPE)."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     printable += list(range(ord("®"), ord("ÿ") + 1))
@@ -127,7 +127,7 @@ def write_clip_tokenizer(out: Path) -> int:
     from transformers import CLIPTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
-    symbols = list(_bytes_to_unicode().values())
+    symbols = list(bytes_to_unicode().values())
     tokens = symbols + [s + "</w>" for s in symbols] + ["<|startoftext|>", "<|endoftext|>"]
     (out / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False))
     (out / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from fastvideo.tools.make_tiny_flux import bytes_to_unicode
+
 TINY_HPS_MODEL_NAME = "flux-grpo-tiny-hps"
 TINY_HPS_CONFIG = {
     "embed_dim": 16,
@@ -129,8 +131,6 @@ def write_aesthetic(out_dir: Path, seed: int) -> Path:
 
 def write_clip_tokenizer_files(folder: Path) -> tuple[Path, Path]:
     """Byte-level CLIP BPE vocabulary without merges: every word splits into byte symbols."""
-    from transformers.models.clip.tokenization_clip import bytes_to_unicode
-
     symbols = list(bytes_to_unicode().values())
     tokens = symbols + [s + "</w>" for s in symbols] + [START_TOKEN, END_TOKEN]
     vocab_path, merges_path = folder / "vocab.json", folder / "merges.txt"

@@ -26,7 +26,7 @@ Layout of ``OUTPUT_DIR/checkpoint-{iteration}/``:
     <name>.safetensors         an objective's own weight sets (Objective.weight_sets: NFT's old_policy), gathered like the EMA
     extra_state.json/.safetensors  the caller's dict (iteration, sampler, RNG states ...)
     rank_state/rank-NNNNN.*    optional per-rank dicts
-    meta.json                  iteration, world size, torch version, time
+    meta.json                  iteration, world size, torch version, library line (recipe|current), time
     COMPLETE.json              written last: every file with its size and its sha256
 
 Checkpoints of the layout before (model.safetensors, lora.safetensors with peft names,
@@ -65,6 +65,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fastvideo import devices
+from fastvideo.library_lines import installed_version, library_line
 from fastvideo.distributed import fsdp
 from fastvideo.training import checkpoint_shards as shards
 from fastvideo.training.state_io import (  # noqa: F401  (re-exported: part of this module's API)
@@ -251,6 +252,7 @@ def _write_components(w: _Writer, is_main: bool, iteration: int, model, optimize
         w.tree("extra_state", dict(extra_state or {}))
         w.json("meta.json", {"format_version": FORMAT_VERSION, "iteration": iteration,
                              "world_size": devices.world_size(), "torch": torch.__version__,
+                             "library_line": library_line(), "diffusers": installed_version("diffusers"),
                              "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
@@ -419,6 +421,11 @@ def read_resume_point(spec: str | os.PathLike, output_dir: str | os.PathLike) ->
     state, so a resume can be checked before any model is built."""
     found = _rank0_then_share(lambda: str(resolve_checkpoint(spec, output_dir)))
     return found, _rank0_then_share(lambda: load_tree(Path(found), "extra_state"))
+
+
+def recorded_line(path: str | os.PathLike) -> str | None:
+    """Collective and cheap: the library line a checkpoint was written on (None before lines existed)."""
+    return _rank0_then_share(lambda: _read_json(Path(path) / "meta.json").get("library_line"))
 
 
 def resume_from_checkpoint(

@@ -44,10 +44,14 @@ def check_resume(cfg, world_size: int):
     spec = cfg.output.resume_from_checkpoint
     if not spec:
         return None
+    from fastvideo.library_lines import check_recorded_line
     from fastvideo.training import checkpoint
     from fastvideo.training.run_identity import check_resume as check
 
     path, saved = checkpoint.read_resume_point(spec, cfg.output.output_dir)
+    line_note = check_recorded_line(checkpoint.recorded_line(path), f"checkpoint {path}")
+    if line_note:
+        main_print(f"[resume] note: {line_note}")
     for diff in check(saved, cfg, world_size, str(spec)):
         main_print(f"[resume] --resume_allow_changes: continuing with a changed setting: {diff}")
     return path

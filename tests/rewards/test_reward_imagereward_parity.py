@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from reference_shims import apply_transformers5_shims
+
 pytestmark = pytest.mark.network
 
 LONG_PROMPT = " ".join(["a very long prompt about a castle"] * 10)  # > 35 tokens: truncation
@@ -40,6 +42,7 @@ def _import_reference():
             raise AssertionError("FLUX_GRPO_REQUIRE_PARITY is set but image-reward / fairscale are not "
                                  "installed; run scripts/install_hpsv2_parity.sh")
         return None
+    apply_transformers5_shims()  # current line: helpers transformers 5 moved (reference_shims.py)
     root = Path(spec.origin).parent
     for name, folder in (("ImageReward", root), ("ImageReward.models", root / "models")):
         if name not in sys.modules:

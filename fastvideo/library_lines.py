@@ -1,0 +1,129 @@
+"""The two library lines, and every place where they differ.
+
+The project runs on two tested sets of diffusers / transformers / peft (constraints/<line>.txt):
+
+    recipe   diffusers 0.32.0, transformers 4.46.1, peft 0.13.2   the Ascend recipe's pins (late 2024)
+    current  diffusers 0.42.1, transformers 5.24.0, peft 0.21.2   the families that exist only there
+
+Code that must behave differently on the two lines asks this module (one function per
+difference) instead of comparing versions itself:
+
+    library_line()                   -> "recipe" | "current" (what this environment has)
+    require_line(line, what)         a LibraryLineError (exit 2) naming both lines and the install command
+    check_recorded_line(line, what)  the same for a checkpoint or folder written on the other line
+    peft_state_dict_keys(...)        (peft) adapter keys in the one form both peft releases write
+
+Nothing here imports diffusers, transformers or peft at module level: the line is read from the
+installed distributions' metadata, so asking costs no import.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from functools import lru_cache
+
+from fastvideo.errors import UserError
+
+RECIPE = "recipe"
+CURRENT = "current"
+
+
+@dataclass(frozen=True)
+class LineSpec:
+    """A library line's tested pins (the same as constraints/<name>.txt)."""
+
+    name: str
+    diffusers: str
+    transformers: str
+    peft: str
+
+    def install_command(self) -> str:
+        return f"bash env_setup.sh --line {self.name}"
+
+    def describe(self) -> str:
+        return (f"the {self.name} line (diffusers {self.diffusers}, transformers {self.transformers}, "
+                f"peft {self.peft})")
+
+
+LINES = {
+    RECIPE: LineSpec(RECIPE, diffusers="0.32.0", transformers="4.46.1", peft="0.13.2"),
+    CURRENT: LineSpec(CURRENT, diffusers="0.42.1", transformers="5.24.0", peft="0.21.2"),
+}
+# diffusers releases from this one on belong to the current line (0.40 is the oldest with the
+# pipelines of the current families; between 0.32 and 0.40 nothing is tested).
+CURRENT_FROM_DIFFUSERS = (0, 40)
+
+
+class LibraryLineError(UserError):
+    """A feature or a file of one library line used in an environment of the other (exit 2)."""
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    parts = version.split(".")
+    return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+
+
+def line_of_diffusers(version: str) -> str:
+    """The library line a diffusers version belongs to."""
+    return CURRENT if _major_minor(version) >= CURRENT_FROM_DIFFUSERS else RECIPE
+
+
+@lru_cache(maxsize=None)
+def installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def library_line() -> str:
+    """The line this environment runs: decided by its diffusers (transformers and peft follow it
+    through the constraints files)."""
+    version = installed_version("diffusers")
+    return line_of_diffusers(version) if version else RECIPE
+
+
+def is_current() -> bool:
+    return library_line() == CURRENT
+
+
+def _other(line: str) -> str:
+    return CURRENT if line == RECIPE else RECIPE
+
+
+def require_line(line: str, what: str) -> None:
+    """Refuse ``what`` (e.g. "model family 'flux2'") unless this environment runs ``line``."""
+    if line not in LINES:
+        raise ValueError(f"unknown library line {line!r}")
+    here = library_line()
+    if here != line:
+        spec = LINES[line]
+        raise LibraryLineError(
+            f"{what} needs {spec.describe()}, but this environment runs {LINES[here].describe()}; install "
+            f"the {line} line with `{spec.install_command()}` and run with its environment"
+            f"{' (.venv-current)' if line == CURRENT else ' (.venv)'}")
+
+
+def check_recorded_line(recorded: str | None, what: str) -> str | None:
+    """A checkpoint or folder that records the line it was written on. Returns a start-up note
+    when it was written on the other line (its contents are diffusers-named and read on both lines),
+    raises for an unknown line, and returns None when the lines agree or nothing was recorded."""
+    if recorded is None:
+        return None
+    if recorded not in LINES:
+        raise LibraryLineError(
+            f"{what} records the library line {recorded!r}, which this release does not know (it knows "
+            f"{', '.join(LINES)}): resume it with the flux-grpo release that wrote it")
+    here = library_line()
+    if recorded == here:
+        return None
+    return (f"{what} was written on {LINES[recorded].describe()} and is read on {LINES[here].describe()}; "
+            f"the weights, optimizer and adapter files are read by name on both lines (to continue on the "
+            f"original line instead: `{LINES[recorded].install_command()}`)")
+
+
+def line_summary() -> str:
+    """One phrase for start-up and dry-run lines: ``recipe (diffusers 0.32.0, transformers 4.46.1)``."""
+    versions = ", ".join(f"{name} {installed_version(name) or 'missing'}" for name in ("diffusers", "transformers"))
+    return f"{library_line()} ({versions})"
