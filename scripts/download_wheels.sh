@@ -25,11 +25,11 @@ if [ "$TARGET" = npu ] && [ "${#CANN_ARGS[@]}" = 0 ] && ! "$PY" scripts/install_
   echo "env_setup.sh: --download for npu on a machine without CANN: name the target's CANN version, e.g. --cann-version 8.5.0" >&2
   exit 2
 fi
-PLAN_OUT="$("$PY" scripts/install_plan.py torch --target "$TARGET" --python-version "$PYVER" --arch "$ARCH" "${CANN_ARGS[@]}")" || exit 2
+PLAN_OUT="$("$PY" scripts/install_plan.py torch --target "$TARGET" --line "${LINE:-recipe}" --python-version "$PYVER" --arch "$ARCH" "${CANN_ARGS[@]}")" || exit 2
 mapfile -t TORCH_ARGS <<< "$PLAN_OUT"
 PARITY_FLAG=()
 [ "$PARITY" = 1 ] && PARITY_FLAG=(--with-parity)
-mapfile -t PROJECT_REQS < <("$PY" scripts/install_plan.py project "${PARITY_FLAG[@]}")
+mapfile -t PROJECT_REQS < <("$PY" scripts/install_plan.py project --line "${LINE:-recipe}" "${PARITY_FLAG[@]}")
 
 mkdir -p "$DEST"
 DEST="$(cd "$DEST" && pwd)"
@@ -98,4 +98,4 @@ cat > "$DEST/FLUX_GRPO_WHEELHOUSE.txt" <<INFO
 target=$TARGET python=$PYVER platform=${PLATFORM:-$(uname -m)} parity=$PARITY preinstalled=${PREINSTALLED[*]:-none}
 INFO
 echo "env_setup.sh: $(ls "$DEST" | grep -c -E '\.(whl|tar\.gz|zip)$') files, $(du -sh "$DEST" | cut -f1) in $DEST. On the other machine:"
-echo "    bash env_setup.sh --target $TARGET --wheelhouse $DEST$([ "$PARITY" = 1 ] && echo ' --with-parity')"
+echo "    bash env_setup.sh --target $TARGET --line ${LINE:-recipe} --wheelhouse $DEST$([ "$PARITY" = 1 ] && echo ' --with-parity')"

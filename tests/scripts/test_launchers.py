@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from fastvideo.library_lines import line_summary
+
 ROOT = Path(__file__).resolve().parents[2]
 A3 = "scripts/finetune/finetune_flux_grpo_a3_16die.sh"
 LAUNCHERS = [A3, "scripts/finetune/finetune_flux_grpo_8gpus.sh", "scripts/finetune/finetune_flux_grpo.sh",
@@ -86,10 +88,11 @@ def test_every_launcher_prints_the_device_line_first(ascend, script):
     out = launch(script, env)
     assert out.returncode == 0, out.stderr
     first, command = out.stdout.splitlines()[:2]
+    line = f"line: {line_summary()}"  # the library line of the environment that runs the tests
     if script.endswith("grpo_tiny_cpu.sh"):  # the demo forces the CPU (torch-npu not auto-loaded)
-        assert first == "device: cpu; cann: none"
+        assert first == f"device: cpu; cann: none; {line}"
     else:
-        assert first == f"device: npu; cann: {set_env}"
+        assert first == f"device: npu; cann: {set_env}; {line}"
     if script == A3:
         assert "--nproc_per_node=16" in command and "train_grpo_flux.py" in command
     if "preprocess" in script:  # NPROC from the (fake) NPU count
@@ -120,4 +123,4 @@ def test_no_ascend_no_gpu_gives_cpu(ascend):
         pytest.skip("this machine has Ascend or NVIDIA software")
     out = launch(A3, env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == "device: cpu; cann: none"
+    assert out.stdout.splitlines()[0] == f"device: cpu; cann: none; line: {line_summary()}"
