@@ -8,6 +8,7 @@
 #        --preinstalled torch==<its version> --preinstalled torchvision==<its version> \
 #        --preinstalled numpy==<its version> --preinstalled pillow==<its version>
 # (52.5 MB, 42 wheels, measured for torch 2.14.1; 75 MB when only torch and torchvision are there)
+# The library line: LINE=recipe (default) or LINE=current, as the wheelhouse was made (env_setup.sh --line).
 # Installs the rest from WHEELHOUSE (pip --no-index, into the current Python: no venv), then, within
 # about 9 minutes, writes into OUT:
 #   install.log            env_setup.sh's output

@@ -127,3 +127,10 @@ def line_summary() -> str:
     """One phrase for start-up and dry-run lines: ``recipe (diffusers 0.32.0, transformers 4.46.1)``."""
     versions = ", ".join(f"{name} {installed_version(name) or 'missing'}" for name in ("diffusers", "transformers"))
     return f"{library_line()} ({versions})"
+
+
+def projected_features(output):
+    """``CLIPModel.get_image_features`` / ``get_text_features`` -> the projected embeddings ``[B, D]``.
+    transformers 4.x returns the tensor; transformers 5 returns a ``BaseModelOutputWithPooling`` whose
+    ``pooler_output`` holds the same projection."""
+    return output if hasattr(output, "float") else output.pooler_output

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from fastvideo.rewards.base import BatchedReward, ImageBatch, as_pils
 from fastvideo.errors import MissingInputError
+from fastvideo.library_lines import projected_features
 
 DEFAULT_CLIP_DIR = "./clip_ckpt"
 CLIP_PUBLISHED_AT = "https://huggingface.co/openai/clip-vit-large-patch14"
@@ -93,8 +94,8 @@ class HFClipReward(BatchedReward):
                 input_ids=text["input_ids"].to(self.device),
                 attention_mask=text["attention_mask"].to(self.device),
             )
-        image_embeds = F.normalize(image_embeds.float(), dim=-1)
-        text_embeds = F.normalize(text_embeds.float(), dim=-1)
+        image_embeds = F.normalize(projected_features(image_embeds).float(), dim=-1)
+        text_embeds = F.normalize(projected_features(text_embeds).float(), dim=-1)
         scores = (image_embeds * text_embeds).sum(dim=-1)
         if self.use_logit_scale:
             scores = scores * self.model.logit_scale.detach().float().exp()

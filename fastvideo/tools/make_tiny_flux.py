@@ -131,10 +131,9 @@ def write_clip_tokenizer(out: Path) -> int:
     tokens = symbols + [s + "</w>" for s in symbols] + ["<|startoftext|>", "<|endoftext|>"]
     (out / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False))
     (out / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
-    tok = CLIPTokenizer(
-        str(out / "vocab.json"), str(out / "merges.txt"), model_max_length=77,
-        pad_token="<|endoftext|>",
-    )
+    # from_pretrained reads vocab.json + merges.txt on both library lines (transformers 5's
+    # constructor takes the vocabulary itself, not its file).
+    tok = CLIPTokenizer.from_pretrained(str(out), model_max_length=77, pad_token="<|endoftext|>")
     tok.save_pretrained(out)
     return len(tokens)
 

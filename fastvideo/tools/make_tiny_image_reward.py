@@ -33,11 +33,16 @@ def write_vocab(folder: Path) -> int:
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     chars = list(string.ascii_lowercase + string.digits + string.punctuation)
     tokens = specials + WORDS + chars + ["##" + c for c in string.ascii_lowercase + string.digits]
+    text = "\n".join(dict.fromkeys(tokens)) + "\n"
     with tempfile.TemporaryDirectory() as tmp:
         vocab = Path(tmp) / "vocab.txt"
-        vocab.write_text("\n".join(dict.fromkeys(tokens)) + "\n")
-        tokenizer = BertTokenizer(str(vocab), do_lower_case=True, model_max_length=512)
+        vocab.write_text(text)
+        # from_pretrained reads vocab.txt on both library lines (transformers 5's constructor takes
+        # the vocabulary itself, not its file).
+        tokenizer = BertTokenizer.from_pretrained(tmp, do_lower_case=True, model_max_length=512)
     tokenizer.save_pretrained(str(folder))
+    if not (folder / "vocab.txt").is_file():  # transformers 5 saves tokenizer.json alone; the hub folder has vocab.txt
+        (folder / "vocab.txt").write_text(text)
     return len(tokenizer)
 
 

@@ -147,10 +147,13 @@ def write_pickscore(out_dir: Path, seed: int) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         vocab, merges = write_clip_tokenizer_files(Path(tmp))
-        tokenizer = CLIPTokenizerFast(
-            vocab_file=str(vocab), merges_file=str(merges), unk_token=END_TOKEN,
-            bos_token=START_TOKEN, eos_token=END_TOKEN, pad_token=END_TOKEN, model_max_length=77,
+        # from_pretrained reads vocab.json + merges.txt on both library lines (transformers 5's
+        # constructor takes the vocabulary itself, not its file).
+        tokenizer = CLIPTokenizerFast.from_pretrained(
+            tmp, unk_token=END_TOKEN, bos_token=START_TOKEN, eos_token=END_TOKEN, pad_token=END_TOKEN,
+            model_max_length=77,
         )
+        vocab_text, merges_text = vocab.read_text(), merges.read_text()
     vocab_size = len(tokenizer)
     bos, eos = tokenizer.convert_tokens_to_ids([START_TOKEN, END_TOKEN])
     config = CLIPConfig(
@@ -174,7 +177,19 @@ def write_pickscore(out_dir: Path, seed: int) -> Path:
         crop_size={"height": TINY_CLIP_IMAGE_SIZE, "width": TINY_CLIP_IMAGE_SIZE},
     )
     CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out_dir)
+    _complete_hub_layout(out_dir, image_processor, vocab_text, merges_text)
     return out_dir
+
+
+def _complete_hub_layout(out_dir: Path, image_processor, vocab_text: str, merges_text: str) -> None:
+    """The files of the published PickScore / CLIP folders that transformers 5's processor save
+    leaves out (it writes processor_config.json and tokenizer.json only); transformers 4.x writes
+    them all, so on the recipe line this adds nothing."""
+    if not (out_dir / "preprocessor_config.json").is_file():
+        image_processor.save_pretrained(out_dir)
+    for name, text in (("vocab.json", vocab_text), ("merges.txt", merges_text)):
+        if not (out_dir / name).is_file():
+            (out_dir / name).write_text(text)
 
 
 def make_tiny_reward(out_dir: str | Path, seed: int = 0) -> TinyRewardPaths:

@@ -26,7 +26,11 @@ def test_accelerator_check_runs_on_cpu(tmp_path):
                                    text=True).strip()
     Path(site, "box.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH"))}
-    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", FASTVIDEO_DEVICE="cpu", ACCEL_TESTS="tests/test_devices.py")
+    from fastvideo.library_lines import library_line
+
+    # The box already has this environment's packages: install for its library line.
+    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", FASTVIDEO_DEVICE="cpu", ACCEL_TESTS="tests/test_devices.py",
+               LINE=library_line())
     out = tmp_path / "out"
     r = subprocess.run(["bash", str(ROOT / "bench/accelerator_check.sh"), str(wheelhouse), str(out)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=900)

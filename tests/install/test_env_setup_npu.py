@@ -77,7 +77,7 @@ def test_cann_version_selects_torch_npu(env, tmp_path, version, expected):
     assert first[first.index("--extra-index-url") + 1] == "https://download.pytorch.org/whl/cpu"
     for dep in ("decorator", "sympy", "cffi", "attrs", "psutil", "scipy", "absl-py==2.3.1", "protobuf==3.20.0"):
         assert dep in first
-    assert _pip_lines(log)[1].endswith("-e .[test]")
+    assert _pip_lines(log)[1].endswith(f"-e .[test] -c {ROOT / 'constraints' / 'recipe.txt'}")
     # set_env.sh was sourced before the final import (the torch_npu stand-in refuses otherwise).
     assert f"sourced {home / 'set_env.sh'}" in r.stdout and "env_setup.sh: ok - torch" in r.stdout
 
@@ -116,7 +116,7 @@ def test_python_312_refused_with_the_fix(env, tmp_path):
     (venv / "bin" / "python").chmod(0o755)
     r = _run(venv, e, "--cann-home", str(_fake_cann(tmp_path, "8.5.0")))
     assert r.returncode == 2 and not _pip_lines(log)
-    assert "Python 3.12 cannot run torch-npu" in r.stderr
+    assert "Python 3.12 cannot run the recipe line's torch-npu" in r.stderr
     assert "conda create -n flux_grpo python=3.11" in r.stderr
 
 
@@ -140,3 +140,40 @@ def test_platform_tags_widen_manylinux():
     tags = install_plan.platform_tags("manylinux_2_28_aarch64")
     assert tags[0] == "manylinux_2_28_aarch64" and "manylinux_2_17_aarch64" in tags and tags[-1] == "manylinux2014_aarch64"
     assert install_plan.platform_tags("win_amd64") == ["win_amd64"]
+
+
+@pytest.mark.parametrize("version,torch,npu", [("8.5.0", "2.9.0", "2.9.0"), ("9.0.0", "2.10.0", "2.10.0"),
+                                               ("9.1.0", "2.10.0", "2.10.0.post4")])
+def test_current_line_pairs_cann_with_its_torch(env, tmp_path, version, torch, npu):
+    """The current line's pairs (Ascend/pytorch README, v2.12.0 version table) and its constraints."""
+    venv, e, log = env
+    r = _run(venv, e, "--cann-home", str(_fake_cann(tmp_path, version)), "--line", "current")
+    assert r.returncode == 0, r.stderr
+    first = _pip_lines(log)[0].split()
+    assert f"torch=={torch}+cpu" in first and f"torch-npu=={npu}" in first
+    assert _pip_lines(log)[1].endswith(f"-e .[test] -c {ROOT / 'constraints' / 'current.txt'}")
+    assert "current line" in r.stdout
+
+
+def test_cann_known_only_to_the_other_line_names_it(env, tmp_path):
+    venv, e, log = env
+    r = _run(venv, e, "--cann-home", str(_fake_cann(tmp_path, "8.3.RC1")), "--line", "current")
+    assert r.returncode == 2 and not _pip_lines(log)
+    assert "on the current line" in r.stderr and "--line recipe" in r.stderr
+
+
+def test_unknown_line_refused(env, tmp_path):
+    venv, e, log = env
+    r = _run(venv, e, "--cann-home", str(_fake_cann(tmp_path, "8.5.0")), "--line", "nightly")
+    assert r.returncode == 2 and not _pip_lines(log)
+    assert "--line must be recipe" in r.stderr and "'nightly'" in r.stderr
+
+
+def test_constraints_files_pin_what_library_lines_names():
+    """constraints/<line>.txt and fastvideo.library_lines.LINES name the same versions."""
+    from fastvideo.library_lines import LINES
+
+    for name, spec in LINES.items():
+        pins = install_plan.line_pins(name)
+        for dist in ("diffusers", "transformers", "peft"):
+            assert f"{dist}=={getattr(spec, dist)}" in pins, (name, dist, pins)

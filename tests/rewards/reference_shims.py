@@ -3,9 +3,11 @@
 image-reward 1.5 (the ImageReward parity reference) imports three helpers from
 ``transformers.modeling_utils`` that transformers 5 moved to ``transformers.pytorch_utils``
 (``apply_chunking_to_forward``, ``prune_linear_layer``) or removed (``find_pruneable_heads_and_indices``,
-used only when pruning attention heads, which scoring never does). Re-exporting them lets the
-reference's own modules import unchanged; none of its maths is touched. On transformers 4.x this does
-nothing. Used by tests/rewards/test_reward_imagereward_parity.py and scripts/install_reward_parity.sh.
+used only when pruning attention heads). Re-exporting them lets scripts/install_reward_parity.sh
+check that the reference installed on either line. Its BERT also calls ModuleUtilsMixin methods that
+transformers 5 removed (``get_extended_attention_mask``, ``invert_attention_mask``, ``get_head_mask``),
+so the parity itself runs on the recipe line only (tests/rewards/test_reward_imagereward_parity.py
+says so when it skips). On transformers 4.x this does nothing.
 """
 
 from __future__ import annotations

@@ -14,10 +14,9 @@ def _published_pickscore(model, processor, prompt, pil_images):
         text_inputs = processor(
             text=[prompt], padding=True, truncation=True, max_length=77, return_tensors="pt"
         )
-        image_embs = model.get_image_features(**image_inputs)
-        image_embs = image_embs / image_embs.norm(dim=-1, keepdim=True)
-        text_embs = model.get_text_features(**text_inputs)
-        text_embs = text_embs / text_embs.norm(dim=-1, keepdim=True)
+        # CLIPModel's own forward (the same on both library lines): projected, normalised embeddings.
+        out = model(**image_inputs, **text_inputs)
+        image_embs, text_embs = out.image_embeds, out.text_embeds
         return model.logit_scale.exp() * (text_embs @ image_embs.T)[0]
 
 

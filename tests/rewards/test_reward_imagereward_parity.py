@@ -60,6 +60,12 @@ def _import_reference():
 
 @pytest.fixture(scope="module")
 def reference(tiny_rewards):
+    from fastvideo.library_lines import RECIPE, library_line
+
+    if library_line() != RECIPE:
+        pytest.skip("recipe line only: image-reward 1.5's BLIP calls transformers 4.x ModuleUtilsMixin methods "
+                    "that transformers 5 removed (invert_attention_mask, get_extended_attention_mask); the recipe "
+                    "line's suite runs this parity (LINE=recipe bash scripts/run_tests.sh)")
     modules = _import_reference()
     if modules is None:
         pytest.skip("image-reward not installed (scripts/install_hpsv2_parity.sh)")
