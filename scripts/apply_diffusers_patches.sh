@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Build a patched diffusers 0.32.0 for Ascend NPU and install it in editable mode.
+# Build a patched diffusers for Ascend NPU and install it in editable mode.
 #
-#   bash scripts/apply_diffusers_patches.sh [--no-install] DIR
+#   bash scripts/apply_diffusers_patches.sh [--no-install] [--version VERSION] DIR
 #
-# Fetches diffusers 0.32.0's source distribution from PyPI (pip download), unpacks it into DIR,
-# commits it there as "v0.32.0" (tagged v0.32.0), applies patches/diffusers/*.patch with `git am`,
-# then runs `pip install -e DIR`.
+# VERSION is a release with a patch series in patches/diffusers-VERSION/: 0.32.0 (the recipe line,
+# the default) or 0.42.1 (the current line). Fetches that release's source distribution from PyPI
+# (pip download), unpacks it into DIR, commits it there as "vVERSION" (tagged vVERSION), applies
+# patches/diffusers-VERSION/*.patch with `git am`, then runs `pip install -e DIR`.
 #
 # Environment:
 #   PYTHON           interpreter whose pip is used (default: .venv/bin/python, else python3)
-#   DIFFUSERS_SDIST  an already downloaded diffusers-0.32.0.tar.gz to use instead of downloading
+#   DIFFUSERS_SDIST  an already downloaded diffusers-VERSION.tar.gz to use instead of downloading
 #
 # DIR must not exist yet, or be empty. Without CANN the patched diffusers behaves exactly as the stock
 # release, so installing it on GPU/CPU machines is harmless (and unnecessary).
@@ -17,10 +18,9 @@ set -euo pipefail
 
 VERSION=0.32.0
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PATCH_DIR="${REPO_ROOT}/patches/diffusers"
 
 usage() {
-    echo "usage: bash scripts/apply_diffusers_patches.sh [--no-install] DIR" >&2
+    echo "usage: bash scripts/apply_diffusers_patches.sh [--no-install] [--version VERSION] DIR" >&2
     exit 2
 }
 
@@ -29,6 +29,8 @@ target=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-install) install=0 ;;
+        --version) [ $# -ge 2 ] || usage; VERSION="$2"; shift ;;
+        --version=*) VERSION="${1#--version=}" ;;
         -h|--help) usage ;;
         -*) echo "unknown option: $1" >&2; usage ;;
         *) [ -z "$target" ] || usage; target="$1" ;;
@@ -36,6 +38,15 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ -n "$target" ] || usage
+
+PATCH_DIR="${REPO_ROOT}/patches/diffusers-${VERSION}"
+if [ ! -d "$PATCH_DIR" ]; then
+    series=$(cd "${REPO_ROOT}/patches" && ls -d diffusers-*/ 2>/dev/null | sed 's|^diffusers-||; s|/$||' | tr '\n' ' ')
+    series="${series% }"
+    echo "no patch series for diffusers ${VERSION} (patches/diffusers-${VERSION}/ does not exist);" \
+        "use --version with one of: ${series:-none}" >&2
+    exit 2
+fi
 
 if [ -z "${PYTHON:-}" ]; then
     if [ -x "${REPO_ROOT}/.venv/bin/python" ]; then

@@ -1,18 +1,21 @@
-"""Ascend NPU kernels for the FLUX transformer, installed from outside the model.
+"""Ascend NPU kernels for the FLUX and SD3.5 transformers, installed from outside the model.
 
-diffusers 0.32.0 runs FLUX on an NPU, but slowly or not at all in three places (see docs/npu.md):
+Stock diffusers runs FLUX on an NPU slowly or not at all in three places (see docs/npu.md):
 
-1. q/k RMS norms: ``Attention`` builds ``RMSNorm`` for ``norm_q``, ``norm_k``, ``norm_added_q`` and
-   ``norm_added_k``; :class:`NpuFusedRMSNorm` calls torch_npu's fused ``npu_rms_norm`` instead.
+1. q/k RMS norms: FLUX's and SD3.5's attention layers normalise q and k with ``RMSNorm`` (diffusers'
+   own class; on diffusers 0.42 FLUX uses ``torch.nn.RMSNorm`` instead). :class:`NpuFusedRMSNorm`
+   and :class:`NpuFusedTorchRMSNorm` call torch_npu's fused ``npu_rms_norm``, each with its
+   class's semantics (output dtype, eps).
 2. RoPE: ``FluxPosEmbed`` computes frequencies in float64 (NPU has no float64 kernels for it);
    :class:`NpuFluxPosEmbed` computes the same cos/sin in float32 there.
-3. Attention: with fp32 norm weights under bf16 autocast, q and k leave the norms as fp32 while v is
-   bf16, and the fused attention kernel needs one dtype; :class:`NpuFluxAttnProcessor` casts q and k
-   to v's dtype before ``npu_fusion_attention``.
+3. Attention: the fused attention kernel needs one dtype for q, k and v, and under bf16 autocast q
+   and k can leave fp32-weight norms as fp32 while v is bf16; :class:`NpuFluxAttnProcessor` casts
+   q and k to v's dtype before ``npu_fusion_attention``.
 
 :func:`maybe_adapt_for_npu` applies all three when, and only when, the device is an NPU. Parameters
 are reused, never copied, so state-dict keys, their order and optimizer bindings do not change. Call
-it before FSDP wraps the model.
+it before FSDP wraps the model. Where the library lines differ (module and processor classes) is
+answered by :mod:`fastvideo.compat.diffusers_api`.
 
 Each replacement decides per call whether the fused kernel can run (torch_npu importable and the
 tensor on an NPU) and otherwise computes exactly what diffusers computes, so an adapted model moved
@@ -30,27 +33,21 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from diffusers.models.attention_processor import (
-    Attention,
-    FluxAttnProcessor2_0,
-    FluxAttnProcessor2_0_NPU,
-)
-from diffusers.models.embeddings import FluxPosEmbed, apply_rotary_emb
+from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.normalization import RMSNorm
 
 from fastvideo import devices
+from fastvideo.compat.diffusers_api import flux_blocks
 
 logger = logging.getLogger(__name__)
 
-# The names under which diffusers' Attention keeps its q/k RMS norms.
+# The names under which FLUX's and SD3's attention layers keep their q/k RMS norms.
 QK_NORM_NAMES = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
 # npu_fusion_attention accepts fp16, bf16 and (since 2.7.1) fp32 (Ascend/op-plugin branch 7.2.0,
 # docs/context/torch_npu-npu_fusion_attention.md). fp32 attention still goes through SDPA: the
 # fused kernel's fp32 accumulation is not documented, and fp32 runs are the ones the alignment
 # method compares across devices.
 FUSED_ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
-# Processors whose maths NpuFluxAttnProcessor reproduces (separate q/k/v projections).
-_FLUX_PROCESSORS = (FluxAttnProcessor2_0, FluxAttnProcessor2_0_NPU)
 
 
 def npu_kernels_for(tensor: torch.Tensor):
@@ -123,6 +120,68 @@ class NpuFusedRMSNorm(nn.Module):
         # The kernel needs x and gamma in one dtype; the weight's dtype wins, as in RMSNorm.
         y = torch_npu.npu_rms_norm(x.to(self.weight.dtype), self.weight, epsilon=self.eps)[0]
         return y if self.bias is None else y + self.bias
+
+
+def torch_rms_norm_eps(eps: float | None, dtype: torch.dtype) -> float:
+    """The eps torch.nn.RMSNorm uses: None means the epsilon of the dtype it computes in, float32
+    for fp16/bf16/fp32 inputs (ATen's opmath type), not the input dtype's as its docstring says."""
+    return torch.finfo(torch.promote_types(dtype, torch.float32)).eps if eps is None else eps
+
+
+def _torch_norm_gamma(weight: torch.Tensor | None, x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """npu_rms_norm's gamma for torch.nn.RMSNorm semantics (output in x's dtype). The kernel takes
+    (x, gamma) as (half, fp32) or in one dtype: an fp32 weight is passed as it is, a half one cast
+    to x's dtype (fp32 x with a bf16 weight: torch also computes with the weight in fp32)."""
+    if weight is None:
+        return torch.ones(shape, dtype=x.dtype, device=x.device)
+    return weight if weight.dtype == torch.float32 else weight.to(x.dtype)
+
+
+class NpuFusedTorchRMSNorm(nn.Module):
+    """``torch.nn.RMSNorm`` through ``torch_npu.npu_rms_norm`` on an NPU (diffusers 0.42's FLUX q/k
+    norms). Same parameter (``weight``), ``normalized_shape`` and ``eps`` (None: see
+    :func:`torch_rms_norm_eps`); the output keeps the input's dtype, as torch's does. Build one from
+    an existing norm with :meth:`from_torch_rms_norm` to share its Parameter.
+    """
+
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None,
+                 elementwise_affine: bool = True):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else normalized_shape
+        self.normalized_shape = tuple(shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.weight = nn.Parameter(torch.ones(self.normalized_shape)) if elementwise_affine else None
+
+    @classmethod
+    def from_torch_rms_norm(cls, norm: nn.RMSNorm) -> "NpuFusedTorchRMSNorm":
+        """A fused norm holding ``norm``'s own weight Parameter (not a copy) and eps."""
+        fused = cls(norm.normalized_shape, eps=norm.eps, elementwise_affine=False)
+        fused.elementwise_affine = norm.elementwise_affine
+        fused.weight = norm.weight
+        return fused
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., *normalized_shape] -> same shape and dtype."""
+        torch_npu = npu_kernels_for(x)
+        if torch_npu is None:
+            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)  # torch.nn.RMSNorm.forward
+        eps = torch_rms_norm_eps(self.eps, x.dtype)
+        gamma = _torch_norm_gamma(self.weight, x, torch.Size(self.normalized_shape))
+        return torch_npu.npu_rms_norm(x, gamma, epsilon=eps)[0]
+
+
+def fused_rms_norm(norm: nn.Module) -> nn.Module | None:
+    """The fused replacement of an RMS norm of either class (diffusers' or torch's), sharing its
+    Parameters; None for anything else (already fused ones included)."""
+    if isinstance(norm, nn.RMSNorm):
+        return NpuFusedTorchRMSNorm.from_torch_rms_norm(norm)
+    if isinstance(norm, RMSNorm):
+        return NpuFusedRMSNorm.from_rms_norm(norm)
+    return None
 
 
 # -------------------------------------------------------------------------------------------- RoPE
@@ -212,7 +271,7 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.view(batch, seq, heads, -1).transpose(1, 2)
 
 
-def _qkv(attn: Attention, x: torch.Tensor, context: bool) -> tuple[torch.Tensor, ...]:
+def _qkv(attn: nn.Module, x: torch.Tensor, context: bool) -> tuple[torch.Tensor, ...]:
     """Projected, head-split and q/k-normalised (q, k, v) of the image (or context) stream."""
     if context:
         proj = (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
@@ -231,14 +290,15 @@ def _qkv(attn: Attention, x: torch.Tensor, context: bool) -> tuple[torch.Tensor,
 class NpuFluxAttnProcessor:
     """Attention processor for FLUX's joint (double-stream) and single-stream blocks.
 
-    Same maths as diffusers' ``FluxAttnProcessor2_0``: text tokens first, then image tokens; RoPE
+    Same maths as diffusers' ``FluxAttnProcessor2_0`` (0.32) and ``FluxAttnProcessor`` (0.42, without
+    its context- and tensor-parallel options): text tokens first, then image tokens; RoPE
     on q and k; output projections only in joint blocks. The attention itself is
     :func:`attention_bnsd` (fused kernel on an NPU, SDPA elsewhere).
     """
 
     def __call__(
         self,
-        attn: Attention,
+        attn: nn.Module,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
@@ -267,34 +327,37 @@ class NpuFluxAttnProcessor:
 # ------------------------------------------------------------------------------------- installing
 
 
-def _swap_qk_norms(model: nn.Module) -> int:
+def _swap_rms_norms(model: nn.Module) -> int:
+    """Every RMS norm of either class, wherever it sits (on FLUX and SD3.5, both lines, these are
+    the attention layers' q/k norms: 4 per joint block, 2 per single block / SD3.5 second attention)."""
     swapped = 0
-    for module in model.modules():
-        if not isinstance(module, Attention):
-            continue
-        for name in QK_NORM_NAMES:
-            norm = getattr(module, name, None)
-            if isinstance(norm, RMSNorm):
-                setattr(module, name, NpuFusedRMSNorm.from_rms_norm(norm))
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            fused = fused_rms_norm(child)
+            if fused is not None:
+                setattr(parent, name, fused)
                 swapped += 1
     return swapped
 
 
 def _swap_pos_embeds(model: nn.Module) -> int:
+    pos_embed = flux_blocks().pos_embed
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, FluxPosEmbed):
+            if isinstance(child, pos_embed):
                 setattr(parent, name, NpuFluxPosEmbed(child.theta, child.axes_dim))
                 swapped += 1
     return swapped
 
 
 def _swap_processors(model: nn.Module) -> int:
+    stock = flux_blocks().processors
     processor = NpuFluxAttnProcessor()
     swapped = 0
     for module in model.modules():
-        if isinstance(module, Attention) and isinstance(module.processor, _FLUX_PROCESSORS):
+        # Fused q/k/v projections (diffusers' fuse_qkv_projections) are not what NpuFluxAttnProcessor reads.
+        if isinstance(getattr(module, "processor", None), stock) and not getattr(module, "fused_projections", False):
             module.set_processor(processor)
             swapped += 1
     return swapped
@@ -303,12 +366,14 @@ def _swap_processors(model: nn.Module) -> int:
 def adapt_for_npu(transformer: nn.Module) -> int:
     """Install the NPU kernels in a diffusers FLUX transformer, in place.
 
-    Swaps every q/k ``RMSNorm`` of every ``Attention`` for :class:`NpuFusedRMSNorm` (same
-    Parameter objects), every ``FluxPosEmbed`` for :class:`NpuFluxPosEmbed`, and every
-    ``FluxAttnProcessor2_0`` / ``FluxAttnProcessor2_0_NPU`` for :class:`NpuFluxAttnProcessor`.
-    Idempotent. Returns the number of RMS norms swapped (4 per joint block, 2 per single block).
+    Swaps every diffusers ``RMSNorm`` for :class:`NpuFusedRMSNorm` and every ``torch.nn.RMSNorm``
+    for :class:`NpuFusedTorchRMSNorm` (same Parameter objects), every ``FluxPosEmbed`` for
+    :class:`NpuFluxPosEmbed`, and every stock FLUX attention processor (0.32:
+    ``FluxAttnProcessor2_0`` / ``FluxAttnProcessor2_0_NPU``, 0.42: ``FluxAttnProcessor``) for
+    :class:`NpuFluxAttnProcessor`. Idempotent. Returns the number of RMS norms swapped (FLUX: 4 per
+    joint block, 2 per single block).
     """
-    norms = _swap_qk_norms(transformer)
+    norms = _swap_rms_norms(transformer)
     pos_embeds = _swap_pos_embeds(transformer)
     processors = _swap_processors(transformer)
     logger.info(

@@ -1,4 +1,6 @@
-"""NPU kernels for FLUX, tested on CPU against diffusers 0.32.0 itself.
+"""NPU kernels for FLUX and SD3.5, tested on CPU against the installed diffusers itself (0.32 on
+the recipe line, 0.42 on the current line: FLUX's q/k norms are diffusers' RMSNorm on the first and
+torch.nn.RMSNorm on the second, SD3.5's are diffusers' RMSNorm on both).
 
 No NPU here: the ``fake_npu`` fixture puts the stand-in ``torch_npu`` (tests/npu_stub.py) in
 ``sys.modules`` and makes ``devices.is_npu`` answer True, so CPU tensors take the NPU paths. The
@@ -14,13 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from diffusers import FluxTransformer2DModel
-from diffusers.models.attention_processor import FluxAttnProcessor2_0
-from diffusers.models.embeddings import FluxPosEmbed
+from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
 from diffusers.models.normalization import RMSNorm
 
 from fastvideo import devices
+from fastvideo.compat.diffusers_api import flux_blocks
 from fastvideo.models import npu_ops
+
+FluxPosEmbed = flux_blocks().pos_embed
+STOCK_PROCESSOR = flux_blocks().processors[0]
+STOCK_NORMS = (RMSNorm, torch.nn.RMSNorm)
+FUSED_NORMS = (npu_ops.NpuFusedRMSNorm, npu_ops.NpuFusedTorchRMSNorm)
 
 
 def _load_stub():
@@ -101,7 +107,7 @@ def test_cpu_device_leaves_model_untouched():
     assert npu_ops.maybe_adapt_for_npu(model, "cpu") is False
     assert _module_types(model) == before
     attn = model.transformer_blocks[0].attn
-    assert type(attn.norm_q) is RMSNorm and type(attn.processor) is FluxAttnProcessor2_0
+    assert type(attn.norm_q) in STOCK_NORMS and type(attn.processor) is STOCK_PROCESSOR
     assert type(model.pos_embed) is FluxPosEmbed
 
 
@@ -110,7 +116,7 @@ def test_cpu_device_with_torch_npu_importable_still_untouched(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_npu", npu_stub.make_module())
     model = _tiny_flux()
     assert npu_ops.maybe_adapt_for_npu(model, "cpu") is False
-    assert type(model.transformer_blocks[0].attn.norm_q) is RMSNorm
+    assert type(model.transformer_blocks[0].attn.norm_q) in STOCK_NORMS
 
 
 def test_adapted_fp32_output_equals_original_and_takes_fused_norm(fake_npu):
@@ -122,8 +128,8 @@ def test_adapted_fp32_output_equals_original_and_takes_fused_norm(fake_npu):
 
     assert npu_ops.maybe_adapt_for_npu(model, "npu") is True
     attn = model.transformer_blocks[0].attn
-    assert all(isinstance(getattr(attn, n), npu_ops.NpuFusedRMSNorm) for n in npu_ops.QK_NORM_NAMES)
-    assert isinstance(model.single_transformer_blocks[0].attn.norm_k, npu_ops.NpuFusedRMSNorm)
+    assert all(isinstance(getattr(attn, n), FUSED_NORMS) for n in npu_ops.QK_NORM_NAMES)
+    assert isinstance(model.single_transformer_blocks[0].attn.norm_k, FUSED_NORMS)
     assert isinstance(model.pos_embed, npu_ops.NpuFluxPosEmbed)
     assert isinstance(attn.processor, npu_ops.NpuFluxAttnProcessor)
     assert list(model.state_dict().keys()) == keys
@@ -142,8 +148,9 @@ def test_adapted_bf16_autocast_casts_qk_and_takes_fused_attention(fake_npu):
     expected = _run(model, inputs, torch.bfloat16)
     npu_ops.adapt_for_npu(model)
     got = _run(model, inputs, torch.bfloat16)
-    # Under autocast q/k leave the fp32 norms as fp32 and v is bf16; the stand-in rejects mixed
-    # dtypes, so these calls prove the cast happened.
+    # On 0.32 q/k leave the fp32-weight norms as fp32 under autocast while v is bf16 (0.42's torch
+    # norms keep the input's bf16); the stand-in rejects mixed dtypes, so on 0.32 these calls prove
+    # the cast happened.
     assert fake_npu.calls["npu_fusion_attention"] == BLOCKS
     assert fake_npu.calls["npu_rms_norm"] == NORMS_PER_FORWARD
     assert got.dtype == expected.dtype
@@ -252,3 +259,129 @@ def test_attention_fallbacks(fake_npu):
     got = npu_ops.attention_bnsd(q, k, vb)  # fp32 q/k, bf16 v: cast, fused
     assert fake_npu.calls["npu_fusion_attention"] == 1 and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=0, atol=3e-2)
+
+
+# ------------------------------------------- every RMS norm swapped, of either class (0.42: torch's)
+
+TINY_SD3 = dict(
+    sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+    joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=16, out_channels=4,
+    qk_norm="rms_norm", dual_attention_layers=(0,),
+)
+# SD3.5 with a dual-attention first block: 4 q/k norms per joint attention, 2 in the second attention.
+SD3_NORMS = 4 * TINY_SD3["num_layers"] + 2 * len(TINY_SD3["dual_attention_layers"])
+
+
+def _tiny_sd3(seed: int = 0) -> SD3Transformer2DModel:
+    torch.manual_seed(seed)
+    model = SD3Transformer2DModel(**TINY_SD3).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".norm_" in name and name.endswith("weight"):
+                param.uniform_(0.5, 1.5)
+    return model
+
+
+def _sd3_inputs(seed: int = 1) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        hidden_states=torch.randn(2, 4, 8, 8, generator=g),
+        encoder_hidden_states=torch.randn(2, 6, 16, generator=g),
+        pooled_projections=torch.randn(2, 16, generator=g),
+        timestep=torch.tensor([300.0, 800.0]),
+    )
+
+
+def _norm_counts(model) -> dict:
+    """{class name: number of modules} for the stock and fused RMS norm classes."""
+    counts = {}
+    for module in model.modules():
+        if type(module) in STOCK_NORMS + FUSED_NORMS:
+            key = f"{type(module).__module__}.{type(module).__name__}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("family", ["flux", "sd3"])
+def test_every_rms_norm_of_either_class_is_swapped_and_fused(fake_npu, family):
+    # The norm classes are counted on the model as the installed diffusers builds it, so a class the
+    # adapter did not know (diffusers 0.42's FLUX uses torch.nn.RMSNorm) shows up as left over.
+    model, inputs, n_norms = (
+        (_tiny_flux(), _inputs(), NORMS_PER_FORWARD) if family == "flux" else (_tiny_sd3(), _sd3_inputs(), SD3_NORMS)
+    )
+    before = [type(m) for m in model.modules() if isinstance(m, STOCK_NORMS)]
+    assert len(before) == n_norms
+    expected = _run(model, inputs)
+    params = [id(p) for p in model.parameters()]
+
+    assert npu_ops.adapt_for_npu(model) == n_norms
+    counts = _norm_counts(model)
+    leftover = {k: v for k, v in counts.items() if not k.startswith("fastvideo.")}
+    assert not leftover, f"RMS norms left unswapped: {leftover}"
+    after = [type(m) for m in model.modules() if isinstance(m, FUSED_NORMS)]
+    want = [npu_ops.NpuFusedTorchRMSNorm if t is torch.nn.RMSNorm else npu_ops.NpuFusedRMSNorm for t in before]
+    assert after == want  # each norm keeps its class's semantics
+    assert [id(p) for p in model.parameters()] == params
+
+    got = _run(model, inputs)
+    assert fake_npu.calls["npu_rms_norm"] == n_norms  # every norm of the forward pass took the kernel
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def test_sd3_bf16_autocast_keeps_its_processors_and_stock_result(fake_npu):
+    model, inputs = _tiny_sd3(), _sd3_inputs()
+    processors = [type(m.processor) for m in model.modules() if hasattr(m, "processor")]
+    expected = _run(model, inputs, torch.bfloat16)
+    npu_ops.adapt_for_npu(model)
+    assert [type(m.processor) for m in model.modules() if hasattr(m, "processor")] == processors
+    got = _run(model, inputs, torch.bfloat16)
+    assert fake_npu.calls["npu_rms_norm"] == SD3_NORMS
+    assert got.dtype == expected.dtype
+    assert (got.float() - expected.float()).abs().max() <= 2e-2 * expected.float().abs().max()
+
+
+@pytest.mark.parametrize(
+    "affine,w_dtype,x_dtype,eps,atol",
+    [
+        (True, torch.float32, torch.float32, 1e-6, 1e-6),
+        (True, torch.float32, torch.bfloat16, 1e-6, 2e-2),  # autocast case: bf16 out, fp32 gamma
+        (True, torch.bfloat16, torch.float32, 1e-6, 1e-6),  # torch computes with the weight in fp32
+        (True, torch.bfloat16, torch.bfloat16, 1e-6, 2e-2),
+        (True, torch.float32, torch.float32, None, 1e-6),  # eps None: float32's epsilon (also for bf16)
+        (True, torch.float32, torch.bfloat16, None, 2e-2),
+        (False, torch.float32, torch.float32, 1e-6, 1e-6),
+        (False, torch.float32, torch.bfloat16, None, 2e-2),
+    ],
+)
+def test_fused_torch_rms_norm_matches_torch(fake_npu, affine, w_dtype, x_dtype, eps, atol):
+    torch.manual_seed(0)
+    ref = torch.nn.RMSNorm(16, eps=eps, elementwise_affine=affine)
+    if affine:
+        with torch.no_grad():
+            ref.weight.uniform_(0.5, 1.5)
+        ref.to(w_dtype)
+    # eps None: small inputs, so that the eps actually used shows (float32's 1.2e-7, for bf16 too)
+    x = (torch.randn(2, 3, 5, 16) * (3 if eps else 1e-3)).to(x_dtype)
+    fused = npu_ops.NpuFusedTorchRMSNorm.from_torch_rms_norm(ref)
+    assert fused.weight is ref.weight and fused.eps == ref.eps
+    expected, got = ref(x), fused(x)
+    assert got.dtype == expected.dtype == x_dtype
+    torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=atol)
+    assert fake_npu.calls["npu_rms_norm"] == 1
+
+
+@pytest.mark.parametrize("eps", [1e-6, None])
+def test_fused_torch_rms_norm_off_npu_is_torch_exactly(eps):
+    ref = torch.nn.RMSNorm((4, 16), eps=eps)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+    fused = npu_ops.NpuFusedTorchRMSNorm.from_torch_rms_norm(ref)
+    x = torch.randn(3, 4, 16) * 3
+    for xx in (x, x.bfloat16()):
+        assert torch.equal(fused(xx), ref(xx))
+    assert list(fused.state_dict()) == list(ref.state_dict()) == ["weight"]
+    bare = torch.nn.RMSNorm(16, elementwise_affine=False)
+    assert list(npu_ops.NpuFusedTorchRMSNorm.from_torch_rms_norm(bare).state_dict()) == []
+    assert isinstance(npu_ops.fused_rms_norm(ref), npu_ops.NpuFusedTorchRMSNorm)
+    assert isinstance(npu_ops.fused_rms_norm(RMSNorm(16, eps=1e-6)), npu_ops.NpuFusedRMSNorm)
+    assert npu_ops.fused_rms_norm(fused) is None and npu_ops.fused_rms_norm(torch.nn.LayerNorm(4)) is None

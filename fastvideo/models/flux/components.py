@@ -60,7 +60,8 @@ def adapt_for_device(transformer, device) -> None:
 def load_transformer(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
     """FluxTransformer2DModel from ``path/transformer`` (fp32 master weights by default).
 
-    On NPU the attention norms, RoPE and attention processor are adapted (fastvideo.models.npu_ops).
+    On NPU the attention norms (diffusers' RMSNorm on 0.32, torch.nn.RMSNorm on 0.42), RoPE and attention
+    processor are adapted (fastvideo.models.npu_ops).
     """
     from diffusers import FluxTransformer2DModel
 

@@ -49,8 +49,9 @@ def check_sd3_folder(path: str | Path, components: tuple[str, ...] | None = None
 
 
 def adapt_for_device(transformer, device) -> None:
-    """On an NPU: the fused RMSNorm kernel for SD3.5's q/k norms (npu_ops swaps every Attention's
-    RMSNorm; SD3 has no RoPE and no FLUX processor, so nothing else changes). Elsewhere nothing."""
+    """On an NPU: the fused RMSNorm kernel for SD3.5's q/k norms (npu_ops swaps every RMS norm, of
+    either class; SD3.5's are diffusers' RMSNorm on both library lines, and SD3 has no RoPE and no
+    FLUX processor, so nothing else changes). Elsewhere nothing."""
     from fastvideo import devices
 
     if devices.is_npu(device):
