@@ -15,7 +15,7 @@ Stock diffusers runs FLUX on an NPU slowly or not at all in three places (see do
 :func:`maybe_adapt_for_npu` applies all three when, and only when, the device is an NPU. Parameters
 are reused, never copied, so state-dict keys, their order and optimizer bindings do not change. Call
 it before FSDP wraps the model. Where the library lines differ (module and processor classes) is
-answered by :mod:`fastvideo.compat.diffusers_api`.
+answered by :mod:`fastvideo.library_lines`.
 
 Each replacement decides per call whether the fused kernel can run (torch_npu importable and the
 tensor on an NPU) and otherwise computes exactly what diffusers computes, so an adapted model moved
@@ -37,7 +37,7 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.normalization import RMSNorm
 
 from fastvideo import devices
-from fastvideo.compat.diffusers_api import flux_blocks
+from fastvideo.library_lines import flux_blocks
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
 from diffusers.models.normalization import RMSNorm
 
 from fastvideo import devices
-from fastvideo.compat.diffusers_api import flux_blocks
+from fastvideo.library_lines import flux_blocks
 from fastvideo.models import npu_ops
 
 FluxPosEmbed = flux_blocks().pos_embed
