@@ -144,7 +144,14 @@ case "$TARGET" in
         echo "env_setup.sh: torch is neither installed in $PY nor in the wheelhouse (it was made with --preinstalled torch==...). Install torch first, or download the wheelhouse again without --preinstalled." >&2
         exit 2
       fi
-      "${PIP[@]}" "torch>=2.7.1,<2.15" "torchvision>=0.22.1"
+      CPU_INDEX=()
+      if [ "$TARGET" = cpu ] && [ -z "$WHEELHOUSE" ]; then
+        # torch's CPU build where PyTorch's CPU index answers (0.2 GB instead of 5.8 GB of CUDA wheels).
+        mapfile -t CPU_INDEX < <("$PY" "${PLAN[@]}" cpu-index)
+        if [ "${#CPU_INDEX[@]}" -gt 0 ]; then echo "env_setup.sh: torch's CPU build from ${CPU_INDEX[1]}";
+        else echo "env_setup.sh: PyTorch's CPU index is not reachable: torch from the package index (its CUDA build, about 5.8 GB)"; fi
+      fi
+      "${PIP[@]}" "torch>=2.7.1,<2.15" "torchvision>=0.22.1" ${CPU_INDEX[@]+"${CPU_INDEX[@]}"}
     fi
     if "$PY" -c 'import torch_npu' 2>/dev/null; then
       echo "env_setup.sh: warning: torch_npu is installed in this $TARGET environment; it breaks 'import torch' without CANN. Remove it: $PY -m pip uninstall torch-npu" >&2

@@ -97,6 +97,13 @@ fi
 # traceback), SIGTERM / SIGINT stop the run at a checkpoint (exit 0 / 130).
 TORCHRUN=("$PYTHON" -m fastvideo.launch)
 
+# fg_rewards FLAG...: set REWARD_ARGS to the launcher's reward flags, or, with REWARDS=SPEC, to
+# `--rewards SPEC` instead (e.g. REWARDS=compressibility:1.0: a smoke test that needs no reward weights;
+# README "Smoke-test a launcher on CPU").
+fg_rewards() {
+  if [ -n "${REWARDS:-}" ]; then REWARD_ARGS=(--rewards "$REWARDS"); else REWARD_ARGS=("$@"); fi
+}
+
 # fg_run ARGS...: run torchrun with ARGS, or with DRY_RUN=1 print the command (one line) and exit 0.
 fg_run() {
   if [ "${DRY_RUN:-0}" = 1 ]; then

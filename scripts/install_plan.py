@@ -8,6 +8,7 @@ on Python 3.10+), so env_setup.sh can call it with any interpreter.
     python scripts/install_plan.py set-env [--cann-home DIR]        # CANN's set_env.sh path
     python scripts/install_plan.py project [--with-parity] [--line recipe|current]  # project requirements
     python scripts/install_plan.py constraints [--line recipe|current]  # the line's constraints file
+    python scripts/install_plan.py cpu-index                        # --extra-index-url for torch's CPU build, if reachable
     python scripts/install_plan.py platform-tags manylinux_2_28_aarch64  # tags that platform accepts
     python scripts/install_plan.py wheel-deps WHEEL --python-version 3.11 --arch aarch64
     python scripts/install_plan.py stub-wheel DIR NAME VERSION      # an empty wheel (see make_stub_wheel)
@@ -192,6 +193,25 @@ def torch_args(target: str, python_version: str, arch: str, cann_version: str | 
     raise PlanError(f"torch-npu has wheels for x86_64 and aarch64 only, not {arch!r}")
 
 
+def cpu_index_args(url: str | None = None, timeout_s: float = 3.0) -> list[str]:
+    """pip arguments that take torch's CPU build (about 0.2 GB instead of the CUDA build's 5.8 GB with
+    its CUDA libraries) for --target cpu: ``--extra-index-url`` PyTorch's CPU index when it answers
+    within ``timeout_s``, else nothing (PyPI's build is used). pip prefers ``torch==X+cpu`` over
+    ``torch==X`` (a local version label sorts after the plain release). FLUX_GRPO_CPU_INDEX names
+    another index, or 0 turns the probe off."""
+    import urllib.request
+
+    url = url or os.environ.get("FLUX_GRPO_CPU_INDEX") or PYTORCH_CPU_INDEX
+    if url == "0":
+        return []
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/torch/", timeout=timeout_s) as reply:
+            ok = 200 <= reply.status < 400
+    except (OSError, ValueError):
+        ok = False
+    return ["--extra-index-url", url] if ok else []
+
+
 def _toml_string_list(text: str, key: str) -> list[str]:
     """The strings of ``key = [ ... ]`` in pyproject.toml (a list of quoted strings, comments allowed)."""
     m = re.search(rf"^{re.escape(key)}\s*=\s*\[(.*?)\]", text, re.MULTILINE | re.DOTALL)
@@ -293,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--with-parity", action="store_true")
     p.add_argument("--line", default=DEFAULT_LINE)
     sub.add_parser("constraints").add_argument("--line", default=DEFAULT_LINE)
+    sub.add_parser("cpu-index")
     s = sub.add_parser("stub-wheel")
     s.add_argument("dir")
     s.add_argument("name")
@@ -315,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             lines += line_pins(args.line)
             if args.with_parity:
                 lines += list(PARITY_DEPS)
+        elif args.cmd == "cpu-index":
+            lines = cpu_index_args()
         elif args.cmd == "constraints":
             lines = [str(constraints_file(args.line))]
         elif args.cmd == "wheel-deps":

@@ -9,7 +9,11 @@
 #   EXTRA_ARGS="--resume_from_checkpoint latest" STEPS=60 bash scripts/demo/grpo_tiny_cpu.sh
 # Overridable: DEMO_DIR (data/demo), NPROC (2), STEPS (iterations), EXTRA_ARGS, DRY_RUN=1,
 # MODEL (flux, or sd3: the tiny SD3.5 with classifier-free guidance 4.5 and Flow-GRPO's SDE; its
-# model, embeddings and outputs go to DEMO_DIR/{tiny_sd3, embeddings_sd3, outputs_sd3}).
+# model, embeddings and outputs go to DEMO_DIR/{tiny_sd3, embeddings_sd3, outputs_sd3}),
+# ALGO (grpo, or nft: DiffusionNFT with DPM-Solver++ rollouts, one optimizer step per prompt group
+# at lr 1e-2 as in docs/nft.md's race; outputs in DEMO_DIR/outputs_nft),
+# OUTPUT_DIR (where the run writes; the LoRA demo in README uses DEMO_DIR/outputs_lora),
+# LINE (recipe or current: the library line, README "Library lines").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 if [ "${DRY_RUN:-0}" != 1 ]; then bash env_setup.sh --target cpu; fi  # a dry run installs nothing
@@ -27,6 +31,15 @@ case "${MODEL:-flux}" in
        FAMILY_ARGS=(--model_family sd3 --guidance_scale 4.5 --flow_grpo_sampling --no_quantize_timestep) ;;
   *) echo "MODEL=${MODEL}: use flux or sd3" >&2; exit 2 ;;
 esac
+# The objective: GRPO shares one noise per prompt group (--init_same_noise); NFT's deterministic
+# DPM-Solver++ rollouts would make a group's samples equal, so it draws each sample's own noise.
+case "${ALGO:-grpo}" in
+  grpo) ALGO_ARGS=(--init_same_noise --learning_rate 3e-3) ;;
+  nft) ALGO_ARGS=(--algorithm nft --nft_solver dpm --nft_beta 1.0 --nft_decay_type 1
+                  --gradient_accumulation_steps 2 --learning_rate 1e-2); OUT="${OUT}_nft" ;;
+  *) echo "ALGO=${ALGO}: use grpo or nft" >&2; exit 2 ;;
+esac
+OUTPUT_DIR=${OUTPUT_DIR:-$DEMO_DIR/$OUT}
 
 # A tiny folder built by another version of the builders (a preset changed: the tiny SD3.5's VAE
 # factors did) is rebuilt, else the demo would silently train the old model: the stamp is a hash of
@@ -49,7 +62,7 @@ fg_run --standalone --nnodes=1 --nproc_per_node="$NPROC" \
   --seed 42 \
   --pretrained_model_name_or_path "$DEMO_DIR/$TINY" \
   --data_json_path "$DEMO_DIR/$EMB/videos2caption.json" \
-  --output_dir "$DEMO_DIR/$OUT" \
+  --output_dir "$OUTPUT_DIR" \
   --rewards compressibility:1.0 \
   --h 64 --w 64 \
   --sampling_steps 8 \
@@ -63,10 +76,8 @@ fg_run --standalone --nnodes=1 --nproc_per_node="$NPROC" \
   --timestep_fraction 1.0 \
   --ignore_last \
   --use_group \
-  --init_same_noise \
   --clip_range 0.2 \
   --adv_clip_max 5.0 \
-  --learning_rate 3e-3 \
   --weight_decay 0.0 \
   --max_grad_norm 1.0 \
   --mixed_precision no \
@@ -82,11 +93,12 @@ fg_run --standalone --nnodes=1 --nproc_per_node="$NPROC" \
   --guard_reward detail \
   --guard_action warn \
   --overwrite \
+  "${ALGO_ARGS[@]}" \
   ${FAMILY_ARGS[@]+"${FAMILY_ARGS[@]}"} \
   ${EXTRA_ARGS:-}
 
 [ "${DRY_RUN:-0}" = 1 ] && exit 0
-"$PYTHON" - "$DEMO_DIR/$OUT/metrics.jsonl" <<'PY'
+"$PYTHON" - "$OUTPUT_DIR/metrics.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 k = max(1, len(rows) // 5)

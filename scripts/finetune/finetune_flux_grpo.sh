@@ -5,12 +5,14 @@
 # Device detected per node (NPU/HCCL or GPU/NCCL). HCCL_CONNECT_TIMEOUT (scripts/npu_env.sh) is
 # 1200 s because link set-up across nodes is slow. DRY_RUN=1 prints the torchrun command.
 # Overridable: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1), MASTER_PORT (29500),
-# NPROC_PER_NODE (8), MODEL_PATH, DATA_JSON, OUTPUT_DIR, EXTRA_ARGS.
+# NPROC_PER_NODE (8), MODEL_PATH, DATA_JSON, OUTPUT_DIR, REWARDS (the reward spec instead of --use_hpsv2),
+# EXTRA_ARGS.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh
 export WANDB_DISABLED=${WANDB_DISABLED:-true}
 MODEL_PATH=${MODEL_PATH:-data/flux}
+fg_rewards --use_hpsv2
 # shellcheck disable=SC2086
 fg_run --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" --nproc_per_node="${NPROC_PER_NODE:-8}" \
   --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-29500}" \
@@ -37,7 +39,7 @@ fg_run --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" --nproc_per_node="$
   --sampler_seed 1223627 \
   --max_grad_norm 1.0 \
   --weight_decay 0.0001 \
-  --use_hpsv2 \
+  "${REWARD_ARGS[@]}" \
   --num_generations 12 \
   --shift 3 \
   --use_group \

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # GRPO for FLUX.1-dev on 8 devices (GPU or NPU, detected): upstream's 8-GPU configuration,
 # train_batch_size 2, accumulation 12, EMA 0.995. DRY_RUN=1 prints the torchrun command.
-# Overridable: NPROC (8), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, EXTRA_ARGS.
+# Overridable: NPROC (8), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, REWARDS (the reward spec instead of --use_hpsv2),
+# EXTRA_ARGS.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh
 export WANDB_DISABLED=${WANDB_DISABLED:-true}
 MODEL_PATH=${MODEL_PATH:-data/flux}
+fg_rewards --use_hpsv2
 # shellcheck disable=SC2086
 fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-19002}" \
   fastvideo/train_grpo_flux.py \
@@ -38,7 +40,7 @@ fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-1
   --sampler_seed 1223627 \
   --max_grad_norm 0.01 \
   --weight_decay 0.0001 \
-  --use_hpsv2 \
+  "${REWARD_ARGS[@]}" \
   --num_generations 12 \
   --shift 3 \
   --use_group \

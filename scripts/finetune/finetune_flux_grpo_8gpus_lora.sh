@@ -4,12 +4,14 @@
 # train_batch_size 2, accumulation 12). The base stays frozen in bf16; checkpoints hold the adapters.
 # DRY_RUN=1 prints the torchrun command. Resume: EXTRA_ARGS="--resume_from_lora_checkpoint latest".
 # Export: python -m fastvideo.tools.export OUTPUT_DIR/checkpoint-N OUT --lora   (or --merge)
-# Overridable: NPROC (8), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, EXTRA_ARGS.
+# Overridable: NPROC (8), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, REWARDS (the reward spec instead of --use_hpsv2),
+# EXTRA_ARGS.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh
 export WANDB_DISABLED=${WANDB_DISABLED:-true}
 MODEL_PATH=${MODEL_PATH:-data/flux}
+fg_rewards --use_hpsv2
 # shellcheck disable=SC2086
 fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-19002}" \
   fastvideo/train_grpo_flux_lora.py \
@@ -41,7 +43,7 @@ fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-1
   --sampler_seed 1223627 \
   --max_grad_norm 1.0 \
   --weight_decay 0.0001 \
-  --use_hpsv2 \
+  "${REWARD_ARGS[@]}" \
   --num_generations 12 \
   --shift 3 \
   --use_group \

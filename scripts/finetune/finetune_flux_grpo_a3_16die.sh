@@ -3,12 +3,14 @@
 # train GBS 64 = 1 (micro-batch) x 4 (accumulation) x 16 (dies); about 310 s per iteration reported.
 # The same script runs on a 16-GPU CUDA node. DRY_RUN=1 prints the torchrun command.
 # Overridable: NPROC (16), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, EXTRA_ARGS,
+# REWARDS (the reward spec instead of --use_hpsv2, e.g. compressibility:1.0 for a CPU smoke test),
 # TRAIN_SCRIPT (the LoRA launcher sets fastvideo/train_grpo_flux_lora.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh
 export WANDB_DISABLED=${WANDB_DISABLED:-true}
 MODEL_PATH=${MODEL_PATH:-data/flux}
+fg_rewards --use_hpsv2
 # shellcheck disable=SC2086
 fg_run --nnodes=1 --nproc_per_node="${NPROC:-16}" --master_port="${MASTER_PORT:-19002}" \
   "${TRAIN_SCRIPT:-fastvideo/train_grpo_flux.py}" \
@@ -40,7 +42,7 @@ fg_run --nnodes=1 --nproc_per_node="${NPROC:-16}" --master_port="${MASTER_PORT:-
   --sampler_seed 1223627 \
   --max_grad_norm 1.0 \
   --weight_decay 0.0001 \
-  --use_hpsv2 \
+  "${REWARD_ARGS[@]}" \
   --num_generations 12 \
   --shift 3 \
   --use_group \

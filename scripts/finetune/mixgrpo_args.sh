@@ -1,7 +1,7 @@
 # MixGRPO's training flags (Tencent-Hunyuan/MixGRPO scripts/finetune/finetune_flux_grpo_MixGRPO{,_Flash,_Flash*}.sh),
 # shared by the MixGRPO launchers. Sourced after scripts/common.sh; sets MIXGRPO_ARGS.
 # Reads: MODEL_PATH, DATA_JSON, OUTPUT_DIR, HPS_DIR, IMAGE_REWARD_DIR, PICKSCORE_DIR, REWARD_MODEL,
-# UNIFIED_REWARD_URL, FLASH (0: MixGRPO, 1: MixGRPO-Flash, star: MixGRPO-Flash*, whose window stays
+# UNIFIED_REWARD_URL, REWARDS (a --rewards spec instead of MixGRPO's reward flags), FLASH (0: MixGRPO, 1: MixGRPO-Flash, star: MixGRPO-Flash*, whose window stays
 # at the first 4 steps and whose DPM tail keeps 20 %).
 # The reward is MixGRPO's: multi_reward = HPSv2.1 + ImageReward + PickScore, each weight 1 / 3, and
 # UnifiedReward too when UNIFIED_REWARD_URL names its server(s) (MixGRPO's scripts pass None: no judge);
@@ -22,6 +22,21 @@ case "${FLASH:-0}" in
   0) ITERS_PER_GROUP=25; DPM_ALGORITHM=null; DEFAULT_OUT=data/outputs/mixgrpo ;;
   *) echo "FLASH=${FLASH}: use 0 (MixGRPO), 1 (MixGRPO-Flash) or star (MixGRPO-Flash*)" >&2; exit 2 ;;
 esac
+# MixGRPO's reward flags; REWARDS=SPEC replaces them (fg_rewards, scripts/common.sh).
+fg_rewards \
+  --reward_model "${REWARD_MODEL:-multi_reward}" \
+  --hps_path "$HPS_DIR/HPS_v2.1_compressed.pt" \
+  --hps_clip_path "$HPS_DIR/open_clip_pytorch_model.bin" \
+  --image_reward_path "$IMAGE_REWARD_DIR/ImageReward.pt" \
+  --image_reward_med_config "$IMAGE_REWARD_DIR/med_config.json" \
+  --pickscore_dir "$PICKSCORE_DIR" \
+  --unified_reward_url "${UNIFIED_REWARD_URL:-None}" \
+  --multi_reward_mix advantage_aggr \
+  --hps_weight 1.0 \
+  --clip_score_weight 1.0 \
+  --image_reward_weight 1.0 \
+  --pick_score_weight 1.0 \
+  --unified_reward_weight 1.0
 MIXGRPO_ARGS=(
   --seed 714
   --pretrained_model_name_or_path "$MODEL_PATH"
@@ -70,19 +85,7 @@ MIXGRPO_ARGS=(
   --min_iters_per_group 1
   --roll_back
   --trimmed_ratio 0.0
-  --reward_model "${REWARD_MODEL:-multi_reward}"
-  --hps_path "$HPS_DIR/HPS_v2.1_compressed.pt"
-  --hps_clip_path "$HPS_DIR/open_clip_pytorch_model.bin"
-  --image_reward_path "$IMAGE_REWARD_DIR/ImageReward.pt"
-  --image_reward_med_config "$IMAGE_REWARD_DIR/med_config.json"
-  --pickscore_dir "$PICKSCORE_DIR"
-  --unified_reward_url "${UNIFIED_REWARD_URL:-None}"
-  --multi_reward_mix advantage_aggr
-  --hps_weight 1.0
-  --clip_score_weight 1.0
-  --image_reward_weight 1.0
-  --pick_score_weight 1.0
-  --unified_reward_weight 1.0
+  "${REWARD_ARGS[@]}"
   --dpm_algorithm_type "$DPM_ALGORITHM"
   --dpm_apply_strategy post
   --dpm_post_compress_ratio "$DPM_RATIO"

@@ -44,7 +44,7 @@ NFT_ARGS=(
   --lr_warmup_steps 0
   --max_grad_norm 1.0
   --weight_decay 0.0001
-  --rewards "hpsv2:1.0"
+  --rewards "${REWARDS:-hpsv2:1.0}"
   --hps_ckpt_dir "$HPS_DIR"
   --num_generations 24
   --use_group

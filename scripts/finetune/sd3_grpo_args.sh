@@ -47,7 +47,7 @@ SD3_GRPO_ARGS=(
   --learning_rate 3e-4 --lr_warmup_steps 0
   --use_lora --lora_rank 32 --lora_alpha 64
   --lora_target_modules attn.add_k_proj,attn.add_q_proj,attn.add_v_proj,attn.to_add_out,attn.to_k,attn.to_out.0,attn.to_q,attn.to_v
-  --rewards pickscore:1.0
+  --rewards "${REWARDS:-pickscore:1.0}"
   --kl_coef 0.01
   --checkpointing_steps 60 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
   --pretrained_model_name_or_path "${MODEL_PATH:-data/sd3}"
