@@ -178,7 +178,7 @@ UPSTREAM_8GPU = {
     "use_group": True, "ignore_last": True, "timestep_fraction": "0.6", "clip_range": "1e-4",
     "adv_clip_max": "5.0", "use_ema": True, "ema_decay": "0.995", "init_same_noise": True,
 }
-# The Ascend recipe's A3 16-die run (shared/ALGORITHM.md "Reference configuration", from the recipe's
+# The Ascend recipe's A3 16-die run (the recipe's reference configuration, from cann-recipes-train multimodal_rl/flux_grpo's
 # finetune_flux_grpo_a3_16die.sh): train GBS 1 x 4 x 16, rollout batch 4, max_grad_norm 1.0.
 RECIPE_A3_16DIE = {
     **{k: v for k, v in UPSTREAM_8GPU.items() if k not in ("use_ema", "ema_decay")},

@@ -1,7 +1,7 @@
 """The trainer's GRPO update against an independent reference of upstream DanceGRPO's update.
 
-The reference below is written plainly from upstream's algorithm (train_grpo_flux.py at 15cc71d,
-shared/ALGORITHM.md) and shares no code with fastvideo's update: one sample at a time, its
+The reference below is written plainly from upstream's algorithm (XueZeyue/DanceGRPO
+fastvideo/train_grpo_flux.py at 15cc71d) and shares no code with fastvideo's update: one sample at a time, its
 selected timesteps in order, the transformer called directly, log-probs from
 torch.distributions.Normal, ``loss / (world * GA_ref * T)`` backward per timestep, gradient-norm
 clipping and a torch.optim.AdamW step every GA_ref samples (GA_ref = train_micro_batch_size x
