@@ -77,7 +77,7 @@ def resolve_hps_files(
         raise MissingInputError(
             f"HPS checkpoint folder {str(folder)!r} does not exist. It must hold "
             f"{' and '.join(expected)}: download {_where_to_get(expected)}, "
-            "or pass hps_ckpt_dir=<folder>."
+            "or point --hps_ckpt_dir at the folder that holds them."
         )
     missing = [n for n in expected if not (folder / n).is_file()]
     if missing:
