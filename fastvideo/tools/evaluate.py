@@ -164,10 +164,12 @@ def _settings(args, models) -> list[str]:
 
     lines, run = resolve(args, [m.path for m in models if m.kind in (CHECKPOINT, LORA_CHECKPOINT)])
     args.run_base = run["model"].get("pretrained_model_name_or_path") if run else None
-    for flag, source in (("prompts", "--eval_prompts"), ("rewards", "--eval_rewards")):
-        if getattr(args, flag) is None:
-            raise ValueError(f"--{flag} is needed: no checkpoint among the models comes from a run that evaluated "
-                             f"with {source} (pass --{flag})")
+    missing = [flag for flag in ("prompts", "rewards") if getattr(args, flag) is None]
+    if missing:  # every missing input named at once, with an example of each
+        examples = {"prompts": "--prompts assets/eval_prompts.txt", "rewards": "--rewards hpsv2,detail"}
+        raise ValueError(f"{' and '.join('--' + f for f in missing)} needed: no checkpoint among the models comes "
+                         f"from a run that evaluated with --eval_{missing[0]} (pass "
+                         f"{' '.join(examples[f] for f in missing)}, for example)")
     return lines
 
 

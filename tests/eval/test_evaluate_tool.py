@@ -131,6 +131,19 @@ def test_unknown_models_fail_clearly(tiny_flux_dir, eval_prompt_file, tmp_path, 
     assert "unknown reward 'nope'" in capsys.readouterr().err
 
 
+def test_a_base_model_alone_names_every_missing_input_at_once(tiny_flux_dir, tmp_path, capsys):
+    """A diffusers folder has no run to default from: --prompts and --rewards are named in one line."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", str(tiny_flux_dir), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "--prompts and --rewards needed" in err and "--rewards hpsv2,detail" in err
+    with pytest.raises(SystemExit):
+        main(["--model", str(tiny_flux_dir), "--out", str(tmp_path / "o"), "--rewards", "detail"])
+    err = capsys.readouterr().err
+    assert "--prompts needed" in err and "--rewards" not in err.split("needed")[0]
+
+
 def test_an_explicit_model_family_scores_the_same(tiny_flux_dir, eval_prompt_file, tmp_path, capsys):
     assert main(_tool_args(eval_prompt_file, tmp_path / "a", f"base={tiny_flux_dir}")) == 0
     assert main(_tool_args(eval_prompt_file, tmp_path / "b", f"base={tiny_flux_dir}", model_family="flux")) == 0
