@@ -147,9 +147,11 @@ def reward_problems(cfg) -> list[str]:
     names = {s.name for s in cfg.reward.spec if not s.url}
     r = cfg.reward
     if "hpsv2" in names:
-        from fastvideo.rewards.hps import resolve_hps_files
+        from fastvideo.rewards.hps import check_hps_architecture
 
-        _attempt(problems, lambda: resolve_hps_files(r.hps_ckpt_dir))
+        # The files, and their shapes against --hps_model_name's architecture (memory-mapped: a
+        # wrong checkpoint is one line here, not a size-mismatch traceback from every rank later).
+        _attempt(problems, lambda: check_hps_architecture(r.hps_ckpt_dir, r.hps_model_name))
     for name, folder, flag in (("pickscore", r.pickscore_dir, "pickscore_dir"), ("clip", r.clip_dir, "clip_dir")):
         if name in names and not Path(folder).is_dir():
             problems.append(f"--{flag} {folder!r} does not exist (the {name} reward's weights)")

@@ -50,6 +50,18 @@ def test_files_and_rules_are_checked_together(tiny_flux_dir, tiny_embeddings, tm
     assert preflight.check_training([*ok, "--overwrite"], nproc_per_node=2) == []
 
 
+def test_reward_checkpoint_of_another_architecture_is_one_problem(tiny_flux_dir, tiny_embeddings, tiny_rewards,
+                                                                   tmp_path):
+    """The tiny HPS checkpoint checked as ViT-H-14 (the default name): one line naming the first
+    differing tensors and the architecture the folder's config gives; the right name passes."""
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out", rewards="hpsv2:1",
+                      hps_ckpt_dir=str(tiny_rewards.hps_ckpt_dir))
+    [problem] = preflight.check_training(argv, nproc_per_node=2)
+    assert "does not fit the 'ViT-H-14' architecture" in problem and "visual.class_embedding: (32,) vs (1280,)" in problem
+    assert f"pass --hps_model_name {tiny_rewards.hps_model_name}" in problem and "\n" not in problem
+    assert preflight.check_training([*argv, "--hps_model_name", tiny_rewards.hps_model_name], nproc_per_node=2) == []
+
+
 def test_world_size_against_the_devices():
     assert preflight.world_problems(64, 1, "cpu") == []
     [problem] = preflight.world_problems(3, 1, "npu")  # HCCL cannot shard over 3 ranks
@@ -61,14 +73,13 @@ def _launch_env(**extra) -> dict:
             "FASTVIDEO_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(ROOT), **extra}
 
 
-def test_a_launch_with_three_mistakes_prints_three_lines_and_starts_nothing(tiny_flux_dir, tmp_path):
-    """The acceptance test: wrong flag, missing weights folder, missing embeddings index, 2 ranks."""
-    out, hps = tmp_path / "out", tmp_path / "hps"
-    hps.mkdir()
-    for name in ("open_clip_pytorch_model.bin", "HPS_v2.1_compressed.pt"):  # present (not loaded by the check)
-        (hps / name).write_bytes(b"")
+def test_a_launch_with_three_mistakes_prints_three_lines_and_starts_nothing(tiny_flux_dir, tiny_rewards, tmp_path):
+    """The acceptance test: wrong flag, missing weights folder, missing embeddings index, 2 ranks
+    (the HPS weights are right: the tiny ones under their architecture's name)."""
+    out, hps = tmp_path / "out", tiny_rewards.hps_ckpt_dir
     env = _launch_env(NPROC="2", MODEL_PATH=str(tmp_path / "no_flux"), DATA_JSON=str(tmp_path / "none.json"),
-                      OUTPUT_DIR=str(out), EXTRA_ARGS=f"--bogus_flag 1 --hps_ckpt_dir {hps}")
+                      OUTPUT_DIR=str(out), EXTRA_ARGS=f"--bogus_flag 1 --hps_ckpt_dir {hps} "
+                                                      f"--hps_model_name {tiny_rewards.hps_model_name}")
     proc = subprocess.run(["bash", "scripts/finetune/finetune_flux_grpo_a3_16die.sh"], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]

@@ -17,6 +17,7 @@ import abc
 import importlib
 import inspect
 import pickle
+import zipfile
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Callable, Protocol, Union, runtime_checkable
@@ -166,11 +167,14 @@ def as_tensor_list(images: ImageBatch) -> list[torch.Tensor]:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_weights_only(path: str | Path) -> Any:
+def load_weights_only(path: str | Path, mmap: bool = False) -> Any:
     """torch.load with ``weights_only=True`` to CPU; a checkpoint that needs arbitrary pickled
-    objects is refused (loading it could run code) with an error saying how to fix it."""
+    objects is refused (loading it could run code) with an error saying how to fix it. ``mmap``:
+    map the file instead of reading it (for a look at shapes; legacy non-zip files are read)."""
     path = Path(path)
     try:
+        if mmap and zipfile.is_zipfile(path):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if "global" not in str(exc).lower():  # no refused class (GLOBAL opcode): the bytes are no torch file

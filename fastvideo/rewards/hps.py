@@ -123,6 +123,61 @@ def ensure_open_clip_config(
         open_clip.add_model_config(path)
 
 
+def _open_clip_shapes(model_name: str) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of an open_clip architecture, built on the meta device (no memory, ~0.4 s)."""
+    import open_clip
+
+    with _without_log_records("No pretrained weights loaded"), torch.device("meta"):
+        model = open_clip.create_model(model_name, pretrained=None, precision="fp32", device="meta")
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _named_configs(folder: Path) -> list[str]:
+    """Architectures a folder names: ``<name>.json`` open_clip configs beside the weights."""
+    names = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(cfg, dict) and {"vision_cfg", "text_cfg"} <= set(cfg):
+            names.append(path.stem)
+    return names
+
+
+def check_hps_architecture(hps_ckpt_dir: str | Path, model_name: str = DEFAULT_MODEL_NAME) -> None:
+    """Pre-flight: the HPS checkpoint's tensors have the shapes of ``model_name``'s architecture
+    (read through a memory map: no weights are loaded). A mismatch is one CheckpointError naming the
+    first differing tensors and, where the folder holds the config of an architecture that fits,
+    its name for --hps_model_name."""
+    _, hps_checkpoint = resolve_hps_files(hps_ckpt_dir)
+    ensure_open_clip_config(model_name, search_dir=hps_ckpt_dir)
+    ckpt = load_weights_only(hps_checkpoint, mmap=True)
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        return  # load_hps_model names this case with its fix
+    found = {k: tuple(v.shape) for k, v in strip_module_prefix(ckpt["state_dict"]).items() if hasattr(v, "shape")}
+    if _shape_mismatches(found, _open_clip_shapes(model_name)) == []:
+        return
+    fits = []
+    for name in _named_configs(Path(hps_ckpt_dir)):
+        if name != model_name:
+            ensure_open_clip_config(name, search_dir=hps_ckpt_dir)
+            if not _shape_mismatches(found, _open_clip_shapes(name)):
+                fits.append(name)
+    hint = (f"; the folder's {fits[0]}.json fits it: pass --hps_model_name {fits[0]}" if fits else
+            "; pass the --hps_model_name of the architecture it was trained with (ViT-H-14 for HPSv2.1)")
+    first = ", ".join(_shape_mismatches(found, _open_clip_shapes(model_name))[:3])
+    raise CheckpointError(f"{hps_checkpoint} does not fit the {model_name!r} architecture ({first}){hint}")
+
+
+def _shape_mismatches(found: dict, expected: dict) -> list[str]:
+    """'name: found vs expected' for every tensor whose shape differs or is missing on one side."""
+    out = [f"{k}: {found[k]} vs {expected[k]}" for k in expected if k in found and found[k] != expected[k]]
+    out += [f"{k}: missing" for k in expected if k not in found]
+    out += [f"{k}: unexpected" for k in found if k not in expected]
+    return out
+
+
 @contextlib.contextmanager
 def _without_log_records(prefix: str) -> Iterator[None]:
     """Drop root-logger records starting with prefix (open_clip logs through the root logger)."""
