@@ -20,7 +20,7 @@ class DataSettings(Settings):
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         g = flag_group(parser, "data")
         g.add_argument("--data_json_path", type=str, required=True,
-                       help="videos2caption.json written by preprocess_flux_embedding")
+                       help="videos2caption.json written by preprocess_embeddings (scripts/preprocess/)")
         g.add_argument("--dataloader_num_workers", type=int, default=4,
                        help="threads that load prompt embeddings in parallel (0: in the main thread)")
         g.add_argument("--train_batch_size", type=int, default=1, help="prompts per rank per iteration")

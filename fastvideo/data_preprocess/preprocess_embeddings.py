@@ -1,8 +1,11 @@
-"""Encode a prompts file into FLUX RL embeddings (DanceGRPO's data/rl_embeddings layout).
+"""Encode a prompts file into RL embeddings with a model family's text encoders (DanceGRPO's
+data/rl_embeddings layout).
 
-    torchrun --standalone --nproc_per_node=N fastvideo/data_preprocess/preprocess_flux_embedding.py \\
-        --model_path data/flux --prompt_dir assets/prompts.txt --output_dir data/rl_embeddings
-    python -m fastvideo.data_preprocess.preprocess_flux_embedding ...      (one process)
+    torchrun --standalone --nproc_per_node=N fastvideo/data_preprocess/preprocess_embeddings.py \\
+        --model_path data/flux --prompt_dir assets/prompts.txt --output_dir data/rl_embeddings [--model_family sd3]
+    python -m fastvideo.data_preprocess.preprocess_embeddings ...      (one process)
+
+DanceGRPO's name for it, fastvideo/data_preprocess/preprocess_flux_embedding.py, still works.
 
 Each rank encodes a disjoint share on its local device; the output does not depend on the number
 of ranks, and a rerun resumes. The logic lives in fastvideo.data_preprocess.embeddings.
@@ -25,7 +28,7 @@ from fastvideo.errors import one_line_errors  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
     ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     ap.add_argument(
-        "--model_path", default="data/flux", help="diffusers-layout FLUX folder (its text encoders are used)"
+        "--model_path", default="data/flux", help="diffusers-layout model folder (its text encoders are used)"
     )
     ap.add_argument(
         "--prompt_dir", "--prompt_path", dest="prompt_dir", default="assets/prompts.txt",
@@ -72,7 +75,7 @@ def cli(argv: list[str] | None = None) -> int:
         main(argv)
     except Exception as exc:  # noqa: BLE001 - reported, then the process exits
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        code = report_failure(exc, "preprocess_flux_embedding", int(os.environ.get("RANK", "0")) if world > 1 else None)
+        code = report_failure(exc, "preprocess_embeddings", int(os.environ.get("RANK", "0")) if world > 1 else None)
         if world > 1:
             os._exit(code)  # the other ranks may be waiting in a collective: torchrun stops them
         return code

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Encode the RL prompts with FLUX's text encoders into data/rl_embeddings (the training input).
 #
-#   bash scripts/preprocess/preprocess_flux_rl_embeddings.sh [extra flags for preprocess_flux_embedding.py]
+#   bash scripts/preprocess/preprocess_flux_rl_embeddings.sh [extra flags for preprocess_embeddings.py]
 #
 # Environment (all optional):
 #   NPROC        processes (one per device); default: every visible NPU/GPU, 2 on CPU.
@@ -59,7 +59,7 @@ else
 fi
 
 CMD=("${TORCHRUN[@]}" "${RDZV[@]}" --nproc_per_node="$NPROC"
-  fastvideo/data_preprocess/preprocess_flux_embedding.py
+  fastvideo/data_preprocess/preprocess_embeddings.py
   --model_path "$MODEL_PATH"
   --prompt_dir "$PROMPT_FILE"
   --output_dir "$OUTPUT_DIR"

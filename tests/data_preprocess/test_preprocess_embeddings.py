@@ -15,7 +15,7 @@ from fastvideo.data.dataset import EmbeddingShapeError, PromptEmbeddingDataset
 from fastvideo.data.prompts import PromptFileError
 from fastvideo.errors import ConfigError
 from fastvideo.data_preprocess.embeddings import batch_grid, rank_batches, subdirs
-from fastvideo.data_preprocess.preprocess_flux_embedding import main, parse_args
+from fastvideo.data_preprocess.preprocess_embeddings import main, parse_args
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_PROMPTS = REPO / "assets" / "prompts_tiny.txt"
@@ -184,7 +184,7 @@ def test_bad_inputs_fail_early(tiny_flux_dir, tmp_path):
 def test_module_entry_point_and_dry_run():
     env = {**os.environ, "FASTVIDEO_DEVICE": "cpu"}
     helped = subprocess.run(
-        [sys.executable, "-m", "fastvideo.data_preprocess.preprocess_flux_embedding", "--help"],
+        [sys.executable, "-m", "fastvideo.data_preprocess.preprocess_embeddings", "--help"],
         env=env, capture_output=True, text=True, timeout=120,
     )
     assert helped.returncode == 0 and "--prompt_dir" in helped.stdout and "--dataloader_num_workers" in helped.stdout
@@ -194,7 +194,7 @@ def test_module_entry_point_and_dry_run():
     dry = subprocess.run(["bash", str(LAUNCHER)], env={**env, "DRY_RUN": "1", "MAX_SEQ_LEN": "77"},
                          capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, dry.stderr
-    assert "--standalone --nproc_per_node=2 fastvideo/data_preprocess/preprocess_flux_embedding.py" in dry.stdout
+    assert "--standalone --nproc_per_node=2 fastvideo/data_preprocess/preprocess_embeddings.py" in dry.stdout
     assert "--model_path data/flux --prompt_dir assets/prompts.txt --output_dir data/rl_embeddings" in dry.stdout
     assert "--max_sequence_length 77" in dry.stdout
     dry = subprocess.run(["bash", str(LAUNCHER), "--max_prompts", "10"],
@@ -263,3 +263,13 @@ def test_tensor_writes_are_atomic(tmp_path, monkeypatch):
     monkeypatch.setattr(embeddings.torch, "save", real_save)
     assert torch.equal(torch.load(target, weights_only=True), torch.ones(2)), "old content intact"
     assert [p.name for p in tmp_path.iterdir()] == ["0.pt"], "no temporary file left behind"
+
+
+def test_dancegrpo_script_name_still_runs_the_same_entry_point():
+    """DanceGRPO's launch lines call preprocess_flux_embedding.py: the alias is the same CLI."""
+    from fastvideo.data_preprocess import preprocess_embeddings, preprocess_flux_embedding
+
+    assert preprocess_flux_embedding.cli is preprocess_embeddings.cli
+    out = subprocess.run([sys.executable, str(REPO / "fastvideo" / "data_preprocess" / "preprocess_flux_embedding.py"),
+                          "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0 and "--model_family" in out.stdout

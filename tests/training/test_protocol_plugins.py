@@ -51,7 +51,7 @@ def toy_run_inputs(tmp_path_factory):
     model = write_toy_model(root / "model")
     prompts = root / "prompts.txt"
     prompts.write_text("\n".join(["a red cube", "two small birds", "a quiet lake at dawn", "an old clock tower"]))
-    _run([sys.executable, "-m", "fastvideo.data_preprocess.preprocess_flux_embedding", "--model_family", FAMILY,
+    _run([sys.executable, "-m", "fastvideo.data_preprocess.preprocess_embeddings", "--model_family", FAMILY,
           "--model_path", str(model), "--prompt_dir", str(prompts), "--output_dir", str(root / "emb"),
           "--max_sequence_length", "8", "--dataloader_num_workers", "0"])
     return model, root / "emb" / "videos2caption.json"
