@@ -13,6 +13,7 @@ difference) instead of comparing versions itself:
     check_recorded_line(line, what)  the same for a checkpoint or folder written on the other line
     projected_features(output)       CLIP's image/text features (a tensor on 4.x, an output object on 5)
     flux_blocks()                    diffusers' FLUX classes that differ (rotary embedding, attention processors)
+    attention_module_classes()       diffusers' attention layer classes (FLUX's has its own on 0.42), for isinstance
 
 Nothing here imports diffusers, transformers or peft at module level: the line is read from the
 installed distributions' metadata, so asking costs no import.
@@ -180,3 +181,20 @@ def flux_blocks() -> FluxBlocks:
         embeddings.FluxPosEmbed,
         (attention_processor.FluxAttnProcessor2_0, attention_processor.FluxAttnProcessor2_0_NPU),
     )
+
+
+@lru_cache(maxsize=None)
+def attention_module_classes() -> tuple[type, ...]:
+    """The diffusers classes an attention layer is an instance of, for ``isinstance`` on either line.
+
+    0.32: every model's attention is ``attention_processor.Attention``. 0.42 keeps that class for
+    the older models (SD3's among them) and gives the newer ones their own classes (FLUX's
+    ``FluxAttention``) sharing ``attention.AttentionModuleMixin`` and not ``Attention``.
+    """
+    from diffusers.models.attention_processor import Attention
+
+    try:
+        from diffusers.models.attention import AttentionModuleMixin
+    except ImportError:  # the recipe line: no per-model attention classes yet
+        return (Attention,)
+    return (Attention, AttentionModuleMixin)

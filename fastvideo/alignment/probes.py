@@ -116,9 +116,9 @@ def transformer_module_kind(name: str, module: torch.nn.Module) -> str | None:
 
 
 def _is_attention(module: torch.nn.Module) -> bool:
-    from diffusers.models.attention_processor import Attention
+    from fastvideo.library_lines import attention_module_classes
 
-    return isinstance(module, Attention)
+    return isinstance(module, attention_module_classes())
 
 
 def select_modules(

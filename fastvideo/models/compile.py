@@ -6,8 +6,10 @@ A model family names its repeated blocks (``ModelFamily.block_classes``: FLUX's 
 single-stream blocks); every block of those classes is compiled in place with ``fullgraph=True``,
 so a graph break is an error at the first call instead of a silent slow path. The blocks of one
 class share their code and, with torch's inlined module tracing (the default since torch 2.5),
-take their weights as graph inputs: one compiled graph per class (and per grad mode / input shape)
-serves all 57 FLUX blocks, so compile time does not grow with depth. The embedders, the output
+take their weights as graph inputs: one compiled graph per class (and per grad mode / input shape
+and strides) serves all 57 FLUX blocks, so compile time does not grow with depth. (diffusers 0.42's
+single-stream block returns its text and image tokens as slices of one tensor, so that class gets a
+second graph for the blocks after the first.) The embedders, the output
 projection and everything between blocks stay eager.
 
 Works under any wrapping (applied after wrap_model): an FSDP unit gathers the flat parameter and

@@ -139,10 +139,16 @@ class _FusedAttention(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+def _fused_sdpa(query, key, value, *args, **kwargs):
+    """``scaled_dot_product_attention``'s signature (diffusers 0.32 passes q, k, v by position,
+    0.42's attention dispatch by name: query=, key=, value=) over :class:`_FusedAttention`."""
+    return _FusedAttention.apply(query, key, value)
+
+
 @contextlib.contextmanager
 def _fused_attention():
     original = torch.nn.functional.scaled_dot_product_attention
-    torch.nn.functional.scaled_dot_product_attention = lambda q, k, v, *a, **kw: _FusedAttention.apply(q, k, v)
+    torch.nn.functional.scaled_dot_product_attention = _fused_sdpa
     try:
         yield
     finally:

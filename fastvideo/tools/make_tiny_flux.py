@@ -193,11 +193,35 @@ def wake_zero_projections(transformer, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=g) * 0.02)
 
 
+# Weight-name prefixes of published checkpoints that transformers 5 leaves out when it saves: its
+# CLIPTextModel has no text_model sub-module, while FLUX.1-dev's text_encoder (openai's CLIP layout)
+# names every weight text_model.*. transformers 5 reads both forms; 4.x reads only the prefixed
+# one and would initialise a prefix-less encoder at random (with a warning).
+HUB_PREFIXES = {"CLIPTextModel": "text_model."}
+
+
+def use_hub_names(folder: Path, module) -> None:
+    """Rename the weights ``module.save_pretrained(folder)`` wrote to the published layout, so that
+    the folder loads on both library lines (on transformers 4.x they already are: nothing changes)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    prefix = HUB_PREFIXES.get(type(module).__name__)
+    for path in sorted(folder.glob("*.safetensors")) if prefix else ():
+        tensors = load_file(path)
+        if all(k.startswith(prefix) for k in tensors):
+            continue
+        with safe_open(path, "pt") as f:
+            metadata = f.metadata()
+        save_file({k if k.startswith(prefix) else prefix + k: v for k, v in tensors.items()}, path, metadata=metadata)
+
+
 def save_tiny_folder(out: Path, modules: dict, scheduler_config: dict, model_index: dict) -> Path:
     """Write each module (sub-folder name -> network) as safetensors, the scheduler config and
-    model_index.json: a folder the family's diffusers pipeline loads."""
+    model_index.json: a folder the family's diffusers pipeline loads, on both library lines."""
     for name, module in modules.items():
         module.save_pretrained(out / name, safe_serialization=True)
+        use_hub_names(out / name, module)
     atomic_write_json(out / "scheduler" / "scheduler_config.json", scheduler_config)
     atomic_write_json(out / "model_index.json", model_index)
     return out

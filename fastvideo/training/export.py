@@ -227,6 +227,7 @@ def _base_transformer(info: dict, base: str | None) -> Path:
 def merged_transformer(checkpoint, ema: bool = False, base: str | None = None, family=None):
     """The base transformer (float32, CPU) with a LoRA checkpoint's adapters merged in. family:
     the ModelFamily (default: the one the checkpoint records)."""
+    from fastvideo.models.loading import from_pretrained_checked
     from fastvideo.training import lora
 
     ckpt = Path(checkpoint)
@@ -237,7 +238,7 @@ def merged_transformer(checkpoint, ema: bool = False, base: str | None = None, f
         raise ExportError(f"merging needs the base transformer the adapters were trained on; {folder} holds no "
                           "config.json: pass --base MODEL_DIR")
     family = family if family is not None else checkpoint_family(ckpt)
-    model = family.transformer_class().from_pretrained(folder, torch_dtype=torch.float32)
+    model = from_pretrained_checked(family.transformer_class(), folder, None, torch.float32)
     merged = lora.merge_into_base(model.state_dict(), _adapters(ckpt, ema), float(info["alpha"]) / float(info["rank"]))
     model.load_state_dict(merged)
     return model

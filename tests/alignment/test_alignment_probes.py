@@ -76,33 +76,35 @@ def test_same_input_same_outputs(models, reference, tmp_path):
     assert cmp.first_failure is None and max(e.rel_err for e in cmp.entries) == 0.0
 
 
-def _perturb_rope(monkeypatch):
-    from diffusers.models.embeddings import FluxPosEmbed
-
-    orig = FluxPosEmbed.forward
-    monkeypatch.setattr(FluxPosEmbed, "forward", lambda self, ids: tuple(t + 1e-2 for t in orig(self, ids)))
+# The perturbations patch the classes of the tiny model's own modules, so they hit the same layers on
+# both library lines (diffusers 0.32: embeddings.FluxPosEmbed, normalization.RMSNorm,
+# FluxAttnProcessor2_0; 0.42: transformer_flux.FluxPosEmbed, torch.nn.RMSNorm, FluxAttnProcessor).
 
 
-def _perturb_rms_norm(monkeypatch):
-    from diffusers.models.normalization import RMSNorm
+def _perturb_rope(monkeypatch, transformer):
+    cls = type(transformer.pos_embed)
+    orig = cls.forward
+    monkeypatch.setattr(cls, "forward", lambda self, ids: tuple(t + 1e-2 for t in orig(self, ids)))
 
-    orig = RMSNorm.forward
-    monkeypatch.setattr(RMSNorm, "forward", lambda self, x: orig(self, x) * 1.05)
+
+def _perturb_rms_norm(monkeypatch, transformer):
+    cls = type(transformer.transformer_blocks[0].attn.norm_q)
+    orig = cls.forward
+    monkeypatch.setattr(cls, "forward", lambda self, x: orig(self, x) * 1.05)
 
 
-def _perturb_attention(monkeypatch):
-    from diffusers.models.attention_processor import FluxAttnProcessor2_0
-
-    orig = FluxAttnProcessor2_0.__call__
+def _perturb_attention(monkeypatch, transformer):
+    cls = type(transformer.transformer_blocks[0].attn.processor)
+    orig = cls.__call__
 
     def call(self, *args, **kwargs):
         out = orig(self, *args, **kwargs)
         return tuple(t * 1.05 for t in out) if isinstance(out, tuple) else out * 1.05
 
-    monkeypatch.setattr(FluxAttnProcessor2_0, "__call__", call)
+    monkeypatch.setattr(cls, "__call__", call)
 
 
-def _perturb_group_norm(monkeypatch):  # only the VAE uses GroupNorm
+def _perturb_group_norm(monkeypatch, transformer):  # only the VAE uses GroupNorm
     orig = torch.nn.GroupNorm.forward
     monkeypatch.setattr(torch.nn.GroupNorm, "forward", lambda self, x: orig(self, x) + 0.1)
 
@@ -113,14 +115,14 @@ def _perturb_group_norm(monkeypatch):  # only the VAE uses GroupNorm
     (_perturb_group_norm, "vae.decoder.mid_block", "vae"),
 ])
 def test_locator_names_the_perturbed_kind(models, reference, tmp_path, monkeypatch, perturb, key, kind):
-    perturb(monkeypatch)
+    perturb(monkeypatch, models[0])
     bad = record_probes(*models, PROBE_KINDS, tmp_path)
     first = compare_probe_recordings(load_probes(reference), bad, DEFAULT_LAYER_TOL).first_failure
     assert (first.key, first.kind, first.status) == (key, kind, "over")
 
 
 def test_rope_perturbation_named_first_in_the_report(models, reference, tmp_path, monkeypatch, capsys):
-    _perturb_rope(monkeypatch)
+    _perturb_rope(monkeypatch, models[0])
     record_probes(*models, PROBE_KINDS, tmp_path / "npu" / "probes")  # a run folder holding probes/
     out = tmp_path / "report"
     assert main([str(reference), str(tmp_path / "npu"), "--out", str(out)]) == 1

@@ -55,7 +55,9 @@ def reference(tiny_flux_dir, tmp_path_factory):
 def launched(tiny_flux_dir, tmp_path_factory):
     """The shell launcher, unchanged, on CPU: torchrun with 2 gloo processes."""
     out = tmp_path_factory.mktemp("emb_2rank")
-    env = {**os.environ, "FASTVIDEO_DEVICE": "cpu", "MODEL_PATH": str(tiny_flux_dir),
+    # PYTHON: the launcher runs this interpreter's library line (left to itself it picks .venv, the
+    # recipe line, whose text encoders compute in another order than the current line's).
+    env = {**os.environ, "FASTVIDEO_DEVICE": "cpu", "PYTHON": sys.executable, "MODEL_PATH": str(tiny_flux_dir),
            "PROMPT_FILE": str(TINY_PROMPTS), "OUTPUT_DIR": str(out), "BATCH_SIZE": str(BATCH),
            "MAX_SEQ_LEN": str(SEQ)}
     env.pop("NPROC", None)

@@ -25,6 +25,22 @@ def test_tiny_folder_small_and_seeded(tiny_flux_dir, tmp_path):
     assert _digest(other) != _digest(tiny_flux_dir)
 
 
+def test_tiny_text_encoder_has_the_published_weight_names(tiny_flux_dir):
+    """FLUX.1-dev's text_encoder names its weights text_model.* (transformers 5 saves them without the
+    prefix, which transformers 4.x cannot read); both lines load the folder's CLIP completely."""
+    from safetensors.torch import load_file
+    from transformers import CLIPTextModel
+
+    (weights,) = (tiny_flux_dir / "text_encoder").glob("*.safetensors")
+    names = load_file(weights).keys()
+    assert names and all(k.startswith("text_model.") for k in names)
+    model, info = CLIPTextModel.from_pretrained(tiny_flux_dir / "text_encoder", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    state = {k.removeprefix("text_model."): v for k, v in model.state_dict().items()}
+    saved = {k.removeprefix("text_model."): v for k, v in load_file(weights).items()}
+    assert state.keys() == saved.keys() and all(torch.equal(state[k], saved[k]) for k in saved)
+
+
 def test_stock_flux_pipeline_loads_tiny_folder(tiny_flux_dir):
     from diffusers import FluxPipeline
 
@@ -54,7 +70,10 @@ def test_helpers_match_flux_pipeline(tiny_flux_dir):
     enc = flux.load_text_encoders(tiny_flux_dir)
     prompts = ["a cat", "two dogs playing in the snow"]
     emb, pooled, tids = flux.encode_prompts(enc, prompts, max_sequence_length=64)
-    ref_emb, ref_pooled, ref_tids = pipe.encode_prompt(prompts, None, max_sequence_length=64)
+    # Without autograd, as FluxPipeline.__call__ runs it: the pipeline's encoders keep trainable
+    # parameters, and recording a graph makes CPU SDPA (transformers 5's T5 attention) take another kernel.
+    with torch.no_grad():
+        ref_emb, ref_pooled, ref_tids = pipe.encode_prompt(prompts, None, max_sequence_length=64)
     assert torch.allclose(emb, ref_emb) and torch.allclose(pooled, ref_pooled)
     assert emb.shape == (2, 64, 32) and pooled.shape == (2, 32) and torch.equal(tids, ref_tids)
     assert not torch.allclose(emb[0], emb[1])

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from fastvideo.errors import CheckpointError, UserError
+from fastvideo.errors import UserError
 from fastvideo.models.base import WEIGHT_SUFFIXES, check_diffusers_folder  # noqa: F401 (WEIGHT_SUFFIXES: re-exported)
+from fastvideo.models.loading import from_pretrained_checked
 
 # Sub-folders of a diffusers FLUX folder and the files that must be in each.
 REQUIRED_FILES = {
@@ -66,15 +67,7 @@ def load_transformer(path: str | Path, device: torch.device | str = "cpu", dtype
     from diffusers import FluxTransformer2DModel
 
     root = check_flux_folder(path, ("transformer",))
-    try:
-        model = FluxTransformer2DModel.from_pretrained(root, subfolder="transformer", torch_dtype=dtype)
-    except (ValueError, RuntimeError) as exc:  # diffusers: missing keys / size mismatch
-        text = str(exc)
-        if not any(s in text for s in ("keys are missing", "size mismatch", "Cannot load", "shape")):
-            raise
-        raise CheckpointError(
-            f"{Path(root) / 'transformer'}: its config.json and weights disagree ({text.splitlines()[0][:160]}...); "
-            "the folder mixes two models: copy config.json and the weights from one download") from None
+    model = from_pretrained_checked(FluxTransformer2DModel, root, "transformer", dtype)
     model.to(device)
     adapt_for_device(model, device)
     return model

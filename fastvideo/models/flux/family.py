@@ -103,7 +103,9 @@ class FluxFamily(base.ModelFamily):
     def load_transformer(self, root, subfolder, device, dtype):
         if subfolder == "transformer":
             return C.load_transformer(root, device=device, dtype=dtype)
-        model = self.transformer_class().from_pretrained(root, torch_dtype=dtype).to(device)
+        from fastvideo.models.loading import from_pretrained_checked
+
+        model = from_pretrained_checked(self.transformer_class(), root, None, dtype).to(device)
         C.adapt_for_device(model, device)
         return model
 

@@ -65,7 +65,9 @@ def load_transformer(root, subfolder, device, dtype):
 
     if subfolder is not None:
         check_sd3_folder(root, (subfolder,))
-    model = SD3Transformer2DModel.from_pretrained(root, subfolder=subfolder, torch_dtype=dtype).to(device)
+    from fastvideo.models.loading import from_pretrained_checked
+
+    model = from_pretrained_checked(SD3Transformer2DModel, root, subfolder, dtype).to(device)
     adapt_for_device(model, device)
     return model
 
