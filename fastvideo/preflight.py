@@ -114,7 +114,7 @@ def _attempt(problems: list[str], check: Callable[[], object]) -> object:
 def file_problems(args: argparse.Namespace, cfg) -> list[str]:
     """The inputs the flags name: embedding index, model and VAE folders, resume checkpoint, reward
     weights (``cfg``: the built TrainConfig, or None when the flags did not validate)."""
-    from fastvideo.models.base import get_model_family
+    from fastvideo.models.registry import get_model_family
 
     problems: list[str] = []
     family = _attempt(problems, lambda: get_model_family(args.model_family))

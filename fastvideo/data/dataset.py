@@ -19,14 +19,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from fastvideo.models.base import (
-    DEFAULT_FAMILY,
-    Conditioning,
-    EmbeddingDatasetError,
-    EmbeddingShapeError,
-    ModelFamily,
-    get_model_family,
-)
+from fastvideo.models.base import Conditioning, EmbeddingDatasetError, EmbeddingShapeError, ModelFamily
+from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 
 __all__ = ["EmbeddingDatasetError", "EmbeddingShapeError", "PromptEmbeddingDataset"]
 

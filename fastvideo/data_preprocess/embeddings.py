@@ -35,7 +35,8 @@ import torch
 from fastvideo import devices
 from fastvideo.data.prompts import PromptList, load_prompts
 from fastvideo.errors import ConfigError
-from fastvideo.models.base import DEFAULT_FAMILY, ModelFamily, get_model_family
+from fastvideo.models.base import ModelFamily
+from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 from fastvideo.utils import atomic_write_json
 
 JSON_NAME = "videos2caption.json"

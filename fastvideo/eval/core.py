@@ -21,7 +21,7 @@ import torch
 
 from fastvideo import devices
 from fastvideo.eval.prompts import EvalPrompts
-from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 from fastvideo.sampling.plan import SamplingPlan, full_sde_plan, ode_plan
 from fastvideo.sampling.randomness import RandomSource
 from fastvideo.sampling.rollout import sample_transitions

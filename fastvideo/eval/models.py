@@ -71,7 +71,7 @@ def parse_model_arg(text: str, family_label: str = "model") -> ModelSpec:
 def family_name_for(models: list[ModelSpec], flag: str | None) -> str:
     """The one family of the models: what their checkpoints record, else --model_family (default:
     the default family). Refuses models of two families, or a flag the checkpoints contradict."""
-    from fastvideo.models.base import DEFAULT_FAMILY
+    from fastvideo.models.registry import DEFAULT_FAMILY
 
     recorded = {m.family for m in models if m.family is not None}
     names = recorded | ({flag} if flag else set())

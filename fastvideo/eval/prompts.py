@@ -25,7 +25,7 @@ class EvalPrompts:
 
 
 def _family(family):
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+    from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 
     return family if family is not None else get_model_family(DEFAULT_FAMILY)
 

@@ -5,28 +5,19 @@ A family (``ModelFamily``) loads its parts from a folder, encodes prompts into a
 ``Conditioning`` record, gives the latent geometry of a resolution (``LatentLayout``), predicts
 the flow-matching velocity v(x, sigma, cond) on packed latents [B, L, C] and decodes them to
 images. Everything model-specific (FLUX's pooled CLIP embedding and text ids, SD3's three text
-encoders) stays behind it. Families are found by name in a registry; "pkg.module:Name" imports a
-plugin module first (which may register itself) and uses ``Name`` from it.
+encoders) stays behind it. Families are found by name in fastvideo.models.registry.
 """
 
 from __future__ import annotations
 
 import abc
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from fastvideo.errors import UserError
-
-DEFAULT_FAMILY = "flux"
-
-
-class UnknownModelFamilyError(UserError, ValueError):
-    """--model_family names no registered family and no importable plugin."""
-
 
 class EmbeddingDatasetError(UserError, ValueError):
     """The embedding index or one of its files is missing or malformed."""
@@ -303,64 +294,3 @@ class ModelFamily(abc.ABC):
     reference_config: Any = None
     reference_vae_config: Any = None
     reference_name: str = ""
-
-
-# ---------------------------------------------------------------- registry
-_REGISTRY: dict[str, Callable[..., ModelFamily]] = {}
-
-
-def register_model_family(name: str, factory: Callable[..., ModelFamily]) -> None:
-    """Make ``get_model_family(name, **settings)`` call ``factory(**settings)``."""
-    _REGISTRY[name] = factory
-
-
-def model_family_names() -> list[str]:
-    _ensure_builtin()
-    return sorted(_REGISTRY)
-
-
-def _ensure_builtin() -> None:
-    # The built-in families register themselves on import.
-    importlib.import_module("fastvideo.models.flux")
-    importlib.import_module("fastvideo.models.sd3")
-
-
-def get_model_family(name_or_path: str, **settings) -> ModelFamily:
-    """A registered family by name, or "pkg.module:Name" (the module is imported first, so it can
-    register itself; Name is a registered name or a ModelFamily factory in that module)."""
-    _ensure_builtin()
-    if ":" in name_or_path:
-        module_name, _, attr = name_or_path.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise UnknownModelFamilyError(
-                f"model family plugin {name_or_path!r}: cannot import {module_name!r} ({exc}); "
-                f"built-in families: {', '.join(model_family_names())}"
-            ) from None
-        factory = _REGISTRY.get(attr) or getattr(module, attr, None)
-        if factory is None:
-            raise UnknownModelFamilyError(f"model family plugin {name_or_path!r}: {module_name} has no {attr!r}")
-        return factory(**settings)
-    if name_or_path not in _REGISTRY:
-        raise UnknownModelFamilyError(
-            f"unknown model family {name_or_path!r}; valid: {', '.join(model_family_names())} "
-            "(or a plugin as pkg.module:Name)"
-        )
-    return _REGISTRY[name_or_path](**settings)
-
-
-def family_for_class_name(class_name: str) -> str | None:
-    """The registered family whose transformer class an exported config names (config.json's
-    _class_name, e.g. a checkpoint's config.json); None when no family, or more than
-    one, claims it (the class name alone cannot tell those apart)."""
-    _ensure_builtin()
-    claimants = []
-    for name, factory in sorted(_REGISTRY.items()):
-        # A family class says it without being built; other factories are built with no settings.
-        claimed = getattr(factory, "export_class_name", None)
-        if claimed is None:
-            claimed = factory().export_class_name
-        if claimed == class_name:
-            claimants.append(name)
-    return claimants[0] if len(claimants) == 1 else None

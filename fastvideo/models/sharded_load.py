@@ -131,7 +131,7 @@ def meta_transformer(root: str | Path, subfolder: str | None, dtype: torch.dtype
     """The family's transformer (default family when None) from ``root/subfolder`` built on the
     meta device in ``dtype``, and the loader that fills it unit by unit on ``device`` (pass it to
     wrap_model as param_init_fn)."""
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+    from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 
     family = family if family is not None else get_model_family(DEFAULT_FAMILY)
     folder = Path(root) / subfolder if subfolder else Path(root)

@@ -48,7 +48,7 @@ def _resnet_flops(c_in: int, c_out: int, h: int, w: int, B: int) -> int:
 
 
 def _family(family):
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+    from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 
     return family if family is not None else get_model_family(DEFAULT_FAMILY)
 

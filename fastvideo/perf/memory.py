@@ -150,7 +150,7 @@ def _fused_attention():
 
 
 def _family(family):
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+    from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 
     return family if family is not None else get_model_family(DEFAULT_FAMILY)
 

@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 import torch
 
 from fastvideo import devices
-from fastvideo.models.base import DEFAULT_FAMILY, Conditioning, LatentLayout, ModelFamily, get_model_family
+from fastvideo.models.base import Conditioning, LatentLayout, ModelFamily
+from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 from fastvideo.sampling import sde, solvers
 from fastvideo.sampling.plan import DPM, ODE, SDE, SamplingPlan
 from fastvideo.sampling.randomness import RandomSource

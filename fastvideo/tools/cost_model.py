@@ -28,7 +28,7 @@ from pathlib import Path
 from fastvideo.errors import ConfigError, UserError, exit_on_user_error, one_line_errors
 from fastvideo.grpo.loss import num_trained_steps
 from fastvideo import devices
-from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 from fastvideo.perf.flops import (
     IterationFlops,
     IterationShape,

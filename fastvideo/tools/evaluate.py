@@ -176,7 +176,7 @@ def run(args) -> str:
     from fastvideo.eval.core import SampleSettings, evaluate
     from fastvideo.eval.prompts import load_eval_prompts
     from fastvideo.eval.stats import markdown_table, table_rows
-    from fastvideo.models.base import get_model_family
+    from fastvideo.models.registry import get_model_family
     from fastvideo.sampling.randomness import RandomSource
 
     models = [parse_model_arg(m, _family_label(args.model_family)) for m in args.model]
@@ -213,7 +213,7 @@ def run(args) -> str:
 
 def _family_label(flag: str | None) -> str:
     """How messages name the base folder's family: FLUX for --model_family flux."""
-    from fastvideo.models.base import DEFAULT_FAMILY
+    from fastvideo.models.registry import DEFAULT_FAMILY
 
     name = flag or DEFAULT_FAMILY
     return name if ":" in name else name.upper()
@@ -221,7 +221,7 @@ def _family_label(flag: str | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from fastvideo.errors import report_failure
-    from fastvideo.models.base import UnknownModelFamilyError
+    from fastvideo.models.registry import UnknownModelFamilyError
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ from fastvideo.models import sharded_load
 
 def build_family(cfg: TrainConfig):
     """The model family of --model_family, carrying the rollout's forward settings."""
-    from fastvideo.models.base import get_model_family
+    from fastvideo.models.registry import get_model_family
 
     return get_model_family(cfg.model.family, guidance_scale=cfg.rollout.guidance_scale,
                             quantize_timestep=cfg.rollout.quantize_timestep)

@@ -261,7 +261,7 @@ def recorded_family(folder: str | os.PathLike) -> str | None:
     OUTPUT_DIR/config.json beside it names it (model.family; runs from before the key: the default
     family), else the transformer config's _class_name does (through the registry); None when
     neither says."""
-    from fastvideo.models.base import DEFAULT_FAMILY, family_for_class_name
+    from fastvideo.models.registry import DEFAULT_FAMILY, family_for_class_name
 
     folder = Path(folder)
     run = _json_or_none(folder.parent / "config.json")

@@ -47,7 +47,7 @@ class ExportError(UserError, ValueError):
 
 def checkpoint_family(ckpt: str | os.PathLike, **settings):
     """The ModelFamily a checkpoint was trained as (recorded_family), else the default family."""
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+    from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 
     return get_model_family(ckpt_lib.recorded_family(ckpt) or DEFAULT_FAMILY, **settings)
 

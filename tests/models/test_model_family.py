@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from fastvideo.errors import UserError
-from fastvideo.models import base, flux
-from fastvideo.models.base import TensorConditioning, get_model_family
+from fastvideo.models import base, flux, registry
+from fastvideo.models.base import TensorConditioning
+from fastvideo.models.registry import get_model_family
 
 
 # ---------------------------------------------------------------- registry
 def test_unknown_family_is_a_user_error_listing_the_valid_names():
-    with pytest.raises(base.UnknownModelFamilyError) as err:
+    with pytest.raises(registry.UnknownModelFamilyError) as err:
         get_model_family("sd7")
     assert isinstance(err.value, UserError)
     assert "unknown model family 'sd7'" in str(err.value) and "flux" in str(err.value)
@@ -26,13 +27,13 @@ def test_flux_is_registered_with_its_settings():
     fam = get_model_family("flux", guidance_scale=2.0, quantize_timestep=False)
     assert isinstance(fam, flux.FluxFamily) and fam.name == "flux"
     assert (fam.guidance_scale, fam.quantize_timestep) == (2.0, False)
-    assert "flux" in base.model_family_names()
+    assert "flux" in registry.model_family_names()
 
 
 def test_a_plugin_path_imports_the_module_which_registers_itself(tmp_path, monkeypatch):
     (tmp_path / "my_family_plugin.py").write_text(
         "from toy_family import ToyFamily\n"
-        "from fastvideo.models.base import register_model_family\n"
+        "from fastvideo.models.registry import register_model_family\n"
         "class Shifted(ToyFamily):\n"
         "    name = 'shifted'\n"
         "register_model_family('shifted', Shifted)\n"
@@ -44,6 +45,14 @@ def test_a_plugin_path_imports_the_module_which_registers_itself(tmp_path, monke
     with pytest.raises(UserError, match="has no 'Nope'"):
         get_model_family("my_family_plugin:Nope")
     sys.modules.pop("my_family_plugin", None)
+
+
+def test_a_taken_name_is_refused_and_the_same_factory_again_is_a_no_op(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    with pytest.raises(ValueError, match="'flux' is already registered .*FluxFamily.*pick another name"):
+        registry.register_model_family("flux", _Marked)
+    registry.register_model_family("flux", flux.FluxFamily)  # the same factory: allowed, nothing changes
+    assert registry.family_factory("flux") is flux.FluxFamily
 
 
 # ---------------------------------------------------------------- conditioning
@@ -188,18 +197,18 @@ class _Marked(base.ModelFamily):  # only its class name matters here
 
 
 def _register_marked(monkeypatch, *names):
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # the test's registrations stay in it
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the test's registrations stay in it
     for name in names:
-        base.register_model_family(name, _Marked)
+        registry.register_model_family(name, _Marked)
 
 
 def test_a_class_name_finds_the_family_that_exports_it(monkeypatch):
     _register_marked(monkeypatch, "marked")
-    assert base.family_for_class_name("FluxTransformer2DModel") == "flux"
-    assert base.family_for_class_name("MarkedTransformer") == "marked"
-    assert base.family_for_class_name("UNet2DConditionModel") is None
-    base.register_model_family("marked_too", _Marked)
-    assert base.family_for_class_name("MarkedTransformer") is None  # two claim it: cannot tell
+    assert registry.family_for_class_name("FluxTransformer2DModel") == "flux"
+    assert registry.family_for_class_name("MarkedTransformer") == "marked"
+    assert registry.family_for_class_name("UNet2DConditionModel") is None
+    registry.register_model_family("marked_too", _Marked)
+    assert registry.family_for_class_name("MarkedTransformer") is None  # two claim it: cannot tell
 
 
 def test_a_checkpoint_records_its_family_by_run_config_else_class_name(tmp_path, monkeypatch):

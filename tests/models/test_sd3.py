@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from fastvideo.models.base import get_model_family
+from fastvideo.models.registry import get_model_family
 from fastvideo.models.sd3 import components as C
 from fastvideo.models.sd3.family import SD3Family
 from fastvideo.sampling.plan import ode_plan

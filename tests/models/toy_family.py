@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from fastvideo.models import base
+from fastvideo.models import base, registry
 
 
 class ToyTransformer(torch.nn.Module):
@@ -109,4 +109,4 @@ class ToyFamily(base.ModelFamily):
         raise NotImplementedError
 
 
-base.register_model_family("toy", ToyFamily)
+registry.register_model_family("toy", ToyFamily)

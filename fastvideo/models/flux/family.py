@@ -253,6 +253,3 @@ class FluxFamily(base.ModelFamily):
         from dataclasses import asdict
 
         return {**{k: v for k, v in asdict(F.FLUX_DEV).items() if k != "mlp_ratio"}, "axes_dims_rope": [16, 56, 56]}
-
-
-base.register_model_family("flux", FluxFamily)

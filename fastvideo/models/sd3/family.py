@@ -214,6 +214,3 @@ class SD3Family(base.ModelFamily):
         cfg = asdict(F.SD35_MEDIUM)
         return {**cfg, "dual_attention_layers": list(cfg["dual_attention_layers"]), "sample_size": 128,
                 "pos_embed_max_size": 384, "qk_norm": "rms_norm"}
-
-
-base.register_model_family("sd3", SD3Family)
