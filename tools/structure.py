@@ -7,9 +7,9 @@
 Reads the source only (ast) and runs nothing. An import is a dependency wherever it is written
 (a lazy import inside a function still is), and so is ``importlib.import_module("a.b")`` with a
 literal name: a registry that imports its implementations by name while they import the registry
-is a circle however the import is spelt. Cycles are reported between modules, between the
-package's sub-packages (``fastvideo.training`` as a whole) and between its rooms (each folder, so
-``fastvideo.training.checkpoint`` may not import back into ``fastvideo.training``).
+is a circle however the import is spelt. Cycles are reported between modules and between the
+package's sub-packages (``fastvideo.training`` as a whole); ``Report.edges`` and ``imports_between``
+let a test hold finer layering rules (a room of a sub-package that must not import another).
 
 Exit status: 0 when every count is zero, 1 otherwise. tests/test_structure.py runs it on fastvideo/.
 """
@@ -42,15 +42,13 @@ class Report:
     lines: int
     module_cycles: list[list[str]]
     subpackage_cycles: list[list[str]]
-    room_cycles: list[list[str]]
     long_functions: list[tuple[int, str]]  # (lines, "path:line name")
     long_files: list[tuple[int, str]]  # (lines, path), over the limit for all files or the file's own
     edges: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
-        return not (self.module_cycles or self.subpackage_cycles or self.room_cycles or self.long_functions
-                    or self.long_files)
+        return not (self.module_cycles or self.subpackage_cycles or self.long_functions or self.long_files)
 
 
 def read_modules(pkg_dir: str) -> dict[str, Module]:
@@ -160,6 +158,16 @@ def unit_cycles(mods: dict[str, Module], edges: dict[str, set[str]], unit) -> li
     return strongly_connected(sorted({unit(m) for m in mods}), grouped)
 
 
+def imports_between(edges: dict[str, set[str]], importer: str, imported: str) -> list[str]:
+    """"a -> b" for each module under the dotted prefix ``importer`` that imports one under
+    ``imported`` (a prefix names the module itself and everything below it)."""
+    def under(m: str, prefix: str) -> bool:
+        return m == prefix or m.startswith(prefix + ".")
+
+    return sorted(f"{a} -> {b}" for a, bs in edges.items() if under(a, importer)
+                  for b in bs if under(b, imported))
+
+
 def long_functions(mods: dict[str, Module], limit: int) -> list[tuple[int, str]]:
     out = []
     for mod in mods.values():
@@ -181,11 +189,6 @@ def check(pkg_dir: str, max_function: int = 80, max_file: int = 500,
     def subpackage(m: str) -> str:  # fastvideo.training.checkpoint.files -> fastvideo.training
         return ".".join(m.split(".")[:2])
 
-    def room(m: str) -> str:  # the folder a module lives in (a top-level module is its own)
-        if mods[m].is_package or m.count(".") == 1:
-            return m
-        return m.rpartition(".")[0]
-
     limits = {os.path.normpath(p): n for p, n in (file_limits or {}).items()}
     long_files = [(mod.lines, mod.path) for mod in mods.values()
                   if mod.lines > min(max_file, limits.get(os.path.normpath(mod.path), max_file))]
@@ -193,15 +196,13 @@ def check(pkg_dir: str, max_function: int = 80, max_file: int = 500,
         modules=len(mods), lines=sum(m.lines for m in mods.values()),
         module_cycles=strongly_connected(sorted(mods), edges),
         subpackage_cycles=unit_cycles(mods, edges, subpackage),
-        room_cycles=unit_cycles(mods, edges, room),
         long_functions=long_functions(mods, max_function),
         long_files=sorted(long_files, reverse=True), edges=edges)
 
 
 def render(r: Report, max_function: int, max_file: int) -> str:
     lines = [f"{r.modules} modules, {r.lines} lines"]
-    for title, cycles in (("module cycles", r.module_cycles), ("sub-package cycles", r.subpackage_cycles),
-                          ("room (folder) cycles", r.room_cycles)):
+    for title, cycles in (("module cycles", r.module_cycles), ("sub-package cycles", r.subpackage_cycles)):
         lines.append(f"{title}: {len(cycles)}")
         lines += ["  " + " <-> ".join(c) for c in cycles]
     lines.append(f"functions over {max_function} lines: {len(r.long_functions)}")
