@@ -16,6 +16,7 @@ import math
 import torch
 
 from fastvideo.algorithms.base import Objective, ObjectiveContext, RewardResult, StatsAccumulator, Term
+from fastvideo.algorithms.settings import GRPOSettings
 from fastvideo.grpo.advantages import finite_batch_advantages, finite_group_advantages, global_std_advantages
 from fastvideo.grpo.kl import flow_grpo_step_kl, gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss
@@ -24,11 +25,14 @@ from fastvideo.sampling.rollout import sde_transition, transition_gaussian
 
 class GRPOObjective(Objective):
     name = "grpo"
+    settings = GRPOSettings
     needs_log_probs = True
 
     def __init__(self, context: ObjectiveContext):
         cfg = context.cfg
         self.g = cfg.grpo
+        self.u = cfg.update  # micro-batch size and accumulation (the update's)
+        self.mix = cfg.mix  # the SDE window / solver of the rollout plan (sampling.mix)
         self.num_generations = cfg.rollout.num_generations
         self.eta = cfg.rollout.eta
         self.dims = context.dims
@@ -96,12 +100,21 @@ class GRPOObjective(Objective):
         return adv[self.dims.dp_rank * b:(self.dims.dp_rank + 1) * b]
 
     # ------------------------------------------------------------------ work
+    def sampling_plan(self, iteration: int, sampling_steps: int, shift: float):
+        """The SDE / ODE / DPM-Solver++ steps of the sampling flags and the transitions that may
+        train (DanceGRPO's, or MixGRPO's window of this iteration): sampling.mix."""
+        from fastvideo.sampling.mix import plan_for_iteration
+
+        n = sampling_steps
+        return plan_for_iteration(self.mix, n, shift, self.g.candidate_steps(n), self.g.trained_steps(n), iteration,
+                                  self.randomness)
+
     def plan_update(self, traj, iteration: int) -> list[list[Term]]:
         plan = traj.plan
         perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, len(plan.trainable))
         selected = plan.select_steps(perms)  # [B, T] on CPU
         order = self.sample_order(traj, iteration)
-        b, mb = order.numel(), self.g.train_micro_batch_size
+        b, mb = order.numel(), self.u.train_micro_batch_size
         micro = []
         for m in range(math.ceil(b / mb)):
             rows = order[m * mb:min(b, (m + 1) * mb)]
@@ -156,7 +169,7 @@ class GRPOObjective(Objective):
         g = self.g
         rows, steps = term.rows, term.steps
         num_trained = traj.plan.num_trained
-        scale = g.loss_coef / (g.gradient_accumulation_steps * num_trained)
+        scale = g.loss_coef / (self.u.gradient_accumulation_steps * num_trained)
         logp, kl = self.log_prob(policy, traj, rows, steps)
         old = traj.log_probs[rows.to(traj.log_probs.device), steps.to(traj.log_probs.device)]
         loss, s = clipped_policy_loss(logp, old, advantages[rows.to(advantages.device)], g.clip_range)
@@ -170,7 +183,7 @@ class GRPOObjective(Objective):
             loss = loss + g.rollout_kl_coef * rollout_kl
             sums["rollout_kl"] = rollout_kl.detach()
         stats.add(term, sums, {"first_ratio_dev": s.ratio_abs_dev_max})
-        return loss * (scale * rows.numel() / g.train_micro_batch_size)
+        return loss * (scale * rows.numel() / self.u.train_micro_batch_size)
 
     def summarize(self, stats: StatsAccumulator) -> tuple[dict[str, float], dict[str, float]]:
         means = {"ratio_mean": stats.mean("ratio_mean"), "clip_fraction": stats.mean("clip_fraction")}

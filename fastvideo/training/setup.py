@@ -145,8 +145,8 @@ def reward_metrics(dims, device, rewards, advantages: torch.Tensor, cfg) -> dict
     record = {
         "reward_mean": kept.mean().item(),
         "reward_std": kept.std(unbiased=False).item(),
-        # Without --use_group the whole gathered batch is the one normalisation group.
-        "zero_std_ratio": zero_std_ratio(all_rewards, G if cfg.grpo.use_group else all_rewards.numel()).item(),
+        # One sample per prompt (GRPO without --use_group): the whole gathered batch is the one group.
+        "zero_std_ratio": zero_std_ratio(all_rewards, G if G > 1 else all_rewards.numel()).item(),
         "rewards/nonfinite_dropped": all_rewards.numel() - kept.numel(),
     }
     for name, vals in rewards.per_reward.items():

@@ -19,7 +19,6 @@ from fastvideo import devices
 from fastvideo.algorithms.base import ObjectiveContext, RewardResult
 from fastvideo.algorithms.registry import resolve_objective
 from fastvideo.distributed.parallel import ParallelDims
-from fastvideo.sampling.mix import plan_for_iteration
 from fastvideo.sampling.plan import SamplingPlan
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
 from fastvideo.training import builders
@@ -75,11 +74,12 @@ class Trainer:
         make_objective = resolve_objective(self.cfg.algorithm)  # an unknown --algorithm fails before any model loads
         run_setup.build_parts(self)
         self.objective = make_objective(ObjectiveContext(
-            cfg=self.cfg, dims=self.dims, device=self.device, reward=self.reward, randomness=self.randomness,
+            cfg=self.cfg, dims=self.dims, device=self.device, settings=self.cfg.objective_settings(),
+            update=self.cfg.update, reward=self.reward, randomness=self.randomness,
             copy_weights=lambda: WeightCopy(self.model)))
         self.policy = Policy(self.model, self.family, self.device, self.autocast_dtype, self.kl_reference)
         self.updater = Updater(self.model, self.optimizer, self.lr_scheduler, self.cfg.optim,
-                               self.cfg.grpo.gradient_accumulation_steps, self.dims, self.device, self.state)
+                               self.cfg.update.gradient_accumulation_steps, self.dims, self.device, self.state)
         self.checkpointer = builders.build_checkpointer(self.cfg)
         self._maybe_resume()
         if self.info.is_main:
@@ -146,14 +146,8 @@ class Trainer:
         return self.updater.run(self.objective, self.policy, traj, advantages, iteration)
 
     def sampling_plan(self, iteration: int) -> SamplingPlan:
-        """This iteration's schedule (SDE / ODE / DPM-Solver++ steps, trainable steps): sampling.mix."""
-        n = self.cfg.rollout.sampling_steps
-        g = self.cfg.grpo
-        own = self.objective.sampling_plan(iteration, n, self.cfg.rollout.shift)
-        if own is not None:
-            return own
-        return plan_for_iteration(self.cfg.mix, n, self.cfg.rollout.shift, g.candidate_steps(n), g.trained_steps(n),
-                                  iteration, self.randomness)
+        """This iteration's schedule (SDE / ODE / DPM-Solver++ steps, trainable steps): the objective's."""
+        return self.objective.sampling_plan(iteration, self.cfg.rollout.sampling_steps, self.cfg.rollout.shift)
 
     def _rollout(self, iteration: int, cond, captions, indices, plan, on_chunk=None):
         with self.objective.rollout_weights():  # NFT samples with its old policy

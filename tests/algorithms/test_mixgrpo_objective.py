@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from fastvideo.algorithms.base import ObjectiveContext, RewardResult, StatsAccumulator, Term
+from fastvideo.component_settings.update import UpdateSettings
 from fastvideo.config import ConfigError, GRPOSettings, build_parser, validate_args
 from fastvideo.distributed.parallel import ParallelDims
+from fastvideo.sampling.mix import MixSettings
 from fastvideo.sampling.randomness import RandomSource
 
 BASE = ["--data_json_path", "x", "--pretrained_model_name_or_path", "x", "--rewards", "compressibility:1"]
@@ -21,8 +23,9 @@ def _objective(G=4, reward=None, **grpo):
     from fastvideo.algorithms.grpo import GRPOObjective
 
     fields = dict(use_group=True, adv_std="sample", train_last_step=False, timestep_fraction=0.5, clip_range=0.2,
-                  adv_clip_max=5.0, loss_coef=1.0, train_micro_batch_size=1, gradient_accumulation_steps=2)
-    cfg = SimpleNamespace(grpo=GRPOSettings(**{**fields, **grpo}),
+                  adv_clip_max=5.0, loss_coef=1.0)
+    cfg = SimpleNamespace(grpo=GRPOSettings(**{**fields, **grpo}), mix=MixSettings(),
+                          update=UpdateSettings(train_micro_batch_size=1, gradient_accumulation_steps=2),
                           rollout=SimpleNamespace(num_generations=G, eta=0.5, shift=3.0))
     return GRPOObjective(ObjectiveContext(cfg=cfg, dims=ParallelDims.build(1, 0), device=torch.device("cpu"),
                                           randomness=RandomSource(3), reward=reward))
