@@ -98,6 +98,10 @@ class ObjectiveSettings(Settings):
         """Whether the update reads a frozen reference policy (a KL term); built only then."""
         return False
 
+    def check_world(self, cfg, dp_size: int) -> None:
+        """Raise ConfigError for rules on the data-parallel world (checked at start-up, before any
+        model loads); none by default."""
+
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         pass

@@ -41,6 +41,9 @@ class NFTSettings(ObjectiveSettings):
     def needs_reference(self, cfg) -> bool:
         return cfg.grpo.kl_coef > 0
 
+    def check_world(self, cfg, dp_size: int) -> None:
+        cfg.grpo.check_world(cfg, dp_size)  # NFT's advantages are GRPO's
+
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         g = flag_group(parser, "NFT (--algorithm nft)")

@@ -52,6 +52,15 @@ class GRPOSettings(ObjectiveSettings):
     def needs_reference(self, cfg) -> bool:
         return self.kl_coef > 0
 
+    def check_world(self, cfg, dp_size: int) -> None:
+        samples = dp_size * cfg.prompts_per_rank
+        if not self.use_group and samples < 2:
+            raise ConfigError(
+                f"without --use_group each prompt gets one sample and advantages are normalised over the "
+                f"{samples} sample(s) of all ranks; that needs at least 2: raise --train_batch_size or add "
+                "--use_group --num_generations G"
+            )
+
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         g = flag_group(parser, "GRPO")

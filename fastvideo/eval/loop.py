@@ -15,17 +15,11 @@ from fastvideo.eval import report
 from fastvideo.eval.core import EvalResult, SampleSettings, evaluate
 from fastvideo.eval.prompts import check_no_overlap, load_eval_prompts
 from fastvideo.eval.settings import EvalSettings
-from fastvideo.training.guard import RewardHackingGuard, publish_best, recover_best
+from fastvideo.training.run.guard import RewardHackingGuard, publish_best, recover_best
 from fastvideo.training.hooks import TrainerHook
 from fastvideo.utils import main_print, read_json_or_none
 
 EVAL_JSONL = "eval.jsonl"
-
-
-def build_training_evaluation(trainer) -> "TrainingEvaluation | None":
-    """None when --eval_every is 0; else encodes the prompts and builds the rewards (collective-free)."""
-    settings = trainer.cfg.eval
-    return None if settings is None else TrainingEvaluation(settings, trainer)
 
 
 def build_eval_rewards(names, trainer) -> dict:
@@ -112,7 +106,7 @@ class TrainingEvaluation(TrainerHook):
         import shutil
 
         from fastvideo.training.checkpoint import checkpoint_dir, is_complete
-        from fastvideo.training.guard import BEST_DIR, BEST_MARKER
+        from fastvideo.training.run.guard import BEST_DIR, BEST_MARKER
 
         if not (self.out / BEST_DIR).exists():
             return

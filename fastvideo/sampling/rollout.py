@@ -30,26 +30,21 @@ SAME_NOISE_SCOPES = ("rank", "prompt")
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
-    """How to sample. ``guidance_scale`` and ``quantize_timestep`` are settings of the model
-    family's forward (construct the family with them, e.g. get_model_family(name,
-    guidance_scale=..., quantize_timestep=...)); the rollout itself does not read them.
-    ``quantize_timestep`` passes the transformer floor(1000 sigma) / 1000 as upstream DanceGRPO
-    does (the published curves used it); False passes sigma itself, as diffusers' pipelines do.
-    The SDE step always uses the exact sigma."""
+    """How to sample. The model's forward settings (FLUX's guidance embedding, SD3's classifier-free
+    guidance, whether the transformer sees floor(1000 sigma) / 1000) are the model family's: it is
+    constructed with them. The SDE step always uses the exact sigma."""
 
     height: int
     width: int
     sampling_steps: int
     eta: float
     shift: float
-    guidance_scale: float = 3.5
     num_generations: int
     rollout_batch_size: int
     init_same_noise: bool
     # What init_same_noise shares: "rank" (upstream DanceGRPO: one noise for every sample of the
     # rollout call, i.e. of a rank's train_batch_size x G samples) or "prompt" (one per group).
     same_noise_scope: str = "rank"
-    quantize_timestep: bool = True
     # With init_same_noise, compute a plan's leading ODE transitions once per group (their states
     # are the same for the group's G samples): SamplingPlan.shared_prefix.
     share_ode_prefix: bool = True

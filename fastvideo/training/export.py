@@ -18,7 +18,7 @@ chosen dtype or a whole pipeline.
   checkpoint) unless ``base`` names a model folder.
 
 The model family is the one the checkpoint records (its run's config.json, else its transformer
-config's _class_name; fastvideo.training.checkpoint_files.recorded_family), else the default.
+config's _class_name; fastvideo.training.checkpoint.files.recorded_family), else the default.
 
 Every folder appears atomically (written next to OUT, then renamed into place).
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from fastvideo.training import checkpoint as ckpt_lib
-from fastvideo.training import checkpoint_shards as shards
+from fastvideo.training.checkpoint import shards
 from fastvideo.errors import UserError
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"

@@ -214,7 +214,7 @@ def test_a_class_name_finds_the_family_that_exports_it(monkeypatch):
 def test_a_checkpoint_records_its_family_by_run_config_else_class_name(tmp_path, monkeypatch):
     import json
 
-    from fastvideo.training.checkpoint_files import recorded_family
+    from fastvideo.training.checkpoint.files import recorded_family
 
     _register_marked(monkeypatch, "marked")
     ckpt = tmp_path / "run" / "checkpoint-2"

@@ -12,7 +12,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fastvideo.training.state_io import CheckpointError, _read_json, _read_tensors
+from fastvideo.training.checkpoint.state_io import CheckpointError, _read_json, _read_tensors
 
 PREFIX = "checkpoint-"
 MARKER = "COMPLETE.json"
