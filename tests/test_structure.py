@@ -37,3 +37,29 @@ def test_a_registry_importing_its_implementations_by_name_is_a_cycle(tmp_path):
     assert [w.split(" ")[1] for _, w in report.long_functions] == ["f"]
     assert structure.check(str(pkg), file_limits={str(pkg / "long.py"): 50}).long_files == [(81, str(pkg / "long.py"))]
     assert not report.clean
+
+
+def _loop_imports(report, room: str, allowed: tuple[str, ...]) -> list[str]:
+    """Imports from a room of fastvideo/training/ into the loop (training's own modules) or into a
+    room it may not use."""
+    found = structure.imports_between(report.edges, room, "fastvideo.training")
+    return [e for e in found if not any(e.split(" -> ")[1].startswith(a) for a in (room, *allowed))]
+
+
+def test_fastvideo_has_no_cycles_no_long_functions_and_no_long_files():
+    report = structure.check(str(ROOT / "fastvideo"), max_function=80, max_file=500,
+                             file_limits={str(ROOT / "fastvideo" / "config.py"): 199})
+    print(structure.render(report, 80, 500))
+    assert report.module_cycles == []  # the family and objective registries' imports included
+    assert report.subpackage_cycles == []
+    assert report.long_functions == []
+    assert report.long_files == []  # config.py: under 200 lines
+
+
+def test_the_rooms_of_training_import_nothing_of_the_loop():
+    """fastvideo/training/ holds the loop; checkpoint I/O (training/checkpoint/) and the run around
+    it (training/run/, which may read checkpoints) never import the loop's modules."""
+    report = structure.check(str(ROOT / "fastvideo"))
+    assert _loop_imports(report, "fastvideo.training.checkpoint", ()) == []
+    assert _loop_imports(report, "fastvideo.training.run", ("fastvideo.training.checkpoint",)) == []
+    assert structure.imports_between(report.edges, "fastvideo.models.base", "fastvideo.models.registry") == []

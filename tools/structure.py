@@ -76,8 +76,9 @@ def _targets(mod: Module, node: ast.AST, names: set[str]) -> list[str]:
         for _ in range(max(node.level - 1, 0)):
             base = base.rpartition(".")[0]
         target = (f"{base}.{node.module}" if node.module else base) if node.level else node.module
-        # `from pkg import submodule` reaches the submodule too
-        return [target] + [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in names]
+        # `from pkg import submodule` reaches the submodule (pkg itself only for names it defines)
+        subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in names]
+        return subs + ([target] if len(subs) < len(node.names) else [])
     if isinstance(node, ast.Call) and _is_import_call(node.func) and node.args:
         arg = node.args[0]
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
