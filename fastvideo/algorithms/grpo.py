@@ -20,7 +20,7 @@ from fastvideo.algorithms.settings import GRPOSettings
 from fastvideo.grpo.advantages import finite_batch_advantages, finite_group_advantages, global_std_advantages
 from fastvideo.grpo.kl import flow_grpo_step_kl, gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss
-from fastvideo.sampling.rollout import sde_transition, transition_gaussian
+from fastvideo.sampling.rollout import transition_gaussian
 
 
 class GRPOObjective(Objective):
@@ -146,24 +146,18 @@ class GRPOObjective(Objective):
     def log_prob(self, policy, traj, rows: torch.Tensor, steps: torch.Tensor):
         """Log-prob under the current policy of the stored transitions (rows[i], steps[i]) -> [b],
         and with --kl_coef the KL of each step to the reference policy's -> [b] (else None)."""
-        lat = traj.latents[rows.to(traj.latents.device), steps.to(traj.latents.device)]
-        nxt = traj.latents[rows.to(traj.latents.device), (steps + 1).to(traj.latents.device)]
-        sig = traj.sigmas[steps.to(traj.sigmas.device)]
-        sig_next = traj.sigmas[(steps + 1).to(traj.sigmas.device)]
-        v = policy.velocity(traj, rows, lat, sig)
-        plan = traj.plan
-        _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, self.eta, plan.host_sigmas[1], prev_sample=nxt)
+        t = policy.transition_log_prob(traj, rows, steps, self.eta)
         if not policy.has_reference:
-            return logp, None
+            return t.log_prob, None
         # The step Gaussians of the plan's SDE; under guidance both velocities are the guided ones
         # (the family's velocity), as Flow-GRPO's compute_log_prob with the adapters off.
-        v_ref = policy.reference_velocity(traj, rows, lat, sig)
-        sigma_max = plan.host_sigmas[1]
-        ref_mean, _ = transition_gaussian(plan.sde_kind, lat, v_ref, sig, sig_next, self.eta, sigma_max)
-        mean, std = transition_gaussian(plan.sde_kind, lat, v, sig, sig_next, self.eta, sigma_max)
-        if plan.sde_kind == "dance":
-            return logp, gaussian_step_kl(mean, ref_mean, std)
-        return logp, flow_grpo_step_kl(mean, ref_mean, std, sig, sig_next)
+        v_ref = policy.reference_velocity(traj, rows, t.x, t.sigma)
+        kind, sigma_max = traj.plan.sde_kind, traj.plan.host_sigmas[1]
+        ref_mean, _ = transition_gaussian(kind, t.x, v_ref, t.sigma, t.sigma_next, self.eta, sigma_max)
+        mean, std = transition_gaussian(kind, t.x, t.velocity, t.sigma, t.sigma_next, self.eta, sigma_max)
+        if kind == "dance":
+            return t.log_prob, gaussian_step_kl(mean, ref_mean, std)
+        return t.log_prob, flow_grpo_step_kl(mean, ref_mean, std, t.sigma, t.sigma_next)
 
     def loss(self, policy, traj, advantages: torch.Tensor, term: Term, stats: StatsAccumulator) -> torch.Tensor:
         g = self.g
@@ -171,7 +165,7 @@ class GRPOObjective(Objective):
         num_trained = traj.plan.num_trained
         scale = g.loss_coef / (self.u.gradient_accumulation_steps * num_trained)
         logp, kl = self.log_prob(policy, traj, rows, steps)
-        old = traj.log_probs[rows.to(traj.log_probs.device), steps.to(traj.log_probs.device)]
+        old = traj.rollout_log_prob(rows, steps)
         loss, s = clipped_policy_loss(logp, old, advantages[rows.to(advantages.device)], g.clip_range)
         sums = {"ratio_mean": s.ratio_mean, "clip_fraction": s.clip_fraction}
         if kl is not None:  # beta * mean KL, normalised like the policy term below

@@ -111,6 +111,10 @@ class Trajectory:
         groups = int(torch.unique(self.group_ids).numel())
         return self.shared_prefix * groups + (self.num_steps - self.shared_prefix) * self.num_samples
 
+    def rollout_log_prob(self, rows: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """[b] the rollout's log-probability of the transitions (rows[i]: steps[i] -> steps[i] + 1)."""
+        return self.log_probs[rows.to(self.log_probs.device), steps.to(self.log_probs.device)]
+
     def subset(self, index: Sequence[int] | torch.Tensor) -> "Trajectory":
         """The samples at ``index`` (a list of ints or a CPU int64 tensor), in that order."""
         idx = torch.as_tensor(index, dtype=torch.long).cpu()
