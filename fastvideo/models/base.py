@@ -153,28 +153,15 @@ def check_diffusers_folder(path: str | Path, required: Mapping[str, Sequence[str
     return root
 
 
-# ---------------------------------------------------------------- the family
-class ModelFamily(abc.ABC):
-    """One diffusion-model family. Settings that change its forward (FLUX's guidance scale,
-    timestep quantisation) are given to the constructor."""
+# ---------------------------------------------------------------- the family's roles
+class FamilyLoading(abc.ABC):
+    """Role: the family's parts from a diffusers-layout folder, and the blocks FSDP wraps."""
 
-    name: str = ""
     # The transformer class an exported checkpoint names (config.json's _class_name).
     export_class_name: str = ""
-    # Tensors stored per prompt, in the dataset item's order.
-    storage: tuple[StoredTensor, ...] = ()
-    # videos2caption.json's keys in the order they are written: each StoredTensor's json_key and "caption".
-    json_keys: tuple[str, ...] = ()
-    # Longest text sequence the encoders take (preprocessing refuses more).
-    max_sequence_length_limit: int = 512
-    # Sub-folders whose files determine the encodings (preprocessing's fingerprint), and those of
-    # them holding an encoder config.json.
-    text_components: tuple[str, ...] = ()
-    text_encoder_components: tuple[str, ...] = ()
     # Sub-folders a base model folder must hold to train.
     training_components: tuple[str, ...] = ()
 
-    # -- loading
     @abc.abstractmethod
     def check_folder(self, path: str | Path, components: tuple[str, ...] | None = None) -> Path:
         """Raise a UserError naming every missing piece of a model folder; return it as a Path."""
@@ -211,7 +198,21 @@ class ModelFamily(abc.ABC):
     def block_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The repeated blocks: FSDP units and activation-checkpointing units."""
 
-    # -- conditioning
+
+class FamilyConditioning(abc.ABC):
+    """Role: prompts -> Conditioning, and how preprocessing stores it and the dataset reads it back."""
+
+    # Tensors stored per prompt, in the dataset item's order.
+    storage: tuple[StoredTensor, ...] = ()
+    # videos2caption.json's keys in the order they are written: each StoredTensor's json_key and "caption".
+    json_keys: tuple[str, ...] = ()
+    # Longest text sequence the encoders take (preprocessing refuses more).
+    max_sequence_length_limit: int = 512
+    # Sub-folders whose files determine the encodings (preprocessing's fingerprint), and those of
+    # them holding an encoder config.json.
+    text_components: tuple[str, ...] = ()
+    text_encoder_components: tuple[str, ...] = ()
+
     @abc.abstractmethod
     def encode_prompts(self, encoders, prompts: list[str], max_sequence_length: int) -> Conditioning:
         ...
@@ -247,21 +248,19 @@ class ModelFamily(abc.ABC):
     def check_cond(self, cond: Conditioning) -> None:
         """Raise ValueError when a prompt-level Conditioning is malformed (default: no check)."""
 
+
+class FamilySampling(abc.ABC):
+    """Role: the latent geometry, the velocity the sampler integrates, and decoding."""
+
     @property
     def velocity_passes(self) -> int:
         """Transformer passes (in samples) one velocity costs: 2 for a family that runs
         classifier-free guidance's conditional and unconditional rows (SD3 with guidance_scale > 1)."""
         return 1
 
-    # -- sampling
     @abc.abstractmethod
     def layout(self, height: int, width: int, vae, transformer=None, device=None) -> LatentLayout:
         """Latent geometry; the token channels come from the transformer (without one: the VAE)."""
-
-    @abc.abstractmethod
-    def nominal_layout(self, height: int, width: int, transformer_config: Mapping) -> LatentLayout:
-        """The layout with the family's standard VAE, from a transformer config alone (cost model;
-        extras on the CPU)."""
 
     @abc.abstractmethod
     def velocity(self, transformer, x: torch.Tensor, sigma, cond: Conditioning, layout: LatentLayout) -> torch.Tensor:
@@ -271,7 +270,21 @@ class ModelFamily(abc.ABC):
     def decode(self, vae, x0: torch.Tensor, layout: LatentLayout) -> torch.Tensor:
         """Packed latents [B, L, C] -> images [B, 3, H, W] float32 in [0, 1]."""
 
-    # -- cost model
+
+class FamilyCostModel(abc.ABC):
+    """Optional role: the FLOP and memory shape the cost model (tools/cost_model.py, perf/) reads.
+    A family without it trains; the cost model refuses it (require_cost_model)."""
+
+    # The transformer config (diffusers keys) the cost model assumes when given none, the VAE
+    # config whose decoder it counts, and the name it prints for them.
+    reference_config: Any = None
+    reference_vae_config: Any = None
+    reference_name: str = ""
+
+    @abc.abstractmethod
+    def nominal_layout(self, height: int, width: int, transformer_config: Mapping) -> LatentLayout:
+        """The layout with the family's standard VAE, from a transformer config alone (extras on the CPU)."""
+
     @abc.abstractmethod
     def blocks(self, transformer) -> list[torch.nn.Module]:
         """The transformer's repeated blocks in execution order (the cost model's FSDP units)."""
@@ -289,8 +302,26 @@ class ModelFamily(abc.ABC):
         """FLOPs of the transformer on a batch: "forward", "backward" (of that forward) and "blocks"
         (the share activation checkpointing recomputes), for perf.flops."""
 
-    # The transformer config (diffusers keys) the cost model assumes when given none, the VAE
-    # config whose decoder it counts, and the name it prints for them.
-    reference_config: Any = None
-    reference_vae_config: Any = None
-    reference_name: str = ""
+
+class ModelFamily(FamilyLoading, FamilyConditioning, FamilySampling):
+    """One diffusion-model family: the three roles a training run needs (a family that the cost
+    model can size adds FamilyCostModel). Settings that change its forward (FLUX's guidance scale,
+    timestep quantisation) are given to the constructor; a plugin family's own flags come as
+    ``settings`` (its ``settings`` class's section, fastvideo.components)."""
+
+    name: str = ""
+    # Its settings class (a fastvideo.settings.Settings with a ``section``), or None.
+    settings = None
+
+
+class NoCostModelError(UserError, ValueError):
+    """The cost model was asked to size a family that has no FamilyCostModel role."""
+
+
+def require_cost_model(family) -> FamilyCostModel:
+    """``family`` itself when it plays the cost-model role, else NoCostModelError naming it."""
+    if not isinstance(family, FamilyCostModel):
+        raise NoCostModelError(f"model family {getattr(family, 'name', type(family).__name__)!r} has no cost model "
+                               "(it does not implement fastvideo.models.base.FamilyCostModel): the FLOP and memory "
+                               "estimates need it; training does not")
+    return family

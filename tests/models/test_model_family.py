@@ -153,6 +153,22 @@ def test_preprocessing_writes_the_old_layout(tmp_path):
 
 
 # ---------------------------------------------------------------- a second family
+def test_the_cost_model_is_an_optional_role(capsys):
+    """A family trains with loading, conditioning and sampling alone; the FLOP / memory estimates
+    need FamilyCostModel and refuse a family without it in one line (exit 2)."""
+    from toy_family import ToyFamily
+
+    from fastvideo.tools import cost_model
+
+    assert all(isinstance(get_model_family(n), base.FamilyCostModel) for n in ("flux", "sd3"))
+    assert isinstance(ToyFamily(), base.ModelFamily) and not isinstance(ToyFamily(), base.FamilyCostModel)
+    with pytest.raises(base.NoCostModelError, match="'toy' has no cost model"):
+        base.require_cost_model(ToyFamily())
+    with pytest.raises(SystemExit) as exit_:
+        cost_model.main(["--model_family", "toy_family:ToyFamily"])
+    assert exit_.value.code == 2 and "'toy' has no cost model" in capsys.readouterr().err
+
+
 def test_a_toy_family_rolls_out_and_evaluates_with_no_edit_in_fastvideo():
     from toy_family import ToyFamily, ToyTransformer, ToyVAE
 

@@ -180,9 +180,6 @@ class ToyFamily(ModelFamily):
     def block_classes(self):
         return (ToyBlock,)
 
-    def blocks(self, transformer):
-        return list(getattr(transformer, "module", transformer).blocks)
-
     # -- conditioning and storage
     @torch.no_grad()
     def encode_prompts(self, encoders, prompts, max_sequence_length=0):
@@ -213,11 +210,6 @@ class ToyFamily(ModelFamily):
         return LatentLayout(height, width, tokens=((height // PATCH) * (width // PATCH), channels),
                             latent_hw=(height // PATCH, width // PATCH))
 
-    def nominal_layout(self, height, width, transformer_config):
-        return LatentLayout(height, width, tokens=((height // PATCH) * (width // PATCH),
-                                                   transformer_config["in_channels"]),
-                            latent_hw=(height // PATCH, width // PATCH))
-
     def velocity(self, transformer, x, sigma, cond, layout):
         sig = torch.as_tensor(sigma, dtype=torch.float32, device=x.device)
         sig = sig.expand(x.shape[0]) if sig.ndim == 0 else sig.reshape(x.shape[0])
@@ -229,16 +221,7 @@ class ToyFamily(ModelFamily):
         pixels = vae.to_pixels(x0.to(vae.dtype)).float()  # [B, L, 3 * P * P]
         img = pixels.view(b, h, w, 3, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5).reshape(b, 3, h * PATCH, w * PATCH)
         return torch.sigmoid(self.decode_gain * img)
-
-    # -- cost model (not modelled for the toy)
-    def meta_inputs(self, config, batch, layout, text_tokens, dtype):
-        raise NotImplementedError("the toy family has no memory model")
-
-    def cond_numel(self, config, text_tokens):
-        return config["text_dim"]
-
-    def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
-        raise NotImplementedError("the toy family has no FLOP model")
+    # no cost-model role (models.base.FamilyCostModel): it trains; the FLOP and memory estimates refuse it
 
 
 class ToyObjective(Objective):

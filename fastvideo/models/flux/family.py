@@ -63,7 +63,7 @@ def check_expected(dims: tuple[int, int, int], expected: ExpectedDims) -> None:
         )
 
 
-class FluxFamily(base.ModelFamily):
+class FluxFamily(base.ModelFamily, base.FamilyCostModel):
     """FLUX.1 (dev). guidance_scale: FLUX.1-dev's guidance embedding (no classifier-free guidance);
     quantize_timestep: pass the transformer floor(1000 sigma) / 1000 (upstream DanceGRPO) instead
     of sigma (diffusers' FluxPipeline)."""
