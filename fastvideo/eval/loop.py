@@ -40,7 +40,7 @@ class TrainingEvaluation(TrainerHook):
         seq_len = settings.max_sequence_length or trainer.dataset.dims()[0]
         self.family = trainer.family
         self.prompts = load_eval_prompts(settings.prompts, cfg.model.pretrained_model_name_or_path, seq_len,
-                                         trainer.device, self.family)
+                                         trainer.device, family=self.family)
         check_no_overlap(self.prompts.captions, trainer.dataset.captions)
         if tuple(self.prompts.dims) != tuple(trainer.dataset.dims()):
             raise ConfigError(f"--eval_prompts embeddings have dims {tuple(self.prompts.dims)} but the training "
@@ -49,7 +49,6 @@ class TrainingEvaluation(TrainerHook):
         r = cfg.rollout
         self.sample = SampleSettings(
             height=r.height, width=r.width, steps=settings.steps, eta=settings.eta, shift=r.shift,
-            guidance_scale=r.guidance_scale, quantize_timestep=r.quantize_timestep,
             batch_size=settings.batch_size, num_images_per_prompt=settings.num_images_per_prompt)
         g = settings.guard
         self.guard = RewardHackingGuard(g.patience if g else 1, g.drop if g else 0.0, guard_enabled=g is not None)

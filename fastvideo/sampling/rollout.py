@@ -19,7 +19,6 @@ import torch
 
 from fastvideo import devices
 from fastvideo.models.base import Conditioning, LatentLayout, ModelFamily
-from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 from fastvideo.sampling import sde, solvers
 from fastvideo.sampling.plan import DPM, ODE, SDE, SamplingPlan
 from fastvideo.sampling.randomness import RandomSource
@@ -369,14 +368,14 @@ def decode_images(
     cfg: RolloutConfig,
     device: torch.device | str,
     autocast_dtype: torch.dtype | None = None,
-    family: ModelFamily | None = None,
+    *,
+    family: ModelFamily,
     layout: LatentLayout | None = None,
 ) -> torch.Tensor:
     """Packed x0 predictions [B, L, C] -> images [B, 3, H, W] float32 in [0, 1], decoded
     rollout_batch_size at a time (the VAE's activations dominate memory at full size).
-    family: default the default family; layout: default the family's for cfg's size."""
+    family: the samples' ModelFamily; layout: default the family's for cfg's size."""
     device = torch.device(device)
-    family = family if family is not None else get_model_family(DEFAULT_FAMILY)
     layout = layout if layout is not None else family.layout(cfg.height, cfg.width, vae, None, device)
     chunks = []
     with _amp(device, autocast_dtype):

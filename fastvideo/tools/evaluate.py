@@ -187,11 +187,10 @@ def run(args) -> str:
     base = _check(args, models, family)
     device = devices.get_device()
     amp = torch.bfloat16 if args.mixed_precision == "bf16" and devices.is_accelerator(device) else None
-    prompts = load_eval_prompts(args.prompts, str(base), args.max_sequence_length, device, family)
+    prompts = load_eval_prompts(args.prompts, str(base), args.max_sequence_length, device, family=family)
     vae = family.load_vae(base, device=device, dtype=torch.float32)
     rewards = _rewards(args, device)
     s = SampleSettings(height=args.h, width=args.w, steps=args.steps, eta=args.eta, shift=args.shift,
-                       guidance_scale=args.guidance_scale, quantize_timestep=not args.no_quantize_timestep,
                        batch_size=args.batch_size, num_images_per_prompt=args.num_images_per_prompt)
     results = []
     for m in models:

@@ -11,6 +11,9 @@ from fastvideo.errors import UserError
 from fastvideo.models import base, flux, registry
 from fastvideo.models.base import TensorConditioning
 from fastvideo.models.registry import get_model_family
+from fastvideo.models.flux.family import FluxFamily
+
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
 
 
 # ---------------------------------------------------------------- registry
@@ -141,13 +144,14 @@ def test_dataset_reads_a_folder_in_the_old_layout_through_the_family(tmp_path):
 def test_preprocessing_writes_the_old_layout(tmp_path):
     from fastvideo.data_preprocess.embeddings import caption_entries, save_prompt_record, subdirs
 
-    assert subdirs() == ("prompt_embed", "pooled_prompt_embeds", "text_ids")
-    assert list(caption_entries(["x"])[0]) == ["prompt_embed_path", "text_ids", "pooled_prompt_embeds_path", "caption"]
-    for sub in subdirs():
+    assert subdirs(family=FLUX) == ("prompt_embed", "pooled_prompt_embeds", "text_ids")
+    keys = ["prompt_embed_path", "text_ids", "pooled_prompt_embeds_path", "caption"]
+    assert list(caption_entries(["x"], family=FLUX)[0]) == keys
+    for sub in subdirs(family=FLUX):
         (tmp_path / sub).mkdir()
     cond = TensorConditioning({"prompt_embeds": torch.ones(2, 3, 4), "pooled": torch.ones(2, 5)},
                               {"text_ids": torch.zeros(3, 3)})
-    save_prompt_record(tmp_path, 7, cond.record(1))
+    save_prompt_record(tmp_path, 7, cond.record(1), family=FLUX)
     assert torch.load(tmp_path / "pooled_prompt_embeds" / "7.pt", weights_only=True).shape == (5,)
     assert torch.load(tmp_path / "text_ids" / "7.pt", weights_only=True).shape == (3,)  # upstream: one row
 
@@ -244,3 +248,16 @@ def test_a_checkpoint_records_its_family_by_run_config_else_class_name(tmp_path,
     assert recorded_family(ckpt) == "flux"  # a run from before --model_family: the default
     (tmp_path / "run" / "config.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
     assert recorded_family(ckpt) == "marked"  # not a run config: ignored
+
+
+def test_export_refuses_a_checkpoint_whose_family_nothing_records(tmp_path):
+    """No silent FLUX: a checkpoint folder without its run's config.json and without a transformer
+    config naming a registered class is refused, naming the folder."""
+    from fastvideo.training.export import ExportError, checkpoint_family
+
+    folder = tmp_path / "checkpoint-1"
+    folder.mkdir()
+    with pytest.raises(ExportError, match="cannot tell which model family .*checkpoint-1"):
+        checkpoint_family(folder)
+    (folder / "config.json").write_text(json.dumps({"_class_name": "FluxTransformer2DModel"}))
+    assert checkpoint_family(folder).name == "flux"
