@@ -42,8 +42,8 @@ import re
 
 from fastvideo.errors import ConfigError
 
-__all__ = ["ConfigError", "HelpFormatter", "ObjectiveSettings", "Settings", "at_least_one", "check_number", "check_plugin_name",
-           "flag_group", "move_to_group", "parser_defaults"]
+__all__ = ["ConfigError", "HelpFormatter", "ObjectiveSettings", "Settings", "at_least_one", "check_number",
+           "check_plugin_name", "flag_group", "move_to_group", "parser_defaults"]
 
 
 class Settings:

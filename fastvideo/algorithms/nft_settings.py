@@ -88,8 +88,8 @@ class NFTSettings(ObjectiveSettings):
                               "solver flags (--training_strategy part, --sde_steps, --flow_grpo_sampling, "
                               "--dpm_apply_strategy) choose GRPO's SDE steps: drop them, or use --nft_solver sde")
         if sections["rollout"].init_same_noise:
-            raise ConfigError(f"--init_same_noise with --nft_solver {self.solver}: a deterministic solver from the same "
-                              "noise gives a group G identical samples (no advantage); drop --init_same_noise")
+            raise ConfigError(f"--init_same_noise with --nft_solver {self.solver}: a deterministic solver from the "
+                              "same noise gives a group G identical samples (no advantage); drop --init_same_noise")
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:

@@ -145,7 +145,8 @@ class GRPOSettings(ObjectiveSettings):
         if self.use_group and rollout.num_generations < 2:
             raise ConfigError(f"--num_generations {rollout.num_generations}: a group needs at least 2 samples")
         if sections["reward"].group_norm and not self.use_group:
-            raise ConfigError("--reward_group_norm normalises each reward within a prompt's group: it needs --use_group")
+            raise ConfigError("--reward_group_norm normalises each reward within a prompt's group: it needs "
+                              "--use_group")
         if rollout.sampling_steps < 1 if self.train_last_step else rollout.sampling_steps < 2:
             raise ConfigError(f"--sampling_steps {rollout.sampling_steps} is too small")
         if self.kl_coef > 0 and sections["mix"].dpm_all:

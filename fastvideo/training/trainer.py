@@ -47,9 +47,9 @@ class _Part:
 
 class Trainer:
     # The run's parts, built by setup() (training.parts.build_parts), read as trainer.model ...
-    resume_path, dataset, transformer_config, model, vae, kl_reference = _Part(), _Part(), _Part(), _Part(), _Part(), _Part()
-    data_randomness, sampler, reward, scorer, optimizer = _Part(), _Part(), _Part(), _Part(), _Part()
-    lr_scheduler, ema, randomness = _Part(), _Part(), _Part()
+    resume_path, dataset, transformer_config, model, vae = _Part(), _Part(), _Part(), _Part(), _Part()
+    kl_reference, data_randomness, sampler, reward, scorer = _Part(), _Part(), _Part(), _Part(), _Part()
+    optimizer, lr_scheduler, ema, randomness = _Part(), _Part(), _Part(), _Part()
 
     def __init__(self, cfg, info: devices.DistInfo, dims: ParallelDims | None = None):
         self.cfg = cfg

@@ -67,7 +67,8 @@ def test_kl_coeff_adds_mixgrpos_kl_term_with_the_policy_terms_scale():
     off = _objective()
     logp, old = torch.tensor([1.0, -0.5]), torch.tensor([0.8, -0.1])
     stored = old[:, None].repeat(1, 4)  # the rollout's log-probabilities [B, steps]
-    traj = SimpleNamespace(plan=SimpleNamespace(num_trained=3), rollout_log_prob=lambda rows, steps: stored[rows, steps])
+    traj = SimpleNamespace(plan=SimpleNamespace(num_trained=3),
+                           rollout_log_prob=lambda rows, steps: stored[rows, steps])
     for o in (obj, off):
         o.log_prob = lambda policy, traj, rows, steps: (logp, None)
     term = Term(0, torch.tensor([0, 1]), torch.tensor([0, 0]))
@@ -137,7 +138,8 @@ def test_a_sample_dropped_for_a_nonfinite_reward_has_no_kl_terms():
     either: neither --kl_coef's (to the reference) nor MixGRPO's --kl_coeff (to the rollout)."""
     logp, old, kl = torch.tensor([1.0, -0.5]), torch.tensor([0.8, -0.1]), torch.tensor([0.2, 0.7])
     stored = old[:, None].repeat(1, 4)  # the rollout's log-probabilities [B, steps]
-    traj = SimpleNamespace(plan=SimpleNamespace(num_trained=3), rollout_log_prob=lambda rows, steps: stored[rows, steps])
+    traj = SimpleNamespace(plan=SimpleNamespace(num_trained=3),
+                           rollout_log_prob=lambda rows, steps: stored[rows, steps])
     term = Term(0, torch.tensor([0, 1]), torch.tensor([0, 0]))
 
     def kl_part(rewards):
