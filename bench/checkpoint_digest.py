@@ -1,4 +1,4 @@
-"""Throughput of the checkpoint digests (sha256 per file, fastvideo.training.checkpoint_files).
+"""Throughput of the checkpoint digests (sha256 per file, fastvideo.training.checkpoint.files).
 
     python bench/checkpoint_digest.py [--mb 512] [--repeats 5]
 
@@ -28,7 +28,7 @@ def _best(fn, repeats: int) -> float:
 
 
 def main(argv=None) -> None:
-    from fastvideo.training.checkpoint_files import file_digest, folder_digests
+    from fastvideo.training.checkpoint.files import file_digest, folder_digests
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=512)

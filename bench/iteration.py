@@ -125,7 +125,7 @@ def reward_flags(reward: str, work: Path) -> list[str]:
 def run(model: Path, data: Path, out: Path, args, micro: int, checkpointing: bool, extra=()) -> dict:
     from fastvideo import devices
     from fastvideo.config import parse_config
-    from fastvideo.training.trainer import GRPOTrainer
+    from fastvideo.training.trainer import Trainer
 
     argv = [
         "--data_json_path", str(data), "--pretrained_model_name_or_path", str(model), "--output_dir", str(out),
@@ -138,7 +138,7 @@ def run(model: Path, data: Path, out: Path, args, micro: int, checkpointing: boo
         "--dataloader_num_workers", "0", "--fsdp_sharding_strategy", "none",
     ] + (["--gradient_checkpointing"] if checkpointing else []) + list(extra)
     cfg = parse_config(argv)
-    trainer = GRPOTrainer(cfg, devices.init_distributed())
+    trainer = Trainer(cfg, devices.init_distributed())
     trainer.setup()
     trainer.save_checkpoint = lambda: None  # benchmark only: no checkpoint I/O in the timings
     meter = ComputeMeter(trainer.model)

@@ -39,10 +39,10 @@ def child(argv: list[str], report: str) -> None:
 
     from fastvideo import devices
     from fastvideo.config import parse_config
-    from fastvideo.training.trainer import GRPOTrainer
+    from fastvideo.training.trainer import Trainer
 
     cfg = parse_config(argv)
-    trainer = GRPOTrainer(cfg, devices.init_distributed())
+    trainer = Trainer(cfg, devices.init_distributed())
     trainer.setup()
     trainer.train()
     params = list(trainer.model.parameters())
@@ -61,7 +61,7 @@ def child(argv: list[str], report: str) -> None:
     if devices.rank() == 0:
         ckpt = Path(cfg.output.output_dir) / f"checkpoint-{cfg.optim.max_train_steps}"
         row["checkpoint_mb"] = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file()) / 2**20
-        from fastvideo.training import checkpoint_files as files
+        from fastvideo.training.checkpoint import files
 
         weights = files.stored_file(ckpt, files.LORA_FILE if cfg.lora.enabled else files.MODEL_FILE)
         row["weights_file_mb"] = weights.stat().st_size / 2**20

@@ -57,11 +57,11 @@ def worker(out: str, argv: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
     from fastvideo import devices
     from fastvideo.config import parse_config
-    from fastvideo.training.trainer import GRPOTrainer
+    from fastvideo.training.trainer import Trainer
 
     cfg = parse_config(argv)
     info = devices.init_distributed()
-    trainer = GRPOTrainer(cfg, info)
+    trainer = Trainer(cfg, info)
     _import_runtime()
     before = rss_bytes()
     trainer.setup()

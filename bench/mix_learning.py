@@ -54,7 +54,7 @@ def run(model: Path, data: Path, out: Path, mode: str, seed: int, iterations: in
     as fit in that many CPU seconds (at least 10, at most 10 x ``iterations``)."""
     from fastvideo import devices
     from fastvideo.config import parse_config
-    from fastvideo.training.trainer import GRPOTrainer
+    from fastvideo.training.trainer import Trainer
 
     argv = [
         "--data_json_path", str(data), "--pretrained_model_name_or_path", str(model), "--output_dir", str(out),
@@ -68,7 +68,7 @@ def run(model: Path, data: Path, out: Path, mode: str, seed: int, iterations: in
     ] + MODES[mode]
     if "--nft_solver" in argv:  # a deterministic NFT rollout from shared noise gives G equal samples
         argv.remove("--init_same_noise")
-    trainer = GRPOTrainer(parse_config(argv), devices.init_distributed())
+    trainer = Trainer(parse_config(argv), devices.init_distributed())
     trainer.setup()
     trainer.save_checkpoint = lambda: None
     rows, spent = [], 0.0

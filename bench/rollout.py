@@ -73,7 +73,7 @@ def attention_backend(name: str):
 
 def make_runner(models, cfg, device, amp, sdpa="default"):
     transformer, vae, embeds, pooled, text_ids = models
-    family = flux.FluxFamily(cfg.guidance_scale, cfg.quantize_timestep)
+    family = flux.FluxFamily()  # its default forward settings (guidance 3.5, upstream's quantised timestep)
     cond = TensorConditioning({"prompt_embeds": embeds, "pooled": pooled}, {"text_ids": text_ids})
     plan = full_sde_plan(cfg.sampling_steps, cfg.shift, cfg.sampling_steps, 1)
 

@@ -18,6 +18,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from fastvideo.models.flux.family import FluxFamily
+
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +44,8 @@ def worker(model_dir: str, mode: str, out: str) -> None:
     if mode == "full_copy":
         model = wrap_model(flux.load_transformer(model_dir), "full", info.device)
     else:
-        base, loader = sharded_load.meta_transformer(Path(model_dir) / "transformer", None, torch.float32, info.device)
+        base, loader = sharded_load.meta_transformer(Path(model_dir) / "transformer", None, torch.float32, info.device,
+                                                     FLUX)
         model = wrap_model(base, "full", info.device, param_init_fn=loader)
         loader.check_complete()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -23,10 +23,35 @@ from pathlib import Path
 
 from fastvideo.errors import ConfigError
 
-__all__ = ["apply_file", "check_resolved_keys", "dump", "file_values", "read_file"]
+__all__ = ["add_flags", "apply_file", "check_resolved_keys", "dump", "file_values", "read_file", "selected"]
 
 # Keys of config.json that are reports of the run, not configuration.
 REPORT_KEYS = ("derived", "device", "compat_notes")
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """--config and --print_config: how the configuration is read and shown, not part of it."""
+    from fastvideo.settings import flag_group
+
+    g = flag_group(parser, "essentials")
+    g.add_argument("--config", type=str, default=None, metavar="FILE",
+                   help="YAML or JSON file of flag values (flag names as keys, or a run's OUTPUT_DIR/config.json); "
+                        "flags on the command line override it")
+    g.add_argument("--print_config", nargs="?", const="yaml", default=None, choices=["yaml", "json"],
+                   help="print the resolved configuration (a valid --config file) and exit")
+
+
+def selected(argv) -> tuple[str, str]:
+    """(--algorithm, --model_family) as ``argv`` gives them, else as its --config file does, else the
+    defaults: which plugins' flags the parser needs before it can parse."""
+    pre = argparse.ArgumentParser(add_help=False)
+    for flag in ("--config", "--algorithm", "--model_family"):
+        pre.add_argument(flag, type=str, default=None)
+    given = pre.parse_known_args(list(argv))[0]
+    data = read_file(given.config) if given.config else {}
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    return (given.algorithm or data.get("algorithm") or "grpo",
+            given.model_family or data.get("model_family") or model.get("family") or "flux")
 
 
 def read_file(path: str) -> dict:
@@ -124,8 +149,10 @@ def check_resolved_keys(resolved: dict, top: type, sections: dict[str, type]) ->
     ``top`` (TrainConfig) or of its sections' settings classes."""
     unknown = [k for k in resolved if k not in {f.name for f in fields(top)} | set(REPORT_KEYS)]
     for name, cls in sections.items():
-        if isinstance(resolved.get(name), dict):
-            unknown += [f"{name}.{k}" for k in resolved[name] if k not in {f.name for f in fields(cls)}]
+        section = resolved.get(name) if name in resolved else (resolved.get("plugins") or {}).get(name)
+        if isinstance(section, dict):
+            known = {f.name for f in fields(cls)} | set(getattr(cls, "moved_keys", ()))
+            unknown += [f"{name}.{k}" for k in section if k not in known]
     if unknown:
         raise ConfigError(f"--config: unknown key(s) {', '.join(unknown)} in a resolved configuration")
 

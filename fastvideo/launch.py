@@ -82,7 +82,7 @@ def _mark_signals(control: Path) -> None:
     workers; mark it first, so a worker can tell a stop request from a peer's failure."""
     from torch.distributed.elastic.multiprocessing import api
 
-    from fastvideo.training.run_control import mark_stop_requested
+    from fastvideo.training.run.control import mark_stop_requested
 
     original = api._terminate_process_handler
 
@@ -134,7 +134,7 @@ def run(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    from fastvideo.training.run_control import CONTROL_ENV, LAUNCH_ENV
+    from fastvideo.training.run.control import CONTROL_ENV, LAUNCH_ENV
 
     control = Path(tempfile.mkdtemp(prefix="fastvideo-launch-"))
     os.environ[CONTROL_ENV] = str(control)

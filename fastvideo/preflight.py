@@ -114,7 +114,7 @@ def _attempt(problems: list[str], check: Callable[[], object]) -> object:
 def file_problems(args: argparse.Namespace, cfg) -> list[str]:
     """The inputs the flags name: embedding index, model and VAE folders, resume checkpoint, reward
     weights (``cfg``: the built TrainConfig, or None when the flags did not validate)."""
-    from fastvideo.models.base import get_model_family
+    from fastvideo.models.registry import get_model_family
 
     problems: list[str] = []
     family = _attempt(problems, lambda: get_model_family(args.model_family))
@@ -134,7 +134,7 @@ def file_problems(args: argparse.Namespace, cfg) -> list[str]:
         _attempt(problems, lambda: checkpoint.read_resume_point(args.resume_from_checkpoint, args.output_dir))
     if cfg is not None:
         problems += reward_problems(cfg)
-    from fastvideo.training import run_dir
+    from fastvideo.training.run import output_dir as run_dir
 
     overwrite = getattr(args, "overwrite", False)
     problems += run_dir.folder_problems(args.output_dir, bool(args.resume_from_checkpoint), overwrite)

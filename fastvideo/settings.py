@@ -17,6 +17,13 @@ itself read the training config (see the layering note below), built the same wa
         def flags_from_resolved(cls, section): ...  # the inverse of from_args: {flag: value} that
                                                  # rebuild this component from its part of
                                                  # OUTPUT_DIR/config.json (used by --config)
+        def check_across(self, sections): ...    # rules with other components' built settings
+
+An objective's settings are an ``ObjectiveSettings``: besides its flags they say what the run needs
+to know of the objective before it is built (its trained steps per sample, whether it needs a
+frozen reference policy). A plugin objective or model family brings its own settings class as its
+``settings`` attribute, with a ``section`` name: its flags join the parser when it is selected and
+its values are TrainConfig.plugins[section] (fastvideo.components).
 
 Every error is a ``ConfigError`` (fastvideo.errors) raised directly, with a message naming the flag
 and the fix. ``fastvideo.config`` composes the components (one parser, one TrainConfig) and checks
@@ -35,12 +42,18 @@ import re
 
 from fastvideo.errors import ConfigError
 
-__all__ = ["ConfigError", "HelpFormatter", "Settings", "at_least_one", "check_number", "check_plugin_name",
-           "flag_group", "move_to_group", "parser_defaults"]
+__all__ = ["ConfigError", "HelpFormatter", "ObjectiveSettings", "Settings", "at_least_one", "check_number",
+           "check_plugin_name", "flag_group", "move_to_group", "parser_defaults"]
 
 
 class Settings:
     """Base of every component's settings dataclass (adds no fields, so asdict is unchanged)."""
+
+    # The name of its section in TrainConfig and config.json (a plugin's: its key in TrainConfig.plugins).
+    section = ""
+    # Keys an older config.json holds in this section that another component now reads (accepted,
+    # then left to that component's flags_from_resolved).
+    moved_keys: tuple[str, ...] = ()
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -67,6 +80,39 @@ class Settings:
         """{flag name: value} that from_args turns back into ``section`` (this component's part of
         the resolved config, as TrainConfig.to_json writes it)."""
         raise NotImplementedError(f"{cls.__name__}.flags_from_resolved")
+
+    def check_across(self, sections: dict) -> None:
+        """Raise ConfigError for rules this component has with others (``sections``: every built
+        component's settings by name); nothing by default."""
+
+
+class ObjectiveSettings(Settings):
+    """The settings of an objective (--algorithm). A plugin objective without flags of its own
+    gets this class's defaults."""
+
+    def trained_steps_per_sample(self, cfg) -> int:
+        """Forward/backward passes per sample in an update (logged in cfg.derived); 1 by default."""
+        return 1
+
+    def needs_reference(self, cfg) -> bool:
+        """Whether the update reads a frozen reference policy (a KL term); built only then."""
+        return False
+
+    def check_world(self, cfg, dp_size: int) -> None:
+        """Raise ConfigError for rules on the data-parallel world (checked at start-up, before any
+        model loads); none by default."""
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        pass
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ObjectiveSettings":
+        return cls().checked()
+
+    @classmethod
+    def flags_from_resolved(cls, section) -> dict:
+        return {}
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

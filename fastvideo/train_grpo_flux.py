@@ -66,7 +66,8 @@ def report_user_error(exc: BaseException, rank: int) -> int:
     only (under fastvideo.launch: written for the launcher, which prints each distinct line once).
     Returns the exit status (2)."""
     from fastvideo.errors import USER_ERROR_EXIT, report_failure
-    from fastvideo.training import run_control, run_dir
+    from fastvideo.training.run import control as run_control
+    from fastvideo.training.run import output_dir as run_dir
 
     if isinstance(exc, run_dir.PeerRefused):
         return USER_ERROR_EXIT
@@ -80,7 +81,7 @@ def report_user_error(exc: BaseException, rank: int) -> int:
 
 def _report(exc: BaseException, info) -> int:
     from fastvideo.errors import UserError, report_failure
-    from fastvideo.training import run_control
+    from fastvideo.training.run import control as run_control
 
     if isinstance(exc, UserError):
         return report_user_error(exc, info.rank)
@@ -91,7 +92,7 @@ def _report(exc: BaseException, info) -> int:
 
 def _stopped(trainer, info, argv: list[str]) -> int:
     """After SIGTERM / SIGINT: say where the run stopped and how to resume it; the exit status."""
-    from fastvideo.training.run_control import StopRequest, resume_command
+    from fastvideo.training.run.control import StopRequest, resume_command
 
     signum, path = trainer.stopped_by
     if info.is_main:
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:  # every rank parses the same flags: one line, from rank 0
         return report_user_error(exc, _rank_from_env())
     from fastvideo import devices
-    from fastvideo.training import run_control, run_dir
+    from fastvideo.training.run import control as run_control
+    from fastvideo.training.run import output_dir as run_dir
 
     if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun worker: die with the launcher
         run_control.die_with_parent()

@@ -11,6 +11,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "training"))
 from helpers import train_args  # noqa: E402
+from fastvideo.models.flux.family import FluxFamily
+
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
 
 
 def _train(argv, monkeypatch) -> int:
@@ -69,8 +72,8 @@ def _other_encoder_embeddings(root: Path) -> Path:
         (root / sub).mkdir(parents=True, exist_ok=True)
     for i in range(8):
         save_prompt_record(root, i, {"prompt_embeds": torch.zeros(32, 64), "pooled": torch.zeros(16),
-                                     "text_ids": torch.zeros(32, 3)})
-    return write_caption_json(root, [f"prompt {i}" for i in range(8)])
+                                     "text_ids": torch.zeros(32, 3)}, family=FLUX)
+    return write_caption_json(root, [f"prompt {i}" for i in range(8)], family=FLUX)
 
 
 def test_training_inputs_are_refused_cleanly(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch, capsys):

@@ -1,15 +1,18 @@
-"""The objective protocol and its registry.
+"""The objective protocol: what the trainer asks of an RL algorithm.
 
     objective = registry.build_objective("grpo", context)   # or "my_pkg.my_module:MyObjective"
     adv = objective.advantages(rewards)                     # RewardResult -> [B]
     for micro in objective.plan_update(traj, iteration):    # micro-batches of Terms
         for term in micro:
-            loss, stats = objective.loss(policy, traj, adv, term)
+            loss = objective.loss(policy, traj, adv, term, stats)   # scaled; backward is the caller's
+    means, maxes = objective.summarize(stats)
+    objective.after_update(policy, iteration)
 
-An objective is built by a factory ``factory(context) -> Objective``; the context carries the
-resolved configuration and the run's parts it may need (parallel dims, rewards, randomness,
-device). ``register_objective(name, factory)`` makes it selectable with ``--algorithm name``; a
-plugin module named as ``--algorithm pkg.module:Name`` is imported and ``Name`` used as factory.
+An objective is built by a factory ``factory(context) -> Objective`` (usually its class); the
+context carries its own settings (``settings``: the section of its ``settings`` class, see
+fastvideo.settings.ObjectiveSettings), the update's micro-batch size and accumulation (``update``)
+and the run's parts it may need (parallel dims, rewards, randomness, device, a weight copier).
+fastvideo.algorithms.registry makes it selectable with ``--algorithm name``.
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ class Term:
 class ObjectiveContext:
     """What an objective may read when it is built."""
 
-    cfg: Any  # fastvideo.config.TrainConfig
+    cfg: Any  # fastvideo.config.TrainConfig (the built-in objectives read their sections from it)
     dims: Any  # fastvideo.distributed.parallel.ParallelDims
     device: torch.device
+    settings: Any = None  # its own settings (the section of its ``settings`` class), or None
+    update: Any = None  # component_settings.update.UpdateSettings: micro-batch size, accumulation
     reward: Any = None  # the run's reward (fastvideo.rewards.combine.MultiReward)
     randomness: Any = None  # fastvideo.sampling.randomness.RandomSource
     # () -> a shard-local float32 copy of the trainable weights (training.ema.WeightCopy: step(decay),
@@ -85,6 +90,9 @@ class Objective(ABC):
     """One RL algorithm's maths. Subclasses implement advantages, plan_update and loss."""
 
     name = ""
+    # Its settings class (fastvideo.settings.ObjectiveSettings, with a ``section``): its own flags and
+    # what the run needs to know of it before it is built; None: no flags of its own.
+    settings = None
     # The rollout keeps every transition's log-probability (GRPO); False: only the clean samples.
     needs_log_probs = True
     # The rollout keeps every step's latents (Trajectory.latents: GRPO's transitions); False: only
@@ -112,9 +120,12 @@ class Objective(ABC):
         """Called once per iteration after its optimizer steps (e.g. an old-policy average)."""
 
     def sampling_plan(self, iteration: int, sampling_steps: int, shift: float):
-        """This iteration's rollout schedule (a sampling.plan.SamplingPlan), or None for the run's
-        own (the SDE / MixGRPO plan of the sampling flags). NFT samples with a deterministic solver."""
-        return None
+        """This iteration's rollout schedule (a sampling.plan.SamplingPlan). By default DanceGRPO's
+        SDE on every transition with none trained (the update reads the clean samples); GRPO's is
+        the SDE / MixGRPO plan of the sampling flags, NFT's a deterministic solver."""
+        from fastvideo.sampling.plan import full_sde_plan
+
+        return full_sde_plan(sampling_steps, shift, 0, 0)
 
     def rollout_weights(self) -> contextlib.AbstractContextManager:
         """The weights the rollout samples with: the trainer enters this around the rollout. The

@@ -16,19 +16,23 @@ import math
 import torch
 
 from fastvideo.algorithms.base import Objective, ObjectiveContext, RewardResult, StatsAccumulator, Term
+from fastvideo.algorithms.settings import GRPOSettings
 from fastvideo.grpo.advantages import finite_batch_advantages, finite_group_advantages, global_std_advantages
 from fastvideo.grpo.kl import flow_grpo_step_kl, gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss
-from fastvideo.sampling.rollout import sde_transition, transition_gaussian
+from fastvideo.sampling.rollout import transition_gaussian
 
 
 class GRPOObjective(Objective):
     name = "grpo"
+    settings = GRPOSettings
     needs_log_probs = True
 
     def __init__(self, context: ObjectiveContext):
         cfg = context.cfg
         self.g = cfg.grpo
+        self.u = cfg.update  # micro-batch size and accumulation (the update's)
+        self.mix = cfg.mix  # the SDE window / solver of the rollout plan (sampling.mix)
         self.num_generations = cfg.rollout.num_generations
         self.eta = cfg.rollout.eta
         self.dims = context.dims
@@ -96,12 +100,21 @@ class GRPOObjective(Objective):
         return adv[self.dims.dp_rank * b:(self.dims.dp_rank + 1) * b]
 
     # ------------------------------------------------------------------ work
+    def sampling_plan(self, iteration: int, sampling_steps: int, shift: float):
+        """The SDE / ODE / DPM-Solver++ steps of the sampling flags and the transitions that may
+        train (DanceGRPO's, or MixGRPO's window of this iteration): sampling.mix."""
+        from fastvideo.sampling.mix import plan_for_iteration
+
+        n = sampling_steps
+        return plan_for_iteration(self.mix, n, shift, self.g.candidate_steps(n), self.g.trained_steps(n), iteration,
+                                  self.randomness)
+
     def plan_update(self, traj, iteration: int) -> list[list[Term]]:
         plan = traj.plan
         perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, len(plan.trainable))
         selected = plan.select_steps(perms)  # [B, T] on CPU
         order = self.sample_order(traj, iteration)
-        b, mb = order.numel(), self.g.train_micro_batch_size
+        b, mb = order.numel(), self.u.train_micro_batch_size
         micro = []
         for m in range(math.ceil(b / mb)):
             rows = order[m * mb:min(b, (m + 1) * mb)]
@@ -133,32 +146,26 @@ class GRPOObjective(Objective):
     def log_prob(self, policy, traj, rows: torch.Tensor, steps: torch.Tensor):
         """Log-prob under the current policy of the stored transitions (rows[i], steps[i]) -> [b],
         and with --kl_coef the KL of each step to the reference policy's -> [b] (else None)."""
-        lat = traj.latents[rows.to(traj.latents.device), steps.to(traj.latents.device)]
-        nxt = traj.latents[rows.to(traj.latents.device), (steps + 1).to(traj.latents.device)]
-        sig = traj.sigmas[steps.to(traj.sigmas.device)]
-        sig_next = traj.sigmas[(steps + 1).to(traj.sigmas.device)]
-        v = policy.velocity(traj, rows, lat, sig)
-        plan = traj.plan
-        _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, self.eta, plan.host_sigmas[1], prev_sample=nxt)
+        t = policy.transition_log_prob(traj, rows, steps, self.eta)
         if not policy.has_reference:
-            return logp, None
+            return t.log_prob, None
         # The step Gaussians of the plan's SDE; under guidance both velocities are the guided ones
         # (the family's velocity), as Flow-GRPO's compute_log_prob with the adapters off.
-        v_ref = policy.reference_velocity(traj, rows, lat, sig)
-        sigma_max = plan.host_sigmas[1]
-        ref_mean, _ = transition_gaussian(plan.sde_kind, lat, v_ref, sig, sig_next, self.eta, sigma_max)
-        mean, std = transition_gaussian(plan.sde_kind, lat, v, sig, sig_next, self.eta, sigma_max)
-        if plan.sde_kind == "dance":
-            return logp, gaussian_step_kl(mean, ref_mean, std)
-        return logp, flow_grpo_step_kl(mean, ref_mean, std, sig, sig_next)
+        v_ref = policy.reference_velocity(traj, rows, t.x, t.sigma)
+        kind, sigma_max = traj.plan.sde_kind, traj.plan.host_sigmas[1]
+        ref_mean, _ = transition_gaussian(kind, t.x, v_ref, t.sigma, t.sigma_next, self.eta, sigma_max)
+        mean, std = transition_gaussian(kind, t.x, t.velocity, t.sigma, t.sigma_next, self.eta, sigma_max)
+        if kind == "dance":
+            return t.log_prob, gaussian_step_kl(mean, ref_mean, std)
+        return t.log_prob, flow_grpo_step_kl(mean, ref_mean, std, t.sigma, t.sigma_next)
 
     def loss(self, policy, traj, advantages: torch.Tensor, term: Term, stats: StatsAccumulator) -> torch.Tensor:
         g = self.g
         rows, steps = term.rows, term.steps
         num_trained = traj.plan.num_trained
-        scale = g.loss_coef / (g.gradient_accumulation_steps * num_trained)
+        scale = g.loss_coef / (self.u.gradient_accumulation_steps * num_trained)
         logp, kl = self.log_prob(policy, traj, rows, steps)
-        old = traj.log_probs[rows.to(traj.log_probs.device), steps.to(traj.log_probs.device)]
+        old = traj.rollout_log_prob(rows, steps)
         loss, s = clipped_policy_loss(logp, old, advantages[rows.to(advantages.device)], g.clip_range)
         sums = {"ratio_mean": s.ratio_mean, "clip_fraction": s.clip_fraction}
         if kl is not None:  # beta * mean KL, normalised like the policy term below
@@ -170,7 +177,7 @@ class GRPOObjective(Objective):
             loss = loss + g.rollout_kl_coef * rollout_kl
             sums["rollout_kl"] = rollout_kl.detach()
         stats.add(term, sums, {"first_ratio_dev": s.ratio_abs_dev_max})
-        return loss * (scale * rows.numel() / g.train_micro_batch_size)
+        return loss * (scale * rows.numel() / self.u.train_micro_batch_size)
 
     def summarize(self, stats: StatsAccumulator) -> tuple[dict[str, float], dict[str, float]]:
         means = {"ratio_mean": stats.mean("ratio_mean"), "clip_fraction": stats.mean("clip_fraction")}

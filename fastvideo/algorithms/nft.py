@@ -26,6 +26,7 @@ import torch
 
 from fastvideo.algorithms.base import ObjectiveContext, StatsAccumulator, Term
 from fastvideo.algorithms.grpo import GRPOObjective
+from fastvideo.algorithms.nft_settings import NFTSettings
 from fastvideo.algorithms.nft_loss import decay_schedule, nft_policy_loss, optimality, velocity_kl
 from fastvideo.errors import ConfigError
 
@@ -51,6 +52,7 @@ def deterministic_plan(solver: str, sampling_steps: int, shift: float):
 
 class NFTObjective(GRPOObjective):
     name = "nft"
+    settings = NFTSettings
     needs_log_probs = False
     needs_trajectory = False  # the update reads Trajectory.x0 and cond only
 
@@ -68,7 +70,9 @@ class NFTObjective(GRPOObjective):
 
     # ------------------------------------------------------------------ protocol hooks
     def sampling_plan(self, iteration: int, sampling_steps: int, shift: float):
-        return None if self.nft.solver == "sde" else deterministic_plan(self.nft.solver, sampling_steps, shift)
+        if self.nft.solver == "sde":  # the SDE plan of the sampling flags (GRPO's)
+            return super().sampling_plan(iteration, sampling_steps, shift)
+        return deterministic_plan(self.nft.solver, sampling_steps, shift)
 
     def rollout_weights(self) -> contextlib.AbstractContextManager:
         return self.old.swapped_in()
@@ -84,7 +88,7 @@ class NFTObjective(GRPOObjective):
         n = traj.plan.num_steps
         T = nft_trained_steps(n, self.g.timestep_fraction)
         selected = self.randomness.timestep_permutations(iteration, traj.sample_ids, n)[:, :T]
-        b, mb = traj.num_samples, self.g.train_micro_batch_size
+        b, mb = traj.num_samples, self.u.train_micro_batch_size
         return [[Term(m, rows, selected[rows, k]) for k in range(T)]
                 for m in range(math.ceil(b / mb)) for rows in [torch.arange(m * mb, min(b, (m + 1) * mb))]]
 
@@ -111,7 +115,8 @@ class NFTObjective(GRPOObjective):
             sums["kl"] = kl.detach()
         stats.add(term, sums)
         T = nft_trained_steps(traj.plan.num_steps, g.timestep_fraction)
-        return loss * (g.loss_coef / (g.gradient_accumulation_steps * T) * rows.numel() / g.train_micro_batch_size)
+        u = self.u
+        return loss * (g.loss_coef / (u.gradient_accumulation_steps * T) * rows.numel() / u.train_micro_batch_size)
 
     def summarize(self, stats: StatsAccumulator) -> tuple[dict[str, float], dict[str, float]]:
         keys = ["nft_positive", "nft_negative", "old_deviate"] + (["kl"] if self.g.kl_coef > 0 else [])

@@ -5,9 +5,9 @@ Names and defaults are the reference's (NVlabs/DiffusionNFT config/nft.py): ``co
 --nft_beta 1.0, ``config.decay_type`` -> --nft_decay_type 1, ``config.train.adv_mode`` ->
 --adv_mode all, ``config.sample.solver`` dpm2 (deterministic) -> --nft_solver dpm. The objective
 also reads GRPO's shared flags: --adv_clip_max (5, as the reference), --timestep_fraction (which
-share of the N sampling timesteps each sample trains), --use_group / --adv_std (advantages),
---train_micro_batch_size, --gradient_accumulation_steps, and --kl_coef (the reference's
-``config.train.beta``: a velocity MSE to the frozen base).
+share of the N sampling timesteps each sample trains), --use_group / --adv_std (advantages), and
+--kl_coef (the reference's ``config.train.beta``: a velocity MSE to the frozen base); and the
+update's --train_micro_batch_size and --gradient_accumulation_steps.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
-from fastvideo.settings import Settings, flag_group
+from fastvideo.settings import ObjectiveSettings, flag_group
 
 ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
 DECAY_TYPES = (0, 1, 2)
@@ -25,12 +25,24 @@ _DEFAULTS = {"nft_beta": 1.0, "nft_decay_type": 1, "adv_mode": "all", "nft_solve
 
 
 @dataclass
-class NFTSettings(Settings):
+class NFTSettings(ObjectiveSettings):
     beta: float = 1.0
     decay_type: int = 1
     adv_mode: str = "all"
     solver: str = "dpm"
     enabled: bool = False  # --algorithm nft
+
+    section = "nft"
+
+    def trained_steps_per_sample(self, cfg) -> int:
+        """int(N x --timestep_fraction) of all N sampling timesteps, at least 1 (algorithms/nft.py)."""
+        return max(1, int(cfg.rollout.sampling_steps * cfg.grpo.timestep_fraction))
+
+    def needs_reference(self, cfg) -> bool:
+        return cfg.grpo.kl_coef > 0
+
+    def check_world(self, cfg, dp_size: int) -> None:
+        cfg.grpo.check_world(cfg, dp_size)  # NFT's advantages are GRPO's
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -65,6 +77,19 @@ class NFTSettings(Settings):
     def check(self) -> None:
         if self.beta <= 0:
             raise ConfigError(f"--nft_beta {self.beta} must be > 0 (the loss divides by it)")
+
+    def check_across(self, sections: dict) -> None:
+        """A deterministic rollout (--nft_solver dpm / ode) against the SDE plan's flags and the noise."""
+        if not self.enabled or self.solver == "sde":
+            return
+        mix = sections["mix"]
+        if mix.mode != "full" or mix.sde_kind != "dance":
+            raise ConfigError(f"--nft_solver {self.solver} samples every step deterministically; the SDE window / "
+                              "solver flags (--training_strategy part, --sde_steps, --flow_grpo_sampling, "
+                              "--dpm_apply_strategy) choose GRPO's SDE steps: drop them, or use --nft_solver sde")
+        if sections["rollout"].init_same_noise:
+            raise ConfigError(f"--init_same_noise with --nft_solver {self.solver}: a deterministic solver from the "
+                              "same noise gives a group G identical samples (no advantage); drop --init_same_noise")
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:

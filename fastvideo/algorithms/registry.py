@@ -1,7 +1,9 @@
 """The objective registry: ``--algorithm NAME`` or a plugin ``--algorithm pkg.module:Name``.
 
-A plugin module is imported and ``Name`` (a factory ``factory(context) -> Objective``, usually
-the Objective class itself) is used; a module may also call ``register_objective`` on import.
+The built-in objectives (grpo, nft) are registered here, imported when first asked for. A plugin
+module is imported and ``Name`` (a factory ``factory(context) -> Objective``, usually the Objective
+class itself) is used; a module may also call ``register_objective`` on import. A name is
+registered once: another factory under a taken name is refused (the same factory again is a no-op).
 """
 
 from __future__ import annotations
@@ -9,27 +11,39 @@ from __future__ import annotations
 import importlib
 
 from fastvideo.algorithms.base import Objective, ObjectiveContext, ObjectiveFactory
-from fastvideo.algorithms.grpo import GRPOObjective
 from fastvideo.errors import ConfigError
 
+_REGISTRY: dict[str, ObjectiveFactory] = {}
 
 
-def _nft(context: ObjectiveContext) -> Objective:
-    from fastvideo.algorithms.nft import NFTObjective  # imported when chosen
+def _builtin() -> None:
+    if "grpo" in _REGISTRY:
+        return
+    from fastvideo.algorithms.grpo import GRPOObjective
+    from fastvideo.algorithms.nft import NFTObjective
 
-    return NFTObjective(context)
-
-
-_REGISTRY: dict[str, ObjectiveFactory] = {"grpo": GRPOObjective, "nft": _nft}
+    _REGISTRY.setdefault("grpo", GRPOObjective)
+    _REGISTRY.setdefault("nft", NFTObjective)
 
 
 def register_objective(name: str, factory: ObjectiveFactory) -> None:
+    """ValueError when ``name`` is taken by another factory."""
+    _builtin()
+    taken = _REGISTRY.get(name)
+    if taken is not None and taken is not factory:
+        raise ValueError(f"objective {name!r} is already registered (as {_label(taken)}); pick another name for "
+                         f"{_label(factory)}")
     _REGISTRY[name] = factory
+
+
+def _label(factory) -> str:
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
 
 
 def resolve_objective(name: str) -> ObjectiveFactory:
     """A registered name or "pkg.module:Name" (imported; Name is the factory or class)."""
-    if ":" in name:
+    _builtin()
+    if ":" in name and name not in _REGISTRY:
         module, _, attr = name.partition(":")
         try:
             factory = getattr(importlib.import_module(module), attr)

@@ -1,5 +1,5 @@
-"""The GRPO objective's settings: grouping, advantages, which transitions train, clipping, KL,
-and how the update is cut into micro-batches."""
+"""The GRPO objective's settings: grouping, advantages, which transitions train, clipping, KL
+(how the update is cut into micro-batches is the update's: component_settings/update.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import argparse
 from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
-from fastvideo.settings import Settings, at_least_one, flag_group
+from fastvideo.settings import ObjectiveSettings, flag_group
 
 
 @dataclass
-class GRPOSettings(Settings):
+class GRPOSettings(ObjectiveSettings):
     use_group: bool
     adv_std: str  # sample | population
     train_last_step: bool
@@ -19,8 +19,6 @@ class GRPOSettings(Settings):
     clip_range: float
     adv_clip_max: float
     loss_coef: float
-    train_micro_batch_size: int
-    gradient_accumulation_steps: int
     kl_coef: float = 0.0
     # MixGRPO's flags: its KL term 0.5 (logp - logp_rollout)^2 (--kl_coeff), the mean / std of each
     # group without its lowest rewards (--trimmed_ratio), the sample order of the update
@@ -31,6 +29,9 @@ class GRPOSettings(Settings):
     # Flow-GRPO's and DiffusionNFT's config.sample.global_std: each group's mean, the std of all
     # the iteration's rewards (every rank's), + 1e-4.
     global_std: bool = False
+
+    section = "grpo"
+    moved_keys = ("train_micro_batch_size", "gradient_accumulation_steps")  # the update's since 2026-12
 
     def candidate_steps(self, sampling_steps: int) -> int:
         """Transitions a sample may train on: 0 .. N-2 upstream (the last one never), N with --train_last_step."""
@@ -43,6 +44,22 @@ class GRPOSettings(Settings):
         from fastvideo.grpo.loss import num_trained_steps
 
         return num_trained_steps(sampling_steps, self.timestep_fraction, self.train_last_step)
+
+    def trained_steps_per_sample(self, cfg) -> int:
+        n = cfg.rollout.sampling_steps
+        return cfg.mix.trained_steps(self.trained_steps(n), self.candidate_steps(n))
+
+    def needs_reference(self, cfg) -> bool:
+        return self.kl_coef > 0
+
+    def check_world(self, cfg, dp_size: int) -> None:
+        samples = dp_size * cfg.prompts_per_rank
+        if not self.use_group and samples < 2:
+            raise ConfigError(
+                f"without --use_group each prompt gets one sample and advantages are normalised over the "
+                f"{samples} sample(s) of all ranks; that needs at least 2: raise --train_batch_size or add "
+                "--use_group --num_generations G"
+            )
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -80,26 +97,21 @@ class GRPOSettings(Settings):
                        help="MixGRPO (--training_strategy part only): the order the update visits the rank's "
                             "samples; random: shuffled; balance: positive and negative advantages alternate "
                             "(zero advantages dropped, as MixGRPO)")
-        g.add_argument("--train_micro_batch_size", type=int, default=1, help="samples per micro-batch in the update")
-        flag_group(parser, "optimisation").add_argument(
-            "--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "GRPOSettings":
-        at_least_one(args, "train_micro_batch_size", "gradient_accumulation_steps")
         return cls(
             use_group=args.use_group, adv_std=args.adv_std, train_last_step=args.train_last_step,
             timestep_fraction=args.timestep_fraction, clip_range=args.clip_range,
-            adv_clip_max=args.adv_clip_max, loss_coef=args.loss_coef,
-            train_micro_batch_size=args.train_micro_batch_size,
-            gradient_accumulation_steps=args.gradient_accumulation_steps, kl_coef=args.kl_coef,
+            adv_clip_max=args.adv_clip_max, loss_coef=args.loss_coef, kl_coef=args.kl_coef,
             rollout_kl_coef=args.kl_coeff, trimmed_ratio=args.trimmed_ratio,
             advantage_rerange=_rerange(args), global_std=args.global_std,
         ).checked()
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
-        flags = dict(section)  # every other field is the flag of the same name
+        flags = {k: v for k, v in section.items() if k not in cls.moved_keys}  # the update's (UpdateSettings)
+        # every other field is the flag of the same name
         flags["kl_coeff"] = flags.pop("rollout_kl_coef", 0.0)
         flags["advantage_rerange_strategy"] = flags.pop("advantage_rerange", "null")
         flags.setdefault("trimmed_ratio", 0.0)
@@ -125,6 +137,28 @@ class GRPOSettings(Settings):
                               "MixGRPO's): pick one")
         if self.clip_range <= 0 or self.adv_clip_max <= 0:
             raise ConfigError("--clip_range and --adv_clip_max must be positive")
+
+    def check_across(self, sections: dict) -> None:
+        """GRPO's flags against the rollout's, the rewards' and the sampling plan's (they hold for
+        every objective that reads them: NFT shares the grouping, the advantages and --kl_coef)."""
+        rollout = sections["rollout"]
+        if self.use_group and rollout.num_generations < 2:
+            raise ConfigError(f"--num_generations {rollout.num_generations}: a group needs at least 2 samples")
+        if sections["reward"].group_norm and not self.use_group:
+            raise ConfigError("--reward_group_norm normalises each reward within a prompt's group: it needs "
+                              "--use_group")
+        if rollout.sampling_steps < 1 if self.train_last_step else rollout.sampling_steps < 2:
+            raise ConfigError(f"--sampling_steps {rollout.sampling_steps} is too small")
+        if self.kl_coef > 0 and sections["mix"].dpm_all:
+            raise ConfigError("--kl_coef is the KL between DanceGRPO's or Flow-GRPO's SDE steps; it is not implemented "
+                              "for the SDE-DPM-Solver steps of --dpm_apply_strategy all")
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        if not args.use_group and args.num_generations != 1:
+            return [f"--num_generations {args.num_generations} has no effect without --use_group: as upstream, each "
+                    "prompt gets one sample and advantages are normalised over the gathered batch"]
+        return []
 
 
 def _rerange(args: argparse.Namespace) -> str:

@@ -1,5 +1,6 @@
 """Settings of the components whose code lives in packages that read the training config
-(training/: LoRA, optimiser, checkpoints and outputs; eval/: evaluation and the guard).
+(training/: LoRA, optimiser, the update's micro-batching, checkpoints and outputs; eval/: evaluation
+and the guard).
 
 They sit here rather than next to their code so that fastvideo.config, which composes them, never
 imports a package that imports it back (no import cycle between sub-packages). Each follows the

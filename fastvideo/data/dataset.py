@@ -19,14 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from fastvideo.models.base import (
-    DEFAULT_FAMILY,
-    Conditioning,
-    EmbeddingDatasetError,
-    EmbeddingShapeError,
-    ModelFamily,
-    get_model_family,
-)
+from fastvideo.models.base import Conditioning, EmbeddingDatasetError, EmbeddingShapeError, ModelFamily
 
 __all__ = ["EmbeddingDatasetError", "EmbeddingShapeError", "PromptEmbeddingDataset"]
 
@@ -66,13 +59,12 @@ class PromptEmbeddingDataset(torch.utils.data.Dataset):
     (bf16 from accelerators, fp32 from CPU), loaded on CPU with weights_only=True.
 
     ``expected`` (a transformer config, or what the family's check_dims takes) is checked against
-    the first item at construction, so a mismatch fails before any rollout. family: a ModelFamily
-    (default: the default family).
+    the first item at construction, so a mismatch fails before any rollout. family: the
+    ModelFamily whose records these are.
     """
 
-    def __init__(self, json_path: str | Path, expected: Mapping | Any | None = None,
-                 family: ModelFamily | None = None):
-        self.family = family if family is not None else get_model_family(DEFAULT_FAMILY)
+    def __init__(self, json_path: str | Path, expected: Mapping | Any | None = None, *, family: ModelFamily):
+        self.family = family
         self.json_path = Path(json_path)
         self.root = self.json_path.parent
         self.entries = _read_index(self.json_path, self.family.json_keys)

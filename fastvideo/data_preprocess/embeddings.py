@@ -35,7 +35,8 @@ import torch
 from fastvideo import devices
 from fastvideo.data.prompts import PromptList, load_prompts
 from fastvideo.errors import ConfigError
-from fastvideo.models.base import DEFAULT_FAMILY, ModelFamily, get_model_family
+from fastvideo.models.base import ModelFamily
+from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 from fastvideo.utils import atomic_write_json
 
 JSON_NAME = "videos2caption.json"
@@ -43,13 +44,9 @@ META_NAME = "preprocess_meta.json"
 META_FORMAT = 1
 
 
-def _family(family: ModelFamily | None) -> ModelFamily:
-    return family if family is not None else get_model_family(DEFAULT_FAMILY)
-
-
-def subdirs(family: ModelFamily | None = None) -> tuple[str, ...]:
+def subdirs(family: ModelFamily) -> tuple[str, ...]:
     """The folders of one prompt's stored tensors, in the family's storage order."""
-    return tuple(s.folder for s in _family(family).storage)
+    return tuple(s.folder for s in family.storage)
 
 
 @dataclass(frozen=True)
@@ -106,15 +103,15 @@ class PreprocessResult:
 # ---------------------------------------------------------------- layout
 
 
-def embedding_paths(output_dir: str | Path, idx: int, family: ModelFamily | None = None) -> tuple[Path, ...]:
+def embedding_paths(output_dir: str | Path, idx: int, family: ModelFamily) -> tuple[Path, ...]:
     """The files of prompt ``idx`` (FLUX: prompt_embed, pooled_prompt_embeds, text_ids)."""
     out = Path(output_dir)
     return tuple(out / sub / f"{idx}.pt" for sub in subdirs(family))
 
 
-def caption_entries(prompts: list[str], family: ModelFamily | None = None) -> list[dict]:
+def caption_entries(prompts: list[str], family: ModelFamily) -> list[dict]:
     """videos2caption.json's content, ordered by prompt index; keys in the family's json_keys order."""
-    keys = _family(family).json_keys
+    keys = family.json_keys
     return [{k: (caption if k == "caption" else f"{idx}.pt") for k in keys} for idx, caption in enumerate(prompts)]
 
 
@@ -164,23 +161,23 @@ def _load_ok(path: Path, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
     return isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype
 
 
-def is_encoded(output_dir: str | Path, idx: int, spec: EmbeddingSpec, family: ModelFamily | None = None) -> bool:
+def is_encoded(output_dir: str | Path, idx: int, spec: EmbeddingSpec, family: ModelFamily) -> bool:
     """All files of prompt ``idx`` present, loadable, and of the expected shape and dtype."""
     paths = embedding_paths(output_dir, idx, family)
     return all(_load_ok(p, s, spec.dtype) for p, s in zip(paths, spec.shapes()))
 
 
-def save_prompt_record(output_dir: str | Path, idx: int, record, family: ModelFamily | None = None) -> None:
+def save_prompt_record(output_dir: str | Path, idx: int, record, family: ModelFamily) -> None:
     """Write one prompt's stored tensors (record: Conditioning name -> tensor, in the family's
     stored_record form; FLUX: [L, D], [P], [3]) as plain CPU tensors with their own storage."""
-    record = _family(family).stored_record(record)
-    names = [s.name for s in _family(family).storage]
+    record = family.stored_record(record)
+    names = [s.name for s in family.storage]
     for path, name in zip(embedding_paths(output_dir, idx, family), names):
         # copy=True: a row of the batch would otherwise pickle the whole batch's storage.
         atomic_torch_save(record[name].detach().to("cpu", copy=True), path)
 
 
-def _indices_on_disk(output_dir: Path, family: ModelFamily | None = None) -> set[int]:
+def _indices_on_disk(output_dir: Path, family: ModelFamily) -> set[int]:
     found: set[int] = set()
     for sub in subdirs(family):
         folder = output_dir / sub
@@ -216,7 +213,7 @@ def settings_fingerprint(cfg: PreprocessConfig, spec: EmbeddingSpec) -> dict:
     }
 
 
-def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str], family: ModelFamily | None = None,
+def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str], family: ModelFamily,
                    overwrite: bool = False) -> int:
     """Rank 0, before anyone writes: create the folders, find the files that cannot be trusted for
     this run, delete them only with ``overwrite`` (else raise a ConfigError saying what differs),
@@ -278,7 +275,7 @@ def _refusal(out: Path, old: dict | None, settings: dict, stale: set[int], famil
 
 def _shape_report(out: Path, indices: list[int], family) -> str:
     """'their shapes check: (L, D, P) = ...' or the first file whose shape does not (header reads)."""
-    fam, dims = _family(family), None
+    fam, dims = family, None
     for idx in indices:
         paths = embedding_paths(out, idx, family)
         try:
@@ -298,7 +295,7 @@ def _read_meta(path: Path) -> dict | None:
     return meta if isinstance(meta, dict) and meta.get("format") == META_FORMAT else None
 
 
-def missing_files(output_dir: str | Path, num_prompts: int, family: ModelFamily | None = None) -> list[str]:
+def missing_files(output_dir: str | Path, num_prompts: int, family: ModelFamily) -> list[str]:
     """Paths (relative to output_dir) of expected files that are absent."""
     out = Path(output_dir)
     return [
@@ -307,7 +304,7 @@ def missing_files(output_dir: str | Path, num_prompts: int, family: ModelFamily 
     ]
 
 
-def write_caption_json(output_dir: str | Path, prompts: list[str], family: ModelFamily | None = None) -> Path:
+def write_caption_json(output_dir: str | Path, prompts: list[str], family: ModelFamily) -> Path:
     out = Path(output_dir)
     missing = missing_files(out, len(prompts), family)
     if missing:

@@ -65,3 +65,8 @@ class ParallelSettings(Settings):
                 raise ConfigError(f"{flag} is an FSDP setting; --fsdp_sharding_strategy none (DDP) has no "
                                   "parameter gathers: use full or hybrid")
 
+    def check_across(self, sections: dict) -> None:
+        mixed = sections["model"].mixed_precision
+        if self.fsdp_param_dtype == "bf16" and mixed != "bf16":
+            raise ConfigError("--fsdp_param_dtype bf16 computes with bf16 parameters: it needs --mixed_precision bf16 "
+                              f"(autocast), not {mixed!r}")

@@ -21,7 +21,6 @@ import torch
 
 from fastvideo import devices
 from fastvideo.eval.prompts import EvalPrompts
-from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
 from fastvideo.sampling.plan import SamplingPlan, full_sde_plan, ode_plan
 from fastvideo.sampling.randomness import RandomSource
 from fastvideo.sampling.rollout import sample_transitions
@@ -34,8 +33,6 @@ class SampleSettings:
     steps: int
     eta: float  # 0: deterministic ODE (Euler) sampling
     shift: float
-    guidance_scale: float
-    quantize_timestep: bool
     batch_size: int  # images per transformer call
     num_images_per_prompt: int  # K
 
@@ -64,11 +61,6 @@ def batch_grid(num_items: int, batch_size: int) -> list[list[int]]:
     return [list(range(s, min(num_items, s + batch_size))) for s in range(0, num_items, batch_size)]
 
 
-def default_family(s: SampleSettings):
-    """The default model family with the evaluation's forward settings."""
-    return get_model_family(DEFAULT_FAMILY, guidance_scale=s.guidance_scale, quantize_timestep=s.quantize_timestep)
-
-
 def eval_plan(s: SampleSettings) -> SamplingPlan:
     """Euler ODE on every transition (eta = 0), else DanceGRPO's SDE on every one."""
     return ode_plan(s.steps, s.shift) if s.eta <= 0 else full_sde_plan(s.steps, s.shift, s.steps, 1)
@@ -76,12 +68,11 @@ def eval_plan(s: SampleSettings) -> SamplingPlan:
 
 @torch.no_grad()
 def sample_images(model, vae, prompts: EvalPrompts, items: list[tuple[int, int]], randomness: RandomSource,
-                  s: SampleSettings, device, autocast_dtype=None, family=None) -> torch.Tensor:
+                  s: SampleSettings, device, autocast_dtype=None, *, family) -> torch.Tensor:
     """Images [b, 3, H, W] float32 in [0, 1] for items (prompt index, image index), sampled by the
-    rollout's loop (sampling.rollout.sample_transitions) on eval_plan(s). family: default the
-    default family with s's guidance settings."""
+    rollout's loop (sampling.rollout.sample_transitions) on eval_plan(s). family: the model's
+    ModelFamily, built with the evaluation's forward settings."""
     device = torch.device(device)
-    family = family if family is not None else default_family(s)
     layout = family.layout(s.height, s.width, vae, model, device)
     shape = layout.tokens
     caps = [prompts.captions[p] for p, _ in items]
@@ -114,7 +105,7 @@ def score_images(rewards: Mapping[str, object], images: torch.Tensor, captions: 
 
 def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], randomness: RandomSource,
              s: SampleSettings, device, autocast_dtype=None, grid_prompts: int = 8, progress: bool = False,
-             family=None, dims=None) -> EvalResult:
+             *, family, dims=None) -> EvalResult:
     """Collective: every rank calls it with the same arguments; all get the same EvalResult. The
     batches are shared out over the data-parallel ranks of ``dims`` (default: the whole world)."""
     from fastvideo.distributed.parallel import ParallelDims
@@ -135,7 +126,7 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
         j = r * world + rank
         chosen = batches[j] if j < len(batches) else batches[0]  # a spare round keeps FSDP in step
         batch_items = [items[i] for i in chosen]
-        images = sample_images(model, vae, prompts, batch_items, randomness, s, device, autocast_dtype, family)
+        images = sample_images(model, vae, prompts, batch_items, randomness, s, device, autocast_dtype, family=family)
         if j >= len(batches):
             continue
         local[r, :len(chosen)] = score_images(rewards, images, [prompts.captions[p] for p, _ in batch_items])

@@ -15,17 +15,11 @@ from fastvideo.eval import report
 from fastvideo.eval.core import EvalResult, SampleSettings, evaluate
 from fastvideo.eval.prompts import check_no_overlap, load_eval_prompts
 from fastvideo.eval.settings import EvalSettings
-from fastvideo.training.guard import RewardHackingGuard, publish_best, recover_best
+from fastvideo.training.run.guard import RewardHackingGuard, publish_best, recover_best
 from fastvideo.training.hooks import TrainerHook
 from fastvideo.utils import main_print, read_json_or_none
 
 EVAL_JSONL = "eval.jsonl"
-
-
-def build_training_evaluation(trainer) -> "TrainingEvaluation | None":
-    """None when --eval_every is 0; else encodes the prompts and builds the rewards (collective-free)."""
-    settings = trainer.cfg.eval
-    return None if settings is None else TrainingEvaluation(settings, trainer)
 
 
 def build_eval_rewards(names, trainer) -> dict:
@@ -46,7 +40,7 @@ class TrainingEvaluation(TrainerHook):
         seq_len = settings.max_sequence_length or trainer.dataset.dims()[0]
         self.family = trainer.family
         self.prompts = load_eval_prompts(settings.prompts, cfg.model.pretrained_model_name_or_path, seq_len,
-                                         trainer.device, self.family)
+                                         trainer.device, family=self.family)
         check_no_overlap(self.prompts.captions, trainer.dataset.captions)
         if tuple(self.prompts.dims) != tuple(trainer.dataset.dims()):
             raise ConfigError(f"--eval_prompts embeddings have dims {tuple(self.prompts.dims)} but the training "
@@ -55,7 +49,6 @@ class TrainingEvaluation(TrainerHook):
         r = cfg.rollout
         self.sample = SampleSettings(
             height=r.height, width=r.width, steps=settings.steps, eta=settings.eta, shift=r.shift,
-            guidance_scale=r.guidance_scale, quantize_timestep=r.quantize_timestep,
             batch_size=settings.batch_size, num_images_per_prompt=settings.num_images_per_prompt)
         g = settings.guard
         self.guard = RewardHackingGuard(g.patience if g else 1, g.drop if g else 0.0, guard_enabled=g is not None)
@@ -112,7 +105,7 @@ class TrainingEvaluation(TrainerHook):
         import shutil
 
         from fastvideo.training.checkpoint import checkpoint_dir, is_complete
-        from fastvideo.training.guard import BEST_DIR, BEST_MARKER
+        from fastvideo.training.run.guard import BEST_DIR, BEST_MARKER
 
         if not (self.out / BEST_DIR).exists():
             return

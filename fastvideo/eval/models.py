@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from fastvideo.errors import UserError
-from fastvideo.training.checkpoint_files import recorded_family
+from fastvideo.training.checkpoint.files import recorded_family
 
 MODEL_FOLDER, CHECKPOINT, TRANSFORMER_FOLDER = "model_folder", "checkpoint", "transformer"
 LORA_CHECKPOINT, LORA_FILE = "lora_checkpoint", "lora_file"
@@ -31,7 +31,7 @@ class ModelSpec:
 
 
 def _kind(path: Path, family_label: str) -> str:
-    from fastvideo.training import checkpoint_files as files
+    from fastvideo.training.checkpoint import files
     from fastvideo.training.lora import LORA_WEIGHTS_NAME
 
     trainer_checkpoint = (path / files.MARKER).is_file()
@@ -71,7 +71,7 @@ def parse_model_arg(text: str, family_label: str = "model") -> ModelSpec:
 def family_name_for(models: list[ModelSpec], flag: str | None) -> str:
     """The one family of the models: what their checkpoints record, else --model_family (default:
     the default family). Refuses models of two families, or a flag the checkpoints contradict."""
-    from fastvideo.models.base import DEFAULT_FAMILY
+    from fastvideo.models.registry import DEFAULT_FAMILY
 
     recorded = {m.family for m in models if m.family is not None}
     names = recorded | ({flag} if flag else set())

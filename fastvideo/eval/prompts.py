@@ -24,12 +24,6 @@ class EvalPrompts:
         return len(self.captions)
 
 
-def _family(family):
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
-
-    return family if family is not None else get_model_family(DEFAULT_FAMILY)
-
-
 def _from_embedding_json(path: Path, family) -> EvalPrompts:
     from fastvideo.data.dataset import PromptEmbeddingDataset
 
@@ -57,14 +51,14 @@ def _encode_text_file(path: Path, model_dir: str, max_sequence_length: int, devi
 
 
 def load_eval_prompts(path: str | Path, model_dir: str, max_sequence_length: int,
-                      device: torch.device | str = "cpu", family=None) -> EvalPrompts:
+                      device: torch.device | str = "cpu", *, family) -> EvalPrompts:
     """A .json file is a preprocessed videos2caption.json (used as is); anything else is a text
     file of prompts, encoded with the text encoders of the model folder ``model_dir``. family: the
-    ModelFamily (default: the default family)."""
+    prompts' ModelFamily."""
     path = Path(path)
     if not path.is_file():
         raise EvalPromptError(f"--eval_prompts {str(path)!r} does not exist; pass a prompts .txt file "
                               "(e.g. assets/eval_prompts.txt) or a preprocessed videos2caption.json")
     if path.suffix == ".json":
-        return _from_embedding_json(path, _family(family))
-    return _encode_text_file(path, model_dir, max_sequence_length, device, _family(family))
+        return _from_embedding_json(path, family)
+    return _encode_text_file(path, model_dir, max_sequence_length, device, family)

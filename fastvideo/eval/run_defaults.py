@@ -42,10 +42,10 @@ def _training_text_length(run: dict) -> int | None:
     with when --eval_max_sequence_length is unset); None when the embeddings cannot be read."""
     from fastvideo.data.dataset import PromptEmbeddingDataset
     from fastvideo.errors import UserError
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+    from fastvideo.models.registry import UNRECORDED_RUN_FAMILY, get_model_family
 
     try:
-        family = get_model_family(run["model"].get("family", DEFAULT_FAMILY))
+        family = get_model_family(run["model"].get("family", UNRECORDED_RUN_FAMILY))
         return int(PromptEmbeddingDataset(run["data_json_path"], family=family).dims()[0])
     except (UserError, OSError, ValueError, KeyError, TypeError):  # moved or deleted: the default applies
         return None

@@ -5,28 +5,19 @@ A family (``ModelFamily``) loads its parts from a folder, encodes prompts into a
 ``Conditioning`` record, gives the latent geometry of a resolution (``LatentLayout``), predicts
 the flow-matching velocity v(x, sigma, cond) on packed latents [B, L, C] and decodes them to
 images. Everything model-specific (FLUX's pooled CLIP embedding and text ids, SD3's three text
-encoders) stays behind it. Families are found by name in a registry; "pkg.module:Name" imports a
-plugin module first (which may register itself) and uses ``Name`` from it.
+encoders) stays behind it. Families are found by name in fastvideo.models.registry.
 """
 
 from __future__ import annotations
 
 import abc
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from fastvideo.errors import UserError
-
-DEFAULT_FAMILY = "flux"
-
-
-class UnknownModelFamilyError(UserError, ValueError):
-    """--model_family names no registered family and no importable plugin."""
-
 
 class EmbeddingDatasetError(UserError, ValueError):
     """The embedding index or one of its files is missing or malformed."""
@@ -162,28 +153,15 @@ def check_diffusers_folder(path: str | Path, required: Mapping[str, Sequence[str
     return root
 
 
-# ---------------------------------------------------------------- the family
-class ModelFamily(abc.ABC):
-    """One diffusion-model family. Settings that change its forward (FLUX's guidance scale,
-    timestep quantisation) are given to the constructor."""
+# ---------------------------------------------------------------- the family's roles
+class FamilyLoading(abc.ABC):
+    """Role: the family's parts from a diffusers-layout folder, and the blocks FSDP wraps."""
 
-    name: str = ""
     # The transformer class an exported checkpoint names (config.json's _class_name).
     export_class_name: str = ""
-    # Tensors stored per prompt, in the dataset item's order.
-    storage: tuple[StoredTensor, ...] = ()
-    # videos2caption.json's keys in the order they are written: each StoredTensor's json_key and "caption".
-    json_keys: tuple[str, ...] = ()
-    # Longest text sequence the encoders take (preprocessing refuses more).
-    max_sequence_length_limit: int = 512
-    # Sub-folders whose files determine the encodings (preprocessing's fingerprint), and those of
-    # them holding an encoder config.json.
-    text_components: tuple[str, ...] = ()
-    text_encoder_components: tuple[str, ...] = ()
     # Sub-folders a base model folder must hold to train.
     training_components: tuple[str, ...] = ()
 
-    # -- loading
     @abc.abstractmethod
     def check_folder(self, path: str | Path, components: tuple[str, ...] | None = None) -> Path:
         """Raise a UserError naming every missing piece of a model folder; return it as a Path."""
@@ -220,7 +198,21 @@ class ModelFamily(abc.ABC):
     def block_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The repeated blocks: FSDP units and activation-checkpointing units."""
 
-    # -- conditioning
+
+class FamilyConditioning(abc.ABC):
+    """Role: prompts -> Conditioning, and how preprocessing stores it and the dataset reads it back."""
+
+    # Tensors stored per prompt, in the dataset item's order.
+    storage: tuple[StoredTensor, ...] = ()
+    # videos2caption.json's keys in the order they are written: each StoredTensor's json_key and "caption".
+    json_keys: tuple[str, ...] = ()
+    # Longest text sequence the encoders take (preprocessing refuses more).
+    max_sequence_length_limit: int = 512
+    # Sub-folders whose files determine the encodings (preprocessing's fingerprint), and those of
+    # them holding an encoder config.json.
+    text_components: tuple[str, ...] = ()
+    text_encoder_components: tuple[str, ...] = ()
+
     @abc.abstractmethod
     def encode_prompts(self, encoders, prompts: list[str], max_sequence_length: int) -> Conditioning:
         ...
@@ -256,21 +248,19 @@ class ModelFamily(abc.ABC):
     def check_cond(self, cond: Conditioning) -> None:
         """Raise ValueError when a prompt-level Conditioning is malformed (default: no check)."""
 
+
+class FamilySampling(abc.ABC):
+    """Role: the latent geometry, the velocity the sampler integrates, and decoding."""
+
     @property
     def velocity_passes(self) -> int:
         """Transformer passes (in samples) one velocity costs: 2 for a family that runs
         classifier-free guidance's conditional and unconditional rows (SD3 with guidance_scale > 1)."""
         return 1
 
-    # -- sampling
     @abc.abstractmethod
     def layout(self, height: int, width: int, vae, transformer=None, device=None) -> LatentLayout:
         """Latent geometry; the token channels come from the transformer (without one: the VAE)."""
-
-    @abc.abstractmethod
-    def nominal_layout(self, height: int, width: int, transformer_config: Mapping) -> LatentLayout:
-        """The layout with the family's standard VAE, from a transformer config alone (cost model;
-        extras on the CPU)."""
 
     @abc.abstractmethod
     def velocity(self, transformer, x: torch.Tensor, sigma, cond: Conditioning, layout: LatentLayout) -> torch.Tensor:
@@ -280,7 +270,21 @@ class ModelFamily(abc.ABC):
     def decode(self, vae, x0: torch.Tensor, layout: LatentLayout) -> torch.Tensor:
         """Packed latents [B, L, C] -> images [B, 3, H, W] float32 in [0, 1]."""
 
-    # -- cost model
+
+class FamilyCostModel(abc.ABC):
+    """Optional role: the FLOP and memory shape the cost model (tools/cost_model.py, perf/) reads.
+    A family without it trains; the cost model refuses it (require_cost_model)."""
+
+    # The transformer config (diffusers keys) the cost model assumes when given none, the VAE
+    # config whose decoder it counts, and the name it prints for them.
+    reference_config: Any = None
+    reference_vae_config: Any = None
+    reference_name: str = ""
+
+    @abc.abstractmethod
+    def nominal_layout(self, height: int, width: int, transformer_config: Mapping) -> LatentLayout:
+        """The layout with the family's standard VAE, from a transformer config alone (extras on the CPU)."""
+
     @abc.abstractmethod
     def blocks(self, transformer) -> list[torch.nn.Module]:
         """The transformer's repeated blocks in execution order (the cost model's FSDP units)."""
@@ -298,69 +302,26 @@ class ModelFamily(abc.ABC):
         """FLOPs of the transformer on a batch: "forward", "backward" (of that forward) and "blocks"
         (the share activation checkpointing recomputes), for perf.flops."""
 
-    # The transformer config (diffusers keys) the cost model assumes when given none, the VAE
-    # config whose decoder it counts, and the name it prints for them.
-    reference_config: Any = None
-    reference_vae_config: Any = None
-    reference_name: str = ""
+
+class ModelFamily(FamilyLoading, FamilyConditioning, FamilySampling):
+    """One diffusion-model family: the three roles a training run needs (a family that the cost
+    model can size adds FamilyCostModel). Settings that change its forward (FLUX's guidance scale,
+    timestep quantisation) are given to the constructor; a plugin family's own flags come as
+    ``settings`` (its ``settings`` class's section, fastvideo.components)."""
+
+    name: str = ""
+    # Its settings class (a fastvideo.settings.Settings with a ``section``), or None.
+    settings = None
 
 
-# ---------------------------------------------------------------- registry
-_REGISTRY: dict[str, Callable[..., ModelFamily]] = {}
+class NoCostModelError(UserError, ValueError):
+    """The cost model was asked to size a family that has no FamilyCostModel role."""
 
 
-def register_model_family(name: str, factory: Callable[..., ModelFamily]) -> None:
-    """Make ``get_model_family(name, **settings)`` call ``factory(**settings)``."""
-    _REGISTRY[name] = factory
-
-
-def model_family_names() -> list[str]:
-    _ensure_builtin()
-    return sorted(_REGISTRY)
-
-
-def _ensure_builtin() -> None:
-    # The built-in families register themselves on import.
-    importlib.import_module("fastvideo.models.flux")
-    importlib.import_module("fastvideo.models.sd3")
-
-
-def get_model_family(name_or_path: str, **settings) -> ModelFamily:
-    """A registered family by name, or "pkg.module:Name" (the module is imported first, so it can
-    register itself; Name is a registered name or a ModelFamily factory in that module)."""
-    _ensure_builtin()
-    if ":" in name_or_path:
-        module_name, _, attr = name_or_path.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise UnknownModelFamilyError(
-                f"model family plugin {name_or_path!r}: cannot import {module_name!r} ({exc}); "
-                f"built-in families: {', '.join(model_family_names())}"
-            ) from None
-        factory = _REGISTRY.get(attr) or getattr(module, attr, None)
-        if factory is None:
-            raise UnknownModelFamilyError(f"model family plugin {name_or_path!r}: {module_name} has no {attr!r}")
-        return factory(**settings)
-    if name_or_path not in _REGISTRY:
-        raise UnknownModelFamilyError(
-            f"unknown model family {name_or_path!r}; valid: {', '.join(model_family_names())} "
-            "(or a plugin as pkg.module:Name)"
-        )
-    return _REGISTRY[name_or_path](**settings)
-
-
-def family_for_class_name(class_name: str) -> str | None:
-    """The registered family whose transformer class an exported config names (config.json's
-    _class_name, e.g. a checkpoint's config.json); None when no family, or more than
-    one, claims it (the class name alone cannot tell those apart)."""
-    _ensure_builtin()
-    claimants = []
-    for name, factory in sorted(_REGISTRY.items()):
-        # A family class says it without being built; other factories are built with no settings.
-        claimed = getattr(factory, "export_class_name", None)
-        if claimed is None:
-            claimed = factory().export_class_name
-        if claimed == class_name:
-            claimants.append(name)
-    return claimants[0] if len(claimants) == 1 else None
+def require_cost_model(family) -> FamilyCostModel:
+    """``family`` itself when it plays the cost-model role, else NoCostModelError naming it."""
+    if not isinstance(family, FamilyCostModel):
+        raise NoCostModelError(f"model family {getattr(family, 'name', type(family).__name__)!r} has no cost model "
+                               "(it does not implement fastvideo.models.base.FamilyCostModel): the FLOP and memory "
+                               "estimates need it; training does not")
+    return family

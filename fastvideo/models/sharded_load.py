@@ -127,13 +127,9 @@ class UnitLoader:
 
 
 def meta_transformer(root: str | Path, subfolder: str | None, dtype: torch.dtype,
-                     device: torch.device, family=None) -> tuple[nn.Module, UnitLoader]:
-    """The family's transformer (default family when None) from ``root/subfolder`` built on the
-    meta device in ``dtype``, and the loader that fills it unit by unit on ``device`` (pass it to
-    wrap_model as param_init_fn)."""
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
-
-    family = family if family is not None else get_model_family(DEFAULT_FAMILY)
+                     device: torch.device, family) -> tuple[nn.Module, UnitLoader]:
+    """``family``'s transformer from ``root/subfolder`` built on the meta device in ``dtype``, and
+    the loader that fills it unit by unit on ``device`` (pass it to wrap_model as param_init_fn)."""
     folder = Path(root) / subfolder if subfolder else Path(root)
     config = family.transformer_class().load_config(folder)
     model = family.meta_transformer(config, dtype)

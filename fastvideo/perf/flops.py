@@ -48,9 +48,11 @@ def _resnet_flops(c_in: int, c_out: int, h: int, w: int, B: int) -> int:
 
 
 def _family(family):
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+    """``family``'s cost-model role; None: the reference model's family (FLUX.1-dev's, --model_family's default)."""
+    from fastvideo.models.base import require_cost_model
+    from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 
-    return family if family is not None else get_model_family(DEFAULT_FAMILY)
+    return require_cost_model(family if family is not None else get_model_family(DEFAULT_FAMILY))
 
 
 def vae_decoder_flops(vae_cfg: Mapping | None, latent_h: int, latent_w: int, batch: int = 1) -> int:

@@ -156,9 +156,11 @@ def _fused_attention():
 
 
 def _family(family):
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+    """``family``'s cost-model role; None: the reference model's family (FLUX.1-dev's, --model_family's default)."""
+    from fastvideo.models.base import require_cost_model
+    from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 
-    return family if family is not None else get_model_family(DEFAULT_FAMILY)
+    return require_cost_model(family if family is not None else get_model_family(DEFAULT_FAMILY))
 
 
 def is_lora_target(name: str, targets: tuple[str, ...]) -> bool:

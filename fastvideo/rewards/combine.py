@@ -9,7 +9,7 @@ mean what they say. The raw per-reward scores are returned too, for logging.
 A sample any reward scored NaN or infinity is dropped: :meth:`MultiReward.combine` logs the
 reward and the samples, normalises each group over its kept samples and gives the dropped ones a
 NaN total, from which the objective's advantages (0 for them, grpo.advantages) and the metrics
-(``rewards/nonfinite_dropped``, training.setup.reward_metrics) know them.
+(``rewards/nonfinite_dropped``, training.metrics.reward_metrics) know them.
 """
 
 from __future__ import annotations

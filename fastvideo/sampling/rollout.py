@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from fastvideo import devices
-from fastvideo.models.base import DEFAULT_FAMILY, Conditioning, LatentLayout, ModelFamily, get_model_family
+from fastvideo.models.base import Conditioning, LatentLayout, ModelFamily
 from fastvideo.sampling import sde, solvers
 from fastvideo.sampling.plan import DPM, ODE, SDE, SamplingPlan
 from fastvideo.sampling.randomness import RandomSource
@@ -29,26 +29,21 @@ SAME_NOISE_SCOPES = ("rank", "prompt")
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
-    """How to sample. ``guidance_scale`` and ``quantize_timestep`` are settings of the model
-    family's forward (construct the family with them, e.g. get_model_family(name,
-    guidance_scale=..., quantize_timestep=...)); the rollout itself does not read them.
-    ``quantize_timestep`` passes the transformer floor(1000 sigma) / 1000 as upstream DanceGRPO
-    does (the published curves used it); False passes sigma itself, as diffusers' pipelines do.
-    The SDE step always uses the exact sigma."""
+    """How to sample. The model's forward settings (FLUX's guidance embedding, SD3's classifier-free
+    guidance, whether the transformer sees floor(1000 sigma) / 1000) are the model family's: it is
+    constructed with them. The SDE step always uses the exact sigma."""
 
     height: int
     width: int
     sampling_steps: int
     eta: float
     shift: float
-    guidance_scale: float = 3.5
     num_generations: int
     rollout_batch_size: int
     init_same_noise: bool
     # What init_same_noise shares: "rank" (upstream DanceGRPO: one noise for every sample of the
     # rollout call, i.e. of a rank's train_batch_size x G samples) or "prompt" (one per group).
     same_noise_scope: str = "rank"
-    quantize_timestep: bool = True
     # With init_same_noise, compute a plan's leading ODE transitions once per group (their states
     # are the same for the group's G samples): SamplingPlan.shared_prefix.
     share_ode_prefix: bool = True
@@ -114,6 +109,10 @@ class Trajectory:
         per group, the rest once per sample."""
         groups = int(torch.unique(self.group_ids).numel())
         return self.shared_prefix * groups + (self.num_steps - self.shared_prefix) * self.num_samples
+
+    def rollout_log_prob(self, rows: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """[b] the rollout's log-probability of the transitions (rows[i]: steps[i] -> steps[i] + 1)."""
+        return self.log_probs[rows.to(self.log_probs.device), steps.to(self.log_probs.device)]
 
     def subset(self, index: Sequence[int] | torch.Tensor) -> "Trajectory":
         """The samples at ``index`` (a list of ints or a CPU int64 tensor), in that order."""
@@ -369,14 +368,14 @@ def decode_images(
     cfg: RolloutConfig,
     device: torch.device | str,
     autocast_dtype: torch.dtype | None = None,
-    family: ModelFamily | None = None,
+    *,
+    family: ModelFamily,
     layout: LatentLayout | None = None,
 ) -> torch.Tensor:
     """Packed x0 predictions [B, L, C] -> images [B, 3, H, W] float32 in [0, 1], decoded
     rollout_batch_size at a time (the VAE's activations dominate memory at full size).
-    family: default the default family; layout: default the family's for cfg's size."""
+    family: the samples' ModelFamily; layout: default the family's for cfg's size."""
     device = torch.device(device)
-    family = family if family is not None else get_model_family(DEFAULT_FAMILY)
     layout = layout if layout is not None else family.layout(cfg.height, cfg.width, vae, None, device)
     chunks = []
     with _amp(device, autocast_dtype):

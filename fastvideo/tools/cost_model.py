@@ -28,7 +28,8 @@ from pathlib import Path
 from fastvideo.errors import ConfigError, UserError, exit_on_user_error, one_line_errors
 from fastvideo.grpo.loss import num_trained_steps
 from fastvideo import devices
-from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+from fastvideo.models.base import require_cost_model
+from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 from fastvideo.perf.flops import (
     IterationFlops,
     IterationShape,
@@ -447,7 +448,7 @@ def format_table(s: dict, model_desc: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        family = get_model_family(args.model_family)
+        family = require_cost_model(get_model_family(args.model_family))
         config, vae_cfg, desc = resolve_model(args.model, family)
         if args.memory:
             print(memory_report(args, config, vae_cfg, desc, family))

@@ -178,7 +178,7 @@ def run(args) -> str:
     from fastvideo.eval.core import SampleSettings, evaluate
     from fastvideo.eval.prompts import load_eval_prompts
     from fastvideo.eval.stats import markdown_table, table_rows
-    from fastvideo.models.base import get_model_family
+    from fastvideo.models.registry import get_model_family
     from fastvideo.sampling.randomness import RandomSource
 
     models = [parse_model_arg(m, _family_label(args.model_family)) for m in args.model]
@@ -189,11 +189,10 @@ def run(args) -> str:
     base = _check(args, models, family)
     device = devices.get_device()
     amp = torch.bfloat16 if args.mixed_precision == "bf16" and devices.is_accelerator(device) else None
-    prompts = load_eval_prompts(args.prompts, str(base), args.max_sequence_length, device, family)
+    prompts = load_eval_prompts(args.prompts, str(base), args.max_sequence_length, device, family=family)
     vae = family.load_vae(base, device=device, dtype=torch.float32)
     rewards = _rewards(args, device)
     s = SampleSettings(height=args.h, width=args.w, steps=args.steps, eta=args.eta, shift=args.shift,
-                       guidance_scale=args.guidance_scale, quantize_timestep=not args.no_quantize_timestep,
                        batch_size=args.batch_size, num_images_per_prompt=args.num_images_per_prompt)
     results = []
     for m in models:
@@ -215,7 +214,7 @@ def run(args) -> str:
 
 def _family_label(flag: str | None) -> str:
     """How messages name the base folder's family: FLUX for --model_family flux."""
-    from fastvideo.models.base import DEFAULT_FAMILY
+    from fastvideo.models.registry import DEFAULT_FAMILY
 
     name = flag or DEFAULT_FAMILY
     return name if ":" in name else name.upper()
@@ -223,7 +222,7 @@ def _family_label(flag: str | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from fastvideo.errors import report_failure
-    from fastvideo.models.base import UnknownModelFamilyError
+    from fastvideo.models.registry import UnknownModelFamilyError
 
     parser = build_parser()
     args = parser.parse_args(argv)

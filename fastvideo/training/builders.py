@@ -12,11 +12,15 @@ from fastvideo.models import sharded_load
 
 
 def build_family(cfg: TrainConfig):
-    """The model family of --model_family, carrying the rollout's forward settings."""
-    from fastvideo.models.base import get_model_family
+    """The model family of --model_family, carrying the rollout's forward settings, and a plugin
+    family's own settings (its section of cfg.plugins) as ``settings``."""
+    from fastvideo.models.registry import family_factory
 
-    return get_model_family(cfg.model.family, guidance_scale=cfg.rollout.guidance_scale,
-                            quantize_timestep=cfg.rollout.quantize_timestep)
+    factory = family_factory(cfg.model.family)
+    own = getattr(getattr(factory, "settings", None), "section", None)
+    extra = {"settings": cfg.plugins[own]} if own in cfg.plugins else {}
+    return factory(guidance_scale=cfg.rollout.guidance_scale, quantize_timestep=cfg.rollout.quantize_timestep,
+                   **extra)
 
 
 def _transformer_root(cfg: TrainConfig, family) -> tuple[Path, str | None]:
@@ -123,12 +127,12 @@ def lora_base_dtype(cfg: TrainConfig) -> torch.dtype:
 
 
 def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.device, family=None):
-    """The reference policy of --kl_coef (None when 0): the model itself with its adapters off
-    under LoRA (no copy); for full fine-tuning a frozen copy of the initial weights in the master
-    dtype (so that the KL is exactly 0 before the first update), sharded like the model under
-    FSDP (one more model's worth of parameters / world size per rank), a replica under DDP or on
-    one process."""
-    if cfg.grpo.kl_coef <= 0:
+    """The frozen reference policy of a KL term (None when the objective needs none; GRPO's and
+    NFT's --kl_coef): the model itself with its adapters off under LoRA (no copy); for full
+    fine-tuning a frozen copy of the initial weights in the master dtype (so that the KL is exactly
+    0 before the first update), sharded like the model under FSDP (one more model's worth of
+    parameters / world size per rank), a replica under DDP or on one process."""
+    if not cfg.objective_settings().needs_reference(cfg):
         return None
     from fastvideo.training.kl_reference import AdapterOffReference, FrozenCopyReference
 

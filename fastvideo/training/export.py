@@ -18,7 +18,8 @@ chosen dtype or a whole pipeline.
   checkpoint) unless ``base`` names a model folder.
 
 The model family is the one the checkpoint records (its run's config.json, else its transformer
-config's _class_name; fastvideo.training.checkpoint_files.recorded_family), else the default.
+config's _class_name; fastvideo.training.checkpoint.files.recorded_family); a checkpoint that
+says neither is refused.
 
 Every folder appears atomically (written next to OUT, then renamed into place).
 """
@@ -34,7 +35,7 @@ from pathlib import Path
 import torch
 
 from fastvideo.training import checkpoint as ckpt_lib
-from fastvideo.training import checkpoint_shards as shards
+from fastvideo.training.checkpoint import shards
 from fastvideo.errors import UserError
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
@@ -46,10 +47,15 @@ class ExportError(UserError, ValueError):
 
 
 def checkpoint_family(ckpt: str | os.PathLike, **settings):
-    """The ModelFamily a checkpoint was trained as (recorded_family), else the default family."""
-    from fastvideo.models.base import DEFAULT_FAMILY, get_model_family
+    """The ModelFamily a checkpoint was trained as (recorded_family); ExportError when nothing says."""
+    from fastvideo.models.registry import get_model_family
 
-    return get_model_family(ckpt_lib.recorded_family(ckpt) or DEFAULT_FAMILY, **settings)
+    name = ckpt_lib.recorded_family(ckpt)
+    if name is None:
+        raise ExportError(f"cannot tell which model family {str(ckpt)!r} is: neither its run's config.json beside "
+                          "it nor a transformer config.json naming a registered family's class; export it from its "
+                          "run's OUTPUT_DIR")
+    return get_model_family(name, **settings)
 
 
 def _transformer_config(ckpt: Path, base: Path | None, family) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from fastvideo import devices
+from fastvideo.grpo.advantages import zero_std_ratio
 from fastvideo.utils import atomic_write_text, read_jsonl
 
 
@@ -55,6 +56,42 @@ def reduce_scalars(values: dict[str, float | torch.Tensor], device: torch.device
     else:
         raise ValueError(op)
     return dict(zip(keys, packed.cpu().tolist()))
+
+
+def reward_metrics(dims, device, rewards, advantages: torch.Tensor, cfg) -> dict:
+    """Reward and advantage statistics over the data-parallel group's samples ("_samples": how many).
+
+    Samples a reward scored non-finite (dropped, rewards/combine.py) are left out of the reward
+    statistics and counted: ``rewards/nonfinite_dropped`` (every iteration) and, when some,
+    ``rewards/nonfinite/<name>`` per reward."""
+    G = cfg.rollout.num_generations
+    all_rewards = dims.gather_dp(rewards.total.to(device)).cpu()
+    kept = _finite(all_rewards)
+    record = {
+        "reward_mean": kept.mean().item(),
+        "reward_std": kept.std(unbiased=False).item(),
+        # One sample per prompt (GRPO without --use_group): the whole gathered batch is the one group.
+        "zero_std_ratio": zero_std_ratio(all_rewards, G if G > 1 else all_rewards.numel()).item(),
+        "rewards/nonfinite_dropped": all_rewards.numel() - kept.numel(),
+    }
+    for name, vals in rewards.per_reward.items():
+        everything = dims.gather_dp(vals.to(device)).cpu()
+        finite = _finite(everything)
+        record[f"reward/{name}_mean"] = finite.mean().item()
+        record[f"reward/{name}_std"] = finite.std(unbiased=False).item()
+        if finite.numel() < everything.numel():
+            record[f"rewards/nonfinite/{name}"] = everything.numel() - finite.numel()
+    all_adv = dims.gather_dp(advantages.to(device)).cpu()
+    record.update(adv_mean=all_adv.mean().item(), adv_std=all_adv.std(unbiased=False).item(),
+                  adv_abs_max=all_adv.abs().max().item(), _samples=all_rewards.numel())
+    return record
+
+
+def _finite(values: torch.Tensor) -> torch.Tensor:
+    """The finite entries of [N] (the tensor itself when all are: the default path's statistics
+    stay bit-identical)."""
+    ok = torch.isfinite(values)
+    return values if bool(ok.all()) else values[ok]
 
 
 class MetricsWriter:

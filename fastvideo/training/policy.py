@@ -1,11 +1,29 @@
-"""The trained model as an objective sees it: velocity predictions under the run's autocast, and
-the frozen reference policy's (for a KL term), without knowing the model family."""
+"""The trained model as an objective sees it: velocity predictions under the run's autocast, the
+frozen reference policy's (for a KL term), and the log-probability of a stored rollout transition,
+without knowing the model family or how the trajectory stores its states."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from fastvideo import devices
+from fastvideo.sampling.rollout import sde_transition
+
+
+@dataclass
+class TransitionLogProb:
+    """The current policy on stored transitions (rows[i]: step steps[i] -> steps[i] + 1), b of them.
+
+    log_prob [b] (with gradients); velocity [b, L, C] float32 (with gradients); x [b, L, C] the
+    state the transition leaves; sigma, sigma_next [b] its noise levels."""
+
+    log_prob: torch.Tensor
+    velocity: torch.Tensor
+    x: torch.Tensor
+    sigma: torch.Tensor
+    sigma_next: torch.Tensor
 
 
 class Policy:
@@ -33,6 +51,18 @@ class Policy:
     def velocity(self, traj, rows: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         """v(x, sigma | the conditioning of traj's rows) [b, L, C] float32, with gradients."""
         return self._velocity(self.model, traj, rows, x, sigma)
+
+    def transition_log_prob(self, traj, rows: torch.Tensor, steps: torch.Tensor, eta: float) -> TransitionLogProb:
+        """Log-probability under the current policy of the stored transitions (rows[i], steps[i]),
+        by the SDE step of the trajectory's plan with noise scale ``eta``; rows, steps [b] int64."""
+        lat = traj.latents[rows.to(traj.latents.device), steps.to(traj.latents.device)]
+        nxt = traj.latents[rows.to(traj.latents.device), (steps + 1).to(traj.latents.device)]
+        sig = traj.sigmas[steps.to(traj.sigmas.device)]
+        sig_next = traj.sigmas[(steps + 1).to(traj.sigmas.device)]
+        v = self.velocity(traj, rows, lat, sig)
+        plan = traj.plan
+        _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, eta, plan.host_sigmas[1], prev_sample=nxt)
+        return TransitionLogProb(logp, v, lat, sig, sig_next)
 
     @torch.no_grad()
     def reference_velocity(self, traj, rows: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:

@@ -55,9 +55,9 @@ class ChunkScorer:
     """
 
     def __init__(self, reward: MultiReward, vae, rollout_cfg: RolloutConfig, device: torch.device,
-                 autocast_dtype: torch.dtype | None, timer: PhaseTimer, family=None):
+                 autocast_dtype: torch.dtype | None, timer: PhaseTimer, family):
         self.reward = reward
-        self.family = family  # the model family that decodes (None: the default family)
+        self.family = family  # the model family that decodes
         self.vae = vae
         self.rollout_cfg = rollout_cfg
         self.device = torch.device(device)

@@ -19,23 +19,38 @@ from fastvideo import devices
 from fastvideo.algorithms.base import ObjectiveContext, RewardResult
 from fastvideo.algorithms.registry import resolve_objective
 from fastvideo.distributed.parallel import ParallelDims
-from fastvideo.sampling.mix import plan_for_iteration
 from fastvideo.sampling.plan import SamplingPlan
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
 from fastvideo.training import builders
-from fastvideo.training import setup as run_setup
 from fastvideo.training.ema import WeightCopy
 from fastvideo.training.hooks import IterationResult, TrainerHook
-from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars
+from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars, reward_metrics
+from fastvideo.training.parts import RunParts, build_parts, rollout_config
+from fastvideo.training.run.start import log_config
 from fastvideo.training.policy import Policy
 from fastvideo.training.update import (  # noqa: F401
     NonFiniteError, TrainerState, Updater, UpdateStats, iteration_problems)
 from fastvideo.utils import main_print
 
-__all__ = ["Trainer", "GRPOTrainer", "NonFiniteError", "RewardResult", "UpdateStats"]
+__all__ = ["Trainer", "NonFiniteError", "RewardResult", "UpdateStats"]
+
+
+class _Part:
+    """``trainer.<name>`` reads ``trainer.parts.<name>``: one of the run's parts (RunParts)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer, owner=None):
+        return self if trainer is None else getattr(trainer.parts, self.name)
 
 
 class Trainer:
+    # The run's parts, built by setup() (training.parts.build_parts), read as trainer.model ...
+    resume_path, dataset, transformer_config, model, vae = _Part(), _Part(), _Part(), _Part(), _Part()
+    kl_reference, data_randomness, sampler, reward, scorer = _Part(), _Part(), _Part(), _Part(), _Part()
+    optimizer, lr_scheduler, ema, randomness = _Part(), _Part(), _Part(), _Part()
+
     def __init__(self, cfg, info: devices.DistInfo, dims: ParallelDims | None = None):
         self.cfg = cfg
         self.info = info
@@ -45,11 +60,10 @@ class Trainer:
         self.timer = PhaseTimer(self.device)
         self.metrics = MetricsWriter(cfg.output.output_dir, enabled=info.is_main)
         self.autocast_dtype = torch.bfloat16 if cfg.model.mixed_precision == "bf16" else None
-        self.rollout_cfg = run_setup.rollout_config(cfg)
+        self.rollout_cfg = rollout_config(cfg)
         self.family = builders.build_family(cfg)  # the model family (--model_family), with its forward settings
         self.hooks: list[TrainerHook] = []
-        self.data_randomness = None
-        self.scorer = None  # ChunkScorer when decode + reward overlap the rollout
+        self.parts: RunParts | None = None  # setup()
         self.stop_request = None  # run_control.StopRequest the entry point installs (SIGTERM / SIGINT)
         self.stopped_by: tuple[int, Path | None] | None = None  # (signal, its checkpoint) after a stop
         self.saved: tuple[int, Path] | None = None  # (iteration, folder) of the last checkpoint written
@@ -73,17 +87,18 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
         make_objective = resolve_objective(self.cfg.algorithm)  # an unknown --algorithm fails before any model loads
-        run_setup.build_parts(self)
+        self.parts = build_parts(self.cfg, self.info, self.dims, self.family, self.timer, self.autocast_dtype)
         self.objective = make_objective(ObjectiveContext(
-            cfg=self.cfg, dims=self.dims, device=self.device, reward=self.reward, randomness=self.randomness,
+            cfg=self.cfg, dims=self.dims, device=self.device, settings=self.cfg.objective_settings(),
+            update=self.cfg.update, reward=self.reward, randomness=self.randomness,
             copy_weights=lambda: WeightCopy(self.model)))
         self.policy = Policy(self.model, self.family, self.device, self.autocast_dtype, self.kl_reference)
         self.updater = Updater(self.model, self.optimizer, self.lr_scheduler, self.cfg.optim,
-                               self.cfg.grpo.gradient_accumulation_steps, self.dims, self.device, self.state)
+                               self.cfg.update.gradient_accumulation_steps, self.dims, self.device, self.state)
         self.checkpointer = builders.build_checkpointer(self.cfg)
         self._maybe_resume()
         if self.info.is_main:
-            run_setup.log_config(self.cfg, self.info, self.device)
+            log_config(self.cfg, self.info, self.device)
 
     def stateful_parts(self) -> dict:
         """The small stateful parts a checkpoint keeps by name (the model, optimizer, LR schedule
@@ -105,13 +120,13 @@ class Trainer:
                                weight_sets=self.objective.weight_sets())
         self.metrics.truncate_after(self.iteration)
         main_print(f"[resume] continuing after iteration {self.iteration} from {self.resume_path}")
-        from fastvideo.training.resume_changes import apply_and_log
+        from fastvideo.training.run.resume_changes import apply_and_log
 
         apply_and_log(self, main_print)  # a new --learning_rate, cadences: applied, and said
 
     def save_checkpoint(self) -> Path:
         from fastvideo.training.lora import lora_checkpoint_info
-        from fastvideo.training.run_identity import run_identity
+        from fastvideo.training.run.identity import run_identity
 
         extra = {"seed": self.cfg.optim.seed, "run_identity": run_identity(self.cfg, self.info.world_size),
                  **lora_checkpoint_info(self.cfg)}
@@ -146,14 +161,8 @@ class Trainer:
         return self.updater.run(self.objective, self.policy, traj, advantages, iteration)
 
     def sampling_plan(self, iteration: int) -> SamplingPlan:
-        """This iteration's schedule (SDE / ODE / DPM-Solver++ steps, trainable steps): sampling.mix."""
-        n = self.cfg.rollout.sampling_steps
-        g = self.cfg.grpo
-        own = self.objective.sampling_plan(iteration, n, self.cfg.rollout.shift)
-        if own is not None:
-            return own
-        return plan_for_iteration(self.cfg.mix, n, self.cfg.rollout.shift, g.candidate_steps(n), g.trained_steps(n),
-                                  iteration, self.randomness)
+        """This iteration's schedule (SDE / ODE / DPM-Solver++ steps, trainable steps): the objective's."""
+        return self.objective.sampling_plan(iteration, self.cfg.rollout.sampling_steps, self.cfg.rollout.shift)
 
     def _rollout(self, iteration: int, cond, captions, indices, plan, on_chunk=None):
         with self.objective.rollout_weights():  # NFT samples with its old policy
@@ -227,7 +236,7 @@ class Trainer:
 
     def _iteration_metrics(self, iteration, traj, rewards, advantages, stats: UpdateStats, seconds) -> dict:
         record = {"iteration": iteration,
-                  **run_setup.reward_metrics(self.dims, self.device, rewards, advantages, self.cfg)}
+                  **reward_metrics(self.dims, self.device, rewards, advantages, self.cfg)}
         means = reduce_scalars({"loss": stats.loss, "grad_norm": stats.grad_norm, **stats.means,
                                 **{f"time_{k}": v for k, v in self.timer.seconds.items()}},
                                self.device, "mean", self.dims)
@@ -293,8 +302,6 @@ class Trainer:
             hook.on_train_end(self)
         return records
 
-
-GRPOTrainer = Trainer  # the name earlier releases used
 
 
 def _reward_result(out) -> RewardResult:

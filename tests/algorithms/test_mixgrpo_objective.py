@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from fastvideo.algorithms.base import ObjectiveContext, RewardResult, StatsAccumulator, Term
+from fastvideo.component_settings.update import UpdateSettings
 from fastvideo.config import ConfigError, GRPOSettings, build_parser, validate_args
 from fastvideo.distributed.parallel import ParallelDims
+from fastvideo.sampling.mix import MixSettings
 from fastvideo.sampling.randomness import RandomSource
 
 BASE = ["--data_json_path", "x", "--pretrained_model_name_or_path", "x", "--rewards", "compressibility:1"]
@@ -21,8 +23,9 @@ def _objective(G=4, reward=None, **grpo):
     from fastvideo.algorithms.grpo import GRPOObjective
 
     fields = dict(use_group=True, adv_std="sample", train_last_step=False, timestep_fraction=0.5, clip_range=0.2,
-                  adv_clip_max=5.0, loss_coef=1.0, train_micro_batch_size=1, gradient_accumulation_steps=2)
-    cfg = SimpleNamespace(grpo=GRPOSettings(**{**fields, **grpo}),
+                  adv_clip_max=5.0, loss_coef=1.0)
+    cfg = SimpleNamespace(grpo=GRPOSettings(**{**fields, **grpo}), mix=MixSettings(),
+                          update=UpdateSettings(train_micro_batch_size=1, gradient_accumulation_steps=2),
                           rollout=SimpleNamespace(num_generations=G, eta=0.5, shift=3.0))
     return GRPOObjective(ObjectiveContext(cfg=cfg, dims=ParallelDims.build(1, 0), device=torch.device("cpu"),
                                           randomness=RandomSource(3), reward=reward))
@@ -63,7 +66,9 @@ def test_kl_coeff_adds_mixgrpos_kl_term_with_the_policy_terms_scale():
     obj = _objective(rollout_kl_coef=0.01)
     off = _objective()
     logp, old = torch.tensor([1.0, -0.5]), torch.tensor([0.8, -0.1])
-    traj = SimpleNamespace(plan=SimpleNamespace(num_trained=3), log_probs=old[:, None].repeat(1, 4))
+    stored = old[:, None].repeat(1, 4)  # the rollout's log-probabilities [B, steps]
+    traj = SimpleNamespace(plan=SimpleNamespace(num_trained=3),
+                           rollout_log_prob=lambda rows, steps: stored[rows, steps])
     for o in (obj, off):
         o.log_prob = lambda policy, traj, rows, steps: (logp, None)
     term = Term(0, torch.tensor([0, 1]), torch.tensor([0, 0]))
@@ -132,7 +137,9 @@ def test_a_sample_dropped_for_a_nonfinite_reward_has_no_kl_terms():
     """A sample any reward scored non-finite gets advantage 0 (no policy term) and no KL term
     either: neither --kl_coef's (to the reference) nor MixGRPO's --kl_coeff (to the rollout)."""
     logp, old, kl = torch.tensor([1.0, -0.5]), torch.tensor([0.8, -0.1]), torch.tensor([0.2, 0.7])
-    traj = SimpleNamespace(plan=SimpleNamespace(num_trained=3), log_probs=old[:, None].repeat(1, 4))
+    stored = old[:, None].repeat(1, 4)  # the rollout's log-probabilities [B, steps]
+    traj = SimpleNamespace(plan=SimpleNamespace(num_trained=3),
+                           rollout_log_prob=lambda rows, steps: stored[rows, steps])
     term = Term(0, torch.tensor([0, 1]), torch.tensor([0, 0]))
 
     def kl_part(rewards):

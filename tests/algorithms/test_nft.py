@@ -237,7 +237,8 @@ def test_rollout_plans_and_config_rules():
     assert plan.describe() == "D" * 8 and plan.trainable == () and plan.dpm_order == 2
     assert deterministic_plan("ode", 8, 3.0).describe() == "O" * 8
     obj, _ = _objective(nn.Linear(4, 4), "--nft_solver", "sde")
-    assert obj.sampling_plan(1, 8, 3.0) is None  # the run's SDE plan
+    sde = obj.sampling_plan(1, 8, 3.0)  # the SDE plan of the sampling flags (GRPO's): 7 candidates, T = int(7 x 0.6)
+    assert sde.describe() == "S" * 8 and sde.trainable == tuple(range(7)) and sde.num_trained == 4
     with pytest.raises(ConfigError, match="init_same_noise"):
         validate_args(build_parser().parse_args(BASE + ["--init_same_noise"]))
     with pytest.raises(ConfigError, match="nft_solver sde"):

@@ -35,6 +35,11 @@ def test_register_objective_makes_a_name_selectable():
     register_objective("test-only", factory)
     ctx = ObjectiveContext(cfg=None, dims=None, device=torch.device("cpu"))
     assert build_objective("test-only", ctx) == "built" and made == [ctx]
+    register_objective("test-only", factory)  # the same factory again: nothing changes
+    with pytest.raises(ValueError, match="'test-only' is already registered"):
+        register_objective("test-only", lambda context: "another")
+    with pytest.raises(ValueError, match="'grpo' is already registered .*GRPOObjective"):
+        register_objective("grpo", factory)
 
 
 def test_stats_accumulator_sums_and_keeps_the_first_micro_batch_max():
@@ -61,12 +66,14 @@ class _Cfg:
     def __init__(self, use_group=True, mix=None):
         from types import SimpleNamespace
 
+        from fastvideo.component_settings.update import UpdateSettings
         from fastvideo.config import GRPOSettings
 
         self.grpo = GRPOSettings(use_group=use_group, adv_std="sample", train_last_step=False, timestep_fraction=0.5,
-                                 clip_range=0.2, adv_clip_max=5.0, loss_coef=1.0, train_micro_batch_size=3,
-                                 gradient_accumulation_steps=1)
+                                 clip_range=0.2, adv_clip_max=5.0, loss_coef=1.0)
+        self.update = UpdateSettings(train_micro_batch_size=3, gradient_accumulation_steps=1)
         self.rollout = SimpleNamespace(num_generations=2, eta=0.5, shift=3.0)
+        self.mix = mix
 
 
 def test_grpo_objective_plans_micro_batches_of_trained_steps():

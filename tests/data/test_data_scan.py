@@ -13,6 +13,9 @@ import torch
 from fastvideo.data.dataset import PromptEmbeddingDataset
 from fastvideo.data.scan import scan_embeddings
 from fastvideo.models.base import EmbeddingDatasetError, EmbeddingShapeError
+from fastvideo.models.flux.family import FluxFamily
+
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
@@ -26,7 +29,7 @@ def emb(tiny_embeddings, tmp_path):
 
 
 def test_a_good_folder_scans_with_its_dims(emb):
-    ds = PromptEmbeddingDataset(emb)
+    ds = PromptEmbeddingDataset(emb, family=FLUX)
     scan = scan_embeddings(ds)
     assert scan.prompts == len(ds) and scan.files == 3 * len(ds)
     half = scan_embeddings(ds, rank=1, world_size=2)  # a rank checks its share
@@ -37,7 +40,7 @@ def test_a_good_folder_scans_with_its_dims(emb):
 def test_upstream_one_row_text_ids_pass(emb):
     ids = emb.parent / "text_ids" / "2.pt"
     torch.save(torch.zeros(3), ids)  # DanceGRPO's own layout
-    scan_embeddings(PromptEmbeddingDataset(emb))
+    scan_embeddings(PromptEmbeddingDataset(emb, family=FLUX))
 
 
 @pytest.mark.parametrize("damage, match", [
@@ -48,7 +51,7 @@ def test_upstream_one_row_text_ids_pass(emb):
 def test_a_bad_file_is_named(emb, damage, match):
     damage(emb.parent / "prompt_embed" / "3.pt")
     with pytest.raises(EmbeddingDatasetError, match=match):
-        scan_embeddings(PromptEmbeddingDataset(emb))
+        scan_embeddings(PromptEmbeddingDataset(emb, family=FLUX))
 
 
 def test_a_wrong_shape_is_named_with_the_files(emb):
@@ -56,7 +59,7 @@ def test_a_wrong_shape_is_named_with_the_files(emb):
     t = torch.load(path, weights_only=True)
     torch.save(t[: t.shape[0] // 2].clone(), path)
     with pytest.raises(EmbeddingShapeError, match=r"prompt 5 has .*prompt_embed/5.pt \(16, "):
-        scan_embeddings(PromptEmbeddingDataset(emb))
+        scan_embeddings(PromptEmbeddingDataset(emb, family=FLUX))
 
 
 def test_the_trainer_scans_before_any_model_loads(emb, tiny_flux_dir, tmp_path, monkeypatch):

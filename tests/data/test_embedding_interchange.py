@@ -17,6 +17,9 @@ from pathlib import Path
 import torch
 
 from fastvideo.data.dataset import PromptEmbeddingDataset
+from fastvideo.models.flux.family import FluxFamily
+
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
 
 
 def _upstream_read(json_path: Path) -> list[tuple]:
@@ -54,7 +57,7 @@ def _upstream_write(pipe, captions: list[str], out: Path, max_sequence_length: i
 
 
 def test_upstream_reads_what_the_preprocessing_writes(tiny_embeddings):
-    ours = PromptEmbeddingDataset(tiny_embeddings)
+    ours = PromptEmbeddingDataset(tiny_embeddings, family=FLUX)
     theirs = _upstream_read(Path(tiny_embeddings))
     assert len(theirs) == len(ours)
     assert all(it[2].shape == (3,) for it in theirs)  # one row per prompt, as upstream writes
@@ -70,10 +73,10 @@ def test_upstream_reads_what_the_preprocessing_writes(tiny_embeddings):
 def test_the_dataset_reads_what_upstream_writes(tiny_flux_dir, tiny_embeddings, tmp_path):
     from diffusers import FluxPipeline
 
-    ours = PromptEmbeddingDataset(tiny_embeddings)
+    ours = PromptEmbeddingDataset(tiny_embeddings, family=FLUX)
     pipe = FluxPipeline.from_pretrained(tiny_flux_dir)
     json_path = _upstream_write(pipe, ours.captions[:3], tmp_path / "upstream", ours.dims()[0])
-    theirs = PromptEmbeddingDataset(json_path, expected=pipe.transformer.config)
+    theirs = PromptEmbeddingDataset(json_path, expected=pipe.transformer.config, family=FLUX)
     assert theirs.dims() == ours.dims() and theirs.captions == ours.captions[:3]
     cond, captions = theirs.stack([theirs[i] for i in range(3)])
     reference, _ = ours.stack([ours[i] for i in range(3)])

@@ -16,6 +16,9 @@ from fastvideo.data.prompts import PromptFileError
 from fastvideo.errors import ConfigError
 from fastvideo.data_preprocess.embeddings import batch_grid, rank_batches, subdirs
 from fastvideo.data_preprocess.preprocess_embeddings import main, parse_args
+from fastvideo.models.flux.family import FluxFamily
+
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_PROMPTS = REPO / "assets" / "prompts_tiny.txt"
@@ -33,7 +36,7 @@ def run(model, out, prompts=TINY_PROMPTS, *extra):
 
 def assert_same_output(a: Path, b: Path) -> None:
     assert (a / "videos2caption.json").read_text() == (b / "videos2caption.json").read_text()
-    for sub in subdirs():
+    for sub in subdirs(family=FLUX):
         names = sorted(p.name for p in (a / sub).glob("*.pt"))
         assert names == sorted(p.name for p in (b / sub).glob("*.pt")), sub
         for name in names:
@@ -79,7 +82,7 @@ def test_layout_values_and_dataset(reference, tiny_flux_dir):
     for batch in batch_grid(8, BATCH):
         embeds, pooled, ids = encode_prompts(encoders, [prompts[i] for i in batch], SEQ)
         for row, idx in enumerate(batch):
-            files = [torch.load(reference / sub / f"{idx}.pt", weights_only=True) for sub in subdirs()]
+            files = [torch.load(reference / sub / f"{idx}.pt", weights_only=True) for sub in subdirs(family=FLUX)]
             for t in files:  # plain CPU tensors that own exactly their bytes
                 assert type(t) is torch.Tensor and t.dtype == torch.float32
                 assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
@@ -87,7 +90,7 @@ def test_layout_values_and_dataset(reference, tiny_flux_dir):
             assert torch.equal(files[1], pooled[row]) and files[1].shape == (32,)
             assert torch.equal(files[2], ids[row]) and files[2].shape == (3,) and not files[2].any()  # upstream: one row
     config = json.loads((tiny_flux_dir / "transformer" / "config.json").read_text())
-    ds = PromptEmbeddingDataset(reference / "videos2caption.json", expected=config)
+    ds = PromptEmbeddingDataset(reference / "videos2caption.json", expected=config, family=FLUX)
     assert ds.dims() == (SEQ, 32, 32) and ds[7][3] == prompts[7]
     with pytest.raises(EmbeddingShapeError, match="width 32 but the transformer expects joint_attention_dim 4096"):
         ds.check_against_transformer({**config, "joint_attention_dim": 4096})
@@ -214,38 +217,40 @@ def test_prepare_output_keeps_trusted_files_only(tmp_path):
     from fastvideo.data_preprocess.embeddings import prepare_output, save_prompt_record, write_caption_json
 
     settings = {"model_path": "m", "max_sequence_length": 4}
-    assert prepare_output(tmp_path, settings, ["a", "b", "c"]) == 0
+    assert prepare_output(tmp_path, settings, ["a", "b", "c"], family=FLUX) == 0
     for i in range(3):
-        save_prompt_record(tmp_path, i, _zeros_record())
-    write_caption_json(tmp_path, ["a", "b", "c"])
+        save_prompt_record(tmp_path, i, _zeros_record(), family=FLUX)
+    write_caption_json(tmp_path, ["a", "b", "c"], family=FLUX)
     (tmp_path / "prompt_embed" / ".0.pt.123.tmp").write_bytes(b"half")  # a killed writer's leftover
-    assert prepare_output(tmp_path, settings, ["a", "b", "c"]) == 0  # same run: all kept
+    assert prepare_output(tmp_path, settings, ["a", "b", "c"], family=FLUX) == 0  # same run: all kept
     assert (tmp_path / "videos2caption.json").is_file()
     assert not (tmp_path / "prompt_embed" / ".0.pt.123.tmp").exists()
-    assert prepare_output(tmp_path, settings, ["a"]) == 0  # a capped run keeps the others' files ...
+    assert prepare_output(tmp_path, settings, ["a"], family=FLUX) == 0  # a capped run keeps the others' files ...
     assert (tmp_path / "prompt_embed" / "2.pt").exists()
-    assert prepare_output(tmp_path, settings, ["a", "b", "c"]) == 0  # ... and their captions, for a full run
+    # ... and their captions, for a full run
+    assert prepare_output(tmp_path, settings, ["a", "b", "c"], family=FLUX) == 0
     with pytest.raises(ConfigError, match="captions differ"):
-        prepare_output(tmp_path, settings, ["a", "B", "c", "d"])
+        prepare_output(tmp_path, settings, ["a", "B", "c", "d"], family=FLUX)
     assert (tmp_path / "prompt_embed" / "1.pt").exists()
-    assert prepare_output(tmp_path, settings, ["a", "B", "c", "d"], overwrite=True) == 1  # caption 1 changed
+    assert prepare_output(tmp_path, settings, ["a", "B", "c", "d"], overwrite=True, family=FLUX) == 1  # caption 1 new
     assert not (tmp_path / "prompt_embed" / "1.pt").exists() and (tmp_path / "prompt_embed" / "2.pt").exists()
     assert not (tmp_path / "videos2caption.json").exists(), "an index of other prompts must go"
     with pytest.raises(ConfigError, match=r"other settings \(differing: max_sequence_length\)"):
-        prepare_output(tmp_path, {**settings, "max_sequence_length": 8}, ["a", "B", "c", "d"])
-    assert prepare_output(tmp_path, {**settings, "max_sequence_length": 8}, ["a", "B", "c", "d"], overwrite=True) == 2
+        prepare_output(tmp_path, {**settings, "max_sequence_length": 8}, ["a", "B", "c", "d"], family=FLUX)
+    assert prepare_output(tmp_path, {**settings, "max_sequence_length": 8}, ["a", "B", "c", "d"], overwrite=True,
+                          family=FLUX) == 2
     assert not list((tmp_path / "prompt_embed").glob("*.pt"))
     (tmp_path / "preprocess_meta.json").unlink()
-    save_prompt_record(tmp_path, 0, _zeros_record())
+    save_prompt_record(tmp_path, 0, _zeros_record(), family=FLUX)
     # Files of unknown origin (upstream's folders have no meta): shape-checked, left as they are.
     with pytest.raises(ConfigError, match=r"no preprocess_meta.json .*all pass the shape check, flux dims \(4, 2, 2\)"
                                           r".*--data_json_path"):
-        prepare_output(tmp_path, settings, ["a"])
+        prepare_output(tmp_path, settings, ["a"], family=FLUX)
     torch.save(torch.zeros(2, 2), tmp_path / "pooled_prompt_embeds" / "0.pt")
     with pytest.raises(ConfigError, match=r"prompt 0's files do not pass the shape check"):
-        prepare_output(tmp_path, settings, ["a"])
+        prepare_output(tmp_path, settings, ["a"], family=FLUX)
     assert (tmp_path / "prompt_embed" / "0.pt").exists()
-    assert prepare_output(tmp_path, settings, ["a"], overwrite=True) == 1
+    assert prepare_output(tmp_path, settings, ["a"], overwrite=True, family=FLUX) == 1
 
 
 def test_tensor_writes_are_atomic(tmp_path, monkeypatch):

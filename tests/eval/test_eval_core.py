@@ -6,8 +6,11 @@ import torch
 from dist_utils import run_distributed
 from fastvideo.eval.core import SampleSettings, batch_grid, evaluate, sample_images
 from fastvideo.sampling.randomness import RandomSource
+from fastvideo.models.flux.family import FluxFamily
 
-S = SampleSettings(height=32, width=32, steps=3, eta=0.0, shift=3.0, guidance_scale=3.5, quantize_timestep=True,
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
+
+S = SampleSettings(height=32, width=32, steps=3, eta=0.0, shift=3.0,
                    batch_size=2, num_images_per_prompt=2)
 
 
@@ -50,11 +53,11 @@ def test_an_image_does_not_depend_on_its_batch_companions(tiny_flux_dir, tiny_em
     from fastvideo.eval.prompts import load_eval_prompts
 
     model, vae = _models(tiny_flux_dir)
-    prompts = load_eval_prompts(tiny_embeddings, str(tiny_flux_dir), 32)
-    together = sample_images(model, vae, prompts, [(0, 0), (3, 1)], RandomSource(1), S, "cpu")
-    alone = sample_images(model, vae, prompts, [(3, 1)], RandomSource(1), S, "cpu")
+    prompts = load_eval_prompts(tiny_embeddings, str(tiny_flux_dir), 32, family=FLUX)
+    together = sample_images(model, vae, prompts, [(0, 0), (3, 1)], RandomSource(1), S, "cpu", family=FLUX)
+    alone = sample_images(model, vae, prompts, [(3, 1)], RandomSource(1), S, "cpu", family=FLUX)
     torch.testing.assert_close(together[1:], alone, rtol=1e-4, atol=1e-4)
-    other_seed = sample_images(model, vae, prompts, [(3, 1)], RandomSource(2), S, "cpu")
+    other_seed = sample_images(model, vae, prompts, [(3, 1)], RandomSource(2), S, "cpu", family=FLUX)
     assert (other_seed - alone).abs().max() > 1e-2
 
 
@@ -64,9 +67,9 @@ def _evaluate_fsdp(info, model_dir, json_path):
 
     model, vae = _models(model_dir)
     model = wrap_model(model, strategy="full", device=info.device)
-    prompts = load_eval_prompts(json_path, model_dir, 32)
+    prompts = load_eval_prompts(json_path, model_dir, 32, family=FLUX)
     s = SampleSettings(**{**S.__dict__, "batch_size": 3})  # 16 images: 6 batches, rank 1 has a spare round
-    r = evaluate(model, vae, prompts, _rewards(), RandomSource(1), s, info.device, grid_prompts=3)
+    r = evaluate(model, vae, prompts, _rewards(), RandomSource(1), s, info.device, grid_prompts=3, family=FLUX)
     return {"scores": r.scores, "grid": r.grid}
 
 
@@ -74,12 +77,12 @@ def test_two_fsdp_ranks_give_the_one_process_scores(tiny_flux_dir, tiny_embeddin
     from fastvideo.eval.prompts import load_eval_prompts
 
     model, vae = _models(tiny_flux_dir)
-    prompts = load_eval_prompts(tiny_embeddings, str(tiny_flux_dir), 32)
+    prompts = load_eval_prompts(tiny_embeddings, str(tiny_flux_dir), 32, family=FLUX)
     s = SampleSettings(**{**S.__dict__, "batch_size": 3})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as run_distributed's ranks: CPU kernels may reduce in another order with more
     try:
-        ref = evaluate(model, vae, prompts, _rewards(), RandomSource(1), s, "cpu", grid_prompts=3)
+        ref = evaluate(model, vae, prompts, _rewards(), RandomSource(1), s, "cpu", grid_prompts=3, family=FLUX)
     finally:
         torch.set_num_threads(threads)
     assert ref.scores["detail"].shape == (8, 2) and ref.grid.shape == (3, 3, 32, 32)

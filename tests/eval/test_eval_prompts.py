@@ -6,6 +6,9 @@ import pytest
 
 from fastvideo.data.prompts import load_prompts
 from fastvideo.eval.prompts import EvalPromptError, check_no_overlap, load_eval_prompts
+from fastvideo.models.flux.family import FluxFamily
+
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +34,7 @@ def test_overlap_and_duplicates_are_refused():
 
 def test_missing_file_names_the_fix(tmp_path):
     with pytest.raises(EvalPromptError, match="assets/eval_prompts.txt"):
-        load_eval_prompts(tmp_path / "none.txt", "m", 32)
+        load_eval_prompts(tmp_path / "none.txt", "m", 32, family=FLUX)
 
 
 def test_text_file_and_preprocessed_json_give_the_same_embeddings(tiny_flux_dir, tiny_embeddings):
@@ -39,9 +42,9 @@ def test_text_file_and_preprocessed_json_give_the_same_embeddings(tiny_flux_dir,
 
     from fastvideo.data.dataset import PromptEmbeddingDataset
 
-    from_json = load_eval_prompts(tiny_embeddings, str(tiny_flux_dir), 32)
-    from_text = load_eval_prompts(ROOT / "assets" / "prompts_tiny.txt", str(tiny_flux_dir), 32)
-    assert from_json.captions == from_text.captions == PromptEmbeddingDataset(tiny_embeddings).captions
+    from_json = load_eval_prompts(tiny_embeddings, str(tiny_flux_dir), 32, family=FLUX)
+    from_text = load_eval_prompts(ROOT / "assets" / "prompts_tiny.txt", str(tiny_flux_dir), 32, family=FLUX)
+    assert from_json.captions == from_text.captions == PromptEmbeddingDataset(tiny_embeddings, family=FLUX).captions
     text, json_ = from_text.cond, from_json.cond
     assert text["prompt_embeds"].shape == (8, 32, json_["prompt_embeds"].shape[2])
     torch.testing.assert_close(text["prompt_embeds"], json_["prompt_embeds"].float(), rtol=1e-5, atol=1e-5)

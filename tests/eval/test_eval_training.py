@@ -9,7 +9,7 @@ import pytest
 
 from helpers import read_metrics, torchrun, train_args
 from fastvideo.eval.report import read_jsonl
-from fastvideo.training.guard import RewardHackingGuard
+from fastvideo.training.run.guard import RewardHackingGuard
 
 
 def _run_single(argv, monkeypatch) -> int:
@@ -147,7 +147,7 @@ def test_resumed_run_continues_eval_jsonl_and_guard(tiny_flux_dir, tiny_embeddin
 
 def test_resume_forgets_a_best_from_the_abandoned_future(tmp_path):
     from fastvideo.eval.loop import TrainingEvaluation
-    from fastvideo.training.guard import publish_best
+    from fastvideo.training.run.guard import publish_best
 
     for it in (2, 4):
         ckpt = tmp_path / f"checkpoint-{it}"

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import train_args
 from fastvideo.eval.report import read_jsonl, truncate_jsonl
-from fastvideo.training.guard import BEST_DIR, publish_best, recover_best
+from fastvideo.training.run.guard import BEST_DIR, publish_best, recover_best
 from fastvideo.training.metrics import MetricsWriter
 from fastvideo.utils import LogFileError
 

@@ -80,8 +80,7 @@ def _objective_on_rank(rank, rewards_by_rank, G=4, **grpo):
     from fastvideo.algorithms.grpo import GRPOObjective
 
     fields = dict(use_group=True, adv_std="population", train_last_step=False, timestep_fraction=0.5,
-                  clip_range=0.2, adv_clip_max=5.0, loss_coef=1.0, train_micro_batch_size=1,
-                  gradient_accumulation_steps=1, global_std=True)
+                  clip_range=0.2, adv_clip_max=5.0, loss_coef=1.0, global_std=True)
     obj = GRPOObjective.__new__(GRPOObjective)
     obj.g = GRPOSettings(**{**fields, **grpo})
     obj.num_generations, obj.device = G, torch.device("cpu")
@@ -124,9 +123,9 @@ def test_global_std_with_a_reward_mix_is_refused():
     from fastvideo.sampling.randomness import RandomSource
 
     fields = dict(use_group=True, adv_std="population", train_last_step=False, timestep_fraction=0.5,
-                  clip_range=0.2, adv_clip_max=5.0, loss_coef=1.0, train_micro_batch_size=1,
-                  gradient_accumulation_steps=1, global_std=True)
-    cfg = SimpleNamespace(grpo=GRPOSettings(**fields), rollout=SimpleNamespace(num_generations=4, eta=0.5, shift=3.0))
+                  clip_range=0.2, adv_clip_max=5.0, loss_coef=1.0, global_std=True)
+    cfg = SimpleNamespace(grpo=GRPOSettings(**fields), update=None, mix=None,
+                          rollout=SimpleNamespace(num_generations=4, eta=0.5, shift=3.0))
     context = ObjectiveContext(cfg=cfg, dims=ParallelDims.build(1, 0), device=torch.device("cpu"),
                                randomness=RandomSource(3), reward=SimpleNamespace(mix="reward_aggr"))
     with pytest.raises(ConfigError, match="--global_std does not apply with --reward_mix"):

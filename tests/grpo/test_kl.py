@@ -218,6 +218,7 @@ def test_flow_grpo_kl_on_sd3_uses_the_guided_velocity_and_flow_grpos_scale(tiny_
     from fastvideo.algorithms.base import ObjectiveContext, StatsAccumulator, Term
     from fastvideo.algorithms.grpo import GRPOObjective
     from fastvideo.component_settings.lora import LoraSettings
+    from fastvideo.component_settings.update import UpdateSettings
     from fastvideo.config import GRPOSettings
     from fastvideo.distributed.parallel import ParallelDims
     from fastvideo.models.base import TensorConditioning
@@ -250,11 +251,12 @@ def test_flow_grpo_kl_on_sd3_uses_the_guided_velocity_and_flow_grpos_scale(tiny_
                       sigmas=plan.sigmas, x0=torch.zeros(b, *layout.tokens), images=None, cond=cond, layout=layout,
                       sample_ids=torch.arange(b), group_ids=torch.zeros(b, dtype=torch.long), plan=plan)
     settings = GRPOSettings(use_group=True, adv_std="sample", train_last_step=False, timestep_fraction=0.5,
-                            clip_range=1e-4, adv_clip_max=5.0, loss_coef=1.0, train_micro_batch_size=2,
-                            gradient_accumulation_steps=1, kl_coef=beta)
-    obj = GRPOObjective(ObjectiveContext(cfg=SimpleNamespace(grpo=settings, rollout=SimpleNamespace(
-        num_generations=2, eta=eta, shift=3.0)), dims=ParallelDims.build(1, 0), device=torch.device("cpu"),
-        randomness=RandomSource(3), reward=None))
+                            clip_range=1e-4, adv_clip_max=5.0, loss_coef=1.0, kl_coef=beta)
+    update = UpdateSettings(train_micro_batch_size=2, gradient_accumulation_steps=1)
+    cfg = SimpleNamespace(grpo=settings, update=update, mix=None,
+                          rollout=SimpleNamespace(num_generations=2, eta=eta, shift=3.0))
+    obj = GRPOObjective(ObjectiveContext(cfg=cfg, dims=ParallelDims.build(1, 0), device=torch.device("cpu"),
+                                         randomness=RandomSource(3), reward=None))
     policy = Policy(model, family, torch.device("cpu"), None, AdapterOffReference(model))
     rows, steps = torch.arange(b), torch.tensor([0, 2])  # sigma 1 -> 0.9 and 0.75 -> 0.5
     x, sig, sig_next = traj.latents[rows, steps], plan.sigmas[steps], plan.sigmas[steps + 1]

@@ -28,7 +28,7 @@ def test_schnell_ode_rollout_equals_flux_pipeline(tiny_schnell_dir):
     embeds, pooled, text_ids = flux.encode_prompts(flux.load_text_encoders(tiny_schnell_dir), ["a red cube"], 32)
     cond = TensorConditioning({"prompt_embeds": embeds, "pooled": pooled}, {"text_ids": text_ids})
     cfg = RolloutConfig(height=64, width=64, sampling_steps=4, eta=0.0, shift=1.0, num_generations=1,
-                        rollout_batch_size=1, init_same_noise=False, quantize_timestep=False)
+                        rollout_batch_size=1, init_same_noise=False)
     family = flux.FluxFamily(guidance_scale=0.0, quantize_timestep=False)
     traj = rollout(family, transformer, pipe.vae, cond, ["a red cube"], [0], cfg, RandomSource(1), 1, "cpu",
                    decode=False, plan=ode_plan(4, 1.0))

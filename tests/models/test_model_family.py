@@ -8,13 +8,17 @@ import pytest
 import torch
 
 from fastvideo.errors import UserError
-from fastvideo.models import base, flux
-from fastvideo.models.base import TensorConditioning, get_model_family
+from fastvideo.models import base, flux, registry
+from fastvideo.models.base import TensorConditioning
+from fastvideo.models.registry import get_model_family
+from fastvideo.models.flux.family import FluxFamily
+
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
 
 
 # ---------------------------------------------------------------- registry
 def test_unknown_family_is_a_user_error_listing_the_valid_names():
-    with pytest.raises(base.UnknownModelFamilyError) as err:
+    with pytest.raises(registry.UnknownModelFamilyError) as err:
         get_model_family("sd7")
     assert isinstance(err.value, UserError)
     assert "unknown model family 'sd7'" in str(err.value) and "flux" in str(err.value)
@@ -26,13 +30,13 @@ def test_flux_is_registered_with_its_settings():
     fam = get_model_family("flux", guidance_scale=2.0, quantize_timestep=False)
     assert isinstance(fam, flux.FluxFamily) and fam.name == "flux"
     assert (fam.guidance_scale, fam.quantize_timestep) == (2.0, False)
-    assert "flux" in base.model_family_names()
+    assert "flux" in registry.model_family_names()
 
 
 def test_a_plugin_path_imports_the_module_which_registers_itself(tmp_path, monkeypatch):
     (tmp_path / "my_family_plugin.py").write_text(
         "from toy_family import ToyFamily\n"
-        "from fastvideo.models.base import register_model_family\n"
+        "from fastvideo.models.registry import register_model_family\n"
         "class Shifted(ToyFamily):\n"
         "    name = 'shifted'\n"
         "register_model_family('shifted', Shifted)\n"
@@ -44,6 +48,14 @@ def test_a_plugin_path_imports_the_module_which_registers_itself(tmp_path, monke
     with pytest.raises(UserError, match="has no 'Nope'"):
         get_model_family("my_family_plugin:Nope")
     sys.modules.pop("my_family_plugin", None)
+
+
+def test_a_taken_name_is_refused_and_the_same_factory_again_is_a_no_op(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    with pytest.raises(ValueError, match="'flux' is already registered .*FluxFamily.*pick another name"):
+        registry.register_model_family("flux", _Marked)
+    registry.register_model_family("flux", flux.FluxFamily)  # the same factory: allowed, nothing changes
+    assert registry.family_factory("flux") is flux.FluxFamily
 
 
 # ---------------------------------------------------------------- conditioning
@@ -132,18 +144,35 @@ def test_dataset_reads_a_folder_in_the_old_layout_through_the_family(tmp_path):
 def test_preprocessing_writes_the_old_layout(tmp_path):
     from fastvideo.data_preprocess.embeddings import caption_entries, save_prompt_record, subdirs
 
-    assert subdirs() == ("prompt_embed", "pooled_prompt_embeds", "text_ids")
-    assert list(caption_entries(["x"])[0]) == ["prompt_embed_path", "text_ids", "pooled_prompt_embeds_path", "caption"]
-    for sub in subdirs():
+    assert subdirs(family=FLUX) == ("prompt_embed", "pooled_prompt_embeds", "text_ids")
+    keys = ["prompt_embed_path", "text_ids", "pooled_prompt_embeds_path", "caption"]
+    assert list(caption_entries(["x"], family=FLUX)[0]) == keys
+    for sub in subdirs(family=FLUX):
         (tmp_path / sub).mkdir()
     cond = TensorConditioning({"prompt_embeds": torch.ones(2, 3, 4), "pooled": torch.ones(2, 5)},
                               {"text_ids": torch.zeros(3, 3)})
-    save_prompt_record(tmp_path, 7, cond.record(1))
+    save_prompt_record(tmp_path, 7, cond.record(1), family=FLUX)
     assert torch.load(tmp_path / "pooled_prompt_embeds" / "7.pt", weights_only=True).shape == (5,)
     assert torch.load(tmp_path / "text_ids" / "7.pt", weights_only=True).shape == (3,)  # upstream: one row
 
 
 # ---------------------------------------------------------------- a second family
+def test_the_cost_model_is_an_optional_role(capsys):
+    """A family trains with loading, conditioning and sampling alone; the FLOP / memory estimates
+    need FamilyCostModel and refuse a family without it in one line (exit 2)."""
+    from toy_family import ToyFamily
+
+    from fastvideo.tools import cost_model
+
+    assert all(isinstance(get_model_family(n), base.FamilyCostModel) for n in ("flux", "sd3"))
+    assert isinstance(ToyFamily(), base.ModelFamily) and not isinstance(ToyFamily(), base.FamilyCostModel)
+    with pytest.raises(base.NoCostModelError, match="'toy' has no cost model"):
+        base.require_cost_model(ToyFamily())
+    with pytest.raises(SystemExit) as exit_:
+        cost_model.main(["--model_family", "toy_family:ToyFamily"])
+    assert exit_.value.code == 2 and "'toy' has no cost model" in capsys.readouterr().err
+
+
 def test_a_toy_family_rolls_out_and_evaluates_with_no_edit_in_fastvideo():
     from toy_family import ToyFamily, ToyTransformer, ToyVAE
 
@@ -188,24 +217,24 @@ class _Marked(base.ModelFamily):  # only its class name matters here
 
 
 def _register_marked(monkeypatch, *names):
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # the test's registrations stay in it
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the test's registrations stay in it
     for name in names:
-        base.register_model_family(name, _Marked)
+        registry.register_model_family(name, _Marked)
 
 
 def test_a_class_name_finds_the_family_that_exports_it(monkeypatch):
     _register_marked(monkeypatch, "marked")
-    assert base.family_for_class_name("FluxTransformer2DModel") == "flux"
-    assert base.family_for_class_name("MarkedTransformer") == "marked"
-    assert base.family_for_class_name("UNet2DConditionModel") is None
-    base.register_model_family("marked_too", _Marked)
-    assert base.family_for_class_name("MarkedTransformer") is None  # two claim it: cannot tell
+    assert registry.family_for_class_name("FluxTransformer2DModel") == "flux"
+    assert registry.family_for_class_name("MarkedTransformer") == "marked"
+    assert registry.family_for_class_name("UNet2DConditionModel") is None
+    registry.register_model_family("marked_too", _Marked)
+    assert registry.family_for_class_name("MarkedTransformer") is None  # two claim it: cannot tell
 
 
 def test_a_checkpoint_records_its_family_by_run_config_else_class_name(tmp_path, monkeypatch):
     import json
 
-    from fastvideo.training.checkpoint_files import recorded_family
+    from fastvideo.training.checkpoint.files import recorded_family
 
     _register_marked(monkeypatch, "marked")
     ckpt = tmp_path / "run" / "checkpoint-2"
@@ -219,3 +248,16 @@ def test_a_checkpoint_records_its_family_by_run_config_else_class_name(tmp_path,
     assert recorded_family(ckpt) == "flux"  # a run from before --model_family: the default
     (tmp_path / "run" / "config.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
     assert recorded_family(ckpt) == "marked"  # not a run config: ignored
+
+
+def test_export_refuses_a_checkpoint_whose_family_nothing_records(tmp_path):
+    """No silent FLUX: a checkpoint folder without its run's config.json and without a transformer
+    config naming a registered class is refused, naming the folder."""
+    from fastvideo.training.export import ExportError, checkpoint_family
+
+    folder = tmp_path / "checkpoint-1"
+    folder.mkdir()
+    with pytest.raises(ExportError, match="cannot tell which model family .*checkpoint-1"):
+        checkpoint_family(folder)
+    (folder / "config.json").write_text(json.dumps({"_class_name": "FluxTransformer2DModel"}))
+    assert checkpoint_family(folder).name == "flux"

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from fastvideo.models.base import get_model_family
+from fastvideo.models.registry import get_model_family
 from fastvideo.models.sd3 import components as C
 from fastvideo.models.sd3.family import SD3Family
 from fastvideo.sampling.plan import ode_plan
@@ -61,7 +61,7 @@ def test_prompt_encoding_equals_the_pipeline(pipe, cond):
 
 def _rollout_cfg(**kw):
     base = dict(height=64, width=64, sampling_steps=STEPS, eta=0.0, shift=SHIFT, num_generations=1,
-                rollout_batch_size=2, init_same_noise=False, quantize_timestep=False)
+                rollout_batch_size=2, init_same_noise=False)
     return RolloutConfig(**{**base, **kw})
 
 

@@ -11,13 +11,16 @@ from dist_utils import run_distributed, tiny_inputs, tiny_transformer
 
 from fastvideo.distributed import fsdp
 from fastvideo.models import sharded_load
+from fastvideo.models.flux.family import FluxFamily
+
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
 
 
 def _sharded_vs_reference(info, folder: str, checkpointing: bool):
     from diffusers import FluxTransformer2DModel
 
     ref = FluxTransformer2DModel.from_pretrained(folder)
-    model, loader = sharded_load.meta_transformer(folder, None, torch.float32, info.device)
+    model, loader = sharded_load.meta_transformer(folder, None, torch.float32, info.device, family=FLUX)
     model = fsdp.wrap_model(model, "full", info.device, gradient_checkpointing=checkpointing, param_init_fn=loader)
     loader.check_complete()
     # Each rank holds only its shard: the flat parameters add up to half the model (plus padding).
@@ -52,14 +55,14 @@ def test_missing_tensor_and_wrong_shape_are_named(tmp_path):
     tiny_transformer().save_pretrained(tmp_path, safe_serialization=True)
     weights = load_file(tmp_path / sharded_load.SINGLE_NAME)
     name = "proj_out.weight"
-    model, loader = sharded_load.meta_transformer(tmp_path, None, torch.float32, torch.device("cpu"))
+    model, loader = sharded_load.meta_transformer(tmp_path, None, torch.float32, torch.device("cpu"), family=FLUX)
     save_file({k: v for k, v in weights.items() if k != name}, tmp_path / sharded_load.SINGLE_NAME)
     loader.source = sharded_load.SafetensorsSource(tmp_path)
     with pytest.raises(KeyError, match=name):
         loader(model.proj_out)
     weights[name] = torch.zeros(3, 3)
     save_file(weights, tmp_path / sharded_load.SINGLE_NAME)
-    model, loader = sharded_load.meta_transformer(tmp_path, None, torch.float32, torch.device("cpu"))
+    model, loader = sharded_load.meta_transformer(tmp_path, None, torch.float32, torch.device("cpu"), family=FLUX)
     with pytest.raises(ValueError, match="config.json does not match"):
         loader(model.proj_out)
 

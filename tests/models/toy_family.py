@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from fastvideo.models import base
+from fastvideo.models import base, registry
 
 
 class ToyTransformer(torch.nn.Module):
@@ -62,9 +62,6 @@ class ToyFamily(base.ModelFamily):
     def block_classes(self):
         return (torch.nn.Linear,)
 
-    def blocks(self, transformer):
-        return [transformer.proj, transformer.text]
-
     def encode_prompts(self, encoders, prompts, max_sequence_length=0):
         text = torch.stack([torch.full((5,), float(len(p))) for p in prompts])
         return base.TensorConditioning({"text": text})
@@ -87,9 +84,6 @@ class ToyFamily(base.ModelFamily):
     def layout(self, height, width, vae, transformer=None, device=None):
         return base.LatentLayout(height, width, tokens=(height * width, 3), latent_hw=(height, width))
 
-    def nominal_layout(self, height, width, transformer_config):
-        return self.layout(height, width, None)
-
     def velocity(self, transformer, x, sigma, cond, layout):
         sig = torch.as_tensor(sigma, dtype=torch.float32).expand(x.shape[0]) + self.offset
         return transformer(x, sig, cond["text"]).float()
@@ -99,14 +93,5 @@ class ToyFamily(base.ModelFamily):
         img = x0.transpose(1, 2).reshape(b, 3, layout.height, layout.width)
         return (img * vae.scale / 2 + 0.5).clamp(0, 1)
 
-    def meta_inputs(self, config, batch, layout, text_tokens, dtype):
-        raise NotImplementedError
 
-    def cond_numel(self, config, text_tokens):
-        return 5
-
-    def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
-        raise NotImplementedError
-
-
-base.register_model_family("toy", ToyFamily)
+registry.register_model_family("toy", ToyFamily)

@@ -110,7 +110,7 @@ def test_a_training_command_lines_flags_are_accepted_and_the_ignored_ones_named(
 def test_tiny_preset_follows_the_model_family():
     """--model tiny with --model_family sd3 is the tiny SD3.5 builder's shape, not FLUX's preset."""
     from fastvideo.errors import ConfigError
-    from fastvideo.models.base import get_model_family
+    from fastvideo.models.registry import get_model_family
     from fastvideo.tools import make_tiny_flux, make_tiny_sd3
     from fastvideo.tools.cost_model import resolve_model
 

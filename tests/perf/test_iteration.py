@@ -80,8 +80,7 @@ def test_cost_model_trained_steps_follow_the_trainer_rule():
 
     for n, frac, last in [(16, 0.6, False), (16, 0.6, True), (25, 0.6, False), (10, 1.0, True), (2, 0.1, False)]:
         g = GRPOSettings(use_group=True, adv_std="sample", train_last_step=last, timestep_fraction=frac,
-                         clip_range=1e-4, adv_clip_max=5.0, loss_coef=1.0, train_micro_batch_size=1,
-                         gradient_accumulation_steps=1)
+                         clip_range=1e-4, adv_clip_max=5.0, loss_coef=1.0)
         argv = ["--sampling_steps", str(n), "--timestep_fraction", str(frac)] + (["--train_last_step"] if last else [])
         assert cost_model.parse_args(argv).trained_steps == g.trained_steps(n)
     assert num_trained_steps(16, 0.6) == 9 and num_trained_steps(16, 0.6, train_last_step=True) == 9  # int(15 * 0.6)

@@ -140,7 +140,7 @@ ADAPTERS, DOUBLE_BLOCK_ADAPTERS = 7 * 4 * (32 + 32), 4 * 4 * (32 + 32)  # 1792, 
 @functools.cache
 def _tiny_profile(lora_rank: int) -> memory.ModelProfile:
     """The tiny preset's profile (the static components below read only its parameter counts)."""
-    from fastvideo.models.base import get_model_family
+    from fastvideo.models.registry import get_model_family
     from fastvideo.tools import cost_model
 
     family = get_model_family("flux")

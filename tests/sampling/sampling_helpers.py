@@ -18,13 +18,13 @@ def flux_cond(embeds, pooled, text_ids) -> TensorConditioning:
 
 
 def flux_rollout(transformer, vae, embeds, pooled, text_ids, captions, group_ids, cfg, randomness, iteration, device,
-                 autocast_dtype=None, decode=True, on_chunk=None, plan=None, keep_latents=True):
-    """rollout() with FLUX's tensors and the former defaults: the family built from cfg's guidance
-    settings, and without a plan DanceGRPO's (every transition SDE)."""
+                 autocast_dtype=None, decode=True, on_chunk=None, plan=None, keep_latents=True, family=None):
+    """rollout() with FLUX's tensors and the former defaults: FLUX with its default forward settings
+    (unless ``family`` is given), and without a plan DanceGRPO's (every transition SDE)."""
     from fastvideo.sampling.plan import full_sde_plan
     from fastvideo.sampling.rollout import rollout
 
-    family = flux.FluxFamily(guidance_scale=cfg.guidance_scale, quantize_timestep=cfg.quantize_timestep)
+    family = family if family is not None else flux.FluxFamily()
     n = cfg.sampling_steps
     plan = plan if plan is not None else full_sde_plan(n, cfg.shift, n, 1)
     return rollout(family, transformer, vae, flux_cond(embeds, pooled, text_ids), captions, group_ids, cfg,

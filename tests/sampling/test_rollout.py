@@ -29,11 +29,11 @@ def _cfg(**kw):
     return RolloutConfig(**base)
 
 
-def _run(models, cfg, prompts=(0, 1), group_ids=(0, 1), seed=1, iteration=0, rs=None, device="cpu"):
+def _run(models, cfg, prompts=(0, 1), group_ids=(0, 1), seed=1, iteration=0, rs=None, device="cpu", family=None):
     transformer, vae, embeds, pooled, text_ids = models
     idx = list(prompts)
     return rollout(transformer, vae, embeds[idx], pooled[idx], text_ids, [PROMPTS[i] for i in idx],
-                   list(group_ids), cfg, rs or RandomSource(seed), iteration, device)
+                   list(group_ids), cfg, rs or RandomSource(seed), iteration, device, family=family)
 
 
 def _rel(a, b):
@@ -65,8 +65,8 @@ def test_eta_zero_matches_diffusers_flux_pipeline(models, tiny_flux_dir):
     pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(
         pipe.scheduler.config, use_dynamic_shifting=False, shift=shift)
     pipe.set_progress_bar_config(disable=True)
-    cfg = _cfg(eta=0.0, sampling_steps=steps, num_generations=2, quantize_timestep=False)
-    traj = _run(models, cfg)
+    cfg = _cfg(eta=0.0, sampling_steps=steps, num_generations=2)
+    traj = _run(models, cfg, family=flux.FluxFamily(quantize_timestep=False))
     theirs = pipe(prompt_embeds=traj.cond["prompt_embeds"], pooled_prompt_embeds=traj.cond["pooled"], height=64, width=64,
                   num_inference_steps=steps, sigmas=np.linspace(1.0, 1.0 / steps, steps),
                   latents=traj.latents[:, 0].clone(), guidance_scale=3.5, output_type="latent",

@@ -97,7 +97,7 @@ def to_old_layout(path) -> None:
     with sizes only (no digests)."""
     from safetensors.torch import save_file
 
-    from fastvideo.training import checkpoint_files as files
+    from fastvideo.training.checkpoint import files
 
     path = Path(path)
     if (path / files.LORA_FILE).is_file():

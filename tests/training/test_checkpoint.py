@@ -200,7 +200,7 @@ def test_interrupted_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
             raise OSError("disk full (simulated)")
         real_write(path, tensors)
 
-    from fastvideo.training import state_io
+    from fastvideo.training.checkpoint import state_io
 
     # Every tensor file goes through one writer, whichever module calls it.
     monkeypatch.setattr(checkpoint, "_write_tensors", fail_on_second_file)

@@ -1,4 +1,4 @@
-"""--checkpoint_format sharded (fastvideo/training/checkpoint_shards.py): 2 FSDP ranks write their
+"""--checkpoint_format sharded (fastvideo/training/checkpoint/shards.py): 2 FSDP ranks write their
 own optimizer / EMA shards and the model file unit by unit; the checkpoint resumes bit-exactly on
 2 ranks and on 1 process (plain parameters), its model file equals the gathered format's and
 loads with diffusers' from_pretrained, and COMPLETE.json's digests cover the shards.
@@ -85,7 +85,7 @@ def test_two_ranks_resume_their_own_sharded_checkpoint_bit_exactly(written):
 
 
 def _plain_load(path, sharded_expected):
-    from fastvideo.training import checkpoint_shards
+    from fastvideo.training.checkpoint import shards as checkpoint_shards
     from fastvideo.training.checkpoint import load_checkpoint
 
     assert checkpoint_shards.is_sharded(path) is sharded_expected

@@ -314,7 +314,7 @@ def test_model_family_and_algorithm_are_stored():
 
 
 def test_run_identity_treats_a_missing_new_key_as_its_default():
-    from fastvideo.training.run_identity import identity_differences, run_identity
+    from fastvideo.training.run.identity import identity_differences, run_identity
 
     now = run_identity(_validate(), 1)
     old = {k: v for k, v in now.items() if k not in ("model_family", "algorithm")}  # a 919d5af checkpoint
@@ -342,7 +342,7 @@ def test_start_up_notes_are_printed_once(tmp_path, capsys):
     """Each note is one [config] line, not repeated inside the printed configuration (rank 0 prints)."""
     import types
 
-    from fastvideo.training.setup import log_config
+    from fastvideo.training.run.start import log_config
 
     cfg = _validate("--output_dir", str(tmp_path), "--lora_rank", "4", "--ema_decay", "0.9")
     log_config(cfg, types.SimpleNamespace(world_size=2), "cpu")

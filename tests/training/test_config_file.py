@@ -111,7 +111,7 @@ ROUND_TRIPS = [
      "--reward_group_norm", "--reward_timeout", "5", "--eval_every", "2", "--eval_prompts", "p.txt",
      "--eval_rewards", "saturation", "--guard_reward", "clip", "--guard_patience", "3"],
     ["--use_lora", "--lora_rank", "4", "--lora_target_modules", "to_q,to_k", "--record_dir", "r",
-     "--probe_layers", "rope,block", "--record_tensors", "--use_cpu_offload", "--model_family", "pkg.m:F"],
+     "--probe_layers", "rope,block", "--record_tensors", "--use_cpu_offload", "--model_family", "sd3"],
 ]
 
 
@@ -128,6 +128,19 @@ def test_the_resolved_form_reads_back_to_the_same_config(tmp_path, extra):
     assert set(again.compat_notes) <= set(cfg.compat_notes)
     assert {**again.to_json(), "compat_notes": None} == {**cfg.to_json(), "compat_notes": None}
     assert again.reward.spec == cfg.reward.spec and again.mix == cfg.mix and again.eval == cfg.eval
+
+
+def test_a_config_json_from_before_the_update_section_reads_back(tmp_path):
+    """Runs written before micro-batching became the update's kept it in "grpo" and had no "update"
+    or "plugins" keys: --config (and so a resume) still reads their values."""
+    cfg = parse_config(BASE + ["--train_micro_batch_size", "3", "--gradient_accumulation_steps", "5"])
+    old = cfg.to_json()
+    old["grpo"].update(old.pop("update"))
+    del old["plugins"]
+    again = parse_config(["--config", str(_write(tmp_path / "config.json", {**old, "derived": {}, "device": "cpu"}))])
+    assert (again.update.train_micro_batch_size, again.update.gradient_accumulation_steps) == (3, 5)
+    assert {**again.to_json(), "compat_notes": None} == {**cfg.to_json(), "compat_notes": None}
+    assert "train_micro_batch_size" not in again.to_json()["grpo"]
 
 
 def test_values_derived_from_another_flag_follow_its_override(tmp_path):

@@ -47,7 +47,7 @@ def _other_line_python() -> tuple[str, str]:
 
 
 def _adam_step(checkpoint) -> float:
-    from fastvideo.training.state_io import load_tree
+    from fastvideo.training.checkpoint.state_io import load_tree
 
     state = load_tree(checkpoint, "optimizer")["state"]
     return float(next(iter(state.values()))["step"])

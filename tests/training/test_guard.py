@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from fastvideo.training.guard import RewardHackingGuard, publish_best
+from fastvideo.training.run.guard import RewardHackingGuard, publish_best
 
 
 def _run(guard, rows):

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from helpers import read_metrics, single_process_trainer, torchrun, train_args
 
 from fastvideo.algorithms.nft_loss import decay_schedule
-from fastvideo.training.checkpoint_files import read_weights
+from fastvideo.training.checkpoint.files import read_weights
 
 NFT = dict(algorithm="nft", save_images_every=0, checkpointing_steps=1, max_train_steps=2, sampling_steps=4,
            timestep_fraction=0.5, nft_beta=0.5)

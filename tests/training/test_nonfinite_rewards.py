@@ -116,7 +116,7 @@ def test_iterations_with_problems_are_counted_and_reset():
 
 def test_reward_metrics_count_the_dropped():
     from fastvideo.algorithms.base import RewardResult
-    from fastvideo.training.setup import reward_metrics
+    from fastvideo.training.metrics import reward_metrics
 
     dims = SimpleNamespace(gather_dp=lambda t: t)
     cfg = SimpleNamespace(rollout=SimpleNamespace(num_generations=2), grpo=SimpleNamespace(use_group=True))

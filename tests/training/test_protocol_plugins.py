@@ -2,13 +2,15 @@
 
 tests/training/toy_plugins.py defines a toy family (its own velocity model, conditioning, VAE and
 text encoder, in a diffusers-layout folder) and a toy objective (advantage-weighted flow matching
-with a running baseline as its own state), using only the public protocols. Here they are named by
-flags as plugins: preprocessing encodes prompts with the toy text encoder, and the trainer runs
-2 iterations on 2 gloo ranks under FSDP, checkpoints, and resumes exactly.
+with a running baseline as its own state), using only the public protocols; each brings its own
+flag and config section. Here they are named by flags as plugins: preprocessing encodes prompts with
+the toy text encoder, and the trainer runs 2 iterations on 2 gloo ranks under FSDP, checkpoints,
+and resumes exactly (the plugins' flags read back from the run's config.json).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -61,7 +63,7 @@ def _argv(inputs, out, steps, **extra):
     model, index = inputs
     flags = dict(model_family=FAMILY, algorithm=OBJECTIVE, h=16, w=16, sampling_steps=4, num_generations=4,
                  rollout_batch_size=4, train_micro_batch_size=2, learning_rate=3e-3, max_train_steps=steps,
-                 checkpointing_steps=1, save_images_every=0)
+                 checkpointing_steps=1, save_images_every=0, toy_baseline_decay=0.25, toy_decode_gain=1.5)
     return train_args(index, model, out, **{**flags, **extra})
 
 
@@ -73,7 +75,8 @@ def test_toy_family_and_objective_train_and_resume_exactly(toy_run_inputs, tmp_p
     straight, split = tmp_path / "straight", tmp_path / "split"
     _train(_argv(toy_run_inputs, straight, 2))
     _train(_argv(toy_run_inputs, split, 1))
-    _train(_argv(toy_run_inputs, split, 2, resume_from_checkpoint="latest"))
+    # The resumed run takes every flag, the plugins' own included, from the first run's config.json.
+    _train(["--config", str(split / "config.json"), "--max_train_steps", "2", "--resume_from_checkpoint", "latest"])
 
     rows, resumed = read_metrics(straight), read_metrics(split)
     assert [r["iteration"] for r in rows] == [1, 2]
@@ -86,7 +89,11 @@ def test_toy_family_and_objective_train_and_resume_exactly(toy_run_inputs, tmp_p
     # The objective's state went into the checkpoint by name and came back on resume.
     saved = json.loads((split / "checkpoint-1" / "extra_state.json").read_text())["tree"]["state"]
     assert saved["objective"]["updates"] == 1
-    assert saved["objective"]["baseline"] == pytest.approx(rows[0]["reward_mean"] / 2)
+    # --toy_baseline_decay 0.25 reached the objective: baseline = 0.25 * 0 + 0.75 * the first mean reward
+    assert saved["objective"]["baseline"] == pytest.approx(0.75 * rows[0]["reward_mean"])
+    config = json.loads((split / "config.json").read_text())
+    assert config["plugins"] == {"toy": {"baseline_decay": 0.25}, "toy_family": {"decode_gain": 1.5}}
+    assert config["derived"]["trained_steps_per_sample"] == 1  # the toy objective's, not GRPO's
     assert saved["trainer"]["iteration"] == 1 and saved["sampler"]["position"] == 1
     final_straight = load_file(str(straight / "checkpoint-2" / "diffusion_pytorch_model.safetensors"))
     final_split = load_file(str(split / "checkpoint-2" / "diffusion_pytorch_model.safetensors"))
@@ -96,6 +103,30 @@ def test_toy_family_and_objective_train_and_resume_exactly(toy_run_inputs, tmp_p
     assert any(not torch.equal(final_straight[k], base[k]) for k in base)  # it trained
     config = json.loads((straight / "checkpoint-2" / "config.json").read_text())
     assert config["_class_name"] == "ToyTransformer"
+
+
+def test_the_plugins_read_only_their_own_settings(tmp_path):
+    """Their flags are parsed, checked, written to config.json and read back through --config; their
+    code reads nothing of another component's settings (no TrainConfig, no GRPO section)."""
+    sys.path.insert(0, str(HERE))
+    import toy_plugins
+    from fastvideo.config import parse_config
+    from fastvideo.training.builders import build_family
+
+    argv = ["--data_json_path", "d.json", "--pretrained_model_name_or_path", "m", "--rewards", "compressibility:1",
+            "--use_group", "--algorithm", OBJECTIVE, "--model_family", FAMILY, "--toy_baseline_decay", "0.1",
+            "--toy_decode_gain", "3"]
+    cfg = parse_config(argv)
+    assert cfg.plugins == {"toy": toy_plugins.ToySettings(0.1), "toy_family": toy_plugins.ToyFamilySettings(3.0)}
+    assert cfg.objective_settings() is cfg.plugins["toy"]
+    assert build_family(cfg).decode_gain == 3.0
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg.to_json(), "derived": cfg.derived(1), "device": "cpu"}))
+    assert parse_config(["--config", str(path)]).to_dict() == cfg.to_dict()
+    with pytest.raises(SystemExit):  # a plugin's flag is refused without its plugin
+        parse_config(argv[:7] + ["--toy_decode_gain", "3"])
+    source = inspect.getsource(toy_plugins)
+    assert "cfg" not in source and "grpo" not in source.lower().replace("fastvideo", "")
 
 
 def test_plugin_names_that_do_not_resolve_fail_with_the_valid_names(toy_run_inputs, tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from helpers import read_metrics, train_args
 
-from fastvideo.training.resume_changes import apply_learning_rate, cadence_changes
+from fastvideo.training.run.resume_changes import apply_learning_rate, cadence_changes
 
 
 def _schedule(lr: float, kind: str = "linear"):

@@ -78,7 +78,9 @@ def _scorer(tiny_flux_dir, reward):
                         rollout_batch_size=2, init_same_noise=False)
     vae = flux.load_vae(tiny_flux_dir)
     timer = PhaseTimer(torch.device("cpu"))
-    return ChunkScorer(MultiReward([("slow", 1.0, reward)]), vae, cfg, torch.device("cpu"), None, timer), timer
+    scorer = ChunkScorer(MultiReward([("slow", 1.0, reward)]), vae, cfg, torch.device("cpu"), None, timer,
+                         flux.FluxFamily())
+    return scorer, timer
 
 
 def test_scoring_runs_behind_the_next_chunk(tiny_flux_dir):

@@ -14,7 +14,7 @@ import pytest
 from pathlib import Path
 
 from fastvideo.errors import ConfigError
-from fastvideo.training import run_dir
+from fastvideo.training.run import output_dir as run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,7 +104,7 @@ def test_die_with_parent_kills_an_orphan(tmp_path):
     if not sys.platform.startswith("linux"):
         pytest.skip("prctl is Linux only")
     pid_file = tmp_path / "pid"
-    worker = (f"import time; from fastvideo.training.run_control import die_with_parent; "
+    worker = (f"import time; from fastvideo.training.run.control import die_with_parent; "
               f"assert die_with_parent(); open({str(pid_file)!r}, 'w').write(str(__import__('os').getpid())); "
               "time.sleep(60)")
     # A bare environment: the session's PYTHONPATH carries an HCCL-rules sitecustomize that imports torch.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from fastvideo.config import build_parser, validate_args
-from fastvideo.training.run_identity import FLAGS, identity_differences, run_identity
+from fastvideo.training.run.identity import FLAGS, identity_differences, run_identity
 
 
 def _cfg(*flags):

@@ -204,12 +204,12 @@ def test_a_failing_rank_brings_the_job_down_with_its_reason(tiny_flux_dir, tiny_
         "import os\n"
         "if os.environ.get('RANK') == '1':\n"
         "    import fastvideo.training.trainer as t\n"
-        "    real = t.GRPOTrainer.run_iteration\n"
+        "    real = t.Trainer.run_iteration\n"
         "    def failing(self):\n"
         "        if self.iteration == 1:\n"
         "            raise RuntimeError('injected failure on rank 1')\n"
         "        return real(self)\n"
-        "    t.GRPOTrainer.run_iteration = failing\n"
+        "    t.Trainer.run_iteration = failing\n"
     )
     env = dict(os.environ, FASTVIDEO_DEVICE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                PYTHONPATH=python_path(inject, ROOT))

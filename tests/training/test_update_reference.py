@@ -41,9 +41,9 @@ def _record_iteration(info, argv):
     """One trainer iteration in this rank, returning what went into and came out of the update."""
     from fastvideo.config import parse_config
     from fastvideo.distributed import fsdp
-    from fastvideo.training.trainer import GRPOTrainer
+    from fastvideo.training.trainer import Trainer
 
-    trainer = GRPOTrainer(parse_config(argv), info)
+    trainer = Trainer(parse_config(argv), info)
     trainer.setup()
     rec = {}
     real_update, real_adv = trainer.update, trainer.compute_advantages
@@ -202,7 +202,7 @@ def _first_micro_batch_ratios(info, argv):
         return out
 
     objective_mod.clipped_policy_loss = loss
-    trainer = trainer_mod.GRPOTrainer(parse_config(argv), info)
+    trainer = trainer_mod.Trainer(parse_config(argv), info)
     trainer.setup()
     real_step = trainer.optimizer.step
     trainer.optimizer.step = lambda *a, **k: (steps.append(1), real_step(*a, **k))[1]

@@ -38,7 +38,7 @@ def test_documented_launcher_values_are_the_launchers():
 def test_init_same_noise_is_rank_scoped_by_default():
     cfg = _cfg("--init_same_noise", "--train_batch_size", "2", "--use_group", "--num_generations", "4")
     assert cfg.prompts_per_rank == 2 and cfg.rollout.same_noise_scope == "rank"
-    from fastvideo.training.setup import rollout_config
+    from fastvideo.training.parts import rollout_config
 
     assert rollout_config(cfg).same_noise_scope == "rank"
     assert _cfg("--init_same_noise", "--same_noise_scope", "prompt").rollout.same_noise_scope == "prompt"

@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 
 from helpers import single_process_trainer, train_args
+from fastvideo.models.flux.family import FluxFamily
+
+FLUX = FluxFamily()  # the family of these tests' records (FLUX's)
 
 
 def test_vae_dtype_for_each_choice():
@@ -33,7 +36,7 @@ def test_bf16_vae_decodes_close_to_fp32_in_the_trainer(tiny_flux_dir, tiny_embed
     assert next(vaes["fp32"].parameters()).dtype == torch.float32
     assert next(vaes["bf16"].parameters()).dtype == torch.bfloat16
     x0 = torch.randn(4, 4, 64, generator=torch.Generator().manual_seed(1))
-    images = {p: decode_images(v, x0, trainer.rollout_cfg, "cpu") for p, v in vaes.items()}
+    images = {p: decode_images(v, x0, trainer.rollout_cfg, "cpu", family=FLUX) for p, v in vaes.items()}
     assert images["bf16"].dtype == torch.float32
     diff = (images["bf16"] - images["fp32"]).abs().max().item()
     assert 0 < diff < 0.05, diff

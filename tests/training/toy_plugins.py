@@ -9,11 +9,18 @@ a new algorithm need no edit there (tests/training/test_protocol_plugins.py).
   map of the prompt's character histogram; its "VAE" maps each 2x2-patch token to pixels.
 - ToyObjective: advantage-weighted flow matching on the rollouts' clean samples, with a running
   reward baseline as its own state (so an exact resume needs the objective's state_dict).
+
+Each brings its own flags and section (fastvideo.settings): --toy_baseline_decay (ToySettings,
+config.json's plugins.toy) and --toy_decode_gain (ToyFamilySettings, plugins.toy_family). Neither
+reads another component's settings: the objective sees its own section and the update's micro-batch
+size through its context, the family its section as ``settings``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +30,7 @@ from torch import nn
 
 from fastvideo.algorithms.base import Objective, RewardResult, Term
 from fastvideo.models.base import LatentLayout, ModelFamily, StoredTensor, TensorConditioning
+from fastvideo.settings import ObjectiveSettings, Settings, check_number, flag_group
 
 PATCH = 2
 
@@ -70,6 +78,49 @@ class ToyTextEncoder(ModelMixin, ConfigMixin):
         self.proj = nn.Linear(bins, text_dim)
 
 
+@dataclass
+class ToySettings(ObjectiveSettings):
+    baseline_decay: float = 0.5
+
+    section = "toy"
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        flag_group(parser, "toy objective").add_argument(
+            "--toy_baseline_decay", type=float, default=0.5, help="weight of the old reward baseline per update")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ToySettings":
+        return cls(baseline_decay=args.toy_baseline_decay).checked()
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        return {"toy_baseline_decay": section["baseline_decay"]}
+
+    def check(self) -> None:
+        check_number("toy_baseline_decay", self.baseline_decay, at_least=0.0)
+
+
+@dataclass
+class ToyFamilySettings(Settings):
+    decode_gain: float = 1.0
+
+    section = "toy_family"
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        flag_group(parser, "toy family").add_argument(
+            "--toy_decode_gain", type=float, default=1.0, help="the toy VAE's logits are multiplied by this")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ToyFamilySettings":
+        return cls(decode_gain=args.toy_decode_gain).checked()
+
+    @classmethod
+    def flags_from_resolved(cls, section: dict) -> dict:
+        return {"toy_decode_gain": section["decode_gain"]}
+
+
 def write_toy_model(root: Path, seed: int = 0) -> Path:
     """A random-weight toy model folder in the diffusers layout."""
     torch.manual_seed(seed)
@@ -90,9 +141,12 @@ class ToyFamily(ModelFamily):
     text_components = ("text_encoder",)
     text_encoder_components = ("text_encoder",)
     training_components = ("transformer", "vae")
+    settings = ToyFamilySettings
 
-    def __init__(self, guidance_scale: float = 0.0, quantize_timestep: bool = True, **ignored):
+    def __init__(self, guidance_scale: float = 0.0, quantize_timestep: bool = True,
+                 settings: ToyFamilySettings | None = None, **ignored):
         self.quantize_timestep = quantize_timestep
+        self.decode_gain = (settings or ToyFamilySettings()).decode_gain
 
     # -- loading
     def check_folder(self, path, components=None):
@@ -126,9 +180,6 @@ class ToyFamily(ModelFamily):
     def block_classes(self):
         return (ToyBlock,)
 
-    def blocks(self, transformer):
-        return list(getattr(transformer, "module", transformer).blocks)
-
     # -- conditioning and storage
     @torch.no_grad()
     def encode_prompts(self, encoders, prompts, max_sequence_length=0):
@@ -159,11 +210,6 @@ class ToyFamily(ModelFamily):
         return LatentLayout(height, width, tokens=((height // PATCH) * (width // PATCH), channels),
                             latent_hw=(height // PATCH, width // PATCH))
 
-    def nominal_layout(self, height, width, transformer_config):
-        return LatentLayout(height, width, tokens=((height // PATCH) * (width // PATCH),
-                                                   transformer_config["in_channels"]),
-                            latent_hw=(height // PATCH, width // PATCH))
-
     def velocity(self, transformer, x, sigma, cond, layout):
         sig = torch.as_tensor(sigma, dtype=torch.float32, device=x.device)
         sig = sig.expand(x.shape[0]) if sig.ndim == 0 else sig.reshape(x.shape[0])
@@ -174,17 +220,8 @@ class ToyFamily(ModelFamily):
         b, (h, w) = x0.shape[0], layout.latent_hw
         pixels = vae.to_pixels(x0.to(vae.dtype)).float()  # [B, L, 3 * P * P]
         img = pixels.view(b, h, w, 3, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5).reshape(b, 3, h * PATCH, w * PATCH)
-        return torch.sigmoid(img)
-
-    # -- cost model (not modelled for the toy)
-    def meta_inputs(self, config, batch, layout, text_tokens, dtype):
-        raise NotImplementedError("the toy family has no memory model")
-
-    def cond_numel(self, config, text_tokens):
-        return config["text_dim"]
-
-    def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
-        raise NotImplementedError("the toy family has no FLOP model")
+        return torch.sigmoid(self.decode_gain * img)
+    # no cost-model role (models.base.FamilyCostModel): it trains; the FLOP and memory estimates refuse it
 
 
 class ToyObjective(Objective):
@@ -193,19 +230,21 @@ class ToyObjective(Objective):
     baseline is a running mean of the data-parallel group's rewards: the objective's own state."""
 
     name = "toy"
+    settings = ToySettings
     needs_log_probs = False
 
     def __init__(self, context):
         self.dims = context.dims
         self.device = context.device
-        self.micro = context.cfg.grpo.train_micro_batch_size
+        self.micro = context.update.train_micro_batch_size
+        self.decay = context.settings.baseline_decay
         self.baseline = 0.0
         self.updates = 0
 
     def advantages(self, rewards: RewardResult) -> torch.Tensor:
         everything = self.dims.gather_dp(rewards.total.to(self.device)).cpu()
         adv = rewards.total - self.baseline
-        self.baseline = 0.5 * self.baseline + 0.5 * float(everything.mean())
+        self.baseline = self.decay * self.baseline + (1 - self.decay) * float(everything.mean())
         return adv
 
     def plan_update(self, traj, iteration: int):

@@ -1,4 +1,5 @@
-"""FLUX.1: the building blocks (components) and the ModelFamily (family), registered as "flux"."""
+"""FLUX.1: the building blocks (components) and the ModelFamily (family); fastvideo.models.registry
+registers it as "flux"."""
 
 from fastvideo.models.flux.components import (  # noqa: F401
     FLUX_DOWNLOAD_HINT,

@@ -63,7 +63,7 @@ def check_expected(dims: tuple[int, int, int], expected: ExpectedDims) -> None:
         )
 
 
-class FluxFamily(base.ModelFamily):
+class FluxFamily(base.ModelFamily, base.FamilyCostModel):
     """FLUX.1 (dev). guidance_scale: FLUX.1-dev's guidance embedding (no classifier-free guidance);
     quantize_timestep: pass the transformer floor(1000 sigma) / 1000 (upstream DanceGRPO) instead
     of sigma (diffusers' FluxPipeline)."""
@@ -255,6 +255,3 @@ class FluxFamily(base.ModelFamily):
         from dataclasses import asdict
 
         return {**{k: v for k, v in asdict(F.FLUX_DEV).items() if k != "mlp_ratio"}, "axes_dims_rope": [16, 56, 56]}
-
-
-base.register_model_family("flux", FluxFamily)

@@ -28,7 +28,7 @@ from fastvideo.models.base import EmbeddingShapeError, LatentLayout, StoredTenso
 MODEL_HINT = "the embeddings were made with another text encoder — re-run preprocessing with --model_path pointing at this model"
 
 
-class SD3Family(base.ModelFamily):
+class SD3Family(base.ModelFamily, base.FamilyCostModel):
     """SD3 / SD3.5. guidance_scale: classifier-free guidance scale (> 1: on); quantize_timestep:
     pass floor(1000 sigma) instead of 1000 sigma (StableDiffusion3Pipeline / Flow-GRPO)."""
 
@@ -214,6 +214,3 @@ class SD3Family(base.ModelFamily):
         cfg = asdict(F.SD35_MEDIUM)
         return {**cfg, "dual_attention_layers": list(cfg["dual_attention_layers"]), "sample_size": 128,
                 "pos_embed_max_size": 384, "qk_norm": "rms_norm"}
-
-
-base.register_model_family("sd3", SD3Family)

@@ -67,8 +67,8 @@ from torch import nn
 from fastvideo import devices
 from fastvideo.library_lines import installed_version, library_line
 from fastvideo.distributed import fsdp
-from fastvideo.training import checkpoint_shards as shards
-from fastvideo.training.state_io import (  # noqa: F401  (re-exported: part of this module's API)
+from fastvideo.training.checkpoint import shards
+from fastvideo.training.checkpoint.state_io import (  # noqa: F401  (re-exported: part of this module's API)
     FORMAT_VERSION,
     CheckpointError,
     _fsync_path,
@@ -81,7 +81,7 @@ from fastvideo.training.state_io import (  # noqa: F401  (re-exported: part of t
     load_tree,
     save_tree,
 )
-from fastvideo.training.checkpoint_files import (  # noqa: F401  (re-exported: part of this module's API)
+from fastvideo.training.checkpoint.files import (  # noqa: F401  (re-exported: part of this module's API)
     _SCRATCH_RE,
     CONFIG_FILE,
     DIGEST,

@@ -35,7 +35,7 @@ from torch import nn
 
 from fastvideo import devices
 from fastvideo.distributed import fsdp
-from fastvideo.training.state_io import CheckpointError, _read_json, _write_json, _write_tensors
+from fastvideo.training.checkpoint.state_io import CheckpointError, _read_json, _write_json, _write_tensors
 
 INDEX = "shards.json"
 SHARD_DIR = "shards"

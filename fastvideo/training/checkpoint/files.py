@@ -12,7 +12,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fastvideo.training.state_io import CheckpointError, _read_json, _read_tensors
+from fastvideo.training.checkpoint.state_io import CheckpointError, _read_json, _read_tensors
 
 PREFIX = "checkpoint-"
 MARKER = "COMPLETE.json"
@@ -261,12 +261,12 @@ def recorded_family(folder: str | os.PathLike) -> str | None:
     OUTPUT_DIR/config.json beside it names it (model.family; runs from before the key: the default
     family), else the transformer config's _class_name does (through the registry); None when
     neither says."""
-    from fastvideo.models.base import DEFAULT_FAMILY, family_for_class_name
+    from fastvideo.models.registry import UNRECORDED_RUN_FAMILY, family_for_class_name
 
     folder = Path(folder)
     run = _json_or_none(folder.parent / "config.json")
     if isinstance(run, dict) and isinstance(run.get("model"), dict) and "rollout" in run:
-        return run["model"].get("family", DEFAULT_FAMILY)
+        return run["model"].get("family", UNRECORDED_RUN_FAMILY)
     for name in (CONFIG_FILE, LEGACY_NAMES[CONFIG_FILE]):
         config = _json_or_none(folder / name)
         if isinstance(config, dict) and isinstance(config.get("_class_name"), str):

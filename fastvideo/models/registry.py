@@ -1,0 +1,107 @@
+"""The model-family registry: ``--model_family NAME`` or a plugin ``--model_family pkg.module:Name``.
+
+The built-in families (flux, sd3) are registered here, imported when first asked for; a family
+module never imports this one, so the registry and its implementations form no import circle.
+A plugin module is imported first (it may call ``register_model_family`` on import) and ``Name``
+is a registered name or a ModelFamily factory in it. A name is registered once: registering
+another factory under a taken name is refused (the same factory again is a no-op).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from fastvideo.errors import UserError
+from fastvideo.models.base import ModelFamily
+
+# The --model_family flags' default.
+DEFAULT_FAMILY = "flux"
+# The family of runs whose OUTPUT_DIR/config.json predates its model.family key (they trained FLUX).
+UNRECORDED_RUN_FAMILY = "flux"
+
+FamilyFactory = Callable[..., ModelFamily]
+_REGISTRY: dict[str, FamilyFactory] = {}
+
+
+class UnknownModelFamilyError(UserError, ValueError):
+    """--model_family names no registered family and no importable plugin."""
+
+
+def register_model_family(name: str, factory: FamilyFactory) -> None:
+    """Make ``get_model_family(name, **settings)`` call ``factory(**settings)``. ValueError when
+    ``name`` is taken by another factory."""
+    _builtin()
+    taken = _REGISTRY.get(name)
+    if taken is not None and taken is not factory:
+        raise ValueError(f"model family {name!r} is already registered (as {_label(taken)}); "
+                         f"pick another name for {_label(factory)}")
+    _REGISTRY[name] = factory
+
+
+def _label(factory) -> str:
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
+
+
+def _builtin() -> None:
+    if "flux" in _REGISTRY:
+        return
+    from fastvideo.models.flux.family import FluxFamily
+    from fastvideo.models.sd3.family import SD3Family
+
+    _REGISTRY.setdefault("flux", FluxFamily)
+    _REGISTRY.setdefault("sd3", SD3Family)
+
+
+def model_family_names() -> list[str]:
+    _builtin()
+    return sorted(_REGISTRY)
+
+
+def _plugin(name_or_path: str) -> FamilyFactory:
+    module_name, _, attr = name_or_path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownModelFamilyError(
+            f"model family plugin {name_or_path!r}: cannot import {module_name!r} ({exc}); "
+            f"built-in families: {', '.join(model_family_names())}"
+        ) from None
+    factory = _REGISTRY.get(attr) or getattr(module, attr, None)
+    if factory is None:
+        raise UnknownModelFamilyError(f"model family plugin {name_or_path!r}: {module_name} has no {attr!r}")
+    return factory
+
+
+def family_factory(name_or_path: str) -> FamilyFactory:
+    """The factory of a registered family or of a "pkg.module:Name" plugin (imported first)."""
+    _builtin()
+    if ":" in name_or_path:
+        return _plugin(name_or_path)
+    if name_or_path not in _REGISTRY:
+        raise UnknownModelFamilyError(
+            f"unknown model family {name_or_path!r}; valid: {', '.join(model_family_names())} "
+            "(or a plugin as pkg.module:Name)"
+        )
+    return _REGISTRY[name_or_path]
+
+
+def get_model_family(name_or_path: str, **settings) -> ModelFamily:
+    """A registered family by name, or "pkg.module:Name", built with ``settings``."""
+    return family_factory(name_or_path)(**settings)
+
+
+def family_for_class_name(class_name: str) -> str | None:
+    """The registered family whose transformer class an exported config names (config.json's
+    _class_name, e.g. a checkpoint's config.json); None when no family, or more than
+    one, claims it (the class name alone cannot tell those apart)."""
+    _builtin()
+    claimants = []
+    for name, factory in sorted(_REGISTRY.items()):
+        # A family class says it without being built; other factories are built with no settings.
+        claimed = getattr(factory, "export_class_name", None)
+        if claimed is None:
+            claimed = factory().export_class_name
+        if claimed == class_name:
+            claimants.append(name)
+    return claimants[0] if len(claimants) == 1 else None

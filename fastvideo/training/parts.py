@@ -1,0 +1,98 @@
+"""A training run's parts, built in the order the loop relies on: the start-up checks that cost
+nothing first (the objective's world rules, the output folder, the resume identity), then data,
+models, rewards, optimiser and randomness. ``build_parts`` returns them as one typed RunParts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastvideo import devices
+from fastvideo.sampling.rollout import RolloutConfig
+from fastvideo.training import builders
+from fastvideo.training.run import start
+from fastvideo.utils import main_print
+
+
+@dataclass
+class RunParts:
+    """Everything the loop needs besides its own state. kl_reference, data_randomness, scorer and
+    ema are None when the run has none."""
+
+    resume_path: Path | None  # the checkpoint to resume from (None: a fresh run)
+    dataset: Any  # data.dataset.PromptEmbeddingDataset
+    transformer_config: dict  # the transformer's diffusers config (JSON-safe, with _class_name)
+    model: torch.nn.Module  # the trainable transformer, wrapped (FSDP / DDP) and maybe compiled
+    vae: torch.nn.Module  # frozen, in the decode dtype
+    kl_reference: Any  # training.kl_reference's frozen reference policy
+    data_randomness: Any  # the prompt order's sampling.randomness.RandomSource under --dump/--load_randomness
+    sampler: Any  # data.sampler.GroupDistributedSampler
+    reward: Any  # rewards.combine.MultiReward
+    scorer: Any  # training.reward_pipeline.ChunkScorer when decode + reward overlap the rollout
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Any
+    ema: Any  # training.ema.EMA
+    randomness: Any  # sampling.randomness.RandomSource of the rollout and the update
+
+
+def rollout_config(cfg) -> RolloutConfig:
+    r = cfg.rollout
+    return RolloutConfig(
+        height=r.height, width=r.width, sampling_steps=r.sampling_steps, eta=r.eta, shift=r.shift,
+        num_generations=r.num_generations, rollout_batch_size=r.rollout_batch_size,
+        init_same_noise=r.init_same_noise, share_ode_prefix=r.share_ode_prefix, same_noise_scope=r.same_noise_scope,
+    )
+
+
+def _check_data(cfg, info, family):
+    """The dataset, every embedding file present and well-shaped and no held-out prompt among its
+    prompts, before any model loads."""
+    dataset = builders.build_dataset(cfg, family)
+    _scan_data(dataset, info)
+    if cfg.eval is not None:
+        from fastvideo.data.prompts import check_no_overlap, eval_captions
+
+        check_no_overlap(eval_captions(cfg.eval.prompts), dataset.captions)
+    return dataset
+
+
+def build_parts(cfg, info: devices.DistInfo, dims, family, timer, autocast_dtype) -> RunParts:
+    """The run's parts for this rank. ``family``: its models.base.ModelFamily; ``timer``: the loop's
+    metrics.PhaseTimer (the overlapped scorer times its chunks on it)."""
+    device = info.device
+    start.check_world(cfg, dims)
+    start.prepare_output_dir(cfg, info, device)
+    resume_path = start.check_resume(cfg, info.world_size)  # before any model loads: a refused resume costs nothing
+    devices.set_fast_matmul(device, cfg.model.allow_tf32)
+    devices.seed_everything(cfg.optim.seed)
+    builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
+    dataset = _check_data(cfg, info, family)
+    transformer_config, model, vae = builders.build_models(cfg, device, family)
+    dataset.check_against_transformer(transformer_config)
+    kl_reference = builders.build_kl_reference(cfg, model, device, family)
+    data_randomness = None
+    if cfg.output.dump_randomness or cfg.output.load_randomness:
+        data_randomness = builders.build_randomness(cfg, info, kind="data")
+    sampler = builders.build_sampler(cfg, len(dataset), dims, data_randomness)
+    reward = builders.build_rewards(cfg, device, dims.dp_rank)
+    scorer = None
+    if builders.overlap_reward_scoring(cfg.reward.overlap, device, builders.reward_device_for(cfg, device)):
+        from fastvideo.training.reward_pipeline import ChunkScorer
+
+        scorer = ChunkScorer(reward, vae, rollout_config(cfg), device, autocast_dtype, timer, family)
+    optimizer, lr_scheduler = builders.build_optimizer(cfg, model, dims)
+    return RunParts(resume_path=resume_path, dataset=dataset, transformer_config=transformer_config, model=model,
+                    vae=vae, kl_reference=kl_reference, data_randomness=data_randomness, sampler=sampler,
+                    reward=reward, scorer=scorer, optimizer=optimizer, lr_scheduler=lr_scheduler,
+                    ema=builders.build_ema(cfg, model), randomness=builders.build_randomness(cfg, info))
+
+
+def _scan_data(dataset, info) -> None:
+    from fastvideo.data.scan import scan_embeddings
+
+    scan = scan_embeddings(dataset, info.rank, info.world_size)  # each rank a share
+    main_print(f"[data] {len(dataset)} prompts: rank 0 checked {scan.files} embedding files, present and shaped "
+               f"{scan.dims} ({scan.seconds:.2f} s)")
