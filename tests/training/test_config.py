@@ -88,7 +88,9 @@ def test_launcher_dry_run_is_accepted_by_the_parser(script):
     out = subprocess.run(["bash", str(ROOT / script)], capture_output=True, text=True, env=env, cwd=ROOT,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == "device: cpu; cann: none"
+    from fastvideo.library_lines import line_summary
+
+    assert out.stdout.splitlines()[0] == f"device: cpu; cann: none; line: {line_summary()}"
     line = [ln for ln in out.stdout.splitlines() if "train_grpo_flux.py" in ln][-1]
     words = shlex.split(line)
     argv = words[words.index(next(w for w in words if w.endswith("train_grpo_flux.py"))) + 1:]
