@@ -179,6 +179,9 @@ REWARD_SERVER = [
     _raw("reward_server", "device", "--rewards", "detail", "--device", "tpu"),
     _raw("reward_server", "no_hps", "--rewards", "hpsv2", "--hps_ckpt_dir", "{root}/no_hps"),
     _raw("reward_server", "read_timeout_s", "--rewards", "detail", "--read_timeout_s", "nan"),
+    _raw("reward_server", "max_request_pixels", "--rewards", "detail", "--max_request_pixels", "0"),
+    _raw("reward_server", "would wait forever", "--rewards", "detail", "--max_server_pixels", "100"),
+    _raw("reward_server", "could never be read", "--rewards", "detail", "--max_buffered_mb", "1"),
 ]
 
 COST_MODEL = [
