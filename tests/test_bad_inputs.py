@@ -94,6 +94,7 @@ TRAIN = [
     _t("training prompts", eval_every=1, eval_prompts="{train_prompts}", eval_rewards="detail"),
     _t("config", config="{root}/nope.yaml"),
     _t("config.json and weights disagree", pretrained_model_name_or_path="{mixed_model}", fsdp_sharding_strategy="none"),
+    _t("does not answer", rewards="remote:http://127.0.0.1:9/x:1"),  # nothing listens on port 9
     pytest.param(*_t("not writable", output_dir="{read_only}/out"),
                  marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")),
 ]

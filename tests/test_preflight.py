@@ -5,6 +5,7 @@ torchrun traceback)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,27 @@ def test_files_and_rules_are_checked_together(tiny_flux_dir, tiny_embeddings, tm
     [problem] = preflight.check_training(ok, nproc_per_node=2)
     assert "already holds" in problem
     assert preflight.check_training([*ok, "--overwrite"], nproc_per_node=2) == []
+
+
+# The launcher's pre-flight, table-driven: flags over the tiny run's -> a pattern for each of its
+# problem lines, in order (one line each, then the summary; exit 2; no traceback).
+PREFLIGHT = {
+    "reward-server-not-answering": ({"rewards": "remote:http://127.0.0.1:9/x:1"}, [r"127\.0\.0\.1:9 .*does not answer"]),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFLIGHT))
+def test_the_preflight_reports_each_problem_as_one_line(case, tiny_flux_dir, tiny_embeddings, tmp_path, capsys):
+    flags, needles = PREFLIGHT[case]
+    flags = {k: (v.format(root=tmp_path) if isinstance(v, str) else v) for k, v in flags.items()}
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out", **flags)
+    assert preflight.main(["--nproc_per_node", "2", "fastvideo/train_grpo_flux.py", *argv]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == len(needles) + 1, err
+    for line, pattern in zip(lines, needles):
+        assert line.startswith("train_grpo_flux: error: ") and re.search(pattern, line), (pattern, line)
+    assert f"{len(needles)} problem" in lines[-1]
 
 
 def test_world_size_against_the_devices():
