@@ -134,10 +134,11 @@ def run(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    from fastvideo.training.run_control import CONTROL_ENV, LAUNCH_ENV
+    from fastvideo.training.run_control import CONTROL_ENV, LAUNCH_ENV, LAUNCHER_PID_ENV
 
     control = Path(tempfile.mkdtemp(prefix="fastvideo-launch-"))
     os.environ[CONTROL_ENV] = str(control)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # torchrun's agent runs here: the workers' parent
     os.environ[LAUNCH_ENV] = shlex.join(head)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_S)
     set_host_threads(args)
@@ -153,9 +154,27 @@ def run(argv: list[str]) -> int:
         return report_children(exc.failures, control)
     except SignalException as exc:
         return 130 if exc.sigval == signal.SIGINT else 0
+    except Exception as exc:  # noqa: BLE001 - the rendezvous' own failures: one line when the user can fix it
+        line = rendezvous_error(exc, args)
+        if line is None:
+            raise
+        sys.stderr.write(f"{PROG}: error: {line}\n")
+        sys.stderr.flush()
+        return 2
     finally:
         shutil.rmtree(control, ignore_errors=True)
     return 0
+
+
+def rendezvous_error(exc: BaseException, args) -> str | None:
+    """One line for a rendezvous failure the user can fix (the port is taken), else None."""
+    text = str(exc)
+    if "EADDRINUSE" not in text and "address already in use" not in text.lower():
+        return None
+    port = args.master_port if not args.rdzv_endpoint else args.rdzv_endpoint.rpartition(":")[2]
+    return (f"port {port} on this node is in use (another run, or a process it left, listens there): give the "
+            f"launch another --master_port (the launchers' MASTER_PORT=...), or find the process with "
+            f"`ss -ltnp 'sport = :{port}'`; no worker was started")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,11 @@ import os
 import sys
 import warnings
 
+# The parent pid as this process started, before any import that takes time: a torchrun worker
+# checks its parent-death guard against it (run_control.die_with_parent), so that a launcher
+# killed while the worker was still starting leaves no orphan.
+_PARENT_AT_START = os.getppid()
+
 # torch's FSDP1 optimizer-state gather warns about gloo/CPU process groups at every checkpoint;
 # the warnings are about a deprecated internal helper and say nothing the user can act on.
 warnings.filterwarnings("ignore", message=".*_get_pg_default_device.*")
@@ -109,10 +114,14 @@ def _stopped(trainer, info, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     # Parse before importing torch (devices): --help, --print_config and flag errors come back fast.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun worker: die with the launcher, armed first
+        from fastvideo.training import run_control
+
+        run_control.die_with_parent(parent=run_control.launcher_pid(_PARENT_AT_START))
     from fastvideo.config import parse_config
     from fastvideo.errors import UserError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_config(argv, usage=False)
     except UserError as exc:  # every rank parses the same flags: one line, from rank 0
@@ -120,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     from fastvideo import devices
     from fastvideo.training import run_control, run_dir
 
-    if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun worker: die with the launcher
-        run_control.die_with_parent()
     info = devices.init_distributed()
     stop = run_control.StopRequest().install()
     code = 0

@@ -116,6 +116,26 @@ def test_a_user_error_inside_the_ranks_is_one_line(tiny_flux_dir, tmp_path):
     assert "ChildFailedError" not in proc.stderr and "usage:" not in proc.stderr
 
 
+def test_a_busy_port_is_one_line(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """Issue #39 item 9: a --master_port something else listens on is one line naming the port
+    (exit 2), not the rendezvous' DistNetworkError traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out")
+        cmd = [sys.executable, "-m", "fastvideo.launch", "--nnodes=1", "--nproc_per_node=2", f"--master_port={port}",
+               "fastvideo/train_grpo_flux.py", *argv]
+        proc = subprocess.run(cmd, env=_launch_env(HF_HUB_OFFLINE="1"), cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 2 and lines[0].startswith("+ torchrun"), lines
+    assert lines[1].startswith("train_grpo_flux: error: port ") and f"{port} on this node is in use" in lines[1]
+
+
 @pytest.mark.parametrize("device", ["npu", "cuda"])
 def test_dry_run_previews_a_device_this_machine_lacks(device):
     env = {**_launch_env(FASTVIDEO_DEVICE=device, DRY_RUN="1"), "ASCEND_ROOT": "/nonexistent"}
