@@ -309,6 +309,20 @@ def peak_memory_bytes(device: torch.device | str) -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
+def total_memory_bytes(dev_type: str) -> int | None:
+    """One device's memory (the first visible accelerator of ``dev_type``), or for the CPU the
+    host's RAM (all ranks of a node share it); None when it cannot be read."""
+    if dev_type == CPU:
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # not POSIX
+            return None
+    module = _device_module(dev_type)
+    if module is None or not module.is_available() or module.device_count() < 1:
+        return None
+    return int(module.get_device_properties(0).total_memory)
+
+
 def empty_cache(device: torch.device | str) -> None:
     dev_type = torch.device(device).type
     if dev_type in (NPU, CUDA):

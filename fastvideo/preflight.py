@@ -180,6 +180,43 @@ def world_problems(nproc_per_node: int, nnodes: int, device: str) -> list[str]:
     return []
 
 
+def memory_problems(cfg, nproc_per_node: int, device: str) -> list[str]:
+    """A run the memory model (perf/memory.py) says cannot fit: what every rank holds through its
+    rollout whatever the transformer (trajectory, decoded images, reward weights; a lower bound of
+    the peak) against one device's memory, or on the CPU against the host's RAM shared by the
+    node's ranks. Nothing is said when the model's config cannot be read (file_problems says why)."""
+    import json
+
+    from fastvideo import devices
+    from fastvideo.models.base import get_model_family
+    from fastvideo.perf.memory import GB, MemoryShape, held_in_every_phase
+
+    m = cfg.model
+    folder = Path(m.dit_model_name_or_path) if m.dit_model_name_or_path else Path(m.pretrained_model_name_or_path) / "transformer"
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        family = get_model_family(m.family)
+    except (OSError, ValueError, UserError):
+        return []
+    r, accelerator = cfg.rollout, device != devices.CPU
+    shape = MemoryShape(height=r.height, width=r.width, text_tokens=1, sampling_steps=r.sampling_steps,
+                        samples_per_rank=cfg.prompts_per_rank * r.num_generations, rollout_batch=r.rollout_batch_size,
+                        micro_batch=1, world_size=1, rewards=tuple(s.name for s in cfg.reward.spec if not s.url),
+                        reward_bytes=2 if accelerator else 4, keeps_latents=cfg.algorithm != "nft")
+    total, ranks = devices.total_memory_bytes(device), 1 if accelerator else max(nproc_per_node, 1)
+    if total is None:
+        return []
+    need = held_in_every_phase(config, shape, family, over=total // ranks) * ranks
+    if need <= total:
+        return []
+    where = f"one {device} device's {total / GB:.1f} GB" if accelerator else \
+        f"this host's {total / GB:.1f} GB of RAM ({ranks} rank(s) on the CPU)"
+    return [f"--h {r.height} --w {r.width}: the memory model puts what the rollout holds (the trajectory and decoded "
+            f"images of {shape.samples_per_rank} sample(s) per rank, the reward models) at {need / GB:.1f} GB or more, over "
+            f"{where}: lower --h/--w, --num_generations or the prompts per rank "
+            f"(python -m fastvideo.tools.cost_model --memory estimates the whole peak)"]
+
+
 def check_training(argv: list[str], nproc_per_node: int = 1, nnodes: int = 1, device: str | None = None,
                    check_world: bool = True) -> list[str]:
     """Every problem of a training command line (the flags after the script), one line each."""
@@ -191,8 +228,11 @@ def check_training(argv: list[str], nproc_per_node: int = 1, nnodes: int = 1, de
     cfg = _attempt(problems, lambda: validate_args(args)) if args is not None else None
     if args is not None:
         problems += file_problems(args, cfg)
+    device = device or os.environ.get("FASTVIDEO_DEVICE", "cpu")
+    if cfg is not None:
+        problems += memory_problems(cfg, nproc_per_node, device)
     if check_world:
-        problems += world_problems(nproc_per_node, nnodes, device or os.environ.get("FASTVIDEO_DEVICE", "cpu"))
+        problems += world_problems(nproc_per_node, nnodes, device)
     return list(dict.fromkeys(problems))
 
 

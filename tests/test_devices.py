@@ -229,3 +229,16 @@ def test_host_buffers_are_plain_and_copies_free_on_the_cpu():
     buf = devices.host_buffer((2, 3), torch.float32, "cpu")
     assert buf.shape == (2, 3) and not buf.is_pinned()
     assert devices.to_device(buf, torch.device("cpu")) is buf
+
+
+def test_total_memory_is_the_hosts_ram_on_cpu_and_none_without_the_device():
+    import os
+
+    from fastvideo import devices
+
+    if os.path.exists("/proc/meminfo"):
+        with open("/proc/meminfo") as f:
+            mem_total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+        assert devices.total_memory_bytes("cpu") == mem_total
+    if not devices.cuda_available():
+        assert devices.total_memory_bytes("cuda") is None

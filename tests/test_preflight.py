@@ -55,11 +55,20 @@ def test_files_and_rules_are_checked_together(tiny_flux_dir, tiny_embeddings, tm
 # problem lines, in order (one line each, then the summary; exit 2; no traceback).
 PREFLIGHT = {
     "reward-server-not-answering": ({"rewards": "remote:http://127.0.0.1:9/x:1"}, [r"127\.0\.0\.1:9 .*does not answer"]),
+    # 2 ranks x 2 samples of 65536 x 65536 (their decoded images alone 103 GB a rank), on the 64 GiB host
+    "image-too-large-for-memory": ({"h": 65536, "w": 65536}, [r"--h 65536 --w 65536: .* at 206\.2 GB or more, over this host's 68\.7 GB"]),
+    "image-far-too-large": ({"h": 1048576, "w": 1048576}, [r"--h 1048576 .*memory model"]),
 }
+HOST_RAM = 64 << 30  # the table's host (the CPU's "device"): fixed, so that the memory rows hold anywhere
 
 
 @pytest.mark.parametrize("case", list(PREFLIGHT))
-def test_the_preflight_reports_each_problem_as_one_line(case, tiny_flux_dir, tiny_embeddings, tmp_path, capsys):
+def test_the_preflight_reports_each_problem_as_one_line(case, tiny_flux_dir, tiny_embeddings, tmp_path, capsys,
+                                                        monkeypatch):
+    from fastvideo import devices
+
+    monkeypatch.setattr(devices, "total_memory_bytes", lambda dev_type: HOST_RAM)
+    monkeypatch.setenv("FASTVIDEO_DEVICE", "cpu")
     flags, needles = PREFLIGHT[case]
     flags = {k: (v.format(root=tmp_path) if isinstance(v, str) else v) for k, v in flags.items()}
     argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out", **flags)
