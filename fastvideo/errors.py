@@ -32,6 +32,15 @@ class MissingInputError(UserError, FileNotFoundError):
     """A file or folder the run needs (weights, a config) is not where the flags say."""
 
 
+class InputFileError(UserError, ValueError):
+    """A file the run reads is there but damaged or malformed (a model's config.json or weights,
+    an embedding index, a --config file)."""
+
+
+class DeviceError(UserError, RuntimeError):
+    """FASTVIDEO_DEVICE names a device type that does not exist or is not usable here."""
+
+
 def debug_enabled() -> bool:
     return os.environ.get("FASTVIDEO_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 

@@ -108,13 +108,18 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
 
 
+# A rank torchrun stopped because another failed: it exits 128 + SIGTERM at once (run_control), or
+# dies of the signal itself before its handler is installed, or of SIGKILL after the grace period.
+TEARDOWN_EXITS = {128 + signal.SIGTERM, -signal.SIGTERM, 128 + signal.SIGKILL, -signal.SIGKILL}
+
+
 def report_children(failures: dict, control: Path, stream=None) -> int:
-    """After torchrun's ChildFailedError: each distinct error once; 2 if every failed rank exited
-    2 (a user error), else 1."""
+    """After torchrun's ChildFailedError: each distinct error once; 2 if the failed ranks exited 2
+    (a user error: a rank's share of the data, say) or were torn down for it, else 1."""
     stream = stream or sys.stderr
     codes = {rank: f.exitcode for rank, f in failures.items()}
     errors = rank_errors(control)
-    user = all(code == 2 for code in codes.values())
+    user = 2 in codes.values() and all(code == 2 or code in TEARDOWN_EXITS for code in codes.values())
     for line, ranks in errors.items():
         stream.write(line if user and len(ranks) > 1 else f"{line} ({_ranks(ranks)})")
         stream.write("\n")

@@ -111,9 +111,20 @@ def _attempt(problems: list[str], check: Callable[[], object]) -> object:
         return None
 
 
-def file_problems(args: argparse.Namespace, cfg) -> list[str]:
-    """The inputs the flags name: embedding index, model and VAE folders, resume checkpoint, reward
-    weights (``cfg``: the built TrainConfig, or None when the flags did not validate)."""
+def data_problems(data, cfg, world: int) -> list[str]:
+    """The embedding index against the run: enough prompts for one iteration of ``world`` ranks.
+    (Its files are scanned by the ranks, each a share: fastvideo/data/scan.py.)"""
+    from fastvideo.data.sampler import too_few_prompts
+
+    if cfg is not None and world > 0 and len(data) < world * cfg.prompts_per_rank:
+        return [too_few_prompts(len(data), world, cfg.prompts_per_rank)]
+    return []
+
+
+def file_problems(args: argparse.Namespace, cfg, world: int = 0) -> list[str]:
+    """The inputs the flags name: embedding index (and its files), model and VAE folders, resume
+    checkpoint, reward weights (``cfg``: the built TrainConfig, or None when the flags did not
+    validate; ``world``: ranks in all, 0 when unknown)."""
     from fastvideo.models.base import get_model_family
 
     problems: list[str] = []
@@ -121,13 +132,21 @@ def file_problems(args: argparse.Namespace, cfg) -> list[str]:
     if family is not None:
         from fastvideo.data.dataset import PromptEmbeddingDataset
 
-        _attempt(problems, lambda: PromptEmbeddingDataset(args.data_json_path, family=family))
+        data = _attempt(problems, lambda: PromptEmbeddingDataset(args.data_json_path, family=family))
+        if data is not None:
+            problems += data_problems(data, cfg, world)
+        found = True
         if not args.dit_model_name_or_path:
-            _attempt(problems, lambda: family.check_folder(args.pretrained_model_name_or_path,
-                                                           family.training_components))
+            found = _attempt(problems, lambda: family.check_folder(args.pretrained_model_name_or_path,
+                                                                   family.training_components)) is not None
         vae = getattr(args, "vae_model_path", None)
         if vae and vae != args.pretrained_model_name_or_path:
-            _attempt(problems, lambda: family.check_folder(vae, ("vae",)))
+            found = _attempt(problems, lambda: family.check_folder(vae, ("vae",))) is not None and found
+        if found:  # damaged config.json or weights (read from their headers)
+            from fastvideo.models.file_check import model_file_problems, training_folders
+
+            problems += model_file_problems(family, training_folders(family, args.pretrained_model_name_or_path,
+                                                                     args.dit_model_name_or_path, vae))
     if args.resume_from_checkpoint:
         from fastvideo.training import checkpoint
 
@@ -165,6 +184,8 @@ def world_problems(nproc_per_node: int, nnodes: int, device: str) -> list[str]:
     this machine lacks (a dry run of an NPU launch on a login node) is not counted."""
     from fastvideo import devices
 
+    if device not in devices.DEVICE_TYPES:
+        return [devices.device_type_problem(device)]
     if device == devices.CPU:
         return []
     if device == devices.NPU:
@@ -227,7 +248,7 @@ def check_training(argv: list[str], nproc_per_node: int = 1, nnodes: int = 1, de
         args = _lenient_args(argv)
     cfg = _attempt(problems, lambda: validate_args(args)) if args is not None else None
     if args is not None:
-        problems += file_problems(args, cfg)
+        problems += file_problems(args, cfg, nproc_per_node * nnodes)
     device = device or os.environ.get("FASTVIDEO_DEVICE", "cpu")
     if cfg is not None:
         problems += memory_problems(cfg, nproc_per_node, device)

@@ -129,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     from fastvideo import devices
     from fastvideo.training import run_control, run_dir
 
-    info = devices.init_distributed()
+    try:
+        with run_control.rendezvous_watchdog("train_grpo_flux", _rank_from_env(), devices.dist_env()[2]):
+            info = devices.init_distributed()
+    except UserError as exc:  # FASTVIDEO_DEVICE names no usable device: one line, exit 2
+        return report_user_error(exc, _rank_from_env())
     stop = run_control.StopRequest().install()
     code = 0
     try:

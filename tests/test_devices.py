@@ -16,16 +16,18 @@ def test_cpu_detected_without_accelerators(monkeypatch):
 def test_override_and_bad_override(monkeypatch):
     monkeypatch.setenv(devices.ENV_DEVICE, "cpu")
     assert devices.device_type() == "cpu"
-    monkeypatch.setenv(devices.ENV_DEVICE, "tpu")
-    with pytest.raises(ValueError, match="npu, cuda, cpu"):
+    from fastvideo.errors import UserError
+
+    monkeypatch.setenv(devices.ENV_DEVICE, "tpu")  # each a user error: one line, exit 2 (#39 item 15)
+    with pytest.raises(UserError, match="npu, cuda, cpu"):
         devices.device_type()
     if not torch.cuda.is_available():
         monkeypatch.setenv(devices.ENV_DEVICE, "cuda")
-        with pytest.raises(RuntimeError, match="is_available"):
+        with pytest.raises(UserError, match="is_available"):
             devices.device_type()
     monkeypatch.setenv(devices.ENV_DEVICE, "npu")
     if not devices.npu_available():
-        with pytest.raises(RuntimeError, match="env_setup.sh --target npu"):
+        with pytest.raises(UserError, match="env_setup.sh --target npu"):
             devices.device_type()
 
 

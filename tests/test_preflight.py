@@ -58,6 +58,8 @@ PREFLIGHT = {
     # 2 ranks x 2 samples of 65536 x 65536 (their decoded images alone 103 GB a rank), on the 64 GiB host
     "image-too-large-for-memory": ({"h": 65536, "w": 65536}, [r"--h 65536 --w 65536: .* at 206\.2 GB or more, over this host's 68\.7 GB"]),
     "image-far-too-large": ({"h": 1048576, "w": 1048576}, [r"--h 1048576 .*memory model"]),
+    "one-prompt-for-two-ranks": ({"data_json_path": "{one_prompt}"}, [r"1 prompts cannot fill one iteration of 2 ranks"]),
+    "device-type-unknown": ({"_env": {"FASTVIDEO_DEVICE": "tpu"}}, [r"FASTVIDEO_DEVICE='tpu' is not a device type"]),
 }
 HOST_RAM = 64 << 30  # the table's host (the CPU's "device"): fixed, so that the memory rows hold anywhere
 
@@ -70,7 +72,18 @@ def test_the_preflight_reports_each_problem_as_one_line(case, tiny_flux_dir, tin
     monkeypatch.setattr(devices, "total_memory_bytes", lambda dev_type: HOST_RAM)
     monkeypatch.setenv("FASTVIDEO_DEVICE", "cpu")
     flags, needles = PREFLIGHT[case]
-    flags = {k: (v.format(root=tmp_path) if isinstance(v, str) else v) for k, v in flags.items()}
+    flags = dict(flags)
+    for k, v in flags.pop("_env", {}).items():
+        monkeypatch.setenv(k, v)
+    places = {"root": tmp_path, "one_prompt": tmp_path / "one" / "videos2caption.json"}
+    if "{one_prompt}" in str(flags):  # the tiny index cut to its first prompt
+        import json
+        import shutil
+
+        shutil.copytree(Path(tiny_embeddings).parent, tmp_path / "one")
+        entries = json.loads(Path(tiny_embeddings).read_text())
+        places["one_prompt"].write_text(json.dumps(entries[:1]))
+    flags = {k: (v.format(**places) if isinstance(v, str) else v) for k, v in flags.items()}
     argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out", **flags)
     assert preflight.main(["--nproc_per_node", "2", "fastvideo/train_grpo_flux.py", *argv]) == 2
     err = capsys.readouterr().err
@@ -123,6 +136,44 @@ def test_a_user_error_inside_the_ranks_is_one_line(tiny_flux_dir, tmp_path):
     assert lines[0].startswith("+ torchrun")
     assert len(lines) == 2 and "none.json" in lines[1] and lines[1].startswith("train_grpo_flux: error:"), lines
     assert "ChildFailedError" not in proc.stderr and "usage:" not in proc.stderr
+
+
+@pytest.mark.parametrize("codes, expected", [
+    ({0: 2, 1: 2}, 2), ({0: 143, 1: 2}, 2), ({0: -15, 1: 2}, 2), ({0: -9, 1: 2}, 2),  # torn down for rank 1's error
+    ({0: 1, 1: 2}, 1), ({0: 143, 1: 143}, 1), ({0: 1}, 1), ({0: -11, 1: 2}, 1),  # a bug, or no user error
+])
+def test_ranks_torn_down_for_a_user_error_keep_exit_2(codes, expected, tmp_path):
+    from types import SimpleNamespace
+
+    from fastvideo.launch import report_children
+
+    for rank, code in codes.items():
+        if code == 2:
+            (tmp_path / f"error-rank{rank}.txt").write_text("train_grpo_flux: error: prompt 1: missing\n")
+    stream = __import__("io").StringIO()
+    assert report_children({r: SimpleNamespace(exitcode=c) for r, c in codes.items()}, tmp_path, stream) == expected
+    lines = stream.getvalue().splitlines()
+    if expected == 2:
+        assert lines == ["train_grpo_flux: error: prompt 1: missing (rank 1)"] or lines == [
+            "train_grpo_flux: error: prompt 1: missing"], lines
+
+
+def test_a_missing_file_in_rank_1s_share_is_one_line_exit_2(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """Issue #39 item 15: rank 1 finds prompt 1's file missing (exit 2), rank 0 is torn down: the
+    launch exits 2 with rank 1's line alone."""
+    import shutil
+
+    data = tmp_path / "emb"
+    shutil.copytree(Path(tiny_embeddings).parent, data)
+    (data / "prompt_embed" / "1.pt").unlink()
+    argv = train_args(data / Path(tiny_embeddings).name, tiny_flux_dir, tmp_path / "out")
+    cmd = [sys.executable, "-m", "fastvideo.launch", "--standalone", "--nproc_per_node=2",
+           "fastvideo/train_grpo_flux.py", *argv]
+    proc = subprocess.run(cmd, env=_launch_env(HF_HUB_OFFLINE="1"), cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("+ torchrun")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 1 and "1.pt" in lines[0] and "is missing" in lines[0] and "(rank 1)" in lines[0], lines
 
 
 def test_a_busy_port_is_one_line(tiny_flux_dir, tiny_embeddings, tmp_path):

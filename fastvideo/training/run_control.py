@@ -19,10 +19,12 @@ leaves for the launcher (fastvideo.launch) to report from.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,6 +64,45 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> boo
         sys.stderr.flush()
         os.kill(os.getpid(), sig)
     return True
+
+
+RENDEZVOUS_ENV = "FASTVIDEO_RENDEZVOUS_TIMEOUT_S"
+RENDEZVOUS_DEFAULT_S, RENDEZVOUS_NOTICE_S = 600.0, 30.0
+
+
+@contextlib.contextmanager
+def rendezvous_watchdog(prog: str, rank: int, world_size: int):
+    """Around the process group's start outside torchrun (WORLD_SIZE set by hand; torchrun's agent
+    starts workers only once all have joined): ranks that never start would keep this one waiting
+    for the process group's 30-minute timeout, silently. After RENDEZVOUS_NOTICE_S it says what it
+    waits for; after $FASTVIDEO_RENDEZVOUS_TIMEOUT_S (default 600) it stops: one line, exit 2."""
+    if world_size <= 1 or os.environ.get("TORCHELASTIC_RUN_ID"):
+        yield
+        return
+    try:
+        limit = float(os.environ.get(RENDEZVOUS_ENV, RENDEZVOUS_DEFAULT_S))
+    except ValueError:
+        limit = RENDEZVOUS_DEFAULT_S
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    joined = threading.Event()
+
+    def watch() -> None:
+        if limit > RENDEZVOUS_NOTICE_S and not joined.wait(RENDEZVOUS_NOTICE_S):
+            sys.stderr.write(f"{prog}: rank {rank} waits for the other {world_size - 1} rank(s) of WORLD_SIZE="
+                             f"{world_size} at {where} (up to {limit:g} s, {RENDEZVOUS_ENV})\n")
+            sys.stderr.flush()
+        if not joined.wait(max(limit - RENDEZVOUS_NOTICE_S, 0) if limit > RENDEZVOUS_NOTICE_S else limit):
+            sys.stderr.write(f"{prog}: error: rank {rank} of WORLD_SIZE={world_size}: the other ranks did not join at "
+                             f"{where} within {limit:g} s; start every rank (torchrun --nproc_per_node={world_size} "
+                             f"..., or python -m fastvideo.launch), or unset WORLD_SIZE and RANK for one process\n")
+            sys.stderr.flush()
+            os._exit(2)
+
+    threading.Thread(target=watch, name="rendezvous-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        joined.set()
 
 
 def control_dir() -> Path | None:

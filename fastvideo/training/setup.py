@@ -87,8 +87,11 @@ def build_parts(trainer) -> None:
     devices.set_fast_matmul(device, cfg.model.allow_tf32)
     devices.seed_everything(cfg.optim.seed)
     builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
+    from fastvideo.models.file_check import check_model_files
+
+    check_model_files(cfg.model, trainer.family)  # a damaged config.json or weights file: one line, not a traceback
     trainer.dataset = builders.build_dataset(cfg, trainer.family)
-    _scan_data(trainer.dataset, info)  # every embedding file there and well-shaped, before any model loads
+    _scan_data(trainer.dataset, info, device)  # every embedding file there and well-shaped, before any model loads
     if cfg.eval is not None:  # held-out prompts must not be training prompts: found before any model loads
         from fastvideo.data.prompts import check_no_overlap, eval_captions
 
@@ -110,10 +113,26 @@ def build_parts(trainer) -> None:
     trainer.randomness = builders.build_randomness(cfg, info)
 
 
-def _scan_data(dataset, info) -> None:
+def _scan_data(dataset, info, device) -> None:
+    """Each rank scans its share of the embedding files; all learn whether one failed (one int32
+    MAX), so that all stop together (the others as PeerRefused: silent, exit 2) instead of the
+    others going on to a collective the failed rank never joins (a gloo traceback, exit 1)."""
     from fastvideo.data.scan import scan_embeddings
+    from fastvideo.errors import UserError
+    from fastvideo.training import run_dir
 
-    scan = scan_embeddings(dataset, info.rank, info.world_size)  # each rank a share
+    scan, failure = None, None
+    try:
+        scan = scan_embeddings(dataset, info.rank, info.world_size)  # each rank a share
+    except UserError as exc:
+        failure = exc
+    if info.world_size > 1:
+        flag = torch.tensor([1 if failure is not None else 0], dtype=torch.int32, device=device)
+        devices.all_reduce_max(flag)
+        if failure is None and flag.item():
+            raise run_dir.PeerRefused("another rank found a bad embedding file")
+    if failure is not None:
+        raise failure
     main_print(f"[data] {len(dataset)} prompts: rank 0 checked {scan.files} embedding files, present and shaped "
                f"{scan.dims} ({scan.seconds:.2f} s)")
 
