@@ -70,13 +70,13 @@ def report_user_error(exc: BaseException, rank: int) -> int:
     """A user error that every rank meets alike (a flag, a missing input): one line, from rank 0
     only (under fastvideo.launch: written for the launcher, which prints each distinct line once).
     Returns the exit status (2)."""
-    from fastvideo.errors import USER_ERROR_EXIT, report_failure
+    from fastvideo.errors import USER_ERROR_EXIT, one_line, report_failure
     from fastvideo.training import run_control, run_dir
 
     if isinstance(exc, run_dir.PeerRefused):
         return USER_ERROR_EXIT
-    if run_control.control_dir() is not None:
-        run_control.write_rank_error(rank, f"train_grpo_flux: error: {exc}")
+    if run_control.control_dir() is not None:  # one line: the launcher reads each rank's first
+        run_control.write_rank_error(rank, f"train_grpo_flux: error: {one_line(exc)}")
         return USER_ERROR_EXIT
     if rank == 0:
         return report_failure(exc, "train_grpo_flux")

@@ -155,6 +155,29 @@ def test_resume_inputs_are_refused_cleanly(finished_run, tmp_path, monkeypatch, 
     _refused(_train([*argv, "--resume_from_checkpoint", str(pickled)], monkeypatch), capsys, "pickle")
 
 
+def test_a_refused_resume_under_the_launcher_prints_every_difference(finished_run, tmp_path):
+    """Issue #39 item 16: under fastvideo.launch the refusal is one line holding every difference
+    (the launcher reads the first line a rank writes; the differences used to be lines of their own)."""
+    import os
+    import subprocess
+
+    out, argv = finished_run
+    i = argv.index("--seed")
+    changed = argv[:i] + ["--seed", "8"] + argv[i + 2:] + ["--resume_from_checkpoint", "latest", "--shift", "2.5"]
+    root = Path(__file__).resolve().parents[1]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(root), "FASTVIDEO_DEVICE": "cpu",
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "FASTVIDEO_PREFLIGHT": "0"}
+    proc = subprocess.run([sys.executable, "-m", "fastvideo.launch", "--standalone", "--nproc_per_node=1",
+                           "fastvideo/train_grpo_flux.py", *changed], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("+ torchrun")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 1, lines
+    for needle in ("not the run that was saved", "seed (--seed): checkpoint 7, this run 8",
+                   "shift (--shift): checkpoint 3.0, this run 2.5", "--resume_allow_changes"):
+        assert needle in lines[0], (needle, lines[0])
+
+
 def test_resume_allow_changes_logs_the_differences(finished_run, monkeypatch, capsys):
     out, argv = finished_run
     i = argv.index("--max_train_steps")
