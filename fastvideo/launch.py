@@ -182,7 +182,21 @@ def rendezvous_error(exc: BaseException, args) -> str | None:
             f"`ss -ltnp 'sport = :{port}'`; no worker was started")
 
 
+def _stop_before_workers(signum, frame) -> None:
+    """SIGTERM / SIGINT before torchrun took the signals over (the launcher still imports or runs the
+    pre-flight): no worker exists, nothing to save; one line and the signal's exit code (0 / 130),
+    not a silent death by the signal."""
+    name = signal.Signals(signum).name
+    sys.stderr.write(f"{PROG}: {name} before any worker started: nothing to stop or save\n")
+    sys.stderr.flush()
+    raise SystemExit(130 if signum == signal.SIGINT else 0)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM last: once it is caught, both are (tests wait for that). torchrun's agent installs its
+    # own handlers when it starts the workers.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop_before_workers)
     return run(list(sys.argv[1:] if argv is None else argv))
 
 

@@ -176,6 +176,40 @@ def test_a_missing_file_in_rank_1s_share_is_one_line_exit_2(tiny_flux_dir, tiny_
     assert len(lines) == 1 and "1.pt" in lines[0] and "is missing" in lines[0] and "(rank 1)" in lines[0], lines
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (FileNotFoundError, StopIteration):
+        return False
+    return bool(mask & (1 << (sig - 1)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 0), ("SIGINT", 130)])
+def test_a_signal_while_the_launcher_starts_is_one_line(sig, code, tiny_flux_dir, tiny_embeddings, tmp_path):
+    """Issue #39 item 17: SIGTERM / SIGINT while the launcher still imports (before any worker): one
+    line and the signal's documented code, not a silent -15 (or a KeyboardInterrupt traceback)."""
+    import signal
+    import time
+
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out")
+    proc = subprocess.Popen([sys.executable, "-m", "fastvideo.launch", "--standalone", "--nproc_per_node=2",
+                             "fastvideo/train_grpo_flux.py", *argv], env=_launch_env(HF_HUB_OFFLINE="1"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    signum = getattr(signal, sig)
+    deadline = time.monotonic() + 60
+    # The launcher sets SIGTERM's handler last (Python's own SIGINT handler is there from start-up)
+    while not _catches(proc.pid, signal.SIGTERM) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == code and "Traceback" not in err, err[-3000:]
+    assert lines == [f"train_grpo_flux: {sig} before any worker started: nothing to stop or save"], lines
+
+
 def test_a_busy_port_is_one_line(tiny_flux_dir, tiny_embeddings, tmp_path):
     """Issue #39 item 9: a --master_port something else listens on is one line naming the port
     (exit 2), not the rendezvous' DistNetworkError traceback."""

@@ -188,6 +188,20 @@ def test_resume_allow_changes_logs_the_differences(finished_run, monkeypatch, ca
     assert "continuing with a changed setting: seed (--seed): checkpoint 7, this run 9" in capsys.readouterr().out
 
 
+def test_the_non_finite_stop_is_one_line_exit_2(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch, capsys):
+    """Issue #39 item 17: --max_nonfinite_steps reached is one line naming the setting to change (exit 2),
+    not a NonFiniteError traceback. Every iteration is made to report a skipped non-finite step."""
+    import fastvideo.training.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "iteration_problems",
+                        lambda record, stats: ["non-finite loss in 1 of 1 optimizer step(s) (skipped)"])
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "o", max_train_steps=3, max_nonfinite_steps=2,
+                      save_images_every=0, fsdp_sharding_strategy="none")
+    err = _refused(_train(argv, monkeypatch), capsys, "2 iterations in a row had non-finite values",
+                   "--learning_rate")
+    assert err.count("\n") == 1, err
+
+
 def test_prompt_files_are_refused_cleanly(tiny_flux_dir, tmp_path, monkeypatch, capsys):
     # 16 an empty prompt file, 17 a prompt file that is not UTF-8
     empty = tmp_path / "empty.txt"
