@@ -83,6 +83,23 @@ def report_user_error(exc: BaseException, rank: int) -> int:
     return USER_ERROR_EXIT
 
 
+def _with_resume_point(exc: BaseException, output_dir: str) -> BaseException:
+    """A full disk (a checkpoint, a log, an image): one line naming what was being written and the
+    last complete checkpoint to resume from (nothing else was published); other errors unchanged."""
+    from fastvideo.errors import DiskFullError, is_disk_full, one_line
+
+    if not is_disk_full(exc):
+        return exc
+    from fastvideo.training.checkpoint import find_latest
+
+    latest = find_latest(output_dir)
+    where = f"the last complete checkpoint is {latest}" if latest else "no checkpoint is complete yet"
+    name = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in str(exc) \
+        else ""
+    return DiskFullError(f"{one_line(exc)}{name}; {where}: free space, then run the same command with "
+                         f"--resume_from_checkpoint latest")
+
+
 def _report(exc: BaseException, info) -> int:
     from fastvideo.errors import UserError, report_failure
     from fastvideo.training import run_control
@@ -148,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         # Say why (a user error as one line, exit 2; anything else with its traceback, exit 1), then
         # exit without waiting on collectives: torchrun sees the failure and stops the other ranks
         # instead of letting them hang.
-        code = _report(exc, info)
+        code = _report(_with_resume_point(exc, cfg.output.output_dir), info)
         if info.is_main:
             run_dir.release_lock(cfg.output.output_dir)
         if info.world_size > 1:

@@ -202,6 +202,47 @@ def test_the_non_finite_stop_is_one_line_exit_2(tiny_flux_dir, tiny_embeddings, 
     assert err.count("\n") == 1, err
 
 
+SAFETENSORS_ENOSPC = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "metrics"])
+def test_a_full_disk_is_one_line_naming_the_file_and_the_last_checkpoint(where, tiny_flux_dir, tiny_embeddings,
+                                                                          tmp_path, monkeypatch, capsys):
+    """Issue #39 item 18: ENOSPC while writing checkpoint-2's weights (safetensors' own error type) or
+    a metrics line: one line naming what was written and checkpoint-1, exit 2; nothing half-written
+    is left as a checkpoint."""
+    import json
+    from types import SimpleNamespace
+
+    import fastvideo.training.checkpoint as checkpoint
+    import fastvideo.training.metrics as metrics
+
+    calls = {"n": 0}
+    real_tensors = checkpoint._write_tensors
+
+    def full_tensors(path, tensors):
+        if "checkpoint-2" in str(path):
+            raise Exception(SAFETENSORS_ENOSPC)  # noqa: TRY002 - what safetensors raises
+        real_tensors(path, tensors)
+
+    def full_dumps(obj, **kwargs):  # the metrics line of iteration 2 meets a full disk as it is written
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")  # as a file object's write() raises it: no file name
+        return json.dumps(obj, **kwargs)
+
+    monkeypatch.setattr(*((checkpoint, "_write_tensors", full_tensors) if where == "checkpoint" else
+                          (metrics, "json", SimpleNamespace(dumps=full_dumps))))
+    out = tmp_path / "o"
+    argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=2, checkpointing_steps=1,
+                      save_images_every=0, fsdp_sharding_strategy="none")
+    named = "diffusion_pytorch_model.safetensors" if where == "checkpoint" else "metrics.jsonl"
+    err = _refused(_train(argv, monkeypatch), capsys, "o space left on device", named,
+                   f"the last complete checkpoint is {out / 'checkpoint-1'}", "--resume_from_checkpoint latest")
+    assert err.count("\n") == 1, err
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
+
+
 def test_prompt_files_are_refused_cleanly(tiny_flux_dir, tmp_path, monkeypatch, capsys):
     # 16 an empty prompt file, 17 a prompt file that is not UTF-8
     empty = tmp_path / "empty.txt"

@@ -113,26 +113,34 @@ def build_parts(trainer) -> None:
     trainer.randomness = builders.build_randomness(cfg, info)
 
 
+def fail_together(failure: Exception | None, world_size: int, device, peer_reason: str) -> None:
+    """Every rank calls this at the same point: the rank that met ``failure`` raises it, the others
+    raise PeerRefused (silent, exit 2) when any did (one int32 MAX), so that all stop together
+    instead of the others going on to a collective the failed rank never joins (a gloo traceback)."""
+    from fastvideo.training import run_dir
+
+    if world_size > 1:
+        flag = torch.tensor([1 if failure is not None else 0], dtype=torch.int32, device=device)
+        devices.all_reduce_max(flag)
+        if failure is None and flag.item():
+            raise run_dir.PeerRefused(peer_reason)
+    if failure is not None:
+        raise failure
+
+
 def _scan_data(dataset, info, device) -> None:
     """Each rank scans its share of the embedding files; all learn whether one failed (one int32
     MAX), so that all stop together (the others as PeerRefused: silent, exit 2) instead of the
     others going on to a collective the failed rank never joins (a gloo traceback, exit 1)."""
     from fastvideo.data.scan import scan_embeddings
     from fastvideo.errors import UserError
-    from fastvideo.training import run_dir
 
     scan, failure = None, None
     try:
         scan = scan_embeddings(dataset, info.rank, info.world_size)  # each rank a share
     except UserError as exc:
         failure = exc
-    if info.world_size > 1:
-        flag = torch.tensor([1 if failure is not None else 0], dtype=torch.int32, device=device)
-        devices.all_reduce_max(flag)
-        if failure is None and flag.item():
-            raise run_dir.PeerRefused("another rank found a bad embedding file")
-    if failure is not None:
-        raise failure
+    fail_together(failure, info.world_size, device, "another rank found a bad embedding file")
     main_print(f"[data] {len(dataset)} prompts: rank 0 checked {scan.files} embedding files, present and shaped "
                f"{scan.dims} ({scan.seconds:.2f} s)")
 

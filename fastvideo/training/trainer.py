@@ -19,6 +19,7 @@ from fastvideo import devices
 from fastvideo.algorithms.base import ObjectiveContext, RewardResult
 from fastvideo.algorithms.registry import resolve_objective
 from fastvideo.distributed.parallel import ParallelDims
+from fastvideo.errors import UserError
 from fastvideo.sampling.mix import plan_for_iteration
 from fastvideo.sampling.plan import SamplingPlan
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
@@ -103,7 +104,12 @@ class Trainer:
         self.checkpointer.load(self.resume_path, model=self.model, optimizer=self.optimizer,
                                lr_scheduler=self.lr_scheduler, ema=self.ema, states=parts,
                                weight_sets=self.objective.weight_sets())
-        self.metrics.truncate_after(self.iteration)
+        failure = None
+        try:  # rank 0's file: a damaged one stops every rank, not rank 0 alone
+            self.metrics.truncate_after(self.iteration)
+        except UserError as exc:
+            failure = exc
+        run_setup.fail_together(failure, self.info.world_size, self.device, "rank 0 refused metrics.jsonl")
         main_print(f"[resume] continuing after iteration {self.iteration} from {self.resume_path}")
         from fastvideo.training.resume_changes import apply_and_log
 
