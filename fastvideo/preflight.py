@@ -151,8 +151,9 @@ def file_problems(args: argparse.Namespace, cfg, world: int = 0) -> list[str]:
         from fastvideo.training import checkpoint
 
         _attempt(problems, lambda: checkpoint.read_resume_point(args.resume_from_checkpoint, args.output_dir))
-    if cfg is not None:
-        problems += reward_problems(cfg)
+    reward = cfg.reward if cfg is not None else _attempt([], lambda: _reward_settings(args))
+    if reward is not None:  # also when another flag is wrong: every problem is reported at once
+        problems += reward_problems(reward)
     from fastvideo.training import run_dir
 
     overwrite = getattr(args, "overwrite", False)
@@ -160,11 +161,20 @@ def file_problems(args: argparse.Namespace, cfg, world: int = 0) -> list[str]:
     return problems
 
 
-def reward_problems(cfg) -> list[str]:
-    """Missing reward weights of the local rewards, and remote:/vlm: endpoints that do not answer."""
+def _reward_settings(args: argparse.Namespace):
+    """The reward flags' settings alone (their own mistakes are reported by validate_args)."""
+    from fastvideo.rewards.settings import RewardSettings
+
+    return RewardSettings.from_args(args)
+
+
+def reward_problems(r) -> list[str]:
+    """Missing reward weights of the local rewards, and remote:/vlm: endpoints that do not answer
+    (``r``: the RewardSettings)."""
+    from types import SimpleNamespace
+
     problems: list[str] = []
-    names = {s.name for s in cfg.reward.spec if not s.url}
-    r = cfg.reward
+    names = {s.name for s in r.spec if not s.url}
     if "hpsv2" in names:
         from fastvideo.rewards.hps import resolve_hps_files
 
@@ -175,7 +185,7 @@ def reward_problems(cfg) -> list[str]:
     if any(s.url for s in r.spec):
         from fastvideo.training.builders import check_reward_endpoints
 
-        _attempt(problems, lambda: check_reward_endpoints(cfg))
+        _attempt(problems, lambda: check_reward_endpoints(SimpleNamespace(reward=r)))
     return problems
 
 

@@ -36,8 +36,8 @@ def test_files_and_rules_are_checked_together(tiny_flux_dir, tiny_embeddings, tm
                       hps_ckpt_dir=str(tmp_path / "no_hps"), sp_size=2,
                       resume_from_checkpoint=str(tmp_path / "no_ckpt"))
     problems = preflight.check_training(argv, nproc_per_node=2)
-    assert len(problems) == 4, problems  # the rewards are not checked when the flags do not validate
-    for needle, problem in zip(["sequence parallelism", "none.json", "no_model", "no_ckpt"], problems):
+    assert len(problems) == 5, problems  # the rewards too, although another flag does not validate
+    for needle, problem in zip(["sequence parallelism", "none.json", "no_model", "no_ckpt", "no_hps"], problems):
         assert needle in problem, (needle, problem)
     valid_flags = preflight.check_training(argv[:-4], nproc_per_node=2)  # without --sp_size 2 and the resume
     assert len(valid_flags) == 3 and "no_hps" in valid_flags[2], valid_flags
@@ -60,6 +60,9 @@ PREFLIGHT = {
     "image-far-too-large": ({"h": 1048576, "w": 1048576}, [r"--h 1048576 .*memory model"]),
     "one-prompt-for-two-ranks": ({"data_json_path": "{one_prompt}"}, [r"1 prompts cannot fill one iteration of 2 ranks"]),
     "device-type-unknown": ({"_env": {"FASTVIDEO_DEVICE": "tpu"}}, [r"FASTVIDEO_DEVICE='tpu' is not a device type"]),
+    # #39 item 20: a bad value, a missing index and missing reward weights: all three, at once
+    "flag-and-files-at-once": ({"h": 100, "data_json_path": "{root}/none.json", "rewards": "hpsv2:1",
+                                "hps_ckpt_dir": "{root}/no_hps"}, [r"--h", r"none\.json", r"no_hps"]),
 }
 HOST_RAM = 64 << 30  # the table's host (the CPU's "device"): fixed, so that the memory rows hold anywhere
 
