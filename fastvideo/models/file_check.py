@@ -112,6 +112,8 @@ def shape_problem(folder: Path, component: str, config: dict, weights: Mapping[s
         return None  # another VAE class: left to its loader
     try:
         model = _meta_model(component, config, family)
+    except ImportError:  # the environment's, not the config's
+        raise
     except Exception as exc:  # noqa: BLE001 - any constructor failure is the config's: a wrong-typed value
         return (f"{folder / 'config.json'} does not build a {component}: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:160] if str(exc) else ''} (a value of the wrong type?); {FIX}")
