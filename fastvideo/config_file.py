@@ -59,7 +59,11 @@ def read_file(path: str) -> dict:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--config {path}: no such file")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path}: not a text file (not UTF-8); give a .json or .yaml file, "
+                          "e.g. a run's OUTPUT_DIR/config.json") from None
     try:
         data = json.loads(text) if p.suffix == ".json" else _yaml_or_json(text)
     except ValueError as exc:  # json.JSONDecodeError and yaml.YAMLError (re-raised as ValueError)

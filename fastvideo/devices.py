@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from fastvideo.errors import ConfigError, DeviceError
+
 NPU = "npu"
 CUDA = "cuda"
 CPU = "cpu"
@@ -60,21 +62,25 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def device_type_problem(forced: str) -> str | None:
+    """What is wrong with FASTVIDEO_DEVICE=``forced`` here (None: nothing)."""
+    if forced not in DEVICE_TYPES:
+        return f"{ENV_DEVICE}={forced!r} is not a device type; use one of {', '.join(DEVICE_TYPES)}"
+    if forced == NPU and not npu_available():
+        return (f"{ENV_DEVICE}=npu but no NPU is usable: install the npu extra "
+                "(bash env_setup.sh --target npu) and source CANN's set_env.sh")
+    if forced == CUDA and not cuda_available():
+        return f"{ENV_DEVICE}=cuda but torch.cuda.is_available() is False"
+    return None
+
+
 def device_type() -> str:
     """'npu', 'cuda' or 'cpu': FASTVIDEO_DEVICE if set, else the best available."""
     forced = os.environ.get(ENV_DEVICE, "").strip().lower()
     if forced:
-        if forced not in DEVICE_TYPES:
-            raise ValueError(
-                f"{ENV_DEVICE}={forced!r} is not a device type; use one of {', '.join(DEVICE_TYPES)}"
-            )
-        if forced == NPU and not npu_available():
-            raise RuntimeError(
-                f"{ENV_DEVICE}=npu but no NPU is usable: install the npu extra "
-                "(bash env_setup.sh --target npu) and source CANN's set_env.sh"
-            )
-        if forced == CUDA and not cuda_available():
-            raise RuntimeError(f"{ENV_DEVICE}=cuda but torch.cuda.is_available() is False")
+        problem = device_type_problem(forced)
+        if problem:
+            raise DeviceError(problem)  # the user's environment: one line, exit 2
         return forced
     if npu_available():
         return NPU
@@ -201,6 +207,11 @@ def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
     device = get_device(local_rank, dtype)
     set_device(device)
     if world_size > 1 and not dist.is_initialized():
+        unset = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+        if unset:  # env:// would raise a ValueError with a traceback
+            raise ConfigError(f"WORLD_SIZE={world_size} but {' and '.join(unset)} not set: start the ranks with "
+                              f"torchrun or python -m fastvideo.launch (they set them), or unset WORLD_SIZE and "
+                              f"RANK for one process")
         kwargs = {}
         if dtype != CPU:
             kwargs["device_id"] = device
@@ -307,6 +318,20 @@ def peak_memory_bytes(device: torch.device | str) -> int:
         return int(_device_module(dev_type).max_memory_allocated())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def total_memory_bytes(dev_type: str) -> int | None:
+    """One device's memory (the first visible accelerator of ``dev_type``), or for the CPU the
+    host's RAM (all ranks of a node share it); None when it cannot be read."""
+    if dev_type == CPU:
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # not POSIX
+            return None
+    module = _device_module(dev_type)
+    if module is None or not module.is_available() or module.device_count() < 1:
+        return None
+    return int(module.get_device_properties(0).total_memory)
 
 
 def empty_cache(device: torch.device | str) -> None:

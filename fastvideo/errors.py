@@ -32,6 +32,31 @@ class MissingInputError(UserError, FileNotFoundError):
     """A file or folder the run needs (weights, a config) is not where the flags say."""
 
 
+class InputFileError(UserError, ValueError):
+    """A file the run reads is there but damaged or malformed (a model's config.json or weights,
+    an embedding index, a --config file)."""
+
+
+class DiskFullError(UserError, OSError):
+    """A write failed for want of space (ENOSPC, EDQUOT): the message names what was being written;
+    the user frees space and resumes from the last complete checkpoint."""
+
+
+_DISK_FULL = ("no space left on device", "disk quota exceeded", "storagefull")
+
+
+def is_disk_full(exc: BaseException | str | None) -> bool:
+    """Whether ``exc`` (an exception or its description) is a full disk or quota, whatever raised it
+    (an OSError's errno; safetensors' own error type only says it in its text)."""
+    if isinstance(exc, OSError) and exc.errno in (28, 122):  # ENOSPC, EDQUOT (Linux)
+        return True
+    return exc is not None and any(s in str(exc).lower() for s in _DISK_FULL)
+
+
+class DeviceError(UserError, RuntimeError):
+    """FASTVIDEO_DEVICE names a device type that does not exist or is not usable here."""
+
+
 def debug_enabled() -> bool:
     return os.environ.get("FASTVIDEO_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 

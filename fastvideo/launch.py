@@ -10,7 +10,7 @@
    (each rank printed its own traceback), exit 1.
 3. OMP_NUM_THREADS, unless set, is the node's cores per process (set_host_threads).
 4. SIGTERM / SIGINT: the workers finish their iteration, write a checkpoint and print the resume
-   command (training/run_control.py); this process exits 0 (SIGTERM) or 130 (SIGINT). torchrun waits
+   command (training/run/control.py); this process exits 0 (SIGTERM) or 130 (SIGINT). torchrun waits
    TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default here 900) for them before it kills them.
 """
 
@@ -108,13 +108,18 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
 
 
+# A rank torchrun stopped because another failed: it exits 128 + SIGTERM at once (run_control), or
+# dies of the signal itself before its handler is installed, or of SIGKILL after the grace period.
+TEARDOWN_EXITS = {128 + signal.SIGTERM, -signal.SIGTERM, 128 + signal.SIGKILL, -signal.SIGKILL}
+
+
 def report_children(failures: dict, control: Path, stream=None) -> int:
-    """After torchrun's ChildFailedError: each distinct error once; 2 if every failed rank exited
-    2 (a user error), else 1."""
+    """After torchrun's ChildFailedError: each distinct error once; 2 if the failed ranks exited 2
+    (a user error: a rank's share of the data, say) or were torn down for it, else 1."""
     stream = stream or sys.stderr
     codes = {rank: f.exitcode for rank, f in failures.items()}
     errors = rank_errors(control)
-    user = all(code == 2 for code in codes.values())
+    user = 2 in codes.values() and all(code == 2 or code in TEARDOWN_EXITS for code in codes.values())
     for line, ranks in errors.items():
         stream.write(line if user and len(ranks) > 1 else f"{line} ({_ranks(ranks)})")
         stream.write("\n")
@@ -134,10 +139,11 @@ def run(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    from fastvideo.training.run.control import CONTROL_ENV, LAUNCH_ENV
+    from fastvideo.training.run.control import CONTROL_ENV, LAUNCH_ENV, LAUNCHER_PID_ENV
 
     control = Path(tempfile.mkdtemp(prefix="fastvideo-launch-"))
     os.environ[CONTROL_ENV] = str(control)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # torchrun's agent runs here: the workers' parent
     os.environ[LAUNCH_ENV] = shlex.join(head)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_S)
     set_host_threads(args)
@@ -153,12 +159,44 @@ def run(argv: list[str]) -> int:
         return report_children(exc.failures, control)
     except SignalException as exc:
         return 130 if exc.sigval == signal.SIGINT else 0
+    except Exception as exc:  # noqa: BLE001 - the rendezvous' own failures: one line when the user can fix it
+        line = rendezvous_error(exc, args)
+        if line is None:
+            raise
+        sys.stderr.write(f"{PROG}: error: {line}\n")
+        sys.stderr.flush()
+        return 2
     finally:
         shutil.rmtree(control, ignore_errors=True)
     return 0
 
 
+def rendezvous_error(exc: BaseException, args) -> str | None:
+    """One line for a rendezvous failure the user can fix (the port is taken), else None."""
+    text = str(exc)
+    if "EADDRINUSE" not in text and "address already in use" not in text.lower():
+        return None
+    port = args.master_port if not args.rdzv_endpoint else args.rdzv_endpoint.rpartition(":")[2]
+    return (f"port {port} on this node is in use (another run, or a process it left, listens there): give the "
+            f"launch another --master_port (the launchers' MASTER_PORT=...), or find the process with "
+            f"`ss -ltnp 'sport = :{port}'`; no worker was started")
+
+
+def _stop_before_workers(signum, frame) -> None:
+    """SIGTERM / SIGINT before torchrun took the signals over (the launcher still imports or runs the
+    pre-flight): no worker exists, nothing to save; one line and the signal's exit code (0 / 130),
+    not a silent death by the signal."""
+    name = signal.Signals(signum).name
+    sys.stderr.write(f"{PROG}: {name} before any worker started: nothing to stop or save\n")
+    sys.stderr.flush()
+    raise SystemExit(130 if signum == signal.SIGINT else 0)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM last: once it is caught, both are (tests wait for that). torchrun's agent installs its
+    # own handlers when it starts the workers.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop_before_workers)
     return run(list(sys.argv[1:] if argv is None else argv))
 
 

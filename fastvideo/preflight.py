@@ -111,9 +111,20 @@ def _attempt(problems: list[str], check: Callable[[], object]) -> object:
         return None
 
 
-def file_problems(args: argparse.Namespace, cfg) -> list[str]:
-    """The inputs the flags name: embedding index, model and VAE folders, resume checkpoint, reward
-    weights (``cfg``: the built TrainConfig, or None when the flags did not validate)."""
+def data_problems(data, cfg, world: int) -> list[str]:
+    """The embedding index against the run: enough prompts for one iteration of ``world`` ranks.
+    (Its files are scanned by the ranks, each a share: fastvideo/data/scan.py.)"""
+    from fastvideo.data.sampler import too_few_prompts
+
+    if cfg is not None and world > 0 and len(data) < world * cfg.prompts_per_rank:
+        return [too_few_prompts(len(data), world, cfg.prompts_per_rank)]
+    return []
+
+
+def file_problems(args: argparse.Namespace, cfg, world: int = 0) -> list[str]:
+    """The inputs the flags name: embedding index (and its files), model and VAE folders, resume
+    checkpoint, reward weights (``cfg``: the built TrainConfig, or None when the flags did not
+    validate; ``world``: ranks in all, 0 when unknown)."""
     from fastvideo.models.registry import get_model_family
 
     problems: list[str] = []
@@ -121,19 +132,28 @@ def file_problems(args: argparse.Namespace, cfg) -> list[str]:
     if family is not None:
         from fastvideo.data.dataset import PromptEmbeddingDataset
 
-        _attempt(problems, lambda: PromptEmbeddingDataset(args.data_json_path, family=family))
+        data = _attempt(problems, lambda: PromptEmbeddingDataset(args.data_json_path, family=family))
+        if data is not None:
+            problems += data_problems(data, cfg, world)
+        found = True
         if not args.dit_model_name_or_path:
-            _attempt(problems, lambda: family.check_folder(args.pretrained_model_name_or_path,
-                                                           family.training_components))
+            found = _attempt(problems, lambda: family.check_folder(args.pretrained_model_name_or_path,
+                                                                   family.training_components)) is not None
         vae = getattr(args, "vae_model_path", None)
         if vae and vae != args.pretrained_model_name_or_path:
-            _attempt(problems, lambda: family.check_folder(vae, ("vae",)))
+            found = _attempt(problems, lambda: family.check_folder(vae, ("vae",))) is not None and found
+        if found:  # damaged config.json or weights (read from their headers)
+            from fastvideo.models.file_check import model_file_problems, training_folders
+
+            problems += model_file_problems(family, training_folders(family, args.pretrained_model_name_or_path,
+                                                                     args.dit_model_name_or_path, vae))
     if args.resume_from_checkpoint:
         from fastvideo.training import checkpoint
 
         _attempt(problems, lambda: checkpoint.read_resume_point(args.resume_from_checkpoint, args.output_dir))
-    if cfg is not None:
-        problems += reward_problems(cfg)
+    reward = cfg.reward if cfg is not None else _attempt([], lambda: _reward_settings(args))
+    if reward is not None:  # also when another flag is wrong: every problem is reported at once
+        problems += reward_problems(reward)
     from fastvideo.training.run import output_dir as run_dir
 
     overwrite = getattr(args, "overwrite", False)
@@ -141,11 +161,20 @@ def file_problems(args: argparse.Namespace, cfg) -> list[str]:
     return problems
 
 
-def reward_problems(cfg) -> list[str]:
-    """Missing reward weights of the local rewards, and remote:/vlm: endpoints that do not answer."""
+def _reward_settings(args: argparse.Namespace):
+    """The reward flags' settings alone (their own mistakes are reported by validate_args)."""
+    from fastvideo.rewards.settings import RewardSettings
+
+    return RewardSettings.from_args(args)
+
+
+def reward_problems(r) -> list[str]:
+    """Missing reward weights of the local rewards, and remote:/vlm: endpoints that do not answer
+    (``r``: the RewardSettings)."""
+    from types import SimpleNamespace
+
     problems: list[str] = []
-    names = {s.name for s in cfg.reward.spec if not s.url}
-    r = cfg.reward
+    names = {s.name for s in r.spec if not s.url}
     if "hpsv2" in names:
         from fastvideo.rewards.hps import check_hps_architecture
 
@@ -158,7 +187,7 @@ def reward_problems(cfg) -> list[str]:
     if any(s.url for s in r.spec):
         from fastvideo.training.builders import check_reward_endpoints
 
-        _attempt(problems, lambda: check_reward_endpoints(cfg))
+        _attempt(problems, lambda: check_reward_endpoints(SimpleNamespace(reward=r)))
     return problems
 
 
@@ -167,6 +196,8 @@ def world_problems(nproc_per_node: int, nnodes: int, device: str) -> list[str]:
     this machine lacks (a dry run of an NPU launch on a login node) is not counted."""
     from fastvideo import devices
 
+    if device not in devices.DEVICE_TYPES:
+        return [devices.device_type_problem(device)]
     if device == devices.CPU:
         return []
     if device == devices.NPU:
@@ -182,6 +213,43 @@ def world_problems(nproc_per_node: int, nnodes: int, device: str) -> list[str]:
     return []
 
 
+def memory_problems(cfg, nproc_per_node: int, device: str) -> list[str]:
+    """A run the memory model (perf/memory.py) says cannot fit: what every rank holds through its
+    rollout whatever the transformer (trajectory, decoded images, reward weights; a lower bound of
+    the peak) against one device's memory, or on the CPU against the host's RAM shared by the
+    node's ranks. Nothing is said when the model's config cannot be read (file_problems says why)."""
+    import json
+
+    from fastvideo import devices
+    from fastvideo.models.registry import get_model_family
+    from fastvideo.perf.memory import GB, MemoryShape, held_in_every_phase
+
+    m = cfg.model
+    folder = Path(m.dit_model_name_or_path) if m.dit_model_name_or_path else Path(m.pretrained_model_name_or_path) / "transformer"
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        family = get_model_family(m.family)
+    except (OSError, ValueError, UserError):
+        return []
+    r, accelerator = cfg.rollout, device != devices.CPU
+    shape = MemoryShape(height=r.height, width=r.width, text_tokens=1, sampling_steps=r.sampling_steps,
+                        samples_per_rank=cfg.prompts_per_rank * r.num_generations, rollout_batch=r.rollout_batch_size,
+                        micro_batch=1, world_size=1, rewards=tuple(s.name for s in cfg.reward.spec if not s.url),
+                        reward_bytes=2 if accelerator else 4, keeps_latents=cfg.algorithm != "nft")
+    total, ranks = devices.total_memory_bytes(device), 1 if accelerator else max(nproc_per_node, 1)
+    if total is None:
+        return []
+    need = held_in_every_phase(config, shape, family, over=total // ranks) * ranks
+    if need <= total:
+        return []
+    where = f"one {device} device's {total / GB:.1f} GB" if accelerator else \
+        f"this host's {total / GB:.1f} GB of RAM ({ranks} rank(s) on the CPU)"
+    return [f"--h {r.height} --w {r.width}: the memory model puts what the rollout holds (the trajectory and decoded "
+            f"images of {shape.samples_per_rank} sample(s) per rank, the reward models) at {need / GB:.1f} GB or more, over "
+            f"{where}: lower --h/--w, --num_generations or the prompts per rank "
+            f"(python -m fastvideo.tools.cost_model --memory estimates the whole peak)"]
+
+
 def check_training(argv: list[str], nproc_per_node: int = 1, nnodes: int = 1, device: str | None = None,
                    check_world: bool = True) -> list[str]:
     """Every problem of a training command line (the flags after the script), one line each."""
@@ -192,9 +260,12 @@ def check_training(argv: list[str], nproc_per_node: int = 1, nnodes: int = 1, de
         args = _lenient_args(argv)
     cfg = _attempt(problems, lambda: validate_args(args)) if args is not None else None
     if args is not None:
-        problems += file_problems(args, cfg)
+        problems += file_problems(args, cfg, nproc_per_node * nnodes)
+    device = device or os.environ.get("FASTVIDEO_DEVICE", "cpu")
+    if cfg is not None:
+        problems += memory_problems(cfg, nproc_per_node, device)
     if check_world:
-        problems += world_problems(nproc_per_node, nnodes, device or os.environ.get("FASTVIDEO_DEVICE", "cpu"))
+        problems += world_problems(nproc_per_node, nnodes, device)
     return list(dict.fromkeys(problems))
 
 

@@ -12,6 +12,11 @@ import os
 import sys
 import warnings
 
+# The parent pid as this process started, before any import that takes time: a torchrun worker
+# checks its parent-death guard against it (run_control.die_with_parent), so that a launcher
+# killed while the worker was still starting leaves no orphan.
+_PARENT_AT_START = os.getppid()
+
 # torch's FSDP1 optimizer-state gather warns about gloo/CPU process groups at every checkpoint;
 # the warnings are about a deprecated internal helper and say nothing the user can act on.
 warnings.filterwarnings("ignore", message=".*_get_pg_default_device.*")
@@ -65,18 +70,35 @@ def report_user_error(exc: BaseException, rank: int) -> int:
     """A user error that every rank meets alike (a flag, a missing input): one line, from rank 0
     only (under fastvideo.launch: written for the launcher, which prints each distinct line once).
     Returns the exit status (2)."""
-    from fastvideo.errors import USER_ERROR_EXIT, report_failure
+    from fastvideo.errors import USER_ERROR_EXIT, one_line, report_failure
     from fastvideo.training.run import control as run_control
     from fastvideo.training.run import output_dir as run_dir
 
     if isinstance(exc, run_dir.PeerRefused):
         return USER_ERROR_EXIT
-    if run_control.control_dir() is not None:
-        run_control.write_rank_error(rank, f"train_grpo_flux: error: {exc}")
+    if run_control.control_dir() is not None:  # one line: the launcher reads each rank's first
+        run_control.write_rank_error(rank, f"train_grpo_flux: error: {one_line(exc)}")
         return USER_ERROR_EXIT
     if rank == 0:
         return report_failure(exc, "train_grpo_flux")
     return USER_ERROR_EXIT
+
+
+def _with_resume_point(exc: BaseException, output_dir: str) -> BaseException:
+    """A full disk (a checkpoint, a log, an image): one line naming what was being written and the
+    last complete checkpoint to resume from (nothing else was published); other errors unchanged."""
+    from fastvideo.errors import DiskFullError, is_disk_full, one_line
+
+    if not is_disk_full(exc):
+        return exc
+    from fastvideo.training.checkpoint import find_latest
+
+    latest = find_latest(output_dir)
+    where = f"the last complete checkpoint is {latest}" if latest else "no checkpoint is complete yet"
+    name = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in str(exc) \
+        else ""
+    return DiskFullError(f"{one_line(exc)}{name}; {where}: free space, then run the same command with "
+                         f"--resume_from_checkpoint latest")
 
 
 def _report(exc: BaseException, info) -> int:
@@ -110,10 +132,14 @@ def _stopped(trainer, info, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     # Parse before importing torch (devices): --help, --print_config and flag errors come back fast.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun worker: die with the launcher, armed first
+        from fastvideo.training.run import control as run_control
+
+        run_control.die_with_parent(parent=run_control.launcher_pid(_PARENT_AT_START))
     from fastvideo.config import parse_config
     from fastvideo.errors import UserError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_config(argv, usage=False)
     except UserError as exc:  # every rank parses the same flags: one line, from rank 0
@@ -122,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     from fastvideo.training.run import control as run_control
     from fastvideo.training.run import output_dir as run_dir
 
-    if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun worker: die with the launcher
-        run_control.die_with_parent()
-    info = devices.init_distributed()
+    try:
+        with run_control.rendezvous_watchdog("train_grpo_flux", _rank_from_env(), devices.dist_env()[2]):
+            info = devices.init_distributed()
+    except UserError as exc:  # FASTVIDEO_DEVICE names no usable device: one line, exit 2
+        return report_user_error(exc, _rank_from_env())
     stop = run_control.StopRequest().install()
     code = 0
     try:
@@ -139,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         # Say why (a user error as one line, exit 2; anything else with its traceback, exit 1), then
         # exit without waiting on collectives: torchrun sees the failure and stops the other ranks
         # instead of letting them hang.
-        code = _report(exc, info)
+        code = _report(_with_resume_point(exc, cfg.output.output_dir), info)
         if info.is_main:
             run_dir.release_lock(cfg.output.output_dir)
         if info.world_size > 1:

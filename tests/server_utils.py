@@ -35,3 +35,45 @@ def serve_in_thread(app, port: int | None = None, timeout_s: float = 20.0, setti
     finally:
         server.should_exit = True
         thread.join(timeout_s)
+
+
+@contextlib.contextmanager
+def canned_http_server(reply: bytes, health: bytes | None = None):
+    """A loopback server answering every POST with the raw bytes ``reply`` (status line, headers
+    and body as given: garbled replies included) and every GET with ``health`` (or ``reply``), then
+    closing. Yields (base URL, the request lines received)."""
+    import socketserver
+
+    seen: list[str] = []
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            data = b""
+            self.request.settimeout(10)
+            while b"\r\n\r\n" not in data:
+                chunk = self.request.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            length = next((int(v) for k, _, v in (ln.partition(":") for ln in lines[1:])
+                           if k.strip().lower() == "content-length"), 0)
+            while len(body) < length:
+                chunk = self.request.recv(65536)
+                if not chunk:
+                    break
+                body += chunk
+            seen.append(lines[0])
+            self.request.sendall(health if health is not None and lines[0].startswith("GET") else reply)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

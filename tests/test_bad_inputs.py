@@ -45,23 +45,85 @@ def env(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
     shutil.copytree(tiny_flux_dir, mixed)
     cfg = json.loads((mixed / "transformer" / "config.json").read_text())
     (mixed / "transformer" / "config.json").write_text(json.dumps({**cfg, "num_layers": cfg["num_layers"] + 1}))
+    models = {name: _broken_model(tiny_flux_dir, root / name, name) for name in BROKEN_MODELS}
+    data = {name: _broken_data(Path(tiny_embeddings), root / name, name) for name in BROKEN_DATA}
+    binary = root / "binary.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
     read_only = root / "read_only"
     read_only.mkdir()
     read_only.chmod(0o555)
     return dict(model=str(tiny_flux_dir), emb=str(tiny_embeddings), root=root, file=str(a_file), empty=str(empty),
                 incomplete=str(incomplete), train_prompts=str(train_prompts), empty_prompts=str(empty_prompts),
-                mixed_model=str(mixed), read_only=str(read_only))
+                mixed_model=str(mixed), read_only=str(read_only), binary=str(binary),
+                **{k: str(v) for k, v in {**models, **data}.items()})
 
 
-def _t(needle, **flags):
-    """A train case: the tiny run's flags with ``flags`` replaced (None removes one)."""
+def _edit_json(path, **changes):
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _cut(path, keep):
+    with open(path, "r+b") as f:
+        f.truncate(keep if keep > 0 else path.stat().st_size + keep)
+
+
+def _overwrite_header(path):
+    data = bytearray(path.read_bytes())
+    data[8:40] = b"x" * 32
+    path.write_bytes(bytes(data))
+
+
+# A copy of the tiny model with one thing broken: name -> what is done to the copy (#39 item 15)
+BROKEN_MODELS = {
+    "cfg_not_json": lambda d: (d / "transformer" / "config.json").write_text("{not json"),
+    "cfg_wrong_type": lambda d: _edit_json(d / "transformer" / "config.json", num_layers="one"),
+    "weights_cut": lambda d: _cut(d / "transformer" / "diffusion_pytorch_model.safetensors", -100),
+    "weights_cut_in_header": lambda d: _cut(d / "transformer" / "diffusion_pytorch_model.safetensors", 1000),
+    "header_overwritten": lambda d: _overwrite_header(d / "transformer" / "diffusion_pytorch_model.safetensors"),
+    "vae_cfg_other_model": lambda d: _edit_json(d / "vae" / "config.json", latent_channels=32),
+}
+
+
+def _first_entry(index, **changes):
+    entries = json.loads(index.read_text())
+    index.write_text(json.dumps([{**entries[0], **changes}, *entries[1:]]))
+
+
+def _save_tensor(path, shape):
+    import torch
+
+    torch.save(torch.zeros(shape), path)
+
+
+# A copy of the tiny embeddings with one thing broken: name -> what is done to the copy's folder
+BROKEN_DATA = {
+    "index_entry_wrong_type": lambda d: _first_entry(d / "videos2caption.json", prompt_embed_path=7),
+    "pt_wrong_shape": lambda d: _save_tensor(d / "prompt_embed" / "0.pt", (3, 3)),
+}
+
+
+def _broken_data(index, target, name):
+    shutil.copytree(index.parent, target)
+    BROKEN_DATA[name](target)
+    return target / index.name
+
+
+def _broken_model(source, target, name):
+    shutil.copytree(source, target)
+    BROKEN_MODELS[name](target)
+    return target
+
+
+def _t(needle, env=None, **flags):
+    """A train case: the tiny run's flags with ``flags`` replaced (None removes one; "{name}" is filled
+    in from the env fixture, e.g. a broken copy of the model); ``env``: environment variables to set."""
     flags = {"max_train_steps": 1, "save_images_every": 0, **flags}
-    return ("train", lambda e: train_args(e["emb"], e["model"], e["root"] / "out", **flags), needle)
+    return ("train", lambda e: train_args(e["emb"], e["model"], e["root"] / "out", **flags), needle, env or {})
 
 
 def _raw(entry, needle, *argv):
     """A case with literal argv; {model} {emb} {file} {empty} {incomplete} {root} ... are filled in."""
-    return (entry, lambda e: [a.format(**e) for a in argv], needle)
+    return (entry, lambda e: [a.format(**e) for a in argv], needle, {})
 
 
 TRAIN = [
@@ -94,6 +156,20 @@ TRAIN = [
     _t("training prompts", eval_every=1, eval_prompts="{train_prompts}", eval_rewards="detail"),
     _t("config", config="{root}/nope.yaml"),
     _t("config.json and weights disagree", pretrained_model_name_or_path="{mixed_model}", fsdp_sharding_strategy="none"),
+    _t("does not answer", rewards="remote:http://127.0.0.1:9/x:1"),  # nothing listens on port 9
+    _t("is not valid JSON", pretrained_model_name_or_path="{cfg_not_json}"),
+    _t("does not build a transformer", pretrained_model_name_or_path="{cfg_wrong_type}"),
+    _t("cut short", pretrained_model_name_or_path="{weights_cut}"),
+    _t("cut short", pretrained_model_name_or_path="{weights_cut_in_header}"),
+    _t("safetensors header is damaged", pretrained_model_name_or_path="{header_overwritten}"),
+    _t("config.json and weights disagree", pretrained_model_name_or_path="{vae_cfg_other_model}"),
+    _t("where a string", data_json_path="{index_entry_wrong_type}"),
+    _t("prompt 0", data_json_path="{pt_wrong_shape}"),
+    _t("--seed", seed=2**70), _t("--sampler_seed", sampler_seed=-(2**64)),
+    _t("not a text file", config="{binary}"),
+    _t("'tpu' is not a device type", env={"FASTVIDEO_DEVICE": "tpu"}),
+    _t("--lora_target_modules", use_lora=True, lora_target_modules="nope_a,nope_b"),
+    _t("MASTER_ADDR and MASTER_PORT not set", env={"WORLD_SIZE": "2"}),
     pytest.param(*_t("not writable", output_dir="{read_only}/out"),
                  marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")),
 ]
@@ -179,6 +255,9 @@ REWARD_SERVER = [
     _raw("reward_server", "device", "--rewards", "detail", "--device", "tpu"),
     _raw("reward_server", "no_hps", "--rewards", "hpsv2", "--hps_ckpt_dir", "{root}/no_hps"),
     _raw("reward_server", "read_timeout_s", "--rewards", "detail", "--read_timeout_s", "nan"),
+    _raw("reward_server", "max_request_pixels", "--rewards", "detail", "--max_request_pixels", "0"),
+    _raw("reward_server", "would wait forever", "--rewards", "detail", "--max_server_pixels", "100"),
+    _raw("reward_server", "could never be read", "--rewards", "detail", "--max_buffered_mb", "1"),
 ]
 
 COST_MODEL = [
@@ -232,11 +311,13 @@ def _entry(case) -> str:
     return case.values[0] if hasattr(case, "values") else case[0]
 
 
-@pytest.mark.parametrize("entry, argv, needle", CASES, ids=[f"{_entry(c)}-{i}" for i, c in enumerate(CASES)])
-def test_bad_input_exits_2_with_one_line(entry, argv, needle, env, capsys, monkeypatch):
+@pytest.mark.parametrize("entry, argv, needle, environ", CASES, ids=[f"{_entry(c)}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_exits_2_with_one_line(entry, argv, needle, environ, env, capsys, monkeypatch):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FASTVIDEO_DEBUG"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("FLUX_GRPO_REWARD_TOKEN", "")
+    for k, v in environ.items():
+        monkeypatch.setenv(k, v)
     args = _fill(argv(env), env)
     capsys.readouterr()
     try:
@@ -247,16 +328,28 @@ def test_bad_input_exits_2_with_one_line(entry, argv, needle, env, capsys, monke
     assert needle in line, line
 
 
+# (module, argv, environment, a word the line must hold); "{port}" is a free port, "{emb}" ... the env fixture's
 SUBPROCESS = [
     ("fastvideo.train_grpo_flux", ["--data_json_path", "x.json", "--pretrained_model_name_or_path", "y",
-                                   "--learning_rate", "nan"]),
-    ("fastvideo.data_preprocess.preprocess_flux_embedding", ["--max_prompts", "0"]),
-    ("fastvideo.tools.reward_server", ["--rewards", "nope"]),
+                                   "--learning_rate", "nan"], {}, "error:"),
+    ("fastvideo.data_preprocess.preprocess_flux_embedding", ["--max_prompts", "0"], {}, "max_prompts"),
+    ("fastvideo.tools.reward_server", ["--rewards", "nope"], {}, "nope"),
+    # one process told it has a peer that never comes: a line after the wait, not a silent 30-minute hang
+    ("fastvideo.train_grpo_flux", ["{train}"], {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                                                "MASTER_PORT": "{port}", "FASTVIDEO_RENDEZVOUS_TIMEOUT_S": "2"},
+     "did not join"),
 ]
 
 
-@pytest.mark.parametrize("module, argv", SUBPROCESS, ids=[m.rsplit(".", 1)[-1] for m, _ in SUBPROCESS])
-def test_the_command_line_itself_exits_2_with_one_line(module, argv, tmp_path):
+@pytest.mark.parametrize("module, argv, environ, needle", SUBPROCESS,
+                         ids=[f"{m.rsplit('.', 1)[-1]}-{i}" for i, (m, *_) in enumerate(SUBPROCESS)])
+def test_the_command_line_itself_exits_2_with_one_line(module, argv, environ, needle, env, tmp_path):
+    from server_utils import free_port
+
+    if argv == ["{train}"]:
+        argv = train_args(env["emb"], env["model"], tmp_path / "out", max_train_steps=1)
+    environ = {k: v.format(port=free_port()) for k, v in environ.items()}
     proc = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path, env={**os.environ, "FASTVIDEO_DEVICE": "cpu", "PYTHONPATH": str(ROOT)})
-    _one_line(proc.returncode, proc.stderr)
+                          cwd=tmp_path, env={**os.environ, "FASTVIDEO_DEVICE": "cpu", "PYTHONPATH": str(ROOT),
+                                             **environ})
+    assert needle in _one_line(proc.returncode, proc.stderr)

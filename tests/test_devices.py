@@ -16,16 +16,18 @@ def test_cpu_detected_without_accelerators(monkeypatch):
 def test_override_and_bad_override(monkeypatch):
     monkeypatch.setenv(devices.ENV_DEVICE, "cpu")
     assert devices.device_type() == "cpu"
-    monkeypatch.setenv(devices.ENV_DEVICE, "tpu")
-    with pytest.raises(ValueError, match="npu, cuda, cpu"):
+    from fastvideo.errors import UserError
+
+    monkeypatch.setenv(devices.ENV_DEVICE, "tpu")  # each a user error: one line, exit 2 (#39 item 15)
+    with pytest.raises(UserError, match="npu, cuda, cpu"):
         devices.device_type()
     if not torch.cuda.is_available():
         monkeypatch.setenv(devices.ENV_DEVICE, "cuda")
-        with pytest.raises(RuntimeError, match="is_available"):
+        with pytest.raises(UserError, match="is_available"):
             devices.device_type()
     monkeypatch.setenv(devices.ENV_DEVICE, "npu")
     if not devices.npu_available():
-        with pytest.raises(RuntimeError, match="env_setup.sh --target npu"):
+        with pytest.raises(UserError, match="env_setup.sh --target npu"):
             devices.device_type()
 
 
@@ -229,3 +231,16 @@ def test_host_buffers_are_plain_and_copies_free_on_the_cpu():
     buf = devices.host_buffer((2, 3), torch.float32, "cpu")
     assert buf.shape == (2, 3) and not buf.is_pinned()
     assert devices.to_device(buf, torch.device("cpu")) is buf
+
+
+def test_total_memory_is_the_hosts_ram_on_cpu_and_none_without_the_device():
+    import os
+
+    from fastvideo import devices
+
+    if os.path.exists("/proc/meminfo"):
+        with open("/proc/meminfo") as f:
+            mem_total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+        assert devices.total_memory_bytes("cpu") == mem_total
+    if not devices.cuda_available():
+        assert devices.total_memory_bytes("cuda") is None

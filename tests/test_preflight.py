@@ -5,6 +5,7 @@ torchrun traceback)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +36,8 @@ def test_files_and_rules_are_checked_together(tiny_flux_dir, tiny_embeddings, tm
                       hps_ckpt_dir=str(tmp_path / "no_hps"), sp_size=2,
                       resume_from_checkpoint=str(tmp_path / "no_ckpt"))
     problems = preflight.check_training(argv, nproc_per_node=2)
-    assert len(problems) == 4, problems  # the rewards are not checked when the flags do not validate
-    for needle, problem in zip(["sequence parallelism", "none.json", "no_model", "no_ckpt"], problems):
+    assert len(problems) == 5, problems  # the rewards too, although another flag does not validate
+    for needle, problem in zip(["sequence parallelism", "none.json", "no_model", "no_ckpt", "no_hps"], problems):
         assert needle in problem, (needle, problem)
     valid_flags = preflight.check_training(argv[:-4], nproc_per_node=2)  # without --sp_size 2 and the resume
     assert len(valid_flags) == 3 and "no_hps" in valid_flags[2], valid_flags
@@ -60,6 +61,52 @@ def test_reward_checkpoint_of_another_architecture_is_one_problem(tiny_flux_dir,
     assert "does not fit the 'ViT-H-14' architecture" in problem and "visual.class_embedding: (32,) vs (1280,)" in problem
     assert f"pass --hps_model_name {tiny_rewards.hps_model_name}" in problem and "\n" not in problem
     assert preflight.check_training([*argv, "--hps_model_name", tiny_rewards.hps_model_name], nproc_per_node=2) == []
+
+
+# The launcher's pre-flight, table-driven: flags over the tiny run's -> a pattern for each of its
+# problem lines, in order (one line each, then the summary; exit 2; no traceback).
+PREFLIGHT = {
+    "reward-server-not-answering": ({"rewards": "remote:http://127.0.0.1:9/x:1"}, [r"127\.0\.0\.1:9 .*does not answer"]),
+    # 2 ranks x 2 samples of 65536 x 65536 (their decoded images alone 103 GB a rank), on the 64 GiB host
+    "image-too-large-for-memory": ({"h": 65536, "w": 65536}, [r"--h 65536 --w 65536: .* at 206\.2 GB or more, over this host's 68\.7 GB"]),
+    "image-far-too-large": ({"h": 1048576, "w": 1048576}, [r"--h 1048576 .*memory model"]),
+    "one-prompt-for-two-ranks": ({"data_json_path": "{one_prompt}"}, [r"1 prompts cannot fill one iteration of 2 ranks"]),
+    "device-type-unknown": ({"_env": {"FASTVIDEO_DEVICE": "tpu"}}, [r"FASTVIDEO_DEVICE='tpu' is not a device type"]),
+    # #39 item 20: a bad value, a missing index and missing reward weights: all three, at once
+    "flag-and-files-at-once": ({"h": 100, "data_json_path": "{root}/none.json", "rewards": "hpsv2:1",
+                                "hps_ckpt_dir": "{root}/no_hps"}, [r"--h", r"none\.json", r"no_hps"]),
+}
+HOST_RAM = 64 << 30  # the table's host (the CPU's "device"): fixed, so that the memory rows hold anywhere
+
+
+@pytest.mark.parametrize("case", list(PREFLIGHT))
+def test_the_preflight_reports_each_problem_as_one_line(case, tiny_flux_dir, tiny_embeddings, tmp_path, capsys,
+                                                        monkeypatch):
+    from fastvideo import devices
+
+    monkeypatch.setattr(devices, "total_memory_bytes", lambda dev_type: HOST_RAM)
+    monkeypatch.setenv("FASTVIDEO_DEVICE", "cpu")
+    flags, needles = PREFLIGHT[case]
+    flags = dict(flags)
+    for k, v in flags.pop("_env", {}).items():
+        monkeypatch.setenv(k, v)
+    places = {"root": tmp_path, "one_prompt": tmp_path / "one" / "videos2caption.json"}
+    if "{one_prompt}" in str(flags):  # the tiny index cut to its first prompt
+        import json
+        import shutil
+
+        shutil.copytree(Path(tiny_embeddings).parent, tmp_path / "one")
+        entries = json.loads(Path(tiny_embeddings).read_text())
+        places["one_prompt"].write_text(json.dumps(entries[:1]))
+    flags = {k: (v.format(**places) if isinstance(v, str) else v) for k, v in flags.items()}
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out", **flags)
+    assert preflight.main(["--nproc_per_node", "2", "fastvideo/train_grpo_flux.py", *argv]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == len(needles) + 1, err
+    for line, pattern in zip(lines, needles):
+        assert line.startswith("train_grpo_flux: error: ") and re.search(pattern, line), (pattern, line)
+    assert f"{len(needles)} problem" in lines[-1]
 
 
 def test_world_size_against_the_devices():
@@ -103,6 +150,98 @@ def test_a_user_error_inside_the_ranks_is_one_line(tiny_flux_dir, tmp_path):
     assert lines[0].startswith("+ torchrun")
     assert len(lines) == 2 and "none.json" in lines[1] and lines[1].startswith("train_grpo_flux: error:"), lines
     assert "ChildFailedError" not in proc.stderr and "usage:" not in proc.stderr
+
+
+@pytest.mark.parametrize("codes, expected", [
+    ({0: 2, 1: 2}, 2), ({0: 143, 1: 2}, 2), ({0: -15, 1: 2}, 2), ({0: -9, 1: 2}, 2),  # torn down for rank 1's error
+    ({0: 1, 1: 2}, 1), ({0: 143, 1: 143}, 1), ({0: 1}, 1), ({0: -11, 1: 2}, 1),  # a bug, or no user error
+])
+def test_ranks_torn_down_for_a_user_error_keep_exit_2(codes, expected, tmp_path):
+    from types import SimpleNamespace
+
+    from fastvideo.launch import report_children
+
+    for rank, code in codes.items():
+        if code == 2:
+            (tmp_path / f"error-rank{rank}.txt").write_text("train_grpo_flux: error: prompt 1: missing\n")
+    stream = __import__("io").StringIO()
+    assert report_children({r: SimpleNamespace(exitcode=c) for r, c in codes.items()}, tmp_path, stream) == expected
+    lines = stream.getvalue().splitlines()
+    if expected == 2:
+        assert lines == ["train_grpo_flux: error: prompt 1: missing (rank 1)"] or lines == [
+            "train_grpo_flux: error: prompt 1: missing"], lines
+
+
+def test_a_missing_file_in_rank_1s_share_is_one_line_exit_2(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """Issue #39 item 15: rank 1 finds prompt 1's file missing (exit 2), rank 0 is torn down: the
+    launch exits 2 with rank 1's line alone."""
+    import shutil
+
+    data = tmp_path / "emb"
+    shutil.copytree(Path(tiny_embeddings).parent, data)
+    (data / "prompt_embed" / "1.pt").unlink()
+    argv = train_args(data / Path(tiny_embeddings).name, tiny_flux_dir, tmp_path / "out")
+    cmd = [sys.executable, "-m", "fastvideo.launch", "--standalone", "--nproc_per_node=2",
+           "fastvideo/train_grpo_flux.py", *argv]
+    proc = subprocess.run(cmd, env=_launch_env(HF_HUB_OFFLINE="1"), cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("+ torchrun")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 1 and "1.pt" in lines[0] and "is missing" in lines[0] and "(rank 1)" in lines[0], lines
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (FileNotFoundError, StopIteration):
+        return False
+    return bool(mask & (1 << (sig - 1)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 0), ("SIGINT", 130)])
+def test_a_signal_while_the_launcher_starts_is_one_line(sig, code, tiny_flux_dir, tiny_embeddings, tmp_path):
+    """Issue #39 item 17: SIGTERM / SIGINT while the launcher still imports (before any worker): one
+    line and the signal's documented code, not a silent -15 (or a KeyboardInterrupt traceback)."""
+    import signal
+    import time
+
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out")
+    proc = subprocess.Popen([sys.executable, "-m", "fastvideo.launch", "--standalone", "--nproc_per_node=2",
+                             "fastvideo/train_grpo_flux.py", *argv], env=_launch_env(HF_HUB_OFFLINE="1"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    signum = getattr(signal, sig)
+    deadline = time.monotonic() + 60
+    # The launcher sets SIGTERM's handler last (Python's own SIGINT handler is there from start-up)
+    while not _catches(proc.pid, signal.SIGTERM) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == code and "Traceback" not in err, err[-3000:]
+    assert lines == [f"train_grpo_flux: {sig} before any worker started: nothing to stop or save"], lines
+
+
+def test_a_busy_port_is_one_line(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """Issue #39 item 9: a --master_port something else listens on is one line naming the port
+    (exit 2), not the rendezvous' DistNetworkError traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out")
+        cmd = [sys.executable, "-m", "fastvideo.launch", "--nnodes=1", "--nproc_per_node=2", f"--master_port={port}",
+               "fastvideo/train_grpo_flux.py", *argv]
+        proc = subprocess.run(cmd, env=_launch_env(HF_HUB_OFFLINE="1"), cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 2 and lines[0].startswith("+ torchrun"), lines
+    assert lines[1].startswith("train_grpo_flux: error: port ") and f"{port} on this node is in use" in lines[1]
 
 
 @pytest.mark.parametrize("device", ["npu", "cuda"])

@@ -158,6 +158,29 @@ def test_resume_inputs_are_refused_cleanly(finished_run, tmp_path, monkeypatch, 
     _refused(_train([*argv, "--resume_from_checkpoint", str(pickled)], monkeypatch), capsys, "pickle")
 
 
+def test_a_refused_resume_under_the_launcher_prints_every_difference(finished_run, tmp_path):
+    """Issue #39 item 16: under fastvideo.launch the refusal is one line holding every difference
+    (the launcher reads the first line a rank writes; the differences used to be lines of their own)."""
+    import os
+    import subprocess
+
+    out, argv = finished_run
+    i = argv.index("--seed")
+    changed = argv[:i] + ["--seed", "8"] + argv[i + 2:] + ["--resume_from_checkpoint", "latest", "--shift", "2.5"]
+    root = Path(__file__).resolve().parents[1]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(root), "FASTVIDEO_DEVICE": "cpu",
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "FASTVIDEO_PREFLIGHT": "0"}
+    proc = subprocess.run([sys.executable, "-m", "fastvideo.launch", "--standalone", "--nproc_per_node=1",
+                           "fastvideo/train_grpo_flux.py", *changed], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("+ torchrun")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 1, lines
+    for needle in ("not the run that was saved", "seed (--seed): checkpoint 7, this run 8",
+                   "shift (--shift): checkpoint 3.0, this run 2.5", "--resume_allow_changes"):
+        assert needle in lines[0], (needle, lines[0])
+
+
 def test_resume_allow_changes_logs_the_differences(finished_run, monkeypatch, capsys):
     out, argv = finished_run
     i = argv.index("--max_train_steps")
@@ -166,6 +189,61 @@ def test_resume_allow_changes_logs_the_differences(finished_run, monkeypatch, ca
              str(out)]
     assert _train(more, monkeypatch) == 0
     assert "continuing with a changed setting: seed (--seed): checkpoint 7, this run 9" in capsys.readouterr().out
+
+
+def test_the_non_finite_stop_is_one_line_exit_2(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch, capsys):
+    """Issue #39 item 17: --max_nonfinite_steps reached is one line naming the setting to change (exit 2),
+    not a NonFiniteError traceback. Every iteration is made to report a skipped non-finite step."""
+    import fastvideo.training.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "iteration_problems",
+                        lambda record, stats: ["non-finite loss in 1 of 1 optimizer step(s) (skipped)"])
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "o", max_train_steps=3, max_nonfinite_steps=2,
+                      save_images_every=0, fsdp_sharding_strategy="none")
+    err = _refused(_train(argv, monkeypatch), capsys, "2 iterations in a row had non-finite values",
+                   "--learning_rate")
+    assert err.count("\n") == 1, err
+
+
+SAFETENSORS_ENOSPC = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "metrics"])
+def test_a_full_disk_is_one_line_naming_the_file_and_the_last_checkpoint(where, tiny_flux_dir, tiny_embeddings,
+                                                                          tmp_path, monkeypatch, capsys):
+    """Issue #39 item 18: ENOSPC while writing checkpoint-2's weights (safetensors' own error type) or
+    a metrics line: one line naming what was written and checkpoint-1, exit 2; nothing half-written
+    is left as a checkpoint."""
+    import json
+    from types import SimpleNamespace
+
+    import fastvideo.training.checkpoint as checkpoint
+    import fastvideo.training.metrics as metrics
+
+    calls = {"n": 0}
+    real_tensors = checkpoint._write_tensors
+
+    def full_tensors(path, tensors):
+        if "checkpoint-2" in str(path):
+            raise Exception(SAFETENSORS_ENOSPC)  # noqa: TRY002 - what safetensors raises
+        real_tensors(path, tensors)
+
+    def full_dumps(obj, **kwargs):  # the metrics line of iteration 2 meets a full disk as it is written
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")  # as a file object's write() raises it: no file name
+        return json.dumps(obj, **kwargs)
+
+    monkeypatch.setattr(*((checkpoint, "_write_tensors", full_tensors) if where == "checkpoint" else
+                          (metrics, "json", SimpleNamespace(dumps=full_dumps))))
+    out = tmp_path / "o"
+    argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=2, checkpointing_steps=1,
+                      save_images_every=0, fsdp_sharding_strategy="none")
+    named = "diffusion_pytorch_model.safetensors" if where == "checkpoint" else "metrics.jsonl"
+    err = _refused(_train(argv, monkeypatch), capsys, "o space left on device", named,
+                   f"the last complete checkpoint is {out / 'checkpoint-1'}", "--resume_from_checkpoint latest")
+    assert err.count("\n") == 1, err
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
 
 
 def test_prompt_files_are_refused_cleanly(tiny_flux_dir, tmp_path, monkeypatch, capsys):

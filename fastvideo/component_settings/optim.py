@@ -97,6 +97,9 @@ class OptimSettings(Settings):
         check_number("weight_decay", self.weight_decay, at_least=0.0)
         check_number("max_grad_norm", self.max_grad_norm, allow_inf=True)  # <= 0 or inf: measure only
         check_number("lr_power", self.lr_power)
+        for flag, value in (("--seed", self.seed), ("--sampler_seed", self.sampler_seed)):
+            if not -(2**63) <= value < 2**63:  # torch's generators take 64 bits; a larger seed fails deep inside
+                raise ConfigError(f"{flag} {value} must fit in 64 bits (-2**63 <= seed < 2**63)")
         if self.lr_warmup_steps < 0:
             raise ConfigError(f"--lr_warmup_steps {self.lr_warmup_steps} must be >= 0")
         if self.use_ema and not 0.0 < self.ema_decay < 1.0:

@@ -60,7 +60,7 @@ class OutputSettings(Settings):
     log_every: int = 1
     overwrite: bool = False  # an action on the folder, not a setting: never replayed from a config.json
     checkpoint_on_signal: bool = True
-    checkpoint_format: str = "gathered"  # gathered | sharded (training/checkpoint_shards.py)
+    checkpoint_format: str = "gathered"  # gathered | sharded (training/checkpoint/shards.py)
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:

@@ -50,6 +50,12 @@ def _read_index(json_path: Path, json_keys: Sequence[str]) -> list[dict]:
                 f"entry {i} of {str(json_path)!r} lacks {', '.join(missing)}: this is not a "
                 f"videos2caption.json written by the preprocessing; {PREPROCESS_HINT}"
             )
+        # Every value is a file name or the caption: a number or a list would fail later as a TypeError.
+        wrong = [f"{k}={entry[k]!r:.40}" for k in json_keys if not isinstance(entry[k], str)]
+        if wrong:
+            raise EmbeddingDatasetError(
+                f"entry {i} of {str(json_path)!r} has {', '.join(wrong)} where a string (a file name, the "
+                f"caption) belongs; {PREPROCESS_HINT}")
     return entries
 
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from fastvideo.errors import CheckpointError
+from fastvideo.errors import CheckpointError, ConfigError
 
 # order_fn(epoch, num_prompts) -> LongTensor [num_prompts], a permutation of range(num_prompts)
 OrderFn = Callable[[int, int], torch.Tensor]
@@ -47,6 +47,12 @@ def repeat_first_epoch_order_fn(sampler_seed: int) -> OrderFn:
     return lambda epoch, n: seeded_permutation(sampler_seed, n)
 
 
+
+def too_few_prompts(num_prompts: int, world_size: int, prompts_per_rank: int) -> str:
+    """The message for an index too small for one iteration (the sampler's and the pre-flight's)."""
+    return (f"{num_prompts} prompts cannot fill one iteration of {world_size} ranks x {prompts_per_rank} "
+            "prompts: add prompts, or lower --train_batch_size or the number of processes")
+
 class GroupDistributedSampler:
     """Infinite iterator of this rank's prompt indices, ``prompts_per_rank`` per iteration."""
 
@@ -64,11 +70,8 @@ class GroupDistributedSampler:
             raise ValueError(f"rank {rank} is not in a world of size {world_size}")
         if prompts_per_rank < 1:
             raise ValueError(f"prompts_per_rank must be at least 1, got {prompts_per_rank}")
-        if num_prompts < world_size * prompts_per_rank:
-            raise ValueError(
-                f"{num_prompts} prompts cannot fill one iteration of {world_size} ranks x {prompts_per_rank} "
-                "prompts: add prompts, or lower train_batch_size or the number of processes"
-            )
+        if num_prompts < world_size * prompts_per_rank:  # the user's data and flags: one line, exit 2
+            raise ConfigError(too_few_prompts(num_prompts, world_size, prompts_per_rank))
         self.num_prompts = num_prompts
         self.rank = rank
         self.world_size = world_size

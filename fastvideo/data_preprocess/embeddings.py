@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,11 @@ def rank_batches(batches: list[list[int]], rank: int, world_size: int) -> list[l
 # ---------------------------------------------------------------- files
 
 
+# The temporaries atomic_torch_save writes for an embedding file N.pt: .N.pt.PID.tmp (nothing else is
+# taken for a killed writer's leftover).
+WRITER_TMP = re.compile(r"^\.\d+\.pt\.\d+\.tmp$")
+
+
 def atomic_torch_save(tensor: torch.Tensor, path: Path) -> None:
     """torch.save through a temporary file and os.replace: a reader never sees half a file.
 
@@ -229,8 +235,9 @@ def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str], f
     out = Path(output_dir)
     for sub in subdirs(family):
         (out / sub).mkdir(parents=True, exist_ok=True)
-        for tmp in (out / sub).glob(".*.tmp"):  # left by a killed writer
-            tmp.unlink(missing_ok=True)
+        for tmp in (out / sub).glob(".*.tmp"):  # left by a killed writer; a user's own .*.tmp stays
+            if WRITER_TMP.match(tmp.name):
+                tmp.unlink(missing_ok=True)
     new_hashes = [caption_hash(c) for c in prompts]
     old = _read_meta(out / META_NAME)
     on_disk = _indices_on_disk(out, family)

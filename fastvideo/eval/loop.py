@@ -2,7 +2,7 @@
 iteration when due), with the reward-hacking guard.
 
 Files under OUTPUT_DIR: eval.jsonl (one record per evaluation), eval/rows/row_NNNNNN.png,
-eval_grid.png (one row per evaluation), eval_curve.png, and best/ (see training/guard.py).
+eval_grid.png (one row per evaluation), eval_curve.png, and best/ (see training/run/guard.py).
 """
 
 from __future__ import annotations
@@ -76,7 +76,15 @@ class TrainingEvaluation(TrainerHook):
                 path.unlink()
             self.run(trainer)
             return
-        records = report.truncate_jsonl(path, trainer.iteration) if self.is_main else []
+        from fastvideo.errors import UserError
+        from fastvideo.training.run.start import fail_together
+
+        records, failure = [], None
+        try:  # rank 0's file: a damaged one stops every rank, not rank 0 alone
+            records = report.truncate_jsonl(path, trainer.iteration) if self.is_main else []
+        except UserError as exc:
+            failure = exc
+        fail_together(failure, trainer.dims.world_size, trainer.device, "rank 0 refused eval.jsonl")
         for rec in records:
             self.guard.update(rec["iteration"], rec["trained_score"], rec.get("guard_score"))
         missing = self.is_main and trainer.iteration % self.s.every == 0 and not any(
@@ -99,26 +107,32 @@ class TrainingEvaluation(TrainerHook):
         return bool(trainer.dims.all_reduce_max(torch.tensor([float(flag)], device=trainer.device)).item() > 0)
 
     def _forget_other_best(self, iteration: int) -> None:
-        """best/ must be the best of the records kept: one from after the resumed iteration (an
-        abandoned continuation) or from an evaluation never recorded (a crash) or with a torn
-        BEST.json is pointed back at the records' best checkpoint, or removed if that one is gone."""
+        """best/ must be the best of the records kept, intact: one from after the resumed iteration
+        (an abandoned continuation), from an evaluation never recorded (a crash), with a torn
+        BEST.json, or whose files no longer match their checksums (a bit flip) is published again
+        from the records' best checkpoint, or removed if that one is gone or damaged too."""
         import shutil
 
-        from fastvideo.training.checkpoint import checkpoint_dir, is_complete
+        from fastvideo.training.checkpoint import checkpoint_dir
         from fastvideo.training.run.guard import BEST_DIR, BEST_MARKER
 
         if not (self.out / BEST_DIR).exists():
             return
         marker = read_json_or_none(self.out / BEST_DIR / BEST_MARKER)
         best = self.guard.best_iteration
-        if marker is not None and marker.get("iteration") == best:
+        damage = _damage(self.out / BEST_DIR)
+        if marker is not None and marker.get("iteration") == best and damage is None:
             return
-        if best is not None and is_complete(checkpoint_dir(self.out, best)):
-            publish_best(checkpoint_dir(self.out, best), self.out, best, self.guard.best_score)
+        source = checkpoint_dir(self.out, best) if best is not None else None
+        if source is not None and source.is_dir() and _damage(source) is None:
+            publish_best(source, self.out, best, self.guard.best_score)
+            if damage is not None:
+                main_print(f"[eval] {self.out / BEST_DIR} was damaged ({damage}): published again from {source}")
         else:
             shutil.rmtree(self.out / BEST_DIR)
-            main_print(f"[eval] removed {self.out / BEST_DIR}: it is not the best of the evaluations recorded "
-                       f"up to the resumed iteration {iteration}")
+            why = f"it is damaged ({damage})" if damage else "it is not the best of the evaluations recorded"
+            main_print(f"[eval] removed {self.out / BEST_DIR}: {why} up to the resumed iteration {iteration}, and "
+                       f"no intact checkpoint of the best iteration is left to publish again")
 
     def after_iteration(self, trainer) -> bool:
         """Evaluate when due; True when the guard stops the run (a checkpoint has been written)."""
@@ -201,3 +215,16 @@ class TrainingEvaluation(TrainerHook):
         box = [self.guard.__dict__ if self.is_main else None]
         dist.broadcast_object_list(box, src=0)
         self.guard.__dict__.update(box[0])
+
+
+def _damage(folder) -> str | None:
+    """Why ``folder`` (a checkpoint, or best/) is not intact: its marker missing, a file of the wrong
+    size or whose sha256 does not match (one line); None when intact."""
+    from fastvideo.errors import UserError, one_line
+    from fastvideo.training.checkpoint.files import verify_checkpoint
+
+    try:
+        verify_checkpoint(folder)
+    except UserError as exc:
+        return one_line(exc)
+    return None

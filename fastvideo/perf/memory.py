@@ -305,7 +305,7 @@ def checkpoint_host_peak(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
     gathered: every trainable tensor's whole state passes through rank 0, one component at a time
     (the model, then AdamW's two moments in the master dtype, the float32 EMA, NFT's float32 old
     policy): the largest component, AdamW's moments, is the peak. sharded
-    (training/checkpoint_shards.py): the model file is streamed one FSDP unit at a time (the largest
+    (training/checkpoint/shards.py): the model file is streamed one FSDP unit at a time (the largest
     unit; under LoRA the whole, small adapter file), then each rank writes its own slice of the
     AdamW state and the weight copies: the larger of the two."""
     m = s.master_bytes
@@ -328,8 +328,24 @@ def trajectory_bytes(prof_config: dict, s: MemoryShape, family=None) -> int:
     states = (s.sampling_steps + 1 if s.keeps_latents else 0) + 1  # + x0
     latents = b * states * tokens * channels * 4
     embeds = b * family.cond_numel(prof_config, s.text_tokens) * 4
-    images = b * 3 * s.height * s.width * 4
-    return latents + b * s.sampling_steps * 4 + embeds + images
+    return latents + b * s.sampling_steps * 4 + embeds + decoded_images_bytes(s)
+
+
+def decoded_images_bytes(s: MemoryShape) -> int:
+    """The rollout's decoded images, float32 [B, 3, H, W] (part of the trajectory)."""
+    return s.samples_per_rank * 3 * s.height * s.width * 4
+
+
+def held_in_every_phase(config: dict, s: MemoryShape, family=None, over: int | None = None) -> int:
+    """Bytes every phase after set-up holds whatever the transformer (the trajectory with its decoded
+    images, the reward models' weights): a lower bound of :func:`estimate`'s peak that needs no
+    profiling, cheap enough for the launcher's pre-flight (fastvideo/preflight.py). When the images
+    and reward weights alone pass ``over``, their sum is returned: the latents' layout is not built
+    (for a huge image, its position ids alone would not fit)."""
+    floor = decoded_images_bytes(s) + sum(REWARD_PARAMS.get(r, 0) for r in s.rewards) * s.reward_bytes
+    if over is not None and floor > over:
+        return floor
+    return floor - decoded_images_bytes(s) + trajectory_bytes(config, s, family)
 
 
 def estimate(config: dict, vae_config: dict, s: MemoryShape, prof: ModelProfile | None = None,

@@ -4,16 +4,21 @@ Its own module so that rewards/remote.py (our reward server) and rewards/vlm.py 
 judges) share it without importing each other. A failed call is retried ``retries`` times with
 exponential backoff (0.5 s, 1 s, 2 s...) before :class:`RemoteRewardError` names the endpoint; a
 4xx answer (unknown reward, bad request, wrong token, too large) is the client's mistake and is
-never retried: it would fail again. A 5xx answer or a connection error always is.
+never retried: it would fail again. A 5xx answer, a connection error and a garbled reply (not
+JSON, cut short, a bad status line: a proxy or a dying server) always are; a well-formed reply of
+the wrong shape (a JSON list where an object belongs) is not: the endpoint speaks another protocol.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import time
 import urllib.error
 import urllib.request
+
+from fastvideo.errors import UserError
 
 # The retry warnings keep the logger name they had before this module was split out of remote.py,
 # so log filters (and tests' caplog) written against it still see them.
@@ -24,14 +29,41 @@ class RemoteRewardError(RuntimeError):
     """A reward server or judge endpoint that cannot be reached or keeps failing."""
 
 
+class EndpointError(RemoteRewardError, UserError):
+    """A remote:/vlm: endpoint that fails its start-up check (does not answer, refuses the token,
+    does not serve the reward): the user's to fix before the run, reported as one line (exit 2)."""
+
+
+class BadReplyError(ValueError):
+    """A reply that is not the JSON object asked for; ``transient`` when a retry may get a good one."""
+
+    def __init__(self, message: str, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
 def http_json(url: str, body: bytes | None = None, timeout_s: float = 10.0,
               content_type: str = "application/octet-stream", headers: dict[str, str] | None = None) -> dict:
-    """GET (body None) or POST ``url`` with extra ``headers``; the JSON reply. Raises urllib errors as they come."""
+    """GET (body None) or POST ``url`` with extra ``headers``; the JSON object replied. Raises urllib's
+    errors as they come, and BadReplyError for a garbled reply or one that is not a JSON object."""
     request = urllib.request.Request(url, data=body, method="GET" if body is None else "POST", headers=headers or {})
     if body is not None:
         request.add_header("Content-Type", content_type)
-    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-        return json.loads(reply.read().decode("utf-8"))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+            status, raw = reply.status, reply.read()
+    except http.client.HTTPException as exc:  # a bad status line, a body cut short: not OSErrors
+        raise BadReplyError(f"garbled reply ({type(exc).__name__}: {str(exc).strip()[:100]!r})",
+                            transient=True) from None
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise BadReplyError(f"HTTP {status} reply that is not JSON ({len(raw)} bytes: {raw[:80]!r})",
+                            transient=True) from None
+    if not isinstance(value, dict):
+        raise BadReplyError(f"HTTP {status} reply that is a JSON {type(value).__name__}, not an object: "
+                            f"{raw[:80]!r}", transient=False)
+    return value
 
 
 def error_text(exc: Exception) -> str:
@@ -41,19 +73,27 @@ def error_text(exc: Exception) -> str:
             detail = exc.read().decode("utf-8", "replace")[:500]
         except Exception:  # noqa: BLE001 - the status line is enough then
             detail = ""
-        return f"HTTP {exc.code} {exc.reason} {detail}".strip()
-    reason = getattr(exc, "reason", None)
-    return f"{type(exc).__name__}: {reason if reason is not None else exc}"
+        text = f"HTTP {exc.code} {exc.reason} {detail}"
+    else:
+        reason = getattr(exc, "reason", None)
+        text = f"{type(exc).__name__}: {reason if reason is not None else exc}"
+    return " ".join(text.split())  # a reply's own line breaks must not break the one-line message
 
 
 def call_with_retries(what: str, fn, retries: int, backoff_s: float = 0.5):
-    """fn() with up to ``retries`` retries after connection errors, timeouts and 5xx answers."""
+    """fn() with up to ``retries`` retries after connection errors, timeouts, 5xx answers and
+    garbled replies; RemoteRewardError naming ``what`` at once for a 4xx or a reply of the wrong shape."""
     for attempt in range(retries + 1):
         try:
             return fn()
         except urllib.error.HTTPError as exc:
             if exc.code < 500:
                 raise RemoteRewardError(f"{what} refused the request: {error_text(exc)}") from None
+            last = exc
+        except BadReplyError as exc:
+            if not exc.transient:
+                raise RemoteRewardError(f"{what} sent an {exc}; is this URL a flux-grpo reward server "
+                                        f"(or the judge's OpenAI-compatible API)?") from None
             last = exc
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             last = exc

@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import torch
 
 from fastvideo.rewards.base import ImageBatch, check_inputs
-from fastvideo.rewards.http import RemoteRewardError, call_with_retries, error_text, http_json
+from fastvideo.rewards.http import EndpointError, RemoteRewardError, call_with_retries, error_text, http_json
 from fastvideo.rewards.wire import ENCODINGS, encode_request
 
 ENDPOINT_KINDS = ("remote", "vlm")
@@ -116,27 +116,47 @@ def redact(url: str) -> str:
 
 
 def check_reward_server(url: str, timeout_s: float = 10.0) -> dict:
-    """GET <server>/health and check that it serves the URL's reward; its health record."""
+    """GET <server>/health and check that it serves the URL's reward; its health record.
+    EndpointError (a user error: one line, exit 2) naming the server otherwise."""
     base, name, _ = server_base(url)
     try:
         health = http_json(f"{base}/health", timeout_s=timeout_s, headers=auth_headers(url))
     except urllib.error.HTTPError as exc:
         if exc.code != 401:
-            raise RemoteRewardError(f"reward server {base} answered /health with {error_text(exc)}") from None
-        raise RemoteRewardError(
+            raise EndpointError(f"reward server {base} answered /health with {error_text(exc)}") from None
+        raise EndpointError(
             f"reward server {base} refused the token: {error_text(exc)}. Give the server's --token as "
             f"{TOKEN_ENV}=... or remote:{base}/{name}?token=...") from None
-    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
-        raise RemoteRewardError(
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:  # BadReplyError is a ValueError
+        raise EndpointError(
             f"reward server {base} (from --rewards remote:{redact(url)}) does not answer: "
             f"{error_text(exc)}. Start it first: python -m fastvideo.tools.reward_server "
             f"--rewards {name} --host HOST --port PORT"
         ) from None
-    served = health.get("rewards", {})
+    served = health.get("rewards")
+    if not isinstance(served, dict) or not all(isinstance(v, dict) for v in served.values()):
+        raise EndpointError(f"{base}/health answered {health!r:.200}, not a flux-grpo reward server's health "
+                            f"record: is {base} the reward server?")
     if name not in served:
-        raise RemoteRewardError(
-            f"reward server {base} does not serve {name!r}; it serves {sorted(served)}")
-    return {**served[name], "limits": health.get("limits", {})}
+        raise EndpointError(f"reward server {base} does not serve {name!r}; it serves {sorted(served)}")
+    limits = health.get("limits")
+    return {**served[name], "limits": limits if isinstance(limits, dict) else {}}
+
+
+def scores_from_reply(reply: dict, count: int, what: str) -> torch.Tensor:
+    """``{"scores": [count numbers or nulls]}`` -> float32 [count], NaN for null (the server's
+    non-finite scores). Anything else -- true/false (JSON booleans would pass as 1.0/0.0), strings,
+    a wrong count -- is RemoteRewardError naming ``what``: a run must not train on made-up rewards."""
+    values = reply.get("scores")
+    if not isinstance(values, list) or len(values) != count:
+        raise RemoteRewardError(f"{what} answered {reply!r:.200} for {count} images")
+    bad = [v for v in values if v is not None and type(v) not in (int, float)]  # type(): bool is an int subclass
+    if bad:
+        raise RemoteRewardError(f"{what} answered non-numeric scores {bad!r:.200} (real numbers or null only)")
+    try:
+        return torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float32)
+    except OverflowError:  # an int beyond any float
+        raise RemoteRewardError(f"{what} answered scores out of range {values!r:.200}") from None
 
 
 class RemoteReward:
@@ -166,13 +186,7 @@ class RemoteReward:
         reply = call_with_retries(
             what, lambda: http_json(f"{self.base}/score/{self.name}", body, self.timeout_s, headers=self.headers),
             self.retries)
-        values = reply.get("scores")
-        if not isinstance(values, list) or len(values) != len(prompts):
-            raise RemoteRewardError(f"{what} answered {reply!r:.200} for {len(prompts)} images")
-        try:  # the server's nulls are its non-finite scores (listed under "nonfinite")
-            return torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float32)
-        except (TypeError, ValueError):
-            raise RemoteRewardError(f"{what} answered non-numeric scores {values!r:.200}") from None
+        return scores_from_reply(reply, len(prompts), what)
 
     def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
         n = check_inputs(images, prompts)

@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import torch
 
 from fastvideo.rewards.base import ImageBatch, as_pils, check_inputs
-from fastvideo.rewards.http import RemoteRewardError, call_with_retries, error_text, http_json
+from fastvideo.rewards.http import EndpointError, RemoteRewardError, call_with_retries, error_text, http_json
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,10 @@ DEFAULT_PATTERN = r"final\s*score\s*[:：=]?\s*\**\s*(-?\d+(?:\.\d+)?)"
 
 class VLMJudgeError(RemoteRewardError):
     """A judge answer without a parsable score, or a judge that cannot be reached."""
+
+
+class VLMEndpointError(VLMJudgeError, EndpointError):
+    """A judge that fails its start-up check: a user error (one line, exit 2)."""
 
 
 def parse_score(answer: str, pattern: str = DEFAULT_PATTERN) -> float | None:
@@ -88,14 +92,15 @@ def check_vlm_endpoint(url: str, timeout_s: float = 10.0) -> None:
     model = parse_qs(parts.query).get("model", [""])[-1]
     try:
         listing = http_json(f"{base}/models", timeout_s=timeout_s)
-    except (OSError, ValueError) as exc:
-        raise VLMJudgeError(
+    except (OSError, ValueError) as exc:  # urllib's errors, BadReplyError
+        raise VLMEndpointError(
             f"VLM judge {base} (from --rewards vlm:{url}) does not answer GET {base}/models: "
             f"{error_text(exc)}. Is the OpenAI-compatible server (vLLM, SGLang...) running there?"
         ) from None
-    served = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
+    data = listing.get("data", [])
+    served = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
     if model not in served:
-        raise VLMJudgeError(f"VLM judge {base} does not serve model {model!r}; it serves {served}")
+        raise VLMEndpointError(f"VLM judge {base} does not serve model {model!r}; it serves {served}")
 
 
 class VLMJudgeReward:

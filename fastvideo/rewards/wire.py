@@ -16,10 +16,11 @@ The reply is JSON ``{"scores": [B floats]}``; a float32 score survives the JSON 
 exactly (float32 -> Python float -> float32). A non-finite score travels as ``null`` and the
 reply then also holds ``"nonfinite": [indices]`` (JSON has no NaN).
 
-:func:`decode_request` checks every field before it allocates anything: a malformed body raises
+:func:`parse_request` checks every field before it allocates anything: a malformed body raises
 :class:`WireFormatError` (the server answers 400), one over the server's limits (images per
-request, pixels per image, read from a PNG's header before it is decoded) raises
-:class:`WireTooLargeError` (413).
+request, pixels per image and per request, read from a PNG's header before it is decoded) raises
+:class:`WireTooLargeError` (413). Its :class:`ParsedRequest` says how many pixels decoding will
+hold, so the server can wait for room before :func:`decode_parsed` allocates them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import io
 import json
 import math
 import struct
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -101,28 +103,29 @@ def _check_shape(shape, channels_first: bool, max_pixels: int | None) -> list[in
     return shape
 
 
-def _decode_png(data: bytes, max_pixels: int | None):
-    """PNG bytes -> RGB PIL image; the size is read from the header before any pixel is decoded."""
+def _png_size(data, max_pixels: int | None) -> tuple[int, int]:
+    """(H, W) from a PNG's header, within ``max_pixels``: nothing is decoded."""
     try:
-        im = Image.open(io.BytesIO(data), formats=["PNG"])
-        _check_pixels(im.size[1], im.size[0], max_pixels)
-        im.load()
-        return im.convert("RGB")
-    except WireFormatError:
-        raise
+        with Image.open(io.BytesIO(data), formats=["PNG"]) as im:
+            width, height = im.size
     except Image.DecompressionBombError as exc:  # PIL's own guard (Image.MAX_IMAGE_PIXELS)
         raise WireTooLargeError(f"PNG image over the pixel limit: {exc}") from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise WireFormatError(f"undecodable PNG image: {type(exc).__name__}: {exc}") from None
+    _check_pixels(height, width, max_pixels)
+    return height, width
 
 
-def _decode_one(encoding: str, meta: dict, data: bytes, max_pixels: int | None):
-    if encoding == "png":
-        return _decode_png(data, max_pixels)
-    shape = _check_shape(meta.get("shape"), False, max_pixels)
-    if math.prod(shape) != len(data):
-        raise WireFormatError(f"image of shape {shape} does not match its {len(data)} bytes")
-    return Image.fromarray(np.frombuffer(data, dtype=np.uint8).reshape(shape), mode="RGB")
+def _decode_png(data: bytes):
+    """PNG bytes (size already checked by _png_size) -> RGB PIL image."""
+    try:
+        im = Image.open(io.BytesIO(data), formats=["PNG"])
+        im.load()
+        return im if im.mode == "RGB" else im.convert("RGB")  # convert() of an RGB image is a second copy
+    except Image.DecompressionBombError as exc:
+        raise WireTooLargeError(f"PNG image over the pixel limit: {exc}") from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise WireFormatError(f"undecodable PNG image: {type(exc).__name__}: {exc}") from None
 
 
 def _parse_header(body: bytes, max_images: int | None) -> tuple[str, list[str], list[dict], int]:
@@ -137,6 +140,8 @@ def _parse_header(body: bytes, max_images: int | None) -> tuple[str, list[str], 
         encoding, prompts, metas = header["encoding"], header["prompts"], header["images"]
     except (ValueError, KeyError, TypeError) as exc:
         raise WireFormatError(f"bad request header: {exc}") from None
+    except RecursionError:  # e.g. 200,000 nested "[": the client's mistake, not the server's failure
+        raise WireFormatError("bad request header: JSON nested too deeply") from None
     if not isinstance(encoding, str) or encoding not in ENCODINGS:
         raise WireFormatError(f"unknown encoding {encoding!r:.50}; expected one of {ENCODINGS}")
     if not (isinstance(prompts, list) and all(isinstance(p, str) for p in prompts)):
@@ -151,36 +156,77 @@ def _parse_header(body: bytes, max_images: int | None) -> tuple[str, list[str], 
     return encoding, prompts, metas, 4 + n
 
 
-def decode_request(body: bytes, max_pixels: int | None = None,
-                   max_images: int | None = None) -> tuple[ImageBatch, list[str]]:
-    """Body -> (a float tensor [B, 3, H, W] for f32, else B PIL images; B prompts).
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A request body checked down to each image's size, before any pixel is decoded: what
+    decoding it will cost (``pixels``, H * W summed over its images) is known here."""
 
-    ``max_pixels`` (H * W per image) and ``max_images`` (per request): None for no limit."""
+    encoding: str
+    prompts: list[str]
+    spans: list[tuple[int, int]]  # (start, end) of each image's payload in the body
+    shapes: list[list[int]]  # declared shapes (f32 [3, H, W], u8 [H, W, 3]); PNG: [H, W, 3] from its header
+    pixels: int
+
+
+def _image_shape(encoding: str, meta: dict, data, max_pixels: int | None) -> list[int]:
+    """One image's shape, its byte count checked against it (PNG: read from its header)."""
+    if encoding == "png":
+        return [*_png_size(data, max_pixels), 3]
+    shape = _check_shape(meta.get("shape"), encoding == "f32", max_pixels)
+    # math.prod of Python ints: a shape cannot overflow into a small byte count (np.prod would wrap).
+    if math.prod(shape) * (4 if encoding == "f32" else 1) != len(data):
+        raise WireFormatError(f"{encoding} image of shape {shape} does not match its {len(data)} bytes")
+    return shape
+
+
+def parse_request(body: bytes, max_pixels: int | None = None, max_images: int | None = None,
+                  max_request_pixels: int | None = None) -> ParsedRequest:
+    """Check a body against the format and the limits without decoding an image.
+
+    ``max_pixels`` (H * W per image), ``max_images`` and ``max_request_pixels`` (H * W summed over
+    the request's images: the per-image and per-request counts multiply otherwise, and a 1.5 MiB
+    body of 32 flat 4096 x 4096 PNGs would decode to 1.5 GiB): None for no limit."""
     encoding, prompts, metas, offset = _parse_header(body, max_images)
-    if encoding == "f32":
-        return _decode_f32_batch(body, offset, metas, max_pixels), prompts
-    images = []
+    spans, shapes = [], []
     for meta in metas:
-        data = body[offset:offset + meta["nbytes"]]
+        if offset + meta["nbytes"] > len(body):
+            raise WireFormatError(f"a body of {len(body)} bytes does not match its images' "
+                                  f"{offset + meta['nbytes']} bytes (truncated)")
+        shapes.append(_image_shape(encoding, meta, memoryview(body)[offset:offset + meta["nbytes"]], max_pixels))
+        spans.append((offset, offset + meta["nbytes"]))
         offset += meta["nbytes"]
-        images.append(_decode_one(encoding, meta, data, max_pixels))
     if offset != len(body):
         raise WireFormatError(f"{len(body) - offset} bytes left after the last image")
-    return images, prompts
+    if encoding == "f32" and any(shape != shapes[0] for shape in shapes):
+        raise WireFormatError("f32 images of one request must share one size")
+    sizes = [(s[1], s[2]) if encoding == "f32" else (s[0], s[1]) for s in shapes]
+    pixels = sum(h * w for h, w in sizes)
+    if max_request_pixels is not None and pixels > max_request_pixels:
+        raise WireTooLargeError(
+            f"{len(sizes)} images of {pixels} pixels in all are over this server's limit of {max_request_pixels} "
+            f"pixels per request (--max_request_pixels); send fewer images per request (--reward_batch_size)")
+    return ParsedRequest(encoding, prompts, spans, shapes, pixels)
 
 
-def _decode_f32_batch(body: bytes, offset: int, metas: list[dict], max_pixels: int | None) -> torch.Tensor:
-    """f32 payloads -> one [B, 3, H, W] tensor (one copy); every image must share one shape."""
-    shape = [3, 1, 1]
-    for meta in metas:
-        shape = _check_shape(meta.get("shape"), True, max_pixels)
-        if shape != metas[0]["shape"]:
-            raise WireFormatError("f32 images of one request must share one size")
-    # math.prod of Python ints: a shape cannot overflow into a small byte count (np.prod would wrap).
-    if any(m["nbytes"] != math.prod(shape) * 4 for m in metas):
-        raise WireFormatError(f"f32 image of shape {list(shape)} does not match its byte count")
-    if len(body) - offset != len(metas) * math.prod(shape) * 4:
-        raise WireFormatError(f"f32 payload of {len(body) - offset} bytes does not match {len(metas)} images "
-                              f"of shape {list(shape)} (truncated, or bytes left after the last image)")
-    arr = np.frombuffer(body, dtype="<f4", offset=offset).reshape(len(metas), *shape)
-    return torch.from_numpy(arr.astype(np.float32))  # a writable copy in native order
+def decode_parsed(body: bytes, parsed: ParsedRequest) -> tuple[ImageBatch, list[str]]:
+    """A parsed body -> (a float tensor [B, 3, H, W] for f32, else B PIL images; B prompts)."""
+    if parsed.encoding == "f32":
+        shape = parsed.shapes[0] if parsed.shapes else [3, 1, 1]
+        arr = np.frombuffer(body, dtype="<f4", count=len(parsed.spans) * math.prod(shape),
+                            offset=parsed.spans[0][0] if parsed.spans else 0)
+        # one copy of the whole batch, writable and in native order
+        return torch.from_numpy(arr.reshape(len(parsed.spans), *shape).astype(np.float32)), parsed.prompts
+    images = []
+    for (start, end), shape in zip(parsed.spans, parsed.shapes):
+        if parsed.encoding == "png":
+            images.append(_decode_png(body[start:end]))
+        else:
+            images.append(Image.fromarray(np.frombuffer(body, np.uint8, end - start, start).reshape(shape), mode="RGB"))
+    return images, parsed.prompts
+
+
+def decode_request(body: bytes, max_pixels: int | None = None, max_images: int | None = None,
+                   max_request_pixels: int | None = None) -> tuple[ImageBatch, list[str]]:
+    """Body -> (a float tensor [B, 3, H, W] for f32, else B PIL images; B prompts), within the
+    limits of :func:`parse_request`."""
+    return decode_parsed(body, parse_request(body, max_pixels, max_images, max_request_pixels))

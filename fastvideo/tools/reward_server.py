@@ -23,8 +23,10 @@ running two forward passes on one device at once. The trainer side is rewards/re
 
 Every request is untrusted (tools/reward_server_guard.py): a token (``--token`` or
 $FLUX_GRPO_REWARD_TOKEN; required beyond loopback), body/pixel/image limits checked before the
-bytes are read or decoded, header and body timeouts, 4xx for the client's mistakes and 5xx only
-for the server's own failures; ``/health`` lists model files only with ``--health_details``.
+bytes are read or decoded, decoded pixels bounded per request and for the whole server, bodies read
+before a scoring slot is taken, header and body timeouts, 4xx for the client's mistakes and 5xx only
+for the server's own failures (or 503 "busy", which the client retries); ``/health`` lists model
+files only with ``--health_details``.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoint annotations (Request) as objects.
@@ -45,9 +47,10 @@ from fastvideo.errors import UserError, one_line_errors
 from fastvideo.rewards.base import Reward, RewardInputError, build_reward, check_inputs
 from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
 from fastvideo.rewards.flags import add_reward_flags, extras_from_args, reward_kwargs
-from fastvideo.rewards.wire import WireFormatError, WireTooLargeError, decode_request
-from fastvideo.tools.reward_server_guard import (TOKEN_ENV, BodyError, GuardMiddleware, ServerLimits, is_loopback,
-                                                 raise_open_file_limit, read_limited_body, uvicorn_settings)
+from fastvideo.rewards.wire import WireFormatError, WireTooLargeError, decode_parsed, parse_request
+from fastvideo.tools.reward_server_guard import (TOKEN_ENV, BodyBudget, BodyError, GuardMiddleware, PixelBudget,
+                                                 ServerBusyError, ServerLimits, is_loopback, raise_open_file_limit,
+                                                 uvicorn_settings)
 from fastvideo.utils import require
 
 SERVER_VERSION = 1
@@ -77,7 +80,8 @@ def nonfinite_reply(name: str, scores: torch.Tensor) -> dict:
 
 
 def make_scorer(rewards: Mapping[str, Reward], device: str, limits: ServerLimits):
-    """``score(name, body) -> (status, reply)``: decode, score under the reward's lock, answer.
+    """``score(name, body) -> (status, reply)``: check, wait for room in the server's pixel budget,
+    decode, score under the reward's lock, answer.
 
     Runs in the thread pool: the event loop stays free for /health while a model scores."""
     # Intra-op threads are a per-thread setting: the pool threads that score would otherwise use
@@ -86,18 +90,23 @@ def make_scorer(rewards: Mapping[str, Reward], device: str, limits: ServerLimits
     threads = torch.get_num_threads()
     on_accelerator, bound = devices.is_accelerator(device), threading.local()
     locks = {name: threading.Lock() for name in rewards}
+    pixels = PixelBudget(limits.max_server_pixels)
 
     def score(name: str, body: bytes) -> tuple[int, dict]:
         try:
-            images, prompts = decode_request(body, limits.max_pixels, limits.max_images)
-            check_inputs(images, prompts)  # a client's mistake is a 400 whatever the reward checks itself
+            parsed = parse_request(body, limits.max_pixels, limits.max_images, limits.max_request_pixels)
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
             if on_accelerator and not getattr(bound, "done", False):
                 devices.set_device(torch.device(device))  # the current device is per thread too
                 bound.done = True
-            with locks[name]:
-                scores = rewards[name](images, prompts)
+            with pixels.hold(parsed.pixels, limits.read_timeout_s):
+                images, prompts = decode_parsed(body, parsed)
+                check_inputs(images, prompts)  # a client's mistake is a 400 whatever the reward checks itself
+                with locks[name]:
+                    scores = rewards[name](images, prompts)
+        except ServerBusyError as exc:
+            return 503, {"detail": str(exc)}
         except WireTooLargeError as exc:
             return 413, {"detail": f"too large: {exc}"}
         except (WireFormatError, RewardInputError) as exc:
@@ -127,9 +136,9 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
     health = {"status": "ok", "server_version": SERVER_VERSION, "flux_grpo_version": fastvideo.__version__,
               "device": device, "rewards": records,
               "limits": {"max_body_bytes": limits.max_body_bytes, "max_pixels": limits.max_pixels,
-                         "max_images": limits.max_images}}
+                         "max_images": limits.max_images, "max_request_pixels": limits.max_request_pixels}}
     score = make_scorer(rewards, device, limits)
-    inflight = asyncio.Semaphore(limits.max_inflight)
+    inflight, bodies = asyncio.Semaphore(limits.max_inflight), BodyBudget(limits.max_buffered_bytes)
 
     @app.get("/health")
     def get_health() -> dict:
@@ -139,12 +148,13 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
     async def post_score(name: str, request: Request):
         if name not in rewards:
             return JSONResponse({"detail": f"unknown reward {name!r}; served: {sorted(rewards)}"}, 404)
-        async with inflight:  # bounds the bodies held in memory, not only the model calls
-            try:
-                body = await read_limited_body(request, limits)
-            except BodyError as exc:  # answered without reading the rest: the connection closes
-                return JSONResponse({"detail": exc.detail}, exc.status, headers={"Connection": "close"})
-            status, reply = await run_in_threadpool(score, name, body)
+        try:
+            # The body is read before a scoring slot is taken: slow uploads wait on their own
+            # clock (read_timeout_s) while ready requests score; the bodies' bytes are bounded.
+            async with bodies.body(request, limits) as body, inflight:
+                status, reply = await run_in_threadpool(score, name, body)
+        except BodyError as exc:  # answered without reading the rest: the connection closes
+            return JSONResponse({"detail": exc.detail}, exc.status, headers={"Connection": "close"})
         return JSONResponse(reply, status)
 
     return GuardMiddleware(app, limits.token)
@@ -250,6 +260,12 @@ def add_limit_flags(p: argparse.ArgumentParser) -> None:
                    help="largest request body (413 above it, refused before it is read)")
     g.add_argument("--max_pixels", type=int, default=d.max_pixels, help="largest image, H*W (413 above it)")
     g.add_argument("--max_images", type=int, default=d.max_images, help="most images per request")
+    g.add_argument("--max_request_pixels", type=int, default=d.max_request_pixels,
+                   help="most pixels (H*W summed over its images) one request may decode to (413 above it)")
+    g.add_argument("--max_server_pixels", type=int, default=d.max_server_pixels,
+                   help="most decoded pixels all requests hold at once (more wait; 503 after --read_timeout_s)")
+    g.add_argument("--max_buffered_mb", type=float, default=d.max_buffered_bytes / (1 << 20),
+                   help="most request-body bytes all requests hold at once (503 above it; the client retries)")
     g.add_argument("--max_inflight", type=int, default=d.max_inflight,
                    help="scoring requests read and scored at once (more wait)")
     g.add_argument("--max_connections", type=int, default=d.max_connections,
@@ -263,11 +279,19 @@ def add_limit_flags(p: argparse.ArgumentParser) -> None:
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     """The flags as ServerLimits; ValueError naming a bad flag or a missing token."""
     numbers = {"--max_body_mb": args.max_body_mb, "--max_pixels": args.max_pixels, "--max_images": args.max_images,
-               "--max_inflight": args.max_inflight, "--max_connections": args.max_connections,
-               "--read_timeout_s": args.read_timeout_s, "--header_timeout_s": args.header_timeout_s}
+               "--max_request_pixels": args.max_request_pixels, "--max_server_pixels": args.max_server_pixels,
+               "--max_buffered_mb": args.max_buffered_mb, "--max_inflight": args.max_inflight,
+               "--max_connections": args.max_connections, "--read_timeout_s": args.read_timeout_s,
+               "--header_timeout_s": args.header_timeout_s}
     bad = [f"{k} {v}" for k, v in numbers.items() if not v > 0]
     if bad:
         raise ValueError(f"{', '.join(bad)}: must be > 0")
+    if args.max_request_pixels > args.max_server_pixels:  # such a request could never be scored
+        raise ValueError(f"--max_request_pixels {args.max_request_pixels} is over --max_server_pixels "
+                         f"{args.max_server_pixels}: a request that large would wait forever")
+    if args.max_buffered_mb < args.max_body_mb:
+        raise ValueError(f"--max_buffered_mb {args.max_buffered_mb:g} is under --max_body_mb {args.max_body_mb:g}: "
+                         f"a body at the size limit could never be read")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} must be in 0..65535")
     token = args.token or os.environ.get(TOKEN_ENV) or None  # "" is no token
@@ -275,7 +299,9 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
         raise ValueError(f"--host {args.host} accepts other machines: give --token SECRET (or set {TOKEN_ENV}) "
                          f"and the same token to the trainer, or bind --host 127.0.0.1")
     return ServerLimits(token=token, max_body_bytes=int(args.max_body_mb * (1 << 20)), max_pixels=args.max_pixels,
-                        max_images=args.max_images, max_inflight=args.max_inflight,
+                        max_images=args.max_images, max_request_pixels=args.max_request_pixels,
+                        max_server_pixels=args.max_server_pixels,
+                        max_buffered_bytes=int(args.max_buffered_mb * (1 << 20)), max_inflight=args.max_inflight,
                         max_connections=args.max_connections, read_timeout_s=args.read_timeout_s,
                         header_timeout_s=args.header_timeout_s)
 

@@ -6,6 +6,12 @@ untrusted until proven otherwise:
 - ``Authorization: Bearer TOKEN`` checked in constant time (401), when the server has a token;
 - the body's Content-Length checked before one byte of it is read and the running count checked
   while it streams in (413); a body that does not arrive within ``read_timeout_s`` gets 408;
+- bodies are read before a scoring slot is taken (a crowd of slow uploads cannot hold the slots
+  honest requests need), with the bytes all bodies hold at once bounded (``max_buffered_bytes``:
+  503 past it, which the client retries);
+- decoded pixels bounded per image, per request and for the whole server (``max_server_pixels``:
+  a request waits for room, 503 after ``read_timeout_s``), so a small body of compressed images
+  cannot decode into gigabytes;
 - a connection that has not sent a full request head within ``header_timeout_s`` is closed, so
   half-sent requests cannot pile up until the process runs out of file descriptors;
 - one log line per request (method, path, status, body bytes, ms) and at most one "out of file
@@ -17,9 +23,11 @@ Imported only by the server (it needs starlette/uvicorn, installed with ``.[serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -29,13 +37,17 @@ log = logging.getLogger("fastvideo.tools.reward_server")
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What one request may cost the server. The body limit fits the trainer's default request
-    (--reward_batch_size 8) of f32 images up to 1024x1024 (96 MiB) with room to spare."""
+    """What one request, and all of them together, may cost the server. The body limit fits the
+    trainer's default request (--reward_batch_size 8) of f32 images up to 1024x1024 (96 MiB) with
+    room to spare; the per-request pixel limit is 16 such images (or one of the largest)."""
 
     token: str | None = None
     max_body_bytes: int = 128 << 20
     max_pixels: int = 4096 * 4096
     max_images: int = 256
+    max_request_pixels: int = 4096 * 4096
+    max_server_pixels: int = 2 * 4096 * 4096
+    max_buffered_bytes: int = 512 << 20
     max_inflight: int = 4
     max_connections: int = 512
     read_timeout_s: float = 60.0
@@ -76,10 +88,11 @@ def declared_length(headers) -> int | None:
     return int(value)
 
 
-async def read_limited_body(request, limits: ServerLimits) -> bytes:
+async def read_limited_body(request, limits: ServerLimits, take=None) -> bytes:
     """The request body, refused (BodyError 413) past ``limits.max_body_bytes`` - from the declared
     length before reading, else as soon as the streamed count passes it - or 408 after
-    ``read_timeout_s``."""
+    ``read_timeout_s``. ``take(n)``, when given, is told of each chunk's bytes as it arrives (and
+    may refuse it by raising BodyError)."""
     size = declared_length(request.headers)
     if size is not None and size > limits.max_body_bytes:
         raise BodyError(413, f"request body of {size} bytes is over this server's limit of "
@@ -91,13 +104,76 @@ async def read_limited_body(request, limits: ServerLimits) -> bytes:
             total += len(chunk)
             if total > limits.max_body_bytes:
                 raise BodyError(413, f"request body over this server's limit of {limits.max_body_bytes} bytes")
+            if take is not None:
+                take(len(chunk))
             chunks.append(chunk)
         return b"".join(chunks)
+
+    from starlette.requests import ClientDisconnect
 
     try:
         return await asyncio.wait_for(collect(), limits.read_timeout_s)
     except asyncio.TimeoutError:
         raise BodyError(408, f"request body not received within {limits.read_timeout_s} s") from None
+    except ClientDisconnect:  # the client left mid-upload: one log line (499), not a server traceback
+        raise BodyError(499, "client closed the connection before its body arrived") from None
+
+
+class ServerBusyError(Exception):
+    """The server cannot take this request now (memory budget in use); the client retries (503)."""
+
+
+class PixelBudget:
+    """Decoded pixels held by all requests at once, at most ``limit``. Scoring threads reserve a
+    request's pixels before decoding it and give them back once it is scored."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, pixels: int, wait_s: float):
+        """Reserve ``pixels`` for the ``with`` block, waiting up to ``wait_s`` for room
+        (ServerBusyError after it)."""
+        with self._cond:
+            if pixels > self.limit or not self._cond.wait_for(lambda: self.used + pixels <= self.limit, wait_s):
+                raise ServerBusyError(f"server busy: {self.used} of its {self.limit} pixels (--max_server_pixels) "
+                                      f"are being scored; retry later")
+            self.used += pixels
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.used -= pixels
+                self._cond.notify_all()
+
+
+class BodyBudget:
+    """Request-body bytes held in memory by all requests at once, at most ``limit``. Counted as
+    bytes arrive (a slow upload that declares a large body holds only what it has sent), given
+    back when the request is answered. Used from the event loop only: no lock."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+
+    @contextlib.asynccontextmanager
+    async def body(self, request, limits: "ServerLimits"):
+        """``async with budget.body(request, limits) as body``: the body, read within the limits
+        (BodyError 413/408, or 503 when the budget is spent), its bytes held until the block ends."""
+        taken = 0
+
+        def take(n: int) -> None:
+            nonlocal taken
+            if self.used + n > self.limit:
+                raise BodyError(503, f"server busy: {self.used} bytes of request bodies held (--max_buffered_mb "
+                                     f"{self.limit / (1 << 20):g}); retry later")
+            self.used += n
+            taken += n
+
+        try:
+            yield await read_limited_body(request, limits, take)
+        finally:
+            self.used -= taken
 
 
 class GuardMiddleware:

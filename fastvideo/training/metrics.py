@@ -118,8 +118,12 @@ class MetricsWriter:
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+        except OSError as exc:  # a full disk's write() names no file: name it for the one-line report
+            exc.filename = exc.filename or str(self.path)
+            raise
 
     def read(self) -> list[dict]:
         return read_jsonl(self.path)

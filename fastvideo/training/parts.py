@@ -50,6 +50,9 @@ def rollout_config(cfg) -> RolloutConfig:
 def _check_data(cfg, info, family):
     """The dataset, every embedding file present and well-shaped and no held-out prompt among its
     prompts, before any model loads."""
+    from fastvideo.models.file_check import check_model_files
+
+    check_model_files(cfg.model, family)  # a damaged config.json or weights file: one line, not a traceback
     dataset = builders.build_dataset(cfg, family)
     _scan_data(dataset, info)
     if cfg.eval is not None:
@@ -91,8 +94,17 @@ def build_parts(cfg, info: devices.DistInfo, dims, family, timer, autocast_dtype
 
 
 def _scan_data(dataset, info) -> None:
+    """Each rank scans its share of the embedding files; all learn whether one failed (one int32
+    MAX), so that all stop together (the others as PeerRefused: silent, exit 2) instead of the
+    others going on to a collective the failed rank never joins (a gloo traceback, exit 1)."""
     from fastvideo.data.scan import scan_embeddings
+    from fastvideo.errors import UserError
 
-    scan = scan_embeddings(dataset, info.rank, info.world_size)  # each rank a share
+    scan, failure = None, None
+    try:
+        scan = scan_embeddings(dataset, info.rank, info.world_size)  # each rank a share
+    except UserError as exc:
+        failure = exc
+    start.fail_together(failure, info.world_size, info.device, "another rank found a bad embedding file")
     main_print(f"[data] {len(dataset)} prompts: rank 0 checked {scan.files} embedding files, present and shaped "
                f"{scan.dims} ({scan.seconds:.2f} s)")

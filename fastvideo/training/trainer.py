@@ -19,6 +19,7 @@ from fastvideo import devices
 from fastvideo.algorithms.base import ObjectiveContext, RewardResult
 from fastvideo.algorithms.registry import resolve_objective
 from fastvideo.distributed.parallel import ParallelDims
+from fastvideo.errors import UserError
 from fastvideo.sampling.plan import SamplingPlan
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
 from fastvideo.training import builders
@@ -26,7 +27,7 @@ from fastvideo.training.ema import WeightCopy
 from fastvideo.training.hooks import IterationResult, TrainerHook
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars, reward_metrics
 from fastvideo.training.parts import RunParts, build_parts, rollout_config
-from fastvideo.training.run.start import log_config
+from fastvideo.training.run.start import fail_together, log_config
 from fastvideo.training.policy import Policy
 from fastvideo.training.update import (  # noqa: F401
     NonFiniteError, TrainerState, Updater, UpdateStats, iteration_problems)
@@ -118,7 +119,12 @@ class Trainer:
         self.checkpointer.load(self.resume_path, model=self.model, optimizer=self.optimizer,
                                lr_scheduler=self.lr_scheduler, ema=self.ema, states=parts,
                                weight_sets=self.objective.weight_sets())
-        self.metrics.truncate_after(self.iteration)
+        failure = None
+        try:  # rank 0's file: a damaged one stops every rank, not rank 0 alone
+            self.metrics.truncate_after(self.iteration)
+        except UserError as exc:
+            failure = exc
+        fail_together(failure, self.info.world_size, self.device, "rank 0 refused metrics.jsonl")
         main_print(f"[resume] continuing after iteration {self.iteration} from {self.resume_path}")
         from fastvideo.training.run.resume_changes import apply_and_log
 

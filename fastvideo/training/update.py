@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 import torch
 
 from fastvideo.algorithms.base import Objective, StatsAccumulator
+from fastvideo.errors import UserError
 from fastvideo.utils import main_print
 
 
-class NonFiniteError(RuntimeError):
-    """Too many iterations in a row had a non-finite reward, loss or gradient."""
+class NonFiniteError(UserError, RuntimeError):
+    """Too many iterations in a row had a non-finite reward, loss or gradient. A user error: its
+    message names the setting to change (one line, exit 2; every rank meets it alike)."""
 
 
 @dataclass

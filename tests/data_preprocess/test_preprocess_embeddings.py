@@ -222,9 +222,13 @@ def test_prepare_output_keeps_trusted_files_only(tmp_path):
         save_prompt_record(tmp_path, i, _zeros_record(), family=FLUX)
     write_caption_json(tmp_path, ["a", "b", "c"], family=FLUX)
     (tmp_path / "prompt_embed" / ".0.pt.123.tmp").write_bytes(b"half")  # a killed writer's leftover
+    mine = [".draft.tmp", ".0.pt.tmp", ".notes.pt.9.tmp", ".0.pt.12.tmp.bak"]  # a user's files (#39 item 19)
+    for name in mine:
+        (tmp_path / "prompt_embed" / name).write_bytes(b"keep me")
     assert prepare_output(tmp_path, settings, ["a", "b", "c"], family=FLUX) == 0  # same run: all kept
     assert (tmp_path / "videos2caption.json").is_file()
     assert not (tmp_path / "prompt_embed" / ".0.pt.123.tmp").exists()
+    assert all((tmp_path / "prompt_embed" / name).read_bytes() == b"keep me" for name in mine)
     assert prepare_output(tmp_path, settings, ["a"], family=FLUX) == 0  # a capped run keeps the others' files ...
     assert (tmp_path / "prompt_embed" / "2.pt").exists()
     # ... and their captions, for a full run

@@ -164,3 +164,39 @@ def test_resume_forgets_a_best_from_the_abandoned_future(tmp_path):
     publish_best(tmp_path / "checkpoint-4", tmp_path, 4, 9.0)
     ev._forget_other_best(3)
     assert not (tmp_path / "best").exists()
+
+
+def test_resume_checks_best_files_against_their_checksums(tmp_path, capsys):
+    """Issue #39 item 18: a bit flip in best/ is found on resume: best/ is published again from its
+    intact checkpoint, or removed when that checkpoint is damaged too (best/'s files are hard links
+    of the checkpoint's: a flip in place damages both)."""
+    import os
+
+    from fastvideo.eval.loop import TrainingEvaluation
+    from fastvideo.training.checkpoint.files import file_digest
+    from fastvideo.training.run.guard import publish_best
+
+    ckpt = tmp_path / "checkpoint-2"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights of iteration 2")
+    (ckpt / "COMPLETE.json").write_text(json.dumps({"iteration": 2, "files": {"model.safetensors": 22},
+                                                    "sha256": {"model.safetensors": file_digest(ckpt / "model.safetensors")}}))
+    ev = TrainingEvaluation.__new__(TrainingEvaluation)
+    ev.out, ev.guard = tmp_path, RewardHackingGuard(guard_enabled=False)
+    for it, score in ((0, 0.0), (2, 3.0)):
+        ev.guard.update(it, score)
+    publish_best(ckpt, tmp_path, 2, 3.0)
+    ev._forget_other_best(2)  # intact: left as it is
+    assert capsys.readouterr().out == ""
+    model = tmp_path / "best" / "model.safetensors"
+    os.unlink(model)  # a new file (another inode) with one bit flipped: the checkpoint's own copy is intact
+    model.write_bytes(b"weights of iteration 3")
+    ev._forget_other_best(2)
+    assert model.read_bytes() == b"weights of iteration 2"
+    out = capsys.readouterr().out
+    assert "best was damaged (" in out and "model.safetensors does not match its sha256" in out and "published again" in out
+    with open(model, "r+b") as f:  # in place: the hard-linked checkpoint file flips too
+        f.write(b"W")
+    ev._forget_other_best(2)
+    assert not (tmp_path / "best").exists()
+    assert "removed" in capsys.readouterr().out

@@ -108,3 +108,67 @@ def test_resume_after_torn_logs_reruns_the_unrecorded_evaluation(tiny_flux_dir, 
     assert strip(again[1]) == strip(full[1])
     assert [r["iteration"] for r in read_jsonl(out / "metrics.jsonl")] == [1]
     assert json.loads((out / BEST_DIR / "BEST.json").read_text())["iteration"] == again[1]["best_iteration"] == 1
+
+
+def test_a_log_damaged_before_its_last_line_stops_every_rank_with_one_line(tiny_flux_dir, tiny_embeddings,
+                                                                          eval_prompt_file, tmp_path):
+    """Issue #39 item 18: rank 0 refuses the damaged eval.jsonl, and rank 1 stops with it (exit 2,
+    silent) instead of going on to a collective rank 0 never joins (a gloo traceback, exit 1); under
+    the launcher, one line and exit 2 (metrics.jsonl: test_every_rank_stops_on_rank_0s_damaged_metrics)."""
+    log = "eval.jsonl"
+    from helpers import torchrun
+
+    out = tmp_path / "run"
+    argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=2, checkpointing_steps=1,
+                      save_images_every=0, fsdp_sharding_strategy="none", eval_every=1,
+                      eval_prompts=str(eval_prompt_file), eval_rewards="compressibility", eval_steps=2)
+    first = torchrun(argv)
+    assert first.returncode == 0, first.stderr[-3000:]
+    path = out / log
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(["garbage", *lines[1:]]) + "\n")  # the first of its lines damaged
+    import subprocess
+    import sys
+
+    from helpers import ROOT, python_path
+
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": python_path(ROOT), "FASTVIDEO_DEVICE": "cpu",
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    resumed = subprocess.run([sys.executable, "-m", "fastvideo.launch", "--standalone", "--nproc_per_node=2",
+                              "fastvideo/train_grpo_flux.py", *argv, "--resume_from_checkpoint", str(out / "checkpoint-1")],
+                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    err = resumed.stderr
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("+ torchrun")]
+    assert resumed.returncode == 2 and "Traceback" not in err and "gloo" not in err, err[-3000:]
+    assert len(lines) == 1 and f"{log} line 1 is not JSON" in lines[0], lines
+
+
+def _resume_with_damaged_metrics(info, out_dir):
+    """Trainer._maybe_resume on a stand-in trainer (rank 0 writes metrics.jsonl): what each rank raises."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fastvideo.training.trainer import Trainer
+
+    nothing = SimpleNamespace()
+    fake = SimpleNamespace(
+        resume_path="checkpoint-1", cfg=SimpleNamespace(output=SimpleNamespace(resume_allow_changes=False)),
+        sampler=nothing, stateful_parts=lambda: {"randomness": nothing},
+        checkpointer=SimpleNamespace(load=lambda *a, **k: None), model=None, optimizer=None, lr_scheduler=None,
+        ema=None, objective=SimpleNamespace(weight_sets=lambda: {}), iteration=1, info=info,
+        device=torch.device("cpu"), metrics=MetricsWriter(out_dir, enabled=info.rank == 0))
+    try:
+        Trainer._maybe_resume(fake)
+    except Exception as exc:  # noqa: BLE001 - the test compares what each rank raised
+        return type(exc).__name__
+    return None
+
+
+def test_every_rank_stops_on_rank_0s_damaged_metrics(tmp_path):
+    """The rank that reads metrics.jsonl (0) raises its LogFileError, the other stops with it
+    (PeerRefused: silent, exit 2) instead of going on to the next collective alone."""
+    from dist_utils import run_distributed
+
+    (tmp_path / "metrics.jsonl").write_text("garbage\n" + _lines(2))
+    assert run_distributed(_resume_with_damaged_metrics, str(tmp_path)) == ["LogFileError", "PeerRefused"]

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from fastvideo.errors import CheckpointError
 from fastvideo.models import flux
-from fastvideo.models.base import get_model_family
+from fastvideo.models.registry import get_model_family
 from fastvideo.models.loading import from_pretrained_checked
 
 

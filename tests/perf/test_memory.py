@@ -127,6 +127,21 @@ def test_a_rollout_without_latents_stores_x0_alone():
         assert cost_model.memory_shape(cost_model.parse_args(TINY + ["--algorithm", algorithm])).keeps_latents is keeps
 
 
+def test_held_in_every_phase_is_the_estimates_trajectory_and_reward_weights():
+    """The pre-flight's bound (preflight.memory_problems) is exactly the estimate's trajectory and
+    reward-model components, below its peak; past ``over`` it is the images and rewards alone."""
+    prof = memory.ModelProfile(params=1000, largest_block_params=100, root_params=0, update_activations=5000,
+                               rollout_activations=700, vae_params=10, vae_decode=900)
+    cfg = {"in_channels": 64, "joint_attention_dim": 8, "pooled_projection_dim": 4}
+    shape = _shape(rewards=("hpsv2", "compressibility"))
+    est = memory.estimate(cfg, {}, shape, prof)
+    bound = memory.held_in_every_phase(cfg, shape)
+    assert bound == est.components["trajectory"] + est.components["reward_model"] < est.peak_bytes
+    images, weights = 8 * 3 * 256 * 256 * 4, memory.REWARD_PARAMS["hpsv2"] * 4
+    assert memory.held_in_every_phase(cfg, shape, over=images + weights - 1) == images + weights
+    assert memory.held_in_every_phase(cfg, shape, over=images + weights) == bound
+
+
 # The stated small config: the tiny preset (one double block, one single block, 2 heads x 16 = inner
 # dim 32; 81,664 transformer parameters), 64x64, 2 ranks, full sharding, fp32 master weights.
 TINY = ["--memory", "--model", "tiny", "--world_size", "2", "--h", "64", "--w", "64", "--text_tokens", "8",

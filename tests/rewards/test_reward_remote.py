@@ -8,7 +8,7 @@ import torch
 from fastvideo.rewards import build_reward
 from fastvideo.rewards.combine import RewardSpecError, build_multi_reward, format_reward_spec, parse_reward_spec
 from fastvideo.rewards.remote import RemoteReward, RemoteRewardError, check_reward_endpoints
-from server_utils import free_port, serve_in_thread
+from server_utils import canned_http_server, free_port, serve_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +177,63 @@ def test_retry_policy_4xx_never_5xx_and_connection_errors_always(failure, retrie
     with pytest.raises(RemoteRewardError, match="failed 3 times" if retried else "refused the request"):
         http.call_with_retries("server", fail, retries=2)
     assert len(calls) == (3 if retried else 1)
+
+
+def _http(status_line: str, body: bytes, length: int | None = None) -> bytes:
+    """A raw HTTP/1.1 reply; ``length`` other than len(body) makes a truncated one."""
+    n = len(body) if length is None else length
+    return f"{status_line}\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n\r\n".encode() + body
+
+
+HEALTH = _http("HTTP/1.1 200 OK", b'{"status": "ok", "rewards": {"r": {"class": "X"}}, "limits": {}}')
+
+# (raw reply to /score, retried?, a word the one-line error must hold). Retried: what a proxy or a
+# dying server sends (garbled); not retried: well-formed replies of the wrong shape or type.
+BAD_REPLIES = {
+    "not-json": (_http("HTTP/1.1 200 OK", b"<html>proxy</html>"), True, "not JSON"),
+    "not-utf8": (_http("HTTP/1.1 200 OK", b"\xff\xfe{}"), True, "not JSON"),
+    "json-nested-100000-deep": (_http("HTTP/1.1 200 OK", b"[" * 100_000), True, "not JSON"),
+    "truncated-body": (_http("HTTP/1.1 200 OK", b'{"scores": [0.1', length=40), True, "IncompleteRead"),
+    "bad-status-line": (b"HTTP/1.1 OK-ish\r\n\r\n{}", True, "BadStatusLine"),
+    "closed-without-reply": (b"", True, "RemoteDisconnected"),
+    "5xx-multiline-detail": (_http("HTTP/1.1 502 Bad Gateway", b"upstream\nTraceback (most recent call last):\n"),
+                             True, "HTTP 502"),
+    "json-list": (_http("HTTP/1.1 200 OK", b"[0.5, 0.5]"), False, "JSON list"),
+    "scores-booleans": (_http("HTTP/1.1 200 OK", b'{"scores": [true, true]}'), False, "non-numeric"),
+    "scores-strings": (_http("HTTP/1.1 200 OK", b'{"scores": ["0.5", "0.5"]}'), False, "non-numeric"),
+    "scores-lists": (_http("HTTP/1.1 200 OK", b'{"scores": [[0.5], [0.5]]}'), False, "non-numeric"),
+    "scores-too-few": (_http("HTTP/1.1 200 OK", b'{"scores": [0.5]}'), False, "for 2 images"),
+    "scores-missing": (_http("HTTP/1.1 200 OK", b'{"score": [0.5, 0.5]}'), False, "for 2 images"),
+    "scores-huge-int": (_http("HTTP/1.1 200 OK", b'{"scores": [1, 1' + b"0" * 400 + b"]}"), False, "out of range"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_REPLIES))
+def test_a_bad_reply_is_one_line_naming_the_url_retried_only_when_garbled(kind, monkeypatch):
+    """Issue #39 item 14: no traceback of json/http.client, the URL named, garbled replies retried."""
+    from fastvideo.rewards import http
+
+    monkeypatch.setattr(http.time, "sleep", lambda s: None)
+    reply, retried, needle = BAD_REPLIES[kind]
+    with canned_http_server(reply, health=HEALTH) as (url, seen):
+        reward = RemoteReward(f"{url}/r", retries=2, timeout_s=10)
+        with pytest.raises(RemoteRewardError) as caught:
+            reward(torch.rand(2, 3, 4, 4), ["a", "b"])
+    message = str(caught.value)
+    assert needle in message and url in message and "\n" not in message, message
+    assert len([s for s in seen if s.startswith("POST")]) == (3 if retried else 1), seen
+
+
+@pytest.mark.parametrize("health, needle", [
+    (_http("HTTP/1.1 200 OK", b"[1, 2]"), "JSON list"),
+    (_http("HTTP/1.1 200 OK", b"<html/>"), "not JSON"),
+    (_http("HTTP/1.1 200 OK", b'{"rewards": ["r"]}'), "not a flux-grpo reward server"),
+    (b"HTTP/1.1 OK-ish\r\n\r\n", "BadStatusLine"),
+], ids=["json-list", "not-json", "rewards-a-list", "bad-status-line"])
+def test_a_bad_health_reply_is_a_user_error_naming_the_url(health, needle):
+    from fastvideo.errors import UserError
+
+    with canned_http_server(health) as (url, _):
+        with pytest.raises(UserError) as caught:
+            RemoteReward(f"{url}/r")
+    assert needle in str(caught.value) and url in str(caught.value), caught.value

@@ -26,6 +26,7 @@ from server_utils import serve_in_thread
 
 TOKEN = "t0ken"
 LIMITS = ServerLimits(token=TOKEN, max_body_bytes=1 << 20, max_pixels=64 * 64, max_images=4,
+                      max_request_pixels=2 * 64 * 64, max_server_pixels=4 * 64 * 64,
                       header_timeout_s=1.0, read_timeout_s=2.0)
 
 
@@ -161,11 +162,15 @@ def test_oversized_body_is_refused_before_it_is_read(guarded):
     ({"prompts": ["a"], "encoding": "png", "images": [{"shape": [1, 1, 3], "nbytes": 0}]}, png_bytes(65, 64)),
     ({"prompts": ["a"], "encoding": "u8", "images": [{"shape": [2 ** 32, 2 ** 32, 3], "nbytes": 0}]}, b""),
     ({"prompts": ["a"] * 5, "encoding": "u8", "images": [{"shape": [1, 1, 3], "nbytes": 3}] * 5}, b"\0" * 15),
-], ids=["png-bomb", "png-over-max-pixels", "overflowing-shape", "too-many-images"])
+    # each image within --max_pixels, the three together over --max_request_pixels (2 x 64 x 64)
+    ({"prompts": ["a"] * 3, "encoding": "png", "images": [{"shape": [1, 1, 3], "nbytes": 0}] * 3}, png_bytes(64, 64)),
+    ({"prompts": ["a"] * 3, "encoding": "u8", "images": [{"shape": [64, 64, 3], "nbytes": 0}] * 3},
+     b"\0" * (64 * 64 * 3)),
+], ids=["png-bomb", "png-over-max-pixels", "overflowing-shape", "too-many-images", "png-pixels-per-request",
+        "u8-pixels-per-request"])
 def test_too_large_images_get_413(guarded, header, payload):
-    for meta in header["images"]:
-        meta["nbytes"] = meta["nbytes"] or len(payload)
-    status, reply = request(f"{guarded}/score/bright", wire(header, payload))
+    header = {**header, "images": [{**m, "nbytes": m["nbytes"] or len(payload)} for m in header["images"]]}
+    status, reply = request(f"{guarded}/score/bright", wire(header, payload * len(header["images"])))
     assert status == 413, reply
 
 
@@ -187,6 +192,8 @@ MALFORMED = {
     "header-not-utf8": struct.pack("<I", 2) + b"\xff\xfe",
     "prompt-count-mismatch": wire({**F32, "prompts": ["a", "b"]}, b"\0" * 48),
     "nan-pixels": wire(F32, struct.pack("<12f", *[float("nan")] * 12)),
+    "header-nested-200000-deep": struct.pack("<I", 200_000) + b"[" * 200_000,  # RecursionError: a 400, not a 500
+    "payload-truncated": wire({**F32, "images": [F32["images"][0]] * 2, "prompts": ["a", "b"]}, b"\0" * 60),
 }
 
 
@@ -285,6 +292,162 @@ def test_a_600_mib_body_gets_413_without_growing_the_server(default_server):
     grown = _rss_bytes() - before
     assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
     assert sent < 600 << 20 and grown < 50 << 20, (sent, grown)
+
+
+def flat_png(side: int) -> bytes:
+    """A side x side black PNG: a few KiB on the wire, side * side * 3 bytes decoded."""
+    raw = (b"\0" + b"\0" * (3 * side)) * side  # each row: filter byte 0, then RGB zeros
+    chunk = lambda kind, data: (struct.pack(">I", len(data)) + kind + data  # noqa: E731
+                                + struct.pack(">I", zlib.crc32(kind + data)))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc (Linux)")
+def test_a_pixel_bomb_of_32_flat_pngs_gets_413_without_growing_the_server(default_server):
+    """Issue #39's acceptance: 32 PNGs of 4096 x 4096 (each within --max_pixels, 32 within --max_images)
+    in a body of about 1.5 MiB decode to 1.5 GiB; the per-request pixel limit refuses them from their
+    headers, and the server (this process) grows < 200 MB."""
+    png = flat_png(4096)
+    body = wire({"prompts": ["a"] * 32, "encoding": "png", "images": [{"shape": [1, 1, 3], "nbytes": len(png)}] * 32},
+                png * 32)
+    assert len(body) < 2 << 20
+    before = _rss_bytes()
+    status, reply = request(f"{default_server}/score/bright", body, timeout=60)
+    grown = _rss_bytes() - before
+    assert status == 413 and "--max_request_pixels" in reply["detail"], reply
+    assert grown < 200 << 20, grown
+
+
+def test_500_slow_uploads_do_not_starve_an_honest_score(default_server):
+    """Issue #39's acceptance: 500 connections each sending a body slowly (a head and a few bytes of a
+    declared 100 kB) hold no scoring slot (4 by default): an honest /score is answered at once, not
+    after their read timeouts (60 s)."""
+    port = int(default_server.rsplit(":", 1)[1])
+    drips = []
+    try:
+        for _ in range(500):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(f"POST /score/bright HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                      f"Content-Length: 100000\r\n\r\n".encode() + b"\0" * 10)
+            drips.append(s)
+        for s in drips:  # one more drop each: every upload is under way
+            s.sendall(b"\0")
+        images = torch.rand(2, 3, 8, 8)
+        start = time.monotonic()
+        status, reply = request(f"{default_server}/score/bright", encode_request(images, ["a", "b"]), timeout=30)
+        assert status == 200 and reply["scores"] == images.mean(dim=(1, 2, 3)).tolist(), reply
+        assert time.monotonic() - start < 15  # wide: a loaded 2-core machine; starved, it waited the full 60 s
+    finally:
+        for s in drips:
+            s.close()
+
+
+def _blocking_server(limits: ServerLimits):
+    """A server whose reward blocks until ``release`` is set; ``started`` is set once it is called."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+
+    def hold(images, prompts):
+        started.set()
+        release.wait(30)
+        return torch.zeros(len(prompts))
+
+    app = build_app({"hold": PluginReward("hold", hold, 4), "bright": PluginReward("bright", mean_or_nan, 4)},
+                    limits=limits)
+    return app, started, release
+
+
+def test_the_server_pixel_budget_holds_a_second_request_back():
+    """--max_server_pixels: while one request's decoded images are being scored, another that does not
+    fit beside them waits (a 503 'busy', retried by the client, after --read_timeout_s), even for
+    another reward (one lock per reward would not hold it back)."""
+    import threading
+
+    limits = ServerLimits(max_pixels=64 * 64, max_request_pixels=64 * 64, max_server_pixels=64 * 64 + 16,
+                          read_timeout_s=1.0)
+    app, started, release = _blocking_server(limits)
+    with serve_in_thread(app, settings=uvicorn_settings(limits)) as (url, _):
+        first = {}
+        body = encode_request(torch.rand(1, 3, 64, 64), ["a"])
+        thread = threading.Thread(target=lambda: first.update(r=request(f"{url}/score/hold", body, token=None)))
+        thread.start()
+        try:
+            assert started.wait(20)
+            status, reply = request(f"{url}/score/bright", encode_request(torch.rand(1, 3, 8, 8), ["b"]), token=None)
+            assert status == 503 and "--max_server_pixels" in reply["detail"], reply
+            small = encode_request(torch.rand(1, 3, 4, 4), ["c"])  # 16 pixels: fits beside the first
+            assert request(f"{url}/score/bright", small, token=None)[0] == 200
+        finally:
+            release.set()
+            thread.join(30)
+        assert first["r"][0] == 200
+        assert request(f"{url}/score/bright", encode_request(torch.rand(1, 3, 8, 8), ["b"]), token=None)[0] == 200
+
+
+def test_the_bodies_held_at_once_are_bounded(capfd):
+    """--max_buffered_mb: bytes of bodies still arriving count against one budget (a crowd of
+    uploads cannot fill the memory now that reading holds no scoring slot); past it, 503 'busy';
+    bytes come back when an upload ends."""
+    limits = ServerLimits(max_body_bytes=64 << 10, max_buffered_bytes=100 << 10, read_timeout_s=30.0)
+    app, _, _ = _blocking_server(limits)
+    with serve_in_thread(app, settings=uvicorn_settings(limits)) as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        uploads = []
+        for _ in range(2):  # 2 x 40 KiB held of the 100 KiB budget
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(f"POST /score/bright HTTP/1.1\r\nHost: x\r\nContent-Length: {60 << 10}\r\n\r\n".encode()
+                      + b"\0" * (40 << 10))
+            uploads.append(s)
+        body = encode_request(torch.rand(1, 3, 48, 48), ["a"])  # 27 KiB
+        deadline = time.monotonic() + 20
+        while (answer := request(f"{url}/score/bright", body, token=None))[0] == 200:  # the uploads' bytes arrive
+            assert time.monotonic() < deadline, "the uploads never filled the budget"
+            time.sleep(0.1)
+        assert answer[0] == 503 and "--max_buffered_mb" in answer[1]["detail"], answer
+        for s in uploads:
+            s.close()
+        deadline = time.monotonic() + 20
+        while request(f"{url}/score/bright", body, token=None)[0] != 200:  # freed once the server sees them go
+            assert time.monotonic() < deadline, "a closed upload's bytes were never given back"
+            time.sleep(0.1)
+    # a client that leaves mid-upload is a log line (499), not a server traceback
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in ASGI application" not in err, err[-2000:]
+
+
+def test_pixel_budget_waits_for_room_then_gives_up():
+    import threading
+
+    from fastvideo.tools.reward_server_guard import PixelBudget, ServerBusyError
+
+    budget = PixelBudget(100)
+    with budget.hold(60, 1):
+        with pytest.raises(ServerBusyError, match="60 of its 100 pixels"):
+            with budget.hold(50, 0.05):
+                pass
+        with budget.hold(40, 0.05):  # fits beside
+            assert budget.used == 100
+    assert budget.used == 0
+    with pytest.raises(ServerBusyError):  # larger than the whole budget: never waits
+        with budget.hold(101, 10):
+            pass
+    held, waited = threading.Event(), {}
+
+    def holder():
+        with budget.hold(100, 1):
+            held.set()
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(10)
+    start = time.monotonic()
+    with budget.hold(100, 20):  # waits for the holder to finish, not the full 20 s
+        waited["s"] = time.monotonic() - start
+    thread.join()
+    assert 0 < waited["s"] < 15 and budget.used == 0
 
 
 def test_nan_score_is_dropped_naming_the_reward_and_sample(guarded, capsys):

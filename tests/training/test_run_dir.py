@@ -130,6 +130,86 @@ def test_die_with_parent_kills_an_orphan(tmp_path):
     assert not _running(child)
 
 
+def test_a_worker_whose_launcher_died_before_the_guard_exits(tmp_path):
+    """Issue #39 item 9: the launcher dies while the worker still starts (before PR_SET_PDEATHSIG is
+    armed; the worker is re-parented, so 'my parent now' would be init): checked against the pid it
+    was started by, the worker exits at once instead of living on as an orphan."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("prctl is Linux only")
+    ready, armed = tmp_path / "ready", tmp_path / "armed"
+    worker = (f"import os, time; start = os.getppid(); open({str(ready)!r}, 'w').write(str(os.getpid())); "
+              "deadline = time.monotonic() + 30\n"
+              "while os.getppid() == start and time.monotonic() < deadline: time.sleep(0.01)\n"
+              "from fastvideo.training.run.control import die_with_parent; die_with_parent(parent=start); "
+              f"open({str(armed)!r}, 'w').write('survived'); time.sleep(60)")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT)}
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; "
+                               f"subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(60)"], env=env)
+    import time
+
+    deadline = time.monotonic() + 60
+    while not ready.exists() or not ready.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(ready.read_text())
+    parent.kill()  # kill -9 of the launcher, before the worker armed its guard
+    parent.wait()
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child) and not armed.exists()
+
+
+def test_workers_never_outlive_a_launcher_killed_as_they_start(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """kill -9 of fastvideo.launch the moment its 2 workers exist, while they are still starting (a
+    sitecustomize holds each worker's Python start-up for 2 s, as slow imports from a shared file
+    system do): no worker survives (they are gone within 30 s; an orphan would train for minutes)."""
+    import signal
+    import time
+
+    from helpers import train_args
+
+    slow_site = tmp_path / "slow_site"
+    slow_site.mkdir()
+    (slow_site / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('TORCHELASTIC_RUN_ID'):\n    time.sleep(2)\n")
+    argv = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "out", max_train_steps=50)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.pathsep.join([str(slow_site), str(ROOT)]),
+           "FASTVIDEO_DEVICE": "cpu", "FASTVIDEO_PREFLIGHT": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    launcher = subprocess.Popen([sys.executable, "-m", "fastvideo.launch", "--standalone", "--nproc_per_node=2",
+                                 "fastvideo/train_grpo_flux.py", *argv], env=env, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, workers = time.monotonic() + 120, []
+    try:
+        while len(workers) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline, "the launcher never started 2 workers"
+            workers = _children(launcher.pid)
+            time.sleep(0.005)
+    finally:
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+    deadline = time.monotonic() + 30
+    while any(_running(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [w for w in workers if _running(w)]
+    for w in alive:  # do not leave them behind if the test fails
+        os.kill(w, signal.SIGKILL)
+    assert not alive, "orphaned workers"
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(") ", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                pass
+    return out
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie waiting for its new parent to reap it."""
     try:

@@ -67,6 +67,7 @@ from torch import nn
 from fastvideo import devices
 from fastvideo.library_lines import installed_version, library_line
 from fastvideo.distributed import fsdp
+from fastvideo.errors import DiskFullError, is_disk_full
 from fastvideo.training.checkpoint import shards
 from fastvideo.training.checkpoint.state_io import (  # noqa: F401  (re-exported: part of this module's API)
     FORMAT_VERSION,
@@ -121,13 +122,14 @@ def _broadcast_from_rank0(value):
     return box[0]
 
 
-def _describe(error: BaseException | None) -> str | None:
-    return None if error is None else f"rank {devices.rank()}: {type(error).__name__}: {error}"
+def _describe(error: BaseException | None, path: Path | None = None) -> str | None:
+    where = f" writing {path}" if path is not None else ""
+    return None if error is None else f"rank {devices.rank()}{where}: {type(error).__name__}: {error}"
 
 
-def _first_error(local: BaseException | None) -> str | None:
+def _first_error(local: BaseException | None, path: Path | None = None) -> str | None:
     """Every rank learns whether any rank failed (so no rank waits forever in a collective)."""
-    message = _describe(local)
+    message = _describe(local, path)
     if devices.world_size() == 1:
         return message
     messages = [None] * devices.world_size()
@@ -143,20 +145,21 @@ class _Writer:
         self.folder: Path | None = None
         self.files: list[str] = []
         self.error: Exception | None = None
+        self.error_path: Path | None = None  # the file being written when it failed, when known
 
-    def run(self, fn: Callable[[], Any]) -> None:
+    def run(self, fn: Callable[[], Any], path: Path | None = None) -> None:
         if self.error is not None:
             return
         try:
             fn()
         except Exception as exc:  # re-raised once every rank knows
-            self.error = exc
+            self.error, self.error_path = exc, path
 
     def tensors(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        self.run(lambda: (_write_tensors(self.folder / name, tensors), self.files.append(name)))
+        self.run(lambda: (_write_tensors(self.folder / name, tensors), self.files.append(name)), self.folder / name)
 
     def json(self, name: str, obj: Any) -> None:
-        self.run(lambda: (_write_json(self.folder / name, obj), self.files.append(name)))
+        self.run(lambda: (_write_json(self.folder / name, obj), self.files.append(name)), self.folder / name)
 
     def tree(self, stem: str, obj: Any) -> None:
         self.run(lambda: self.files.extend(save_tree(self.folder, stem, obj)))
@@ -306,18 +309,20 @@ def save_checkpoint(
         w.run(lambda: (w.folder / "rank_state").mkdir(exist_ok=True))
         w.tree(f"rank_state/rank-{devices.rank():05d}", rank_state)
 
-    failure = _first_error(w.error)  # also a barrier: every rank has written its files
+    failure = _first_error(w.error, w.error_path)  # also a barrier: every rank has written its files
     if failure is None:
         if is_main:
             if rank_state is not None:
                 w.files = [f for f in w.files if not f.startswith("rank_state/")]
                 w.files += [f"rank_state/{p.name}" for p in sorted((w.folder / "rank_state").iterdir())]
             w.run(lambda: _publish(w.folder, final, w.files, iteration))
-        failure = _broadcast_from_rank0(_describe(w.error) if is_main else None)
+        failure = _broadcast_from_rank0(_describe(w.error, w.error_path) if is_main else None)
     if failure is not None:
         if is_main and w.folder is not None:
             shutil.rmtree(w.folder, ignore_errors=True)
         devices.barrier()  # every rank knows of the failure; return only once the folder is gone
+        if is_disk_full(failure):  # the user's to fix: the same one line on every rank
+            raise DiskFullError(f"no space left on device: saving {final} failed ({failure}); nothing was published")
         if w.error is not None:
             raise w.error
         raise CheckpointError(f"saving {final} failed ({failure}); nothing was published")

@@ -11,40 +11,98 @@ leaves for the launcher (fastvideo.launch) to report from.
   launcher marks a real stop request in FASTVIDEO_CONTROL_DIR/stop, and a worker that gets a
   signal without that mark exits at once (there is no peer to agree with).
 - Workers ask the kernel to kill them when their launcher dies (prctl PR_SET_PDEATHSIG on Linux):
-  after a ``kill -9`` of torchrun no orphan keeps training into the folder a relaunch resumes.
+  after a ``kill -9`` of torchrun no orphan keeps training into the folder a relaunch resumes. The
+  guard is armed first thing and checked against the launcher's pid (FASTVIDEO_LAUNCHER_PID, set by
+  fastvideo.launch, else the parent pid read when the worker's Python started): a launcher that
+  died while the worker was still starting is noticed, and the worker exits instead of living on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 CONTROL_ENV = "FASTVIDEO_CONTROL_DIR"
+LAUNCHER_PID_ENV = "FASTVIDEO_LAUNCHER_PID"  # the process that spawns the workers (torchrun's agent)
 LAUNCH_ENV = "FASTVIDEO_LAUNCH_ARGV"  # the launcher's own arguments (before the training script)
 STOP_MARK = "stop"
 EXIT_CODES = {signal.SIGTERM: 0, signal.SIGINT: 130}
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+def launcher_pid(parent_at_start: int) -> int:
+    """The pid this worker's parent must have: fastvideo.launch's (FASTVIDEO_LAUNCHER_PID, exact),
+    else ``parent_at_start``, the parent pid read as the worker's Python started (plain torchrun)."""
+    value = os.environ.get(LAUNCHER_PID_ENV, "")
+    return int(value) if value.isdigit() else parent_at_start
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> bool:
     """Have the kernel send ``sig`` to this process when its parent exits (Linux only; returns
-    whether it is armed). Called by torchrun workers only: their parent is the launcher."""
+    whether it is armed). Called by torchrun workers only: their parent is the launcher.
+
+    ``parent``: the launcher's pid (launcher_pid). The request covers only a parent alive when it
+    is made: if the parent is no longer ``parent`` (it died while this worker started, and this one
+    was re-parented), the launcher is gone and this worker ends at once with ``sig``."""
     if not sys.platform.startswith("linux"):
         return False
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() != parent:  # the parent died before the request took effect
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        sys.stderr.write(f"worker {os.getpid()}: its launcher (pid {parent}) is gone; exiting\n")
+        sys.stderr.flush()
         os.kill(os.getpid(), sig)
     return True
+
+
+RENDEZVOUS_ENV = "FASTVIDEO_RENDEZVOUS_TIMEOUT_S"
+RENDEZVOUS_DEFAULT_S, RENDEZVOUS_NOTICE_S = 600.0, 30.0
+
+
+@contextlib.contextmanager
+def rendezvous_watchdog(prog: str, rank: int, world_size: int):
+    """Around the process group's start outside torchrun (WORLD_SIZE set by hand; torchrun's agent
+    starts workers only once all have joined): ranks that never start would keep this one waiting
+    for the process group's 30-minute timeout, silently. After RENDEZVOUS_NOTICE_S it says what it
+    waits for; after $FASTVIDEO_RENDEZVOUS_TIMEOUT_S (default 600) it stops: one line, exit 2."""
+    if world_size <= 1 or os.environ.get("TORCHELASTIC_RUN_ID"):
+        yield
+        return
+    try:
+        limit = float(os.environ.get(RENDEZVOUS_ENV, RENDEZVOUS_DEFAULT_S))
+    except ValueError:
+        limit = RENDEZVOUS_DEFAULT_S
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    joined = threading.Event()
+
+    def watch() -> None:
+        if limit > RENDEZVOUS_NOTICE_S and not joined.wait(RENDEZVOUS_NOTICE_S):
+            sys.stderr.write(f"{prog}: rank {rank} waits for the other {world_size - 1} rank(s) of WORLD_SIZE="
+                             f"{world_size} at {where} (up to {limit:g} s, {RENDEZVOUS_ENV})\n")
+            sys.stderr.flush()
+        if not joined.wait(max(limit - RENDEZVOUS_NOTICE_S, 0) if limit > RENDEZVOUS_NOTICE_S else limit):
+            sys.stderr.write(f"{prog}: error: rank {rank} of WORLD_SIZE={world_size}: the other ranks did not join at "
+                             f"{where} within {limit:g} s; start every rank (torchrun --nproc_per_node={world_size} "
+                             f"..., or python -m fastvideo.launch), or unset WORLD_SIZE and RANK for one process\n")
+            sys.stderr.flush()
+            os._exit(2)
+
+    threading.Thread(target=watch, name="rendezvous-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        joined.set()
 
 
 def control_dir() -> Path | None:

@@ -1,6 +1,6 @@
 """Flags changed on resume that do not change what the run is: applied and logged, never ignored.
 
-The run-defining settings are refused by the run-identity check (training/run_identity.py). The
+The run-defining settings are refused by the run-identity check (training/run/identity.py). The
 rest either take effect by themselves because the loop reads them every iteration (max steps, the
 logging, checkpoint, image and evaluation cadences) -- they are logged here against the previous
 run's OUTPUT_DIR/config.json -- or would be undone by the checkpoint: the learning rate, whose base

@@ -39,6 +39,21 @@ def check_resume(cfg, world_size: int):
     return path
 
 
+def fail_together(failure: Exception | None, world_size: int, device, peer_reason: str) -> None:
+    """Every rank calls this at the same point: the rank that met ``failure`` raises it, the others
+    raise PeerRefused (silent, exit 2) when any did (one int32 MAX), so that all stop together
+    instead of the others going on to a collective the failed rank never joins (a gloo traceback)."""
+    from fastvideo.training.run import output_dir
+
+    if world_size > 1:
+        flag = torch.tensor([1 if failure is not None else 0], dtype=torch.int32, device=device)
+        devices.all_reduce_max(flag)
+        if failure is None and flag.item():
+            raise output_dir.PeerRefused(peer_reason)
+    if failure is not None:
+        raise failure
+
+
 def prepare_output_dir(cfg, info, device) -> None:
     """Rank 0 refuses, clears (--overwrite) and locks OUTPUT_DIR (run/output_dir.py); every rank
     learns whether it failed (one int32 MAX), so that all stop together before any model loads."""
@@ -51,13 +66,7 @@ def prepare_output_dir(cfg, info, device) -> None:
                                                   cfg.output.overwrite)
         except ConfigError as exc:
             failure = exc
-    if info.world_size > 1:
-        flag = torch.tensor([1 if failure is not None else 0], dtype=torch.int32, device=device)
-        devices.all_reduce_max(flag)
-        if failure is None and flag.item():
-            raise output_dir.PeerRefused("rank 0 refused the output folder")
-    if failure is not None:
-        raise failure
+    fail_together(failure, info.world_size, device, "rank 0 refused the output folder")
     for note in notes:
         main_print(f"[outputs] {note}")
 
