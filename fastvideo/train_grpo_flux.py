@@ -108,6 +108,13 @@ def _stopped(trainer, info, argv: list[str]) -> int:
     return StopRequest.exit_code(signum)
 
 
+def _input_problems(args, cfg) -> list[str]:
+    """The launcher's checks of the inputs the flags name (what --print_config warns about)."""
+    from fastvideo.preflight import file_problems
+
+    return file_problems(args, cfg)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Parse before importing torch (devices): --help, --print_config and flag errors come back fast.
     from fastvideo.config import parse_config
@@ -115,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = parse_config(argv, usage=False)
+        cfg = parse_config(argv, usage=False, input_check=_input_problems)
     except UserError as exc:  # every rank parses the same flags: one line, from rank 0
         return report_user_error(exc, _rank_from_env())
     from fastvideo import devices
