@@ -156,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         stop.uninstall()
     if info.is_main:
         run_dir.release_lock(cfg.output.output_dir)
+        if trainer.stopped_by is None:
+            from fastvideo.training.run.start import closing_line
+
+            print(closing_line(cfg.output.output_dir, trainer.saved, trainer.iteration), flush=True)
     # Free the wrapped models (DDP/FSDP hold the process group and C++ state) while the group still
     # exists: left to interpreter teardown, after the group is destroyed, a rank could abort at exit
     # ("terminate called without an active exception") after its work was done and saved.
