@@ -9,8 +9,9 @@ its best so far. ``patience`` such evaluations in a row fire the guard (warn, or
 The best checkpoint (the guard-adjusted choice) is the trained evaluation (iteration >= 1) with
 the highest trained score among those the guard did not flag as hacking (without a guard, simply
 the highest trained score; ties keep the earlier one), and never one scoring below the first
-evaluation (the base model's, iteration 0): a run that only got worse has no best. It is published as OUTPUT_DIR/best: hard links to (or copies
-of) the checkpoint's files, so deleting the checkpoint during rotation leaves it intact.
+evaluation (the base model's, iteration 0): a run that only got worse has no best. It is published
+as OUTPUT_DIR/best: hard links to (or copies of) the checkpoint's files, so deleting the checkpoint
+during rotation leaves it intact.
 
 The state is a fold over the evaluation records, so a resumed run rebuilds it from eval.jsonl.
 """
