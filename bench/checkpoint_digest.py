@@ -30,7 +30,7 @@ def _best(fn, repeats: int) -> float:
 def main(argv=None) -> None:
     from fastvideo.training.checkpoint.files import file_digest, folder_digests
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args(argv)

@@ -76,7 +76,7 @@ def build(preset: str, device):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="checkpoint folder (default: a temporary one)")

@@ -74,7 +74,7 @@ def measure(argv: list[str], iterations: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small", choices=["tiny", "small"])
     ap.add_argument("--size", type=int, default=128, help="image side in pixels")
     ap.add_argument("--iterations", type=int, default=2, help="timed iterations after the first")

@@ -54,7 +54,7 @@ FLUX_DEV_VAE_OVERRIDES = {"block_out_channels": [128, 256, 512, 512], "layers_pe
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="FLUX diffusers folder (default: build --preset)")
     ap.add_argument("--preset", default="flux", choices=["flux", "small", "tiny"],
                     help="flux: FLUX.1-dev's VAE config with random weights; small/tiny: make_tiny_flux presets")

@@ -108,7 +108,7 @@ def rows_for_flux_dev() -> list[tuple]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
     ap.add_argument("--sizes", nargs="+", type=int, default=[64, 128], help="square image sizes (multiples of 16)")
     ap.add_argument("--text-tokens", nargs="+", type=int, default=[32, 64], help="one per size")

@@ -47,7 +47,7 @@ BUDGET_S = 420.0  # stop adding batch sizes past this (the whole run must stay u
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=["flux-dev", "small", "tiny"], default=None,
                     help="transformer size (default flux-dev; tiny with --allow_cpu on CPU)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2])

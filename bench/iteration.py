@@ -171,7 +171,7 @@ def run(model: Path, data: Path, out: Path, args, micro: int, checkpointing: boo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small", choices=["tiny", "small"])
     ap.add_argument("--size", type=int, default=128)
     ap.add_argument("--steps", type=int, default=8)

@@ -85,7 +85,7 @@ def _prepare(work: Path, preset: str) -> tuple[Path, Path]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=2)

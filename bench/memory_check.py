@@ -89,7 +89,7 @@ def predicted(flags: list[str]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

@@ -90,7 +90,7 @@ def measure(argv: list[str], iterations: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default=None, help="default: FASTVIDEO_DEVICE or the device layer's choice")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--model_dir", type=Path, default=None)

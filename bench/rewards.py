@@ -50,7 +50,7 @@ from fastvideo import devices  # noqa: E402
 from fastvideo.rewards.base import build_reward  # noqa: E402
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--rewards", nargs="+", default=["compressibility", "hpsv2"],
                     choices=["compressibility", "hpsv2", "aesthetic", "imagereward"])
     ap.add_argument("--hps_size", default="base", choices=["base", "tiny"],

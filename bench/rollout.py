@@ -42,7 +42,7 @@ from fastvideo.sampling.rollout import RolloutConfig, rollout  # noqa: E402
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="FLUX folder (default: build --preset in a temporary folder)")
     ap.add_argument("--preset", default="small", choices=["tiny", "small"])
     ap.add_argument("--height", type=int, default=128)

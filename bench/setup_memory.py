@@ -56,7 +56,7 @@ def worker(model_dir: str, mode: str, out: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small", choices=["tiny", "small"])
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)

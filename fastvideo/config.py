@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
-from fastvideo import compat, config_file
+from fastvideo import compat, config_file, flag_check
 from fastvideo.algorithms.nft_settings import NFTSettings
 from fastvideo.algorithms.settings import GRPOSettings  # noqa: F401  (re-exported for old imports)
 from fastvideo.component_settings.eval import EvalSettings
@@ -48,6 +48,7 @@ def build_parser(argv: Sequence[str] = (), plugins: tuple | None = None) -> argp
     """Every flag: the components', and those of the ``plugins`` sections (default: of the plugin
     objective or family that ``argv``, or its --config file, selects)."""
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="train_grpo_flux", description="GRPO fine-tuning of FLUX (DanceGRPO-compatible flags).",
         usage="%(prog)s [--config FILE] --data_json_path FILE --pretrained_model_name_or_path DIR [flags]",
         formatter_class=HelpFormatter)
@@ -165,32 +166,24 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
     )
 
 
-def parse_config(argv: Sequence[str] | None = None, usage: bool = True) -> TrainConfig:
+def parse_config(argv: Sequence[str] | None = None, usage: bool = True, input_check=None) -> TrainConfig:
     """Flags (over --config FILE's values) -> TrainConfig; --print_config prints it and exits 0.
-    A bad flag: argparse's usage text and exit 2, or with ``usage=False`` a ConfigError carrying
-    the message alone (the entry point prints it once, on rank 0)."""
+    The launcher's parse check (fastvideo.flag_check): EVERY problem -- unknown flags with the
+    nearest name, bad values, each bad key of the file, the rules -- as ``PROG: error:`` lines and
+    exit 2, or with ``usage=False`` one ConfigError carrying them. ``input_check(args, cfg)`` ->
+    problems (the entry point: fastvideo.preflight.file_problems) runs with --print_config; its
+    problems are warnings, as a configuration is often written where its data is not."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    args, problems = flag_check.parse_all(argv, build_parser, resolved_flags)
     try:
-        parser = build_parser(argv)
-    except UserError as exc:  # a plugin (--algorithm / --model_family) that does not resolve
-        if not usage:
-            raise
-        build_parser().error(str(exc))
-    if not usage:
-        def refuse(message):
-            raise ConfigError(message)
-
-        parser.error = refuse
-    try:
-        config_file.apply_file(parser, argv, resolved_flags)
-        args = parser.parse_args(argv)
-        cfg = validate_args(args)
+        cfg = validate_args(args) if args is not None else None
     except UserError as exc:  # ConfigError, and a reward spec's own errors (unknown name, bad weight)
-        if not usage:
-            raise
-        parser.error(str(exc))
-        raise  # unreachable: parser.error exits
+        problems.append(flag_check.one_line(exc))
+    if problems:
+        flag_check.refuse(problems, usage)
     if args.print_config:
+        for problem in input_check(args, cfg) if input_check else ():
+            sys.stderr.write(f"train_grpo_flux: warning: {problem}\n")
         print(config_file.dump(cfg.to_json(), args.print_config), end="")
         raise SystemExit(0)
     return cfg

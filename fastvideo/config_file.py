@@ -44,7 +44,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 def selected(argv) -> tuple[str, str]:
     """(--algorithm, --model_family) as ``argv`` gives them, else as its --config file does, else the
     defaults: which plugins' flags the parser needs before it can parse."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     for flag in ("--config", "--algorithm", "--model_family"):
         pre.add_argument(flag, type=str, default=None)
     given = pre.parse_known_args(list(argv))[0]
@@ -131,21 +131,35 @@ def _checked(key: str, value, action: argparse.Action):
     return value
 
 
-def file_values(data: dict, parser: argparse.ArgumentParser, from_resolved) -> dict:
+def file_values(data: dict, parser: argparse.ArgumentParser, from_resolved, problems: list | None = None) -> dict:
     """{dest: checked value} from a file's mapping. from_resolved(data) -> {flag: value} turns a
-    resolved config (a run's config.json) into flags."""
+    resolved config (a run's config.json) into flags. Every bad key is found: with a ``problems``
+    list each is appended there (and left out of the values), else one ConfigError names them all,
+    one per line."""
     if isinstance(data.get("model"), dict):
         data = from_resolved({k: v for k, v in data.items() if k not in REPORT_KEYS})
-    actions, values = _actions_by_name(parser), {}
+    actions, values, found = _actions_by_name(parser), {}, []
     for key, value in data.items():
-        if key not in actions:
-            close = difflib.get_close_matches(str(key), actions, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise ConfigError(f"--config: unknown key {key!r}{hint} (keys are flag names without --)")
-        if actions[key].dest == "config":
-            raise ConfigError("--config: a file cannot name another --config file")
-        values[actions[key].dest] = _checked(key, value, actions[key])
+        try:
+            values.update(_file_value(key, value, actions))
+        except ConfigError as exc:
+            found.append(str(exc))
+    if problems is not None:
+        problems.extend(found)
+    elif found:
+        raise ConfigError("\n".join(found))
     return values
+
+
+def _file_value(key: str, value, actions: dict[str, argparse.Action]) -> dict:
+    """{dest: checked value} for one key of a file; ConfigError naming the key."""
+    if key not in actions:
+        close = difflib.get_close_matches(str(key), actions, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"--config: unknown key {key!r}{hint} (keys are flag names without --)")
+    if actions[key].dest == "config":
+        raise ConfigError("--config: a file cannot name another --config file")
+    return {actions[key].dest: _checked(key, value, actions[key])}
 
 
 def check_resolved_keys(resolved: dict, top: type, sections: dict[str, type]) -> None:
@@ -161,15 +175,16 @@ def check_resolved_keys(resolved: dict, top: type, sections: dict[str, type]) ->
         raise ConfigError(f"--config: unknown key(s) {', '.join(unknown)} in a resolved configuration")
 
 
-def apply_file(parser: argparse.ArgumentParser, argv, from_resolved) -> None:
+def apply_file(parser: argparse.ArgumentParser, argv, from_resolved, problems: list | None = None) -> None:
     """With --config FILE in argv (None: sys.argv), make the file's values the parser's defaults:
-    the command line still overrides them, and a required flag the file gives need not be repeated."""
-    pre = argparse.ArgumentParser(add_help=False)
+    the command line still overrides them, and a required flag the file gives need not be repeated.
+    With a ``problems`` list, the file's bad keys are appended there and its good ones still apply."""
+    pre = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     pre.add_argument("--config", type=str, default=None)
     path = pre.parse_known_args(argv)[0].config
     if not path:
         return
-    values = file_values(read_file(path), parser, from_resolved)
+    values = file_values(read_file(path), parser, from_resolved, problems)
     parser.set_defaults(**values)
     for action in parser._actions:
         if action.dest in values:

@@ -12,94 +12,28 @@ fastvideo.launch prints them and exits 2 without starting a worker.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Callable
 
+from fastvideo import flag_check
 from fastvideo.errors import UserError
 
 # The entry points whose flags this module checks (others are started unchecked).
 TRAINING_SCRIPTS = {"train_grpo_flux.py": (), "train_grpo_flux_lora.py": ("--use_lora",)}
 
 
-class _ParseError(Exception):
-    pass
-
-
 def one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
-def _raising_parser():
-    from fastvideo.config import build_parser
-
-    parser = build_parser()
-
-    def refuse(message):
-        raise _ParseError(message)
-
-    parser.error = refuse
-    return parser
-
-
-def _unknown_flag_problems(parser, extras: list[str]) -> list[str]:
-    known = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
-    problems = []
-    for word in extras:
-        if not word.startswith("--"):
-            continue
-        name = word.split("=", 1)[0]
-        near = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        problems.append(f"unknown flag {name}" + (f" (did you mean {near[0]}?)" if near else ""))
-    return problems
-
-
-def _drop_argument(argv: list[str], message: str) -> list[str] | None:
-    """argv without the flag an argparse message names ("argument --h: invalid int value"), so
-    that the parse can go on to the next problem; None when no flag is named."""
-    m = re.match(r"argument (--[\w-]+)", message)
-    if not m:
-        return None
-    names = {m.group(1)}
-    out, i = [], 0
-    while i < len(argv):
-        word = argv[i]
-        if word.split("=", 1)[0] in names:
-            i += 1
-            while i < len(argv) and "=" not in word and not argv[i].startswith("--"):
-                i += 1
-            continue
-        out.append(word)
-        i += 1
-    return out if out != argv else None
-
-
 def parse_all(argv: list[str]) -> tuple[argparse.Namespace | None, list[str]]:
-    """(the parsed flags or None, every parse problem): unknown flags and bad values."""
-    from fastvideo import config_file
-    from fastvideo.config import resolved_flags
+    """(the parsed flags or None, every parse problem): fastvideo.flag_check.parse_all with the
+    trainer's parser (the same check fastvideo.config.parse_config runs)."""
+    from fastvideo.config import build_parser, resolved_flags
 
-    parser = _raising_parser()
-    problems = []
-    try:
-        config_file.apply_file(parser, argv, resolved_flags)
-    except (UserError, _ParseError) as exc:
-        problems.append(one_line(exc))
-    rest = list(argv)
-    for _ in range(20):
-        try:
-            args, extras = parser.parse_known_args(rest)
-        except _ParseError as exc:
-            problems.append(one_line(exc))
-            rest = _drop_argument(rest, str(exc))
-            if rest is None:
-                return None, problems
-            continue
-        return (args if not problems else None), problems + _unknown_flag_problems(parser, extras)
-    return None, problems
+    return flag_check.parse_all(argv, build_parser, resolved_flags)
 
 
 def _attempt(problems: list[str], check: Callable[[], object]) -> object:
@@ -271,15 +205,9 @@ def check_training(argv: list[str], nproc_per_node: int = 1, nnodes: int = 1, de
 
 def _lenient_args(argv: list[str]) -> argparse.Namespace | None:
     """The flags that do parse once the bad ones are dropped (for the file checks)."""
-    parser, rest = _raising_parser(), list(argv)
-    for _ in range(20):
-        try:
-            return parser.parse_known_args(rest)[0]
-        except _ParseError as exc:
-            rest = _drop_argument(rest, str(exc))
-            if rest is None:
-                return None
-    return None
+    from fastvideo.config import build_parser
+
+    return flag_check.lenient_args(argv, build_parser)
 
 
 def script_flags(script: str, args: list[str]) -> list[str] | None:
@@ -302,7 +230,8 @@ def report(problems: list[str], prog: str, nranks: int, stream=None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastvideo.preflight", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m fastvideo.preflight",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--nproc_per_node", type=int, default=1)
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("script")

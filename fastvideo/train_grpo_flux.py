@@ -130,6 +130,13 @@ def _stopped(trainer, info, argv: list[str]) -> int:
     return StopRequest.exit_code(signum)
 
 
+def _input_problems(args, cfg) -> list[str]:
+    """The launcher's checks of the inputs the flags name (what --print_config warns about)."""
+    from fastvideo.preflight import file_problems
+
+    return file_problems(args, cfg)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Parse before importing torch (devices): --help, --print_config and flag errors come back fast.
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -141,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     from fastvideo.errors import UserError
 
     try:
-        cfg = parse_config(argv, usage=False)
+        cfg = parse_config(argv, usage=False, input_check=_input_problems)
     except UserError as exc:  # every rank parses the same flags: one line, from rank 0
         return report_user_error(exc, _rank_from_env())
     from fastvideo import devices
@@ -177,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         stop.uninstall()
     if info.is_main:
         run_dir.release_lock(cfg.output.output_dir)
+        if trainer.stopped_by is None:
+            from fastvideo.training.run.start import closing_line
+
+            print(closing_line(cfg.output.output_dir, trainer.saved, trainer.iteration), flush=True)
     # Free the wrapped models (DDP/FSDP hold the process group and C++ state) while the group still
     # exists: left to interpreter teardown, after the group is destroyed, a rank could abort at exit
     # ("terminate called without an active exception") after its work was done and saved.

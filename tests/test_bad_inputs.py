@@ -147,7 +147,7 @@ TRAIN = [
     _t("all reward weights are zero", rewards="compressibility:0"),
     _t("appears twice", rewards="compressibility,compressibility"),
     _t("mixed_precision", mixed_precision="fp8"), _t("learning_rate", learning_rate="abc"),
-    _t("unrecognized", no_such_flag=True), _t("log_every", log_every=-1),
+    _t("unknown flag --no_such_flag", no_such_flag=True), _t("log_every", log_every=-1),
     _t("dump_randomness", dump_randomness=True, load_randomness=True),
     _t("is a file", output_dir="{file}"), _t("is a file", output_dir="{file}/sub"),
     _t("sequence parallelism", sp_size=2), _t("either with --rewards", use_hpsv2=True),

@@ -253,3 +253,62 @@ def test_dry_run_previews_a_device_this_machine_lacks(device):
     first, command = proc.stdout.splitlines()[:2]
     assert first.startswith(f"device: {device}") and "--nproc_per_node=16" in command
     assert "Traceback" not in proc.stderr
+
+
+def test_an_abbreviated_flag_is_an_unknown_flag_with_its_full_name():
+    """--max_train 5 used to set --max_train_steps silently (argparse's prefix matching)."""
+    from fastvideo.config import build_parser
+
+    args, extras = build_parser().parse_known_args(["--data_json_path", "x.json",
+                                                    "--pretrained_model_name_or_path", "m", "--max_train", "5"])
+    assert extras == ["--max_train", "5"] and args.max_train_steps != 5
+    args, problems = preflight.parse_all(["--data_json_path", "x.json", "--pretrained_model_name_or_path", "m",
+                                          "--max_train", "5"])
+    assert args is None and problems == ["unknown flag --max_train (did you mean --max_train_steps?)"]
+
+
+def test_a_plugins_own_flag_passes_the_check():
+    """The check parses with the flags of the plugin the command line selects."""
+    sys.path.insert(0, str(ROOT / "tests" / "training"))
+    args, problems = preflight.parse_all(["--data_json_path", "x.json", "--pretrained_model_name_or_path", "m",
+                                          "--algorithm", "toy_plugins:ToyObjective", "--toy_baseline_decay", "0.25"])
+    assert problems == [] and args.toy_baseline_decay == 0.25
+
+
+def test_the_entry_point_run_directly_says_did_you_mean(tmp_path):
+    """python fastvideo/train_grpo_flux.py (no launcher) checks like the launcher: every problem,
+    the nearest name of a misspelled flag."""
+    proc = subprocess.run([sys.executable, "fastvideo/train_grpo_flux.py", "--data_json_path", "x.json",
+                           "--pretrained_model_name_or_path", "m", "--learning_rat3", "1e-5", "--max_train", "5"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": python_path(ROOT)})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "unknown flag --learning_rat3 (did you mean --learning_rate?)" in proc.stderr
+    assert "unknown flag --max_train (did you mean --max_train_steps?)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_config_file_with_two_bad_keys_names_both(tmp_path):
+    from fastvideo.config import parse_config
+    from fastvideo.errors import ConfigError
+
+    path = tmp_path / "c.yaml"
+    path.write_text("learning_rat: 1.0e-5\nh: tall\nseed: 3\n")
+    with pytest.raises(ConfigError) as exc:
+        parse_config(["--config", str(path), "--data_json_path", "x.json", "--pretrained_model_name_or_path", "m",
+                      "--rewards", "compressibility"], usage=False)
+    lines = str(exc.value).splitlines()
+    assert lines == ["--config: unknown key 'learning_rat'; did you mean learning_rate? (keys are flag names "
+                     "without --)", "--config: h: expected an integer, got 'tall'"]
+
+
+def test_print_config_runs_the_input_checks(tmp_path, capsys):
+    """The entry point's --print_config runs the launcher's input checks (as warnings: it prints)."""
+    from fastvideo.train_grpo_flux import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--data_json_path", str(tmp_path / "none.json"), "--pretrained_model_name_or_path",
+              str(tmp_path / "no_flux"), "--rewards", "compressibility", "--print_config", "json"])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 0 and '"algorithm": "grpo"' in out
+    assert "warning: embedding index" in err and "none.json" in err and "no_flux" in err

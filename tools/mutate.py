@@ -110,7 +110,7 @@ def parse_rows(spec: str | None, count: int) -> set[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("checkout", nargs="?", default=".")
     ap.add_argument("mutations", nargs="?", default=None, help="default: CHECKOUT/tests/mutations.tsv")
     ap.add_argument("--python", default=None, help="interpreter with the dependencies (default: this one)")

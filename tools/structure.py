@@ -214,7 +214,7 @@ def render(r: Report, max_function: int, max_file: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("package", nargs="?", default="fastvideo")
     ap.add_argument("--max-function", type=int, default=80)
     ap.add_argument("--max-file", type=int, default=500)

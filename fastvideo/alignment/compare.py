@@ -469,4 +469,21 @@ def compare_runs(path_a: str | Path, path_b: str | Path, thresholds: Thresholds 
     elif (a.probe_dir is None) != (b.probe_dir is None):
         warnings.append("only one run holds probes; record both with the same --probe_layers")
     checks = [_reward_check(its, th), _image_check(its, th), _loss_check(loss, th), _probe_check(probe_cmp)]
-    return Comparison(a, b, th, its, loss, probe_cmp, checks, warnings, config_differences(a.manifest, b.manifest))
+    diff = config_differences(a.manifest, b.manifest)
+    note = precision_note(diff) if probe_cmp is not None else None
+    warnings += [note] if note else []
+    return Comparison(a, b, th, its, loss, probe_cmp, checks, warnings, diff)
+
+
+_PRECISION_KEYS = ("model.mixed_precision", "fsdp_param_dtype")
+
+
+def precision_note(diff: dict[str, tuple]) -> str | None:
+    """A warning when the runs differ in precision: the layer probes run in the weights' own dtype,
+    without autocast, so an fp32 and a bf16 run agree there (error 0) whatever their training did."""
+    keys = [k for k in _PRECISION_KEYS if k in diff]
+    if not keys:
+        return None
+    what = ", ".join(f"{k} {diff[k][0]} vs {diff[k][1]}" for k in keys)
+    return (f"the runs differ in precision ({what}): the layer probes run without autocast, in the weights' "
+            "own dtype, so their verdict does not cover that difference; judge it by the rewards, images and loss")

@@ -26,7 +26,7 @@ from fastvideo.errors import one_line_errors  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
-    ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    ap = one_line_errors(argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0]))
     ap.add_argument(
         "--model_path", default="data/flux", help="diffusers-layout model folder (its text encoders are used)"
     )

@@ -162,7 +162,7 @@ class TrainingEvaluation(TrainerHook):
                    + "".join(f", {n} {v['mean']:.4g}" for n, v in record["rewards"].items())
                    + f" ({result.seconds:.1f} s, not counted in training time)")
         if decision.fired:
-            main_print(self.guard.message(it, trained, guard_name, guard_score))
+            main_print(self.guard.message(it, trained, guard_name, guard_score, self.out))
             if self.s.guard.action == "stop":
                 self._ensure_checkpoint(trainer)
                 main_print(f"[guard] stopping the run at iteration {it} (--guard_action stop); "

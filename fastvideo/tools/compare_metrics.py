@@ -152,7 +152,7 @@ def format_table(rows_a: list[dict], rows_b: list[dict]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fastvideo.tools.compare_metrics",
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m fastvideo.tools.compare_metrics",
                                 description="Check two runs' metrics.jsonl (and eval.jsonl) are bit-identical.")
     p.add_argument("run_a", type=Path, help="reference run: its --output_dir or its metrics.jsonl")
     p.add_argument("run_b", type=Path, help="run to check against A")

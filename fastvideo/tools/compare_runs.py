@@ -21,7 +21,7 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fastvideo.tools.compare_runs",
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m fastvideo.tools.compare_runs",
                                 description="Compare two recorded runs (rewards, images, loss, layer probes).")
     p.add_argument("run_a", help="reference run folder (--record_dir of run A, e.g. the GPU run)")
     p.add_argument("run_b", help="run folder to check against A (e.g. the NPU run)")

@@ -45,7 +45,8 @@ from fastvideo.eval.models import (
 def build_parser() -> argparse.ArgumentParser:
     """Flags whose default reads "the run's" take it from the first checkpoint's run
     (OUTPUT_DIR/config.json, fastvideo.eval.run_defaults), else the value after "else"."""
-    p = argparse.ArgumentParser(prog="python -m fastvideo.tools.evaluate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m fastvideo.tools.evaluate",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--model", action="append", required=True, help="[LABEL=]PATH; repeat to compare (first = reference)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--prompts", default=None, help="prompts .txt (e.g. assets/eval_prompts.txt) or videos2caption.json "

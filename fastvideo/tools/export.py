@@ -34,7 +34,7 @@ from fastvideo.training.export import DTYPES, export_checkpoint, export_lora, ex
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    ap = one_line_errors(argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0]))
     ap.add_argument("checkpoint", help="a checkpoint-N folder written by the trainer")
     ap.add_argument("out", help="folder to write")
     ap.add_argument("--ema", action="store_true", help="export the EMA weights instead of the policy")

@@ -272,7 +272,7 @@ def make_tiny_flux(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("out_dir", help="folder to write (created if missing)")
     ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
                     help="tiny: under 5 MB, a 64x64 image in well under a second on CPU (the demo and the tests); "

@@ -205,7 +205,7 @@ def make_tiny_reward(out_dir: str | Path, seed: int = 0) -> TinyRewardPaths:
 
 
 def main(argv: list[str] | None = None) -> TinyRewardPaths:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to write hps_ckpt/ and pickscore/ into")
     parser.add_argument("--seed", type=int, default=0, help="same seed -> same weights")
     args = parser.parse_args(argv)

@@ -122,7 +122,7 @@ def make_tiny_sd3(out_dir: str | Path, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("out_dir", help="folder to write (created if missing)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -177,3 +177,15 @@ def test_parse_layer_tol():
     assert tol["vae"] == 0.1 and tol["rope"] == 1e-4
     with pytest.raises(ValueError, match="unknown kind"):
         parse_layer_tol("mlp=0.1")
+
+
+def test_a_precision_difference_is_named_next_to_the_probe_verdict():
+    """Probes run without autocast: an fp32 and a bf16 run agree there, which the report must say."""
+    from fastvideo.alignment.compare import config_differences, precision_note
+
+    a = {"config": {"model": {"mixed_precision": "no", "family": "flux"}, "fsdp_param_dtype": "fp32"}}
+    b = {"config": {"model": {"mixed_precision": "bf16", "family": "flux"}, "fsdp_param_dtype": "fp32"}}
+    note = precision_note(config_differences(a, b))
+    assert note.startswith("the runs differ in precision (model.mixed_precision no vs bf16): the layer probes "
+                           "run without autocast")
+    assert precision_note(config_differences(a, a)) is None

@@ -44,9 +44,20 @@ def test_streak_resets_and_best_ignores_flagged_evaluations():
 
 def test_without_a_guard_best_is_the_highest_trained_score():
     guard = RewardHackingGuard(guard_enabled=False)
-    d = _run(guard, [(0, 9.0, None), (1, 1.0, None), (2, 3.0, None), (3, 3.0, None)])
+    d = _run(guard, [(0, 2.0, None), (1, 1.0, None), (2, 3.0, None), (3, 3.0, None)])
     assert not any(x.hacking for x in d)
     assert guard.best_iteration == 2  # iteration 0 (the base model) is never 'best'; ties keep the first
+
+
+def test_best_is_never_worse_than_the_base_models_evaluation(tmp_path):
+    """A run that only got worse publishes no best/ (it would be worse than the model it started from)."""
+    guard = RewardHackingGuard(guard_enabled=False)
+    d = _run(guard, [(0, 9.0, None), (1, 1.0, None), (2, 3.0, None), (3, 9.0, None), (4, 8.0, None)])
+    assert [x.new_best for x in d] == [False, False, False, True, False] and guard.best_iteration == 3
+    hacked = RewardHackingGuard(patience=1, drop=0.05)
+    _run(hacked, [(0, 1.0, 0.5), (1, 1.2, 0.6), (2, 1.3, 0.4)])
+    text = hacked.message(2, 1.3, "detail", 0.4, tmp_path / "run")
+    assert f"Best checkpoint so far: iteration 1 ({tmp_path / 'run' / 'best'})." in text and "OUTPUT_DIR" not in text
 
 
 def test_guard_needs_its_score_and_sane_settings():

@@ -57,3 +57,23 @@ def test_log_every_must_not_be_negative(tiny_flux_dir, tiny_embeddings, tmp_path
 
     with pytest.raises(SystemExit):
         parse_config(train_args(tiny_embeddings, tiny_flux_dir, tmp_path, log_every=-1))
+
+
+def test_a_run_starts_with_a_summary_and_ends_with_where_its_outputs_are(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """Stdout of a 2-rank run: a one-line summary (not the whole configuration as JSON: that is in
+    config.json, which the line names) and, once, a closing line with the checkpoint, metrics, plots."""
+    from helpers import torchrun, train_args
+
+    out = tmp_path / "out"
+    proc = torchrun(train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=2, checkpointing_steps=2,
+                               save_images_every=0, learning_rate=3e-4))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    config_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[config] ")]
+    first = [ln for ln in config_lines if "every setting:" in ln]
+    assert len(first) == 1 and len(first[0]) < 400, config_lines
+    assert first[0] == (f"[config] flux grpo, rewards compressibility:1, 2 iterations at learning rate 0.0003, "
+                        f"2 images per prompt of 32x32 in 4 steps, seed 7; every setting: {out / 'config.json'}")
+    assert not any(ln.startswith("[config] {") for ln in config_lines) and (out / "config.json").is_file()
+    done = [ln for ln in proc.stdout.splitlines() if ln.startswith("[done]")]
+    assert done == [f"[done] 2 iterations; last checkpoint {out / 'checkpoint-2'} (iteration 2); "
+                    f"metrics {out / 'metrics.jsonl'}; plots {out / 'reward_curve.png'}"], proc.stdout[-2000:]

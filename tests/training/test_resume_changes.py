@@ -62,4 +62,6 @@ def test_resume_with_a_new_learning_rate_trains_with_it(tiny_flux_dir, tiny_embe
     text = capsys.readouterr().out
     for line in ("--learning_rate 0.001 -> 0.002", "--max_train_steps 1 -> 2", "--log_every 1 -> 2"):
         assert f"[resume] applied a changed setting: {line}" in text, text[-2000:]
+    assert text.count("[resume] WARNING: --learning_rate 0.002 replaces the checkpoint's 0.001 (a launcher's own "
+                      "--learning_rate counts); to keep the saved rate, add --learning_rate 0.001") == 1, text[-2000:]
     assert [r["lr"] for r in read_metrics(out)] == [1e-3, 2e-3]

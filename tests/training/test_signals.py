@@ -68,3 +68,32 @@ def test_sigterm_mid_iteration_then_resume_equals_an_uninterrupted_run(tiny_flux
     resumed = subprocess.run(shlex.split(hint), env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _values(read_metrics(out)) == _values(read_metrics(full))
+
+
+def test_the_resume_command_gives_each_flag_once_with_the_value_argparse_used(monkeypatch):
+    """A launcher's own flags come first and the user's repeat wins: the command keeps the winner."""
+    from fastvideo.config import parse_config
+    from fastvideo.training.run.control import LAUNCH_ENV, resume_command
+
+    monkeypatch.delenv(LAUNCH_ENV, raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    argv = ["fastvideo/train_grpo_flux.py", "--data_json_path", "d.json", "--pretrained_model_name_or_path", "m",
+            "--rewards", "compressibility", "--learning_rate", "1e-5", "--use_group", "--h", "64",
+            "--learning_rate=3e-5", "--overwrite", "--h", "32", "--use_group", "--resume_from_checkpoint", "old"]
+    words = shlex.split(resume_command(argv, "out/checkpoint-4"))
+    assert words == ["torchrun", "--nproc_per_node=2", "fastvideo/train_grpo_flux.py", "--data_json_path", "d.json",
+                     "--pretrained_model_name_or_path", "m", "--rewards", "compressibility", "--learning_rate=3e-5",
+                     "--h", "32", "--use_group", "--resume_from_checkpoint", "out/checkpoint-4"]
+    given = parse_config([w for w in argv[1:-2] if w != "--overwrite"])
+    assert parse_config(words[3:-2]) == given  # the configuration of the command it continues
+
+
+@pytest.mark.parametrize("rank, printed", [("0", True), ("1", False)])
+def test_the_stop_notice_is_printed_by_rank_0_only(monkeypatch, capsys, rank, printed):
+    from fastvideo.training.run.control import StopRequest
+
+    monkeypatch.setenv("RANK", rank)
+    stop = StopRequest()
+    stop._handle(signal.SIGTERM, None)
+    assert stop.signum == signal.SIGTERM  # every rank stops
+    assert ("[stop] SIGTERM received" in capsys.readouterr().err) == printed

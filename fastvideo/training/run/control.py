@@ -162,9 +162,10 @@ class StopRequest:
         if _is_teardown():
             os._exit(128 + signum)
         self.signum = signum
-        name = signal.Signals(signum).name
-        sys.stderr.write(f"[stop] {name} received: finishing the current iteration, then stopping\n")
-        sys.stderr.flush()
+        if os.environ.get("RANK", "0") in ("0", ""):  # every rank gets the signal; one says so
+            name = signal.Signals(signum).name
+            sys.stderr.write(f"[stop] {name} received: finishing the current iteration, then stopping\n")
+            sys.stderr.flush()
 
     def agreed(self, dims, device) -> int:
         """The signal any rank of the data-parallel group received (0: none); every rank calls
@@ -188,6 +189,7 @@ def resume_command(argv: list[str], checkpoint: str | Path, python: str | None =
     import shlex
 
     script, flags = argv[0], _without_flags(list(argv[1:]), {"--resume_from_checkpoint": 1, "--overwrite": 0})
+    flags = _last_of_each(flags)
     launch = os.environ.get(LAUNCH_ENV)
     if launch is not None:
         head = [python or sys.executable, "-m", "fastvideo.launch", *shlex.split(launch)]
@@ -209,3 +211,18 @@ def _without_flags(argv: list[str], drop: dict[str, int]) -> list[str]:
         out.append(word)
         i += 1
     return out
+
+
+def _last_of_each(argv: list[str]) -> list[str]:
+    """argv with each flag once, with its last value: the one argparse used (a launcher's own
+    flags come first and a user's repeat of one wins; the resume command needs only the winner)."""
+    groups: list[tuple[str | None, list[str]]] = []
+    for word in argv:
+        if word.startswith("--"):
+            groups.append((word.split("=", 1)[0], [word]))
+        elif groups:
+            groups[-1][1].append(word)
+        else:
+            groups.append((None, [word]))
+    last = {name: i for i, (name, _) in enumerate(groups) if name}
+    return [w for i, (name, words) in enumerate(groups) if name is None or last[name] == i for w in words]

@@ -8,8 +8,10 @@ its best so far. ``patience`` such evaluations in a row fire the guard (warn, or
 
 The best checkpoint (the guard-adjusted choice) is the trained evaluation (iteration >= 1) with
 the highest trained score among those the guard did not flag as hacking (without a guard, simply
-the highest trained score; ties keep the earlier one). It is published as OUTPUT_DIR/best: hard links to (or copies
-of) the checkpoint's files, so deleting the checkpoint during rotation leaves it intact.
+the highest trained score; ties keep the earlier one), and never one scoring below the first
+evaluation (the base model's, iteration 0): a run that only got worse has no best. It is published
+as OUTPUT_DIR/best: hard links to (or copies of) the checkpoint's files, so deleting the checkpoint
+during rotation leaves it intact.
 
 The state is a fold over the evaluation records, so a resumed run rebuilds it from eval.jsonl.
 """
@@ -70,16 +72,19 @@ class RewardHackingGuard:
             hacking = fell and trained > self.base_trained
         self.streak = self.streak + 1 if hacking else 0
         fired = hacking and self.streak >= self.patience
-        new_best = iteration >= 1 and not hacking and trained > self.best_score
+        # never worse than the base model's evaluation (iteration 0): best/ must be worth taking
+        new_best = iteration >= 1 and not hacking and trained > self.best_score and trained >= self.base_trained
         if new_best:
             self.best_iteration, self.best_score = iteration, trained
         return GuardDecision(hacking, self.streak, fired, new_best, self.guard_best)
 
-    def message(self, iteration: int, trained: float, guard_name: str, guard: float) -> str:
+    def message(self, iteration: int, trained: float, guard_name: str, guard: float,
+                output_dir: str | os.PathLike = "OUTPUT_DIR") -> str:
         return (f"[guard] reward hacking suspected at iteration {iteration}: the trained reward on the held-out "
                 f"prompts rose to {trained:.4g} (base {self.base_trained:.4g}) while {guard_name} fell to "
                 f"{guard:.4g}, more than {self.drop:g} below its best {self.guard_best:.4g}, for {self.streak} "
-                f"evaluations in a row. " + (f"Best checkpoint so far: iteration {self.best_iteration} (OUTPUT_DIR/best)."
+                f"evaluations in a row. " + (f"Best checkpoint so far: iteration {self.best_iteration} "
+                                             f"({Path(output_dir) / BEST_DIR})."
                                             if self.best_iteration is not None else "No best checkpoint yet."))
 
 

@@ -61,7 +61,16 @@ def apply_and_log(trainer, log) -> list[str]:
     old = apply_learning_rate(trainer.optimizer, trainer.lr_scheduler, cfg.optim.learning_rate)
     if old is not None:
         lines.append(f"--learning_rate {old:g} -> {cfg.optim.learning_rate:g}")
+        # Loud: a launcher that sets its own --learning_rate puts it back on a second resume,
+        # silently undoing the rate the first resume changed.
+        log(learning_rate_warning(old, cfg.optim.learning_rate))
     lines += cadence_changes(previous_config(cfg.output.output_dir), cfg.to_json())
     for line in lines:
         log(f"[resume] applied a changed setting: {line}")
     return lines
+
+
+def learning_rate_warning(saved: float, new: float) -> str:
+    """The start-up line of a resume whose --learning_rate differs from the checkpoint's."""
+    return (f"[resume] WARNING: --learning_rate {new:g} replaces the checkpoint's {saved:g} (a launcher's own "
+            f"--learning_rate counts); to keep the saved rate, add --learning_rate {saved:g}")

@@ -5,7 +5,6 @@ rank learning the outcome), and the resume check; and, once built, the logged co
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -80,7 +79,27 @@ def log_config(cfg, info, device) -> None:
     atomic_write_json(Path(cfg.output.output_dir) / "config.json", resolved)
     for note in cfg.compat_notes:
         main_print(f"[config] {note}")
-    # the notes were just printed, one line each: not again inside the configuration's line
-    main_print("[config] " + json.dumps({k: v for k, v in resolved.items() if k not in ("derived", "compat_notes")},
-                                        default=str))
+    main_print("[config] " + summary(cfg, Path(cfg.output.output_dir) / "config.json"))
     main_print("[config] derived: " + " ".join(f"{k}={v}" for k, v in derived.items()))
+
+
+def summary(cfg, config_path: Path) -> str:
+    """What the run is, on one line (every setting is in ``config_path``, a valid --config file)."""
+    from fastvideo.rewards.settings import spec_text
+
+    r, o = cfg.rollout, cfg.optim
+    rewards = ",".join(spec_text(s) for s in cfg.reward.spec)
+    return (f"{cfg.model.family} {cfg.algorithm}, rewards {rewards}, {o.max_train_steps} iterations at learning rate "
+            f"{o.learning_rate:g}, {r.num_generations} images per prompt of {r.height}x{r.width} in "
+            f"{r.sampling_steps} steps, seed {o.seed}; every setting: {config_path}")
+
+
+def closing_line(output_dir: str, saved: tuple[int, Path] | None, iteration: int) -> str:
+    """The line a finished run ends with: where its last checkpoint, metrics and plots are."""
+    out = Path(output_dir)
+    checkpoint = f"last checkpoint {saved[1]} (iteration {saved[0]})" if saved else "no checkpoint"
+    metrics = out / "metrics.jsonl"
+    plots = [str(out / name) for name in ("reward_curve.png", "eval_curve.png", "eval_grid.png")
+             if (out / name).is_file()]
+    return (f"[done] {iteration} iterations; {checkpoint}; metrics {metrics if metrics.is_file() else 'none'}; "
+            f"plots {', '.join(plots) if plots else 'none'}")
