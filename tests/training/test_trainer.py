@@ -101,7 +101,7 @@ def test_non_finite_loss_skips_then_aborts(tiny_flux_dir, tiny_embeddings, tmp_p
     out = tmp_path / "nan"
     argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=5, max_nonfinite_steps=2,
                       save_images_every=0, checkpointing_steps=100)
-    assert _run_single(argv, monkeypatch) == 1
+    assert _run_single(argv, monkeypatch) == 2  # a user error: one line, exit 2 (docs/operations.md)
     err = capsys.readouterr()
     assert "optimizer step skipped" in err.out + err.err
     assert "2 iterations in a row had non-finite values (iteration 2: non-finite loss and gradient in 1 of 1" in err.err
