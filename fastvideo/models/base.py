@@ -256,6 +256,11 @@ class ModelFamily(abc.ABC):
     def check_cond(self, cond: Conditioning) -> None:
         """Raise ValueError when a prompt-level Conditioning is malformed (default: no check)."""
 
+    def schedule_shift(self, height: int, width: int, sampling_steps: int) -> float | None:
+        """The sigma schedule's shift the family's stock pipeline uses at this image size and step
+        count (``--shift auto``), or None when its schedule does not depend on them (default)."""
+        return None
+
     @property
     def velocity_passes(self) -> int:
         """Transformer passes (in samples) one velocity costs: 2 for a family that runs
@@ -303,6 +308,9 @@ class ModelFamily(abc.ABC):
     reference_config: Any = None
     reference_vae_config: Any = None
     reference_name: str = ""
+    # The library line (fastvideo.library_lines) the family needs, None when it runs on both:
+    # get_model_family refuses it elsewhere with one line naming the line and its install command.
+    library_line: str | None = None
 
 
 # ---------------------------------------------------------------- registry
@@ -341,13 +349,35 @@ def get_model_family(name_or_path: str, **settings) -> ModelFamily:
         factory = _REGISTRY.get(attr) or getattr(module, attr, None)
         if factory is None:
             raise UnknownModelFamilyError(f"model family plugin {name_or_path!r}: {module_name} has no {attr!r}")
+        _require_line(factory, name_or_path)
         return factory(**settings)
     if name_or_path not in _REGISTRY:
         raise UnknownModelFamilyError(
             f"unknown model family {name_or_path!r}; valid: {', '.join(model_family_names())} "
             "(or a plugin as pkg.module:Name)"
         )
+    _require_line(_REGISTRY[name_or_path], name_or_path)
     return _REGISTRY[name_or_path](**settings)
+
+
+def _require_line(factory, name: str) -> None:
+    """Refuse a family whose class names a library line other than this environment's (before it
+    is built: its module imports nothing of the line's libraries until then)."""
+    line = getattr(factory, "library_line", None)
+    if line is not None:
+        from fastvideo.library_lines import require_line
+
+        require_line(line, f"model family {name!r}")
+
+
+def family_for_json_keys(keys) -> str | None:
+    """The registered family whose videos2caption.json keys (``json_keys``) are exactly ``keys``;
+    None when none, or more than one, has them (read from the classes, nothing is built)."""
+    _ensure_builtin()
+    wanted = set(keys)
+    claimants = [name for name, factory in sorted(_REGISTRY.items())
+                 if set(getattr(factory, "json_keys", ()) or ()) == wanted]
+    return claimants[0] if len(claimants) == 1 else None
 
 
 def family_for_class_name(class_name: str) -> str | None:
