@@ -331,6 +331,7 @@ def _ensure_builtin() -> None:
     # The built-in families register themselves on import.
     importlib.import_module("fastvideo.models.flux")
     importlib.import_module("fastvideo.models.sd3")
+    importlib.import_module("fastvideo.models.flux2")
 
 
 def get_model_family(name_or_path: str, **settings) -> ModelFamily:

@@ -1,0 +1,159 @@
+"""FLUX.2 [klein] through the trainer, on the current library line: the launchers' flags (Flow-Factory's
+configuration) parse; preprocessing, then the launchers' GRPO (classifier-free guidance 4.0,
+Flow-GRPO's SDE on one drawn step, the pipeline's own schedule) trains the tiny klein for 2
+iterations on 2 gloo ranks with full fine-tuning, resumes bit-exactly, and exports a folder
+Flux2KleinPipeline loads and whose output differs from the base's; DiffusionNFT trains too."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fastvideo.library_lines import CURRENT, LibraryLineError, require_line
+from helpers import ROOT, read_metrics, torchrun
+
+
+def _line_reason() -> str | None:
+    try:
+        require_line(CURRENT, "FLUX.2 [klein] training")
+    except LibraryLineError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_line_reason() is not None, reason=_line_reason() or "")
+
+LAUNCHERS = {"scripts/finetune/finetune_flux2_klein_grpo_8gpus.sh": (8, 6, 12),
+             "scripts/finetune/finetune_flux2_klein_grpo_a3_16die.sh": (16, 3, 6)}
+SEQ = 48
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+def _launcher_argv(script: str, **env_extra) -> list[str]:
+    env = {"DRY_RUN": "1", "FASTVIDEO_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+           "HOME": os.environ.get("HOME", "/root"), **env_extra}
+    out = subprocess.run(["bash", str(ROOT / script)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "line: current" in out.stdout  # the dry run names the library line it would run on
+    words = shlex.split(out.stdout.strip().splitlines()[-1])
+    assert f"--nproc_per_node={LAUNCHERS[script][0]}" in words
+    return words[words.index("fastvideo/train_grpo_flux.py") + 1:]
+
+
+@pytest.mark.parametrize("script", sorted(LAUNCHERS))
+def test_flux2_launchers_parse_to_flow_factorys_klein_configuration(script):
+    from fastvideo.config import build_parser, validate_args
+    from fastvideo.models.flux2 import components as C
+
+    world, prompts, accumulation = LAUNCHERS[script]
+    cfg = validate_args(build_parser().parse_args(_launcher_argv(script)))
+    r, g = cfg.rollout, cfg.grpo
+    assert cfg.model.family == "flux2" and (r.height, r.width, r.sampling_steps) == (384, 384, 8)
+    assert (r.guidance_scale, r.eta, r.quantize_timestep, r.num_generations) == (4.0, 0.7, False, 16)
+    assert r.shift == pytest.approx(C.schedule_shift(384, 384, 8)) and r.shift != 3.0  # the pipeline's mu
+    assert cfg.mix.sde_kind == "flow" and cfg.mix.window_range == (1, 4) and cfg.mix.trained_steps(0, 7) == 1
+    assert (g.clip_range, g.adv_clip_max, g.kl_coef, g.adv_std) == (1e-4, 5.0, 0.0, "population")
+    assert cfg.optim.learning_rate == 1e-5 and not cfg.lora.enabled
+    assert [s.name for s in cfg.reward.spec] == ["pickscore"]
+    assert cfg.prompts_per_rank * world == 48 and cfg.grpo.gradient_accumulation_steps == accumulation
+    assert cfg.derived(world)["optimizer_steps_per_iteration"] == 2  # Flow-Factory: 2 per epoch
+    distilled = validate_args(build_parser().parse_args(_launcher_argv(script, KLEIN="distilled")))
+    assert (distilled.rollout.sampling_steps, distilled.rollout.guidance_scale, distilled.rollout.eta) == (4, 1.0, 0.5)
+    assert distilled.mix.window_range == (1, 3)
+
+
+@pytest.fixture(scope="module")
+def flux2_embeddings(tiny_flux2_dir, tmp_path_factory):
+    from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess
+
+    out = tmp_path_factory.mktemp("flux2_embeddings")
+    cfg = PreprocessConfig(model_path=str(tiny_flux2_dir), prompt_file=str(ROOT / "assets" / "prompts_tiny.txt"),
+                           output_dir=str(out), max_sequence_length=SEQ, batch_size=8, dataloader_num_workers=0,
+                           model_family="flux2")
+    return run_preprocess(cfg).json_path
+
+
+def _tiny_argv(model, index, out, **more) -> list[str]:
+    """The 8-GPU launcher's flags, then the tiny run's overrides (argparse keeps the last value)."""
+    tiny = dict(pretrained_model_name_or_path=model, data_json_path=index, output_dir=out, h=32, w=32,
+                sampling_steps=4, num_generations=2, train_batch_size=1, rollout_batch_size=2,
+                train_micro_batch_size=2, gradient_accumulation_steps=1, rewards="compressibility:1.0",
+                max_train_steps=2, checkpointing_steps=1, dataloader_num_workers=0, save_images_every=0,
+                learning_rate=1e-3, mixed_precision="no", **more)
+    argv = _launcher_argv("scripts/finetune/finetune_flux2_klein_grpo_8gpus.sh")
+    return argv + [w for k, v in tiny.items() for w in (f"--{k}", str(v))]
+
+
+@pytest.fixture(scope="module")
+def grpo_runs(tiny_flux2_dir, flux2_embeddings, tmp_path_factory):
+    """2 iterations on 2 ranks, then the run resumed from checkpoint-1 (as after a crash in iteration 2)."""
+    tmp = tmp_path_factory.mktemp("flux2_grpo")
+    straight, resumed = tmp / "straight", tmp / "resumed"
+    proc = torchrun(_tiny_argv(tiny_flux2_dir, flux2_embeddings, straight), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    shutil.copytree(straight, resumed, ignore=shutil.ignore_patterns("checkpoint-2"))
+    proc = torchrun(_tiny_argv(tiny_flux2_dir, flux2_embeddings, resumed) + ["--resume_from_checkpoint", "latest"],
+                    timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return straight, resumed
+
+
+def _final_latents(pipe):
+    latents = torch.randn(1, 128, 2, 2, generator=torch.Generator().manual_seed(0))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe(prompt="a red fox", height=32, width=32, num_inference_steps=2, guidance_scale=4.0, latents=latents,
+                max_sequence_length=SEQ, output_type="latent").images
+
+
+@pytest.mark.slow
+def test_flux2_grpo_trains_resumes_exactly_and_exports_a_pipeline_folder(tiny_flux2_dir, grpo_runs, tmp_path):
+    from diffusers import Flux2KleinPipeline
+
+    from fastvideo.training.export import export_checkpoint
+
+    straight, resumed = grpo_runs
+    rows, again = read_metrics(straight), read_metrics(resumed)
+    assert [r["iteration"] for r in rows] == [r["iteration"] for r in again] == [1, 2]
+    for key in ("reward_mean", "loss", "grad_norm"):
+        assert rows[1][key] == again[1][key], key
+    assert rows[0]["grad_norm"] > 0 and rows[0]["reward_std"] > 0  # real updates
+    # 4 steps x 2 samples x 2 passes (classifier-free guidance at 4.0) on each rank
+    assert rows[0]["forward_passes_rollout"] == 16
+    final = load_file(str(straight / "checkpoint-2" / WEIGHTS))
+    assert final.keys() == load_file(str(resumed / "checkpoint-2" / WEIGHTS)).keys()
+    assert all(torch.equal(final[k], load_file(str(resumed / "checkpoint-2" / WEIGHTS))[k]) for k in final)
+    base = load_file(str(next((tiny_flux2_dir / "transformer").glob("*.safetensors"))))
+    assert set(final) == set(base) and any(not torch.equal(final[k], base[k]) for k in base)
+    config = json.loads((straight / "config.json").read_text())
+    assert config["model"]["family"] == "flux2"
+
+    out = export_checkpoint(straight / "checkpoint-2", tmp_path / "export", base=tiny_flux2_dir)
+    assert json.loads((out / "transformer" / "config.json").read_text())["_class_name"] == "Flux2Transformer2DModel"
+    trained = _final_latents(Flux2KleinPipeline.from_pretrained(out))
+    stock = _final_latents(Flux2KleinPipeline.from_pretrained(tiny_flux2_dir))
+    assert trained.shape == stock.shape and not torch.allclose(trained, stock, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_flux2_nft_trains_on_two_ranks(tiny_flux2_dir, flux2_embeddings, tmp_path):
+    """DiffusionNFT (--algorithm nft: forward-process training on x0, an old policy for the rollout)
+    on the tiny klein with guidance: 2 iterations, the weights move."""
+    argv = _tiny_argv(tiny_flux2_dir, flux2_embeddings, tmp_path / "nft", algorithm="nft", timestep_fraction=0.5)
+    for flag in ("--sde_steps", "--sde_start", "--sde_window_range", "--flow_grpo_sampling"):  # GRPO's SDE window
+        i = argv.index(flag)
+        del argv[i:i + (1 if flag == "--flow_grpo_sampling" else 2)]
+    proc = torchrun(argv, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = read_metrics(tmp_path / "nft")
+    assert [r["iteration"] for r in rows] == [1, 2] and all(r["grad_norm"] > 0 for r in rows)
+    base = load_file(str(next((tiny_flux2_dir / "transformer").glob("*.safetensors"))))
+    final = load_file(str(tmp_path / "nft" / "checkpoint-2" / WEIGHTS))
+    assert any(not torch.equal(final[k], base[k]) for k in base)
