@@ -139,10 +139,15 @@ class _FusedAttention(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+def _sdpa_qkv(args: tuple, kwargs: dict) -> list:
+    """SDPA's q, k, v, given by position or (diffusers 0.42's attention dispatcher) by name."""
+    return [*args[:3], *(kwargs[name] for name in ("query", "key", "value")[len(args[:3]):])]
+
+
 @contextlib.contextmanager
 def _fused_attention():
     original = torch.nn.functional.scaled_dot_product_attention
-    torch.nn.functional.scaled_dot_product_attention = lambda q, k, v, *a, **kw: _FusedAttention.apply(q, k, v)
+    torch.nn.functional.scaled_dot_product_attention = lambda *a, **kw: _FusedAttention.apply(*_sdpa_qkv(a, kw))
     try:
         yield
     finally:

@@ -70,3 +70,28 @@ def test_the_tiny_builder_exits_2_with_one_line_on_the_recipe_line(tmp_path):
     assert out.returncode == 2 and not (tmp_path / "t").exists()
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "`bash env_setup.sh --line current`" in lines[0], out.stderr
+
+
+def test_an_index_written_for_another_family_is_refused_by_name(tmp_path):
+    """Generic (models.base.family_for_json_keys): FLUX.1's videos2caption.json keys given to SD3."""
+    import json
+
+    from fastvideo.data.dataset import PromptEmbeddingDataset
+    from fastvideo.models.base import EmbeddingDatasetError, get_model_family
+
+    index = tmp_path / "videos2caption.json"
+    flux = get_model_family("flux")
+    index.write_text(json.dumps([{k: ("a cat" if k == "caption" else "0.pt") for k in flux.json_keys}]))
+    with pytest.raises(EmbeddingDatasetError, match=r"written for model family 'flux'.*--model_family sd3"):
+        PromptEmbeddingDataset(index, family=get_model_family("sd3"))
+    assert len(PromptEmbeddingDataset(index, family=flux)) == 1
+
+
+def test_pipeline_shift_is_refused_for_a_family_without_one(tmp_path):
+    from fastvideo.config import build_parser, validate_args
+    from fastvideo.errors import ConfigError
+
+    argv = ["--pretrained_model_name_or_path", str(tmp_path), "--data_json_path", str(tmp_path / "x.json"),
+            "--output_dir", str(tmp_path / "o"), "--rewards", "compressibility:1.0", "--pipeline_shift"]
+    with pytest.raises(ConfigError, match="--pipeline_shift: model family 'flux' has no size-dependent schedule"):
+        validate_args(build_parser().parse_args(argv))

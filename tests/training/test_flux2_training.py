@@ -157,3 +157,78 @@ def test_flux2_nft_trains_on_two_ranks(tiny_flux2_dir, flux2_embeddings, tmp_pat
     base = load_file(str(next((tiny_flux2_dir / "transformer").glob("*.safetensors"))))
     final = load_file(str(tmp_path / "nft" / "checkpoint-2" / WEIGHTS))
     assert any(not torch.equal(final[k], base[k]) for k in base)
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_flux2_iteration_on_the_npu_paths_does_no_float64(precision, tiny_flux2_dir, flux2_embeddings, tmp_path,
+                                                           monkeypatch):
+    """One FLUX.2 iteration with classifier-free guidance, the CPU treated as an NPU (stand-in torch_npu):
+    the q/k RMSNorms (torch.nn.RMSNorm) take the fused kernel and nothing runs in float64. diffusers
+    downcasts FLUX.2's RoPE to float32 itself for NPU tensors (maybe_adjust_dtype_for_device); here the
+    CPU stands in for the NPU, so it is told that the CPU is one of those devices too."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import npu_stub
+    from diffusers.utils import torch_utils
+    from float64_guard import NoFloat64OnDevice
+    from helpers import single_process_trainer, train_args
+
+    stub = npu_stub.install(monkeypatch)
+    unsupported = torch_utils._DTYPE_UNSUPPORTED_DEVICES
+    monkeypatch.setitem(unsupported, torch.float64, unsupported[torch.float64] | {"cpu"})
+    argv = train_args(flux2_embeddings, tiny_flux2_dir, tmp_path, model_family="flux2", guidance_scale=4.0,
+                      flow_grpo_sampling=True, eta=0.7, no_quantize_timestep=True, pipeline_shift=True,
+                      mixed_precision=precision, max_train_steps=1, fsdp_sharding_strategy="none", save_images_every=0,
+                      reward_overlap="off")
+    trainer = single_process_trainer(argv, monkeypatch)
+    with NoFloat64OnDevice() as guard:
+        record = trainer.run_iteration()
+    assert guard.ops > 1000 and record["iteration"] == 1
+    assert stub.calls["npu_rms_norm"] > 0
+    assert record["forward_passes_rollout"] == 4 * 2 * 2  # steps x samples x (uncond + cond)
+
+
+def test_a_distilled_klein_with_guidance_is_refused_before_any_model_loads(tiny_flux2_dir, flux2_embeddings,
+                                                                             tmp_path, monkeypatch):
+    from fastvideo.models.flux2 import components as C
+    from fastvideo.models.flux2.family import Flux2Family
+    from helpers import single_process_trainer, train_args
+
+    distilled = shutil.copytree(tiny_flux2_dir, tmp_path / "distilled")
+    index = json.loads((distilled / "model_index.json").read_text())
+    (distilled / "model_index.json").write_text(json.dumps({**index, "is_distilled": True}))
+    loaded = []
+    monkeypatch.setattr(Flux2Family, "load_transformer", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr(Flux2Family, "load_vae", lambda *a, **k: loaded.append(1))
+    argv = train_args(flux2_embeddings, distilled, tmp_path / "out", model_family="flux2", guidance_scale=3.5,
+                      fsdp_sharding_strategy="none")
+    with pytest.raises(C.Flux2FolderError, match="step-distilled .* pass --guidance_scale 1"):
+        single_process_trainer(argv, monkeypatch)
+    assert loaded == []
+
+
+# Flow-Factory's FLUX.2 [klein] LoRA targets (src/flow_factory/models/flux/flux2_klein.py,
+# default_target_modules) but its last, "attn.to_out" (the single blocks' output projection): under
+# peft's suffix rule that name also matches the double blocks' to_out ModuleList, which peft refuses.
+KLEIN_LORA_TARGETS = ("attn.to_q,attn.to_k,attn.to_v,attn.to_out.0,attn.add_q_proj,attn.add_k_proj,attn.add_v_proj,"
+                      "attn.to_add_out,ff.linear_in,ff.linear_out,ff_context.linear_in,ff_context.linear_out,"
+                      "attn.to_qkv_mlp_proj")
+
+
+@pytest.mark.slow
+def test_flux2_lora_trains_and_exports_a_file_the_pipeline_loads(tiny_flux2_dir, flux2_embeddings, tmp_path):
+    from diffusers import Flux2KleinPipeline
+
+    from fastvideo.training.export import export_lora
+
+    argv = _tiny_argv(tiny_flux2_dir, flux2_embeddings, tmp_path / "lora", use_lora=True, lora_rank=4,
+                      lora_alpha=8, lora_target_modules=KLEIN_LORA_TARGETS)
+    argv[argv.index("--use_lora") + 1:argv.index("--use_lora") + 2] = []  # a bare flag: drop its "True"
+    proc = torchrun(argv, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    adapters = load_file(str(tmp_path / "lora" / "checkpoint-2" / "pytorch_lora_weights.safetensors"))
+    assert any("to_qkv_mlp_proj" in k for k in adapters) and any("ff_context.linear_in" in k for k in adapters)
+    out = export_lora(tmp_path / "lora" / "checkpoint-2", tmp_path / "lora_export")
+    pipe = Flux2KleinPipeline.from_pretrained(tiny_flux2_dir)
+    stock = _final_latents(pipe)
+    pipe.load_lora_weights(str(out), weight_name="pytorch_lora_weights.safetensors")
+    assert not torch.allclose(_final_latents(pipe), stock, atol=1e-5)
