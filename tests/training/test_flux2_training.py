@@ -232,3 +232,40 @@ def test_flux2_lora_trains_and_exports_a_file_the_pipeline_loads(tiny_flux2_dir,
     stock = _final_latents(pipe)
     pipe.load_lora_weights(str(out), weight_name="pytorch_lora_weights.safetensors")
     assert not torch.allclose(_final_latents(pipe), stock, atol=1e-5)
+
+
+def test_flux2_mixgrpo_window_with_dpm_and_kl_trains_one_process(tiny_flux2_dir, flux2_embeddings, tmp_path,
+                                                                 monkeypatch):
+    """The family under the other plans: MixGRPO's SDE window with DPM-Solver++ after it and
+    Flow-GRPO's KL to a frozen copy, 2 iterations in one process; the KL is 0 before the first step and
+    > 0 after it."""
+    from helpers import read_metrics, single_process_trainer, train_args
+
+    argv = train_args(flux2_embeddings, tiny_flux2_dir, tmp_path, model_family="flux2", guidance_scale=4.0,
+                      flow_grpo_sampling=True, eta=0.7, no_quantize_timestep=True, pipeline_shift=True,
+                      training_strategy="part", group_size=2, dpm_algorithm_type="dpmsolver++", kl_coef=0.01,
+                      fsdp_sharding_strategy="none", save_images_every=0, reward_overlap="off", checkpointing_steps=2)
+    single_process_trainer(argv, monkeypatch).train()
+    rows = read_metrics(tmp_path)
+    assert [r["iteration"] for r in rows] == [1, 2] and rows[0]["kl"] == 0.0 and rows[1]["kl"] > 0.0
+    assert all(r["grad_norm"] > 0 for r in rows)
+
+
+def test_demo_model_flux2_dry_run_parses_to_the_tiny_klein_run():
+    from fastvideo.config import build_parser, validate_args
+    from fastvideo.models.flux2 import components as C
+
+    env = {"DRY_RUN": "1", "MODEL": "flux2", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+           "HOME": os.environ.get("HOME", "/root")}
+    out = subprocess.run(["bash", str(ROOT / "scripts/demo/grpo_tiny_cpu.sh")], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "line: current" in out.stdout
+    words = shlex.split(out.stdout.strip().splitlines()[-1])
+    cfg = validate_args(build_parser().parse_args(words[words.index("fastvideo/train_grpo_flux.py") + 1:]))
+    assert cfg.model.family == "flux2" and cfg.rollout.guidance_scale == 4.0 and cfg.mix.sde_kind == "flow"
+    assert cfg.rollout.shift == pytest.approx(C.schedule_shift(64, 64, 8)) and cfg.optim.learning_rate == 1e-2
+    assert cfg.model.pretrained_model_name_or_path == "data/demo/tiny_flux2"
+    bad = subprocess.run(["bash", str(ROOT / "scripts/demo/grpo_tiny_cpu.sh")], capture_output=True, text=True,
+                         env={**env, "LINE": "recipe"}, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "MODEL=flux2 runs on the current library line" in bad.stderr
