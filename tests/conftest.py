@@ -51,6 +51,14 @@ def tiny_sd3_dir(tmp_path_factory):
     return make_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_flux2_dir(tmp_path_factory):
+    """A tiny random-weight FLUX.2 [klein] base folder (make_tiny_flux2; the current library line)."""
+    from fastvideo.tools.make_tiny_flux2 import make_tiny_flux2
+
+    return make_tiny_flux2(tmp_path_factory.mktemp("tiny_flux2"), seed=0)
+
+
 # FLUX.1-schnell's scheduler_config.json: no dynamic shifting, shift 1.
 SCHNELL_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.32.0",
                      "base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 4096, "max_shift": 1.15,
