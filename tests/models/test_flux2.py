@@ -104,7 +104,7 @@ def _rollout(family, pipe, cond, shift, steps=STEPS, seed=3):
     from fastvideo.sampling.rollout import RolloutConfig, rollout
 
     cfg = RolloutConfig(height=64, width=64, sampling_steps=steps, eta=0.0, shift=shift, num_generations=1,
-                        rollout_batch_size=2, init_same_noise=False, quantize_timestep=False)
+                        rollout_batch_size=2, init_same_noise=False)
     plan = ode_plan(steps, shift)
     return rollout(family, pipe.transformer, pipe.vae, cond, PROMPTS, [0, 1], cfg, RandomSource(seed), 1, "cpu",
                    plan=plan), plan

@@ -63,7 +63,7 @@ def test_flux2_launchers_parse_to_flow_factorys_klein_configuration(script):
     assert (g.clip_range, g.adv_clip_max, g.kl_coef, g.adv_std) == (1e-4, 5.0, 0.0, "population")
     assert cfg.optim.learning_rate == 1e-5 and not cfg.lora.enabled
     assert [s.name for s in cfg.reward.spec] == ["pickscore"]
-    assert cfg.prompts_per_rank * world == 48 and cfg.grpo.gradient_accumulation_steps == accumulation
+    assert cfg.prompts_per_rank * world == 48 and cfg.update.gradient_accumulation_steps == accumulation
     assert cfg.derived(world)["optimizer_steps_per_iteration"] == 2  # Flow-Factory: 2 per epoch
     distilled = validate_args(build_parser().parse_args(_launcher_argv(script, KLEIN="distilled")))
     assert (distilled.rollout.sampling_steps, distilled.rollout.guidance_scale, distilled.rollout.eta) == (4, 1.0, 0.5)
