@@ -129,5 +129,5 @@ def family_for_json_keys(keys) -> str | None:
     _builtin()
     wanted = set(keys)
     claimants = [name for name, factory in sorted(_REGISTRY.items())
-                 if set(getattr(factory, "json_keys", ()) or ()) == wanted]
+                 if getattr(factory, "json_keys", None) and set(factory.json_keys) == wanted]
     return claimants[0] if len(claimants) == 1 else None

@@ -76,10 +76,10 @@ def test_prompt_encoding_equals_the_pipeline(pipe, cond):
 
 
 @pytest.mark.parametrize("size, steps", [((64, 64), 4), ((512, 512), 28), ((1024, 1024), 50), ((1360, 768), 8),
-                                          ((1280, 1280), 4), ((2048, 2048), 28)])
+                                          ((1088, 1088), 28), ((1280, 1280), 4), ((2048, 2048), 28)])
 def test_schedule_shift_gives_the_pipelines_sigmas(size, steps):
     """exp(mu) as the shift reproduces set_timesteps(mu=compute_empirical_mu(...)) on both branches
-    of the empirical fit (above 4300 tokens: 1280 x 1280 has 6400)."""
+    of the empirical fit (above 4300 tokens: 1088 x 1088 has 4624, 1280 x 1280 6400)."""
     from diffusers import FlowMatchEulerDiscreteScheduler
     from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
 
@@ -259,15 +259,22 @@ def test_bad_inputs_fail_with_one_line(tiny_flux2_dir, tiny_embeddings, tmp_path
 
 
 def test_decode_needs_the_batch_norm_statistics(pipe):
-    """Skipping the un-normalisation changes the image (the tiny VAE's statistics are not 0 / 1)."""
+    """decode = the pipeline's non-latent path: z x sqrt(running_var + eps) + running_mean, unpatchify,
+    the decoder; leaving out the mean or the std changes the image (the tiny VAE's statistics are not 0 / 1)."""
     from fastvideo.models.flux2 import components as C
 
     x = torch.randn(1, 16, 128, generator=torch.Generator().manual_seed(0))
+    bn = pipe.vae.bn
+    mean, std = bn.running_mean.view(1, -1, 1, 1), (bn.running_var.view(1, -1, 1, 1) + 1e-4).sqrt()
+    grid = C.to_grid(x, 4, 4)
     with torch.no_grad():
         img = C.decode_latents(pipe.vae, x, 4, 4)
-        raw = pipe.vae.decode(C.unpatchify(C.to_grid(x, 4, 4)), return_dict=False)[0]
-    assert img.shape == (1, 3, 64, 64) and not torch.allclose(img, (raw / 2 + 0.5).clamp(0, 1), atol=1e-3)
-    assert math.isfinite(float(img.sum()))
+        variants = [pipe.vae.decode(C.unpatchify(z), return_dict=False)[0]
+                    for z in (grid * std + mean, grid * std, grid + mean)]
+    ref, no_mean, no_std = ((v / 2 + 0.5).clamp(0, 1) for v in variants)
+    assert img.shape == (1, 3, 64, 64) and math.isfinite(float(img.sum()))
+    torch.testing.assert_close(img, ref, rtol=0, atol=1e-6)
+    assert not torch.allclose(img, no_mean, atol=1e-3) and not torch.allclose(img, no_std, atol=1e-3)
 
 
 def test_compiled_blocks_equal_eager(tiny_flux2_dir):
