@@ -51,6 +51,29 @@ def tiny_sd3_dir(tmp_path_factory):
     return make_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_flux2_dir(tmp_path_factory):
+    """A tiny random-weight FLUX.2 [klein] base folder (make_tiny_flux2; the current library line)."""
+    from fastvideo.tools.make_tiny_flux2 import make_tiny_flux2
+
+    return make_tiny_flux2(tmp_path_factory.mktemp("tiny_flux2"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def flux2_embeddings(tiny_flux2_dir, tmp_path_factory):
+    """assets/prompts_tiny.txt encoded with the tiny klein (Qwen3 length 48, with the empty prompt)."""
+    from pathlib import Path
+
+    from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path_factory.mktemp("flux2_embeddings")
+    cfg = PreprocessConfig(model_path=str(tiny_flux2_dir), prompt_file=str(root / "assets" / "prompts_tiny.txt"),
+                           output_dir=str(out), max_sequence_length=48, batch_size=8, dataloader_num_workers=0,
+                           model_family="flux2")
+    return run_preprocess(cfg).json_path
+
+
 # FLUX.1-schnell's scheduler_config.json: no dynamic shifting, shift 1.
 SCHNELL_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.32.0",
                      "base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 4096, "max_shift": 1.15,

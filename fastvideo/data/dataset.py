@@ -29,7 +29,22 @@ PREPROCESS_HINT = (
 )
 
 
-def _read_index(json_path: Path, json_keys: Sequence[str]) -> list[dict]:
+def _check_family(json_path: Path, entry, family_name: str, json_keys: Sequence[str]) -> None:
+    """Refuse an index whose keys are exactly another registered family's (embeddings made for
+    another model family: their tensors would not fit this one, or fit silently wrong)."""
+    from fastvideo.models.registry import family_for_json_keys
+
+    if not isinstance(entry, dict) or set(entry) == set(json_keys):
+        return
+    other = family_for_json_keys(entry)
+    if other is not None and other != family_name:
+        raise EmbeddingDatasetError(
+            f"embedding index {str(json_path)!r} was written for model family {other!r} (its keys: "
+            f"{', '.join(entry)}), not {family_name!r}: re-run the preprocessing with --model_family {family_name} "
+            f"into another folder, or train with --model_family {other}")
+
+
+def _read_index(json_path: Path, json_keys: Sequence[str], family_name: str = "") -> list[dict]:
     if not json_path.is_file():
         raise EmbeddingDatasetError(f"embedding index {str(json_path)!r} does not exist: {PREPROCESS_HINT}")
     try:
@@ -43,6 +58,7 @@ def _read_index(json_path: Path, json_keys: Sequence[str]) -> list[dict]:
             f"embedding index {str(json_path)!r} holds no prompt (expected a non-empty list): "
             f"check the prompts file and {PREPROCESS_HINT}"
         )
+    _check_family(json_path, entries[0], family_name, json_keys)
     for i, entry in enumerate(entries):
         missing = [k for k in json_keys if not isinstance(entry, dict) or k not in entry]
         if missing:
@@ -73,7 +89,7 @@ class PromptEmbeddingDataset(torch.utils.data.Dataset):
         self.family = family
         self.json_path = Path(json_path)
         self.root = self.json_path.parent
-        self.entries = _read_index(self.json_path, self.family.json_keys)
+        self.entries = _read_index(self.json_path, self.family.json_keys, self.family.name)
         self._dims: tuple | None = None  # the family's dims of item 0 (FLUX: (L, D, P))
         if expected is not None:
             self.check(expected)

@@ -252,6 +252,11 @@ class FamilyConditioning(abc.ABC):
 class FamilySampling(abc.ABC):
     """Role: the latent geometry, the velocity the sampler integrates, and decoding."""
 
+    def schedule_shift(self, height: int, width: int, sampling_steps: int) -> float | None:
+        """The sigma schedule's shift the family's stock pipeline uses at this image size and step
+        count (``--shift auto``), or None when its schedule does not depend on them (default)."""
+        return None
+
     @property
     def velocity_passes(self) -> int:
         """Transformer passes (in samples) one velocity costs: 2 for a family that runs
@@ -312,6 +317,9 @@ class ModelFamily(FamilyLoading, FamilyConditioning, FamilySampling):
     name: str = ""
     # Its settings class (a fastvideo.settings.Settings with a ``section``), or None.
     settings = None
+    # The library line (fastvideo.library_lines) the family needs, None when it runs on both: the
+    # registry refuses it elsewhere with one line naming the line and its install command.
+    library_line: str | None = None
 
 
 class NoCostModelError(UserError, ValueError):

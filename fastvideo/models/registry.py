@@ -1,6 +1,6 @@
 """The model-family registry: ``--model_family NAME`` or a plugin ``--model_family pkg.module:Name``.
 
-The built-in families (flux, sd3) are registered here, imported when first asked for; a family
+The built-in families (flux, sd3, flux2) are registered here, imported when first asked for; a family
 module never imports this one, so the registry and its implementations form no import circle.
 A plugin module is imported first (it may call ``register_model_family`` on import) and ``Name``
 is a registered name or a ModelFamily factory in it. A name is registered once: registering
@@ -47,10 +47,12 @@ def _builtin() -> None:
     if "flux" in _REGISTRY:
         return
     from fastvideo.models.flux.family import FluxFamily
+    from fastvideo.models.flux2.family import Flux2Family
     from fastvideo.models.sd3.family import SD3Family
 
     _REGISTRY.setdefault("flux", FluxFamily)
     _REGISTRY.setdefault("sd3", SD3Family)
+    _REGISTRY.setdefault("flux2", Flux2Family)  # the current library line only (its library_line)
 
 
 def model_family_names() -> list[str]:
@@ -74,16 +76,30 @@ def _plugin(name_or_path: str) -> FamilyFactory:
 
 
 def family_factory(name_or_path: str) -> FamilyFactory:
-    """The factory of a registered family or of a "pkg.module:Name" plugin (imported first)."""
+    """The factory of a registered family or of a "pkg.module:Name" plugin (imported first); a
+    family of the other library line is refused here, before anything is built."""
     _builtin()
     if ":" in name_or_path:
-        return _plugin(name_or_path)
-    if name_or_path not in _REGISTRY:
+        factory = _plugin(name_or_path)
+    elif name_or_path not in _REGISTRY:
         raise UnknownModelFamilyError(
             f"unknown model family {name_or_path!r}; valid: {', '.join(model_family_names())} "
             "(or a plugin as pkg.module:Name)"
         )
-    return _REGISTRY[name_or_path]
+    else:
+        factory = _REGISTRY[name_or_path]
+    _require_line(factory, name_or_path)
+    return factory
+
+
+def _require_line(factory, name: str) -> None:
+    """Refuse a family whose class names a library line other than this environment's (its module
+    imports nothing of that line's libraries until it is built)."""
+    line = getattr(factory, "library_line", None)
+    if line is not None:
+        from fastvideo.library_lines import require_line
+
+        require_line(line, f"model family {name!r}")
 
 
 def get_model_family(name_or_path: str, **settings) -> ModelFamily:
@@ -104,4 +120,14 @@ def family_for_class_name(class_name: str) -> str | None:
             claimed = factory().export_class_name
         if claimed == class_name:
             claimants.append(name)
+    return claimants[0] if len(claimants) == 1 else None
+
+
+def family_for_json_keys(keys) -> str | None:
+    """The registered family whose videos2caption.json keys (``json_keys``) are exactly ``keys``;
+    None when none, or more than one, has them (read from the classes, nothing is built)."""
+    _builtin()
+    wanted = set(keys)
+    claimants = [name for name, factory in sorted(_REGISTRY.items())
+                 if getattr(factory, "json_keys", None) and set(factory.json_keys) == wanted]
     return claimants[0] if len(claimants) == 1 else None

@@ -37,6 +37,9 @@ class RolloutSettings(Settings):
         g.add_argument("--sampling_steps", type=int, default=16, help="denoising steps of a rollout")
         g.add_argument("--eta", type=float, default=0.3, help="noise level of the SDE sampler (must be > 0)")
         g.add_argument("--shift", type=float, default=3.0, help="timestep shift of the sigma schedule")
+        g.add_argument("--pipeline_shift", action="store_true",
+                       help="instead of --shift, the shift the model family's stock pipeline computes for this "
+                            "image size and step count (a family whose schedule depends on them; others refuse it)")
         g.add_argument("--guidance_scale", type=float, default=3.5,
                        help="FLUX.1-dev: its guidance embedding's value; SD3 (--model_family sd3): the classifier-free "
                             "guidance scale, on above 1, in rollout and update (Flow-GRPO: 4.5)")
@@ -73,7 +76,7 @@ class RolloutSettings(Settings):
         at_least_one(args, "rollout_batch_size")
         return cls(
             height=args.h, width=args.w, sampling_steps=args.sampling_steps, eta=args.eta,
-            shift=args.shift, guidance_scale=args.guidance_scale,
+            shift=pipeline_shift(args) if args.pipeline_shift else args.shift, guidance_scale=args.guidance_scale,
             quantize_timestep=not args.no_quantize_timestep, num_generations=args.num_generations,
             rollout_batch_size=args.rollout_batch_size, init_same_noise=args.init_same_noise,
             share_ode_prefix=not args.no_share_ode_prefix, same_noise_scope=args.same_noise_scope,
@@ -91,6 +94,8 @@ class RolloutSettings(Settings):
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        if args.pipeline_shift and args.shift != defaults.shift:
+            return [f"--shift {args.shift} has no effect with --pipeline_shift (the family's own shift is used)"]
         if args.same_noise_scope != defaults.same_noise_scope and not args.init_same_noise:
             return [f"--same_noise_scope {args.same_noise_scope} has no effect without --init_same_noise"]
         return []
@@ -105,3 +110,16 @@ class RolloutSettings(Settings):
         if self.eta <= 0:
             raise ConfigError(f"--eta {self.eta}: GRPO needs a stochastic sampler (eta > 0) to have "
                               "log-probabilities")
+
+
+def pipeline_shift(args: argparse.Namespace) -> float:
+    """--pipeline_shift: the model family's stock-pipeline shift for --h x --w and --sampling_steps
+    (ModelFamily.schedule_shift); a ConfigError for a family whose schedule does not depend on them."""
+    from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
+
+    name = getattr(args, "model_family", DEFAULT_FAMILY)
+    shift = get_model_family(name).schedule_shift(args.h, args.w, args.sampling_steps)
+    if shift is None:
+        raise ConfigError(f"--pipeline_shift: model family {name!r} has no size-dependent schedule of its own; "
+                          "give the schedule's shift as --shift")
+    return float(shift)

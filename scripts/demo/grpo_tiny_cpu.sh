@@ -9,13 +9,22 @@
 #   EXTRA_ARGS="--resume_from_checkpoint latest" STEPS=60 bash scripts/demo/grpo_tiny_cpu.sh
 # Overridable: DEMO_DIR (data/demo), NPROC (2), STEPS (iterations), EXTRA_ARGS, DRY_RUN=1,
 # MODEL (flux, or sd3: the tiny SD3.5 with classifier-free guidance 4.5 and Flow-GRPO's SDE; its
-# model, embeddings and outputs go to DEMO_DIR/{tiny_sd3, embeddings_sd3, outputs_sd3}),
+# model, embeddings and outputs go to DEMO_DIR/{tiny_sd3, embeddings_sd3, outputs_sd3}; or flux2: the
+# tiny FLUX.2 [klein] base with classifier-free guidance 4.0, Flow-GRPO's SDE, the pipeline's own
+# schedule and lr 1e-2, on the current library line, LINE=current, the default for it; DEMO_DIR/*_flux2),
 # ALGO (grpo, or nft: DiffusionNFT with DPM-Solver++ rollouts, one optimizer step per prompt group
 # at lr 1e-2 as in docs/nft.md's race; outputs in DEMO_DIR/outputs_nft),
 # OUTPUT_DIR (where the run writes; the LoRA demo in README uses DEMO_DIR/outputs_lora),
 # LINE (recipe or current: the library line, README "Library lines").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+if [ "${MODEL:-flux}" = flux2 ]; then
+  export LINE=${LINE:-current}
+  if [ "$LINE" != current ]; then
+    echo "MODEL=flux2 runs on the current library line (diffusers 0.42.1): drop LINE=$LINE or set LINE=current" >&2
+    exit 2
+  fi
+fi
 if [ "${DRY_RUN:-0}" != 1 ]; then bash env_setup.sh --target cpu; fi  # a dry run installs nothing
 export FASTVIDEO_DEVICE=cpu
 source scripts/common.sh
@@ -29,7 +38,12 @@ case "${MODEL:-flux}" in
   sd3) TINY=tiny_sd3; BUILD=(fastvideo.tools.make_tiny_sd3); EMB=embeddings_sd3; OUT=outputs_sd3
        PREPROCESS=preprocess_sd3_rl_embeddings.sh; SEQ=16
        FAMILY_ARGS=(--model_family sd3 --guidance_scale 4.5 --flow_grpo_sampling --no_quantize_timestep) ;;
-  *) echo "MODEL=${MODEL}: use flux or sd3" >&2; exit 2 ;;
+  flux2) TINY=tiny_flux2; BUILD=(fastvideo.tools.make_tiny_flux2); EMB=embeddings_flux2; OUT=outputs_flux2
+         PREPROCESS=preprocess_flux2_rl_embeddings.sh; SEQ=80  # the longest prompt of assets/prompts.txt: 76 tokens
+         # lr 1e-2: at the shared 3e-3 the tiny klein's reward did not rise in 40 iterations (docs/flux2.md, Demo)
+         FAMILY_ARGS=(--model_family flux2 --guidance_scale 4.0 --flow_grpo_sampling --no_quantize_timestep
+                      --pipeline_shift --learning_rate 1e-2) ;;
+  *) echo "MODEL=${MODEL}: use flux, sd3 or flux2" >&2; exit 2 ;;
 esac
 # The objective: GRPO shares one noise per prompt group (--init_same_noise); NFT's deterministic
 # DPM-Solver++ rollouts would make a group's samples equal, so it draws each sample's own noise.
@@ -40,11 +54,13 @@ case "${ALGO:-grpo}" in
   *) echo "ALGO=${ALGO}: use grpo or nft" >&2; exit 2 ;;
 esac
 OUTPUT_DIR=${OUTPUT_DIR:-$DEMO_DIR/$OUT}
+BUILDERS=(fastvideo/tools/make_tiny_flux.py fastvideo/tools/make_tiny_sd3.py)
+if [ "${MODEL:-flux}" = flux2 ]; then BUILDERS+=(fastvideo/tools/make_tiny_flux2.py); fi
 
 # A tiny folder built by another version of the builders (a preset changed: the tiny SD3.5's VAE
 # factors did) is rebuilt, else the demo would silently train the old model: the stamp is a hash of
 # the builder modules, written after a complete build.
-STAMP=$(cat fastvideo/tools/make_tiny_flux.py fastvideo/tools/make_tiny_sd3.py | sha256sum | cut -c1-16)
+STAMP=$(cat "${BUILDERS[@]}" | sha256sum | cut -c1-16)
 if [ "${DRY_RUN:-0}" != 1 ]; then
   if [ ! -f "$DEMO_DIR/$TINY/model_index.json" ] || [ "$(cat "$DEMO_DIR/$TINY/.demo_build" 2>/dev/null)" != "$STAMP" ]; then
     if [ -d "$DEMO_DIR/$TINY" ]; then echo "demo: rebuilding $DEMO_DIR/$TINY (built by another builder version)"; fi

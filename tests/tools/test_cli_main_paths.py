@@ -36,6 +36,7 @@ COVERED = {
     "evaluate": "test_evaluate_cli",
     "export": "test_export_cli",
     "make_tiny_flux": "test_make_tiny_flux_cli",
+    "make_tiny_flux2": "test_make_tiny_flux2_cli",
     "make_tiny_reward": "test_make_tiny_reward_cli",
     "make_tiny_sd3": "test_make_tiny_sd3_cli",
     "omp_threads": "test_omp_threads_cli",
@@ -174,6 +175,24 @@ def test_make_tiny_sd3_cli(tiny_sd3_dir, tmp_path, monkeypatch, capsys):
     name = "transformer/diffusion_pytorch_model.safetensors"
     mine, fixture = load_file(tmp_path / "sd3" / name), load_file(Path(tiny_sd3_dir) / name)
     assert mine.keys() == fixture.keys() and all(torch.equal(mine[k], fixture[k]) for k in mine)  # same seed
+
+
+def test_make_tiny_flux2_cli(tmp_path, monkeypatch, capsys):
+    """The current line: the tiny klein, the same weights bit for bit from the same seed, --distilled
+    marks model_index.json; the recipe line: exit 2, nothing written (the line is named on stderr)."""
+    from fastvideo.library_lines import CURRENT, library_line
+
+    code, out = run_tool("make_tiny_flux2", [str(tmp_path / "f2"), "--seed", "0", "--distilled"], monkeypatch, capsys)
+    if library_line() != CURRENT:
+        assert code == 2 and not (tmp_path / "f2").exists()
+        return
+    assert code == 0 and out.startswith(f"wrote tiny FLUX.2 [klein] folder to {tmp_path / 'f2'} (") and "distilled" in out
+    assert json.loads((tmp_path / "f2" / "model_index.json").read_text())["is_distilled"] is True
+    from fastvideo.tools.make_tiny_flux2 import make_tiny_flux2
+
+    name = "transformer/diffusion_pytorch_model.safetensors"
+    mine, again = load_file(tmp_path / "f2" / name), load_file(make_tiny_flux2(tmp_path / "again", seed=0) / name)
+    assert mine.keys() == again.keys() and all(torch.equal(mine[k], again[k]) for k in mine)  # same seed
 
 
 def test_make_tiny_reward_cli(tmp_path, monkeypatch, capsys):

@@ -1,0 +1,290 @@
+"""FLUX.2 [klein] building blocks: folder check, loading, Qwen3 prompt encoding, latent packing with
+the VAE's batch-norm statistics, the (classifier-free guided) velocity, the schedule's shift and
+decoding.
+
+Works on real FLUX.2 [klein] folders (black-forest-labs/FLUX.2-klein-4B, -9B, their -base
+variants) and on the tiny ones ``python -m fastvideo.tools.make_tiny_flux2`` writes. Everything
+that names diffusers' or transformers' FLUX.2 classes imports them inside a function: this module
+is imported on the recipe line too (the registry), where those classes do not exist.
+
+Shapes: image h x w -> VAE latent [B, 32, h/8, w/8] -> 2x2 patches [B, 128, h/16, w/16] ->
+normalised by the VAE's batch-norm running statistics -> tokens [B, (h/16)(w/16), 128] (the
+pipeline draws its noise directly in the normalised patch space). Text: the Qwen3 hidden states
+after layers 9, 18 and 27, stacked per token: prompt_embeds [B, L, 3 H] (H = 2560 for Qwen3-4B,
+4096 for Qwen3-8B; L = max_sequence_length, 512 in the pipeline).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fastvideo.errors import UserError
+from fastvideo.models.base import check_diffusers_folder
+
+# Flux2KleinPipeline's encode_prompt defaults (diffusers 0.42.1 pipeline_flux2_klein.py).
+TEXT_LAYERS = (9, 18, 27)
+DEFAULT_GUIDANCE = 4.0  # the pipeline's guidance_scale default (true CFG on a base checkpoint)
+REQUIRED_FILES = {
+    "transformer": ["config.json"],
+    "vae": ["config.json"],
+    "text_encoder": ["config.json"],
+    "tokenizer": [],
+    "scheduler": ["scheduler_config.json"],
+}
+FLUX2_DOWNLOAD_HINT = (
+    "Put a diffusers-layout FLUX.2 [klein] folder there (for example the black-forest-labs/FLUX.2-klein-base-4B "
+    "repository, downloaded to data/flux2), or build a tiny test model with "
+    "`python -m fastvideo.tools.make_tiny_flux2 data/flux2`."
+)
+
+
+class Flux2FolderError(UserError, FileNotFoundError):
+    """A FLUX.2 model folder is missing, incomplete or not what the flags say."""
+
+
+def check_flux2_folder(path: str | Path, components: tuple[str, ...] | None = None) -> Path:
+    """Raise Flux2FolderError naming every missing piece of ``path``'s ``components`` (default all)."""
+    return check_diffusers_folder(path, REQUIRED_FILES, FLUX2_DOWNLOAD_HINT, Flux2FolderError,
+                                  "FLUX.2 model folder", components)
+
+
+def is_distilled(root: str | Path) -> bool | None:
+    """model_index.json's ``is_distilled`` (the step-distilled klein checkpoints: True; the base
+    ones: False), or None when the folder has no readable model_index.json."""
+    try:
+        index = json.loads((Path(root) / "model_index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return bool(index.get("is_distilled", False)) if isinstance(index, dict) else None
+
+
+def check_guidance(root: str | Path, guidance_scale: float | None) -> None:
+    """A distilled checkpoint with classifier-free guidance asked for: the pipeline ignores the scale
+    there (with a warning); a training run would double its cost for a different model, so refuse."""
+    if guidance_scale is not None and guidance_scale > 1.0 and is_distilled(root):
+        raise Flux2FolderError(
+            f"{str(root)!r} is a step-distilled FLUX.2 [klein] (model_index.json is_distilled: true), which runs "
+            f"without classifier-free guidance, but --guidance_scale is {guidance_scale:g}: pass --guidance_scale 1 "
+            "(or train the base checkpoint, e.g. FLUX.2-klein-base-4B, with guidance)")
+
+
+def adapt_for_device(transformer, device) -> None:
+    """On an NPU: the fused RMSNorm kernel for FLUX.2's q/k norms (torch.nn.RMSNorm; npu_ops swaps
+    every RMS norm). FLUX.2's RoPE already avoids float64 there (diffusers downcasts it for NPU
+    tensors) and its attention goes through diffusers' dispatcher (SDPA). Elsewhere nothing."""
+    from fastvideo import devices
+
+    if devices.is_npu(device):
+        from fastvideo.models import npu_ops
+
+        npu_ops.maybe_adapt_for_npu(transformer, device)
+
+
+def load_transformer(root, subfolder, device, dtype):
+    from diffusers import Flux2Transformer2DModel
+
+    if subfolder is not None:
+        check_flux2_folder(root, (subfolder,))
+    model = Flux2Transformer2DModel.from_pretrained(root, subfolder=subfolder, torch_dtype=dtype).to(device)
+    adapt_for_device(model, device)
+    return model
+
+
+def load_vae(path, device="cpu", dtype=torch.float32):
+    from diffusers import AutoencoderKLFlux2
+
+    root = check_flux2_folder(path, ("vae",))
+    vae = AutoencoderKLFlux2.from_pretrained(root, subfolder="vae", torch_dtype=dtype)
+    return vae.requires_grad_(False).eval().to(device)
+
+
+@dataclass
+class TextEncoder:
+    """The Qwen3 decoder (its hidden states; the language-model head is not needed) and its tokenizer."""
+
+    tokenizer: object
+    model: torch.nn.Module
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+
+def load_text_encoder(path, device="cpu", dtype=torch.float32) -> TextEncoder:
+    """The folder's Qwen3ForCausalLM without its head (Qwen3-8B's untied head is 1.2 GB of bf16
+    the embeddings never use) and its tokenizer."""
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    root = check_flux2_folder(path, ("text_encoder", "tokenizer"))
+    tokenizer = AutoTokenizer.from_pretrained(root, subfolder="tokenizer")
+    model = Qwen3ForCausalLM.from_pretrained(root, subfolder="text_encoder", torch_dtype=dtype).model
+    return TextEncoder(tokenizer, model.requires_grad_(False).eval().to(device))
+
+
+def chat_ids(tokenizer, prompts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flux2KleinPipeline's tokenisation: each prompt as one user turn of the chat template with the
+    generation prompt and thinking off, padded / truncated to max_sequence_length. -> (input_ids,
+    attention_mask), each [B, L] int64."""
+    ids, masks = [], []
+    for prompt in prompts:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=False)
+        enc = tokenizer(text, return_tensors="pt", padding="max_length", truncation=True,
+                        max_length=max_sequence_length)
+        ids.append(enc["input_ids"])
+        masks.append(enc["attention_mask"])
+    return torch.cat(ids), torch.cat(masks)
+
+
+@torch.no_grad()
+def encode_prompts(enc: TextEncoder, prompts: list[str], max_sequence_length: int,
+                   layers: tuple[int, ...] = TEXT_LAYERS) -> torch.Tensor:
+    """As Flux2KleinPipeline.encode_prompt: the hidden states after ``layers`` (index 0 is the
+    embedding), stacked per token -> prompt_embeds [B, L, len(layers) * H] in the encoder's dtype."""
+    ids, mask = chat_ids(enc.tokenizer, list(prompts), max_sequence_length)
+    out = enc.model(input_ids=ids.to(enc.device), attention_mask=mask.to(enc.device), output_hidden_states=True,
+                    use_cache=False)
+    stacked = torch.stack([out.hidden_states[k] for k in layers], dim=1)  # [B, n, L, H]
+    b, n, length, h = stacked.shape
+    return stacked.permute(0, 2, 1, 3).reshape(b, length, n * h)
+
+
+# ---------------------------------------------------------------- geometry
+def _cfg(config, key, default=None):
+    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+
+
+def grid_hw(height: int, width: int, scale: int = 8) -> tuple[int, int]:
+    """The token grid of an image: one token per 2x2 patch of VAE latent cells."""
+    if height % (2 * scale) or width % (2 * scale):
+        raise ValueError(f"image size {height}x{width} must be a multiple of {2 * scale} on both sides")
+    return height // (2 * scale), width // (2 * scale)
+
+
+def image_ids(grid_h: int, grid_w: int, device=None) -> torch.Tensor:
+    """[h w, 4] (t, row, column, l) = (0, i, j, 0) in row-major order (Flux2KleinPipeline._prepare_latent_ids)."""
+    rows = torch.arange(grid_h, device=device).repeat_interleave(grid_w)
+    cols = torch.arange(grid_w, device=device).repeat(grid_h)
+    zeros = torch.zeros_like(rows)
+    return torch.stack([zeros, rows, cols, zeros], dim=-1)
+
+
+def text_ids(length: int, device=None) -> torch.Tensor:
+    """[L, 4] = (0, 0, 0, l): FLUX.2 gives text tokens a position on the fourth RoPE axis."""
+    ids = torch.zeros(length, 4, dtype=torch.long, device=device)
+    ids[:, 3] = torch.arange(length, device=device)
+    return ids
+
+
+def to_grid(x: torch.Tensor, grid_h: int, grid_w: int) -> torch.Tensor:
+    """Tokens [B, h w, C] -> [B, C, h, w] (the inverse of the pipeline's _pack_latents)."""
+    b, length, c = x.shape
+    if length != grid_h * grid_w:
+        raise ValueError(f"{length} tokens do not make a {grid_h}x{grid_w} grid")
+    return x.transpose(1, 2).reshape(b, c, grid_h, grid_w)
+
+
+def unpatchify(z: torch.Tensor) -> torch.Tensor:
+    """[B, 4C, h, w] -> [B, C, 2h, 2w]: channel c*4 + 2i + j goes to pixel (2y + i, 2x + j)."""
+    b, c4, h, w = z.shape
+    z = z.reshape(b, c4 // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3)
+    return z.reshape(b, c4 // 4, 2 * h, 2 * w)
+
+
+def empirical_mu(image_seq_len: int, num_steps: int) -> float:
+    """FLUX.2's schedule shift exponent (the pipeline's compute_empirical_mu): two straight lines in
+    the token count, fitted at 10 and 200 steps, interpolated in the step count; above 4300 tokens
+    the 200-step line alone."""
+    a1, b1 = 8.73809524e-05, 1.89833333
+    a2, b2 = 0.00016927, 0.45666666
+    m_200 = a2 * image_seq_len + b2
+    if image_seq_len > 4300:
+        return float(m_200)
+    m_10 = a1 * image_seq_len + b1
+    slope = (m_200 - m_10) / 190.0
+    return float(slope * num_steps + (m_200 - 200.0 * slope))
+
+
+def schedule_shift(height: int, width: int, steps: int) -> float:
+    """The scheduler's exponential time shift exp(mu) / (exp(mu) + 1/t - 1) is the shifted schedule
+    s t / (1 + (s - 1) t) with s = exp(mu): the shift that reproduces the pipeline's sigmas."""
+    gh, gw = grid_hw(height, width)
+    return math.exp(empirical_mu(gh * gw, steps))
+
+
+# ---------------------------------------------------------------- velocity and decode
+def _model_dtype(module: torch.nn.Module) -> torch.dtype:
+    dtype = getattr(module, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
+
+
+def _config(transformer):
+    return getattr(transformer, "module", transformer).config
+
+
+def timesteps(sigma, batch: int, device, quantize: bool) -> torch.Tensor:
+    """The transformer's timestep [B] float32 (it multiplies by 1000 itself): the pipeline's scheduler
+    timestep 1000 sigma divided by 1000 again (its rounding, bit for bit), or floor(1000 sigma) / 1000
+    with ``quantize`` (DanceGRPO's convention)."""
+    sig = torch.as_tensor(sigma, dtype=torch.float32, device=device)
+    sig = sig.expand(batch) if sig.ndim == 0 else sig.reshape(batch)
+    t = sig * 1000.0
+    return (torch.floor(t) if quantize else t) / 1000.0
+
+
+def predict_velocity(transformer, x, sigma, embeds, neg_embeds, img_ids, guidance_scale: float,
+                     quantize_timestep: bool) -> torch.Tensor:
+    """FLUX.2 velocity float32 [B, L, C] for tokens x [B, L, C]; embeds [B, Lt, D], neg_embeds [Lt, D]
+    (the empty prompt's), img_ids [L, 4].
+
+    guidance_scale > 1 is true classifier-free guidance as Flux2KleinPipeline (base checkpoints):
+    v = v_u + s (v_c - v_u), the unconditional rows run in the same batch (first) and, as in
+    Flow-Factory's FLUX.2 [klein] trainer, carry gradient too; otherwise one conditional pass. A
+    transformer with a guidance embedding (FLUX.2 [dev]) gets the scale there instead, as FLUX.1-dev."""
+    b = x.shape[0]
+    if embeds.shape[0] != b:
+        raise ValueError(f"batch sizes differ: latents {b}, prompt_embeds {embeds.shape[0]}")
+    config = _config(transformer)
+    dtype = _model_dtype(transformer)
+    t = timesteps(sigma, b, x.device, quantize_timestep)
+    distilled_guidance = bool(_cfg(config, "guidance_embeds", False))
+    cfg = guidance_scale > 1.0 and not distilled_guidance
+    hidden, context = x.to(dtype), embeds.to(dtype)
+    if cfg:
+        hidden, t = torch.cat([hidden, hidden]), torch.cat([t, t])
+        context = torch.cat([neg_embeds.to(context.device, dtype).expand(b, *context.shape[1:]), context])
+    guidance = torch.full_like(t, float(guidance_scale)) if distilled_guidance else None
+    out = transformer(hidden_states=hidden, encoder_hidden_states=context, timestep=t, img_ids=img_ids,
+                      txt_ids=text_ids(context.shape[1], x.device), guidance=guidance, return_dict=False)[0]
+    v = out.float()
+    if cfg:
+        v_u, v_c = v.chunk(2)
+        v = v_u + guidance_scale * (v_c - v_u)
+    return v
+
+
+def latent_statistics(vae) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VAE's batch-norm running mean and std (sqrt(var + eps)) of the patched latents, [1, 4C, 1, 1]."""
+    bn = vae.bn
+    mean = bn.running_mean.view(1, -1, 1, 1)
+    std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + _cfg(vae.config, "batch_norm_eps"))
+    return mean, std
+
+
+def decode_latents(vae, x: torch.Tensor, grid_h: int, grid_w: int) -> torch.Tensor:
+    """Tokens [B, L, 4C] -> images [B, 3, H, W] float32 in [0, 1]: the batch-norm statistics undone,
+    the 2x2 patches unfolded, the VAE decoder (as the pipeline's non-latent output path)."""
+    z = to_grid(x, grid_h, grid_w)
+    mean, std = latent_statistics(vae)
+    z = z * std.to(z.device, z.dtype) + mean.to(z.device, z.dtype)
+    image = vae.decode(unpatchify(z).to(_model_dtype(vae)), return_dict=False)[0]
+    return (image.float() / 2 + 0.5).clamp(0, 1)
