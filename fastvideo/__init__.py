@@ -4,3 +4,7 @@ Importing this package needs no optional dependency (wandb, decord, hpsv2, the A
 """
 
 __version__ = "0.1.0"
+
+from fastvideo.library_lines import quiet_library_noise as _quiet
+
+_quiet()  # library progress bars off a terminal, diffusers 0.42's empty float32 warning (library_lines)

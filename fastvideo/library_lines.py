@@ -198,3 +198,34 @@ def attention_module_classes() -> tuple[type, ...]:
     except ImportError:  # the recipe line: no per-model attention classes yet
         return (Attention,)
     return (Attention, AttentionModuleMixin)
+
+
+# ---------------------------------------------------------------- library noise off a terminal
+class _EmptyFp32ListWarning:
+    """diffusers 0.42 warns on every ``model.to(dtype)`` of a model whose ``_keep_in_fp32_modules``
+    is an empty list ("... should be kept in float32: []"): nothing is kept in float32, so the
+    warning says nothing; it would break every one-line error report on the current line."""
+
+    def filter(self, record) -> bool:
+        return "should be kept in float32: []" not in str(record.msg)
+
+
+def quiet_library_noise(stream=None) -> None:
+    """Called once when fastvideo is imported. Off a terminal (a batch job's log), the libraries'
+    progress bars are off: transformers 5 draws a "Loading weights" bar for every model it loads,
+    and it reads huggingface_hub's HF_HUB_DISABLE_PROGRESS_BARS when it is imported (a value the
+    user set is kept). diffusers 0.42's empty float32-module warning is dropped on both lines."""
+    import logging
+    import os
+    import sys
+
+    stream = stream if stream is not None else sys.stderr
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    if not terminal:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logger = logging.getLogger("diffusers.models.modeling_utils")
+    if not any(isinstance(f, _EmptyFp32ListWarning) for f in logger.filters):
+        logger.addFilter(_EmptyFp32ListWarning())

@@ -60,7 +60,7 @@ FLUX2_GRPO_ARGS=(
   --num_generations 16 --use_group --adv_std population
   --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
   --learning_rate 1e-5 --lr_warmup_steps 0
-  --rewards pickscore:1.0
+  --rewards "${REWARDS:-pickscore:1.0}"
   --checkpointing_steps 20 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
   --pretrained_model_name_or_path "${MODEL_PATH:-data/flux2}"
   --data_json_path "${DATA_JSON:-data/rl_embeddings_flux2/videos2caption.json}"
