@@ -9,6 +9,7 @@ import torch
 from dist_utils import run_distributed, tiny_inputs, tiny_transformer
 
 from fastvideo.distributed import fsdp
+from upstream_repos import upstream_repo
 
 
 def weighted_loss(out: torch.Tensor) -> torch.Tensor:
@@ -168,7 +169,7 @@ def test_clip_grad_norm_single_process():
         assert torch.equal(p.grad, q.grad)
 
 
-DANCEGRPO = "/work/.mirror/XueZeyue+DanceGRPO/repo"
+DANCEGRPO = str(upstream_repo("XueZeyue/DanceGRPO"))  # FLUX_GRPO_UPSTREAM_DIR (tests/upstream_repos.py)
 
 
 @pytest.mark.skipif(not os.path.isdir(DANCEGRPO), reason="upstream DanceGRPO mirror not available")

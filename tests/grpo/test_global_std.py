@@ -13,8 +13,9 @@ import torch
 
 from fastvideo.config import ConfigError, GRPOSettings, build_parser, validate_args
 from fastvideo.grpo.advantages import global_std_advantages, group_advantages
+from upstream_repos import upstream_repo
 
-FLOW_GRPO = Path("/work/.mirror/yifan123+flow_grpo/repo")
+FLOW_GRPO = upstream_repo("yifan123/flow_grpo")  # FLUX_GRPO_UPSTREAM_DIR (tests/upstream_repos.py)
 BASE = ["--data_json_path", "x", "--pretrained_model_name_or_path", "x", "--rewards", "compressibility:1"]
 NAN = float("nan")
 

@@ -12,8 +12,9 @@ from fastvideo.config import ConfigError, build_parser, validate_args
 from fastvideo.sampling import mix, sde
 from fastvideo.sampling.plan import ODE, SDE, compressed_tail_sigmas, window_plan
 from fastvideo.sampling.randomness import RandomSource
+from upstream_repos import upstream_repo
 
-MIRROR = Path("/work/.mirror/Tencent-Hunyuan+MixGRPO/repo")
+MIRROR = upstream_repo("Tencent-Hunyuan/MixGRPO")  # FLUX_GRPO_UPSTREAM_DIR (tests/upstream_repos.py)
 
 
 def _settings(*flags, steps=25):

@@ -28,13 +28,13 @@ from pathlib import Path
 import pytest
 
 from helpers import read_metrics, torchrun
+from upstream_repos import upstream_repo
 
 HERE = Path(__file__).resolve().parent
 LINES = json.loads((HERE / "upstream_launch_lines.json").read_text())
 NAMES = [line["name"] for line in LINES]
 BY_NAME = {line["name"]: line for line in LINES}
-MIRRORS = {"XueZeyue/DanceGRPO": Path("/work/.mirror/XueZeyue+DanceGRPO/repo"),
-           "Tencent-Hunyuan/MixGRPO": Path("/work/.mirror/Tencent-Hunyuan+MixGRPO/repo")}
+MIRRORS = {repo: upstream_repo(repo) for repo in ("XueZeyue/DanceGRPO", "Tencent-Hunyuan/MixGRPO")}
 # flag -> which of the test's paths replaces upstream's value
 PATH_FLAGS = {"--pretrained_model_name_or_path": "model", "--vae_model_path": "model", "--data_json_path": "data",
               "--output_dir": "out", "--cache_dir": "cache", "--hps_path": "hps", "--hps_clip_path": "hps_clip",
