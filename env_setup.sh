@@ -147,8 +147,9 @@ case "$TARGET" in
       CPU_INDEX=()
       if [ "$TARGET" = cpu ] && [ -z "$WHEELHOUSE" ]; then
         # torch's CPU build where PyTorch's CPU index answers (0.2 GB instead of 5.8 GB of CUDA wheels).
-        mapfile -t CPU_INDEX < <("$PY" "${PLAN[@]}" cpu-index)
-        if [ "${#CPU_INDEX[@]}" -gt 0 ]; then echo "env_setup.sh: torch's CPU build from ${CPU_INDEX[1]}";
+        # Blank lines dropped: an unreachable index prints nothing, and an empty argument would reach pip.
+        mapfile -t CPU_INDEX < <("$PY" "${PLAN[@]}" cpu-index | grep -v '^[[:space:]]*$' || true)
+        if [ "${#CPU_INDEX[@]}" -ge 2 ]; then echo "env_setup.sh: torch's CPU build from ${CPU_INDEX[1]}";
         else echo "env_setup.sh: PyTorch's CPU index is not reachable: torch from the package index (its CUDA build, about 5.8 GB)"; fi
       fi
       "${PIP[@]}" "torch>=2.7.1,<2.15" "torchvision>=0.22.1" ${CPU_INDEX[@]+"${CPU_INDEX[@]}"}

@@ -349,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     except PlanError as err:
         print(f"env_setup.sh: {err}", file=sys.stderr)
         return 2
-    print("\n".join(lines))
+    if lines:  # nothing at all when there is nothing (cpu-index off or unreachable), not a blank line
+        print("\n".join(lines))
     return 0
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.server
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -54,3 +55,37 @@ class socket_closed_port:
 
     def __exit__(self, *exc):
         return False
+
+
+def _setup_cpu(venv: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "env_setup.sh"), "--target", "cpu", "--venv", str(venv)],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_env_setup_without_cpu_index_installs_pypi_torch(env):
+    """A fresh machine where the CPU index does not answer: torch from the package index, and no empty
+    argument reaches pip (a blank probe line once made bash stop on CPU_INDEX[1])."""
+    venv, e, log = env
+    e["FLUX_GRPO_CPU_INDEX"] = "0"
+    r = _setup_cpu(venv, e)
+    assert r.returncode == 0, r.stderr
+    assert "CPU index is not reachable" in r.stdout
+    first = (Path(str(log) + ".args")).read_text().splitlines()[0]
+    assert first == "[install][--disable-pip-version-check][torch>=2.7.1,<2.15][torchvision>=0.22.1]"
+    assert "env_setup.sh: ok - torch" in r.stdout
+
+
+def test_env_setup_with_cpu_index_adds_it(env):
+    venv, e, log = env
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/whl/cpu"
+        e["FLUX_GRPO_CPU_INDEX"] = url
+        r = _setup_cpu(venv, e)
+    finally:
+        server.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert f"torch's CPU build from {url}" in r.stdout
+    first = (Path(str(log) + ".args")).read_text().splitlines()[0]
+    assert first.endswith(f"[torchvision>=0.22.1][--extra-index-url][{url}]")

@@ -31,29 +31,6 @@ def _fake_cann(root: Path, version: str, layout: str = "cann", set_env: bool = T
     return home
 
 
-@pytest.fixture()
-def env(tmp_path):
-    """(venv dir, environment, pip log) for a run of env_setup.sh."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = Path(subprocess.check_output([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
-    fake_mods = tmp_path / "mods"
-    fake_mods.mkdir()
-    (fake_mods / "torch_npu.py").write_text(
-        "import os\nif 'FAKE_CANN_SOURCED' not in os.environ:\n    raise ImportError('libhccl.so: cannot open shared object file')\n")
-    for name in ("fastvideo", "torch", "diffusers", "transformers", "open_clip"):
-        (fake_mods / f"{name}.py").write_text("__version__ = 'stand-in'\n")
-    (site / "standins.pth").write_text(f"{fake_mods}\n")
-    log = tmp_path / "pip.log"
-    pip = tmp_path / "pip_standin.sh"
-    pip.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
-    pip.chmod(0o755)
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "CONDA", "PIP_", "PYTHONPATH"))}
-    e.update(FLUX_GRPO_PIP=str(pip), ASCEND_TOOLKIT_HOME="", ASCEND_HOME_PATH="")
-    e.pop("CANN_SET_ENV", None)
-    return venv, e, log
-
-
 def _run(venv: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(ROOT / "env_setup.sh"), "--target", "npu", "--venv", str(venv), *args],
                           env=env, capture_output=True, text=True, timeout=120)
