@@ -9,7 +9,7 @@ import torch
 from dist_utils import run_distributed, tiny_inputs, tiny_transformer
 
 from fastvideo.distributed import fsdp
-from upstream_repos import upstream_repo
+from upstream_facts import CHECKPOINT_FRACTIONS, load_facts
 
 
 def weighted_loss(out: torch.Tensor) -> torch.Tensor:
@@ -169,34 +169,13 @@ def test_clip_grad_norm_single_process():
         assert torch.equal(p.grad, q.grad)
 
 
-DANCEGRPO = str(upstream_repo("XueZeyue/DanceGRPO"))  # FLUX_GRPO_UPSTREAM_DIR (tests/upstream_repos.py)
-
-
-@pytest.mark.skipif(not os.path.isdir(DANCEGRPO), reason="upstream DanceGRPO mirror not available")
-@pytest.mark.parametrize("fraction", [0.25, 0.3, 0.5, 2 / 3, 0.9, 1.0, 0.0])
+@pytest.mark.parametrize("fraction", CHECKPOINT_FRACTIONS)
 def test_selective_checkpointing_spaces_blocks_as_upstream(fraction):
-    """Upstream's apply_fsdp_checkpointing (fastvideo/utils/fsdp_util.py at 15cc71d), run on 57 stand-in
-    blocks (FLUX: 19 double + 38 single), picks the same blocks as spaced_blocks."""
-    import subprocess
-
+    """Upstream's apply_fsdp_checkpointing (DanceGRPO 15cc71d fastvideo/utils/fsdp_util.py), run on 57
+    stand-in blocks (FLUX: 19 double + 38 single), picks the same blocks as spaced_blocks (the picks are
+    kept in tests/fixtures/upstream_facts.json, tests/upstream_facts.py)."""
     from fastvideo.distributed.selective import spaced_blocks
 
-    src = subprocess.run(["git", "-C", DANCEGRPO, "show", "HEAD:fastvideo/utils/fsdp_util.py"],
-                         capture_output=True, text=True, check=True).stdout
-    start = src.index("def apply_fsdp_checkpointing")
-    fn_src = src[start:src.index("\ndef ", start + 1)]
-    picked = []
-
-    class Block:
-        pass
-
-    blocks = [Block() for _ in range(57)]
-
-    def fake_apply(model, checkpoint_wrapper_fn, check_fn):  # what torch's helper does: ask each module
-        picked.extend(i for i, b in enumerate(model) if check_fn(b))
-
-    ns = {"apply_activation_checkpointing": fake_apply, "non_reentrant_wrapper": None, "print": lambda *a: None}
-    exec(compile(fn_src, "fsdp_util.py", "exec"), ns)  # the reference: upstream's own function
-    ns["apply_fsdp_checkpointing"](blocks, Block, fraction)
+    picked = load_facts()["dancegrpo_selective_checkpointing"][repr(fraction)]
     assert spaced_blocks(57, fraction) == picked
     assert len(picked) == int(fraction * 57 + 0.5)

@@ -3,8 +3,6 @@ of every reward of the iteration + 1e-4), against their PerPromptStatTracker."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,9 +11,8 @@ import torch
 
 from fastvideo.config import ConfigError, GRPOSettings, build_parser, validate_args
 from fastvideo.grpo.advantages import global_std_advantages, group_advantages
-from upstream_repos import upstream_repo
+from upstream_facts import STAT_REWARDS, load_facts
 
-FLOW_GRPO = upstream_repo("yifan123/flow_grpo")  # FLUX_GRPO_UPSTREAM_DIR (tests/upstream_repos.py)
 BASE = ["--data_json_path", "x", "--pretrained_model_name_or_path", "x", "--rewards", "compressibility:1"]
 NAN = float("nan")
 
@@ -24,18 +21,6 @@ def _numpy_reference(rewards: np.ndarray, G: int) -> np.ndarray:
     """Written from the formula: each group's mean, np.std (population) of all rewards + 1e-4."""
     groups = rewards.reshape(-1, G)
     return ((groups - groups.mean(axis=1, keepdims=True)) / (np.std(rewards) + 1e-4)).reshape(-1)
-
-
-def _upstream_tracker():
-    """flow_grpo/stat_tracking.py from the stored upstream repository, loaded as a file (git show)."""
-    import subprocess
-
-    source = subprocess.run(["git", "--git-dir", str(FLOW_GRPO), "show", "HEAD:flow_grpo/stat_tracking.py"],
-                            capture_output=True, text=True, check=True).stdout
-    spec = importlib.util.spec_from_loader("flow_grpo_stat_tracking", loader=None)
-    module = importlib.util.module_from_spec(spec)
-    exec(compile(source, "flow_grpo/stat_tracking.py", "exec"), module.__dict__)
-    return module.PerPromptStatTracker
 
 
 def test_global_std_is_the_group_mean_over_the_std_of_everything():
@@ -52,17 +37,14 @@ def test_global_std_is_the_group_mean_over_the_std_of_everything():
     assert global_std_advantages(torch.tensor([0.0, 0, 0, 100]), 4, clip_max=1.0).max() == 1.0  # clipped
 
 
-@pytest.mark.skipif(not FLOW_GRPO.is_dir(), reason="upstream flow_grpo mirror not available")
 def test_global_std_equals_flow_grpos_stat_tracker():
-    tracker = _upstream_tracker()(global_std=True)
-    gen = torch.Generator().manual_seed(1)
-    r = (torch.rand(24, generator=gen, dtype=torch.float64) * torch.arange(24) / 10).numpy()
-    prompts = [f"prompt {i // 8}" for i in range(24)]  # 3 prompts x G 8, contiguous as our groups
-    upstream = tracker.update(prompts, r)
-    ours = global_std_advantages(torch.from_numpy(r).float(), 8, clip_max=100.0)
+    """Flow-GRPO's PerPromptStatTracker(global_std=True) on 3 prompts x G 8 (its outputs kept in
+    tests/fixtures/upstream_facts.json, from flow_grpo ac4c86e flow_grpo/stat_tracking.py)."""
+    facts = load_facts()["flow_grpo_stat_tracker"]
+    upstream = np.asarray(facts["global"])
+    ours = global_std_advantages(torch.tensor(STAT_REWARDS, dtype=torch.float64).float(), 8, clip_max=100.0)
     np.testing.assert_allclose(ours.numpy(), upstream, rtol=1e-5, atol=1e-6)
-    per_group = _upstream_tracker()(global_std=False).update(prompts, r)  # upstream's other mode differs
-    assert np.abs(per_group - upstream).max() > 0.1
+    assert np.abs(np.asarray(facts["per_prompt"]) - upstream).max() > 0.1  # upstream's other mode differs
 
 
 def test_nonfinite_rewards_stay_out_of_both_statistics():
