@@ -367,7 +367,7 @@ def _encode_batches(
     cfg: PreprocessConfig, encoders, batches: list[list[int]], prompts: list[str], todo: set[int], info
 ) -> int:
     """Encode this rank's batches that hold a missing prompt; write only the missing prompts."""
-    from tqdm import tqdm
+    from fastvideo.progress import Progress
 
     family = get_model_family(cfg.model_family)
     loader = torch.utils.data.DataLoader(
@@ -375,10 +375,7 @@ def _encode_batches(
         num_workers=cfg.dataloader_num_workers, collate_fn=_identity,
     )
     total = sum(1 for b in batches for i in b if i in todo)
-    bar = tqdm(
-        total=total, unit="prompt", desc=f"encoding (rank 0 of {info.world_size})",
-        disable=not info.is_main, dynamic_ncols=True,
-    )
+    bar = Progress(total, f"encoding (rank 0 of {info.world_size})", unit="prompt", enabled=info.is_main)
     written = 0
     for indices, captions in loader if batches else ():
         # The whole batch is encoded even when only part of it is missing, so that each prompt

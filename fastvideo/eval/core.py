@@ -120,19 +120,21 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
     g = min(grid_prompts, P)
     local = torch.full((rounds, B, len(rewards)), float("nan"), dtype=torch.float64)
     grid = torch.zeros(g, 3, s.height, s.width)
-    from tqdm.auto import tqdm
+    from fastvideo.progress import Progress
 
-    for r in tqdm(range(rounds), desc="eval", disable=not (progress and rank == 0), leave=False):
+    bar = Progress(rounds, "eval", unit="round", enabled=progress and rank == 0)
+    for r in range(rounds):
         j = r * world + rank
         chosen = batches[j] if j < len(batches) else batches[0]  # a spare round keeps FSDP in step
         batch_items = [items[i] for i in chosen]
         images = sample_images(model, vae, prompts, batch_items, randomness, s, device, autocast_dtype, family=family)
-        if j >= len(batches):
-            continue
-        local[r, :len(chosen)] = score_images(rewards, images, [prompts.captions[p] for p, _ in batch_items])
-        for row, (p, k) in enumerate(batch_items):
-            if k == 0 and p < g:
-                grid[p] = images[row].cpu()
+        if j < len(batches):
+            local[r, :len(chosen)] = score_images(rewards, images, [prompts.captions[p] for p, _ in batch_items])
+            for row, (p, k) in enumerate(batch_items):
+                if k == 0 and p < g:
+                    grid[p] = images[row].cpu()
+        bar.update(1)
+    bar.close()
     gathered = _all_gather_stack(local, device, dims)  # [W, rounds, B, R]
     flat = torch.cat([gathered[j % world, j // world, :len(b)] for j, b in enumerate(batches)])  # [P*K, R]
     if world > 1:

@@ -8,7 +8,6 @@ registers (fastvideo.training.hooks).
 
 from __future__ import annotations
 
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -279,14 +278,14 @@ class Trainer:
         return True
 
     def train(self) -> list[dict]:
-        from tqdm.auto import tqdm
+        from fastvideo.progress import Progress
 
         cfg = self.cfg
         records = []
         # A progress bar only on a terminal: in a batch job's log its redraws are noise (LogLineHook
         # prints plain lines there).
-        bar = tqdm(total=cfg.optim.max_train_steps, initial=self.iteration, desc="GRPO", unit="it",
-                   disable=not (self.info.is_main and sys.stderr.isatty()), dynamic_ncols=True)
+        bar = Progress(cfg.optim.max_train_steps, "GRPO", initial=self.iteration, enabled=self.info.is_main,
+                       log_lines=False)
         for hook in self.hooks:
             hook.on_train_start(self)
         while self.iteration < cfg.optim.max_train_steps:
