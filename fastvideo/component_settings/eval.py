@@ -20,7 +20,7 @@ GUARD_FLAGS = ("guard_patience", "guard_drop", "guard_action")
 class GuardSettings:
     reward: str  # a registered reward name, scored on the eval images
     patience: int  # evaluations in a row that must look like hacking before the guard fires
-    drop: float  # how far (in the guard reward's units) below its best counts as a fall
+    drop: float | None  # how far (guard reward's units) below its best counts as a fall; None: auto (noise)
     action: str  # warn | stop
 
 
@@ -99,10 +99,24 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
                    help="a reward not trained on (e.g. detail, saturation, pickscore) watched on the eval images")
     g.add_argument("--guard_patience", type=int, default=2,
                    help="evaluations in a row with the trained reward up and the guard reward down before firing")
-    g.add_argument("--guard_drop", type=float, default=0.0,
-                   help="how far below its best the guard reward must fall (in its own units) to count")
+    g.add_argument("--guard_drop", type=str, default="auto",
+                   help="how far below its best the guard reward must fall (in its own units) to count; auto "
+                        "(default): 2 standard errors of the difference, measured on the eval images")
     g.add_argument("--guard_action", type=str, default="warn", choices=GUARD_ACTIONS,
                    help="warn, or stop the run cleanly after writing a checkpoint")
+
+
+def _guard_drop(value) -> float | None:
+    """--guard_drop: ``auto`` (None: measured noise) or a number >= 0."""
+    if value is None or str(value).strip().lower() == "auto":
+        return None
+    try:
+        drop = float(value)
+    except ValueError:
+        raise ConfigError(f"--guard_drop {value!r} must be 'auto' or a number >= 0 (the guard reward's units)") from None
+    if not drop >= 0:
+        raise ConfigError(f"--guard_drop {value} must be >= 0 (or 'auto': 2 standard errors, measured)")
+    return drop
 
 
 def _names(text: str | None) -> list[str]:
@@ -138,8 +152,7 @@ def eval_settings_from_args(args: argparse.Namespace, trained: list) -> EvalSett
             raise ConfigError(f"--{flag} must be at least 1")
     if args.eval_eta < 0:
         raise ConfigError(f"--eval_eta {args.eval_eta} must be >= 0")
-    if args.guard_drop < 0:
-        raise ConfigError(f"--guard_drop {args.guard_drop} must be >= 0")
+    drop = _guard_drop(args.guard_drop)
     trained_names = [s.name for s in trained]
     names = list(dict.fromkeys(trained_names + _names(args.eval_rewards)
                                + ([args.guard_reward] if args.guard_reward else [])))
@@ -153,7 +166,7 @@ def eval_settings_from_args(args: argparse.Namespace, trained: list) -> EvalSett
         if args.guard_reward in trained_names:
             raise ConfigError(f"--guard_reward {args.guard_reward!r} is a trained reward; a guard must watch a "
                              "reward the run does not optimise (e.g. detail, saturation or another model)")
-        guard = GuardSettings(args.guard_reward, args.guard_patience, args.guard_drop, args.guard_action)
+        guard = GuardSettings(args.guard_reward, args.guard_patience, drop, args.guard_action)
     return EvalSettings(
         every=args.eval_every, prompts=args.eval_prompts, rewards=tuple(names),
         trained=tuple((s.name, float(s.weight)) for s in trained),

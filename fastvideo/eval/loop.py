@@ -15,7 +15,7 @@ from fastvideo.eval import report
 from fastvideo.eval.core import EvalResult, SampleSettings, evaluate
 from fastvideo.eval.prompts import check_no_overlap, load_eval_prompts
 from fastvideo.eval.settings import EvalSettings
-from fastvideo.training.run.guard import RewardHackingGuard, publish_best, recover_best
+from fastvideo.training.run.guard import RewardHackingGuard, publish_best, recover_best, standard_error
 from fastvideo.training.hooks import TrainerHook
 from fastvideo.utils import main_print, read_json_or_none
 
@@ -51,7 +51,7 @@ class TrainingEvaluation(TrainerHook):
             height=r.height, width=r.width, steps=settings.steps, eta=settings.eta, shift=r.shift,
             batch_size=settings.batch_size, num_images_per_prompt=settings.num_images_per_prompt)
         g = settings.guard
-        self.guard = RewardHackingGuard(g.patience if g else 1, g.drop if g else 0.0, guard_enabled=g is not None)
+        self.guard = RewardHackingGuard(g.patience if g else 1, g.drop if g else None, guard_enabled=g is not None)
         self.is_main = trainer.info.is_main
         self._saved_at: int | None = None  # iteration of a checkpoint written outside the schedule
         main_print(f"[eval] {len(self.prompts)} held-out prompts x {settings.num_images_per_prompt} images, "
@@ -86,7 +86,7 @@ class TrainingEvaluation(TrainerHook):
             failure = exc
         fail_together(failure, trainer.dims.world_size, trainer.device, "rank 0 refused eval.jsonl")
         for rec in records:
-            self.guard.update(rec["iteration"], rec["trained_score"], rec.get("guard_score"))
+            self.guard.update(rec["iteration"], rec["trained_score"], rec.get("guard_score"), rec.get("guard_se", 0.0))
         missing = self.is_main and trainer.iteration % self.s.every == 0 and not any(
             r["iteration"] == trainer.iteration for r in records)
         self._share_guard_state(trainer)
@@ -150,11 +150,12 @@ class TrainingEvaluation(TrainerHook):
         trained = sum(w * result.scores[n].mean().item() for n, w in self.s.trained)
         guard_name = self.s.guard.reward if self.s.guard else None
         guard_score = result.scores[guard_name].mean().item() if guard_name else None
-        decision = self.guard.update(it, trained, guard_score)
+        guard_se = standard_error(result.scores[guard_name]) if guard_name else 0.0
+        decision = self.guard.update(it, trained, guard_score, guard_se)
         record = {"iteration": it, "time_eval": result.seconds, "trained_score": trained,
                   "rewards": result.summary(), "best_iteration": self.guard.best_iteration}
         if guard_name:
-            record.update(guard_score=guard_score, guard=decision.as_dict())
+            record.update(guard_score=guard_score, guard_se=guard_se, guard=decision.as_dict())
         if decision.new_best:
             self._publish_best(trainer, it, trained)
         self._write(trainer, record, result)

@@ -23,6 +23,7 @@ def test_resolved_settings_include_trained_and_guard_rewards():
     assert e.trained == (("compressibility", 2.0),)
     assert e.steps == 7 and e.eta == 0.0 and e.num_images_per_prompt == 1 and e.batch_size == 1
     assert e.guard.reward == "detail" and e.guard.action == "stop" and e.guard.patience == 2
+    assert e.guard.drop is None  # auto: the measured noise (training/run/guard.py)
     assert cfg.to_dict()["eval"]["guard"]["reward"] == "detail"
 
 
@@ -37,6 +38,7 @@ def test_resolved_settings_include_trained_and_guard_rewards():
     (["--eval_every", "2", "--eval_prompts", "p", "--guard_reward", "detail", "--guard_patience", "0"],
      "--guard_patience"),
     (["--eval_every", "2", "--eval_prompts", "p", "--guard_drop", "-1"], "--guard_drop"),
+    (["--eval_every", "2", "--eval_prompts", "p", "--guard_drop", "half"], "'auto' or a number"),
     (["--eval_every", "2", "--eval_prompts", "p", "--eval_eta", "-0.1"], "--eval_eta"),
     (["--eval_every", "2", "--eval_prompts", "p", "--eval_steps", "0"], "--eval_steps"),
 ])

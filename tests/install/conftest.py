@@ -32,4 +32,5 @@ def env(tmp_path):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "CONDA", "PIP_", "PYTHONPATH"))}
     e.update(FLUX_GRPO_PIP=str(pip), ASCEND_TOOLKIT_HOME="", ASCEND_HOME_PATH="")
     e.pop("CANN_SET_ENV", None)
+    e.pop("LINE", None)  # CI runs the current line's suite with LINE=current; env_setup.sh's default reads it
     return venv, e, log

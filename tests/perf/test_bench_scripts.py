@@ -67,7 +67,8 @@ def test_rewards_bench_new_rewards_and_remote(capsys):
               "--remote_batch_sizes", "2", "4", "--encodings", "f32", "u8", "--repeats", "1"])
     rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines() if ln.startswith("| compressibility")]
     assert [(r[1], r[2]) for r in rows] == [("2", "f32"), ("2", "u8"), ("4", "f32"), ("4", "u8")]
-    assert all(r[6] == "identical |" and float(r[5]) > 0 for r in rows)
+    # r[5] (local / remote time) rounds to 0.00 on a loaded machine: the rates, not their ratio, must be > 0
+    assert all(r[6] == "identical |" and float(r[3]) > 0 and float(r[4]) > 0 and float(r[5]) >= 0 for r in rows)
     mod.main(["--transfer", "--num_images", "4", "--size", "16", "--remote_batch_sizes", "2", "--repeats", "1"])
     rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines() if ln.startswith(("| f32", "| u8", "| png"))]
     assert [r[0][2:] for r in rows] == ["f32", "u8", "png"] and all(float(r[2].rstrip(" |")) > 0 for r in rows)

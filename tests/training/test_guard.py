@@ -5,7 +5,9 @@ import os
 
 import pytest
 
-from fastvideo.training.run.guard import RewardHackingGuard, publish_best
+import torch
+
+from fastvideo.training.run.guard import AUTO_Z, RewardHackingGuard, publish_best, standard_error
 
 
 def _run(guard, rows):
@@ -58,6 +60,36 @@ def test_best_is_never_worse_than_the_base_models_evaluation(tmp_path):
     _run(hacked, [(0, 1.0, 0.5), (1, 1.2, 0.6), (2, 1.3, 0.4)])
     text = hacked.message(2, 1.3, "detail", 0.4, tmp_path / "run")
     assert f"Best checkpoint so far: iteration 1 ({tmp_path / 'run' / 'best'})." in text and "OUTPUT_DIR" not in text
+
+
+def test_standard_error_is_std_over_sqrt_n_of_the_finite_scores():
+    scores = torch.tensor([[0.1, 0.3, 0.2], [0.5, float("nan"), 0.4]])
+    finite = [0.1, 0.3, 0.2, 0.5, 0.4]
+    mean = sum(finite) / 5
+    var = sum((x - mean) ** 2 for x in finite) / 4  # the sample variance
+    assert standard_error(scores) == pytest.approx((var / 5) ** 0.5, rel=1e-12)
+    assert standard_error(torch.tensor([0.3])) == 0.0
+
+
+def test_auto_drop_ignores_noise_and_catches_a_fall_beyond_two_standard_errors():
+    """The default (drop None): a fall counts beyond AUTO_Z * sqrt(se_best^2 + se_now^2)."""
+    guard = RewardHackingGuard(patience=1)  # auto
+    # the LoRA demo's case: detail 0.1426 -> 0.1425 with a standard error of 0.002 is noise
+    d = [guard.update(0, 1.0, 0.1426, 0.002), guard.update(1, 1.1, 0.1425, 0.002)]
+    assert not d[1].hacking and guard.threshold == pytest.approx(AUTO_Z * (2 * 0.002 ** 2) ** 0.5)
+    # 0.1426 - 0.137 = 0.0056 is more than 2 * sqrt(0.002^2 + 0.001^2) = 0.00447: a fall
+    assert guard.update(2, 1.2, 0.137, 0.001).hacking
+    assert not guard.update(3, 1.2, 0.139, 0.001).hacking  # 0.0036 < 0.00447
+    # a new best takes its own standard error for the comparisons after it
+    guard.update(4, 1.0, 0.2, 0.0)
+    assert guard.update(5, 1.3, 0.199, 0.0).hacking  # no noise measured: any fall counts
+    assert "more than 0 below its best 0.2" in guard.message(5, 1.3, "detail", 0.199)
+
+
+def test_a_fixed_drop_overrides_the_measured_noise():
+    guard = RewardHackingGuard(patience=1, drop=0.0)
+    guard.update(0, 1.0, 0.1426, 0.01)
+    assert guard.update(1, 1.1, 0.1425, 0.01).hacking
 
 
 def test_guard_needs_its_score_and_sane_settings():

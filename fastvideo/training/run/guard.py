@@ -6,6 +6,11 @@ image statistic such as ``detail``). An evaluation *looks like hacking* when the
 above the base model's (the first evaluation) while the guard score is more than ``drop`` below
 its best so far. ``patience`` such evaluations in a row fire the guard (warn, or stop the run).
 
+``drop`` None (``--guard_drop auto``, the default) measures the evaluation's own noise instead of
+taking a fixed number: a fall counts when it exceeds AUTO_Z standard errors of the difference of the
+two means, ``AUTO_Z * sqrt(se_best**2 + se_now**2)`` with ``se = std / sqrt(images)`` of the guard
+reward over each evaluation's images. A fixed 0 flagged noise (0.1425 against 0.1426).
+
 The best checkpoint (the guard-adjusted choice) is the trained evaluation (iteration >= 1) with
 the highest trained score among those the guard did not flag as hacking (without a guard, simply
 the highest trained score; ties keep the earlier one), and never one scoring below the first
@@ -28,6 +33,7 @@ from pathlib import Path
 
 from fastvideo.utils import atomic_write_json, main_print
 
+AUTO_Z = 2.0  # about 95% two-sided for a difference of two independent means
 BEST_DIR = "best"
 BEST_MARKER = "BEST.json"
 
@@ -45,30 +51,51 @@ class GuardDecision:
                 "guard_best": self.guard_best}
 
 
+def standard_error(scores) -> float:
+    """std / sqrt(n) of a tensor of per-image scores (finite ones); 0 for fewer than two."""
+    flat = scores.reshape(-1).double()
+    flat = flat[flat.isfinite()]
+    if flat.numel() < 2:
+        return 0.0
+    return float(flat.std() / math.sqrt(flat.numel()))
+
+
 class RewardHackingGuard:
     """Feed it one evaluation at a time with :meth:`update`.
 
     patience / drop: see the module docstring; guard_enabled False tracks the best checkpoint only."""
 
-    def __init__(self, patience: int = 2, drop: float = 0.0, guard_enabled: bool = True):
-        if patience < 1 or drop < 0:
-            raise ValueError(f"patience must be >= 1 and drop >= 0, got {patience}, {drop}")
+    def __init__(self, patience: int = 2, drop: float | None = None, guard_enabled: bool = True):
+        if patience < 1 or (drop is not None and drop < 0):
+            raise ValueError(f"patience must be >= 1 and drop >= 0 (or None: auto), got {patience}, {drop}")
         self.patience, self.drop, self.enabled = patience, drop, guard_enabled
         self.base_trained: float | None = None
         self.guard_best: float | None = None
+        self.guard_best_se = 0.0
+        self.threshold = 0.0  # the fall that counted at the last evaluation
         self.streak = 0
         self.best_iteration: int | None = None
         self.best_score = -math.inf
 
-    def update(self, iteration: int, trained: float, guard: float | None = None) -> GuardDecision:
+    def fall_threshold(self, guard_se: float) -> float:
+        """How far below its best the guard score must be to count as a fall."""
+        if self.drop is not None:
+            return self.drop
+        return AUTO_Z * math.sqrt(self.guard_best_se ** 2 + guard_se ** 2)
+
+    def update(self, iteration: int, trained: float, guard: float | None = None,
+               guard_se: float = 0.0) -> GuardDecision:
+        """``guard_se``: the standard error of ``guard`` (std / sqrt(images)) at this evaluation."""
         if self.enabled and guard is None:
             raise ValueError("the guard is on but no guard score was given")
         if self.base_trained is None:
             self.base_trained = trained
         hacking = False
         if self.enabled:
-            self.guard_best = guard if self.guard_best is None else max(self.guard_best, guard)
-            fell = guard < self.guard_best - self.drop
+            if self.guard_best is None or guard > self.guard_best:
+                self.guard_best, self.guard_best_se = guard, guard_se
+            self.threshold = self.fall_threshold(guard_se)
+            fell = guard < self.guard_best - self.threshold
             hacking = fell and trained > self.base_trained
         self.streak = self.streak + 1 if hacking else 0
         fired = hacking and self.streak >= self.patience
@@ -82,7 +109,7 @@ class RewardHackingGuard:
                 output_dir: str | os.PathLike = "OUTPUT_DIR") -> str:
         return (f"[guard] reward hacking suspected at iteration {iteration}: the trained reward on the held-out "
                 f"prompts rose to {trained:.4g} (base {self.base_trained:.4g}) while {guard_name} fell to "
-                f"{guard:.4g}, more than {self.drop:g} below its best {self.guard_best:.4g}, for {self.streak} "
+                f"{guard:.4g}, more than {self.threshold:.3g} below its best {self.guard_best:.4g}, for {self.streak} "
                 f"evaluations in a row. " + (f"Best checkpoint so far: iteration {self.best_iteration} "
                                              f"({Path(output_dir) / BEST_DIR})."
                                             if self.best_iteration is not None else "No best checkpoint yet."))
