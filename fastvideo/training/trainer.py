@@ -18,6 +18,7 @@ import torch
 from fastvideo import devices
 from fastvideo.algorithms.base import ObjectiveContext, RewardResult
 from fastvideo.algorithms.registry import resolve_objective
+from fastvideo.distributed import comm_count
 from fastvideo.distributed.parallel import ParallelDims
 from fastvideo.errors import UserError
 from fastvideo.sampling.plan import SamplingPlan
@@ -87,6 +88,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
+        comm_count.install()  # collectives counted per phase into metrics.jsonl (cheap: stays on)
         make_objective = resolve_objective(self.cfg.algorithm)  # an unknown --algorithm fails before any model loads
         self.parts = build_parts(self.cfg, self.info, self.dims, self.family, self.timer, self.autocast_dtype)
         self.objective = make_objective(ObjectiveContext(
@@ -214,6 +216,7 @@ class Trainer:
     def run_iteration(self) -> dict:
         iteration = self.iteration + 1
         self.timer.reset()
+        comm_count.reset()
         devices.reset_peak_memory(self.device)
         t0 = time.perf_counter()
         traj, rewards = self._sample_and_score(iteration, self.sampler.next_batch())
@@ -261,6 +264,7 @@ class Trainer:
             record["sde_window_start"] = traj.plan.window_start
         record["lr"] = self.lr_scheduler.get_last_lr()[0]
         record["samples_per_s"] = record.pop("_samples") / max(seconds, 1e-9)
+        record.update(comm_count.metrics())  # this rank's collectives (the reductions above included)
         self.metrics.write(record)
         return record
 
