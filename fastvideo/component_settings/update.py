@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from fastvideo.errors import ConfigError
 from fastvideo.settings import Settings, at_least_one, flag_group
 
 _FLAGS = ("train_micro_batch_size", "gradient_accumulation_steps")
 ALL = 0  # --update_timesteps_per_forward all: every trained timestep of a micro-batch in one forward
 
 
-def timesteps_value(text: str) -> int:
+def timesteps_value(text) -> int:
     """--update_timesteps_per_forward: a positive integer K, or "all" (stored as ALL, 0)."""
     if str(text).strip().lower() == "all":
         return ALL
@@ -22,7 +23,8 @@ def timesteps_value(text: str) -> int:
     except ValueError:
         k = -1
     if k < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a positive number of timesteps nor 'all'")
+        raise ConfigError(f"--update_timesteps_per_forward {text!r} is neither a positive number of timesteps nor "
+                          "'all'; give e.g. 4 or all")
     return k
 
 
@@ -45,7 +47,7 @@ class UpdateSettings(Settings):
         g = flag_group(parser, "optimisation")
         g.add_argument("--train_micro_batch_size", type=int, default=1, help="samples per micro-batch in the update")
         g.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
-        g.add_argument("--update_timesteps_per_forward", type=timesteps_value, default=1, metavar="K|all",
+        g.add_argument("--update_timesteps_per_forward", type=str, default="1", metavar="K|all",
                        help="batched timestep replay: one forward + backward covers K trained timesteps of a "
                             "micro-batch's samples, stacked along the batch (the same loss; FSDP gathers the "
                             "weights and reduce-scatters the gradients once per K timesteps instead of each); "
@@ -56,7 +58,7 @@ class UpdateSettings(Settings):
         at_least_one(args, *_FLAGS)
         return cls(train_micro_batch_size=args.train_micro_batch_size,
                    gradient_accumulation_steps=args.gradient_accumulation_steps,
-                   timesteps_per_forward=args.update_timesteps_per_forward).checked()
+                   timesteps_per_forward=timesteps_value(args.update_timesteps_per_forward)).checked()
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
@@ -65,5 +67,5 @@ class UpdateSettings(Settings):
             section = section.get("grpo", {})
         flags = {k: section[k] for k in _FLAGS if k in section}
         k = section.get("timesteps_per_forward", 1)
-        flags["update_timesteps_per_forward"] = "all" if k == ALL else k
+        flags["update_timesteps_per_forward"] = "all" if k == ALL else str(k)
         return flags
