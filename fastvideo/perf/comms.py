@@ -20,7 +20,7 @@ adapters are gathered.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,26 @@ def gather_dtype_table(s: CommShape) -> list[str]:
         t = fsdp_traffic(CommShape(**{**s.__dict__, "gather_bytes": nbytes}))
         lines.append(f"{name:<14}{t['rollout_gather'] / gb:>10.1f}{t['update_gather'] / gb:>10.1f}"
                      f"{t['reduce_scatter'] / gb:>10.1f}{t['total'] / gb:>10.1f}")
+    return lines
+
+
+def today(s: CommShape) -> CommShape:
+    """``s`` with the defaults: fp32 gathers, the rollout gathering per forward, one timestep per forward."""
+    return replace(s, gather_bytes=4, rollout_gathered=False, timesteps_per_forward=1)
+
+
+def comparison_table(s: CommShape) -> list[str]:
+    """Lines: GB per rank per iteration with the defaults and with ``s``'s options, and the ratio."""
+    gb, rows = 1e9, [("default", fsdp_traffic(today(s))), ("these options", fsdp_traffic(s))]
+    lines = [f"FSDP traffic per rank per iteration, the defaults vs these options ({s.gather_bytes * 8}-bit gathers, "
+             f"rollout {'gathered once' if s.rollout_gathered else 'gathered per forward'}, "
+             f"{s.timesteps_per_forward} timestep(s) per update forward): GB received",
+             f"{'':<14}{'rollout':>10}{'update':>10}{'reduce':>10}{'total':>10}"]
+    for name, t in rows:
+        lines.append(f"{name:<14}{t['rollout_gather'] / gb:>10.1f}{t['update_gather'] / gb:>10.1f}"
+                     f"{t['reduce_scatter'] / gb:>10.1f}{t['total'] / gb:>10.1f}")
+    if rows[1][1]["total"] > 0:
+        lines.append(f"the defaults move {rows[0][1]['total'] / rows[1][1]['total']:.1f}x these options' bytes")
     return lines
 
 

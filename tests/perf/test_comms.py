@@ -77,3 +77,24 @@ def test_root_unit_gathered_rollout_and_batched_replay_by_hand():
     assert lean["rollout"]["all_gather"] == (3, 1000 * 4)
     assert lean["update"]["all_gather"] == (2 * 2 * 2 + 2, (4 * 800 + 2 * 200) * 4)
     assert lean["update"]["reduce_scatter"] == (2 * 3, 2 * 1000 * 4)
+
+
+def test_cost_model_reference_size_lean_options_move_a_tenth(capsys):
+    """The reference run (FLUX.1-dev, 720 px, 16 steps, G 12, 16 ranks, T 9, micro-batch 1): bf16
+    gathers, the rollout gathered once and all 9 timesteps per update forward move >= 10x fewer bytes
+    per rank than the defaults, and the memory model's verdict fits a 64 GB die."""
+    import json
+
+    from fastvideo.tools.cost_model import main
+
+    main(["--memory", "--json", "--device_memory_gb", "64", "--fsdp_param_dtype", "bf16", "--rollout_weights",
+          "gathered", "--update_timesteps_per_forward", "all", "--device", "cpu"])
+    out = json.loads(capsys.readouterr().out)
+    chosen, default = out["fsdp_traffic_chosen_bytes"], out["fsdp_traffic_default_bytes"]
+    assert default["total"] >= 10 * chosen["total"]
+    # the issue's hand figures: 192 rollout gathers of 47.6 GB (fp32) x 15/16 by default, less the root
+    # unit's 191 reuses (its ~0.5% of FLUX.1-dev); one bf16 gather
+    assert default["rollout_gather"] == pytest.approx(192 * out["params"] * 4 * 15 / 16, rel=1e-2)
+    assert default["rollout_gather"] < 192 * out["params"] * 4 * 15 / 16
+    assert chosen["rollout_gather"] == pytest.approx(out["params"] * 2 * 15 / 16)
+    assert out["verdict"].startswith("fits in 64 GB")
