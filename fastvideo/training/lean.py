@@ -28,8 +28,9 @@ class LeanChoice:
     notes: list[str] = field(default_factory=list)
 
 
-def memory_shape(cfg, world_size: int, device):
-    """The perf.memory.MemoryShape of the run (the cost model's --memory flags, from the config)."""
+def memory_shape(cfg, world_size: int, device, text_tokens: int = 512):
+    """The perf.memory.MemoryShape of the run (the cost model's --memory flags, from the config);
+    text_tokens: the prompt embeddings' length (FLUX's T5 default)."""
     import torch
 
     from fastvideo.perf.memory import MemoryShape
@@ -38,14 +39,16 @@ def memory_shape(cfg, world_size: int, device):
     trained = cfg.objective_settings().trained_steps_per_sample(cfg)
     master = 4 if m.master_weight_type == "fp32" else 2
     return MemoryShape(
-        height=cfg.rollout.height, width=cfg.rollout.width, text_tokens=512, sampling_steps=cfg.rollout.sampling_steps,
+        height=cfg.rollout.height, width=cfg.rollout.width, text_tokens=text_tokens,
+        sampling_steps=cfg.rollout.sampling_steps,
         samples_per_rank=cfg.prompts_per_rank * cfg.rollout.num_generations,
         rollout_batch=cfg.rollout.rollout_batch_size, micro_batch=cfg.update.train_micro_batch_size,
         world_size=world_size, strategy=cfg.fsdp_strategy, master_bytes=master,
         compute_dtype=torch.bfloat16 if m.mixed_precision == "bf16" else torch.float32,
         checkpoint_fraction=m.selective_checkpointing if m.gradient_checkpointing else 0.0,
         use_ema=cfg.optim.use_ema, grads_held=trained > 1 or cfg.update.gradient_accumulation_steps > 1,
-        cpu_offload=cfg.cpu_offload, vae_bytes=4 if m.vae_precision == "fp32" else 2, rewards=(),
+        cpu_offload=cfg.cpu_offload, vae_bytes=4 if m.vae_precision == "fp32" else 2,
+        rewards=tuple(r.name for r in cfg.reward.spec if r.kind == "local"),  # remote ones hold no weights here
         lora_rank=lora.rank if lora.enabled else 0, kl_reference=cfg.grpo.kl_coef > 0,
         old_policy=cfg.algorithm == "nft", gather_bytes=2 if cfg.fsdp_param_dtype == "bf16" else 4)
 
@@ -66,6 +69,11 @@ def choose(cfg, world_size: int, device, family, transformer_config: dict, vae_c
     if total is None:  # the CPU (or an unreadable device): nothing to check against
         notes = ["--rollout_weights auto: gathered (no device memory to check on this device)"] if mode == "auto" else []
         return LeanChoice(mode != "sharded", k, notes)
+    from fastvideo.models.base import FamilyCostModel
+
+    if not isinstance(family, FamilyCostModel):  # a plugin family without a memory model: nothing to check with
+        return LeanChoice(mode == "gathered", k, [f"--rollout_weights {mode} / --update_timesteps_per_forward {k}: "
+                                                  "not checked (the model family has no cost model); auto: sharded"])
     limit, notes = HEADROOM * total, []
     shape = replace(memory_shape(cfg, world_size, device), timesteps_per_forward=k)
     gathered = mode == "gathered"

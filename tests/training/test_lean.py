@@ -78,3 +78,10 @@ def test_all_is_reduced_and_an_explicit_k_refused_where_it_does_not_fit(setup, m
     cfg4, *_ = setup(update_timesteps_per_forward="7")
     with pytest.raises(ConfigError, match="--update_timesteps_per_forward 7: the memory model's peak"):
         lean.choose(cfg4, 2, CPU, fam, tcfg, vcfg)
+
+
+def test_a_family_without_a_cost_model_is_not_checked_and_said(setup, monkeypatch):
+    cfg, tcfg, vcfg = setup(rollout_weights="auto", update_timesteps_per_forward="all")
+    _device_of(monkeypatch, 1.0)  # a device of 1 byte: any check would refuse
+    c = lean.choose(cfg, 2, CPU, object(), tcfg, vcfg)
+    assert not c.gathered and c.timesteps == 7 and "not checked" in c.notes[0]
