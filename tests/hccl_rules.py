@@ -110,6 +110,10 @@ RULES = {
     "broadcast": ("broadcast", False, False),
     "scatter": ("scatter", False, False),
     "all_to_all_single": ("alltoall_base", False, False),
+    # torch >= 2.10: what FSDP1 calls directly (the gradient reduce-scatter; the parameter gather on
+    # an accelerator), and what all_gather_into_tensor / reduce_scatter_tensor now call inside.
+    "all_gather_single": ("_allgather_base", False, True),
+    "reduce_scatter_single": ("_reduce_scatter_base", True, True),
 }
 # Object collectives and barrier are checked through the tensor collectives they issue; wrapping
 # them too records that they ran.
@@ -150,9 +154,10 @@ _ORIGINALS: dict = {}  # name -> the collective install() wrapped (uninstall() p
 
 def install() -> None:
     """Wrap the collectives in torch.distributed and distributed_c10d (idempotent)."""
-    for name in (*RULES, *PASS_THROUGH, "gather"):
+    present = [name for name in (*RULES, *PASS_THROUGH) if hasattr(c10d, name)]  # *_single: torch >= 2.10
+    for name in (*present, "gather"):
         _ORIGINALS.setdefault(name, getattr(c10d, name))
-    for name in (*RULES, *PASS_THROUGH):
+    for name in present:
         original = getattr(c10d, name)
         if getattr(original, "__hccl_rules__", False):
             continue

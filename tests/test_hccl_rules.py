@@ -73,6 +73,31 @@ def test_tensor_collectives_refuse_world_size_3():
         run_distributed(_gather_into_tensor, world_size=3)
 
 
+def _single_collectives(info, dtype, world_check):
+    import torch.distributed as dist
+
+    w = info.world_size
+    if world_check:  # all_gather_single: the world-size rule (gloo itself would accept 3 ranks)
+        out = torch.empty(w, dtype=dtype)
+        dist.all_gather_single(out, torch.tensor([float(info.rank)], dtype=dtype))
+        return out.float()
+    out = torch.empty(2, dtype=dtype)
+    dist.reduce_scatter_single(out, torch.ones(2 * w, dtype=dtype))  # FSDP's gradient reduce-scatter
+    return out.float()
+
+
+@pytest.mark.skipif(not hasattr(torch.distributed, "reduce_scatter_single"), reason="torch < 2.10")
+def test_single_collectives_fsdp_calls_are_checked():
+    """FSDP1 (torch >= 2.10) calls reduce_scatter_single / all_gather_single directly: the dtype and
+    world-size rules apply to them as to the *_tensor names."""
+    assert run_distributed(_single_collectives, torch.float32, False)[0].tolist() == [2.0, 2.0]
+    with pytest.raises(AssertionError, match="HCCL _reduce_scatter_base: Unsupported data type at::kDouble"):
+        run_distributed(_single_collectives, torch.float64, False)
+    assert run_distributed(_single_collectives, torch.float32, True)[1].tolist() == [0.0, 1.0]
+    with pytest.raises(AssertionError, match="_allgather_base: world size 3 is not supported"):
+        run_distributed(_single_collectives, torch.float32, True, world_size=3)
+
+
 @pytest.mark.parametrize("dtype,name,reduces,ok", [
     (torch.float32, "allreduce", True, True), (torch.bfloat16, "allreduce", True, True),
     (torch.int64, "allreduce", True, True), (torch.float64, "allreduce", True, False),

@@ -38,11 +38,32 @@ class Term:
     """One forward/backward unit of an update: the micro-batch's sample rows and, for objectives
     that train on stored transitions, the transition each row trains on.
 
-    rows [b] int64 (CPU), rows of the Trajectory; steps [b] int64 (CPU) or None."""
+    rows [b] int64 (CPU), rows of the Trajectory; steps [b] int64 (CPU) or None. A term of
+    ``timesteps`` k > 1 is k of them stacked along the batch (stack_timesteps: rows and steps
+    concatenated, b = k x the micro-batch's samples), one forward and backward for all; an
+    objective's loss, a sum over rows scaled by rows.numel(), is the same sum."""
 
     micro_batch: int
     rows: torch.Tensor
     steps: torch.Tensor | None = None
+    timesteps: int = 1
+
+
+def stack_timesteps(micro_batches: list[list[Term]], k: int) -> list[list[Term]]:
+    """Batched timestep replay (--update_timesteps_per_forward): each micro-batch's terms, k at a
+    time, as one Term with their rows and steps concatenated ([t0's rows, t1's rows, ...]); the
+    last group of a micro-batch may be shorter. k <= 1, or terms without steps: unchanged."""
+    if k <= 1:
+        return micro_batches
+    out = []
+    for terms in micro_batches:
+        if any(t.steps is None for t in terms):
+            out.append(terms)
+            continue
+        groups = [terms[i:i + k] for i in range(0, len(terms), k)]
+        out.append([Term(g[0].micro_batch, torch.cat([t.rows for t in g]), torch.cat([t.steps for t in g]),
+                         sum(t.timesteps for t in g)) for g in groups])
+    return out
 
 
 @dataclass
@@ -70,17 +91,21 @@ class StatsAccumulator:
         self.device = device
         self.sums: dict[str, torch.Tensor] = {}
         self.first_max: dict[str, torch.Tensor] = {}
-        self.terms = 0
+        self.terms = 0  # (micro-batch, timestep) terms: a stacked Term counts its timesteps
+        self.forwards = 0  # loss calls: one forward + backward each
 
     def add(self, term: Term, sums: dict[str, torch.Tensor], first_max: dict[str, torch.Tensor] | None = None):
+        """``sums``: the term's means over its rows; a stacked term's weigh its k timesteps (the
+        per-timestep means of equal-sized parts average to the whole's mean)."""
         for k, v in sums.items():
             if k not in self.sums:
                 self.sums[k] = torch.zeros((), device=self.device)
-            self.sums[k] += v
+            self.sums[k] += v if term.timesteps == 1 else v * term.timesteps
         if term.micro_batch == 0:
             for k, v in (first_max or {}).items():
                 self.first_max[k] = torch.maximum(self.first_max.get(k, torch.zeros((), device=self.device)), v)
-        self.terms += 1
+        self.terms += term.timesteps
+        self.forwards += 1
 
     def mean(self, key: str) -> float:
         return float(self.sums.get(key, torch.zeros(())) / max(1, self.terms))

@@ -48,6 +48,7 @@ extra call in the training loop (a forgotten manual sync would silently train di
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
@@ -314,6 +315,41 @@ def free_unsharded_params(model: nn.Module) -> None:
             continue
         if handle.uses_sharded_strategy and not handle.needs_unshard():
             _reshard(module, handle, True)
+
+
+@contextlib.contextmanager
+def gathered_forwards(model: nn.Module, enabled: bool = True):
+    """No-grad forwards inside keep each FSDP unit's parameters gathered after their first gather
+    (--rollout_weights gathered): a rollout of N steps gathers the model once instead of N times;
+    on leaving, every gathered unit is freed. The same gathered values (FSDP's own gather, in its
+    gather dtype) as gathering per forward, so the same numbers.
+
+    How, in FSDP1 (the wrapping this repository uses; FSDP2 would call module.unshard() before
+    and reshard() after): for the pass, each full-shard unit's handle is given the
+    strategy that does not free after a forward (FULL_SHARD -> SHARD_GRAD_OP, HYBRID_SHARD ->
+    _HYBRID_SHARD_ZERO2, the mapping FSDP itself uses for zero2); a forward on a gathered unit
+    finds nothing to gather. Only for forwards without backward: a backward would reduce-scatter
+    as usual but the unit would stay gathered until the exit. No-op for DDP / plain modules, zero2
+    and enabled=False."""
+    if not enabled or not is_fsdp(model):
+        yield
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp._flat_param import HandleShardingStrategy as H
+
+    keep = {H.FULL_SHARD: H.SHARD_GRAD_OP, H.HYBRID_SHARD: H._HYBRID_SHARD_ZERO2}
+    changed = []
+    for module in FSDP.fsdp_modules(model):
+        handle = getattr(module, "_handle", None)
+        if handle is not None and handle._sharding_strategy in keep:
+            changed.append((handle, handle._sharding_strategy))
+            handle._sharding_strategy = keep[handle._sharding_strategy]
+    try:
+        yield
+    finally:
+        for handle, strategy in changed:
+            handle._sharding_strategy = strategy
+        free_unsharded_params(model)
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:

@@ -14,6 +14,7 @@ from fastvideo.settings import Settings, flag_group
 
 # hybrid_full is upstream DanceGRPO's name of hybrid (FSDP HYBRID_SHARD)
 STRATEGY_CHOICES = ("full", "zero2", "hybrid", "hybrid_full", "hybrid_zero2", "none")
+ROLLOUT_WEIGHTS = ("sharded", "gathered", "auto")
 
 
 @dataclass
@@ -22,6 +23,7 @@ class ParallelSettings(Settings):
     cpu_offload: bool
     fsdp_param_dtype: str = "fp32"  # fp32 | bf16: the dtype FSDP all-gathers (and computes) parameters in
     fsdp_forward_prefetch: bool = False
+    rollout_weights: str = "sharded"  # sharded | gathered | auto: fsdp.gathered_forwards around no-grad passes
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -41,20 +43,36 @@ class ParallelSettings(Settings):
         g.add_argument("--fsdp_forward_prefetch", action="store_true",
                        help="FSDP issues the next block's all-gather before the current block's forward "
                             "(overlap in rollouts, which run forward only)")
+        g.add_argument("--rollout_weights", type=str, default="sharded", choices=list(ROLLOUT_WEIGHTS),
+                       help="the trained model's weights during no-grad passes over many steps (the rollout, "
+                            "NFT's old-policy rollout, evaluation, a frozen KL reference in the update): sharded "
+                            "(FSDP gathers every block at every step), gathered (each unit gathered once, in the "
+                            "gather dtype, kept for the whole pass, then freed: the whole model on each device; "
+                            "the same numbers), auto (gathered where the memory model says it fits, said at "
+                            "start-up)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ParallelSettings":
         if args.sp_size != 1:
             raise ConfigError(f"--sp_size {args.sp_size}: sequence parallelism is not supported; use --sp_size 1")
         strategy = "hybrid" if args.fsdp_sharding_strategy == "hybrid_full" else args.fsdp_sharding_strategy
-        return cls(strategy, args.use_cpu_offload, args.fsdp_param_dtype, args.fsdp_forward_prefetch).checked()
+        return cls(strategy, args.use_cpu_offload, args.fsdp_param_dtype, args.fsdp_forward_prefetch,
+                   args.rollout_weights).checked()
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
         """section: the whole resolved config (TrainConfig keeps these at its top level)."""
         return {"fsdp_sharding_strategy": section["fsdp_strategy"], "use_cpu_offload": section["cpu_offload"],
                 "fsdp_param_dtype": section.get("fsdp_param_dtype", "fp32"),
-                "fsdp_forward_prefetch": section.get("fsdp_forward_prefetch", False)}
+                "fsdp_forward_prefetch": section.get("fsdp_forward_prefetch", False),
+                "rollout_weights": section.get("rollout_weights", "sharded")}
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        if args.rollout_weights == "gathered" and args.fsdp_sharding_strategy in ("none", "zero2", "hybrid_zero2"):
+            return [f"--rollout_weights gathered has no effect with --fsdp_sharding_strategy "
+                    f"{args.fsdp_sharding_strategy}: its weights are already whole (DDP) or kept gathered (zero2)"]
+        return []
 
     def check(self) -> None:
         if self.cpu_offload and self.fsdp_strategy == "none":

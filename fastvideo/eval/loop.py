@@ -7,6 +7,8 @@ eval_grid.png (one row per evaluation), eval_curve.png, and best/ (see training/
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 
 from fastvideo import devices
@@ -143,9 +145,11 @@ class TrainingEvaluation(TrainerHook):
     # ------------------------------------------------------------------ one evaluation
     def run(self, trainer) -> bool:
         trainer.model.eval()
-        result = evaluate(trainer.model, trainer.vae, self.prompts, self.rewards, trainer.randomness, self.sample,
-                          trainer.device, trainer.autocast_dtype, self.s.grid_prompts, progress=True,
-                          family=self.family, dims=trainer.dims)
+        gathered = getattr(trainer, "nograd_weights", contextlib.nullcontext)  # --rollout_weights gathered
+        with gathered():
+            result = evaluate(trainer.model, trainer.vae, self.prompts, self.rewards, trainer.randomness, self.sample,
+                              trainer.device, trainer.autocast_dtype, self.s.grid_prompts, progress=True,
+                              family=self.family, dims=trainer.dims)
         it = trainer.iteration
         trained = sum(w * result.scores[n].mean().item() for n, w in self.s.trained)
         guard_name = self.s.guard.reward if self.s.guard else None

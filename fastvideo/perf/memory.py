@@ -75,6 +75,9 @@ class MemoryShape:
     kl_reference: bool = False  # --kl_coef > 0: a frozen copy under full fine-tuning (LoRA: the base itself)
     old_policy: bool = False  # --algorithm nft: a float32 copy of the trainable shards
     keeps_latents: bool = True  # the rollout keeps every step's latents (False: NFT, x0 alone)
+    gather_bytes: int = 4  # --fsdp_param_dtype: the dtype FSDP gathers parameters in
+    rollout_gathered: bool = False  # --rollout_weights gathered: the whole model gathered through the rollout
+    timesteps_per_forward: int = 1  # --update_timesteps_per_forward: a micro-batch's forward is this many x larger
 
     @property
     def shards(self) -> int:
@@ -99,6 +102,7 @@ class ModelProfile:
     adapter_params: int = 0  # LoRA: trainable adapter parameters (0: full fine-tuning)
     largest_block_adapter_params: int = 0
     root_adapter_params: int = 0  # adapters outside the blocks
+    units: int = 0  # FSDP units: the root and one per block
 
 
 @dataclass
@@ -253,12 +257,14 @@ def profile_model(config: dict, vae_config: dict, shape: MemoryShape, family=Non
     adapters = adapter_params(model, shape.lora_rank, shape.lora_targets) if lora else 0
     return ModelProfile(
         params=params, largest_block_params=max(block_params), root_params=params - sum(block_params),
-        update_activations=transformer_activation_peak(config, shape.micro_batch, layout, shape.text_tokens, act,
-                                                       True, shape.checkpoint_fraction, family, lora),
+        update_activations=transformer_activation_peak(config, shape.micro_batch * shape.timesteps_per_forward,
+                                                       layout, shape.text_tokens, act, True,
+                                                       shape.checkpoint_fraction, family, lora),
         rollout_activations=transformer_activation_peak(config, shape.rollout_batch, layout, shape.text_tokens,
                                                         act, False, family=family),
         vae_params=vae_params, vae_decode=vae_peak, adapter_params=adapters,
         largest_block_adapter_params=max(block_adapters), root_adapter_params=adapters - sum(block_adapters),
+        units=len(blocks) + 1,
     )
 
 
@@ -297,6 +303,19 @@ def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
         out["fsdp_unsharded"] = gathered * m
         out["fsdp_unsharded_grads"] = prof.largest_block_params * m
     return out
+
+
+def rollout_gathered_copy(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
+    """--rollout_weights gathered: the rollout holds every unit gathered (at the gather dtype) in
+    place of the units in flight: {"fsdp_unsharded": bytes}, or {} when it changes nothing (one
+    shard, DDP, zero2, which already keeps them)."""
+    if not s.rollout_gathered or s.strategy in ("none", "zero2") or s.shards <= 1:
+        return {}
+    lora = s.lora_rank > 0
+    gathered = (prof.adapter_params if lora else prof.params) * s.gather_bytes
+    if lora and not s.lora_replicate_base:
+        gathered += prof.params * s.lora_base_bytes
+    return {"fsdp_unsharded": gathered}
 
 
 def checkpoint_host_peak(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
@@ -375,7 +394,7 @@ def estimate(config: dict, vae_config: dict, s: MemoryShape, prof: ModelProfile 
         # A weight copy sampled with (NFT's old policy) is swapped in: the trained shards wait in a backup
         # (training.ema.EMA.swapped_in). In the update it is swapped in only for the no-grad v_old forwards.
         "rollout": {**held, **common, "activations": prof.rollout_activations,
-                    "swap_backup": static["parameters"] if s.old_policy else 0},
+                    "swap_backup": static["parameters"] if s.old_policy else 0, **rollout_gathered_copy(prof, s)},
         "vae_decode": {**held, **common, "activations": prof.vae_decode},
         "update": {**static, **common, "activations": prof.update_activations},
     }

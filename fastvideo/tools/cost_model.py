@@ -192,6 +192,11 @@ def _memory_flags(g) -> None:
     g.add_argument("--hccl_buffsize_mb", type=int, default=None,
                    help="HCCL_BUFFSIZE (default: the environment's, else scripts/npu_env.sh's 800)")
     g.add_argument("--device_memory_gb", type=float, default=None, help="memory per device, for the verdict")
+    g.add_argument("--fsdp_param_dtype", default="fp32", choices=["fp32", "bf16"], help="the dtype FSDP gathers in")
+    g.add_argument("--rollout_weights", default="sharded", choices=["sharded", "gathered"],
+                   help="gathered: the whole model gathered once per rollout (the trainer's flag; auto: its choice)")
+    g.add_argument("--update_timesteps_per_forward", default="1", metavar="K|all",
+                   help="trained timesteps stacked in one update forward (the trainer's flag)")
     g.add_argument("--use_lora", action="store_true", help="train LoRA adapters on a frozen base (--memory only)")
     g.add_argument("--lora_rank", type=int, default=128)
     g.add_argument("--lora_target_modules", default="to_k,to_q,to_v,to_out.0")
@@ -221,10 +226,19 @@ def memory_shape(args):
         grads_held=args.trained_steps > 1 or args.gradient_accumulation_steps > 1,
         cpu_offload=args.use_cpu_offload and args.device != devices.CPU,
         vae_bytes=4 if vae_fp32 else 2, rewards=tuple(r.split(":")[0] for r in args.rewards.split(",") if r),
-        communicators=comms,
+        communicators=comms, gather_bytes=2 if args.fsdp_param_dtype == "bf16" else 4,
+        rollout_gathered=args.rollout_weights == "gathered", timesteps_per_forward=_timesteps(args),
         hccl_buffsize_mb=args.hccl_buffsize_mb or int(os.environ.get("HCCL_BUFFSIZE", 800)),
         **_lora_and_copies(args),
     )
+
+
+def _timesteps(args) -> int:
+    """--update_timesteps_per_forward resolved against the trained steps (all -> T)."""
+    from fastvideo.component_settings.update import ALL, timesteps_value
+
+    k = timesteps_value(args.update_timesteps_per_forward)
+    return args.trained_steps if k == ALL else min(k, args.trained_steps)
 
 
 def _lora_and_copies(args) -> dict:
@@ -258,7 +272,9 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
                            "params": prof.params, "adapter_params": prof.adapter_params,
                            "verdict": est.verdict(args.device_memory_gb),
                            "checkpoint_host_peak_bytes": checkpoint_host_peak(prof, shape),
-                           "fsdp_traffic_bytes": comms.traffic_by_gather_dtype(traffic)}, indent=2)
+                           "fsdp_traffic_bytes": comms.traffic_by_gather_dtype(traffic),
+                           "fsdp_traffic_chosen_bytes": comms.fsdp_traffic(traffic),
+                           "fsdp_traffic_default_bytes": comms.fsdp_traffic(comms.today(traffic))}, indent=2)
     lines = [f"model {desc}: {args.h}x{args.w}, {shape.samples_per_rank} samples per rank, {args.world_size} ranks, "
              f"{shape.strategy} sharding ({shape.shards} shards), checkpointing {shape.checkpoint_fraction:g}, "
              f"micro-batch {shape.micro_batch}, rollout batch {shape.rollout_batch}", *_copies_line(args, shape, prof),
@@ -272,7 +288,7 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
     host = checkpoint_host_peak(prof, shape)
     lines.append(f"checkpoint save, rank-0 host memory peak: {host['gathered'] / GB:.2f} GB gathered (default), "
                  f"{host['sharded'] / GB:.2f} GB with --checkpoint_format sharded")
-    lines += ["", *comms.gather_dtype_table(traffic)]
+    lines += ["", *comms.gather_dtype_table(traffic), "", *comms.comparison_table(traffic)]
     return "\n".join(lines)
 def _copies_line(args, shape, prof) -> list[str]:
     """What LoRA and the KL reference change, in one line (none for a plain full fine-tune)."""

@@ -10,12 +10,14 @@ from pathlib import Path
 import torch
 
 from fastvideo import devices
+from fastvideo.distributed import comm_count
 from fastvideo.grpo.advantages import zero_std_ratio
 from fastvideo.utils import atomic_write_text, read_jsonl
 
 
 class PhaseTimer:
-    """Wall-clock seconds per named phase. Synchronises the device at phase edges only."""
+    """Wall-clock seconds per named phase. Synchronises the device at phase edges only. The
+    collectives inside a phase are counted under its name (fastvideo.distributed.comm_count)."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -26,7 +28,8 @@ class PhaseTimer:
         devices.synchronize(self.device)
         start = time.perf_counter()
         try:
-            yield
+            with comm_count.phase(name):
+                yield
         finally:
             devices.synchronize(self.device)
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start

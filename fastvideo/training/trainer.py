@@ -8,6 +8,7 @@ registers (fastvideo.training.hooks).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,11 +18,12 @@ import torch
 from fastvideo import devices
 from fastvideo.algorithms.base import ObjectiveContext, RewardResult
 from fastvideo.algorithms.registry import resolve_objective
+from fastvideo.distributed import comm_count
 from fastvideo.distributed.parallel import ParallelDims
 from fastvideo.errors import UserError
 from fastvideo.sampling.plan import SamplingPlan
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
-from fastvideo.training import builders
+from fastvideo.training import builders, lean
 from fastvideo.training.ema import WeightCopy
 from fastvideo.training.hooks import IterationResult, TrainerHook
 from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars, reward_metrics
@@ -86,6 +88,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
+        comm_count.install()  # collectives counted per phase into metrics.jsonl (cheap: stays on)
         make_objective = resolve_objective(self.cfg.algorithm)  # an unknown --algorithm fails before any model loads
         self.parts = build_parts(self.cfg, self.info, self.dims, self.family, self.timer, self.autocast_dtype)
         self.objective = make_objective(ObjectiveContext(
@@ -93,12 +96,17 @@ class Trainer:
             update=self.cfg.update, reward=self.reward, randomness=self.randomness,
             copy_weights=lambda: WeightCopy(self.model)))
         self.policy = Policy(self.model, self.family, self.device, self.autocast_dtype, self.kl_reference)
+        self.lean = lean.choose(self.cfg, self.info.world_size, self.device, self.family, self.transformer_config,
+                                dict(self.vae.config))
         self.updater = Updater(self.model, self.optimizer, self.lr_scheduler, self.cfg.optim,
-                               self.cfg.update.gradient_accumulation_steps, self.dims, self.device, self.state)
+                               self.cfg.update.gradient_accumulation_steps, self.dims, self.device, self.state,
+                               self.lean.timesteps)
         self.checkpointer = builders.build_checkpointer(self.cfg)
         self._maybe_resume()
         if self.info.is_main:
             log_config(self.cfg, self.info, self.device)
+            for note in self.lean.notes:
+                main_print(f"[lean] {note}")
 
     def stateful_parts(self) -> dict:
         """The small stateful parts a checkpoint keeps by name (the model, optimizer, LR schedule
@@ -163,14 +171,31 @@ class Trainer:
         return self.objective.advantages(rewards)
 
     def update(self, traj: Trajectory, advantages: torch.Tensor, iteration: int) -> UpdateStats:
-        return self.updater.run(self.objective, self.policy, traj, advantages, iteration)
+        reference = self.reference_model()  # a frozen KL reference: gathered once per update
+        with self.nograd_weights(reference) if reference is not None else contextlib.nullcontext():
+            return self.updater.run(self.objective, self.policy, traj, advantages, iteration)
+
+    def nograd_weights(self, model=None) -> contextlib.AbstractContextManager:
+        """Around no-grad passes over many steps (the rollout, evaluation): the weights of ``model``
+        (default: the trained one) gathered once for all of them under --rollout_weights gathered."""
+        from fastvideo.distributed.fsdp import gathered_forwards
+
+        model = self.model if model is None else model
+        lean_choice = getattr(self, "lean", None)
+        return gathered_forwards(model, enabled=model is not None and lean_choice is not None and lean_choice.gathered)
+
+    def reference_model(self):
+        """The KL reference's own wrapped copy (full fine-tuning), or None (none, or LoRA's adapters off)."""
+        from fastvideo.training.kl_reference import FrozenCopyReference
+
+        return self.kl_reference.model if isinstance(self.kl_reference, FrozenCopyReference) else None
 
     def sampling_plan(self, iteration: int) -> SamplingPlan:
         """This iteration's schedule (SDE / ODE / DPM-Solver++ steps, trainable steps): the objective's."""
         return self.objective.sampling_plan(iteration, self.cfg.rollout.sampling_steps, self.cfg.rollout.shift)
 
     def _rollout(self, iteration: int, cond, captions, indices, plan, on_chunk=None):
-        with self.objective.rollout_weights():  # NFT samples with its old policy
+        with self.objective.rollout_weights(), self.nograd_weights():  # NFT samples with its old policy
             return rollout(self.family, self.model, self.vae, cond, captions, indices, self.rollout_cfg,
                            self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
                            on_chunk=on_chunk, plan=plan, keep_latents=self.objective.needs_trajectory)
@@ -213,6 +238,7 @@ class Trainer:
     def run_iteration(self) -> dict:
         iteration = self.iteration + 1
         self.timer.reset()
+        comm_count.reset()
         devices.reset_peak_memory(self.device)
         t0 = time.perf_counter()
         traj, rewards = self._sample_and_score(iteration, self.sampler.next_batch())
@@ -260,6 +286,7 @@ class Trainer:
             record["sde_window_start"] = traj.plan.window_start
         record["lr"] = self.lr_scheduler.get_last_lr()[0]
         record["samples_per_s"] = record.pop("_samples") / max(seconds, 1e-9)
+        record.update(comm_count.metrics())  # this rank's collectives (the reductions above included)
         self.metrics.write(record)
         return record
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fastvideo.algorithms.base import Objective, StatsAccumulator
+from fastvideo.algorithms.base import Objective, StatsAccumulator, stack_timesteps
 from fastvideo.errors import UserError
 from fastvideo.utils import main_print
 
@@ -54,8 +54,11 @@ class TrainerState:
 
 
 class Updater:
+    """timesteps_per_forward: the objective's terms of a micro-batch stacked k at a time into one
+    forward + backward (--update_timesteps_per_forward, resolved: training/lean.py)."""
+
     def __init__(self, model, optimizer, lr_scheduler, optim, accumulation: int, dims, device: torch.device,
-                 state: TrainerState):
+                 state: TrainerState, timesteps_per_forward: int = 1):
         self.model = model
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -64,11 +67,12 @@ class Updater:
         self.dims = dims
         self.device = device
         self.state = state
+        self.timesteps_per_forward = timesteps_per_forward
 
     def run(self, objective: Objective, policy, traj, advantages: torch.Tensor, iteration: int) -> UpdateStats:
         """Every term's loss backward, an optimizer step every ``accumulation`` micro-batches (and
         after the last, shorter window: upstream drops its gradients; docs/upstream.md)."""
-        micro_batches = objective.plan_update(traj, iteration)
+        micro_batches = stack_timesteps(objective.plan_update(traj, iteration), self.timesteps_per_forward)
         adv = advantages.to(self.device)
         stats = StatsAccumulator(self.device)
         self.model.train()
@@ -95,7 +99,7 @@ class Updater:
         norms = torch.stack(grad_norms).tolist() if grad_norms else []
         return UpdateStats(loss=float(loss_sum),
                            grad_norm=sum(norms) / len(norms) if norms else float("nan"),
-                           optimizer_steps=opt_steps, skipped_steps=skipped, forward_passes=stats.terms,
+                           optimizer_steps=opt_steps, skipped_steps=skipped, forward_passes=stats.forwards,
                            means=means, maxes=maxes, nonfinite=causes)
 
     def optimizer_step(self, window_loss: torch.Tensor) -> tuple[torch.Tensor | float, list[str]]:
