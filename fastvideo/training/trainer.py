@@ -20,7 +20,7 @@ from fastvideo.algorithms.base import ObjectiveContext, RewardResult
 from fastvideo.algorithms.registry import resolve_objective
 from fastvideo.distributed.parallel import ParallelDims
 from fastvideo.errors import UserError
-from fastvideo.sampling.plan import SamplingPlan
+from fastvideo.sampling.plan import SamplingPlan, on_grid
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
 from fastvideo.training import builders
 from fastvideo.training.ema import WeightCopy
@@ -168,7 +168,9 @@ class Trainer:
 
     def sampling_plan(self, iteration: int) -> SamplingPlan:
         """This iteration's schedule (SDE / ODE / DPM-Solver++ steps, trainable steps): the objective's."""
-        return self.objective.sampling_plan(iteration, self.cfg.rollout.sampling_steps, self.cfg.rollout.shift)
+        r = self.cfg.rollout
+        return on_grid(self.objective.sampling_plan(iteration, r.sampling_steps, r.shift), r.sigma_grid,
+                       r.sampling_steps, r.shift)
 
     def _rollout(self, iteration: int, cond, captions, indices, plan, on_chunk=None):
         with self.objective.rollout_weights():  # NFT samples with its old policy
