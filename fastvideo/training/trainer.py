@@ -240,7 +240,9 @@ class Trainer:
         """Once per iteration, after its optimizer steps (upstream's ema_handler.update after
         train_one_step), from --ema_start_step on."""
         if self.ema is not None and iteration >= self.cfg.optim.ema_start_step:
-            self.ema.update(self.model)
+            # optimizer steps so far, as upstream's global_step when it calls ema.step (--ema_warmup)
+            steps = iteration * self.cfg.derived(self.dims.dp_size)["optimizer_steps_per_iteration"]
+            self.ema.update(self.model, step=steps)
 
     def _iteration_metrics(self, iteration, traj, rewards, advantages, stats: UpdateStats, seconds) -> dict:
         record = {"iteration": iteration,
