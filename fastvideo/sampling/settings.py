@@ -8,11 +8,12 @@ import argparse
 from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
-from fastvideo.sampling.sde import SIGMA_GRIDS
 from fastvideo.settings import Settings, at_least_one, check_number, flag_group
 
 
 DECODE_FROM = ("x0_prediction", "final_sample")
+# sampling.sde.grid_sigmas's grids (not imported from there: --help must not import torch)
+SIGMA_GRIDS = ("shifted_linspace", "diffusers")
 
 
 @dataclass

@@ -146,3 +146,9 @@ def test_the_trainer_and_evaluation_sample_on_the_runs_grid():
     s = SampleSettings(height=32, width=32, steps=6, eta=0.0, shift=3.0, batch_size=1, num_images_per_prompt=1,
                        sigma_grid="diffusers")
     assert torch.equal(eval_plan(s).sigmas, sde.diffusers_sigma_schedule(6, 3.0))
+
+
+def test_the_flag_offers_exactly_the_grids_sde_computes():
+    from fastvideo.sampling import settings
+
+    assert settings.SIGMA_GRIDS == sde.SIGMA_GRIDS  # kept apart so that --help imports no torch
