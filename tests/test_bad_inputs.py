@@ -81,6 +81,10 @@ BROKEN_MODELS = {
     "weights_cut_in_header": lambda d: _cut(d / "transformer" / "diffusion_pytorch_model.safetensors", 1000),
     "header_overwritten": lambda d: _overwrite_header(d / "transformer" / "diffusion_pytorch_model.safetensors"),
     "vae_cfg_other_model": lambda d: _edit_json(d / "vae" / "config.json", latent_channels=32),
+    # #39 item 8: a pipeline folder of no registered family (preprocessing reads the family from it)
+    "index_other_pipeline": lambda d: _edit_json(d / "model_index.json", _class_name="KandinskyPipeline",
+                                                 transformer=["diffusers", "UNet2DConditionModel"]),
+    "index_not_json": lambda d: (d / "model_index.json").write_text("{not json"),
 }
 
 
@@ -193,6 +197,10 @@ PREPROCESS = [
     _raw("preprocess", "is a file", "--model_path", "{model}", "--prompt_dir", "{train_prompts}",
          "--output_dir", "{file}"),
     _raw("preprocess", "model family", "--model_path", "{model}", "--model_family", "nope"),
+    _raw("preprocess", "KandinskyPipeline", "--model_path", "{index_other_pipeline}", "--output_dir", "{root}/p"),
+    _raw("preprocess", "model index", "--model_path", "{index_not_json}", "--output_dir", "{root}/p"),
+    _raw("preprocess", "holds a flux model", "--model_path", "{model}", "--model_family", "sd3",
+         "--output_dir", "{root}/p"),
     _raw("preprocess", "unrecognized", "--no_such_flag"),
 ]
 

@@ -66,11 +66,14 @@ class GRPOObjective(Objective):
         # a host-side "all kept?" test: that read-back would cost a sync per iteration (the budget in
         # tests/training/test_sync_budget.py), and where(True, x, 0) is x bit for bit.
         self._kept = torch.isfinite(rewards.total)
+        if self.g.drop_zero_advantage:  # Flow-GRPO: out of the update, KL term included (still a mask)
+            self._kept = self._kept & (adv.to(self._kept.device) != 0)
         return adv
 
     def kept_rows(self, rows: torch.Tensor) -> torch.Tensor | None:
-        """[b] bool: which of ``rows`` kept a finite reward; None when no advantages were computed
-        (a reference loop calling loss() alone)."""
+        """[b] bool: which of ``rows`` kept a finite reward (and, with --drop_zero_advantage, a
+        non-zero advantage); None when no advantages were computed (a reference loop calling loss()
+        alone)."""
         kept = getattr(self, "_kept", None)
         return None if kept is None else kept[rows.to(kept.device)]
 

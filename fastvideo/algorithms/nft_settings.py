@@ -103,9 +103,20 @@ class NFTSettings(ObjectiveSettings):
             notes = [f"{', '.join(unused)}: no effect with --algorithm nft (no importance ratio or rollout "
                      "log-probabilities; it trains int(N x --timestep_fraction) of all N timesteps; the rollout is "
                      f"--nft_solver {args.nft_solver})"] if unused else []
-            return notes + _split_group_note(args)
+            return notes + _split_group_note(args) + _guidance_note(args)
         given = [f"--{k}" for k, v in _DEFAULTS.items() if getattr(args, k) != v]
         return [f"{', '.join(given)}: no effect without --algorithm nft"] if given else []
+
+
+def _guidance_note(args: argparse.Namespace) -> list[str]:
+    """SD3's --guidance_scale is classifier-free guidance (the default 3.5 is FLUX.1-dev's embedding
+    value): under NFT it guides the rollout, v, v_old and v_ref, two transformer passes each.
+    DiffusionNFT trains SD3.5 at guidance 1.0 (config/nft.py L64), i.e. without CFG."""
+    if getattr(args, "model_family", None) != "sd3" or not args.guidance_scale > 1.0:
+        return []
+    return [f"--algorithm nft with --model_family sd3: --guidance_scale {args.guidance_scale:g} runs classifier-free "
+            "guidance in the rollout and in v, v_old and v_ref (2 passes each); DiffusionNFT trains SD3.5 at "
+            "guidance 1.0 (no CFG): pass --guidance_scale 1 for the reference's setting (docs/nft.md)"]
 
 
 def _split_group_note(args: argparse.Namespace) -> list[str]:

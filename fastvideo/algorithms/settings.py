@@ -29,6 +29,9 @@ class GRPOSettings(ObjectiveSettings):
     # Flow-GRPO's and DiffusionNFT's config.sample.global_std: each group's mean, the std of all
     # the iteration's rewards (every rank's), + 1e-4.
     global_std: bool = False
+    # Flow-GRPO's train_sd3.py: samples whose advantage is 0 (a group of equal rewards) are dropped
+    # before training, so their KL term trains nothing either.
+    drop_zero_advantage: bool = False
 
     section = "grpo"
     moved_keys = ("train_micro_batch_size", "gradient_accumulation_steps")  # the update's since 2026-12
@@ -86,6 +89,9 @@ class GRPOSettings(ObjectiveSettings):
                        help="beta of a KL penalty to the frozen base policy (closed-form KL of each trained SDE "
                             "step; LoRA: the adapters switched off; full fine-tuning: a frozen copy of the initial "
                             "weights, sharded like the model). 0: off. MixGRPO's --kl_coeff is a different term")
+        g.add_argument("--drop_zero_advantage", action="store_true",
+                       help="leave samples whose advantage is exactly 0 out of the update, their KL terms too "
+                            "(Flow-GRPO's train_sd3.py; matters for binary rewards, where whole groups tie)")
         g.add_argument("--kl_coeff", type=float, default=0.0,
                        help="MixGRPO's KL term: adds kl_coeff * 0.5 (logp - logp_rollout)^2 per trained step (to "
                             "the rollout policy, no reference model; MixGRPO's parser default is 0.01, its scripts "
@@ -106,6 +112,7 @@ class GRPOSettings(ObjectiveSettings):
             adv_clip_max=args.adv_clip_max, loss_coef=args.loss_coef, kl_coef=args.kl_coef,
             rollout_kl_coef=args.kl_coeff, trimmed_ratio=args.trimmed_ratio,
             advantage_rerange=_rerange(args), global_std=args.global_std,
+            drop_zero_advantage=args.drop_zero_advantage,
         ).checked()
 
     @classmethod
@@ -116,6 +123,7 @@ class GRPOSettings(ObjectiveSettings):
         flags["advantage_rerange_strategy"] = flags.pop("advantage_rerange", "null")
         flags.setdefault("trimmed_ratio", 0.0)
         flags.setdefault("global_std", False)  # configs written before the flag
+        flags.setdefault("drop_zero_advantage", False)
         return flags
 
     def check(self) -> None:

@@ -27,6 +27,8 @@ class OptimSettings(Settings):
     ema_start_step: int
     max_nonfinite_steps: int
     adamw_kernel: str = "auto"
+    ema_warmup: bool = False  # min((1 + s) / (10 + s), ema_decay) at optimizer step s (Flow-GRPO, DiffusionNFT)
+    export_ema: bool = False  # tools/export exports this run's EMA weights unless told --policy (DiffusionNFT)
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -46,6 +48,12 @@ class OptimSettings(Settings):
         g.add_argument("--use_ema", action="store_true", help="keep an exponential moving average of the weights")
         g.add_argument("--ema_decay", type=float, default=0.995, help="EMA decay per optimizer step")
         g.add_argument("--ema_start_step", type=int, default=0, help="optimizer step from which the EMA updates")
+        g.add_argument("--ema_warmup", action="store_true",
+                       help="warm the EMA decay up: min((1 + s) / (10 + s), --ema_decay) after s optimizer steps "
+                            "(Flow-GRPO's and DiffusionNFT's EMAModuleWrapper); default: --ema_decay from the start")
+        g.add_argument("--export_ema", action="store_true",
+                       help="this run's checkpoints export as their EMA weights (python -m fastvideo.tools.export "
+                            "without --ema or --policy), as DiffusionNFT saves the EMA as its checkpoint")
         g.add_argument("--max_nonfinite_steps", type=int, default=3,
                        help="abort after this many iterations in a row with a non-finite reward (its samples are "
                             "dropped), loss or gradient (its optimizer steps are skipped)")
@@ -65,6 +73,7 @@ class OptimSettings(Settings):
             lr_num_cycles=args.lr_num_cycles, lr_power=args.lr_power, use_ema=args.use_ema,
             ema_decay=args.ema_decay, ema_start_step=args.ema_start_step,
             max_nonfinite_steps=args.max_nonfinite_steps, adamw_kernel=args.adamw_kernel,
+            ema_warmup=args.ema_warmup, export_ema=args.export_ema,
         ).checked()
 
     @classmethod
@@ -76,8 +85,9 @@ class OptimSettings(Settings):
             return [f"--{n}" for n in names if getattr(args, n) != getattr(defaults, n)]
 
         notes = []
-        if not args.use_ema and given("ema_decay", "ema_start_step"):
-            notes.append(f"{', '.join(given('ema_decay', 'ema_start_step'))}: no effect without --use_ema")
+        ema_flags = given("ema_decay", "ema_start_step", "ema_warmup", "export_ema")
+        if not args.use_ema and ema_flags:
+            notes.append(f"{', '.join(ema_flags)}: no effect without --use_ema")
         sched = args.lr_scheduler
         unused = (given("lr_warmup_steps") if sched in ("constant", "piecewise_constant") else []) + \
             (given("lr_num_cycles") if sched != "cosine_with_restarts" else []) + \
@@ -90,7 +100,9 @@ class OptimSettings(Settings):
     def flags_from_resolved(cls, section: dict) -> dict:
         # sampler_seed as given: None when it is --seed's, so that a new --seed moves it too.
         same = section["sampler_seed"] == section["seed"]
-        return {**section, "sampler_seed": None if same else section["sampler_seed"]}
+        # configs written before --ema_warmup / --export_ema ran without them
+        return {"ema_warmup": False, "export_ema": False, **section,
+                "sampler_seed": None if same else section["sampler_seed"]}
 
     def check(self) -> None:
         check_number("learning_rate", self.learning_rate, at_least=0.0)  # 0: frozen weights (a control run)

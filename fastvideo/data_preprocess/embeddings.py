@@ -37,7 +37,7 @@ from fastvideo import devices
 from fastvideo.data.prompts import PromptList, load_prompts
 from fastvideo.errors import ConfigError
 from fastvideo.models.base import ModelFamily
-from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
+from fastvideo.models.registry import DEFAULT_FAMILY, family_of_folder, get_model_family
 from fastvideo.utils import atomic_write_json
 
 JSON_NAME = "videos2caption.json"
@@ -65,6 +65,13 @@ class PreprocessConfig:
     def validate(self) -> None:
         """Bad flags fail here, as one ConfigError line, before torch.distributed or the encoders start."""
         limit = get_model_family(self.model_family).max_sequence_length_limit
+        try:  # a given family is checked against a folder that names one (a plugin's folder may name none)
+            folder = family_of_folder(self.model_path) if ":" not in self.model_family else None
+        except ConfigError:
+            folder = None
+        if folder is not None and folder != self.model_family:
+            raise ConfigError(f"--model_family {self.model_family}: --model_path {self.model_path} holds a {folder} "
+                              f"model (its model_index.json); pass --model_family {folder}, or leave the flag out")
         if not 1 <= self.max_sequence_length <= limit:
             raise ConfigError(
                 f"--max_sequence_length must be in 1..{limit} (the {self.model_family} text encoder's limit), "

@@ -45,12 +45,17 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
         "--dataloader_num_workers", type=int, default=1,
         help="DataLoader worker processes feeding prompt batches (0: in the main process)",
     )
-    ap.add_argument("--model_family", default="flux",
-                    help="model family whose text encoders encode the prompts (a registered name or pkg.module:Name)")
+    ap.add_argument("--model_family", default=None,
+                    help="model family whose text encoders encode the prompts (a registered name or "
+                         "pkg.module:Name); default: the one --model_path's model_index.json names, else flux")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace embeddings in --output_dir made from other settings or captions, or of unknown "
                          "origin (no preprocess_meta.json); without it such a folder is refused, never deleted")
     a = ap.parse_args(argv)
+    if a.model_family is None:  # the folder says (an SD3 folder would die in FLUX's T5 tokenizer)
+        from fastvideo.models.registry import DEFAULT_FAMILY, family_of_folder
+
+        a.model_family = family_of_folder(a.model_path) or DEFAULT_FAMILY
     return PreprocessConfig(
         model_path=a.model_path, prompt_file=a.prompt_dir, output_dir=a.output_dir,
         max_sequence_length=a.max_sequence_length, max_prompts=a.max_prompts,

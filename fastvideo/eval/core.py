@@ -21,7 +21,7 @@ import torch
 
 from fastvideo import devices
 from fastvideo.eval.prompts import EvalPrompts
-from fastvideo.sampling.plan import SamplingPlan, full_sde_plan, ode_plan
+from fastvideo.sampling.plan import SamplingPlan, full_sde_plan, on_grid, ode_plan
 from fastvideo.sampling.randomness import RandomSource
 from fastvideo.sampling.rollout import sample_transitions
 
@@ -35,6 +35,7 @@ class SampleSettings:
     shift: float
     batch_size: int  # images per transformer call
     num_images_per_prompt: int  # K
+    sigma_grid: str = "shifted_linspace"  # --sigma_grid (sampling.sde.grid_sigmas)
 
 
 @dataclass
@@ -62,8 +63,9 @@ def batch_grid(num_items: int, batch_size: int) -> list[list[int]]:
 
 
 def eval_plan(s: SampleSettings) -> SamplingPlan:
-    """Euler ODE on every transition (eta = 0), else DanceGRPO's SDE on every one."""
-    return ode_plan(s.steps, s.shift) if s.eta <= 0 else full_sde_plan(s.steps, s.shift, s.steps, 1)
+    """Euler ODE on every transition (eta = 0), else DanceGRPO's SDE on every one, on the run's grid."""
+    plan = ode_plan(s.steps, s.shift) if s.eta <= 0 else full_sde_plan(s.steps, s.shift, s.steps, 1)
+    return on_grid(plan, s.sigma_grid, s.steps, s.shift)
 
 
 @torch.no_grad()

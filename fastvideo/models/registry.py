@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from fastvideo.errors import UserError
+from fastvideo.errors import ConfigError, UserError
 from fastvideo.models.base import ModelFamily
 
 # The --model_family flags' default.
@@ -121,6 +121,33 @@ def family_for_class_name(class_name: str) -> str | None:
         if claimed == class_name:
             claimants.append(name)
     return claimants[0] if len(claimants) == 1 else None
+
+
+def family_of_folder(model_path) -> str | None:
+    """The registered family of a diffusers pipeline folder, read from its model_index.json: the
+    family whose transformer class the file's ``transformer`` entry names (StableDiffusion3Pipeline
+    -> SD3Transformer2DModel -> sd3). None when the folder has no model_index.json (nothing to
+    read); ConfigError (one line, naming the pipeline's _class_name) when the file is not JSON or
+    names no single registered family."""
+    import json
+    from pathlib import Path
+
+    index = Path(model_path) / "model_index.json"
+    if not index.is_file():
+        return None
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+        entry = data.get("transformer")
+        pipeline = data.get("_class_name")
+    except (ValueError, OSError, AttributeError) as exc:
+        raise ConfigError(f"{index} is not a diffusers model index ({exc.__class__.__name__}); pass --model_family "
+                          "to say which model family the folder holds") from None
+    cls = entry[1] if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str) else None
+    family = family_for_class_name(cls) if cls else None
+    if family is None:
+        raise ConfigError(f"{index}: pipeline {pipeline!r} (transformer {cls!r}) is no registered model family's "
+                          f"({', '.join(sorted(_REGISTRY))}); pass --model_family NAME or pkg.module:Name")
+    return family
 
 
 def family_for_json_keys(keys) -> str | None:

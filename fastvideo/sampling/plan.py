@@ -13,7 +13,7 @@ Transition k goes from sigmas[k] to sigmas[k+1]; n = len(kinds) = len(sigmas) - 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -132,6 +132,20 @@ def ode_plan(sampling_steps: int, shift: float) -> SamplingPlan:
     """Euler ODE on every transition of the shifted schedule, nothing trainable (evaluation)."""
     return SamplingPlan(sigmas=sde.sigma_schedule(sampling_steps, shift), kinds=(ODE,) * sampling_steps,
                         trainable=(), num_trained=0)
+
+
+def on_grid(plan: SamplingPlan, grid: str, sampling_steps: int, shift: float) -> SamplingPlan:
+    """The plan on --sigma_grid's noise levels: the same transitions, kinds and trained steps,
+    sigmas = sde.grid_sigmas(grid, N, shift). Every plan is built on the shifted_linspace grid, so
+    that one stays the plan itself (bit for bit); another grid replaces the full schedule, and a
+    plan whose sigmas are not the full schedule (a compressed DPM tail) is refused (the
+    configuration refuses that combination before a run starts)."""
+    if grid == "shifted_linspace":
+        return plan
+    if plan.num_steps != sampling_steps or not torch.equal(plan.sigmas, sde.sigma_schedule(sampling_steps, shift)):
+        raise ValueError(f"sigma grid {grid!r} replaces the full {sampling_steps}-step schedule; this plan's sigmas "
+                         "are another schedule (a compressed tail)")
+    return replace(plan, sigmas=sde.grid_sigmas(grid, sampling_steps, shift))
 
 
 def compressed_tail_sigmas(sampling_steps: int, shift: float, first: int, compress_ratio: float) -> torch.Tensor:

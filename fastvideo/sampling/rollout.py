@@ -25,6 +25,7 @@ from fastvideo.sampling.randomness import RandomSource
 
 
 SAME_NOISE_SCOPES = ("rank", "prompt")
+DECODE_FROM = ("x0_prediction", "final_sample")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +48,9 @@ class RolloutConfig:
     # With init_same_noise, compute a plan's leading ODE transitions once per group (their states
     # are the same for the group's G samples): SamplingPlan.shared_prefix.
     share_ode_prefix: bool = True
+    # What Trajectory.x0 (decoded, rewarded, NFT's clean sample) is: the last step's x0 prediction
+    # (DanceGRPO) or the last transition's sample (Flow-GRPO's and DiffusionNFT's pipelines).
+    decode_from: str = "x0_prediction"
 
     def __post_init__(self):
         problems = []
@@ -59,6 +63,8 @@ class RolloutConfig:
             problems.append(f"eta must be >= 0 (got {self.eta}); 0 gives the deterministic ODE sampler")
         if self.shift <= 0:
             problems.append(f"shift must be > 0 (got {self.shift})")
+        if self.decode_from not in DECODE_FROM:
+            problems.append(f"decode_from must be one of {DECODE_FROM} (got {self.decode_from!r})")
         if self.same_noise_scope not in SAME_NOISE_SCOPES:
             problems.append(f"same_noise_scope must be one of {SAME_NOISE_SCOPES} (got {self.same_noise_scope!r})")
         if problems:
@@ -147,14 +153,14 @@ def _group_and_sample_ids(group_ids, num_prompts: int, num_generations: int) -> 
 
 def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: SamplingPlan, sigmas,
                        cond: Conditioning, layout: LatentLayout, eta: float, first: int = 0, stop: int | None = None,
-                       keep_states: bool = True):
+                       keep_states: bool = True, decode_from: str = "x0_prediction"):
     """Run the plan's transitions first .. stop-1 (default: all n) for one chunk of b samples.
 
     noise [b, L, C]: the state at transition ``first``; step_eps: {k: [b, L, C]} for the plan's
     SDE transitions; sigmas: the plan's sigmas on the device [n + 1]; cond: the chunk's b samples.
     Returns latents [b, stop-first+1, L, C], log_probs [b, stop-first] (zeros on ODE and DPM
     transitions, which have no density) and the last step's x0 prediction [b, L, C] (the input if
-    the last step is not run). keep_states=False returns None for the latents and holds no state
+    the last step is not run; decode_from "final_sample": the last transition's sample instead). keep_states=False returns None for the latents and holds no state
     beyond the current one. The loop never reads a value back to the host, so an accelerator
     runs it without stalls. Training rollouts and evaluation both sample through it.
     """
@@ -191,6 +197,8 @@ def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: 
         if keep_states:
             latents.append(x)
         log_probs.append(log_prob)
+    if decode_from == "final_sample" and stop == n:
+        x0 = x  # Flow-GRPO decodes the SDE's last sample (noise included), not x0_hat
     return (torch.stack(latents, dim=1) if keep_states else None), torch.stack(log_probs, dim=1), x0
 
 
@@ -340,7 +348,7 @@ def rollout(
         with run.amp:
             lat, logp, x0 = sample_transitions(family, transformer, noise, step_eps, plan, run.sigmas,
                                                run.cond.select(rows), layout, cfg.eta, first=prefix,
-                                               keep_states=keep_latents)
+                                               keep_states=keep_latents, decode_from=cfg.decode_from)
         if prefix:
             lat = torch.cat([prefix_states[rows, :-1], lat], dim=1) if keep_latents else None
             logp = torch.cat([torch.zeros(logp.shape[0], prefix, dtype=logp.dtype, device=logp.device), logp], dim=1)

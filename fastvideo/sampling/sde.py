@@ -32,6 +32,44 @@ def sigma_schedule(num_steps: int, shift: float) -> torch.Tensor:
     return shift * t / (1.0 + (shift - 1.0) * t)
 
 
+SIGMA_GRIDS = ("shifted_linspace", "diffusers")
+
+
+def diffusers_sigma_schedule(num_steps: int, shift: float, train_timesteps: int = 1000) -> torch.Tensor:
+    """The grid of diffusers' FlowMatchEulerDiscreteScheduler(shift=shift), static shift, after
+    set_timesteps(num_steps) with no sigmas given: float32 [num_steps + 1], 1 down to
+    sigma_min then exactly 0. What Flow-GRPO's and DiffusionNFT's SD3 pipelines sample on.
+
+    The scheduler's training grid ends at sigma_min = shift(1 / train_timesteps); set_timesteps
+    spaces the UNshifted values evenly from 1 to that already-shifted sigma_min and shifts again,
+    so the last non-zero sigma is shift(shift(1/1000)) (0.0089 at shift 3), not 1/N shifted. The
+    arithmetic follows the scheduler's dtypes (sigma_min in float32, the grid in float64, the result
+    rounded to float32) so that the two agree bit for bit.
+    """
+    import numpy as np
+
+    if num_steps < 1:
+        raise ValueError(f"sampling_steps must be >= 1, got {num_steps}")
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+    ends = torch.tensor([train_timesteps, 1.0], dtype=torch.float32) / train_timesteps  # [1, 1/T] float32
+    ends = shift * ends / (1 + (shift - 1) * ends)
+    sigma_max, sigma_min = (float(v) for v in ends)
+    t = np.linspace(sigma_max * train_timesteps, sigma_min * train_timesteps, num_steps) / train_timesteps
+    sigmas = torch.from_numpy(shift * t / (1 + (shift - 1) * t)).to(torch.float32)
+    return torch.cat([sigmas, torch.zeros(1, dtype=torch.float32)])
+
+
+def grid_sigmas(grid: str, num_steps: int, shift: float) -> torch.Tensor:
+    """--sigma_grid: "shifted_linspace" (sigma_schedule, this trainer's default and DanceGRPO's) or
+    "diffusers" (diffusers_sigma_schedule, Flow-GRPO's and DiffusionNFT's). float32 [num_steps + 1]."""
+    if grid == "shifted_linspace":
+        return sigma_schedule(num_steps, shift)
+    if grid == "diffusers":
+        return diffusers_sigma_schedule(num_steps, shift)
+    raise ValueError(f"sigma grid {grid!r}; valid: {SIGMA_GRIDS}")
+
+
 def _per_sample(value: torch.Tensor | float, batch: int, ndim: int, device) -> torch.Tensor:
     """A python float, a 0-d tensor or a [B] tensor -> float32 tensor broadcastable to [B, ...].
 

@@ -11,6 +11,11 @@ from fastvideo.errors import ConfigError
 from fastvideo.settings import Settings, at_least_one, check_number, flag_group
 
 
+DECODE_FROM = ("x0_prediction", "final_sample")
+# sampling.sde.grid_sigmas's grids (not imported from there: --help must not import torch)
+SIGMA_GRIDS = ("shifted_linspace", "diffusers")
+
+
 @dataclass
 class RolloutSettings(Settings):
     height: int
@@ -25,6 +30,8 @@ class RolloutSettings(Settings):
     init_same_noise: bool
     share_ode_prefix: bool = True
     same_noise_scope: str = "rank"
+    sigma_grid: str = "shifted_linspace"
+    decode_from: str = "x0_prediction"
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -40,6 +47,13 @@ class RolloutSettings(Settings):
         g.add_argument("--pipeline_shift", action="store_true",
                        help="instead of --shift, the shift the model family's stock pipeline computes for this "
                             "image size and step count (a family whose schedule depends on them; others refuse it)")
+        g.add_argument("--sigma_grid", choices=SIGMA_GRIDS, default="shifted_linspace",
+                       help="the rollout's noise levels: shifted_linspace = linspace(1, 0) shifted (DanceGRPO); "
+                            "diffusers = FlowMatchEulerDiscreteScheduler's set_timesteps grid (Flow-GRPO, "
+                            "DiffusionNFT: 1 .. shift(shift(1/1000)), then 0)")
+        g.add_argument("--decode_from", choices=DECODE_FROM, default="x0_prediction",
+                       help="what is decoded and rewarded: x0_prediction = the last step's x0 prediction "
+                            "(DanceGRPO); final_sample = the last transition's sample (Flow-GRPO, DiffusionNFT)")
         g.add_argument("--guidance_scale", type=float, default=3.5,
                        help="FLUX.1-dev: its guidance embedding's value; SD3 (--model_family sd3): the classifier-free "
                             "guidance scale, on above 1, in rollout and update (Flow-GRPO: 4.5)")
@@ -80,6 +94,7 @@ class RolloutSettings(Settings):
             quantize_timestep=not args.no_quantize_timestep, num_generations=args.num_generations,
             rollout_batch_size=args.rollout_batch_size, init_same_noise=args.init_same_noise,
             share_ode_prefix=not args.no_share_ode_prefix, same_noise_scope=args.same_noise_scope,
+            sigma_grid=args.sigma_grid, decode_from=args.decode_from,
         ).checked()
 
     @classmethod
@@ -90,7 +105,10 @@ class RolloutSettings(Settings):
                 "no_quantize_timestep": not section["quantize_timestep"],
                 "no_share_ode_prefix": not section["share_ode_prefix"],
                 # a config.json written before the flag existed ran with one noise per prompt
-                "same_noise_scope": section.get("same_noise_scope", "prompt")}
+                "same_noise_scope": section.get("same_noise_scope", "prompt"),
+                # a config.json written before these flags existed ran with their defaults
+                "sigma_grid": section.get("sigma_grid", "shifted_linspace"),
+                "decode_from": section.get("decode_from", "x0_prediction")}
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
@@ -99,6 +117,13 @@ class RolloutSettings(Settings):
         if args.same_noise_scope != defaults.same_noise_scope and not args.init_same_noise:
             return [f"--same_noise_scope {args.same_noise_scope} has no effect without --init_same_noise"]
         return []
+
+    def check_across(self, sections: dict) -> None:
+        mix = sections["mix"]
+        if self.sigma_grid != "shifted_linspace" and mix.dpm_post_ratio is not None:
+            raise ConfigError(f"--sigma_grid {self.sigma_grid} replaces the full schedule; --dpm_apply_strategy post "
+                              "compresses its tail on the shifted_linspace grid: use --sigma_grid shifted_linspace "
+                              "or another --dpm_apply_strategy")
 
     def check(self) -> None:
         h, w = self.height, self.width

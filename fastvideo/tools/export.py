@@ -13,7 +13,8 @@ With --base, OUT is a complete FLUX pipeline folder: every component of MODEL_DI
 when the file system allows, else copied) with its transformer/ replaced by the checkpoint's, so
 ``FluxPipeline.from_pretrained(OUT)`` works directly and the trainer accepts it as
 --pretrained_model_name_or_path. The transformer config comes from the checkpoint itself; the
-base folder is needed only for the other components. --ema exports the EMA weights.
+base folder is needed only for the other components. --ema exports the EMA weights; a run trained
+with --export_ema exports them by default (--policy then exports the policy).
 
 A LoRA checkpoint (--use_lora; it holds pytorch_lora_weights.safetensors, the adapters only) exports with --lora as
 a diffusers LoRA file, ``pipe.load_lora_weights(OUT)`` on the stock FluxPipeline of the base model
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("checkpoint", help="a checkpoint-N folder written by the trainer")
     ap.add_argument("out", help="folder to write")
     ap.add_argument("--ema", action="store_true", help="export the EMA weights instead of the policy")
+    ap.add_argument("--policy", action="store_true",
+                    help="export the policy weights of a run trained with --export_ema (its default is the EMA)")
     ap.add_argument("--base", default=None,
                     help="model folder (the checkpoint's family) whose other components complete a pipeline folder")
     ap.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast the weights (default: as saved)")
@@ -47,6 +50,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--merge", action="store_true",
                     help="LoRA checkpoint -> a full transformer folder with the adapters merged into the base")
     args = ap.parse_args(argv)
+    if args.ema and args.policy:
+        ap.error("--ema and --policy name two different weight sets; give one")
+    if not args.policy and not args.ema:  # the run's own choice (--export_ema, DiffusionNFT's checkpoint)
+        from fastvideo.training.checkpoint.files import recorded_export_ema
+
+        args.ema = recorded_export_ema(args.checkpoint)
     if args.lora and args.merge:
         ap.error("--lora and --merge are two different exports; give one")
     if args.lora and (args.base or args.dtype):

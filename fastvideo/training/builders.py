@@ -292,7 +292,7 @@ def build_ema(cfg: TrainConfig, model: torch.nn.Module):
         return None
     from fastvideo.training.ema import EMA
 
-    return EMA(model, decay=cfg.optim.ema_decay)
+    return EMA(model, decay=cfg.optim.ema_decay, warmup=cfg.optim.ema_warmup)
 
 
 def build_randomness(cfg: TrainConfig, info: devices.DistInfo, kind: str = "train"):

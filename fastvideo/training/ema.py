@@ -34,10 +34,11 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 class EMA:
     """shadow <- decay * shadow + (1 - decay) * param, per local shard, in float32."""
 
-    def __init__(self, model: nn.Module, decay: float):
+    def __init__(self, model: nn.Module, decay: float, warmup: bool = False):
         if not 0.0 < decay < 1.0:
             raise ValueError(f"EMA decay {decay} must be in (0, 1)")
         self.decay = float(decay)
+        self.warmup = warmup  # --ema_warmup: warmed_up_decay
         self.num_updates = 0
         self._model = model
         self._params = fsdp.trainable_parameters(model)
@@ -57,11 +58,22 @@ class EMA:
                 "(on the wrapped model) and pass that same model"
             )
 
+    def decay_at(self, step: int | None) -> float:
+        """The decay of an update after ``step`` optimizer steps: the constant decay, or with warmup
+        min((1 + step) / (10 + step), decay) (Flow-GRPO's and DiffusionNFT's EMAModuleWrapper), so
+        the first updates follow the weights closely instead of holding the initial ones; without a
+        step, the updates so far count (this one included)."""
+        if not self.warmup:
+            return self.decay
+        s = self.num_updates + 1 if step is None else int(step)
+        return min((1.0 + s) / (10.0 + s), self.decay)
+
     @torch.no_grad()
-    def update(self, model: nn.Module | None = None) -> None:
-        """One EMA step from the current weights (call after optimizer.step(); no communication)."""
+    def update(self, model: nn.Module | None = None, step: int | None = None) -> None:
+        """One EMA step from the current weights (call after optimizer.step(); no communication).
+        step: optimizer steps so far, for the warm-up (decay_at)."""
         self._check_model(model)
-        weight = 1.0 - self.decay
+        weight = 1.0 - self.decay_at(step)
         for shadow, param in zip(self.shadow, self._params):
             shadow.lerp_(_local(param).to(torch.float32), weight)
         self.num_updates += 1

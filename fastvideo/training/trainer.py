@@ -21,7 +21,7 @@ from fastvideo.algorithms.registry import resolve_objective
 from fastvideo.distributed import comm_count
 from fastvideo.distributed.parallel import ParallelDims
 from fastvideo.errors import UserError
-from fastvideo.sampling.plan import SamplingPlan
+from fastvideo.sampling.plan import SamplingPlan, on_grid
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
 from fastvideo.training import builders, lean
 from fastvideo.training.ema import WeightCopy
@@ -192,7 +192,9 @@ class Trainer:
 
     def sampling_plan(self, iteration: int) -> SamplingPlan:
         """This iteration's schedule (SDE / ODE / DPM-Solver++ steps, trainable steps): the objective's."""
-        return self.objective.sampling_plan(iteration, self.cfg.rollout.sampling_steps, self.cfg.rollout.shift)
+        r = self.cfg.rollout
+        return on_grid(self.objective.sampling_plan(iteration, r.sampling_steps, r.shift), r.sigma_grid,
+                       r.sampling_steps, r.shift)
 
     def _rollout(self, iteration: int, cond, captions, indices, plan, on_chunk=None):
         with self.objective.rollout_weights(), self.nograd_weights():  # NFT samples with its old policy
@@ -263,7 +265,9 @@ class Trainer:
         """Once per iteration, after its optimizer steps (upstream's ema_handler.update after
         train_one_step), from --ema_start_step on."""
         if self.ema is not None and iteration >= self.cfg.optim.ema_start_step:
-            self.ema.update(self.model)
+            # optimizer steps so far, as upstream's global_step when it calls ema.step (--ema_warmup)
+            steps = iteration * self.cfg.derived(self.dims.dp_size)["optimizer_steps_per_iteration"]
+            self.ema.update(self.model, step=steps)
 
     def _iteration_metrics(self, iteration, traj, rewards, advantages, stats: UpdateStats, seconds) -> dict:
         record = {"iteration": iteration,

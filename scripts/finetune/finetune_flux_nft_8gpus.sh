@@ -2,12 +2,15 @@
 # DiffusionNFT (--algorithm nft, docs/nft.md) for FLUX.1-dev on one node of 8 devices (GPUs or NPU dies): the
 # reference's LoRA recipe translated to FLUX (scripts/finetune/nft_args.sh says how, flag by flag).
 # DRY_RUN=1 prints the torchrun command. Overridable: NPROC (8), MASTER_PORT (19005), MODEL_PATH (data/flux),
-# DATA_JSON, OUTPUT_DIR, HPS_DIR (hps_ckpt), GA (24), EXTRA_ARGS.
+# DATA_JSON, OUTPUT_DIR, HPS_DIR (hps_ckpt), NFT_GROUPS (48: 6 prompts per rank), GA (144: one optimizer
+# step over all groups, the reference's), EXTRA_ARGS.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh
 export WANDB_DISABLED=${WANDB_DISABLED:-true}
+NPROC=${NPROC:-8}
+NFT_FAMILY=flux
 source scripts/finetune/nft_args.sh
 # shellcheck disable=SC2086
-fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-19005}" \
+fg_run --nnodes=1 --nproc_per_node="$NPROC" --master_port="${MASTER_PORT:-19005}" \
   fastvideo/train_grpo_flux.py "${NFT_ARGS[@]}" ${EXTRA_ARGS:-}

@@ -12,6 +12,10 @@
 #   --flow_grpo_sampling      sd3_sde_with_logprob: std = sqrt(sigma / (1 - sigma)) * noise_level
 #   --shift 3                 SD3.5-M's scheduler_config.json (FlowMatchEulerDiscreteScheduler shift 3.0)
 #   --no_quantize_timestep    the pipeline passes the scheduler's timesteps (1000 sigma) unrounded
+#   --sigma_grid diffusers    sd3_pipeline_with_logprob.py: retrieve_timesteps(scheduler, num_steps, sigmas=None),
+#                             FlowMatchEulerDiscreteScheduler's grid (10 steps: 1, .960 ... .278, .0089, 0)
+#   --decode_from final_sample
+#                             sd3_pipeline_with_logprob.py: vae.decode(latents) after the last sde_step_with_logprob
 #   --num_generations 24      pickscore_sd3: sample.num_image_per_prompt = 24
 #   --timestep_fraction 1.0   pickscore_sd3: train.timestep_fraction = 0.99 trains int(10 * 0.99) = 9 steps,
 #                             transitions 0..8; here T = int(9 candidates * fraction), so 1.0 gives those 9
@@ -35,13 +39,13 @@
 #   --mixed_precision bf16    Flow-GRPO uses fp16, which this trainer refuses (FLUX overflows); bf16 instead
 #   --train_batch_size 1, --train_micro_batch_size 4, --gradient_accumulation_steps 3: one prompt
 #                             (24 images) per rank, 2 optimizer steps per iteration as Flow-GRPO's 2 per epoch
-# Not reproduced (see docs/sd3.md): the EMA (decay 0.9 every 8 steps, used for evaluation only), the scheduler's own
-# timestep grid (linspace(1000, 3) there, linspace(1, 0) shifted here), and the batch split: Flow-GRPO
-# spreads a prompt's 24 images over GPUs, this trainer keeps a group on one rank.
+# Not reproduced (see docs/sd3.md): the EMA (decay 0.9 every 8 steps, used for evaluation only), and the batch
+# split: Flow-GRPO spreads a prompt's 24 images over GPUs, this trainer keeps a group on one rank.
 SD3_GRPO_ARGS=(
   --model_family sd3
   --h 512 --w 512 --t 1 --num_latent_t 1
   --sampling_steps 10 --guidance_scale 4.5 --eta 0.7 --flow_grpo_sampling --shift 3 --no_quantize_timestep
+  --sigma_grid diffusers --decode_from final_sample
   --num_generations 24 --use_group --global_std --adv_std population --timestep_fraction 1.0
   --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
   --learning_rate 3e-4 --lr_warmup_steps 0

@@ -285,3 +285,27 @@ def test_dancegrpo_script_name_still_runs_the_same_entry_point():
     out = subprocess.run([sys.executable, str(REPO / "fastvideo" / "data_preprocess" / "preprocess_flux_embedding.py"),
                           "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0 and "--model_family" in out.stdout
+
+
+def test_the_family_is_read_from_the_folders_model_index(tiny_flux_dir, tiny_sd3_dir, tmp_path):
+    """#39 item 8: an SD3 folder preprocessed without --model_family took FLUX's T5 tokenizer and died;
+    the family comes from model_index.json (its transformer class), a contradicting flag is refused."""
+    import json
+    import shutil
+
+    from fastvideo.errors import ConfigError
+    from fastvideo.models.registry import family_of_folder
+
+    assert parse_args(["--model_path", str(tiny_sd3_dir)]).model_family == "sd3"
+    assert parse_args(["--model_path", str(tiny_flux_dir)]).model_family == "flux"
+    assert parse_args(["--model_path", str(tmp_path / "none")]).model_family == "flux"  # nothing to read: the default
+    assert json.loads((tiny_sd3_dir / "model_index.json").read_text())["_class_name"] == "StableDiffusion3Pipeline"
+    with pytest.raises(ConfigError, match="holds a sd3 model .* pass --model_family sd3"):
+        parse_args(["--model_path", str(tiny_sd3_dir), "--model_family", "flux"]).validate()
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(tiny_sd3_dir / "model_index.json", other / "model_index.json")
+    index = json.loads((other / "model_index.json").read_text())
+    (other / "model_index.json").write_text(json.dumps({**index, "transformer": ["diffusers", "UNet2DModel"]}))
+    with pytest.raises(ConfigError, match="'StableDiffusion3Pipeline' .*'UNet2DModel'.* pass --model_family"):
+        family_of_folder(other)

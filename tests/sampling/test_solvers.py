@@ -43,7 +43,9 @@ def _diffusers(algorithm, order, solver_type, steps, **extra):
     ("dpmsolver++", 3, "midpoint"), ("dpmsolver", 1, "midpoint"), ("dpmsolver", 2, "midpoint"),
     ("dpmsolver", 2, "heun"), ("dpmsolver", 3, "heun"),
 ])
-@pytest.mark.parametrize("steps", [6, 16])  # 16: no lowered second-to-last step (diffusers: < 15 steps)
+# 14 / 15: the second-to-last step is lowered below 15 transitions and not at exactly 15 (diffusers'
+# lower_order_final: len(timesteps) < 15); 16: not lowered
+@pytest.mark.parametrize("steps", [6, 14, 15, 16])
 def test_dpm_solver_matches_diffusers_flow_scheduler(algorithm, order, solver_type, steps):
     # diffusers' noise-prediction solvers cannot end at sigma 0 (final_sigmas_type sigma_min);
     # euler_at_final makes their last step first order, as ours always is (upstream's

@@ -24,6 +24,7 @@ LAUNCHERS = [A3, "scripts/finetune/finetune_flux_grpo_8gpus.sh", "scripts/finetu
              "scripts/preprocess/preprocess_flux_rl_embeddings.sh", "scripts/demo/grpo_tiny_cpu.sh",
              "scripts/finetune/finetune_flux_nft_8gpus.sh", "scripts/finetune/finetune_flux_nft_a3_16die.sh",
              "scripts/finetune/finetune_sd3_grpo_8gpus.sh", "scripts/finetune/finetune_sd3_grpo_a3_16die.sh",
+             "scripts/finetune/finetune_sd3_nft_8gpus.sh", "scripts/finetune/finetune_sd3_nft_a3_16die.sh",
              "scripts/preprocess/preprocess_sd3_rl_embeddings.sh"]
 
 STAND_IN = '''

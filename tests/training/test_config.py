@@ -74,6 +74,8 @@ LAUNCHERS = [
     "scripts/demo/grpo_tiny_cpu.sh",
     "scripts/finetune/finetune_flux_nft_8gpus.sh",
     "scripts/finetune/finetune_flux_nft_a3_16die.sh",
+    "scripts/finetune/finetune_sd3_nft_8gpus.sh",
+    "scripts/finetune/finetune_sd3_nft_a3_16die.sh",
 ]
 
 

@@ -112,6 +112,12 @@ ROUND_TRIPS = [
      "--eval_rewards", "saturation", "--guard_reward", "clip", "--guard_patience", "3"],
     ["--use_lora", "--lora_rank", "4", "--lora_target_modules", "to_q,to_k", "--record_dir", "r",
      "--probe_layers", "rope,block", "--record_tensors", "--use_cpu_offload", "--model_family", "sd3"],
+    # NFT's own settings and #39's upstream choices (test 21: they survive config.json / --config)
+    ["--use_group", "--algorithm", "nft", "--nft_beta", "0.1", "--nft_decay_type", "2", "--adv_mode", "positive_only",
+     "--nft_solver", "ode", "--sigma_grid", "diffusers", "--decode_from", "final_sample", "--use_ema", "--ema_warmup",
+     "--export_ema", "--drop_zero_advantage"],
+    ["--use_group", "--algorithm", "nft", "--model_family", "sd3", "--guidance_scale", "1", "--nft_solver", "sde",
+     "--eta", "0.5"],
 ]
 
 

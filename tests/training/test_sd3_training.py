@@ -40,6 +40,7 @@ def test_sd3_launchers_parse_to_flow_grpos_pickscore_configuration(script):
     r, g = cfg.rollout, cfg.grpo
     assert cfg.model.family == "sd3" and (r.height, r.width, r.sampling_steps) == (512, 512, 10)
     assert (r.guidance_scale, r.eta, r.shift, r.quantize_timestep, r.num_generations) == (4.5, 0.7, 3.0, False, 24)
+    assert (r.sigma_grid, r.decode_from) == ("diffusers", "final_sample")  # sd3_pipeline_with_logprob.py
     assert cfg.mix.sde_kind == "flow" and g.kl_coef == 0.01 and g.trained_steps(10) == 9  # train.beta
     assert cfg.lora.enabled and (cfg.lora.rank, cfg.lora.alpha) == (32, 64.0) and len(cfg.lora.target_modules) == 8
     assert [s.name for s in cfg.reward.spec] == ["pickscore"]

@@ -274,6 +274,14 @@ def recorded_family(folder: str | os.PathLike) -> str | None:
     return None
 
 
+def recorded_export_ema(folder: str | os.PathLike) -> bool:
+    """Whether the run that wrote this checkpoint asked for its EMA weights as the export
+    (--export_ema, OUTPUT_DIR/config.json's optim.export_ema); False when nothing says so."""
+    run = _json_or_none(Path(folder).parent / "config.json")
+    optim = run.get("optim") if isinstance(run, dict) else None
+    return isinstance(optim, dict) and optim.get("export_ema") is True
+
+
 # ======================================================================== older extra state
 def legacy_states(extra: dict) -> dict:
     """The stateful parts of a checkpoint written before they were saved by name (919d5af and

@@ -42,10 +42,11 @@ FLAGS = {
     "dpm_algorithm": "--dpm_algorithm_type",
     "model_family": "--model_family",
     "algorithm": "--algorithm",
+    "sigma_grid": "--sigma_grid",
 }
 # Settings added to the identity after checkpoints were first written, with the value every earlier
 # run had: a checkpoint without the key is compared as if it held that value.
-ADDED_KEYS = {"model_family": "flux", "algorithm": "grpo"}
+ADDED_KEYS = {"model_family": "flux", "algorithm": "grpo", "sigma_grid": "shifted_linspace"}
 
 
 def run_identity(cfg: TrainConfig, world_size: int) -> dict:
@@ -57,6 +58,7 @@ def run_identity(cfg: TrainConfig, world_size: int) -> dict:
         "num_generations": r.num_generations,
         "sampling_steps": r.sampling_steps,
         "shift": r.shift,
+        "sigma_grid": r.sigma_grid,
         "eta": r.eta,
         "h": r.height,
         "w": r.width,

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# DiffusionNFT (--algorithm nft, docs/nft.md) for Stable Diffusion 3.5-Medium on one Atlas A3 node, 16 NPU dies (or a 16-GPU node): the
+# reference's own SD3.5 LoRA recipe (NVlabs/DiffusionNFT config/nft.py; scripts/finetune/nft_args.sh names each
+# value's source): no classifier-free guidance (guidance 1.0), the scheduler's timestep grid, 10 DPM-Solver++ 2M
+# steps, 24 images per prompt, one optimizer step over 48 groups (3 prompts per rank), the EMA warmed up and
+# exported. DRY_RUN=1 prints the torchrun command.
+# Data: bash scripts/preprocess/preprocess_sd3_rl_embeddings.sh (T5 length 128, with the empty prompt).
+# Overridable: NPROC (16), MASTER_PORT (19022), MODEL_PATH (data/sd3), DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR
+# (data/pickscore), REWARDS, NFT_GROUPS (48), GA (72), EXTRA_ARGS.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source scripts/common.sh
+export WANDB_DISABLED=${WANDB_DISABLED:-true}
+NPROC=${NPROC:-16}
+NFT_FAMILY=sd3
+source scripts/finetune/nft_args.sh
+# shellcheck disable=SC2086
+fg_run --nnodes=1 --nproc_per_node="$NPROC" --master_port="${MASTER_PORT:-19022}" \
+  fastvideo/train_grpo_flux.py "${NFT_ARGS[@]}" ${EXTRA_ARGS:-}
