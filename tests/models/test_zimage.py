@@ -299,3 +299,26 @@ def test_npu_adapter_computes_the_stock_velocity_without_complex_numbers(tiny_zi
             ours = family.velocity(adapted, x, 0.6, cond, layout)
     assert guard.ops > 100
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_attention_takes_a_key_padding_mask(monkeypatch):
+    """attention_bnsd with Z-Image's key-padding mask (True: keep, [B, 1, 1, S]) on the NPU path (the
+    stand-in torch_npu, whose mask means drop): the fused kernel runs and equals SDPA with the mask."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import npu_stub
+
+    from fastvideo.models import npu_ops
+
+    stub = npu_stub.install(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 8, generator=g).to(torch.bfloat16) for _ in range(3))
+    keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
+    out = npu_ops.attention_bnsd(q, k, v, keep)
+    assert stub.calls["npu_fusion_attention"] == 1
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=keep)
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+    unmasked = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert not torch.allclose(out[1].float(), unmasked[1], atol=5e-2)
