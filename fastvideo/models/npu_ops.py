@@ -1,4 +1,4 @@
-"""Ascend NPU kernels for the FLUX and SD3.5 transformers, installed from outside the model.
+"""Ascend NPU kernels for the FLUX, SD3.5 and Z-Image transformers, installed from outside the model.
 
 Stock diffusers runs FLUX on an NPU slowly or not at all in three places (see docs/npu.md):
 
@@ -12,7 +12,12 @@ Stock diffusers runs FLUX on an NPU slowly or not at all in three places (see do
    and k can leave fp32-weight norms as fp32 while v is bf16; :class:`NpuFluxAttnProcessor` casts
    q and k to v's dtype before ``npu_fusion_attention``.
 
-:func:`maybe_adapt_for_npu` applies all three when, and only when, the device is an NPU. Parameters
+Z-Image (diffusers 0.42) has complex64 RoPE tables and a masked attention of its own:
+:func:`adapt_zimage_for_npu` installs :class:`NpuZImageRope` (the same tables as (cos, sin) pairs)
+and :class:`NpuZImageAttnProcessor` (real-arithmetic rotation, the fused kernel with its key-padding
+mask); its RMS norms are the first item's.
+
+:func:`maybe_adapt_for_npu` applies the first three when, and only when, the device is an NPU. Parameters
 are reused, never copied, so state-dict keys, their order and optimizer bindings do not change. Call
 it before FSDP wraps the model. Where the library lines differ (module and processor classes) is
 answered by :mod:`fastvideo.library_lines`.
