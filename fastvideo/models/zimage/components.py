@@ -28,7 +28,8 @@ from fastvideo.models import qwen3_text
 from fastvideo.models.base import check_diffusers_folder
 # FLUX.1's 16-channel VAE and 2x2 packing: decode_latents (z / scaling_factor + shift_factor, the
 # decoder, as the pipeline's non-latent path) is re-exported as this family's.
-from fastvideo.models.flux.components import decode_latents, pack_latents, unpack_latents  # noqa: F401
+# latent_hw: the VAE grid of an image, both sides multiples of 16 (the pipeline's rule too).
+from fastvideo.models.flux.components import decode_latents, latent_hw, pack_latents, unpack_latents  # noqa: F401
 from fastvideo.models.qwen3_text import TextEncoder
 
 # ZImagePipeline's defaults (diffusers 0.42.1 pipeline_z_image.py).
@@ -111,13 +112,6 @@ def caption_list(embeds: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]
 # ---------------------------------------------------------------- geometry and schedule
 def _cfg(config, key, default=None):
     return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
-
-
-def latent_hw(height: int, width: int, scale: int = 8) -> tuple[int, int]:
-    """The VAE latent grid of an image; both sides must be multiples of 2 * scale (the pipeline's rule)."""
-    if height % (2 * scale) or width % (2 * scale):
-        raise ValueError(f"image size {height}x{width} must be a multiple of {2 * scale} on both sides")
-    return height // scale, width // scale
 
 
 def calculate_mu(image_seq_len: int, base_seq_len: int = 256, max_seq_len: int = 4096,
