@@ -59,19 +59,38 @@ def tiny_flux2_dir(tmp_path_factory):
     return make_tiny_flux2(tmp_path_factory.mktemp("tiny_flux2"), seed=0)
 
 
-@pytest.fixture(scope="session")
-def flux2_embeddings(tiny_flux2_dir, tmp_path_factory):
-    """assets/prompts_tiny.txt encoded with the tiny klein (Qwen3 length 48, with the empty prompt)."""
+def encode_tiny_prompts(model_dir, tmp_path_factory, name: str, seq: int, family: str = "flux"):
+    """assets/prompts_tiny.txt encoded with ``model_dir``'s text encoders (length ``seq``) into a fresh
+    temporary folder ``name``: its videos2caption.json path."""
     from pathlib import Path
 
     from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess
 
     root = Path(__file__).resolve().parents[1]
-    out = tmp_path_factory.mktemp("flux2_embeddings")
-    cfg = PreprocessConfig(model_path=str(tiny_flux2_dir), prompt_file=str(root / "assets" / "prompts_tiny.txt"),
-                           output_dir=str(out), max_sequence_length=48, batch_size=8, dataloader_num_workers=0,
-                           model_family="flux2")
+    cfg = PreprocessConfig(model_path=str(model_dir), prompt_file=str(root / "assets" / "prompts_tiny.txt"),
+                           output_dir=str(tmp_path_factory.mktemp(name)), max_sequence_length=seq, batch_size=8,
+                           dataloader_num_workers=0, model_family=family)
     return run_preprocess(cfg).json_path
+
+
+@pytest.fixture(scope="session")
+def flux2_embeddings(tiny_flux2_dir, tmp_path_factory):
+    """assets/prompts_tiny.txt encoded with the tiny klein (Qwen3 length 48, with the empty prompt)."""
+    return encode_tiny_prompts(tiny_flux2_dir, tmp_path_factory, "flux2_embeddings", 48, "flux2")
+
+
+@pytest.fixture(scope="session")
+def tiny_zimage_dir(tmp_path_factory):
+    """A tiny random-weight Z-Image folder (make_tiny_zimage; the current library line)."""
+    from fastvideo.tools.make_tiny_zimage import make_tiny_zimage
+
+    return make_tiny_zimage(tmp_path_factory.mktemp("tiny_zimage"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def zimage_embeddings(tiny_zimage_dir, tmp_path_factory):
+    """assets/prompts_tiny.txt encoded with the tiny Z-Image (Qwen3 length 48, with the empty prompt)."""
+    return encode_tiny_prompts(tiny_zimage_dir, tmp_path_factory, "zimage_embeddings", 48, "zimage")
 
 
 # FLUX.1-schnell's scheduler_config.json: no dynamic shifting, shift 1.

@@ -94,6 +94,21 @@ class TensorConditioning(Conditioning):
         return {**{k: t[i] for k, t in self.tensors.items()}, **self.shared}
 
 
+def check_first_dims(idx: int, dims: tuple, first_dims: tuple | None, where: str, names: str = "(L, D)") -> None:
+    """A stored record's dims against the dataset's first record's (None: this is the first):
+    EmbeddingShapeError naming both when ``where`` mixes two preprocessing runs."""
+    if first_dims is not None and dims != first_dims:
+        raise EmbeddingShapeError(f"prompt {idx} has {names} = {dims} but prompt 0 has {first_dims}: "
+                                  f"{where!r} mixes two preprocessing runs — re-run it into an empty folder")
+
+
+def check_sequence_length(seq: int, max_sequence_length: int | None) -> None:
+    """Stored embeddings of ``seq`` tokens where --max_sequence_length asks for another length."""
+    if max_sequence_length is not None and seq != max_sequence_length:
+        raise EmbeddingShapeError(f"prompt embeddings have {seq} tokens but {max_sequence_length} are expected: "
+                                  f"re-run preprocessing with --max_sequence_length {max_sequence_length}")
+
+
 # ---------------------------------------------------------------- geometry and storage
 @dataclass(frozen=True)
 class LatentLayout:
@@ -178,9 +193,12 @@ class FamilyLoading(abc.ABC):
     def load_transformer(self, root: str | Path, subfolder: str | None, device, dtype: torch.dtype):
         """The transformer of ``root/subfolder`` (subfolder None: root is the transformer folder)."""
 
-    @abc.abstractmethod
     def meta_transformer(self, config: Mapping, dtype: torch.dtype) -> torch.nn.Module:
-        """The transformer of ``config`` built on the meta device in ``dtype`` (no weights)."""
+        """The transformer of ``config`` built on the meta device in ``dtype`` (no weights); default:
+        transformer_class().from_config without the config's private keys."""
+        with torch.device("meta"):
+            model = self.transformer_class().from_config({k: v for k, v in config.items() if not k.startswith("_")})
+        return model.to(dtype)
 
     @abc.abstractmethod
     def adapt_for_device(self, transformer, device) -> None:

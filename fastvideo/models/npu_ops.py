@@ -1,4 +1,4 @@
-"""Ascend NPU kernels for the FLUX and SD3.5 transformers, installed from outside the model.
+"""Ascend NPU kernels for the FLUX, SD3.5 and Z-Image transformers, installed from outside the model.
 
 Stock diffusers runs FLUX on an NPU slowly or not at all in three places (see docs/npu.md):
 
@@ -12,7 +12,12 @@ Stock diffusers runs FLUX on an NPU slowly or not at all in three places (see do
    and k can leave fp32-weight norms as fp32 while v is bf16; :class:`NpuFluxAttnProcessor` casts
    q and k to v's dtype before ``npu_fusion_attention``.
 
-:func:`maybe_adapt_for_npu` applies all three when, and only when, the device is an NPU. Parameters
+Z-Image (diffusers 0.42) has complex64 RoPE tables and a masked attention of its own:
+:func:`adapt_zimage_for_npu` installs :class:`NpuZImageRope` (the same tables as (cos, sin) pairs)
+and :class:`NpuZImageAttnProcessor` (real-arithmetic rotation, the fused kernel with its key-padding
+mask); its RMS norms are the first item's.
+
+:func:`maybe_adapt_for_npu` applies the first three when, and only when, the device is an NPU. Parameters
 are reused, never copied, so state-dict keys, their order and optimizer bindings do not change. Call
 it before FSDP wraps the model. Where the library lines differ (module and processor classes) is
 answered by :mod:`fastvideo.library_lines`.
@@ -246,21 +251,27 @@ def attention_bnsd(
 ) -> torch.Tensor:
     """Softmax attention on [B, N, S, D] tensors -> [B, N, S, D] (v's dtype on the fused path).
 
-    On an NPU with half-precision v and no mask this is ``npu_fusion_attention``, with q and k cast
-    to v's dtype first (the kernel needs one dtype; q/k come out of fp32 norms under autocast).
-    Otherwise it is ``F.scaled_dot_product_attention`` on the tensors as given, like diffusers.
+    On an NPU with half-precision v and no mask, or a boolean key-padding mask [B, 1, 1, S] (True:
+    keep), this is ``npu_fusion_attention``, with q and k cast to v's dtype first (the kernel needs
+    one dtype; q/k come out of fp32 norms under autocast). Otherwise it is
+    ``F.scaled_dot_product_attention`` on the tensors as given, like diffusers.
     """
     torch_npu = npu_kernels_for(v)
-    if torch_npu is None or attention_mask is not None or v.dtype not in FUSED_ATTENTION_DTYPES:
-        # The fused kernel's mask means "drop" where SDPA's bool mask means "keep": FLUX passes no
-        # mask, so masked calls simply stay on SDPA.
+    fusable_mask = attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[-2] == 1)
+    if torch_npu is None or not fusable_mask or v.dtype not in FUSED_ATTENTION_DTYPES:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=0.0)
+    drop = None
+    if attention_mask is not None:
+        # A key-padding mask [B, 1, 1, S] (True: keep, SDPA's sense; Z-Image's batches of unequal
+        # captions): the fused kernel's mask means "drop" and is [B, 1, Sq, Skv].
+        drop = (~attention_mask).expand(q.shape[0], 1, q.shape[2], k.shape[2])
     return torch_npu.npu_fusion_attention(
         q.to(v.dtype),
         k.to(v.dtype),
         v,
         v.shape[1],
         input_layout="BNSD",
+        atten_mask=drop,
         scale=1.0 / math.sqrt(q.shape[-1]),
     )[0]
 
@@ -322,6 +333,83 @@ class NpuFluxAttnProcessor:
         text, image = out[:, :n_text], out[:, n_text:]
         image = attn.to_out[1](attn.to_out[0](image))  # linear, dropout
         return image, attn.to_add_out(text)
+
+
+# ---------------------------------------------------------------------------------------- Z-Image
+
+
+class NpuZImageRope:
+    """Drop-in for Z-Image's ``RopeEmbedder`` (a plain object, not a module) without complex numbers:
+    the per-axis rotations as (cos, sin) pairs. The angle tables are made once, here, on the CPU as
+    diffusers makes them (float64 frequencies, float32 angles) and moved to the ids' device.
+
+    ids [S, n_axes] int -> [S, sum(axes_dims) / 2, 2] float32: the real and imaginary parts of the
+    stock embedder's complex64 result."""
+
+    def __init__(self, theta: float, axes_dims: Sequence[int], axes_lens: Sequence[int]):
+        self.theta, self.axes_dims, self.axes_lens = theta, list(axes_dims), list(axes_lens)
+        self.tables = []
+        for dim, length in zip(self.axes_dims, self.axes_lens):
+            freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+            angles = torch.outer(torch.arange(length, dtype=torch.float64), freqs).float()  # [length, dim / 2]
+            self.tables.append(torch.stack([angles.cos(), angles.sin()], dim=-1))
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tables[0].device != ids.device:
+            self.tables = [t.to(ids.device) for t in self.tables]
+        return torch.cat([table[ids[:, i]] for i, table in enumerate(self.tables)], dim=-2)
+
+
+def rotate_pairs(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Z-Image's rotary embedding in real arithmetic: x [B, S, N, D] (pairs (2i, 2i + 1) rotate
+    together) by freqs [B, S, D / 2, 2] (cos, sin) -> x's shape and dtype, computed in float32."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # [B, S, N, D/2, 2]
+    cos, sin = freqs[:, :, None, :, 0], freqs[:, :, None, :, 1]
+    real = pairs[..., 0] * cos - pairs[..., 1] * sin
+    imag = pairs[..., 0] * sin + pairs[..., 1] * cos
+    return torch.stack([real, imag], dim=-1).flatten(-2).type_as(x)
+
+
+class NpuZImageAttnProcessor:
+    """Z-Image's single-stream attention (diffusers' ``ZSingleStreamAttnProcessor``) with the RoPE of
+    :class:`NpuZImageRope` (real arithmetic) and the attention of :func:`attention_bnsd` (the fused
+    kernel on an NPU, its key-padding mask converted; SDPA elsewhere)."""
+
+    def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states=None,
+                 attention_mask: torch.Tensor | None = None, freqs_cis: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden_states [B, S, C]; attention_mask [B, S] bool (True: keep) or None; freqs_cis
+        [B, S, D/2, 2]. Returns [B, S, C]."""
+        q, k, v = (proj(hidden_states).unflatten(-1, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k, attn.to_v))
+        if attn.norm_q is not None:
+            q = attn.norm_q(q)
+        if attn.norm_k is not None:
+            k = attn.norm_k(k)
+        if freqs_cis is not None:
+            q, k = rotate_pairs(q, freqs_cis), rotate_pairs(k, freqs_cis)
+        mask = attention_mask[:, None, None, :] if attention_mask is not None and attention_mask.ndim == 2 else attention_mask
+        out = attention_bnsd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+        out = out.transpose(1, 2).flatten(2).to(q.dtype)
+        out = attn.to_out[0](out)
+        return attn.to_out[1](out) if len(attn.to_out) > 1 else out
+
+
+def adapt_zimage_for_npu(transformer: nn.Module) -> int:
+    """Install :class:`NpuZImageRope` and :class:`NpuZImageAttnProcessor` in a diffusers
+    ZImageTransformer2DModel, in place (its RMS norms: :func:`adapt_for_npu`). Idempotent; no
+    parameter changes. Returns the number of attention processors swapped."""
+    from diffusers.models.transformers.transformer_z_image import RopeEmbedder, ZSingleStreamAttnProcessor
+
+    model = getattr(transformer, "module", transformer)
+    rope = model.rope_embedder
+    if isinstance(rope, RopeEmbedder):
+        model.rope_embedder = NpuZImageRope(rope.theta, rope.axes_dims, rope.axes_lens)
+    processor, swapped = NpuZImageAttnProcessor(), 0
+    for module in model.modules():
+        if isinstance(getattr(module, "processor", None), ZSingleStreamAttnProcessor):
+            module.set_processor(processor)
+            swapped += 1
+    logger.info("Z-Image NPU kernels installed: real-arithmetic RoPE, %d attention processors", swapped)
+    return swapped
 
 
 # ------------------------------------------------------------------------------------- installing

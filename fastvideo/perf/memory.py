@@ -216,6 +216,8 @@ def transformer_activation_peak(config: dict, batch: int, layout, text_tokens: i
     tracker = LiveBytes()
     with torch.set_grad_enabled(train), _fused_attention(), tracker:
         out = model(**inputs)[0]
+        if isinstance(out, (list, tuple)):  # a transformer that returns one tensor per sample (Z-Image)
+            out = torch.stack(list(out))
         if train:
             out.float().square().mean().backward()
     return tracker.peak

@@ -81,12 +81,12 @@ def write_qwen_tokenizer(out: Path) -> int:
     return len(tok)
 
 
-def qwen3(vocab: int):
-    """Qwen3ForCausalLM at width 16 with Qwen3-4B's layer count, grouped-query attention and tied embeddings."""
+def qwen3(vocab: int, layers: int = QWEN_LAYERS):
+    """Qwen3ForCausalLM at width 16 (Qwen3-4B's 36 layers by default), grouped-query attention, tied embeddings."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     return Qwen3ForCausalLM(Qwen3Config(
-        vocab_size=vocab, hidden_size=QWEN_WIDTH, intermediate_size=2 * QWEN_WIDTH, num_hidden_layers=QWEN_LAYERS,
+        vocab_size=vocab, hidden_size=QWEN_WIDTH, intermediate_size=2 * QWEN_WIDTH, num_hidden_layers=layers,
         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=4096,
         tie_word_embeddings=True, use_cache=False, rope_theta=1000000.0))
 

@@ -11,20 +11,23 @@
 # MODEL (flux, or sd3: the tiny SD3.5 with classifier-free guidance 4.5 and Flow-GRPO's SDE; its
 # model, embeddings and outputs go to DEMO_DIR/{tiny_sd3, embeddings_sd3, outputs_sd3}; or flux2: the
 # tiny FLUX.2 [klein] base with classifier-free guidance 4.0, Flow-GRPO's SDE, the pipeline's own
-# schedule and lr 1e-2, on the current library line, LINE=current, the default for it; DEMO_DIR/*_flux2),
+# schedule and lr 1e-2, on the current library line, LINE=current, the default for it; DEMO_DIR/*_flux2;
+# or zimage: the tiny Z-Image with guidance 4.0, Flow-GRPO's SDE, shift 3 and lr ZIMAGE_LR (1e-2), the
+# current line too; DEMO_DIR/*_zimage),
 # ALGO (grpo, or nft: DiffusionNFT with DPM-Solver++ rollouts, one optimizer step per prompt group
 # at lr 1e-2 as in docs/nft.md's race; outputs in DEMO_DIR/outputs_nft),
 # OUTPUT_DIR (where the run writes; the LoRA demo in README uses DEMO_DIR/outputs_lora),
 # LINE (recipe or current: the library line, README "Library lines").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-if [ "${MODEL:-flux}" = flux2 ]; then
-  export LINE=${LINE:-current}
-  if [ "$LINE" != current ]; then
-    echo "MODEL=flux2 runs on the current library line (diffusers 0.42.1): drop LINE=$LINE or set LINE=current" >&2
-    exit 2
-  fi
-fi
+case "${MODEL:-flux}" in
+  flux2|zimage)
+    export LINE=${LINE:-current}
+    if [ "$LINE" != current ]; then
+      echo "MODEL=$MODEL runs on the current library line (diffusers 0.42.1): drop LINE=$LINE or set LINE=current" >&2
+      exit 2
+    fi ;;
+esac
 if [ "${DRY_RUN:-0}" != 1 ]; then bash env_setup.sh --target cpu; fi  # a dry run installs nothing
 export FASTVIDEO_DEVICE=cpu
 source scripts/common.sh
@@ -43,7 +46,12 @@ case "${MODEL:-flux}" in
          # lr 1e-2: at the shared 3e-3 the tiny klein's reward did not rise in 40 iterations (docs/flux2.md, Demo)
          FAMILY_ARGS=(--model_family flux2 --guidance_scale 4.0 --flow_grpo_sampling --no_quantize_timestep
                       --pipeline_shift --learning_rate 1e-2) ;;
-  *) echo "MODEL=${MODEL}: use flux, sd3 or flux2" >&2; exit 2 ;;
+  zimage) TINY=tiny_zimage; BUILD=(fastvideo.tools.make_tiny_zimage); EMB=embeddings_zimage; OUT=outputs_zimage
+          PREPROCESS=preprocess_zimage_rl_embeddings.sh; SEQ=80  # as flux2's: the same tokenizer and chat template
+          # the 8-GPU launcher's guidance 4.0 (Flow-Factory's), the scheduler's shift 3; lr: docs/zimage.md, Demo
+          FAMILY_ARGS=(--model_family zimage --guidance_scale 4.0 --flow_grpo_sampling --no_quantize_timestep
+                       --shift 3 --learning_rate "${ZIMAGE_LR:-1e-2}") ;;
+  *) echo "MODEL=${MODEL}: use flux, sd3, flux2 or zimage" >&2; exit 2 ;;
 esac
 # The objective: GRPO shares one noise per prompt group (--init_same_noise); NFT's deterministic
 # DPM-Solver++ rollouts would make a group's samples equal, so it draws each sample's own noise.
@@ -55,7 +63,10 @@ case "${ALGO:-grpo}" in
 esac
 OUTPUT_DIR=${OUTPUT_DIR:-$DEMO_DIR/$OUT}
 BUILDERS=(fastvideo/tools/make_tiny_flux.py fastvideo/tools/make_tiny_sd3.py)
-if [ "${MODEL:-flux}" = flux2 ]; then BUILDERS+=(fastvideo/tools/make_tiny_flux2.py); fi
+case "${MODEL:-flux}" in
+  flux2) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py) ;;
+  zimage) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_zimage.py) ;;
+esac
 
 # A tiny folder built by another version of the builders (a preset changed: the tiny SD3.5's VAE
 # factors did) is rebuilt, else the demo would silently train the old model: the stamp is a hash of

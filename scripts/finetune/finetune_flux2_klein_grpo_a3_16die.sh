@@ -7,13 +7,5 @@
 # Data: bash scripts/preprocess/preprocess_flux2_rl_embeddings.sh (Qwen3, 512 tokens, with the empty prompt).
 # Overridable: NPROC (16), MASTER_PORT (19003), EXTRA_ARGS, and flux2_klein_grpo_args.sh's KLEIN (base |
 # distilled), MODEL_PATH, DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, ROLLOUT_BATCH_SIZE.
-set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-export LINE=${LINE:-current}
-source scripts/common.sh
-export WANDB_DISABLED=${WANDB_DISABLED:-true}
-PROMPTS_PER_RANK=3 ACCUMULATION=6
-source scripts/finetune/flux2_klein_grpo_args.sh
-# shellcheck disable=SC2086
-fg_run --nnodes=1 --nproc_per_node="${NPROC:-16}" --master_port="${MASTER_PORT:-19003}" \
-  fastvideo/train_grpo_flux.py "${FLUX2_GRPO_ARGS[@]}" ${EXTRA_ARGS:-}
+ARGS_FILE=scripts/finetune/flux2_klein_grpo_args.sh PROMPTS_PER_RANK=3 ACCUMULATION=6 NPROC_DEFAULT=16
+source "$(dirname "${BASH_SOURCE[0]}")/current_line_grpo.sh"

@@ -3,7 +3,7 @@
 # examples/grpo/full/flux2_klein/default.yaml for the step-distilled one, KLEIN=distilled), as this
 # trainer's flags, and the launch settings both launchers share. Sourced by
 # finetune_flux2_klein_grpo_8gpus.sh and finetune_flux2_klein_grpo_a3_16die.sh, which set
-# PROMPTS_PER_RANK and ACCUMULATION for their world size. Overridable: KLEIN (base | distilled),
+# PROMPTS_PER_RANK and ACCUMULATION for their world size (scripts/finetune/current_line_grpo.sh runs it). Overridable: KLEIN (base | distilled),
 # MODEL_PATH (data/flux2: FLUX.2-klein-base-4B, or FLUX.2-klein-4B with KLEIN=distilled; the 9B
 # checkpoints take the same flags), DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, ROLLOUT_BATCH_SIZE (8).
 # Each value's source (FF = Flow-Factory's yaml; base / distilled where they differ):
@@ -51,7 +51,7 @@ case "${KLEIN:-base}" in
   *) echo "KLEIN=${KLEIN}: use base (FLUX.2-klein-base-*, guidance 4.0) or distilled (FLUX.2-klein-*, no guidance)" >&2
      exit 2 ;;
 esac
-FLUX2_GRPO_ARGS=(
+GRPO_ARGS=(
   --model_family flux2
   --h 384 --w 384 --t 1 --num_latent_t 1
   "${KLEIN_ARGS[@]}"

@@ -1,7 +1,8 @@
-"""The FLUX.2 family on both library lines: registered everywhere, importable without diffusers' or
-transformers' FLUX.2 / Qwen3 classes (the recipe line has none), and refused on the recipe line with
-one line naming the line and `bash env_setup.sh --line current` (exit 2) by every entry point that
-looks a family up: the registry, the training preflight, preprocessing and the tiny builder."""
+"""The current-line families (FLUX.2 [klein], Z-Image) on both library lines: registered everywhere,
+importable without diffusers' or transformers' FLUX.2 / Z-Image / Qwen3 classes (the recipe line has
+none), and refused on the recipe line with one line naming the line and `bash env_setup.sh --line
+current` (exit 2) by every entry point that looks a family up: the registry, the training
+preflight, preprocessing and the tiny builders."""
 
 from __future__ import annotations
 
@@ -23,23 +24,30 @@ def as_recipe(monkeypatch):
     monkeypatch.setattr(library_lines, "library_line", lambda: RECIPE)
 
 
-def test_registered_on_both_lines_without_importing_flux2_or_qwen3_classes():
+CURRENT_LINE_FAMILIES = [("flux2", "Flux2Transformer2DModel", "make_tiny_flux2"),
+                         ("zimage", "ZImageTransformer2DModel", "make_tiny_zimage")]
+
+
+@pytest.mark.parametrize("name, class_name, builder", CURRENT_LINE_FAMILIES)
+def test_registered_on_both_lines_without_importing_their_library_classes(name, class_name, builder):
     code = ("import sys; from fastvideo.models.registry import model_family_names, family_for_class_name; "
-            "assert 'flux2' in model_family_names(); "
-            "assert family_for_class_name('Flux2Transformer2DModel') == 'flux2'; "
-            "print(sorted(m for m in sys.modules if 'flux2' in m.split('.')[-1] or 'qwen3' in m))")
+            f"assert {name!r} in model_family_names(); "
+            f"assert family_for_class_name({class_name!r}) == {name!r}; "
+            "print(sorted(m for m in sys.modules if not m.startswith('fastvideo') and "
+            "any(k in m for k in ('flux2', 'z_image', 'qwen3'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert eval(out.stdout) == ["fastvideo.models.flux2"]  # its own package only, nothing of diffusers / transformers
+    assert eval(out.stdout) == []  # nothing of diffusers' / transformers' FLUX.2, Z-Image or Qwen3 code
 
 
-def test_the_registry_refuses_flux2_on_the_recipe_line(as_recipe):
+@pytest.mark.parametrize("name", ["flux2", "zimage"])
+def test_the_registry_refuses_them_on_the_recipe_line(as_recipe, name):
     from fastvideo.models.registry import get_model_family
 
     with pytest.raises(LibraryLineError) as err:
-        get_model_family("flux2")
+        get_model_family(name)
     text = str(err.value)
-    assert "\n" not in text and "model family 'flux2' needs the current line" in text
+    assert "\n" not in text and f"model family {name!r} needs the current line" in text
     assert "`bash env_setup.sh --line current`" in text and "this environment runs the recipe line" in text
     assert get_model_family("sd3").name == "sd3"  # the other families are not affected
 
@@ -62,10 +70,11 @@ def test_preprocessing_refuses_flux2_on_the_recipe_line(as_recipe, tmp_path):
         cfg.validate()
 
 
-def test_the_tiny_builder_exits_2_with_one_line_on_the_recipe_line(tmp_path):
+@pytest.mark.parametrize("builder", ["make_tiny_flux2", "make_tiny_zimage"])
+def test_the_tiny_builders_exit_2_with_one_line_on_the_recipe_line(tmp_path, builder):
     if library_line() != RECIPE:
         pytest.skip(f"runs the builder's command line on the recipe line; this is the {library_line()} line")
-    out = subprocess.run([sys.executable, "-m", "fastvideo.tools.make_tiny_flux2", str(tmp_path / "t")],
+    out = subprocess.run([sys.executable, "-m", f"fastvideo.tools.{builder}", str(tmp_path / "t")],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 2 and not (tmp_path / "t").exists()
     lines = out.stderr.strip().splitlines()

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from flux2_helpers import LAUNCHERS, launcher_argv, line_reason
+from current_line_helpers import LAUNCHERS, launcher_argv, line_reason
 from helpers import ROOT
 
 pytestmark = pytest.mark.skipif(line_reason() is not None, reason=line_reason() or "")

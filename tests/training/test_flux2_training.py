@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flux2_helpers import SEQ, WEIGHTS, line_reason, tiny_argv
+from current_line_helpers import SEQ, WEIGHTS, line_reason, tiny_argv
 from helpers import read_metrics, torchrun
 
 pytestmark = pytest.mark.skipif(line_reason() is not None, reason=line_reason() or "")

@@ -109,12 +109,6 @@ class FluxFamily(base.ModelFamily, base.FamilyCostModel):
         C.adapt_for_device(model, device)
         return model
 
-    def meta_transformer(self, config, dtype):
-        with torch.device("meta"):
-            model = self.transformer_class().from_config({k: v for k, v in config.items() if not k.startswith("_")})
-        model.to(dtype)
-        return model
-
     def adapt_for_device(self, transformer, device) -> None:
         C.adapt_for_device(transformer, device)
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from fastvideo.errors import UserError
+from fastvideo.models import qwen3_text
 from fastvideo.models.base import check_diffusers_folder
+from fastvideo.models.qwen3_text import TextEncoder
 
 # Flux2KleinPipeline's encode_prompt defaults (diffusers 0.42.1 pipeline_flux2_klein.py).
 TEXT_LAYERS = (9, 18, 27)
@@ -103,57 +104,18 @@ def load_vae(path, device="cpu", dtype=torch.float32):
     return vae.requires_grad_(False).eval().to(device)
 
 
-@dataclass
-class TextEncoder:
-    """The Qwen3 decoder (its hidden states; the language-model head is not needed) and its tokenizer."""
-
-    tokenizer: object
-    model: torch.nn.Module
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.model.config.hidden_size)
-
-
 def load_text_encoder(path, device="cpu", dtype=torch.float32) -> TextEncoder:
-    """The folder's Qwen3ForCausalLM without its head (Qwen3-8B's untied head is 1.2 GB of bf16
-    the embeddings never use) and its tokenizer."""
-    from transformers import AutoTokenizer, Qwen3ForCausalLM
-
-    root = check_flux2_folder(path, ("text_encoder", "tokenizer"))
-    tokenizer = AutoTokenizer.from_pretrained(root, subfolder="tokenizer")
-    model = Qwen3ForCausalLM.from_pretrained(root, subfolder="text_encoder", torch_dtype=dtype).model
-    return TextEncoder(tokenizer, model.requires_grad_(False).eval().to(device))
+    """The folder's Qwen3 decoder (without its head) and its tokenizer."""
+    return qwen3_text.load_text_encoder(check_flux2_folder(path, ("text_encoder", "tokenizer")), device, dtype)
 
 
-def chat_ids(tokenizer, prompts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flux2KleinPipeline's tokenisation: each prompt as one user turn of the chat template with the
-    generation prompt and thinking off, padded / truncated to max_sequence_length. -> (input_ids,
-    attention_mask), each [B, L] int64."""
-    ids, masks = [], []
-    for prompt in prompts:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True, enable_thinking=False)
-        enc = tokenizer(text, return_tensors="pt", padding="max_length", truncation=True,
-                        max_length=max_sequence_length)
-        ids.append(enc["input_ids"])
-        masks.append(enc["attention_mask"])
-    return torch.cat(ids), torch.cat(masks)
-
-
-@torch.no_grad()
 def encode_prompts(enc: TextEncoder, prompts: list[str], max_sequence_length: int,
                    layers: tuple[int, ...] = TEXT_LAYERS) -> torch.Tensor:
-    """As Flux2KleinPipeline.encode_prompt: the hidden states after ``layers`` (index 0 is the
-    embedding), stacked per token -> prompt_embeds [B, L, len(layers) * H] in the encoder's dtype."""
-    ids, mask = chat_ids(enc.tokenizer, list(prompts), max_sequence_length)
-    out = enc.model(input_ids=ids.to(enc.device), attention_mask=mask.to(enc.device), output_hidden_states=True,
-                    use_cache=False)
-    stacked = torch.stack([out.hidden_states[k] for k in layers], dim=1)  # [B, n, L, H]
+    """As Flux2KleinPipeline.encode_prompt (chat template with thinking off): the hidden states after
+    ``layers`` (index 0 is the embedding), stacked per token -> prompt_embeds [B, L, len(layers) * H]
+    in the encoder's dtype."""
+    states, _ = qwen3_text.hidden_states(enc, list(prompts), max_sequence_length, enable_thinking=False)
+    stacked = torch.stack([states[k] for k in layers], dim=1)  # [B, n, L, H]
     b, n, length, h = stacked.shape
     return stacked.permute(0, 2, 1, 3).reshape(b, length, n * h)
 

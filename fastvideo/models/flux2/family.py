@@ -84,11 +84,6 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
         C.check_guidance(root, self.guidance_scale)
         return C.load_transformer(root, subfolder, device, dtype)
 
-    def meta_transformer(self, config, dtype):
-        with torch.device("meta"):
-            model = self.transformer_class().from_config({k: v for k, v in config.items() if not k.startswith("_")})
-        return model.to(dtype)
-
     def adapt_for_device(self, transformer, device) -> None:
         C.adapt_for_device(transformer, device)
 
@@ -129,9 +124,7 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
                                       f"differs in shape from the prompt's {tuple(embed.shape)} in {where!r}: it was not "
                                       "made by FLUX.2 preprocessing (--model_family flux2); re-run it into an empty folder")
         dims = tuple(embed.shape)
-        if first_dims is not None and dims != first_dims:
-            raise EmbeddingShapeError(f"prompt {idx} has (L, D) = {dims} but prompt 0 has {first_dims}: "
-                                      f"{where!r} mixes two preprocessing runs — re-run it into an empty folder")
+        base.check_first_dims(idx, dims, first_dims, where)
         return dict(record), dims
 
     def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
@@ -140,9 +133,7 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
         if joint is not None and width != joint:
             raise EmbeddingShapeError(f"prompt embeddings have width {width} but the transformer expects "
                                       f"joint_attention_dim {joint}: {MODEL_HINT}")
-        if max_sequence_length is not None and seq != max_sequence_length:
-            raise EmbeddingShapeError(f"prompt embeddings have {seq} tokens but {max_sequence_length} are expected: "
-                                      f"re-run preprocessing with --max_sequence_length {max_sequence_length}")
+        base.check_sequence_length(seq, max_sequence_length)
 
     def encoder_dims(self, encoders) -> dict[str, int]:
         return {"embed_dim": len(C.TEXT_LAYERS) * encoders.hidden_size}

@@ -71,11 +71,6 @@ class SD3Family(base.ModelFamily, base.FamilyCostModel):
     def load_transformer(self, root, subfolder, device, dtype):
         return C.load_transformer(root, subfolder, device, dtype)
 
-    def meta_transformer(self, config, dtype):
-        with torch.device("meta"):
-            model = self.transformer_class().from_config({k: v for k, v in config.items() if not k.startswith("_")})
-        return model.to(dtype)
-
     def adapt_for_device(self, transformer, device) -> None:
         C.adapt_for_device(transformer, device)
 
@@ -120,9 +115,7 @@ class SD3Family(base.ModelFamily, base.FamilyCostModel):
             raise EmbeddingShapeError(f"prompt {idx}: prompt_embed has {embed.shape[0]} rows, not 77 CLIP + T5 tokens: "
                                       f"{where!r} was not made by SD3 preprocessing (--model_family sd3)")
         dims = (embed.shape[0] - C.CLIP_TOKENS, embed.shape[1], pooled.shape[0])
-        if first_dims is not None and dims != first_dims:
-            raise EmbeddingShapeError(f"prompt {idx} has (L, D, P) = {dims} but prompt 0 has {first_dims}: "
-                                      f"{where!r} mixes two preprocessing runs — re-run it into an empty folder")
+        base.check_first_dims(idx, dims, first_dims, where, "(L, D, P)")
         return dict(record), dims
 
     def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:

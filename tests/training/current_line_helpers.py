@@ -1,5 +1,5 @@
-"""What the FLUX.2 training tests share: the line check, the launchers' command lines and the tiny
-run's overrides of them."""
+"""What the current-line families' training tests share (FLUX.2 [klein], Z-Image): the line check,
+the launchers' command lines and the tiny runs' overrides of them."""
 
 from __future__ import annotations
 
@@ -11,16 +11,19 @@ import sys
 from fastvideo.library_lines import CURRENT, LibraryLineError, require_line
 from helpers import ROOT
 
+# launcher -> (world size, prompts per rank, accumulation)
 LAUNCHERS = {"scripts/finetune/finetune_flux2_klein_grpo_8gpus.sh": (8, 6, 12),
              "scripts/finetune/finetune_flux2_klein_grpo_a3_16die.sh": (16, 3, 6)}
-SEQ = 48  # the tiny embeddings' Qwen3 length (conftest's flux2_embeddings)
+ZIMAGE_LAUNCHERS = {"scripts/finetune/finetune_zimage_grpo_8gpus.sh": (8, 6, 12),
+                    "scripts/finetune/finetune_zimage_grpo_a3_16die.sh": (16, 3, 6)}
+SEQ = 48  # the tiny embeddings' Qwen3 length (conftest's flux2_embeddings, zimage_embeddings)
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
-def line_reason() -> str | None:
-    """None on the current library line, else why FLUX.2 cannot run here (the skip reason)."""
+def line_reason(what: str = "FLUX.2 [klein] training") -> str | None:
+    """None on the current library line, else why ``what`` cannot run here (the skip reason)."""
     try:
-        require_line(CURRENT, "FLUX.2 [klein] training")
+        require_line(CURRENT, what)
     except LibraryLineError as exc:
         return str(exc)
     return None
@@ -34,16 +37,18 @@ def launcher_argv(script: str, **env_extra) -> list[str]:
     assert out.returncode == 0, out.stderr
     assert "line: current" in out.stdout  # the dry run names the library line it would run on
     words = shlex.split(out.stdout.strip().splitlines()[-1])
-    assert f"--nproc_per_node={LAUNCHERS[script][0]}" in words
+    world = {**LAUNCHERS, **ZIMAGE_LAUNCHERS}[script][0]
+    assert f"--nproc_per_node={world}" in words
     return words[words.index("fastvideo/train_grpo_flux.py") + 1:]
 
 
-def tiny_argv(model, index, out, **more) -> list[str]:
-    """The 8-GPU launcher's flags, then the tiny run's overrides (argparse keeps the last value)."""
+def tiny_argv(model, index, out, script="scripts/finetune/finetune_flux2_klein_grpo_8gpus.sh", **more) -> list[str]:
+    """The 8-GPU launcher's flags (FLUX.2's unless ``script``), then the tiny run's overrides
+    (argparse keeps the last value)."""
     tiny = dict(pretrained_model_name_or_path=model, data_json_path=index, output_dir=out, h=32, w=32,
                 sampling_steps=4, num_generations=2, train_batch_size=1, rollout_batch_size=2,
                 train_micro_batch_size=2, gradient_accumulation_steps=1, rewards="compressibility:1.0",
                 max_train_steps=2, checkpointing_steps=1, dataloader_num_workers=0, save_images_every=0,
                 learning_rate=1e-3, mixed_precision="no", **more)
-    argv = launcher_argv("scripts/finetune/finetune_flux2_klein_grpo_8gpus.sh")
+    argv = launcher_argv(script)
     return argv + [w for k, v in tiny.items() for w in (f"--{k}", str(v))]
