@@ -72,7 +72,11 @@ class EvalSettings(Settings):
                  "eval_eta": section["eta"], "eval_num_images_per_prompt": section["num_images_per_prompt"],
                  "eval_batch_size": section["batch_size"], "eval_grid_prompts": section["grid_prompts"],
                  "eval_max_sequence_length": section["max_sequence_length"]}
-        return {**flags, **{f"guard_{k}": v for k, v in guard.items()}}
+        guard_flags = {f"guard_{k}": v for k, v in guard.items()}
+        if "guard_drop" in guard_flags:  # None is auto; a number (older files: 0.0) stays that number
+            drop = guard_flags["guard_drop"]
+            guard_flags["guard_drop"] = "auto" if drop is None else repr(float(drop))
+        return {**flags, **guard_flags}
 
 
 def add_eval_args(parser: argparse.ArgumentParser) -> None:
