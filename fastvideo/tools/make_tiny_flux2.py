@@ -1,6 +1,6 @@
-"""Write a complete diffusers-layout FLUX.2 [klein] folder with random weights, built offline.
+"""Write a complete diffusers-layout FLUX.2 [klein] or [dev] folder with random weights, built offline.
 
-    python -m fastvideo.tools.make_tiny_flux2 OUT_DIR [--seed N] [--distilled]
+    python -m fastvideo.tools.make_tiny_flux2 OUT_DIR [--seed N] [--distilled] [--variant klein|dev]
 
 Same structure and config keys as black-forest-labs/FLUX.2-klein-base-4B, scaled down:
 Flux2TransformerModel with double- and single-stream blocks (no guidance embedding, 4-axis RoPE,
@@ -11,6 +11,11 @@ a byte-level BPE tokenizer and a Qwen3-style chat template written here (no hub)
 flow-matching scheduler with dynamic shifting. ``--distilled`` writes ``is_distilled: true`` into
 model_index.json (a step-distilled klein: no classifier-free guidance). Flux2KleinPipeline loads
 the folder; the same seed gives the same weights, bit for bit. Needs the current library line.
+
+``--variant dev`` writes a tiny FLUX.2 [dev] instead (black-forest-labs/FLUX.2-dev's structure): the
+same transformer blocks with a guidance embedding (guidance-distilled), the same VAE, and a tiny
+Mistral-3 text encoder (Mistral3ForConditionalGeneration, 40 decoder layers: the pipeline reads 10,
+20 and 30) behind a PixtralProcessor (fastvideo/tools/tiny_mistral3.py); Flux2Pipeline loads it.
 """
 
 from __future__ import annotations
@@ -91,7 +96,10 @@ def qwen3(vocab: int, layers: int = QWEN_LAYERS):
         tie_word_embeddings=True, use_cache=False, rope_theta=1000000.0))
 
 
-def transformer_config() -> dict:
+def transformer_config(dev: bool = False) -> dict:
+    """klein's blocks; dev: its guidance embedding and the Mistral-3 text width (3 x 16)."""
+    from fastvideo.tools.tiny_mistral3 import MISTRAL_WIDTH
+
     return {
         "_class_name": "Flux2Transformer2DModel",
         "_diffusers_version": "0.42.1",
@@ -102,13 +110,13 @@ def transformer_config() -> dict:
         "num_single_layers": SINGLE,
         "attention_head_dim": HEAD_DIM,
         "num_attention_heads": HEADS,
-        "joint_attention_dim": 3 * QWEN_WIDTH,
+        "joint_attention_dim": 3 * (MISTRAL_WIDTH if dev else QWEN_WIDTH),
         "timestep_guidance_channels": 256,
         "mlp_ratio": 3.0,
         "axes_dims_rope": [4, 4, 4, 4],
         "rope_theta": 2000,
         "eps": 1e-6,
-        "guidance_embeds": False,
+        "guidance_embeds": dev,
     }
 
 
@@ -135,17 +143,19 @@ def vae_config() -> dict:
     }
 
 
-def build_modules(vocab: int, seed: int):
+def build_modules(vocab: int, seed: int, dev: bool = False):
     """Every network of the folder, weights (and the VAE's latent statistics) drawn from ``seed``."""
     from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
 
+    from fastvideo.tools.tiny_mistral3 import mistral3
+
     torch.manual_seed(seed)
-    transformer = Flux2Transformer2DModel.from_config(transformer_config())
+    transformer = Flux2Transformer2DModel.from_config(transformer_config(dev))
     vae = AutoencoderKLFlux2.from_config(vae_config())
     with torch.no_grad():  # a trained VAE's statistics are not 0 / 1: make skipping them visible
         vae.bn.running_mean.normal_(0.0, 0.2)
         vae.bn.running_var.uniform_(*TINY_BN_VAR)
-    text_encoder = qwen3(vocab)
+    text_encoder = mistral3(vocab) if dev else qwen3(vocab)
     wake_zero_projections(transformer, seed + 1)
     return transformer, vae, text_encoder
 
@@ -163,16 +173,42 @@ def model_index(distilled: bool) -> dict:
     }
 
 
-def make_tiny_flux2(out_dir: str | Path, seed: int = 0, distilled: bool = False) -> Path:
+# black-forest-labs/FLUX.2-dev's model_index.json: no is_distilled (guidance-distilled: the scale
+# goes into the guidance embedding), Mistral-3 behind a PixtralProcessor.
+DEV_MODEL_INDEX = {
+    "_class_name": "Flux2Pipeline",
+    "_diffusers_version": "0.42.1",
+    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+    "text_encoder": ["transformers", "Mistral3ForConditionalGeneration"],
+    "tokenizer": ["transformers", "PixtralProcessor"],
+    "transformer": ["diffusers", "Flux2Transformer2DModel"],
+    "vae": ["diffusers", "AutoencoderKLFlux2"],
+}
+VARIANTS = ("klein", "dev")
+
+
+def make_tiny_flux2(out_dir: str | Path, seed: int = 0, distilled: bool = False, variant: str = "klein") -> Path:
+    from fastvideo.errors import ConfigError
     from fastvideo.library_lines import CURRENT, require_line
 
     require_line(CURRENT, "the tiny FLUX.2 builder")
+    if variant not in VARIANTS or (distilled and variant == "dev"):
+        raise ConfigError(f"--variant {variant!r}{' with --distilled' if distilled else ''} is not a "
+                          "FLUX.2 checkpoint kind: use --variant klein [--distilled] or --variant dev (guidance-"
+                          "distilled already: no --distilled)")
+    dev = variant == "dev"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    vocab = write_qwen_tokenizer(out / "tokenizer")
-    modules = build_modules(vocab, seed)
+    if dev:
+        from fastvideo.tools.tiny_mistral3 import write_mistral3_processor
+
+        vocab = write_mistral3_processor(out / "tokenizer")
+    else:
+        vocab = write_qwen_tokenizer(out / "tokenizer")
+    modules = build_modules(vocab, seed, dev)
     names = ("transformer", "vae", "text_encoder")
-    return save_tiny_folder(out, dict(zip(names, modules)), FLUX2_SCHEDULER_CONFIG, model_index(distilled))
+    index = DEV_MODEL_INDEX if dev else model_index(distilled)
+    return save_tiny_folder(out, dict(zip(names, modules)), FLUX2_SCHEDULER_CONFIG, index)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,12 +218,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out_dir", help="folder to write (created if missing)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--distilled", action="store_true", help="mark the folder step-distilled (no guidance)")
+    ap.add_argument("--variant", default="klein", help="klein (Qwen3, Flux2KleinPipeline) or dev (Mistral-3, "
+                    "guidance embedding, Flux2Pipeline)")
     args = ap.parse_args(argv)
     try:
-        out = make_tiny_flux2(args.out_dir, args.seed, args.distilled)
+        out = make_tiny_flux2(args.out_dir, args.seed, args.distilled, args.variant)
     except UserError as exc:  # the recipe line: one line naming the line to install, exit 2
         exit_on_user_error("make_tiny_flux2", exc)
-    print(f"wrote tiny FLUX.2 [klein] folder to {out} ({folder_megabytes(out):.2f} MB, seed {args.seed}"
+    print(f"wrote tiny FLUX.2 [{args.variant}] folder to {out} ({folder_megabytes(out):.2f} MB, seed {args.seed}"
           f"{', distilled' if args.distilled else ''})")
 
 
