@@ -80,6 +80,25 @@ def flux2_embeddings(tiny_flux2_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_flux2_dev_dir(tmp_path_factory):
+    """A tiny random-weight FLUX.2 [dev] folder (make_tiny_flux2 --variant dev; the current library line)."""
+    from fastvideo.tools.make_tiny_flux2 import make_tiny_flux2
+
+    return make_tiny_flux2(tmp_path_factory.mktemp("tiny_flux2_dev"), seed=0, variant="dev")
+
+
+# The tiny dev's Mistral-3 sequence: the pipeline's system message takes 104 of the tiny tokenizer's
+# tokens, the bundled prompts at most 40 more.
+FLUX2_DEV_SEQ = 144
+
+
+@pytest.fixture(scope="session")
+def flux2_dev_embeddings(tiny_flux2_dev_dir, tmp_path_factory):
+    """assets/prompts_tiny.txt encoded with the tiny dev (Mistral-3 length 144, with the empty prompt)."""
+    return encode_tiny_prompts(tiny_flux2_dev_dir, tmp_path_factory, "flux2_dev_embeddings", FLUX2_DEV_SEQ, "flux2")
+
+
+@pytest.fixture(scope="session")
 def tiny_zimage_dir(tmp_path_factory):
     """A tiny random-weight Z-Image folder (make_tiny_zimage; the current library line)."""
     from fastvideo.tools.make_tiny_zimage import make_tiny_zimage

@@ -4,8 +4,9 @@
 FLUX.2 [dev] encodes prompts with Mistral-Small-3.1-24B (Mistral3ForConditionalGeneration: a
 Pixtral vision tower, a projector and a 40-layer Mistral decoder 5120 wide) behind a
 PixtralProcessor, whose chat template turns the pipeline's system message and user turn into
-``<s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST]``. Here: the same classes, the decoder 16 wide
-with the real 40 layers (the pipeline reads layers 10, 20 and 30), a one-layer vision tower, and a
+``<s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST]``. Here: the same classes, the decoder
+with the real 40 layers (the pipeline reads layers 10, 20 and 30), 24 wide (the tiny klein's
+Qwen3 is 16: their embeddings differ in width, as the real ones), a one-layer vision tower, and a
 byte-level BPE tokenizer with Mistral's control tokens and a chat template written here (nothing
 from the hub). Needs the current library line (transformers 5).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MISTRAL_WIDTH, MISTRAL_LAYERS = 16, 40  # Mistral-Small-3.1-24B: 40 layers, 5120 wide
+MISTRAL_WIDTH, MISTRAL_LAYERS = 24, 40  # Mistral-Small-3.1-24B: 40 layers, 5120 wide (24: not klein's 16)
 # Mistral's control tokens as its tokenizer numbers the first ones (<unk> 0, <s> 1, </s> 2, ...).
 CONTROL = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
            "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]",
@@ -82,7 +83,7 @@ def write_mistral3_processor(out: Path) -> int:
 
 
 def mistral3(vocab: int, layers: int = MISTRAL_LAYERS):
-    """Mistral3ForConditionalGeneration: a Mistral decoder 16 wide (Mistral-Small-3.1's 40 layers by
+    """Mistral3ForConditionalGeneration: a Mistral decoder 24 wide (Mistral-Small-3.1's 40 layers by
     default), grouped-query attention, untied head as the real one; a one-layer Pixtral tower."""
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 

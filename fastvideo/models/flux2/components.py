@@ -1,9 +1,9 @@
-"""FLUX.2 [klein] building blocks: folder check, loading, Qwen3 prompt encoding, latent packing with
-the VAE's batch-norm statistics, the (classifier-free guided) velocity, the schedule's shift and
-decoding.
+"""FLUX.2 [klein] and [dev] building blocks: folder check, loading, Qwen3 (klein) or Mistral-3 (dev,
+mistral_text.py) prompt encoding, latent packing with the VAE's batch-norm statistics, the
+(classifier-free guided, or guidance-embedded) velocity, the schedule's shift and decoding.
 
 Works on real FLUX.2 [klein] folders (black-forest-labs/FLUX.2-klein-4B, -9B, their -base
-variants) and on the tiny ones ``python -m fastvideo.tools.make_tiny_flux2`` writes. Everything
+variants), FLUX.2 [dev] ones (black-forest-labs/FLUX.2-dev) and on the tiny ones ``python -m fastvideo.tools.make_tiny_flux2`` writes. Everything
 that names diffusers' or transformers' FLUX.2 classes imports them inside a function: this module
 is imported on the recipe line too (the registry), where those classes do not exist.
 
@@ -25,6 +25,8 @@ import torch
 from fastvideo.errors import UserError
 from fastvideo.models import qwen3_text
 from fastvideo.models.base import check_diffusers_folder
+from fastvideo.models.flux2 import mistral_text
+from fastvideo.models.flux2.mistral_text import MistralEncoder
 from fastvideo.models.qwen3_text import TextEncoder
 
 # Flux2KleinPipeline's encode_prompt defaults (diffusers 0.42.1 pipeline_flux2_klein.py).
@@ -38,10 +40,12 @@ REQUIRED_FILES = {
     "scheduler": ["scheduler_config.json"],
 }
 FLUX2_DOWNLOAD_HINT = (
-    "Put a diffusers-layout FLUX.2 [klein] folder there (for example the black-forest-labs/FLUX.2-klein-base-4B "
-    "repository, downloaded to data/flux2), or build a tiny test model with "
-    "`python -m fastvideo.tools.make_tiny_flux2 data/flux2`."
+    "Put a diffusers-layout FLUX.2 folder there (for example the black-forest-labs/FLUX.2-klein-base-4B "
+    "repository, downloaded to data/flux2, or FLUX.2-dev to data/flux2_dev), or build a tiny test model with "
+    "`python -m fastvideo.tools.make_tiny_flux2 data/flux2 [--variant dev]`."
 )
+# model_index.json's _class_name of each variant: the pipeline that says how prompts are encoded.
+DEV_PIPELINE, KLEIN_PIPELINE = "Flux2Pipeline", "Flux2KleinPipeline"
 
 
 class Flux2FolderError(UserError, FileNotFoundError):
@@ -54,14 +58,26 @@ def check_flux2_folder(path: str | Path, components: tuple[str, ...] | None = No
                                   "FLUX.2 model folder", components)
 
 
-def is_distilled(root: str | Path) -> bool | None:
-    """model_index.json's ``is_distilled`` (the step-distilled klein checkpoints: True; the base
-    ones: False), or None when the folder has no readable model_index.json."""
+def _model_index(root: str | Path) -> dict | None:
     try:
         index = json.loads((Path(root) / "model_index.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return bool(index.get("is_distilled", False)) if isinstance(index, dict) else None
+    return index if isinstance(index, dict) else None
+
+
+def is_distilled(root: str | Path) -> bool | None:
+    """model_index.json's ``is_distilled`` (the step-distilled klein checkpoints: True; the base
+    ones: False), or None when the folder has no readable model_index.json."""
+    index = _model_index(root)
+    return None if index is None else bool(index.get("is_distilled", False))
+
+
+def variant(root: str | Path) -> str | None:
+    """"dev" for a Flux2Pipeline folder (FLUX.2 [dev]: Mistral-3, guidance embedding), "klein" for a
+    Flux2KleinPipeline one, None when model_index.json is unreadable or names neither."""
+    name = (_model_index(root) or {}).get("_class_name")
+    return {DEV_PIPELINE: "dev", KLEIN_PIPELINE: "klein"}.get(name)
 
 
 def check_guidance(root: str | Path, guidance_scale: float | None) -> None:
@@ -104,16 +120,23 @@ def load_vae(path, device="cpu", dtype=torch.float32):
     return vae.requires_grad_(False).eval().to(device)
 
 
-def load_text_encoder(path, device="cpu", dtype=torch.float32) -> TextEncoder:
-    """The folder's Qwen3 decoder (without its head) and its tokenizer."""
-    return qwen3_text.load_text_encoder(check_flux2_folder(path, ("text_encoder", "tokenizer")), device, dtype)
+def load_text_encoder(path, device="cpu", dtype=torch.float32) -> TextEncoder | MistralEncoder:
+    """The folder's text encoder without its head, and its tokenizer: klein's Qwen3, or dev's Mistral
+    decoder and PixtralProcessor (model_index.json's pipeline says which)."""
+    root = check_flux2_folder(path, ("text_encoder", "tokenizer"))
+    if variant(root) == "dev":
+        return mistral_text.load_text_encoder(root, device, dtype)
+    return qwen3_text.load_text_encoder(root, device, dtype)
 
 
-def encode_prompts(enc: TextEncoder, prompts: list[str], max_sequence_length: int,
+def encode_prompts(enc: TextEncoder | MistralEncoder, prompts: list[str], max_sequence_length: int,
                    layers: tuple[int, ...] = TEXT_LAYERS) -> torch.Tensor:
     """As Flux2KleinPipeline.encode_prompt (chat template with thinking off): the hidden states after
     ``layers`` (index 0 is the embedding), stacked per token -> prompt_embeds [B, L, len(layers) * H]
-    in the encoder's dtype."""
+    in the encoder's dtype. A Mistral encoder (dev): Flux2Pipeline.encode_prompt (its system message,
+    layers 10, 20, 30; ``layers`` is klein's)."""
+    if isinstance(enc, MistralEncoder):
+        return mistral_text.encode_prompts(enc, list(prompts), max_sequence_length)
     states, _ = qwen3_text.hidden_states(enc, list(prompts), max_sequence_length, enable_thinking=False)
     stacked = torch.stack([states[k] for k in layers], dim=1)  # [B, n, L, H]
     b, n, length, h = stacked.shape
@@ -218,7 +241,7 @@ def predict_velocity(transformer, x, sigma, embeds, neg_embeds, img_ids, guidanc
     config = _config(transformer)
     dtype = _model_dtype(transformer)
     t = timesteps(sigma, b, x.device, quantize_timestep)
-    distilled_guidance = bool(_cfg(config, "guidance_embeds", False))
+    distilled_guidance = bool(_cfg(config, "guidance_embeds", True))  # diffusers' default
     cfg = guidance_scale > 1.0 and not distilled_guidance
     hidden, context = x.to(dtype), embeds.to(dtype)
     if cfg:

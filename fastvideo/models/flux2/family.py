@@ -1,6 +1,11 @@
-"""FLUX.2 [klein] as a ModelFamily (--model_family flux2, the current library line only): one Qwen3
-text encoder (three hidden layers stacked per token), 2x2-patched 32-channel latents normalised by
-the VAE's batch-norm statistics, true classifier-free guidance on the base checkpoints.
+"""FLUX.2 [klein] and [dev] as a ModelFamily (--model_family flux2, the current library line only): one
+text encoder (three hidden layers stacked per token: klein's Qwen3, dev's Mistral-3), 2x2-patched
+32-channel latents normalised by the VAE's batch-norm statistics, true classifier-free guidance on
+the klein base checkpoints, a guidance embedding on dev.
+
+The variant is the folder's: model_index.json's _class_name Flux2Pipeline is dev (Mistral-3 text
+encoding; the transformer's guidance_embeds takes the scale, one pass), Flux2KleinPipeline is klein.
+The transformer, VAE, latents, schedule and decode are the same code for both.
 
 Conditioning: TensorConditioning with per-sample "prompt_embeds" [B, L, D] and shared
 "neg_prompt_embeds" [L, D] (the empty prompt's, for guidance; Flux2KleinPipeline's negative prompt
@@ -27,13 +32,14 @@ import fastvideo.models.flux2.flops as F
 from fastvideo.models import base
 from fastvideo.models.base import EmbeddingShapeError, LatentLayout, StoredTensor, TensorConditioning
 
-MODEL_HINT = ("the embeddings were made with another text encoder (FLUX.2 [klein] 4B uses Qwen3-4B, 9B Qwen3-8B) — "
-              "re-run preprocessing with --model_path pointing at this model")
+MODEL_HINT = ("the embeddings were made with another text encoder (FLUX.2 [klein] 4B uses Qwen3-4B: 7680 wide, 9B "
+              "Qwen3-8B: 12288, FLUX.2 [dev] Mistral-Small-3.1-24B: 15360) — re-run preprocessing with --model_path "
+              "pointing at this model")
 
 
 class Flux2Family(base.ModelFamily, base.FamilyCostModel):
-    """FLUX.2 [klein] (4B, 9B; base or step-distilled). guidance_scale: classifier-free guidance
-    scale (> 1: on; None: the pipeline's 4.0); quantize_timestep: pass floor(1000 sigma) / 1000
+    """FLUX.2 [klein] (4B, 9B; base or step-distilled) and [dev]. guidance_scale: klein's classifier-free
+    guidance scale (> 1: on; None: the pipelines' 4.0), dev's embedded guidance; quantize_timestep: pass floor(1000 sigma) / 1000
     instead of sigma (Flux2KleinPipeline passes sigma: --no_quantize_timestep)."""
 
     name = "flux2"
@@ -52,6 +58,7 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
     def __init__(self, guidance_scale: float | None = None, quantize_timestep: bool = False):
         self.guidance_scale = None if guidance_scale is None else float(guidance_scale)
         self.quantize_timestep = quantize_timestep
+        self.variant: str | None = None  # "klein" / "dev" once a folder was checked or loaded
 
     @property
     def scale(self) -> float:
@@ -60,8 +67,12 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
 
     @property
     def velocity_passes(self) -> int:
-        """Transformer passes (in samples) per velocity: 2 under classifier-free guidance."""
-        return 2 if self.scale > 1.0 else 1
+        """Transformer passes (in samples) per velocity: 2 under classifier-free guidance (klein), 1 on
+        dev (its scale goes into the guidance embedding)."""
+        return 2 if self.scale > 1.0 and self.variant != "dev" else 1
+
+    def _note_variant(self, root) -> None:
+        self.variant = C.variant(root) or self.variant
 
     def schedule_shift(self, height, width, sampling_steps) -> float:
         return C.schedule_shift(height, width, sampling_steps)
@@ -70,6 +81,7 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
     def check_folder(self, path, components=None) -> Path:
         root = C.check_flux2_folder(path, components)
         C.check_guidance(root, self.guidance_scale)
+        self._note_variant(root)
         return root
 
     def folder_error(self, message: str) -> Exception:
@@ -82,6 +94,7 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
 
     def load_transformer(self, root, subfolder, device, dtype):
         C.check_guidance(root, self.guidance_scale)
+        self._note_variant(root)
         return C.load_transformer(root, subfolder, device, dtype)
 
     def adapt_for_device(self, transformer, device) -> None:
@@ -91,6 +104,7 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
         return C.load_vae(path, device, dtype)
 
     def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
+        self._note_variant(path)
         return C.load_text_encoder(path, device, dtype)
 
     def block_classes(self):
@@ -176,13 +190,13 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
 
     # -- cost model (text_tokens: the Qwen3 sequence length)
     def meta_inputs(self, config, batch, layout, text_tokens, dtype) -> dict:
-        guided = self.velocity_passes == 2 and not config.get("guidance_embeds", False)
+        guided = self.velocity_passes == 2 and not config.get("guidance_embeds", True)
         b, m = batch * (2 if guided else 1), "meta"
         return dict(
             hidden_states=torch.empty(b, layout.tokens[0], config["in_channels"], device=m, dtype=dtype),
             encoder_hidden_states=torch.empty(b, text_tokens, config["joint_attention_dim"], device=m, dtype=dtype),
             timestep=torch.empty(b, device=m, dtype=dtype),
-            guidance=torch.empty(b, device=m, dtype=dtype) if config.get("guidance_embeds", False) else None,
+            guidance=torch.empty(b, device=m, dtype=dtype) if config.get("guidance_embeds", True) else None,
             img_ids=layout["image_ids"].to(m), txt_ids=C.text_ids(text_tokens).to(m), return_dict=False,
         )
 
@@ -192,7 +206,7 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
     def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
         """One velocity's FLOPs (both guidance passes under CFG): "forward", "backward", "blocks"
         and the forward's parts."""
-        guided = self.velocity_passes == 2 and not C._cfg(config, "guidance_embeds", False)
+        guided = self.velocity_passes == 2 and not C._cfg(config, "guidance_embeds", True)
         b = batch * (2 if guided else 1)
         parts = F.transformer_flops_breakdown(config, image_tokens, text_tokens, b)
         return {**{k: v for k, v in parts.items() if k != "total"}, "forward": parts["total"],

@@ -24,7 +24,8 @@ from fastvideo.models.flops import (
 
 @dataclass(frozen=True)
 class Flux2Dims:
-    """The Flux2Transformer2DModel config keys that set its FLOPs (defaults: FLUX.2 [klein] 4B)."""
+    """The Flux2Transformer2DModel config keys that set its FLOPs (defaults: FLUX.2 [klein] 4B's, but
+    guidance_embeds: diffusers' default True, which FLUX.2-dev's config.json leaves to it)."""
 
     num_layers: int = 5  # double-stream blocks
     num_single_layers: int = 20
@@ -35,7 +36,7 @@ class Flux2Dims:
     out_channels: int | None = None
     patch_size: int = 1
     mlp_ratio: float = 3.0
-    guidance_embeds: bool = False
+    guidance_embeds: bool = True
     timestep_guidance_channels: int = TIMESTEP_PROJ_DIM
 
     @property
@@ -58,10 +59,17 @@ class Flux2Dims:
 
 # black-forest-labs/FLUX.2-klein-4B and -9B (and their -base twins, the same transformer configs):
 # transformer/config.json. 9B: 32 heads, 8 + 24 blocks, Qwen3-8B's 3 x 4096 text width.
-KLEIN_4B = Flux2Dims()
-KLEIN_9B = Flux2Dims(num_layers=8, num_single_layers=24, num_attention_heads=32, joint_attention_dim=12288)
-# The text encoders' sizes (Qwen3-4B / Qwen3-8B: 36 layers each), for the docs' memory notes.
+KLEIN_4B = Flux2Dims(guidance_embeds=False)
+KLEIN_9B = Flux2Dims(num_layers=8, num_single_layers=24, num_attention_heads=32, joint_attention_dim=12288,
+                     guidance_embeds=False)
+# black-forest-labs/FLUX.2-dev transformer/config.json: 8 double + 48 single blocks, 48 heads of 128
+# (6144 wide), Mistral-Small-3.1's 3 x 5120 text width, the guidance embedding (diffusers' default).
+DEV = Flux2Dims(num_layers=8, num_single_layers=48, num_attention_heads=48, joint_attention_dim=15360,
+                guidance_embeds=True)
+# The text encoders' sizes (Qwen3-4B / Qwen3-8B: 36 layers each; dev's Mistral3ForConditionalGeneration,
+# Mistral-Small-3.1-24B: 40 layers 5120 wide, vocabulary 131072, its Pixtral tower and head included).
 QWEN3_PARAMS = {"4B": 4.02e9, "8B": 8.19e9}
+MISTRAL3_PARAMS = 24.011e9  # as transformers builds it (tests/models/test_flux2_dev.py)
 
 
 def reference_config(d: Flux2Dims) -> dict:
