@@ -51,6 +51,7 @@ def tiny_argv(model, index, out, script="scripts/finetune/finetune_flux2_klein_g
                 sampling_steps=4, num_generations=2, train_batch_size=1, rollout_batch_size=2,
                 train_micro_batch_size=2, gradient_accumulation_steps=1, rewards="compressibility:1.0",
                 max_train_steps=2, checkpointing_steps=1, dataloader_num_workers=0, save_images_every=0,
-                learning_rate=1e-3, mixed_precision="no", **more)
+                learning_rate=1e-3, mixed_precision="no")
+    tiny.update(more)
     argv = launcher_argv(script)
     return argv + [w for k, v in tiny.items() for w in (f"--{k}", str(v))]
