@@ -198,3 +198,22 @@ def test_bad_inputs_fail_with_one_line(tiny_flux2_dev_dir, tiny_embeddings, flux
             family.check_folder(broken, family.text_components)
         with pytest.raises(C.Flux2FolderError, match=f"{part}/"):
             family.load_text_encoders(broken)
+
+
+def test_builder_command_line(tmp_path, capsys):
+    """--variant dev writes the dev folder (the same weights from the same seed); with --distilled,
+    or an unknown variant, one line and exit 2, nothing written."""
+    from safetensors.torch import load_file
+
+    from fastvideo.tools.make_tiny_flux2 import main, make_tiny_flux2
+
+    main([str(tmp_path / "dev"), "--variant", "dev"])
+    assert capsys.readouterr().out.startswith(f"wrote tiny FLUX.2 [dev] folder to {tmp_path / 'dev'} (")
+    name = "text_encoder/model.safetensors"
+    mine, again = load_file(tmp_path / "dev" / name), load_file(make_tiny_flux2(tmp_path / "again", variant="dev") / name)
+    assert mine.keys() == again.keys() and all(__import__("torch").equal(mine[k], again[k]) for k in mine)
+    for argv in (["--variant", "dev", "--distilled"], ["--variant", "pro"]):
+        with pytest.raises(SystemExit) as stop:
+            main([str(tmp_path / "bad"), *argv])
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert stop.value.code == 2 and len(err) == 1 and "--variant" in err[0] and not (tmp_path / "bad").exists()
