@@ -91,8 +91,12 @@ def transformer_flops_breakdown(cfg, image_tokens: int, text_tokens: int, batch:
 
 def transformer_backward_flops(cfg, image_tokens: int, text_tokens: int, batch: int = 1) -> int:
     """Backward of one forward, all weights trainable: twice the forward minus the input gradients of
-    the layers fed only by data (img_in, the timestep embedder's first linear). txt_in's input is the
-    text RMS norm's output, whose weight trains: its input gradient is computed."""
+    the layers fed only by data (img_in, the timestep embedder's first linear), and minus the whole
+    backward of the last block's text output (to_add_out and txt_mlp: the model returns the image
+    tokens only, so autograd never reaches them). txt_in's input is the text RMS norm's output, whose
+    weight trains: its input gradient is computed."""
     d = QwenImageDims.from_config(cfg)
     p = transformer_flops_breakdown(d, image_tokens, text_tokens, batch)
-    return 2 * p["total"] - p["img_in"] - linear_flops(int(batch), TIMESTEP_PROJ_DIM, d.inner_dim)
+    rows, D = int(batch) * int(text_tokens), d.inner_dim
+    dead_text = linear_flops(rows, D, D) + mlp_flops(rows, D, 4 * D)
+    return 2 * p["total"] - p["img_in"] - linear_flops(int(batch), TIMESTEP_PROJ_DIM, D) - 2 * dead_text
