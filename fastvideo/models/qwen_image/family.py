@@ -93,6 +93,15 @@ class QwenImageFamily(base.ModelFamily, base.FamilyCostModel):
     def load_transformer(self, root, subfolder, device, dtype):
         return C.load_transformer(root, subfolder, device, dtype)
 
+    def meta_transformer(self, config, dtype):
+        """The default's meta model with its RoPE tables made for real: QwenEmbedRope keeps them as plain
+        tensor attributes (complex, no buffers), which loading the weights does not fill."""
+        model = super().meta_transformer(config, dtype)
+        rope = model.pos_embed
+        with torch.device("cpu"):
+            model.pos_embed = type(rope)(rope.theta, list(rope.axes_dim), rope.scale_rope)
+        return model
+
     def adapt_for_device(self, transformer, device) -> None:
         C.adapt_for_device(transformer, device)
 
