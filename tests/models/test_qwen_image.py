@@ -332,3 +332,19 @@ def test_npu_adapter_computes_the_stock_velocity_without_complex_numbers(tiny_qw
             ours = family.velocity(adapted, x, 0.6, cond, layout)
     assert guard.ops > 100
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("checkpointing, verdict", [("--gradient_checkpointing", "fits in 64 GB, with 28.1 GB to spare"),
+                                                    ("--no-gradient_checkpointing", "does not fit in 64 GB, by 56.2 GB")])
+def test_cost_model_memory_verdict_of_the_16_die_launcher(checkpointing, verdict, capsys):
+    """The A3 launcher's shape (16 dies, 3 prompts per rank, micro-batches of 2, CLIP + PickScore) on the
+    real Qwen-Image: docs/qwen_image.md's verdicts (the 512-token text is the stored maximum)."""
+    from fastvideo.tools.cost_model import main
+
+    main(["--memory", "--model_family", "qwen_image", "--h", "384", "--w", "384", "--sampling_steps", "10",
+          "--num_generations", "16", "--sde_steps", "1", "--text_tokens", "512", "--rollout_batch_size", "8",
+          "--train_micro_batch_size", "2", "--rewards", "clip:1.0,pickscore:0.5", "--prompts_per_rank", "3",
+          "--world_size", "16", "--gradient_accumulation_steps", "12", "--device_memory_gb", "64",
+          "--mixed_precision", "bf16", checkpointing])
+    out = capsys.readouterr().out
+    assert "Qwen-Image (20B)" in out and verdict in out
