@@ -112,6 +112,20 @@ def zimage_embeddings(tiny_zimage_dir, tmp_path_factory):
     return encode_tiny_prompts(tiny_zimage_dir, tmp_path_factory, "zimage_embeddings", 48, "zimage")
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen_image_dir(tmp_path_factory):
+    """A tiny random-weight Qwen-Image folder (make_tiny_qwen_image; the current library line)."""
+    from fastvideo.tools.make_tiny_qwen_image import make_tiny_qwen_image
+
+    return make_tiny_qwen_image(tmp_path_factory.mktemp("tiny_qwen_image"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def qwen_image_embeddings(tiny_qwen_image_dir, tmp_path_factory):
+    """assets/prompts_tiny.txt encoded with the tiny Qwen-Image (48 tokens after the template, with the negative " ")."""
+    return encode_tiny_prompts(tiny_qwen_image_dir, tmp_path_factory, "qwen_image_embeddings", 48, "qwen_image")
+
+
 # FLUX.1-schnell's scheduler_config.json: no dynamic shifting, shift 1.
 SCHNELL_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.32.0",
                      "base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 4096, "max_shift": 1.15,

@@ -1,6 +1,6 @@
 """The model-family registry: ``--model_family NAME`` or a plugin ``--model_family pkg.module:Name``.
 
-The built-in families (flux, sd3, flux2, zimage) are registered here, imported when first asked for; a family
+The built-in families (flux, sd3, flux2, zimage, qwen_image) are registered here, imported when first asked for; a family
 module never imports this one, so the registry and its implementations form no import circle.
 A plugin module is imported first (it may call ``register_model_family`` on import) and ``Name``
 is a registered name or a ModelFamily factory in it. A name is registered once: registering
@@ -48,6 +48,7 @@ def _builtin() -> None:
         return
     from fastvideo.models.flux.family import FluxFamily
     from fastvideo.models.flux2.family import Flux2Family
+    from fastvideo.models.qwen_image.family import QwenImageFamily
     from fastvideo.models.sd3.family import SD3Family
     from fastvideo.models.zimage.family import ZImageFamily
 
@@ -55,6 +56,7 @@ def _builtin() -> None:
     _REGISTRY.setdefault("sd3", SD3Family)
     _REGISTRY.setdefault("flux2", Flux2Family)  # the current library line only (its library_line)
     _REGISTRY.setdefault("zimage", ZImageFamily)  # the current library line only
+    _REGISTRY.setdefault("qwen_image", QwenImageFamily)  # the current library line only
 
 
 def model_family_names() -> list[str]:

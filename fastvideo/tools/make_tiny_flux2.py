@@ -65,17 +65,31 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_qwen_tokenizer(out: Path) -> int:
+def word_merges(words, byte_map: dict[int, str]) -> list[tuple[str, str]]:
+    """Left-to-right BPE merges that make each of ``words`` (a leading space included) one token."""
+    merges: list[tuple[str, str]] = []
+    for word in words:
+        chars = [byte_map[b] for b in word.encode("utf-8")]
+        for k in range(1, len(chars)):
+            pair = ("".join(chars[:k]), chars[k])
+            if pair not in merges:
+                merges.append(pair)
+    return merges
+
+
+def write_qwen_tokenizer(out: Path, words=()) -> int:
     """A byte-level BPE tokenizer in Qwen2's class (one token per byte, merges for the letter pairs
     of English words and a space before a letter, so a prompt takes about half its characters in
-    tokens), with Qwen3's special tokens, pad token and chat template. Returns its size."""
+    tokens), with Qwen3's special tokens, pad token and chat template. ``words``: whole words made
+    single tokens first (their merges take precedence). Returns its size."""
     from transformers import Qwen2TokenizerFast
 
     out.mkdir(parents=True, exist_ok=True)
     symbols = list(bytes_to_unicode().values())
     space = bytes_to_unicode()[ord(" ")]
     letters = "abcdefghijklmnopqrstuvwxyz"
-    merges = [(space, c) for c in letters] + [(a, b) for a in letters for b in letters]
+    merges = word_merges(words, bytes_to_unicode())
+    merges += [m for m in [(space, c) for c in letters] + [(a, b) for a in letters for b in letters] if m not in merges]
     vocab = {t: i for i, t in enumerate(symbols + ["".join(m) for m in merges])}
     tok = Qwen2TokenizerFast(vocab=vocab, merges=merges, unk_token=None,
                              pad_token="<|endoftext|>", eos_token="<|im_end|>", model_max_length=32768)

@@ -13,7 +13,9 @@
 # tiny FLUX.2 [klein] base with classifier-free guidance 4.0, Flow-GRPO's SDE, the pipeline's own
 # schedule and lr 1e-2, on the current library line, LINE=current, the default for it; DEMO_DIR/*_flux2;
 # or zimage: the tiny Z-Image with guidance 4.0, Flow-GRPO's SDE, shift 3 and lr ZIMAGE_LR (1e-2), the
-# current line too; DEMO_DIR/*_zimage),
+# current line too; DEMO_DIR/*_zimage; or qwen_image: the tiny Qwen-Image with true CFG 4.0 (negative " "),
+# Flow-GRPO's SDE, the pipeline's size-dependent shift and lr QWEN_IMAGE_LR (1e-2), the current line too;
+# DEMO_DIR/*_qwen_image),
 # ALGO (grpo, or nft: DiffusionNFT with DPM-Solver++ rollouts, one optimizer step per prompt group
 # at lr 1e-2 as in docs/nft.md's race; outputs in DEMO_DIR/outputs_nft),
 # OUTPUT_DIR (where the run writes; the LoRA demo in README uses DEMO_DIR/outputs_lora),
@@ -21,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 case "${MODEL:-flux}" in
-  flux2|zimage)
+  flux2|zimage|qwen_image)
     export LINE=${LINE:-current}
     if [ "$LINE" != current ]; then
       echo "MODEL=$MODEL runs on the current library line (diffusers 0.42.1): drop LINE=$LINE or set LINE=current" >&2
@@ -51,7 +53,13 @@ case "${MODEL:-flux}" in
           # the 8-GPU launcher's guidance 4.0 (Flow-Factory's), the scheduler's shift 3; lr: docs/zimage.md, Demo
           FAMILY_ARGS=(--model_family zimage --guidance_scale 4.0 --flow_grpo_sampling --no_quantize_timestep
                        --shift 3 --learning_rate "${ZIMAGE_LR:-1e-2}") ;;
-  *) echo "MODEL=${MODEL}: use flux, sd3, flux2 or zimage" >&2; exit 2 ;;
+  qwen_image) TINY=tiny_qwen_image; BUILD=(fastvideo.tools.make_tiny_qwen_image); EMB=embeddings_qwen_image
+              OUT=outputs_qwen_image; PREPROCESS=preprocess_qwen_image_rl_embeddings.sh
+              SEQ=96  # the longest prompt of assets/prompts.txt and the template's suffix, after its 34-token prefix
+              # the 8-GPU launcher's true CFG 4.0 (Flow-Factory's) and the pipeline's shift; lr as Z-Image's demo
+              FAMILY_ARGS=(--model_family qwen_image --guidance_scale 4.0 --flow_grpo_sampling --no_quantize_timestep
+                           --pipeline_shift --learning_rate "${QWEN_IMAGE_LR:-1e-2}") ;;
+  *) echo "MODEL=${MODEL}: use flux, sd3, flux2, zimage or qwen_image" >&2; exit 2 ;;
 esac
 # The objective: GRPO shares one noise per prompt group (--init_same_noise); NFT's deterministic
 # DPM-Solver++ rollouts would make a group's samples equal, so it draws each sample's own noise.
@@ -66,6 +74,7 @@ BUILDERS=(fastvideo/tools/make_tiny_flux.py fastvideo/tools/make_tiny_sd3.py)
 case "${MODEL:-flux}" in
   flux2) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py) ;;
   zimage) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_zimage.py) ;;
+  qwen_image) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_qwen_image.py) ;;
 esac
 
 # A tiny folder built by another version of the builders (a preset changed: the tiny SD3.5's VAE

@@ -25,7 +25,8 @@ def as_recipe(monkeypatch):
 
 
 CURRENT_LINE_FAMILIES = [("flux2", "Flux2Transformer2DModel", "make_tiny_flux2"),
-                         ("zimage", "ZImageTransformer2DModel", "make_tiny_zimage")]
+                         ("zimage", "ZImageTransformer2DModel", "make_tiny_zimage"),
+                         ("qwen_image", "QwenImageTransformer2DModel", "make_tiny_qwen_image")]
 
 
 @pytest.mark.parametrize("name, class_name, builder", CURRENT_LINE_FAMILIES)
@@ -34,13 +35,13 @@ def test_registered_on_both_lines_without_importing_their_library_classes(name, 
             f"assert {name!r} in model_family_names(); "
             f"assert family_for_class_name({class_name!r}) == {name!r}; "
             "print(sorted(m for m in sys.modules if not m.startswith('fastvideo') and "
-            "any(k in m for k in ('flux2', 'z_image', 'qwen3'))))")
+            "any(k in m for k in ('flux2', 'z_image', 'qwen3', 'qwenimage', 'qwen2_5_vl'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert eval(out.stdout) == []  # nothing of diffusers' / transformers' FLUX.2, Z-Image or Qwen3 code
+    assert eval(out.stdout) == []  # nothing of diffusers' / transformers' FLUX.2, Z-Image, Qwen-Image or Qwen code
 
 
-@pytest.mark.parametrize("name", ["flux2", "zimage"])
+@pytest.mark.parametrize("name", ["flux2", "zimage", "qwen_image"])
 def test_the_registry_refuses_them_on_the_recipe_line(as_recipe, name):
     from fastvideo.models.registry import get_model_family
 
@@ -70,7 +71,7 @@ def test_preprocessing_refuses_flux2_on_the_recipe_line(as_recipe, tmp_path):
         cfg.validate()
 
 
-@pytest.mark.parametrize("builder", ["make_tiny_flux2", "make_tiny_zimage"])
+@pytest.mark.parametrize("builder", ["make_tiny_flux2", "make_tiny_zimage", "make_tiny_qwen_image"])
 def test_the_tiny_builders_exit_2_with_one_line_on_the_recipe_line(tmp_path, builder):
     if library_line() != RECIPE:
         pytest.skip(f"runs the builder's command line on the recipe line; this is the {library_line()} line")

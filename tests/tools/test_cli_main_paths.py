@@ -39,6 +39,7 @@ COVERED = {
     "make_tiny_flux2": "test_make_tiny_flux2_cli",
     "make_tiny_reward": "test_make_tiny_reward_cli",
     "make_tiny_sd3": "test_make_tiny_sd3_cli",
+    "make_tiny_qwen_image": "test_make_tiny_qwen_image_cli",
     "make_tiny_zimage": "test_make_tiny_zimage_cli",
     "omp_threads": "test_omp_threads_cli",
     "reward_server": "test_reward_server_cli",
@@ -211,6 +212,24 @@ def test_make_tiny_zimage_cli(tmp_path, monkeypatch, capsys):
 
     name = "transformer/diffusion_pytorch_model.safetensors"
     mine, again = load_file(tmp_path / "z" / name), load_file(make_tiny_zimage(tmp_path / "again", seed=0) / name)
+    assert mine.keys() == again.keys() and all(torch.equal(mine[k], again[k]) for k in mine)
+
+
+def test_make_tiny_qwen_image_cli(tmp_path, monkeypatch, capsys):
+    """The current line: a tiny Qwen-Image folder, the same weights bit for bit from the same seed; the
+    recipe line: exit 2, nothing written."""
+    from fastvideo.library_lines import CURRENT, library_line
+
+    code, out = run_tool("make_tiny_qwen_image", [str(tmp_path / "q"), "--seed", "0"], monkeypatch, capsys)
+    if library_line() != CURRENT:
+        assert code == 2 and not (tmp_path / "q").exists()
+        return
+    assert code == 0 and str(tmp_path / "q") in out
+    assert json.loads((tmp_path / "q" / "model_index.json").read_text())["_class_name"] == "QwenImagePipeline"
+    from fastvideo.tools.make_tiny_qwen_image import make_tiny_qwen_image
+
+    name = "transformer/diffusion_pytorch_model.safetensors"
+    mine, again = load_file(tmp_path / "q" / name), load_file(make_tiny_qwen_image(tmp_path / "again", seed=0) / name)
     assert mine.keys() == again.keys() and all(torch.equal(mine[k], again[k]) for k in mine)
 
 

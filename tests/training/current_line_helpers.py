@@ -1,4 +1,4 @@
-"""What the current-line families' training tests share (FLUX.2 [klein] and [dev], Z-Image): the line check,
+"""What the current-line families' training tests share (FLUX.2 [klein] and [dev], Z-Image, Qwen-Image): the line check,
 the launchers' command lines and the tiny runs' overrides of them."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ DEV_LAUNCHERS = {"scripts/finetune/finetune_flux2_dev_grpo_8gpus.sh": (8, 6, 48)
                  "scripts/finetune/finetune_flux2_dev_grpo_a3_16die.sh": (16, 3, 24)}
 ZIMAGE_LAUNCHERS = {"scripts/finetune/finetune_zimage_grpo_8gpus.sh": (8, 6, 12),
                     "scripts/finetune/finetune_zimage_grpo_a3_16die.sh": (16, 3, 6)}
+QWEN_IMAGE_LAUNCHERS = {"scripts/finetune/finetune_qwen_image_grpo_8gpus.sh": (8, 6, 24),
+                        "scripts/finetune/finetune_qwen_image_grpo_a3_16die.sh": (16, 3, 12)}
 SEQ = 48  # the tiny embeddings' Qwen3 length (conftest's flux2_embeddings, zimage_embeddings)
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -39,7 +41,7 @@ def launcher_argv(script: str, **env_extra) -> list[str]:
     assert out.returncode == 0, out.stderr
     assert "line: current" in out.stdout  # the dry run names the library line it would run on
     words = shlex.split(out.stdout.strip().splitlines()[-1])
-    world = {**LAUNCHERS, **DEV_LAUNCHERS, **ZIMAGE_LAUNCHERS}[script][0]
+    world = {**LAUNCHERS, **DEV_LAUNCHERS, **ZIMAGE_LAUNCHERS, **QWEN_IMAGE_LAUNCHERS}[script][0]
     assert f"--nproc_per_node={world}" in words
     return words[words.index("fastvideo/train_grpo_flux.py") + 1:]
 

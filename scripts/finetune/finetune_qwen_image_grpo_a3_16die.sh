@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Flow-Factory's GRPO (CLIP + PickScore) for Qwen-Image on one Atlas A3 node, 16 NPU dies (or a 16-GPU node), full fine-tuning, on the
+# current library line (LINE=current). Its values and their sources: scripts/finetune/qwen_image_grpo_args.sh.
+# 3 prompts per rank x 16 images (48 prompts per iteration, as Flow-Factory's 48 per epoch), micro-batches: 2 optimizer steps per iteration, as its 2 per epoch. DRY_RUN=1 prints the
+# torchrun command. Data: bash scripts/preprocess/preprocess_qwen_image_rl_embeddings.sh.
+# Memory: docs/qwen_image.md (the cost model's verdicts).
+# Overridable: NPROC (16), MASTER_PORT, EXTRA_ARGS (scripts/finetune/current_line_grpo.sh), and
+# qwen_image_grpo_args.sh's MODEL_PATH, DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, CLIP_DIR, ROLLOUT_BATCH_SIZE, REWARDS.
+ARGS_FILE=scripts/finetune/qwen_image_grpo_args.sh PROMPTS_PER_RANK=3 ACCUMULATION=12 NPROC_DEFAULT=16
+source "$(dirname "${BASH_SOURCE[0]}")/current_line_grpo.sh"
