@@ -60,3 +60,18 @@ def kontext_velocity(transformer, x: torch.Tensor, sigma, cond, image_ids: torch
     v = C.predict_velocity(transformer, torch.cat([x, src.to(x.dtype)], dim=1), sigma, cond["prompt_embeds"],
                            cond["pooled"], cond["text_ids"], ids, guidance_scale, quantize_timestep)
     return v[:, : x.shape[1]]
+
+
+# FLUX.1 Kontext [dev]'s scheduler_config.json (FLUX.1-dev's): the shift grows with the generated
+# image's token count between these points (diffusers' calculate_shift, mu = log(shift)).
+BASE_SEQ, MAX_SEQ, BASE_SHIFT, MAX_SHIFT = 256, 4096, 0.5, 1.15
+
+
+def schedule_shift(height: int, width: int) -> float:
+    """exp(mu): the shift FluxKontextPipeline's scheduler applies for an image of height x width
+    (mu from the generated tokens alone, not the source's)."""
+    import math
+
+    seq = (height // 16) * (width // 16)
+    slope = (MAX_SHIFT - BASE_SHIFT) / (MAX_SEQ - BASE_SEQ)
+    return math.exp(seq * slope + BASE_SHIFT - slope * BASE_SEQ)

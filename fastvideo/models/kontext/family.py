@@ -117,6 +117,10 @@ class KontextFamily(FluxFamily):
                              f"{tuple(ids.shape)}")
 
     # -- sampling
+    def schedule_shift(self, height, width, sampling_steps) -> float:
+        """FluxKontextPipeline's size-dependent shift (--pipeline_shift)."""
+        return C.schedule_shift(height, width)
+
     def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
         return C.kontext_velocity(transformer, x, sigma, cond, layout["image_ids"], self.guidance_scale,
                                   self.quantize_timestep)
