@@ -115,7 +115,8 @@ def reward_problems(r) -> list[str]:
         # The files, and their shapes against --hps_model_name's architecture (memory-mapped: a
         # wrong checkpoint is one line here, not a size-mismatch traceback from every rank later).
         _attempt(problems, lambda: check_hps_architecture(r.hps_ckpt_dir, r.hps_model_name))
-    for name, folder, flag in (("pickscore", r.pickscore_dir, "pickscore_dir"), ("clip", r.clip_dir, "clip_dir")):
+    for name, folder, flag in (("pickscore", r.pickscore_dir, "pickscore_dir"), ("clip", r.clip_dir, "clip_dir"),
+                               ("clip_edit", r.clip_dir, "clip_dir")):
         if name in names and not Path(folder).is_dir():
             problems.append(f"--{flag} {folder!r} does not exist (the {name} reward's weights)")
     if any(s.url for s in r.spec):

@@ -187,3 +187,27 @@ def pytest_sessionfinish(session, exitstatus):
         with open(f"{_CPU_REPORT}.{worker}" if worker else _CPU_REPORT, "w", encoding="utf-8") as f:
             f.write(f"# {len(rows)} tests, {total:.0f} CPU s in all\n")
             f.writelines(f"{sec:8.1f}  {nodeid}\n" for nodeid, sec in rows)
+
+
+@pytest.fixture(scope="session")
+def tiny_kontext_dir(tmp_path_factory):
+    """A tiny random-weight FLUX.1 Kontext folder (make_tiny_kontext: the tiny FLUX.1 with
+    FluxKontextPipeline's model_index.json)."""
+    from fastvideo.tools.make_tiny_kontext import make_tiny_kontext
+
+    return make_tiny_kontext(tmp_path_factory.mktemp("tiny_kontext"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def kontext_embeddings(tiny_kontext_dir, tmp_path_factory):
+    """assets/edit/prompts_edit.jsonl (8 instructions with 64x64 source images) encoded with the tiny
+    Kontext (T5 length 32, source latents): videos2caption.json path."""
+    from pathlib import Path
+
+    from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = PreprocessConfig(model_path=str(tiny_kontext_dir), prompt_file=str(root / "assets/edit/prompts_edit.jsonl"),
+                           output_dir=str(tmp_path_factory.mktemp("kontext_embeddings")), max_sequence_length=32,
+                           batch_size=8, dataloader_num_workers=0, model_family="kontext")
+    return run_preprocess(cfg).json_path

@@ -22,7 +22,8 @@ CJK_PATTERN = re.compile(
     "\U00020000-\U0002fa1f]"
 )
 
-PROMPT_FILE_HINT = "pass a UTF-8 text file with one English prompt per line (for example assets/prompts.txt)"
+PROMPT_FILE_HINT = ("pass a UTF-8 text file with one English prompt per line (for example assets/prompts.txt), or a "
+                    '.jsonl file of {"prompt": ..., "image": ...} records')
 
 
 class PromptFileError(UserError, ValueError):
@@ -39,6 +40,10 @@ class PromptList:
     num_blank: int
     num_cjk_dropped: int
     spare: list[str]  # usable prompts beyond max_prompts, in file order
+    # Source images of an editing prompt file (a JSONL file, fastvideo.data.sources), one per prompt
+    # and one per spare prompt; None for a text-to-image file.
+    images: list[Path] | None = None
+    spare_images: list[Path] | None = None
 
     @property
     def num_capped(self) -> int:
@@ -99,15 +104,40 @@ def load_prompts(path: str | Path, max_prompts: int | None = None) -> PromptList
     if max_prompts is not None and max_prompts < 1:
         raise PromptFileError(f"max_prompts must be at least 1, got {max_prompts}")
     path = Path(path)
-    lines = _read_utf8(path).splitlines()
-    prompts, blank, cjk = clean_prompt_lines(lines)
+    text = _read_utf8(path)
+    lines = text.splitlines()
+    images: list | None = None
+    if _is_jsonl(path):  # {"prompt": ..., "image": ...} records (fastvideo.data.sources)
+        prompts, images, blank, cjk = _clean_jsonl(path, text)
+    else:
+        prompts, blank, cjk = clean_prompt_lines(lines)
     if not prompts:
         why = f"{len(lines)} lines: {blank} blank, {cjk} dropped for CJK characters"
         raise PromptFileError(f"prompt file {str(path)!r} has no usable prompt ({why}): {PROMPT_FILE_HINT}")
     spare: list[str] = []
+    spare_images = [] if images is not None else None
     if max_prompts is not None and len(prompts) > max_prompts:
         prompts, spare = prompts[:max_prompts], prompts[max_prompts:]
-    return PromptList(path, prompts, len(lines), blank, cjk, spare)
+        if images is not None:
+            images, spare_images = images[:max_prompts], images[max_prompts:]
+    return PromptList(path, prompts, len(lines), blank, cjk, spare, images, spare_images)
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.suffix.lower() == ".jsonl"
+
+
+def _clean_jsonl(path: Path, text: str) -> tuple[list[str], list[Path] | None, int, int]:
+    """A JSONL prompt file's records cleaned as lines are (a record whose prompt is blank or CJK is
+    dropped with its image): (prompts, their images or None, blank, cjk dropped)."""
+    from fastvideo.data.sources import parse_jsonl
+
+    records, blank = parse_jsonl(path, text)
+    kept = [(p.strip(), im) for p, im in records if p.strip() and not contains_cjk(p)]
+    cjk = sum(1 for p, _ in records if p.strip() and contains_cjk(p))
+    blank += sum(1 for p, _ in records if not p.strip())
+    images = [im for _, im in kept] if kept and kept[0][1] is not None else None
+    return [p for p, _ in kept], images, blank, cjk
 
 
 # ---------------------------------------------------------------- held-out evaluation prompts

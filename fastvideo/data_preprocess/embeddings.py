@@ -35,6 +35,7 @@ import torch
 
 from fastvideo import devices
 from fastvideo.data.prompts import PromptList, load_prompts
+from fastvideo.data_preprocess.sources import add_sources, all_images, record_keys
 from fastvideo.errors import ConfigError
 from fastvideo.models.base import ModelFamily
 from fastvideo.models.registry import DEFAULT_FAMILY, family_of_folder, get_model_family
@@ -80,6 +81,9 @@ class PreprocessConfig:
         for flag, low in (("max_prompts", 1), ("batch_size", 1), ("dataloader_num_workers", 0)):
             if getattr(self, flag) < low:
                 raise ConfigError(f"--{flag} must be at least {low}, got {getattr(self, flag)}")
+        from fastvideo.data_preprocess.sources import check_prompt_sources
+
+        check_prompt_sources(self.prompt_file, self.max_prompts, get_model_family(self.model_family))
         out = Path(self.output_dir)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--output_dir {self.output_dir} is a file, not a folder: choose a folder for the "
@@ -371,7 +375,8 @@ def _count_global(n: int, device: torch.device) -> int:
 
 
 def _encode_batches(
-    cfg: PreprocessConfig, encoders, batches: list[list[int]], prompts: list[str], todo: set[int], info
+    cfg: PreprocessConfig, encoders, batches: list[list[int]], prompts: list[str], todo: set[int], info,
+    images: list[Path] | None = None,
 ) -> int:
     """Encode this rank's batches that hold a missing prompt; write only the missing prompts."""
     from fastvideo.progress import Progress
@@ -388,6 +393,7 @@ def _encode_batches(
         # The whole batch is encoded even when only part of it is missing, so that each prompt
         # always goes through the same batch (same kernels, same bits).
         cond = family.encode_prompts(encoders, captions, cfg.max_sequence_length)
+        cond = add_sources(family, encoders, cond, images, indices)  # an editing family's source images
         new = [(row, idx) for row, idx in enumerate(indices) if idx in todo]
         for row, idx in new:
             save_prompt_record(cfg.output_dir, idx, cond.record(row), family)
@@ -408,9 +414,16 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
         _log(info, f"read {plist.summary()}")
         dtype = encoding_dtype(info.device)
         encoders = family.load_text_encoders(cfg.model_path, info.device, dtype)
-        spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, family.encoder_dims(encoders)), dtype)
+        dims = family.encoder_dims(encoders)
+        if plist.images is not None:  # checked (one size) by cfg.validate
+            from PIL import Image
+
+            with Image.open(plist.images[0]) as im:
+                dims.update(source_width=im.size[0], source_height=im.size[1])
+        spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, dims), dtype)
         if info.is_main:
-            removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), prompts, family, cfg.overwrite)
+            removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), record_keys(plist), family,
+                                     cfg.overwrite)
             if removed:
                 _log(info, f"removed the files of {removed} prompts made from other settings or captions")
         devices.barrier()
@@ -431,7 +444,8 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
             f"batch {cfg.batch_size}, max_sequence_length {cfg.max_sequence_length}",
         )
         start = time.perf_counter()
-        written = _encode_batches(cfg, encoders, work, usable, todo, info)
+        written = _encode_batches(cfg, encoders, work, usable, todo, info,
+                                  all_images(plist) if plist.images is not None else None)
         devices.synchronize(info.device)
         total_written = _count_global(written, info.device)  # also the barrier before the json
         seconds = time.perf_counter() - start

@@ -100,9 +100,14 @@ def _all_gather_stack(t: torch.Tensor, device, dims) -> torch.Tensor:
     return dims.gather_dp(t.to(device).unsqueeze(0)).cpu()
 
 
-def score_images(rewards: Mapping[str, object], images: torch.Tensor, captions: list[str]) -> torch.Tensor:
-    """[b, R] float64: each reward (in mapping order) on each image."""
-    return torch.stack([rewards[n](images, captions).double().cpu() for n in rewards], dim=1)
+def score_images(rewards: Mapping[str, object], images: torch.Tensor, captions: list[str],
+                 sources: torch.Tensor | None = None) -> torch.Tensor:
+    """[b, R] float64: each reward (in mapping order) on each image; sources (editing: the images'
+    source images) go to the rewards that take them (rewards.base.takes_sources)."""
+    from fastvideo.rewards.base import takes_sources
+
+    return torch.stack([(rewards[n](images, captions, sources=sources) if takes_sources(rewards[n]) else
+                         rewards[n](images, captions)).double().cpu() for n in rewards], dim=1)
 
 
 def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], randomness: RandomSource,
@@ -131,7 +136,9 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
         batch_items = [items[i] for i in chosen]
         images = sample_images(model, vae, prompts, batch_items, randomness, s, device, autocast_dtype, family=family)
         if j < len(batches):
-            local[r, :len(chosen)] = score_images(rewards, images, [prompts.captions[p] for p, _ in batch_items])
+            sources = family.source_images(prompts.cond.select(torch.tensor([p for p, _ in batch_items])))
+            local[r, :len(chosen)] = score_images(rewards, images, [prompts.captions[p] for p, _ in batch_items],
+                                                  sources)
             for row, (p, k) in enumerate(batch_items):
                 if k == 0 and p < g:
                     grid[p] = images[row].cpu()

@@ -36,12 +36,17 @@ def _encode_text_file(path: Path, model_dir: str, max_sequence_length: int, devi
     from fastvideo.data.prompts import load_prompts
     from fastvideo.data_preprocess.embeddings import encoding_dtype
 
-    captions = load_prompts(path).prompts
+    from fastvideo.data_preprocess.sources import add_sources, check_prompt_sources
+
+    plist = load_prompts(path)
+    captions, images = plist.prompts, plist.images
+    check_prompt_sources(str(path), len(captions), family)  # an editing family: held-out source images
     device = torch.device(device)
     encoders = family.load_text_encoders(model_dir, device=device, dtype=encoding_dtype(device))
     records = []
     for start in range(0, len(captions), 8):
         cond = family.encode_prompts(encoders, captions[start:start + 8], max_sequence_length)
+        cond = add_sources(family, encoders, cond, images, list(range(start, min(start + 8, len(captions)))))
         records += [{k: t.float().cpu() for k, t in cond.record(i).items()} for i in range(len(cond))]
     del encoders  # the text encoders are not needed again (T5-XXL alone is ~9 GB)
     from fastvideo import devices

@@ -266,6 +266,24 @@ class FamilyConditioning(abc.ABC):
     def check_cond(self, cond: Conditioning) -> None:
         """Raise ValueError when a prompt-level Conditioning is malformed (default: no check)."""
 
+    # Editing: each prompt carries a source image (a JSONL prompt file's "image",
+    # fastvideo.data.sources) whose size's sides must be multiples of source_multiple; the family
+    # says how it encodes it (encode_sources) and where its Conditioning keeps the pixels the
+    # rewards see (source_images). Preprocessing adds "source_height" / "source_width" to
+    # encoder_dims for record_shapes.
+    edits: bool = False
+    source_multiple: int = 16
+
+    def encode_sources(self, encoders, cond: Conditioning, pixels: torch.Tensor) -> Conditioning:
+        """``cond`` (P prompts) with what the family needs of their source images added: pixels
+        [P, 3, H, W] float32 in [0, 1] on the encoders' device. Only an editing family has it."""
+        raise NotImplementedError(f"model family {self.name!r} takes no source image")
+
+    def source_images(self, cond: Conditioning) -> torch.Tensor | None:
+        """The samples' source images [B, 3, H, W] float32 in [0, 1] (what the rewards are given
+        beside the generated images), or None for a text-to-image family (default)."""
+        return None
+
 
 class FamilySampling(abc.ABC):
     """Role: the latent geometry, the velocity the sampler integrates, and decoding."""

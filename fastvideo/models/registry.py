@@ -1,6 +1,6 @@
 """The model-family registry: ``--model_family NAME`` or a plugin ``--model_family pkg.module:Name``.
 
-The built-in families (flux, sd3, flux2, zimage, qwen_image) are registered here, imported when first asked for; a family
+The built-in families (flux, sd3, flux2, zimage, qwen_image, kontext) are registered here, imported when first asked for; a family
 module never imports this one, so the registry and its implementations form no import circle.
 A plugin module is imported first (it may call ``register_model_family`` on import) and ``Name``
 is a registered name or a ModelFamily factory in it. A name is registered once: registering
@@ -49,6 +49,7 @@ def _builtin() -> None:
     from fastvideo.models.flux.family import FluxFamily
     from fastvideo.models.flux2.family import Flux2Family
     from fastvideo.models.qwen_image.family import QwenImageFamily
+    from fastvideo.models.kontext.family import KontextFamily
     from fastvideo.models.sd3.family import SD3Family
     from fastvideo.models.zimage.family import ZImageFamily
 
@@ -57,6 +58,7 @@ def _builtin() -> None:
     _REGISTRY.setdefault("flux2", Flux2Family)  # the current library line only (its library_line)
     _REGISTRY.setdefault("zimage", ZImageFamily)  # the current library line only
     _REGISTRY.setdefault("qwen_image", QwenImageFamily)  # the current library line only
+    _REGISTRY.setdefault("kontext", KontextFamily)  # FLUX.1 Kontext: FLUX.1's transformer, a source image
 
 
 def model_family_names() -> list[str]:
@@ -118,6 +120,8 @@ def family_for_class_name(class_name: str) -> str | None:
     _builtin()
     claimants = []
     for name, factory in sorted(_REGISTRY.items()):
+        if getattr(factory, "variant_of", None):  # shares another family's transformer class (Kontext: FLUX.1's)
+            continue
         # A family class says it without being built; other factories are built with no settings.
         claimed = getattr(factory, "export_class_name", None)
         if claimed is None:
@@ -147,6 +151,11 @@ def family_of_folder(model_path) -> str | None:
         raise ConfigError(f"{index} is not a diffusers model index ({exc.__class__.__name__}); pass --model_family "
                           "to say which model family the folder holds") from None
     cls = entry[1] if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str) else None
+    _builtin()
+    by_pipeline = [n for n, f in sorted(_REGISTRY.items())
+                   if pipeline and getattr(f, "pipeline_class_name", None) == pipeline]
+    if len(by_pipeline) == 1:  # a family that shares a transformer class names its own pipeline (Kontext)
+        return by_pipeline[0]
     family = family_for_class_name(cls) if cls else None
     if family is None:
         raise ConfigError(f"{index}: pipeline {pipeline!r} (transformer {cls!r}) is no registered model family's "

@@ -5,6 +5,9 @@ A reward is called as ``reward(images, prompts) -> torch.FloatTensor[B]`` (float
 - ``images``: a list of B PIL images (any sizes), or a float tensor ``[B, 3, H, W]`` in [0, 1]
   on any device (what the VAE decode gives after ``(x / 2 + 0.5).clamp(0, 1)``).
 - ``prompts``: a list of B strings; image i is scored against prompt i.
+- ``sources`` (keyword, editing only): the B source images the samples were edited from, a float
+  tensor ``[B, 3, H', W']`` in [0, 1], given only to a reward whose class sets ``uses_sources =
+  True`` (``takes_sources``); None for a text-to-image model. Rewards that ignore it never see it.
 
 Rewards are built by name with :func:`build_reward` (``hpsv2``, ``pickscore``, ``clip``,
 ``compressibility``). The model-backed ones import their heavy dependencies only when built, so
@@ -44,6 +47,21 @@ class Reward(Protocol):
     name: str
 
     def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor: ...
+
+
+def takes_sources(reward) -> bool:
+    """Whether ``reward`` is called with ``sources=`` (its class says so with ``uses_sources = True``)."""
+    return bool(getattr(reward, "uses_sources", False))
+
+
+def check_sources(sources, n: int, name: str) -> None:
+    """The source images of a call of ``n`` samples: a float tensor [n, 3, H, W] in [0, 1]."""
+    if sources is None:
+        raise RewardInputError(f"the {name} reward compares each image with its source image, and none was given: "
+                               "train an editing model family (--model_family kontext) on a prompt file with images")
+    if not isinstance(sources, torch.Tensor) or _check_tensor_images(sources) != n:
+        raise RewardInputError(f"the {name} reward needs {n} source images as one [B, 3, H, W] tensor; got "
+                               f"{type(sources).__name__} {list(getattr(sources, 'shape', []))}")
 
 
 class RewardInputError(UserError, ValueError):
@@ -230,6 +248,8 @@ class BatchedReward(abc.ABC):
     """
 
     name: str = "reward"
+    # True: _score also takes the chunk's source images (sources=, [b, 3, H, W] in [0, 1]).
+    uses_sources: bool = False
 
     def __init__(
         self,
@@ -256,14 +276,17 @@ class BatchedReward(abc.ABC):
     def _score(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
         """Scores ``[b]`` for one validated chunk of at most batch_size samples."""
 
-    def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
+    def __call__(self, images: ImageBatch, prompts: Sequence[str], sources: torch.Tensor | None = None) -> torch.Tensor:
         n = check_inputs(images, prompts)
         prompts = list(prompts)
+        if self.uses_sources:
+            check_sources(sources, n, self.name)
         out = []
         with torch.no_grad():
             for start in range(0, n, self.batch_size):
                 stop = min(start + self.batch_size, n)
-                scores = self._score(images[start:stop], prompts[start:stop])
+                extra = {"sources": sources[start:stop]} if self.uses_sources else {}
+                scores = self._score(images[start:stop], prompts[start:stop], **extra)
                 out.append(scores.detach().float().reshape(-1).cpu())
         result = torch.cat(out)
         if result.shape != (n,):
@@ -289,6 +312,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "saturation": ("fastvideo.rewards.image_stats", "SaturationReward"),
     "aesthetic": ("fastvideo.rewards.aesthetic", "AestheticReward"),
     "imagereward": ("fastvideo.rewards.imagereward", "ImageRewardReward"),
+    "clip_edit": ("fastvideo.rewards.clip_edit", "ClipEditReward"),
 }
 
 

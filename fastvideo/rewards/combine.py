@@ -24,7 +24,7 @@ import torch
 
 from fastvideo.errors import UserError
 from fastvideo.rewards.advantages import finite_samples, group_normalize, mix_advantages
-from fastvideo.rewards.base import ImageBatch, Reward, build_reward, check_reward_name
+from fastvideo.rewards.base import ImageBatch, Reward, build_reward, check_reward_name, takes_sources
 
 
 class RewardSpecError(UserError, ValueError):
@@ -172,13 +172,16 @@ class MultiReward:
     def names(self) -> list[str]:
         return [name for name, _, _ in self.components]
 
-    def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> MultiRewardOutput:
-        return self.combine(self.score_raw(images, prompts))
+    def __call__(self, images: ImageBatch, prompts: Sequence[str], sources=None) -> MultiRewardOutput:
+        return self.combine(self.score_raw(images, prompts, sources))
 
-    def score_raw(self, images: ImageBatch, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+    def score_raw(self, images: ImageBatch, prompts: Sequence[str], sources=None) -> dict[str, torch.Tensor]:
         """name -> [B] float32 raw scores. Per sample, so it may be called on any slice of a
-        batch (e.g. one rollout chunk) and the slices concatenated before :meth:`combine`."""
-        return {name: reward(images, prompts).float() for name, _, reward in self.components}
+        batch (e.g. one rollout chunk) and the slices concatenated before :meth:`combine`.
+        sources: the samples' source images [B, 3, H, W] (editing) or None, given to the rewards
+        that take them (base.takes_sources) and to no other."""
+        return {name: (reward(images, prompts, sources=sources) if takes_sources(reward) else
+                       reward(images, prompts)).float() for name, _, reward in self.components}
 
     def mixed_advantages(self, raw: Mapping[str, torch.Tensor], trim_ratio: float = 0.0) -> torch.Tensor:
         """[B] advantages the MixGRPO way (self.mix), from raw scores of whole groups

@@ -27,7 +27,7 @@ def reward_spec(args: argparse.Namespace) -> list:
 
 # The flags of each local reward model: they have no effect while that reward is not used.
 MODEL_FLAGS = {"hpsv2": ("hps_ckpt_dir", "hps_model_name", "hps_input"),
-               "pickscore": ("pickscore_dir", "pickscore_processor_dir"), "clip": ("clip_dir",),
+               "pickscore": ("pickscore_dir", "pickscore_processor_dir"), "clip": ("clip_dir",), "clip_edit": ("clip_dir",),
                "aesthetic": ("aesthetic_dir", "aesthetic_clip_name"), "imagereward": ("image_reward_dir",)}
 
 

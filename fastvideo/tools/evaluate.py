@@ -128,7 +128,7 @@ def _check(args, models, family) -> Path:
     return base
 
 
-def _write(out: Path, labels, results, rows, table: str, grid_prompts: int) -> None:
+def _write(out: Path, labels, results, rows, table: str, grid_prompts: int, sources=None) -> None:
     (out / "results.md").write_text(f"# Evaluation\n\n{table}", encoding="utf-8")
     with open(out / "results.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -140,20 +140,27 @@ def _write(out: Path, labels, results, rows, table: str, grid_prompts: int) -> N
                 for k in range(next(iter(res.scores.values())).shape[1]):
                     scores = {n: s[p, k].item() for n, s in res.scores.items()}
                     f.write(json.dumps({"model": label, "prompt": caption, "image": k, "scores": scores}) + "\n")
-    _write_grids(out, labels, results, grid_prompts)
+    _write_grids(out, labels, results, grid_prompts, sources)
 
 
-def _write_grids(out: Path, labels, results, grid_prompts: int) -> None:
+def _write_grids(out: Path, labels, results, grid_prompts: int, sources=None) -> None:
     """OUT/grid_NN.png: grid_prompts prompts each, one row per model (image 0 of each prompt, its
-    scores under it, the prompt above its column)."""
+    scores under it, the prompt above its column); editing (sources [P, 3, H', W']): the source
+    images first, shown at the generated size (source | base | trained ...)."""
+    import torch.nn.functional as F
+
     from fastvideo.eval.grid import labelled_grid
 
     num = len(results[0].captions)
+    size = tuple(results[0].grid.shape[-2:])
     for page, start in enumerate(range(0, num, grid_prompts)):
         cols = range(start, min(num, start + grid_prompts))
         rows = [(label, res.grid[start:start + grid_prompts],
                  [[f"{n} {s[p, 0].item():.4g}" for n, s in res.scores.items()] for p in cols])
                 for label, res in zip(labels, results)]
+        if sources is not None:
+            shown = F.interpolate(sources[start:start + grid_prompts].float(), size=size, mode="bilinear")
+            rows.insert(0, ("source", shown.clamp(0, 1), [[] for _ in cols]))
         labelled_grid(rows, results[0].captions[start:start + grid_prompts], out / f"grid_{page:02d}.png")
 
 
@@ -209,7 +216,7 @@ def run(args) -> str:
     table = markdown_table(rows, labels[0])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    _write(out, labels, results, rows, table, args.grid_prompts)
+    _write(out, labels, results, rows, table, args.grid_prompts, family.source_images(prompts.cond))
     return table
 
 

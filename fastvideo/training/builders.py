@@ -236,6 +236,7 @@ def reward_build_kwargs(cfg: TrainConfig, device: torch.device) -> tuple[dict, d
         "hpsv2": {"hps_ckpt_dir": r.hps_ckpt_dir, "model_name": r.hps_model_name, "input_precision": r.hps_input},
         "pickscore": {"pickscore_dir": r.pickscore_dir, "processor_dir": r.pickscore_processor_dir},
         "clip": {"clip_dir": r.clip_dir},
+        "clip_edit": {"clip_dir": r.clip_dir},
         **reward_kwargs(r.extras or RewardExtras()),
     }
     return per_reward, {"device": reward_device_for(cfg, device), "batch_size": r.batch_size,

@@ -67,6 +67,7 @@ class ChunkScorer:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward",
                                        initializer=self._bind_worker)
         self._captions: list[str] = []
+        self._sources: torch.Tensor | None = None
         self._images: list[torch.Tensor] = []
         self._futures: list[Future] = []
 
@@ -79,11 +80,13 @@ class ChunkScorer:
             # 512x512 matmul loop), one thread here does not.
             torch.set_num_threads(1)
 
-    def begin(self, captions: Sequence[str]) -> None:
-        """Start a batch whose sample i has caption captions[i]."""
+    def begin(self, captions: Sequence[str], sources: torch.Tensor | None = None) -> None:
+        """Start a batch whose sample i has caption captions[i] (and source image sources[i] when
+        the family edits)."""
         if self._futures:
             raise RuntimeError("ChunkScorer.begin called before the previous batch was finished")
         self._captions = list(captions)
+        self._sources = sources
         self._images = []
 
     def on_chunk(self, rows: slice, x0: torch.Tensor) -> None:
@@ -92,16 +95,19 @@ class ChunkScorer:
             images = decode_images(self.vae, x0, self.rollout_cfg, self.device, self.autocast_dtype, family=self.family)
         ready = devices.record_event(self.device)
         self._images.append(images)
-        self._futures.append(self.pool.submit(self._score, images, self._captions[rows], ready))
+        sources = None if self._sources is None else self._sources[rows]
+        self._futures.append(self.pool.submit(self._score, images, self._captions[rows], ready, sources))
 
-    def _score(self, images: torch.Tensor, captions: list[str], ready) -> tuple[dict[str, torch.Tensor], float]:
+    def _score(self, images: torch.Tensor, captions: list[str], ready,
+               sources: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], float]:
         start = time.perf_counter()
         if self.stream is not None:
             # The images were allocated on the main stream; tell the caching allocator they are
             # also used here so their memory is not handed out again too early.
             images.record_stream(self.stream)
         with devices.on_stream(self.device, self.stream, after=ready):
-            raw = self.reward.score_raw(images, captions)  # CPU tensors: waits for its own work
+            extra = {} if sources is None else {"sources": sources}
+            raw = self.reward.score_raw(images, captions, **extra)  # CPU tensors: waits for its own work
         return raw, time.perf_counter() - start
 
     def finish(self) -> ScoredChunks:

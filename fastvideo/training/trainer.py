@@ -164,7 +164,10 @@ class Trainer:
         return self.dataset.stack(items)
 
     def compute_rewards(self, traj: Trajectory) -> RewardResult:
-        return _reward_result(self.reward(traj.images, traj.captions))
+        """The rewards of the decoded samples, given their source images when the family edits."""
+        sources = self.family.source_images(traj.cond)
+        extra = {} if sources is None else {"sources": sources}  # a text-to-image run calls as before
+        return _reward_result(self.reward(traj.images, traj.captions, **extra))
 
     def compute_advantages(self, rewards: RewardResult) -> torch.Tensor:
         """[B] advantages of this rank's samples (the objective's)."""
@@ -224,7 +227,9 @@ class Trainer:
         what scoring still costs after the last chunk (the exposed part), time_reward_busy the
         worker's whole scoring time."""
         G = self.cfg.rollout.num_generations
-        self.scorer.begin([c for c in captions for _ in range(G)])
+        sources = self.family.source_images(cond)  # [P, ...] of the prompts (editing), or None
+        self.scorer.begin([c for c in captions for _ in range(G)],
+                          None if sources is None else sources.repeat_interleave(G, dim=0))
         with self.timer.phase("rollout"):
             traj = self._rollout(iteration, cond, captions, indices, plan, self.scorer.on_chunk)
         # The rollout phase's wall time includes decoding its chunks (timed on their own).

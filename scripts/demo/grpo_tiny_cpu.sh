@@ -15,7 +15,10 @@
 # or zimage: the tiny Z-Image with guidance 4.0, Flow-GRPO's SDE, shift 3 and lr ZIMAGE_LR (1e-2), the
 # current line too; DEMO_DIR/*_zimage; or qwen_image: the tiny Qwen-Image with true CFG 4.0 (negative " "),
 # Flow-GRPO's SDE, the pipeline's size-dependent shift and lr QWEN_IMAGE_LR (1e-2), the current line too;
-# DEMO_DIR/*_qwen_image),
+# DEMO_DIR/*_qwen_image; or kontext: the tiny FLUX.1 Kontext editing the bundled source
+# images of assets/edit/ with guidance 2.5, the pipeline's shift and the clip_edit reward of tiny CLIP
+# weights built into DEMO_DIR/tiny_rewards, evaluated on assets/edit/eval_edit.jsonl, docs/editing.md;
+# the current line too; DEMO_DIR/*_kontext),
 # ALGO (grpo, or nft: DiffusionNFT with DPM-Solver++ rollouts, one optimizer step per prompt group
 # at lr 1e-2 as in docs/nft.md's race; outputs in DEMO_DIR/outputs_nft),
 # OUTPUT_DIR (where the run writes; the LoRA demo in README uses DEMO_DIR/outputs_lora),
@@ -23,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 case "${MODEL:-flux}" in
-  flux2|zimage|qwen_image)
+  flux2|zimage|qwen_image|kontext)
     export LINE=${LINE:-current}
     if [ "$LINE" != current ]; then
       echo "MODEL=$MODEL runs on the current library line (diffusers 0.42.1): drop LINE=$LINE or set LINE=current" >&2
@@ -59,7 +62,13 @@ case "${MODEL:-flux}" in
               # the 8-GPU launcher's true CFG 4.0 (Flow-Factory's) and the pipeline's shift; lr as Z-Image's demo
               FAMILY_ARGS=(--model_family qwen_image --guidance_scale 4.0 --flow_grpo_sampling --no_quantize_timestep
                            --pipeline_shift --learning_rate "${QWEN_IMAGE_LR:-1e-2}") ;;
-  *) echo "MODEL=${MODEL}: use flux, sd3, flux2, zimage or qwen_image" >&2; exit 2 ;;
+  kontext) TINY=tiny_kontext; BUILD=(fastvideo.tools.make_tiny_kontext); EMB=embeddings_kontext; OUT=outputs_kontext
+           PREPROCESS=preprocess_kontext_rl_embeddings.sh; SEQ=32; PROMPTS=assets/edit/prompts_edit.jsonl
+           # FluxKontextPipeline's guidance 2.5 and shift; clip_edit keeps the source and follows the instruction
+           FAMILY_ARGS=(--model_family kontext --guidance_scale 2.5 --no_quantize_timestep --pipeline_shift
+                        --rewards clip_edit:1.0 --clip_dir "$DEMO_DIR/tiny_rewards/pickscore"
+                        --eval_prompts assets/edit/eval_edit.jsonl --eval_rewards clip_edit,detail) ;;
+  *) echo "MODEL=${MODEL}: use flux, sd3, flux2, zimage, qwen_image or kontext" >&2; exit 2 ;;
 esac
 # The objective: GRPO shares one noise per prompt group (--init_same_noise); NFT's deterministic
 # DPM-Solver++ rollouts would make a group's samples equal, so it draws each sample's own noise.
@@ -75,6 +84,7 @@ case "${MODEL:-flux}" in
   flux2) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py) ;;
   zimage) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_zimage.py) ;;
   qwen_image) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_qwen_image.py) ;;
+  kontext) BUILDERS+=(fastvideo/tools/make_tiny_kontext.py) ;;
 esac
 
 # A tiny folder built by another version of the builders (a preset changed: the tiny SD3.5's VAE
@@ -88,7 +98,10 @@ if [ "${DRY_RUN:-0}" != 1 ]; then
     "$PYTHON" -m "${BUILD[@]}" "$DEMO_DIR/$TINY" --seed 0
     echo "$STAMP" > "$DEMO_DIR/$TINY/.demo_build"
   fi
-  MODEL_PATH="$DEMO_DIR/$TINY" PROMPT_FILE=assets/prompts.txt OUTPUT_DIR="$DEMO_DIR/$EMB" \
+  if [ "${MODEL:-flux}" = kontext ] && [ ! -d "$DEMO_DIR/tiny_rewards/pickscore" ]; then
+    "$PYTHON" -m fastvideo.tools.make_tiny_reward "$DEMO_DIR/tiny_rewards"  # clip_edit's CLIP weights
+  fi
+  MODEL_PATH="$DEMO_DIR/$TINY" PROMPT_FILE="${PROMPTS:-assets/prompts.txt}" OUTPUT_DIR="$DEMO_DIR/$EMB" \
     NPROC="$NPROC" MAX_SEQ_LEN=$SEQ MAX_PROMPTS=64 bash "scripts/preprocess/$PREPROCESS"
 fi
 

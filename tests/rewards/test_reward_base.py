@@ -21,7 +21,7 @@ from fastvideo.rewards import (
 
 
 def test_registry_names():
-    assert available_rewards() == ("aesthetic", "clip", "compressibility", "detail", "hpsv2", "imagereward",
+    assert available_rewards() == ("aesthetic", "clip", "clip_edit", "compressibility", "detail", "hpsv2", "imagereward",
                                    "pickscore", "saturation")
 
 

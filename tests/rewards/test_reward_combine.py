@@ -51,7 +51,7 @@ def test_parse_spec():
         ("hpsv2:1,hpsv2:2", RewardSpecError, "twice"),
         ("hpsv2:0,clip:0", RewardSpecError, "all reward weights are zero"),
         ("nosuchreward:1", UnknownRewardError,
-         "valid names: aesthetic, clip, compressibility, detail, hpsv2, imagereward, pickscore, saturation"),
+         "valid names: aesthetic, clip, clip_edit, compressibility, detail, hpsv2, imagereward, pickscore, saturation"),
     ],
 )
 def test_parse_spec_errors(spec, error, match):

@@ -1,0 +1,51 @@
+"""Preprocessing of editing prompt files: the source images a family encodes beside the text.
+
+The check (``check_prompt_sources``) runs in PreprocessConfig.validate, before torch.distributed or
+any model loads: an editing family (``family.edits``) needs a JSONL prompt file whose records name
+images, a text-to-image family refuses one, and every image (the spare batch mates' too) must be
+readable and of one size that fits the family (fastvideo.data.sources). Each problem is one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastvideo.data.prompts import PromptList, load_prompts
+from fastvideo.data.sources import check_source_images, file_digest, load_pixels
+from fastvideo.errors import ConfigError
+
+
+def check_prompt_sources(prompt_file: str, max_prompts: int, family) -> tuple[int, int] | None:
+    """The source images' (height, width) for an editing family, None for a text-to-image one."""
+    plist = load_prompts(prompt_file, max_prompts)
+    if family.edits and plist.images is None:
+        raise ConfigError(f"model family {family.name!r} edits images but prompt file {prompt_file!r} names no "
+                          'source image: pass a .jsonl file of {"prompt": ..., "image": ...} records')
+    if not family.edits and plist.images is not None:
+        raise ConfigError(f"prompt file {prompt_file!r} names source images but model family {family.name!r} "
+                          "generates from text alone: choose an editing family (--model_family kontext) or a "
+                          "prompt file without images")
+    if plist.images is None:
+        return None
+    return check_source_images(all_images(plist), family.source_multiple)
+
+
+def all_images(plist: PromptList) -> list[Path]:
+    """The images of the prompts and of the spare batch mates beyond --max_prompts (encoded too)."""
+    return list(plist.images or []) + list(plist.spare_images or [])
+
+
+def record_keys(plist: PromptList) -> list[str]:
+    """What identifies each prompt's stored record: its caption, and for an editing file the
+    digest of its source image's bytes too (a changed image is re-encoded on a rerun)."""
+    if plist.images is None:
+        return list(plist.prompts)
+    return [f"{c}\0image:{file_digest(p)}" for c, p in zip(plist.prompts, plist.images)]
+
+
+def add_sources(family, encoders, cond, images: list[Path] | None, indices: list[int]):
+    """``cond`` of the prompts ``indices`` with their source images encoded (unchanged for a
+    text-to-image family)."""
+    if images is None:
+        return cond
+    return family.encode_sources(encoders, cond, load_pixels([images[i] for i in indices]))
