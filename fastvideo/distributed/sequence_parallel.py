@@ -218,8 +218,9 @@ def install(model: torch.nn.Module, plan: SequenceParallelPlan, shard: SequenceS
     return swapped
 
 
-def check_sizes(sp: int, world_size: int, heads: int, image_tokens: int, family_name: str, has_plan: bool) -> None:
-    """One line (ConfigError) when --sp_size cannot split this run."""
+def check_sizes(sp: int, world_size: int, heads: int | None, image_tokens: int | None, family_name: str,
+                has_plan: bool) -> None:
+    """One line (ConfigError) when --sp_size cannot split this run (heads / tokens None: unknown)."""
     if sp == 1:
         return
     if not has_plan:
@@ -227,9 +228,9 @@ def check_sizes(sp: int, world_size: int, heads: int, image_tokens: int, family_
     if world_size % sp:
         raise ConfigError(f"--sp_size {sp} does not divide the world size {world_size}: use a divisor of the number "
                           "of processes")
-    if heads % sp:
+    if heads is not None and int(heads) % sp:
         raise ConfigError(f"--sp_size {sp} does not divide the transformer's {heads} attention heads: use a divisor "
                           "of the head count")
-    if image_tokens % sp:
+    if image_tokens is not None and image_tokens % sp:
         raise ConfigError(f"--sp_size {sp} does not divide the {image_tokens} image tokens of --h/--w: use a divisor, "
                           "or a size whose token count it divides")

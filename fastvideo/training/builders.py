@@ -67,9 +67,9 @@ def check_sequence_parallel(cfg: TrainConfig, family, world_size: int) -> None:
 
     root, sub = _transformer_root(cfg, family)
     config, _ = read_config(root / sub / "config.json" if sub else root / "config.json")
-    config = config or {}  # an unreadable config is check_model_files' to report
-    heads = int(config.get("num_attention_heads", 1))
-    tokens = cfg.sp_size  # a family without a nominal layout: its split refuses at the first forward
+    config = config or {}  # an unreadable config is check_model_files' to report: heads and tokens unchecked
+    heads = config.get("num_attention_heads")
+    tokens = None  # a family without a nominal layout: its split refuses at the first forward
     if hasattr(family, "nominal_layout") and config:
         tokens = family.nominal_layout(cfg.rollout.height, cfg.rollout.width, config).tokens[0]
     check_sizes(cfg.sp_size, world_size, heads, tokens, family.name, family.sequence_parallel_plan() is not None)
