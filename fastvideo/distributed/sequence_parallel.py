@@ -175,13 +175,15 @@ class SequenceParallelPlan:
     rope: the module mapping position ids [S_text + L, ...] to tables whose rows follow the tokens
         (a tensor or a tuple of them), or None (absolute positions added before ``split``);
     processor: shard -> the attention processor that attends through SequenceShard.attention;
-    replaces: the processor classes it replaces (every attention module holding one)."""
+    replaces: the processor classes it replaces (every attention module holding one);
+    image_only: which of those attend over the image tokens alone (the cost model's byte count)."""
 
     split: str
     gather: str
     processor: Callable[[SequenceShard], Any]
     replaces: tuple[type, ...]
     rope: str | None = None
+    image_only: Callable[[torch.nn.Module], bool] | None = None
 
 
 def sequence_shard(dims) -> SequenceShard | None:

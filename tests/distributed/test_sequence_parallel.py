@@ -181,3 +181,51 @@ def test_sizes_refused_in_one_line():
         assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="does not divide the world size 3"):
         ParallelDims.build(3, 0, sp=2)
+
+
+def _counted_forward(info, name: str):
+    from fastvideo.distributed import comm_count
+
+    _, shard = _shard(info)
+    build, inputs = FAMILIES[name]
+    model = build()
+    sequence_parallel.install(model, _family(name).sequence_parallel_plan(), shard)
+    comm_count.install()
+    comm_count.reset()
+    with torch.no_grad(), comm_count.phase("rollout"):
+        model(**inputs(0))
+    return comm_count.metrics()
+
+
+@pytest.mark.parametrize("name", ["flux", "sd3"])
+def test_cost_model_exchange_bytes_are_what_a_forward_sends(name):
+    """perf.sequence_parallel's all-to-all and gather bytes per forward equal the collectives the
+    tiny transformer's forward issues (counted by distributed.comm_count), fp32."""
+    from fastvideo.perf.sequence_parallel import attention_layers, exchange_bytes
+
+    m = run_distributed(_counted_forward, name)[0]
+    family = _family(name)
+    config = dict(FAMILIES[name][0]().config)
+    inputs = FAMILIES[name][1](0)
+    hidden = inputs["hidden_states"]
+    tokens = hidden.shape[1] if name == "flux" else (hidden.shape[2] // 2) * (hidden.shape[3] // 2)
+    layers = attention_layers(config, family)
+    a2a, gathered = exchange_bytes(config, layers, tokens, inputs["encoder_hidden_states"].shape[1], 2, 1, 4)
+    assert m["comm/rollout/all_to_all_bytes"] == a2a and m["comm/rollout/all_to_all_calls"] == 2 * sum(layers)
+    assert m["comm/rollout/all_gather_bytes"] == gathered and m["comm/rollout/all_gather_calls"] == 1
+
+
+def test_cost_model_sp_table_on_the_tiny_flux(capsys):
+    from fastvideo.models.registry import family_factory
+    from fastvideo.perf.sequence_parallel import sp_rows
+    from fastvideo.tools import cost_model
+    from fastvideo.tools.make_tiny_flux import PRESETS, transformer_config
+
+    cost_model.main(["--sp_table", "--model", "tiny", "--h", "64", "--w", "64", "--text_tokens", "8"])
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()] == \
+        ["1", "2", "4"]
+    rows = sp_rows(transformer_config(PRESETS["tiny"]), family_factory("flux")(), 64, 64, 8)
+    assert rows[0].all_to_all_bytes_per_forward == 0 < rows[2].all_to_all_bytes_per_forward < \
+        rows[1].all_to_all_bytes_per_forward
+    assert rows[0].train_activation_bytes > rows[1].train_activation_bytes > rows[2].train_activation_bytes
+    assert rows[0].rollout_activation_bytes > rows[1].rollout_activation_bytes > rows[2].rollout_activation_bytes

@@ -44,4 +44,5 @@ def sd3_plan() -> SequenceParallelPlan:
     from diffusers.models.attention_processor import JointAttnProcessor2_0
 
     return SequenceParallelPlan(split="pos_embed", gather="proj_out", processor=SD3SequenceParallelProcessor,
-                                replaces=(JointAttnProcessor2_0,))
+                                replaces=(JointAttnProcessor2_0,),
+                                image_only=lambda m: getattr(m, "add_q_proj", None) is None)  # SD3.5's attn2
