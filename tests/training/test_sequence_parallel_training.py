@@ -16,7 +16,7 @@ from helpers import read_metrics, torchrun, train_args
 
 RTOL = 1e-5
 ITERATIONS = 3
-COMPARED = ("reward_mean", "reward_std", "grad_norm")
+COMPARED = ("reward_mean", "grad_norm")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 # Continuous image statistics: JPEG compressibility counts bytes, and a 1e-7 difference in an image
 # can move it by a whole byte.
@@ -41,18 +41,23 @@ def _same_metrics(ma: list[dict], mb: list[dict], iterations) -> None:
     for it in iterations:
         for key in COMPARED:
             _close(by_a[it][key], by_b[it][key], f"iteration {it} {key}")
-        # GRPO's loss sums O(1) terms (advantage x ratio) whose advantages cancel: near 0, so its
-        # rounding is 1e-7 of the terms, not of the sum
-        assert abs(by_a[it]["loss"] - by_b[it]["loss"]) <= RTOL, (it, by_a[it]["loss"], by_b[it]["loss"])
+        # the rewards' spread is a difference of near-equal rewards: its rounding is 1e-7 of the rewards
+        scale = max(abs(by_a[it]["reward_mean"]), by_a[it]["reward_std"])
+        assert abs(by_a[it]["reward_std"] - by_b[it]["reward_std"]) <= RTOL * scale, it
+        # GRPO's loss sums advantage x exp(log p_new - log p_old) terms whose advantages cancel (near
+        # 0); the log-probabilities are sums over every latent element, so the
+        # ratio's rounding is ~1e-5 absolute (the log-probabilities are compared to 1e-5 relative)
+        assert abs(by_a[it]["loss"] - by_b[it]["loss"]) <= 1e-4, (it, by_a[it]["loss"], by_b[it]["loss"])
 
 
 def _same_tensors(a, b, what: str) -> None:
-    """Every tensor of two safetensors files equal to 1e-5 of its largest element."""
+    """Every tensor of two safetensors files equal to 1e-5 relative (in norm: after Adam steps a
+    weight whose gradient is ~0 moves by lr in a direction rounding decides, one element of many)."""
     ta, tb = load_file(str(a)), load_file(str(b))
     assert ta and ta.keys() == tb.keys(), what
     for k in ta:
-        scale = float(ta[k].abs().max())
-        torch.testing.assert_close(ta[k], tb[k], rtol=0, atol=RTOL * scale + 1e-30, msg=f"{what} {k}")
+        err = float(torch.linalg.vector_norm((ta[k] - tb[k]).double()))
+        assert err <= RTOL * float(torch.linalg.vector_norm(ta[k].double())) + 1e-30, (what, k, err)
 
 
 def _runs(tmp_path, argv_for):
