@@ -199,6 +199,10 @@ def check_training(argv: list[str], nproc_per_node: int = 1, nnodes: int = 1, de
     device = device or os.environ.get("FASTVIDEO_DEVICE", "cpu")
     if cfg is not None:
         problems += memory_problems(cfg, nproc_per_node, device)
+        if cfg.sp_size > 1:  # --sp_size against the world, the heads and the image tokens (config.json)
+            from fastvideo.training.builders import build_family, check_sequence_parallel
+
+            _attempt(problems, lambda: check_sequence_parallel(cfg, build_family(cfg), nproc_per_node * nnodes))
     if check_world:
         problems += world_problems(nproc_per_node, nnodes, device)
     return list(dict.fromkeys(problems))

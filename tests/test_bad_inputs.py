@@ -154,7 +154,7 @@ TRAIN = [
     _t("unknown flag --no_such_flag", no_such_flag=True), _t("log_every", log_every=-1),
     _t("dump_randomness", dump_randomness=True, load_randomness=True),
     _t("is a file", output_dir="{file}"), _t("is a file", output_dir="{file}/sub"),
-    _t("sequence parallelism", sp_size=2), _t("either with --rewards", use_hpsv2=True),
+    _t("does not divide the world size 1", sp_size=2), _t("either with --rewards", use_hpsv2=True),
     _t("nope.json", data_json_path="{root}/nope.json"), _t("make_tiny_flux", pretrained_model_name_or_path="{empty}"),
     _t("no complete checkpoint", resume_from_checkpoint="latest"),
     _t("training prompts", eval_every=1, eval_prompts="{train_prompts}", eval_rewards="detail"),

@@ -33,13 +33,14 @@ def test_every_parse_problem_is_reported():
 
 def test_files_and_rules_are_checked_together(tiny_flux_dir, tiny_embeddings, tmp_path):
     argv = train_args(tmp_path / "none.json", tmp_path / "no_model", tmp_path / "out", rewards="hpsv2:1",
-                      hps_ckpt_dir=str(tmp_path / "no_hps"), sp_size=2,
+                      hps_ckpt_dir=str(tmp_path / "no_hps"), sp_size=3,
                       resume_from_checkpoint=str(tmp_path / "no_ckpt"))
     problems = preflight.check_training(argv, nproc_per_node=2)
     assert len(problems) == 5, problems  # the rewards too, although another flag does not validate
-    for needle, problem in zip(["sequence parallelism", "none.json", "no_model", "no_ckpt", "no_hps"], problems):
+    for needle, problem in zip(["none.json", "no_model", "no_ckpt", "no_hps", "--sp_size 3 does not divide the world size 2"],
+                               problems):
         assert needle in problem, (needle, problem)
-    valid_flags = preflight.check_training(argv[:-4], nproc_per_node=2)  # without --sp_size 2 and the resume
+    valid_flags = preflight.check_training(argv[:-4], nproc_per_node=2)  # without --sp_size 3 and the resume
     assert len(valid_flags) == 3 and "no_hps" in valid_flags[2], valid_flags
     assert all("\n" not in p for p in problems)
     ok = train_args(tiny_embeddings, tiny_flux_dir, tmp_path / "fresh")

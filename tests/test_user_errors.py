@@ -97,7 +97,7 @@ def test_training_inputs_are_refused_cleanly(tiny_flux_dir, tiny_embeddings, tmp
     bad = _bad_hps(tmp_path / "bad_hps", "garbage")
     _refused(_train(t(rewards="hpsv2:1", hps_ckpt_dir=str(bad)), monkeypatch), capsys, "not a readable")
     # 7 impossible flags, 8 unknown reward, 9 contradicting reward flags (argparse: usage + message)
-    _refused(_train(t(sp_size=2), monkeypatch), capsys, "sequence parallelism")
+    _refused(_train(t(sp_size=2), monkeypatch), capsys, "does not divide the world size 1")
     _refused(_train(t(rewards="aesthetics:1"), monkeypatch), capsys, "aesthetics")
     _refused(_train(t(use_hpsv2=True), monkeypatch), capsys, "either with --rewards")
     # 10 one sample in all without --use_group

@@ -140,12 +140,18 @@ class RunRecorder(TrainerHook):
         self.cfg = cfg
         self.info = info
         self.root = Path(cfg.output.record_dir)
+        self.rank = info.rank  # the data-parallel rank its files are named by (set per iteration)
         self.record_tensors = bool(cfg.output.record_tensors)
         self.root.mkdir(parents=True, exist_ok=True)
         if info.is_main:
             atomic_write_json(self.root / MANIFEST, build_manifest(cfg, info), indent=1)
 
     def on_iteration_end(self, trainer, result) -> None:
+        dims = getattr(trainer, "dims", None)
+        if dims is not None:
+            if dims.sp_rank:  # a sequence group's ranks hold the same samples: its first rank records them
+                return
+            self.rank = dims.dp_rank
         self.record_iteration(result.iteration, result.traj, result.rewards, result.advantages, result.record)
 
     def record_iteration(self, iteration: int, traj, rewards, advantages: torch.Tensor, record: dict) -> Path:
@@ -157,7 +163,7 @@ class RunRecorder(TrainerHook):
         folder = iteration_dir(self.root, iteration)
         samples = sample_records(traj.sample_ids, traj.group_ids, traj.captions, rewards.total,
                                  rewards.per_reward, advantages)
-        atomic_write_json(folder / samples_name(self.info.rank), {"iteration": int(iteration), "samples": samples},
+        atomic_write_json(folder / samples_name(self.rank), {"iteration": int(iteration), "samples": samples},
                           indent=1)
         for row, pixels in zip(samples, to_uint8(traj.images).numpy()):
             atomic_write_bytes(folder / IMAGES / image_name(row["sample_id"]), _png_bytes(pixels))
@@ -182,7 +188,7 @@ class RunRecorder(TrainerHook):
             # The whole chain of one sample per rank: enough to see at which step two runs part.
             out[f"latents/{ids[0]}"] = own(traj.latents[0])
         out[f"log_probs/{ids[0]}"] = own(traj.log_probs[0])
-        atomic_write_bytes(folder / tensors_name(self.info.rank), save(out))
+        atomic_write_bytes(folder / tensors_name(self.rank), save(out))
 
 
 def _jsonable(record: dict) -> dict:

@@ -12,7 +12,8 @@ from fastvideo.settings import flag_group
 # Flags accepted only so that upstream launch lines keep working; they change nothing here.
 COMPAT_ONLY_FLAGS = {
     "cache_dir": "no model hub is used: every model is loaded from a local folder",
-    "train_sp_batch_size": "sequence parallelism is not supported (sp_size must be 1)",
+    "train_sp_batch_size": "a sequence group's ranks hold the same samples (--sp_size); --train_batch_size counts "
+                           "the prompts of each data-parallel rank",
     "logging_dir": "metrics go to OUTPUT_DIR/metrics.jsonl; wandb writes under OUTPUT_DIR/wandb",
 }
 

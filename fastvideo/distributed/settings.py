@@ -24,6 +24,7 @@ class ParallelSettings(Settings):
     fsdp_param_dtype: str = "fp32"  # fp32 | bf16: the dtype FSDP all-gathers (and computes) parameters in
     fsdp_forward_prefetch: bool = False
     rollout_weights: str = "sharded"  # sharded | gathered | auto: fsdp.gathered_forwards around no-grad passes
+    sp_size: int = 1  # the ranks of a sequence group (Ulysses sequence parallelism)
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -35,7 +36,11 @@ class ParallelSettings(Settings):
                             "shard within a node, replicate across nodes), hybrid_zero2 (the same, gathered "
                             "parameters kept from forward to backward), none (replicate)")
         g.add_argument("--use_cpu_offload", action="store_true", help="keep FSDP's parameter shards on the CPU")
-        g.add_argument("--sp_size", type=int, default=1, help="sequence parallel size; must be 1")
+        g.add_argument("--sp_size", type=int, default=1,
+                       help="sequence parallel size N: the world is (data-parallel ranks) x N; the N ranks of a "
+                            "sequence group hold the same samples and split each forward's image tokens "
+                            "(Ulysses attention; docs/parallelism.md). N must divide the world size, the "
+                            "attention heads and the image tokens")
         g.add_argument("--fsdp_param_dtype", type=str, default="fp32", choices=["fp32", "bf16"],
                        help="dtype FSDP all-gathers parameters in: fp32 (upstream) or bf16 (half the gather "
                             "traffic; gradients still reduced in fp32 into fp32 master shards; needs "
@@ -53,11 +58,11 @@ class ParallelSettings(Settings):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ParallelSettings":
-        if args.sp_size != 1:
-            raise ConfigError(f"--sp_size {args.sp_size}: sequence parallelism is not supported; use --sp_size 1")
+        if args.sp_size < 1:
+            raise ConfigError(f"--sp_size {args.sp_size}: the sequence parallel size must be >= 1 (1: off)")
         strategy = "hybrid" if args.fsdp_sharding_strategy == "hybrid_full" else args.fsdp_sharding_strategy
         return cls(strategy, args.use_cpu_offload, args.fsdp_param_dtype, args.fsdp_forward_prefetch,
-                   args.rollout_weights).checked()
+                   args.rollout_weights, args.sp_size).checked()
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
@@ -65,7 +70,7 @@ class ParallelSettings(Settings):
         return {"fsdp_sharding_strategy": section["fsdp_strategy"], "use_cpu_offload": section["cpu_offload"],
                 "fsdp_param_dtype": section.get("fsdp_param_dtype", "fp32"),
                 "fsdp_forward_prefetch": section.get("fsdp_forward_prefetch", False),
-                "rollout_weights": section.get("rollout_weights", "sharded")}
+                "rollout_weights": section.get("rollout_weights", "sharded"), "sp_size": section.get("sp_size", 1)}
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:

@@ -216,6 +216,11 @@ class FamilyLoading(abc.ABC):
     def block_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The repeated blocks: FSDP units and activation-checkpointing units."""
 
+    def sequence_parallel_plan(self):
+        """Its fastvideo.distributed.sequence_parallel.SequenceParallelPlan (the modules that
+        split / gather the image tokens and its attention processor), or None: --sp_size 1 only."""
+        return None
+
 
 class FamilyConditioning(abc.ABC):
     """Role: prompts -> Conditioning, and how preprocessing stores it and the dataset reads it back."""

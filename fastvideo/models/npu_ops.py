@@ -282,7 +282,7 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.view(batch, seq, heads, -1).transpose(1, 2)
 
 
-def _qkv(attn: nn.Module, x: torch.Tensor, context: bool) -> tuple[torch.Tensor, ...]:
+def qkv_heads(attn: nn.Module, x: torch.Tensor, context: bool) -> tuple[torch.Tensor, ...]:
     """Projected, head-split and q/k-normalised (q, k, v) of the image (or context) stream."""
     if context:
         proj = (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
@@ -317,22 +317,27 @@ class NpuFluxAttnProcessor:
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """hidden_states: [B, S_img, C]; encoder_hidden_states: [B, S_txt, C] in joint blocks.
         Returns [B, S, C] (single block) or ([B, S_img, C], [B, S_txt, C]) (joint block)."""
-        q, k, v = _qkv(attn, hidden_states, context=False)
+        q, k, v = qkv_heads(attn, hidden_states, context=False)
         n_text = 0
         if encoder_hidden_states is not None:
-            cq, ck, cv = _qkv(attn, encoder_hidden_states, context=True)
+            cq, ck, cv = qkv_heads(attn, encoder_hidden_states, context=True)
             n_text = cq.shape[2]
             q, k, v = (torch.cat(pair, dim=2) for pair in ((cq, q), (ck, k), (cv, v)))
         if image_rotary_emb is not None:
             q = apply_rotary_emb(q, image_rotary_emb)
             k = apply_rotary_emb(k, image_rotary_emb)
-        out = attention_bnsd(q, k, v, attention_mask)
+        out = self._attend(q, k, v, attention_mask)
         out = out.transpose(1, 2).flatten(2).to(q.dtype)  # [B, S, N*D]
         if encoder_hidden_states is None:
             return out
         text, image = out[:, :n_text], out[:, n_text:]
         image = attn.to_out[1](attn.to_out[0](image))  # linear, dropout
         return image, attn.to_add_out(text)
+
+    def _attend(self, q, k, v, attention_mask):
+        """[B, N, S, D] (text tokens first) -> [B, N, S, D]; the sequence-parallel processor
+        (models/flux/sequence_parallel.py) attends across its sequence group instead."""
+        return attention_bnsd(q, k, v, attention_mask)
 
 
 # ---------------------------------------------------------------------------------------- Z-Image

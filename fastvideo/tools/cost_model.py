@@ -111,6 +111,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak per device, TFLOPS")
     ap.add_argument("--device_name", default=None, help="look the peak up by name (H800, H200, A100, 910C, ...)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--sp_table", action="store_true", help="activation memory and all-to-all bytes per forward, "
+                    "per rank, at --sp_size 1, 2 and 4 (Ulysses sequence parallelism; perf/sequence_parallel.py)")
     _memory_flags(ap.add_argument_group("memory model (--memory)"))
     add_mix_arguments(ap)
     args, extra = ap.parse_known_args(argv)
@@ -147,7 +149,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # Training flags that change the cost but are not modelled here: refused rather than ignored.
 # (--kl_coef: a flag above; MixGRPO's --kl_coeff reuses the rollout's stored log-probabilities: no cost.)
-UNMODELLED = ("--sp_size",)
+UNMODELLED = ("--sp_size",)  # --sp_table models it on its own
 
 
 def training_flags_without_cost(extra: list[str], ap: argparse.ArgumentParser) -> list[str]:
@@ -468,6 +470,12 @@ def main(argv: list[str] | None = None) -> None:
         config, vae_cfg, desc = resolve_model(args.model, family)
         if args.memory:
             print(memory_report(args, config, vae_cfg, desc, family))
+            return
+        if args.sp_table:
+            from fastvideo.perf.sequence_parallel import format_rows, sp_rows
+
+            print(format_rows(sp_rows(config, family, args.h, args.w, args.text_tokens), desc, args.h, args.w,
+                              args.text_tokens))
             return
         s = summarise(args, config, vae_cfg, family)
     except (UserError, ValueError) as err:  # bad flags or a bad config file: one line, exit 2

@@ -57,6 +57,36 @@ def _load_transformer(cfg: TrainConfig, device: torch.device, dtype: torch.dtype
     return model, loader
 
 
+def check_sequence_parallel(cfg: TrainConfig, family, world_size: int) -> None:
+    """--sp_size against the family, the world, the transformer's heads and the image tokens of
+    --h/--w, from config.json alone: one line (ConfigError) before any model loads."""
+    if cfg.sp_size == 1:
+        return
+    from fastvideo.distributed.sequence_parallel import check_sizes
+    from fastvideo.models.file_check import read_config
+
+    root, sub = _transformer_root(cfg, family)
+    config, _ = read_config(root / sub / "config.json" if sub else root / "config.json")
+    config = config or {}  # an unreadable config is check_model_files' to report: heads and tokens unchecked
+    heads = config.get("num_attention_heads")
+    tokens = None  # a family without a nominal layout: its split refuses at the first forward
+    if hasattr(family, "nominal_layout") and config:
+        tokens = family.nominal_layout(cfg.rollout.height, cfg.rollout.width, config).tokens[0]
+    check_sizes(cfg.sp_size, world_size, heads, tokens, family.name, family.sequence_parallel_plan() is not None)
+
+
+def install_sequence_parallel(models, family, dims) -> None:
+    """The family's sequence-parallel plan on each of ``models`` (wrapped; None skipped), one shard
+    each (its token split is per forward); nothing while --sp_size 1."""
+    from fastvideo.distributed.sequence_parallel import install, sequence_shard
+
+    if dims is None or dims.sp == 1:
+        return
+    for model in models:
+        if model is not None:
+            install(model, family.sequence_parallel_plan(), sequence_shard(dims))
+
+
 def build_models(cfg: TrainConfig, device: torch.device, family=None):
     """Transformer (master weights in --master_weight_type, wrapped for FSDP) and frozen VAE.
     With --use_lora: a frozen base in the compute dtype with trainable adapters (training/lora.py).

@@ -82,14 +82,14 @@ class ImageSaverHook(TrainerHook):
         self.every, self.out, self.num_generations = every, out, num_generations
 
     def on_iteration_end(self, trainer, result: IterationResult) -> None:
-        if self.every <= 0 or result.iteration % self.every:
-            return
+        if self.every <= 0 or result.iteration % self.every or trainer.dims.sp_rank:
+            return  # (a sequence group's ranks hold the same images: its first rank saves them)
         from fastvideo.sampling.images import save_group_grids, save_images
 
         traj = result.traj
-        save_images(traj.images, self.out, result.iteration, trainer.info.rank)
+        save_images(traj.images, self.out, result.iteration, trainer.dims.dp_rank)
         save_group_grids(traj.images, result.rewards.total, self.num_generations, self.out, result.iteration,
-                         trainer.info.rank, traj.captions)
+                         trainer.dims.dp_rank, traj.captions)
 
 
 class LogLineHook(TrainerHook):

@@ -68,6 +68,7 @@ def build_parts(cfg, info: devices.DistInfo, dims, family, timer, autocast_dtype
     metrics.PhaseTimer (the overlapped scorer times its chunks on it)."""
     device = info.device
     start.check_world(cfg, dims)
+    builders.check_sequence_parallel(cfg, family, info.world_size)
     start.prepare_output_dir(cfg, info, device)
     resume_path = start.check_resume(cfg, info.world_size)  # before any model loads: a refused resume costs nothing
     devices.set_fast_matmul(device, cfg.model.allow_tf32)
@@ -77,6 +78,8 @@ def build_parts(cfg, info: devices.DistInfo, dims, family, timer, autocast_dtype
     transformer_config, model, vae = builders.build_models(cfg, device, family)
     dataset.check_against_transformer(transformer_config)
     kl_reference = builders.build_kl_reference(cfg, model, device, family)
+    reference = getattr(kl_reference, "model", None)  # its own copy (full fine-tuning) or the model (LoRA)
+    builders.install_sequence_parallel([model, reference if reference is not model else None], family, dims)
     data_randomness = None
     if cfg.output.dump_randomness or cfg.output.load_randomness:
         data_randomness = builders.build_randomness(cfg, info, kind="data")

@@ -56,7 +56,7 @@ class Trainer:
     def __init__(self, cfg, info: devices.DistInfo, dims: ParallelDims | None = None):
         self.cfg = cfg
         self.info = info
-        self.dims = dims or ParallelDims.build(info.world_size, info.rank, cfg.fsdp_strategy)
+        self.dims = (dims or ParallelDims.build(info.world_size, info.rank, cfg.fsdp_strategy, sp=cfg.sp_size)).init_groups()
         self.device = info.device
         self.state = TrainerState()
         self.timer = PhaseTimer(self.device)

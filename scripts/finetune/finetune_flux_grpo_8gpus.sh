@@ -20,7 +20,7 @@ fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-1
   --gradient_checkpointing \
   --train_batch_size 2 \
   --num_latent_t 1 \
-  --sp_size 1 \
+  --sp_size "${SP:-1}" \
   --train_sp_batch_size 2 \
   --dataloader_num_workers 4 \
   --gradient_accumulation_steps 12 \

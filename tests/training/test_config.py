@@ -16,7 +16,7 @@ def _validate(*extra):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--sp_size", "2"], "sequence parallelism is not supported"),
+    (["--sp_size", "0"], "must be >= 1"),
     (["--num_generations", "1", "--use_group"], "at least 2 samples"),
     (["--reward_group_norm"], "needs --use_group"),
     (["--train_last_step", "--ignore_last"], "contradict"),

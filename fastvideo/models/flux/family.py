@@ -123,6 +123,11 @@ class FluxFamily(base.ModelFamily, base.FamilyCostModel):
 
         return (FluxTransformerBlock, FluxSingleTransformerBlock)
 
+    def sequence_parallel_plan(self):
+        from fastvideo.models.flux.sequence_parallel import flux_plan
+
+        return flux_plan()
+
     def blocks(self, model) -> list[torch.nn.Module]:
         """The transformer's blocks in order (double-stream, then single-stream)."""
         return list(model.transformer_blocks) + list(model.single_transformer_blocks)

@@ -85,6 +85,11 @@ class SD3Family(base.ModelFamily, base.FamilyCostModel):
 
         return (JointTransformerBlock,)
 
+    def sequence_parallel_plan(self):
+        from fastvideo.models.sd3.sequence_parallel import sd3_plan
+
+        return sd3_plan()
+
     def blocks(self, model) -> list[torch.nn.Module]:
         return list(getattr(model, "module", model).transformer_blocks)
 

@@ -168,12 +168,12 @@ class StopRequest:
             sys.stderr.flush()
 
     def agreed(self, dims, device) -> int:
-        """The signal any rank of the data-parallel group received (0: none); every rank calls
-        this at the same point. int32, not bool: HCCL reduces no bool."""
+        """The signal any rank received (0: none); every rank calls this at the same point. int32,
+        not bool: HCCL reduces no bool."""
         import torch
 
         flag = torch.tensor([self.signum], dtype=torch.int32, device=device)
-        if dims is not None and dims.dp_size > 1:
+        if dims is not None and dims.world_size > 1:
             dims.all_reduce_max(flag)
         return int(flag.item())
 

@@ -24,7 +24,7 @@ FLAGS = {
     "w": "--w",
     "rewards": "--rewards",
     "use_group": "--use_group",
-    "world_size": "the number of processes",
+    "world_size": "the number of processes / --sp_size (the data-parallel ranks)",
     "train_batch_size": "--train_batch_size",
     "use_lora": "--use_lora",
     "lora_rank": "--lora_rank",
@@ -64,7 +64,8 @@ def run_identity(cfg: TrainConfig, world_size: int) -> dict:
         "w": r.width,
         "rewards": ",".join(f"{s.name}:{s.weight:g}" for s in cfg.reward.spec),
         "use_group": cfg.grpo.use_group,
-        "world_size": world_size,
+        # the data-parallel ranks decide the prompts and noise; a sequence group's ranks share them
+        "world_size": world_size // cfg.sp_size,
         "train_batch_size": cfg.prompts_per_rank,
         "use_lora": cfg.lora.enabled,
         **({"lora_rank": cfg.lora.rank, "lora_alpha": cfg.lora.alpha,
