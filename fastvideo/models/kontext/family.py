@@ -48,6 +48,11 @@ class KontextFamily(FluxFamily):
         super().__init__(guidance_scale, quantize_timestep)
 
     # -- conditioning
+    def sequence_parallel_plan(self):
+        """None: FLUX.1's plan splits the image tokens after the embedder, and Kontext's sequence
+        also carries the source tokens (their split and RoPE rows are not tested yet): --sp_size 1."""
+        return None
+
     def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
         return C.KontextEncoders(FC.load_text_encoders(path, device=device, dtype=dtype),
                                  FC.load_vae(path, device=device, dtype=dtype))
