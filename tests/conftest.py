@@ -74,6 +74,12 @@ def encode_tiny_prompts(model_dir, tmp_path_factory, name: str, seq: int, family
 
 
 @pytest.fixture(scope="session")
+def sd3_sp_embeddings(tiny_sd3_dir, tmp_path_factory):
+    """The tiny SD3.5's embeddings of the bundled prompts (16 tokens), for the sequence-parallel runs."""
+    return encode_tiny_prompts(tiny_sd3_dir, tmp_path_factory, "sd3_sp", 16, family="sd3")
+
+
+@pytest.fixture(scope="session")
 def flux2_embeddings(tiny_flux2_dir, tmp_path_factory):
     """assets/prompts_tiny.txt encoded with the tiny klein (Qwen3 length 48, with the empty prompt)."""
     return encode_tiny_prompts(tiny_flux2_dir, tmp_path_factory, "flux2_embeddings", 48, "flux2")

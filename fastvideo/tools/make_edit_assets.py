@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", type=int, default=64, help="image side in pixels, a multiple of 16 (default 64)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.size < 16 or a.size % 16:
+        ap.error(f"--size {a.size}: the image side must be a positive multiple of 16 (the VAE and the 2x2 packing need it), e.g. 64")
     print(f"wrote {make_edit_assets(a.out_dir, a.size, a.seed)}")
 
 

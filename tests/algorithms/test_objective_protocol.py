@@ -56,8 +56,10 @@ def test_parallel_dims_from_the_sharding_strategy():
     assert ParallelDims.build(8, 3, "none").dp_replicate == 8
     hybrid = ParallelDims.build(16, 5, "hybrid", ranks_per_node=8)
     assert (hybrid.dp_replicate, hybrid.dp_shard, hybrid.dp_size, hybrid.dp_rank) == (2, 8, 16, 5)
-    with pytest.raises(ConfigError, match="sequence parallel"):
-        ParallelDims.build(8, 0, "full", sp=2)
+    seq = ParallelDims.build(8, 5, "full", sp=2)  # sequence groups of consecutive ranks
+    assert (seq.dp_shard, seq.dp_size, seq.dp_rank, seq.sp_rank) == (4, 4, 2, 1)
+    with pytest.raises(ConfigError, match="--sp_size 3 does not divide the world size 8"):
+        ParallelDims.build(8, 0, "full", sp=3)
 
 
 class _Cfg:

@@ -35,7 +35,9 @@ COVERED = {
     "cost_model": "test_cost_model_memory_prints_table_and_verdict",
     "evaluate": "test_evaluate_cli",
     "export": "test_export_cli",
+    "make_edit_assets": "test_make_edit_assets_cli",
     "make_tiny_flux": "test_make_tiny_flux_cli",
+    "make_tiny_kontext": "test_make_tiny_kontext_cli",
     "make_tiny_flux2": "test_make_tiny_flux2_cli",
     "make_tiny_reward": "test_make_tiny_reward_cli",
     "make_tiny_sd3": "test_make_tiny_sd3_cli",
@@ -231,6 +233,33 @@ def test_make_tiny_qwen_image_cli(tmp_path, monkeypatch, capsys):
     name = "transformer/diffusion_pytorch_model.safetensors"
     mine, again = load_file(tmp_path / "q" / name), load_file(make_tiny_qwen_image(tmp_path / "again", seed=0) / name)
     assert mine.keys() == again.keys() and all(torch.equal(mine[k], again[k]) for k in mine)
+
+
+def test_make_edit_assets_cli(tmp_path, monkeypatch, capsys):
+    """Seed 0 at 64 px writes the repository's assets/edit byte for byte; a size that is not a multiple
+    of 16 is refused (exit 2) with nothing written."""
+    code, out = run_tool("make_edit_assets", [str(tmp_path / "e")], monkeypatch, capsys)
+    assert code == 0 and str(tmp_path / "e") in out
+    kept = sorted(p.relative_to(ROOT / "assets" / "edit") for p in (ROOT / "assets" / "edit").rglob("*") if p.is_file())
+    made = sorted(p.relative_to(tmp_path / "e") for p in (tmp_path / "e").rglob("*") if p.is_file())
+    assert made == kept and len(made) == 14
+    assert all((tmp_path / "e" / p).read_bytes() == (ROOT / "assets" / "edit" / p).read_bytes() for p in made)
+    code, _ = run_tool("make_edit_assets", [str(tmp_path / "bad"), "--size", "40"], monkeypatch, capsys)
+    assert code == 2 and not (tmp_path / "bad").exists()
+
+
+def test_make_tiny_kontext_cli(tmp_path, monkeypatch, capsys):
+    """A FLUX.1 folder whose index names FluxKontextPipeline; the same weights from the same seed."""
+    code, out = run_tool("make_tiny_kontext", [str(tmp_path / "k"), "--seed", "3"], monkeypatch, capsys)
+    assert code == 0 and str(tmp_path / "k") in out
+    assert json.loads((tmp_path / "k" / "model_index.json").read_text())["_class_name"] == "FluxKontextPipeline"
+    from fastvideo.tools.make_tiny_kontext import make_tiny_kontext
+
+    name = "transformer/diffusion_pytorch_model.safetensors"
+    mine, again = load_file(tmp_path / "k" / name), load_file(make_tiny_kontext(tmp_path / "again", seed=3) / name)
+    other = load_file(make_tiny_kontext(tmp_path / "other", seed=4) / name)
+    assert mine.keys() == again.keys() and all(torch.equal(mine[k], again[k]) for k in mine)
+    assert not all(torch.equal(mine[k], other[k]) for k in mine)
 
 
 def test_make_tiny_reward_cli(tmp_path, monkeypatch, capsys):

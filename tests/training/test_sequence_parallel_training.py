@@ -125,10 +125,8 @@ def test_flux_sp2_equals_one_rank_with(variant, tiny_flux_dir, tiny_embeddings, 
 
 
 @pytest.fixture(scope="module")
-def sd3_index(tiny_sd3_dir, tmp_path_factory):
-    from conftest import encode_tiny_prompts
-
-    return encode_tiny_prompts(tiny_sd3_dir, tmp_path_factory, "sd3_sp", 16, family="sd3")
+def sd3_index(sd3_sp_embeddings):
+    return sd3_sp_embeddings
 
 
 @pytest.mark.slow
