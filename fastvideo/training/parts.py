@@ -68,7 +68,6 @@ def build_parts(cfg, info: devices.DistInfo, dims, family, timer, autocast_dtype
     metrics.PhaseTimer (the overlapped scorer times its chunks on it)."""
     device = info.device
     start.check_world(cfg, dims)
-    builders.check_sequence_parallel(cfg, family, info.world_size)
     start.prepare_output_dir(cfg, info, device)
     resume_path = start.check_resume(cfg, info.world_size)  # before any model loads: a refused resume costs nothing
     devices.set_fast_matmul(device, cfg.model.allow_tf32)

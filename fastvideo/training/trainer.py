@@ -56,6 +56,10 @@ class Trainer:
     def __init__(self, cfg, info: devices.DistInfo, dims: ParallelDims | None = None):
         self.cfg = cfg
         self.info = info
+        self.family = builders.build_family(cfg)  # the model family (--model_family), with its forward settings
+        # --sp_size is refused on every rank before init_groups' first collective: a rank that refused
+        # after it would leave its peers inside new_group with a reset connection and a traceback
+        builders.check_sequence_parallel(cfg, self.family, info.world_size)
         self.dims = (dims or ParallelDims.build(info.world_size, info.rank, cfg.fsdp_strategy, sp=cfg.sp_size)).init_groups()
         self.device = info.device
         self.state = TrainerState()
@@ -63,7 +67,6 @@ class Trainer:
         self.metrics = MetricsWriter(cfg.output.output_dir, enabled=info.is_main)
         self.autocast_dtype = torch.bfloat16 if cfg.model.mixed_precision == "bf16" else None
         self.rollout_cfg = rollout_config(cfg)
-        self.family = builders.build_family(cfg)  # the model family (--model_family), with its forward settings
         self.hooks: list[TrainerHook] = []
         self.parts: RunParts | None = None  # setup()
         self.stop_request = None  # run_control.StopRequest the entry point installs (SIGTERM / SIGINT)
