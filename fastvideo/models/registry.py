@@ -78,7 +78,22 @@ def _plugin(name_or_path: str) -> FamilyFactory:
     factory = _REGISTRY.get(attr) or getattr(module, attr, None)
     if factory is None:
         raise UnknownModelFamilyError(f"model family plugin {name_or_path!r}: {module_name} has no {attr!r}")
+    _check_factory(factory, name_or_path)
     return factory
+
+
+def _check_factory(factory, name_or_path: str) -> None:
+    """A plugin's ``Name`` must be a ModelFamily subclass or a function that builds one (checked
+    when built): a module, a constant or another class is refused here, in one line, instead of a
+    TypeError at its first use."""
+    fix = "name a ModelFamily subclass (fastvideo.models.base.ModelFamily) or a function returning one"
+    if isinstance(factory, type):
+        if not issubclass(factory, ModelFamily):
+            raise UnknownModelFamilyError(
+                f"model family plugin {name_or_path!r}: {factory.__qualname__} is a class but not a ModelFamily; {fix}")
+    elif not callable(factory):
+        raise UnknownModelFamilyError(
+            f"model family plugin {name_or_path!r}: it is a {type(factory).__name__}, not a family; {fix}")
 
 
 def family_factory(name_or_path: str) -> FamilyFactory:
@@ -109,8 +124,14 @@ def _require_line(factory, name: str) -> None:
 
 
 def get_model_family(name_or_path: str, **settings) -> ModelFamily:
-    """A registered family by name, or "pkg.module:Name", built with ``settings``."""
-    return family_factory(name_or_path)(**settings)
+    """A registered family by name, or "pkg.module:Name", built with ``settings``; a plugin function
+    that returns something other than a ModelFamily is refused in one line."""
+    family = family_factory(name_or_path)(**settings)
+    if not isinstance(family, ModelFamily):
+        raise UnknownModelFamilyError(
+            f"model family {name_or_path!r} built a {type(family).__name__}, not a ModelFamily: name a "
+            "ModelFamily subclass (fastvideo.models.base.ModelFamily) or a function returning one")
+    return family
 
 
 def family_for_class_name(class_name: str) -> str | None:

@@ -40,6 +40,10 @@ def test_a_plugin_path_imports_the_module_which_registers_itself(tmp_path, monke
         "class Shifted(ToyFamily):\n"
         "    name = 'shifted'\n"
         "register_model_family('shifted', Shifted)\n"
+        "def make_shifted(**settings):\n"
+        "    return Shifted(**settings)\n"
+        "def make_str(**settings):\n"
+        "    return 'not a family'\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     fam = get_model_family("my_family_plugin:Shifted", offset=0.5)
@@ -47,6 +51,12 @@ def test_a_plugin_path_imports_the_module_which_registers_itself(tmp_path, monke
     assert type(get_model_family("shifted")).__name__ == "Shifted"  # registered by the import
     with pytest.raises(UserError, match="has no 'Nope'"):
         get_model_family("my_family_plugin:Nope")
+    for path, needle in [("os:path", "it is a module, not a family"), ("os:sep", "it is a str, not a family"),
+                         ("collections:OrderedDict", "OrderedDict is a class but not a ModelFamily"),
+                         ("my_family_plugin:make_str", "built a str, not a ModelFamily")]:
+        with pytest.raises(UserError, match=needle):
+            get_model_family(path, **({"offset": 0.5} if path.endswith("make_str") else {}))
+    assert get_model_family("my_family_plugin:make_shifted", offset=0.25).offset == 0.25  # a factory function
     sys.modules.pop("my_family_plugin", None)
 
 
