@@ -62,7 +62,8 @@ class QwenImageEditFamily(QwenImageFamily):
 
     # -- loading: Qwen-Image's folder with the VL encoder's processor
     def check_folder(self, path, components=None):
-        required = {**QC.REQUIRED_FILES, "processor": ["preprocessor_config.json"]}
+        # transformers 5 writes processor/processor_config.json, older ones preprocessor_config.json
+        required = {**QC.REQUIRED_FILES, "processor": []}
         return check_diffusers_folder(path, required, EDIT_HINT, QC.QwenImageFolderError, "Qwen-Image-Edit model folder",
                                       components)
 
