@@ -1,6 +1,7 @@
 """The model-family registry: ``--model_family NAME`` or a plugin ``--model_family pkg.module:Name``.
 
-The built-in families (flux, sd3, flux2, zimage, qwen_image, kontext) are registered here, imported when first asked for; a family
+The built-in families (flux, sd3, flux2, zimage, qwen_image, kontext,
+qwen_image_edit) are registered here, imported when first asked for; a family
 module never imports this one, so the registry and its implementations form no import circle.
 A plugin module is imported first (it may call ``register_model_family`` on import) and ``Name``
 is a registered name or a ModelFamily factory in it. A name is registered once: registering
@@ -50,6 +51,7 @@ def _builtin() -> None:
     from fastvideo.models.flux2.family import Flux2Family
     from fastvideo.models.qwen_image.family import QwenImageFamily
     from fastvideo.models.kontext.family import KontextFamily
+    from fastvideo.models.qwen_image_edit.family import QwenImageEditFamily
     from fastvideo.models.sd3.family import SD3Family
     from fastvideo.models.zimage.family import ZImageFamily
 
@@ -59,6 +61,7 @@ def _builtin() -> None:
     _REGISTRY.setdefault("zimage", ZImageFamily)  # the current library line only
     _REGISTRY.setdefault("qwen_image", QwenImageFamily)  # the current library line only
     _REGISTRY.setdefault("kontext", KontextFamily)  # FLUX.1 Kontext: FLUX.1's transformer, a source image
+    _REGISTRY.setdefault("qwen_image_edit", QwenImageEditFamily)  # Qwen-Image's transformer, a source image
 
 
 def model_family_names() -> list[str]:

@@ -95,9 +95,11 @@ def vae_config() -> dict:
     }
 
 
-def qwen2_5_vl(vocab: int, bos: int, eos: int):
+def qwen2_5_vl(vocab: int, bos: int, eos: int, vision: dict | None = None, token_ids: dict | None = None):
     """Qwen2_5_VLForConditionalGeneration at width 32: grouped-query attention, multimodal RoPE (its
-    sections sum to half the head width, as the 7B's 16 + 24 + 24 = 64), a 1-block vision tower."""
+    sections sum to half the head width, as the 7B's 16 + 24 + 24 = 64), a 1-block vision tower
+    (``vision``: another vision config; ``token_ids``: the tokenizer's vision token ids, for a
+    tokenizer that has them, make_tiny_qwen_image_edit)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     text = dict(vocab_size=vocab, hidden_size=TEXT_WIDTH, intermediate_size=2 * TEXT_WIDTH,
@@ -105,9 +107,9 @@ def qwen2_5_vl(vocab: int, bos: int, eos: int):
                 max_position_embeddings=4096, use_cache=False, rms_norm_eps=1e-6, bos_token_id=bos, eos_token_id=eos,
                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
                                  "mrope_section": [2, 3, 3]})
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=TEXT_WIDTH,
-                  fullatt_block_indexes=[0])
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    vision = vision or dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=TEXT_WIDTH,
+                            fullatt_block_indexes=[0])
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **(token_ids or {}))
     return Qwen2_5_VLForConditionalGeneration(config)
 
 

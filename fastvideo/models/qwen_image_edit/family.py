@@ -1,0 +1,156 @@
+"""Qwen-Image-Edit (2509 / 2511, diffusers' QwenImageEditPlusPipeline) as a ModelFamily: Qwen-Image's
+family (loading, the transformer class, latents, decoding, true CFG, FSDP blocks, FLOPs) plus a source
+image per prompt that the VL text encoder sees and whose VAE latents join the token sequence.
+
+Conditioning: TensorConditioning with, per sample, "prompt_embeds" [B, L, D] / "prompt_mask" [B, L]
+(the instruction with its condition image's tokens, components.encode_edit_prompt), the negative
+prompt's "neg_prompt_embeds" / "neg_prompt_mask" (per sample too: the negative is encoded with each
+sample's image), "image_latents" [B, Ls, 64] and "source_image" [B, 3, H, W] in [0, 1] (what the
+rewards see); shared "source_grid" int64 [2] (the source's token grid, its img_shapes entry). Stored
+per prompt beside Qwen-Image's folders in image_latents/, source_image/ and source_grid/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+import fastvideo.models.qwen_image.components as QC
+import fastvideo.models.qwen_image_edit.components as C
+from fastvideo.models.base import EmbeddingShapeError, check_diffusers_folder, StoredTensor, TensorConditioning
+from fastvideo.models.qwen_image.family import QwenImageFamily
+
+EDIT_HINT = ("Put a diffusers-layout Qwen-Image-Edit folder there (for example Qwen/Qwen-Image-Edit-2509 or -2511), "
+             "or build a tiny test model with `python -m fastvideo.tools.make_tiny_qwen_image_edit DIR`.")
+PER_SAMPLE = ("prompt_embeds", "prompt_mask", "neg_prompt_embeds", "neg_prompt_mask", "image_latents", "source_image")
+
+
+@dataclass
+class PendingPrompts(TensorConditioning):
+    """encode_prompts' result: the instructions, waiting for their source images (encode_sources
+    encodes text and image together)."""
+
+    prompts: list[str] = field(default_factory=list)
+    max_sequence_length: int = 512
+
+
+class QwenImageEditFamily(QwenImageFamily):
+    """Qwen-Image-Edit-2509 / -2511; guidance_scale (true_cfg_scale) and quantize_timestep as Qwen-Image's.
+    condition_area / vae_area: the areas the source is resized to for the VL encoder and for the VAE
+    (the pipeline's 384^2 and 1024^2)."""
+
+    name = "qwen_image_edit"
+    pipeline_class_name = "QwenImageEditPlusPipeline"
+    # A checkpoint's QwenImageTransformer2DModel says Qwen-Image (family_for_class_name): an edit
+    # run's checkpoint is found by the model.family its config.json records.
+    variant_of = "qwen_image"
+    storage = QwenImageFamily.storage + (
+        StoredTensor("image_latents", "image_latents_path", "image_latents"),
+        StoredTensor("source_image", "source_image_path", "source_image"),
+        StoredTensor("source_grid", "source_grid_path", "source_grid"),
+    )
+    json_keys = QwenImageFamily.json_keys[:-1] + ("image_latents_path", "source_image_path", "source_grid_path",
+                                                  "caption")
+    text_components = ("text_encoder", "tokenizer", "processor", "vae")
+    text_encoder_components = ("text_encoder", "vae")
+    edits = True
+    source_multiple = 1  # the pipeline resizes every source itself (calculate_dimensions)
+    condition_area = C.CONDITION_IMAGE_SIZE
+    vae_area = C.VAE_IMAGE_SIZE
+
+    # -- loading: Qwen-Image's folder with the VL encoder's processor
+    def check_folder(self, path, components=None):
+        # transformers 5 writes processor/processor_config.json, older ones preprocessor_config.json
+        required = {**QC.REQUIRED_FILES, "processor": []}
+        return check_diffusers_folder(path, required, EDIT_HINT, QC.QwenImageFolderError, "Qwen-Image-Edit model folder",
+                                      components)
+
+    # -- conditioning
+    def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
+        return C.load_edit_encoders(path, device, dtype)
+
+    def encode_prompts(self, encoders, prompts, max_sequence_length=512) -> TensorConditioning:
+        return PendingPrompts({"row": torch.arange(len(prompts))}, {}, list(prompts), max_sequence_length)
+
+    def encode_sources(self, encoders, cond, pixels) -> TensorConditioning:
+        if not isinstance(cond, PendingPrompts):
+            raise TypeError("encode_sources takes encode_prompts' result (the instructions, not yet encoded)")
+        out = C.encode_sources(encoders, cond.prompts, QC.NEGATIVE_PROMPT, pixels, cond.max_sequence_length,
+                               self.condition_area, self.vae_area)
+        grid = out.pop("source_grid")
+        out["source_image"] = pixels.to(out["image_latents"])
+        return TensorConditioning(out, {"source_grid": grid})
+
+    def source_images(self, cond) -> torch.Tensor:
+        return cond["source_image"].float()
+
+    def encoder_dims(self, encoders) -> dict[str, int]:
+        return {"embed_dim": encoders.text.hidden_size, "latent_channels": int(encoders.vae.config.z_dim)}
+
+    def record_shapes(self, max_sequence_length, encoder_dims):
+        h, w = encoder_dims["source_height"], encoder_dims["source_width"]
+        _, (vw, vh) = C.source_sizes(w, h, self.condition_area, self.vae_area)
+        tokens = (vh // 16) * (vw // 16)
+        return (*super().record_shapes(max_sequence_length, encoder_dims),
+                (tokens, 4 * encoder_dims["latent_channels"]), (3, h, w), (2,))
+
+    def cond_from_tensors(self, records: Sequence[Mapping[str, torch.Tensor]]) -> TensorConditioning:
+        return TensorConditioning({k: torch.stack([r[k] for r in records]) for k in PER_SAMPLE},
+                                  {"source_grid": records[0]["source_grid"].to(torch.int64)})
+
+    def check_record(self, idx, record, first_dims=None, where: str = ""):
+        """-> (record, (L, D, Ls, C, H, W)): Qwen-Image's text checks, the source tensors' shapes
+        against each other and against prompt 0's."""
+        rec, text_dims = super().check_record(idx, record, None, where)
+        lat, pix, grid = record["image_latents"], record["source_image"], record["source_grid"]
+        if lat.ndim != 2 or pix.ndim != 3 or pix.shape[0] != 3 or tuple(grid.shape) != (2,):
+            raise EmbeddingShapeError(f"prompt {idx}: image_latents {tuple(lat.shape)} / source_image "
+                                      f"{tuple(pix.shape)} / source_grid {tuple(grid.shape)} should be [Ls, C] / "
+                                      "[3, H, W] / [2]; re-run the preprocessing")
+        gh, gw = (int(v) for v in grid.tolist())
+        if gh * gw != lat.shape[0]:
+            raise EmbeddingShapeError(f"prompt {idx}: {lat.shape[0]} source tokens do not fill the source grid "
+                                      f"{gh}x{gw}; re-run the preprocessing")
+        dims = (*text_dims, lat.shape[0], lat.shape[1], pix.shape[1], pix.shape[2])
+        if first_dims is not None and dims != first_dims:
+            raise EmbeddingShapeError(f"prompt {idx} has (L, D, Ls, C, H, W) = {dims} but prompt 0 has {first_dims}: "
+                                      f"{where!r} mixes two preprocessing runs or source sizes — re-run it into an "
+                                      "empty folder")
+        return {**rec, "image_latents": lat, "source_image": pix, "source_grid": grid.to(torch.int64)}, dims
+
+    def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
+        super().check_dims(dims[:2], transformer_config, max_sequence_length)
+        channels = QC._cfg(transformer_config, "in_channels")
+        if len(dims) > 3 and channels is not None and dims[3] != channels:
+            raise EmbeddingShapeError(f"source latents have {dims[3]} channels but the transformer takes "
+                                      f"in_channels {channels}: re-run preprocessing with this model's VAE")
+
+    def check_cond(self, cond) -> None:
+        embeds, lat = cond["prompt_embeds"], cond["image_latents"]
+        if embeds.ndim != 3 or cond["neg_prompt_embeds"].shape != embeds.shape or lat.ndim != 3 \
+                or lat.shape[0] != embeds.shape[0]:
+            raise ValueError(f"prompt_embeds and neg_prompt_embeds must be [P, L, D] and image_latents [P, Ls, C], "
+                             f"got {tuple(embeds.shape)}, {tuple(cond['neg_prompt_embeds'].shape)} and "
+                             f"{tuple(lat.shape)}")
+
+    def sequence_parallel_plan(self):
+        """None: the source tokens' split is not tested: --sp_size 1."""
+        return None
+
+    # -- sampling
+    def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
+        return C.edit_velocity(transformer, x, sigma, cond, layout["latent_h"], layout["latent_w"], self.scale,
+                               self.quantize_timestep)
+
+    # -- cost model: the source assumed the target's size (its tokens join the sequence)
+    def meta_inputs(self, config, batch, layout, text_tokens, dtype) -> dict:
+        inputs = super().meta_inputs(config, batch, layout, text_tokens, dtype)
+        x, shapes = inputs["hidden_states"], inputs["img_shapes"]
+        return {**inputs, "hidden_states": torch.cat([x, x], 1), "img_shapes": [s + s for s in shapes]}
+
+    def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
+        return super().transformer_flops(config, 2 * image_tokens, text_tokens, batch)
+
+    reference_name = "Qwen-Image-Edit-2509 (20B)"

@@ -1,0 +1,59 @@
+# Flow-Factory's GRPO configuration for Qwen-Image-Edit-2509 / -2511 (github.com/X-GenGroup/Flow-Factory at
+# a0b2bc5, file last changed at 3e615ee: examples/grpo/full/qwen_image_edit_plus/default.yaml), as this
+# trainer's flags. Sourced through scripts/finetune/current_line_grpo.sh by
+# finetune_qwen_image_edit_grpo_8gpus.sh and finetune_qwen_image_edit_grpo_a3_16die.sh, which set
+# PROMPTS_PER_RANK and ACCUMULATION for their world size.
+# Overridable: MODEL_PATH (data/qwen_image_edit: Qwen/Qwen-Image-Edit-2509 or -2511, FF model.model_name_or_path),
+# DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, CLIP_DIR, ROLLOUT_BATCH_SIZE (8), REWARDS.
+# Each value's source (FF = that yaml):
+#   --h/--w 384               FF train.resolution: 384
+#   --sampling_steps 10       FF train.num_inference_steps: 10
+#   --guidance_scale 4.0      FF train.guidance_scale: 4 (true_cfg_scale; the negative " " encoded with the
+#                             source image, as QwenImageEditPlusPipeline)
+#   --flow_grpo_sampling      FF scheduler.dynamics_type: "Flow-SDE"
+#   --eta 1.0                 FF scheduler.noise_level: 1.0
+#   --sde_steps 1 --sde_start random --sde_window_range 1,4
+#                             FF scheduler.num_sde_steps: 1, sde_steps: [1, 2, 3]
+#   --pipeline_shift --no_quantize_timestep
+#                             the edit model's scheduler (Qwen-Image's): exp(mu) at the generated image's token
+#                             count (the pipeline's mu ignores the source tokens); its timestep unrounded
+#   --num_generations 16      FF train.group_size: 16
+#   --use_group --adv_std population
+#                             FF advantage_aggregation "gdpo", global_std false
+#   --clip_range 1e-4         FF train.clip_range: 1.0e-4
+#   --adv_clip_max 5          FF train.adv_clip_range: 5.0
+#   --learning_rate 1e-5      FF train.learning_rate: 1.0e-5 (finetune_type full)
+#   --weight_decay 1e-4       FF train.adam_weight_decay: 1.0e-4
+#   --max_grad_norm 1.0       FF train.max_grad_norm: 1.0
+#   --rewards pickscore:1.0   FF rewards: PickScore (REWARDS=clip_edit:1.0 scores against the source too)
+#   --seed 42                 FF train.seed: 42
+#   --checkpointing_steps 20  FF log.save_freq: 20
+#   --mixed_precision bf16    FF mixed_precision: "bf16"
+#   --gradient_checkpointing  FF train.enable_gradient_checkpointing: true
+#   kl: none                  FF train.kl_beta: 0
+#   batch                     FF unique_sample_num_per_epoch 48 x group 16, gradient_step_per_epoch 2
+# Chosen here (no source): --max_train_steps 300, --rollout_batch_size 8 and --train_micro_batch_size 2
+# (memory only), --allow_tf32, --max_sequence_length of the embeddings (the instruction with its image's
+# Qwen2.5-VL tokens, about 200 for a 384^2 condition image: preprocess with 512).
+# Not reproduced: FF's train.condition_image_size [384, 384] (the source's VAE area; here the pipeline's
+# 1024^2: the family's vae_area, no flag yet), its auto_resize, EMA, evaluation at 512 px, and the
+# scheduler's shift_terminal 0.02 stretch (docs/qwen_image.md).
+GRPO_ARGS=(
+  --model_family qwen_image_edit
+  --h 384 --w 384 --t 1 --num_latent_t 1
+  --sampling_steps 10 --guidance_scale 4.0
+  --eta 1.0 --flow_grpo_sampling --sde_steps 1 --sde_start random --sde_window_range 1,4
+  --pipeline_shift --no_quantize_timestep
+  --num_generations 16 --use_group --adv_std population
+  --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
+  --learning_rate 1e-5 --lr_warmup_steps 0
+  --rewards "${REWARDS:-pickscore:1.0}"
+  --checkpointing_steps 20 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
+  --pretrained_model_name_or_path "${MODEL_PATH:-data/qwen_image_edit}"
+  --data_json_path "${DATA_JSON:-data/rl_embeddings_qwen_image_edit/videos2caption.json}"
+  --output_dir "${OUTPUT_DIR:-data/outputs/qwen_image_edit_grpo}"
+  --pickscore_dir "${PICKSCORE_DIR:-data/pickscore}" --clip_dir "${CLIP_DIR:-data/clip}"
+  --train_batch_size "$PROMPTS_PER_RANK" --train_micro_batch_size 2 --gradient_accumulation_steps "$ACCUMULATION"
+  --rollout_batch_size "${ROLLOUT_BATCH_SIZE:-8}"
+  --max_train_steps 300 --dataloader_num_workers 4
+)
