@@ -42,6 +42,7 @@ COVERED = {
     "make_tiny_reward": "test_make_tiny_reward_cli",
     "make_tiny_sd3": "test_make_tiny_sd3_cli",
     "make_tiny_qwen_image": "test_make_tiny_qwen_image_cli",
+    "make_tiny_qwen_image_edit": "test_make_tiny_qwen_image_edit_cli",
     "make_tiny_zimage": "test_make_tiny_zimage_cli",
     "omp_threads": "test_omp_threads_cli",
     "reward_server": "test_reward_server_cli",
@@ -260,6 +261,26 @@ def test_make_tiny_kontext_cli(tmp_path, monkeypatch, capsys):
     other = load_file(make_tiny_kontext(tmp_path / "other", seed=4) / name)
     assert mine.keys() == again.keys() and all(torch.equal(mine[k], again[k]) for k in mine)
     assert not all(torch.equal(mine[k], other[k]) for k in mine)
+
+
+def test_make_tiny_qwen_image_edit_cli(tmp_path, monkeypatch, capsys):
+    """The current line: a tiny Qwen-Image-Edit folder (with its processor), the same weights bit for bit
+    from the same seed; the recipe line: exit 2, nothing written."""
+    from fastvideo.library_lines import CURRENT, library_line
+
+    code, out = run_tool("make_tiny_qwen_image_edit", [str(tmp_path / "q"), "--seed", "0"], monkeypatch, capsys)
+    if library_line() != CURRENT:
+        assert code == 2 and not (tmp_path / "q").exists()
+        return
+    assert code == 0 and str(tmp_path / "q") in out
+    index = json.loads((tmp_path / "q" / "model_index.json").read_text())
+    assert index["_class_name"] == "QwenImageEditPlusPipeline" and "processor" in index
+    from fastvideo.tools.make_tiny_qwen_image_edit import make_tiny_qwen_image_edit
+
+    name = "text_encoder/model.safetensors"
+    mine, again = load_file(tmp_path / "q" / name), load_file(make_tiny_qwen_image_edit(tmp_path / "again", seed=0) / name)
+    assert any("visual" in k for k in mine)  # the VL encoder has its vision tower
+    assert mine.keys() == again.keys() and all(torch.equal(mine[k], again[k]) for k in mine)
 
 
 def test_make_tiny_reward_cli(tmp_path, monkeypatch, capsys):
