@@ -1,0 +1,135 @@
+"""Sequence parallelism (fastvideo.distributed.sequence_parallel) for the current library line's
+families on 2 gloo ranks: each tiny transformer with its family's plan at sp = 2 against the stock
+diffusers forward and backward in one process (output and every parameter's gradient to 1e-5),
+unwrapped and under FSDP with activation checkpointing. The inputs exercise what each family's
+split must get right: Z-Image's padded image tokens (20 real of 32) and captions of unequal length
+(its key-padding mask), ..."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_utils import run_distributed
+
+from fastvideo.distributed import fsdp, sequence_parallel
+from fastvideo.distributed.parallel import ParallelDims
+from fastvideo.library_lines import CURRENT, LibraryLineError, require_line
+
+
+def _line_reason() -> str | None:
+    try:
+        require_line(CURRENT, "the current line's families (Z-Image, FLUX.2, Qwen-Image)")
+    except LibraryLineError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_line_reason() is not None, reason=_line_reason() or "")
+
+
+def _awake(model, seed: int = 1):
+    from fastvideo.tools.make_tiny_flux import wake_zero_projections
+
+    wake_zero_projections(model, seed)
+    return model
+
+
+# ---------------------------------------------------------------- Z-Image
+
+
+def _zimage_transformer():
+    from diffusers import ZImageTransformer2DModel
+
+    from fastvideo.tools.make_tiny_zimage import transformer_config
+
+    torch.manual_seed(0)
+    model = ZImageTransformer2DModel.from_config(transformer_config())
+    with torch.no_grad():
+        for token in (model.x_pad_token, model.cap_pad_token):
+            token.normal_(0.0, 0.5)
+    return _awake(model)
+
+
+def _zimage_inputs(seed: int) -> dict:
+    """Two samples of a 10 x 8 latent (20 image tokens, padded to 32) with captions of 5 and 37
+    tokens (padded to 32 and 64: the batch's key-padding mask)."""
+    from fastvideo.tools.make_tiny_zimage import transformer_config
+
+    c = transformer_config()
+    g = torch.Generator().manual_seed(1000 + seed)
+    return {"x": [torch.randn(c["in_channels"], 1, 10, 8, generator=g) for _ in range(2)],
+            "t": torch.rand(2, generator=g),
+            "cap_feats": [torch.randn(n, c["cap_feat_dim"], generator=g) for n in (5, 37)],
+            "return_dict": False}
+
+
+def _zimage_output(out) -> torch.Tensor:
+    return torch.stack(list(out[0]))
+
+
+FAMILIES = {
+    "zimage": (_zimage_transformer, _zimage_inputs, _zimage_output),
+}
+SWAPPED = {"zimage": 3}  # Z-Image: the noise refiner's 1 + the main layers' 2 (the context refiner keeps its own)
+
+
+def _family(name: str):
+    from fastvideo.models.registry import family_factory
+
+    return family_factory(name)()
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    w = torch.linspace(-1.0, 1.0, out.numel()).reshape(out.shape)
+    return (out * w).sum() + out.square().mean()
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """1e-5 relative, elementwise and to the tensor's scale: a gradient element that is a sum of
+    terms cancelling to ~0 keeps the rounding of its terms (fp32: ~1e-7 of the largest)."""
+    torch.testing.assert_close(got, want, atol=1e-5 * float(want.abs().max()) + 1e-8, rtol=1e-5, msg=what)
+
+
+def _reference(name: str):
+    build, inputs, output = FAMILIES[name]
+    model = build()
+    out = output(model(**inputs(0)))
+    _loss(out).backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _transformer(info, name: str, wrap: str | None):
+    dims = ParallelDims.build(info.world_size, info.rank, sp=info.world_size).init_groups()
+    shard = sequence_parallel.sequence_shard(dims)
+    build, inputs, output = FAMILIES[name]
+    model = build()
+    if wrap is not None:
+        model = fsdp.wrap_model(model, wrap, info.device, gradient_checkpointing=True,
+                                block_classes=_family(name).block_classes())
+    swapped = sequence_parallel.install(model, _family(name).sequence_parallel_plan(), shard)
+    out = output(model(**inputs(0)))
+    _loss(out).backward()
+    if wrap is None:
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, swapped
+    from test_fsdp_wrap import implied_sgd_grads
+
+    return out.detach(), implied_sgd_grads(model), swapped
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_transformer_with_the_family_plan_equals_one_process(name):
+    """Every rank's output equals the one-process forward; the ranks' gradients average to the
+    one-process gradient; under FSDP with activation checkpointing the gradient FSDP leaves is it."""
+    want_out, want_grads = _reference(name)
+    plain = run_distributed(_transformer, name, None)
+    for out, _, swapped in plain:
+        _close(out, want_out, "output")
+        assert swapped == SWAPPED[name]
+    assert want_grads
+    for n, want in want_grads.items():
+        got = sum(r[1][n] for r in plain) / len(plain)
+        _close(got, want, n)
+    wrapped = run_distributed(_transformer, name, "full")
+    _close(wrapped[0][0], want_out, "output")
+    for n, want in want_grads.items():
+        _close(wrapped[0][1][n], want, n)
