@@ -29,3 +29,8 @@ def _family_runs(tmp_path, model, index, **family_flags):
 def test_zimage_sp2_equals_one_rank(tiny_zimage_dir, zimage_embeddings, tmp_path):
     _family_runs(tmp_path, tiny_zimage_dir, zimage_embeddings, model_family="zimage", guidance_scale=4.0,
                  no_quantize_timestep=True)
+
+
+@pytest.mark.slow
+def test_flux2_klein_sp2_equals_one_rank(tiny_flux2_dir, flux2_embeddings, tmp_path):
+    _family_runs(tmp_path, tiny_flux2_dir, flux2_embeddings, model_family="flux2", guidance_scale=4.0)
