@@ -4,7 +4,8 @@ diffusers forward and backward in one process (output and every parameter's grad
 unwrapped and under FSDP with activation checkpointing. The inputs exercise what each family's
 split must get right: Z-Image's padded image tokens (20 real of 32) and captions of unequal length
 (its key-padding mask); FLUX.2 [klein] and [dev]: 24 image tokens on a 4 x 6 grid (RoPE rows that
-differ by row and column) next to 7 replicated text tokens."""
+differ by row and column) next to 7 replicated text tokens; Qwen-Image: the same grid through
+img_shapes' RoPE and a text mask that drops 4 of one sample's 9 tokens."""
 
 from __future__ import annotations
 
@@ -98,12 +99,40 @@ def _first(out) -> torch.Tensor:
     return out[0]
 
 
+# ---------------------------------------------------------------- Qwen-Image
+
+
+def _qwen_image_transformer():
+    from diffusers import QwenImageTransformer2DModel
+
+    from fastvideo.tools.make_tiny_qwen_image import transformer_config
+
+    torch.manual_seed(0)
+    return _awake(QwenImageTransformer2DModel.from_config(transformer_config()))
+
+
+def _qwen_image_inputs(seed: int) -> dict:
+    """Two samples of a 4 x 6 token grid (img_shapes' RoPE) and 9 text tokens, the second sample's
+    last 4 masked out (the text's key-padding mask)."""
+    from fastvideo.tools.make_tiny_qwen_image import transformer_config
+
+    c = transformer_config()
+    g = torch.Generator().manual_seed(1000 + seed)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 5:] = 0
+    return {"hidden_states": torch.randn(2, 24, c["in_channels"], generator=g),
+            "encoder_hidden_states": torch.randn(2, 9, c["joint_attention_dim"], generator=g),
+            "encoder_hidden_states_mask": mask, "timestep": torch.rand(2, generator=g),
+            "img_shapes": [[(1, 4, 6)]] * 2, "return_dict": False}
+
+
 FAMILIES = {
     "zimage": (_zimage_transformer, _zimage_inputs, _zimage_output),
     "flux2": (_flux2_transformer, _flux2_inputs, _first),
     "flux2_dev": (lambda: _flux2_transformer(True), lambda seed: _flux2_inputs(seed, True), _first),
+    "qwen_image": (_qwen_image_transformer, _qwen_image_inputs, _first),
 }
-SWAPPED = {"zimage": 3, "flux2": 4, "flux2_dev": 4}  # Z-Image: the noise refiner's 1 + the main layers' 2 (the context refiner keeps its own)
+SWAPPED = {"zimage": 3, "flux2": 4, "flux2_dev": 4, "qwen_image": 2}  # Z-Image: the noise refiner's 1 + the main layers' 2 (the context refiner keeps its own)
 
 
 def _family(name: str):
