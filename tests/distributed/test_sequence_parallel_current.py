@@ -199,3 +199,17 @@ def test_transformer_with_the_family_plan_equals_one_process(name):
     _close(wrapped[0][0], want_out, "output")
     for n, want in want_grads.items():
         _close(wrapped[0][1][n], want, n, read_through=weights[n])
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_plans_read_the_head_count_sp_must_divide(name):
+    """Each plan names its config's head count (Z-Image: n_heads), so --sp_size 4 against the tiny
+    models' 2 heads is refused in one line before anything loads."""
+    from fastvideo.errors import ConfigError
+
+    plan = _family(name).sequence_parallel_plan()
+    config = dict(FAMILIES[name][0]().config)
+    assert config[plan.heads_key] == 2
+    with pytest.raises(ConfigError, match="does not divide the transformer's 2 attention heads") as err:
+        sequence_parallel.check_sizes(4, 4, config[plan.heads_key], 64, name.removesuffix("_dev"), True)
+    assert "\n" not in str(err.value)
