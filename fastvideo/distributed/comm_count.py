@@ -69,8 +69,9 @@ def _wrap(name: str, fn):
 
     @functools.wraps(fn)
     def counted(*args, **kwargs):
-        if getattr(_local, "depth", 0):
-            return fn(*args, **kwargs)  # inside another counted collective: counted there
+        if getattr(_local, "depth", 0) or torch.compiler.is_compiling():
+            # inside another counted collective: counted there; in a graph Dynamo captures: not counted
+            return fn(*args, **kwargs)
         value = args[index] if len(args) > index else kwargs.get(arg_name)
         entry = _counts.setdefault((_phases[-1], kind), [0, 0])
         entry[0] += 1

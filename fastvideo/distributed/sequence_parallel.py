@@ -176,14 +176,27 @@ class SequenceParallelPlan:
         (a tensor or a tuple of them), or None (absolute positions added before ``split``);
     processor: shard -> the attention processor that attends through SequenceShard.attention;
     replaces: the processor classes it replaces (every attention module holding one);
-    image_only: which of those attend over the image tokens alone (the cost model's byte count)."""
+    image_only: which of those attend over the image tokens alone (the cost model's byte count);
+    hooks: (model, shard) -> None for a forward whose token path no module output marks (split,
+        gather and rope then None: the family splits and gathers in it itself);
+    attention_modules: model -> the modules whose processors may be replaced (default: all; a
+        family whose text-only layers share the processor class names the others);
+    heads_key: the transformer config's attention-head count (checked against --sp_size)."""
 
-    split: str
-    gather: str
+    split: str | None
+    gather: str | None
     processor: Callable[[SequenceShard], Any]
     replaces: tuple[type, ...]
     rope: str | None = None
     image_only: Callable[[torch.nn.Module], bool] | None = None
+    hooks: Callable[[torch.nn.Module, SequenceShard], None] | None = None
+    attention_modules: Callable[[torch.nn.Module], Any] | None = None
+    heads_key: str = "num_attention_heads"
+
+    def attention_layers(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The modules of ``model`` (unwrapped) whose processors the plan replaces."""
+        scope = model.modules() if self.attention_modules is None else self.attention_modules(model)
+        return [m for m in scope if isinstance(getattr(m, "processor", None), self.replaces)]
 
 
 def sequence_shard(dims) -> SequenceShard | None:
@@ -203,18 +216,21 @@ def _inner(model: torch.nn.Module) -> torch.nn.Module:
 def install(model: torch.nn.Module, plan: SequenceParallelPlan, shard: SequenceShard) -> int:
     """Hooks and processors of ``plan`` on ``model`` (wrapped or not); returns the processors set."""
     inner = _inner(model)
-    inner.get_submodule(plan.split).register_forward_hook(lambda m, i, out: shard.split(out))
-    inner.get_submodule(plan.gather).register_forward_hook(lambda m, i, out: shard.gather(out))
+    if plan.split is not None:
+        inner.get_submodule(plan.split).register_forward_hook(lambda m, i, out: shard.split(out))
+    if plan.gather is not None:
+        inner.get_submodule(plan.gather).register_forward_hook(lambda m, i, out: shard.gather(out))
+    if plan.hooks is not None:
+        plan.hooks(inner, shard)
     if plan.rope is not None:
         def rows(m, i, out):
             return tuple(shard.split_rows(t) for t in out) if isinstance(out, tuple) else shard.split_rows(out)
 
         inner.get_submodule(plan.rope).register_forward_hook(rows)
     swapped = 0
-    for module in inner.modules():
-        if isinstance(getattr(module, "processor", None), plan.replaces):
-            module.processor = plan.processor(shard)
-            swapped += 1
+    for module in plan.attention_layers(inner):
+        module.processor = plan.processor(shard)
+        swapped += 1
     if not swapped:
         raise ValueError(f"no attention processor of {[c.__name__ for c in plan.replaces]} in {type(inner).__name__}")
     return swapped

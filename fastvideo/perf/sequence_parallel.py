@@ -41,7 +41,7 @@ def attention_layers(config: dict, family) -> tuple[int, int]:
     if plan is None:
         raise ValueError(f"model family {family.name!r} has no sequence-parallel plan")
     model = family.meta_transformer(config, torch.bfloat16)
-    layers = [m for m in model.modules() if isinstance(getattr(m, "processor", None), plan.replaces)]
+    layers = plan.attention_layers(model)
     image_only = sum(1 for m in layers if plan.image_only is not None and plan.image_only(m))
     return len(layers) - image_only, image_only
 

@@ -68,11 +68,12 @@ def check_sequence_parallel(cfg: TrainConfig, family, world_size: int) -> None:
     root, sub = _transformer_root(cfg, family)
     config, _ = read_config(root / sub / "config.json" if sub else root / "config.json")
     config = config or {}  # an unreadable config is check_model_files' to report: heads and tokens unchecked
-    heads = config.get("num_attention_heads")
+    plan = family.sequence_parallel_plan()
+    heads = config.get(plan.heads_key) if plan is not None else None
     tokens = None  # a family without a nominal layout: its split refuses at the first forward
     if hasattr(family, "nominal_layout") and config:
         tokens = family.nominal_layout(cfg.rollout.height, cfg.rollout.width, config).tokens[0]
-    check_sizes(cfg.sp_size, world_size, heads, tokens, family.name, family.sequence_parallel_plan() is not None)
+    check_sizes(cfg.sp_size, world_size, heads, tokens, family.name, plan is not None)
 
 
 def install_sequence_parallel(models, family, dims) -> None:

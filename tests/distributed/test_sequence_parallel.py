@@ -172,6 +172,44 @@ def test_transformer_with_the_family_plan_equals_one_process(name):
         torch.testing.assert_close(wrapped[0][1][n], want, atol=1e-6, rtol=1e-5, msg=n)
 
 
+def _kontext_velocity(model):
+    """FLUX.1 Kontext's velocity (models/kontext/components.kontext_velocity) on the tiny FLUX.1:
+    16 generated tokens (4 x 4) and 8 source tokens of another shape (4 x 2, ids column 0 = 1)."""
+    from fastvideo.models import flux
+    from fastvideo.models.kontext.components import kontext_velocity, source_ids
+
+    g = torch.Generator().manual_seed(5)
+    cond = {"prompt_embeds": torch.randn(2, 8, 32, generator=g), "pooled": torch.randn(2, 32, generator=g),
+            "text_ids": flux.text_ids(8), "image_latents": torch.randn(2, 8, 64, generator=g),
+            "source_ids": source_ids(8, 4)}
+    x = torch.randn(2, 16, 64, generator=g)
+    return kontext_velocity(model, x, torch.tensor(0.7), cond, flux.image_ids(8, 8), 2.5, True)
+
+
+def _kontext(info):
+    _, shard = _shard(info)
+    model = tiny_transformer()
+    sequence_parallel.install(model, _family("kontext").sequence_parallel_plan(), shard)
+    v = _kontext_velocity(model)
+    _loss(v).backward()
+    return v.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_kontext_generated_and_source_tokens_split_together():
+    """Kontext's [generated ; source] sequence split over 2 ranks (the source tokens and their RoPE
+    rows included): the generated tokens' velocity and the gradients equal one process's (1e-5)."""
+    model = tiny_transformer()
+    want = _kontext_velocity(model)
+    assert want.shape == (2, 16, 64)
+    _loss(want).backward()
+    results = run_distributed(_kontext)
+    for v, _ in results:
+        torch.testing.assert_close(v, want.detach(), atol=1e-6, rtol=1e-5)
+    for n, p in model.named_parameters():
+        got = sum(r[1][n] for r in results) / len(results)
+        torch.testing.assert_close(got, p.grad, atol=1e-6, rtol=1e-5, msg=n)
+
+
 def test_sizes_refused_in_one_line():
     sequence_parallel.check_sizes(1, 3, 3, 3, "flux", False)  # sp 1: nothing to check
     for args, needle in (((2, 3, 4, 16, "flux", True), "world size 3"), ((2, 4, 3, 16, "flux", True), "3 attention heads"),

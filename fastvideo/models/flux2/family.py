@@ -97,6 +97,13 @@ class Flux2Family(base.ModelFamily, base.FamilyCostModel):
         self._note_variant(root)
         return C.load_transformer(root, subfolder, device, dtype)
 
+    def sequence_parallel_plan(self):
+        """Image tokens and their position ids split at the forward's input, gathered after
+        proj_out; models/flux2/sequence_parallel.py ([klein] and [dev])."""
+        from fastvideo.models.flux2.sequence_parallel import flux2_plan
+
+        return flux2_plan()
+
     def adapt_for_device(self, transformer, device) -> None:
         C.adapt_for_device(transformer, device)
 

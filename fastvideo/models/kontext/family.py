@@ -49,9 +49,14 @@ class KontextFamily(FluxFamily):
 
     # -- conditioning
     def sequence_parallel_plan(self):
-        """None: FLUX.1's plan splits the image tokens after the embedder, and Kontext's sequence
-        also carries the source tokens (their split and RoPE rows are not tested yet): --sp_size 1."""
-        return None
+        """FLUX.1's plan (models/flux/sequence_parallel.py) on Kontext's image sequence, the generated
+        tokens then the source tokens: both are split after x_embedder (their RoPE rows follow, the
+        source's column 0 = 1 included), and proj_out's gather restores [generated ; source] before
+        kontext_velocity keeps the generated part. The two token counts together must divide by
+        --sp_size (the generated ones are checked at start-up, a source's at its first forward)."""
+        from fastvideo.models.flux.sequence_parallel import flux_plan
+
+        return flux_plan()
 
     def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
         return C.KontextEncoders(FC.load_text_encoders(path, device=device, dtype=dtype),

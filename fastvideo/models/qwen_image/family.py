@@ -102,6 +102,13 @@ class QwenImageFamily(base.ModelFamily, base.FamilyCostModel):
             model.pos_embed = type(rope)(rope.theta, list(rope.axes_dim), rope.scale_rope)
         return model
 
+    def sequence_parallel_plan(self):
+        """Image tokens split after img_in (RoPE's image rows follow), gathered after proj_out;
+        models/qwen_image/sequence_parallel.py."""
+        from fastvideo.models.qwen_image.sequence_parallel import qwen_image_plan
+
+        return qwen_image_plan()
+
     def adapt_for_device(self, transformer, device) -> None:
         C.adapt_for_device(transformer, device)
 

@@ -102,6 +102,13 @@ class ZImageFamily(base.ModelFamily, base.FamilyCostModel):
         model = getattr(model, "module", model)
         return list(model.noise_refiner) + list(model.context_refiner) + list(model.layers)
 
+    def sequence_parallel_plan(self):
+        """Image tokens split after the image stream's embedding (noise refiner and main layers
+        attend across the sequence group); models/zimage/sequence_parallel.py."""
+        from fastvideo.models.zimage.sequence_parallel import zimage_plan
+
+        return zimage_plan()
+
     # -- conditioning
     def encode_prompts(self, encoders, prompts, max_sequence_length=512) -> TensorConditioning:
         embeds, mask = C.encode_prompts(encoders, list(prompts), max_sequence_length)

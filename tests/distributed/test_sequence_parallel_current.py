@@ -1,0 +1,215 @@
+"""Sequence parallelism (fastvideo.distributed.sequence_parallel) for the current library line's
+families on 2 gloo ranks: each tiny transformer with its family's plan at sp = 2 against the stock
+diffusers forward and backward in one process (output and every parameter's gradient to 1e-5),
+unwrapped and under FSDP with activation checkpointing. The inputs exercise what each family's
+split must get right: Z-Image's padded image tokens (20 real of 32) and captions of unequal length
+(its key-padding mask); FLUX.2 [klein] and [dev]: 24 image tokens on a 4 x 6 grid (RoPE rows that
+differ by row and column) next to 7 replicated text tokens; Qwen-Image: the same grid through
+img_shapes' RoPE and a text mask that drops 4 of one sample's 9 tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_utils import run_distributed
+
+from fastvideo.distributed import fsdp, sequence_parallel
+from fastvideo.distributed.parallel import ParallelDims
+from fastvideo.library_lines import CURRENT, LibraryLineError, require_line
+
+
+def _line_reason() -> str | None:
+    try:
+        require_line(CURRENT, "the current line's families (Z-Image, FLUX.2, Qwen-Image)")
+    except LibraryLineError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_line_reason() is not None, reason=_line_reason() or "")
+
+
+def _awake(model, seed: int = 1):
+    from fastvideo.tools.make_tiny_flux import wake_zero_projections
+
+    wake_zero_projections(model, seed)
+    return model
+
+
+# ---------------------------------------------------------------- Z-Image
+
+
+def _zimage_transformer():
+    from diffusers import ZImageTransformer2DModel
+
+    from fastvideo.tools.make_tiny_zimage import transformer_config
+
+    torch.manual_seed(0)
+    model = ZImageTransformer2DModel.from_config(transformer_config())
+    with torch.no_grad():
+        for token in (model.x_pad_token, model.cap_pad_token):
+            token.normal_(0.0, 0.5)
+    return _awake(model)
+
+
+def _zimage_inputs(seed: int) -> dict:
+    """Two samples of a 10 x 8 latent (20 image tokens, padded to 32) with captions of 5 and 37
+    tokens (padded to 32 and 64: the batch's key-padding mask)."""
+    from fastvideo.tools.make_tiny_zimage import transformer_config
+
+    c = transformer_config()
+    g = torch.Generator().manual_seed(1000 + seed)
+    return {"x": [torch.randn(c["in_channels"], 1, 10, 8, generator=g) for _ in range(2)],
+            "t": torch.rand(2, generator=g),
+            "cap_feats": [torch.randn(n, c["cap_feat_dim"], generator=g) for n in (5, 37)],
+            "return_dict": False}
+
+
+def _zimage_output(out) -> torch.Tensor:
+    return torch.stack(list(out[0]))
+
+
+# ---------------------------------------------------------------- FLUX.2 [klein] and [dev]
+
+
+def _flux2_transformer(dev: bool = False):
+    from diffusers import Flux2Transformer2DModel
+
+    from fastvideo.tools.make_tiny_flux2 import transformer_config
+
+    torch.manual_seed(0)
+    return _awake(Flux2Transformer2DModel.from_config(transformer_config(dev)))
+
+
+def _flux2_inputs(seed: int, dev: bool = False) -> dict:
+    """Two samples of a 4 x 6 token grid (24 image tokens; RoPE rows that differ by row and
+    column) and 7 text tokens (an odd count: the text is replicated, not split)."""
+    from fastvideo.models.flux2.components import image_ids, text_ids
+    from fastvideo.tools.make_tiny_flux2 import transformer_config
+
+    c = transformer_config(dev)
+    g = torch.Generator().manual_seed(1000 + seed)
+    return {"hidden_states": torch.randn(2, 24, c["in_channels"], generator=g),
+            "encoder_hidden_states": torch.randn(2, 7, c["joint_attention_dim"], generator=g),
+            "timestep": torch.rand(2, generator=g), "img_ids": image_ids(4, 6), "txt_ids": text_ids(7),
+            "guidance": torch.full((2,), 4.0) if dev else None, "return_dict": False}
+
+
+def _first(out) -> torch.Tensor:
+    return out[0]
+
+
+# ---------------------------------------------------------------- Qwen-Image
+
+
+def _qwen_image_transformer():
+    from diffusers import QwenImageTransformer2DModel
+
+    from fastvideo.tools.make_tiny_qwen_image import transformer_config
+
+    torch.manual_seed(0)
+    return _awake(QwenImageTransformer2DModel.from_config(transformer_config()))
+
+
+def _qwen_image_inputs(seed: int) -> dict:
+    """Two samples of a 4 x 6 token grid (img_shapes' RoPE) and 9 text tokens, the second sample's
+    last 4 masked out (the text's key-padding mask)."""
+    from fastvideo.tools.make_tiny_qwen_image import transformer_config
+
+    c = transformer_config()
+    g = torch.Generator().manual_seed(1000 + seed)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 5:] = 0
+    return {"hidden_states": torch.randn(2, 24, c["in_channels"], generator=g),
+            "encoder_hidden_states": torch.randn(2, 9, c["joint_attention_dim"], generator=g),
+            "encoder_hidden_states_mask": mask, "timestep": torch.rand(2, generator=g),
+            "img_shapes": [[(1, 4, 6)]] * 2, "return_dict": False}
+
+
+FAMILIES = {
+    "zimage": (_zimage_transformer, _zimage_inputs, _zimage_output),
+    "flux2": (_flux2_transformer, _flux2_inputs, _first),
+    "flux2_dev": (lambda: _flux2_transformer(True), lambda seed: _flux2_inputs(seed, True), _first),
+    "qwen_image": (_qwen_image_transformer, _qwen_image_inputs, _first),
+}
+SWAPPED = {"zimage": 3, "flux2": 4, "flux2_dev": 4, "qwen_image": 2}  # Z-Image: the noise refiner's 1 + the main layers' 2 (the context refiner keeps its own)
+
+
+def _family(name: str):
+    from fastvideo.models.registry import family_factory
+
+    return family_factory(name.removesuffix("_dev"))()
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    w = torch.linspace(-1.0, 1.0, out.numel()).reshape(out.shape)
+    return (out * w).sum() + out.square().mean()
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str, read_through: float = 0.0) -> None:
+    """1e-5 relative, elementwise and to the tensor's scale: a gradient element that is a sum of
+    terms cancelling to ~0 keeps the rounding of its terms (fp32: ~1e-7 of the largest).
+    read_through: the largest weight a gradient was read through (FSDP's, as weight before minus
+    after an SGD step: two fp32 roundings of the weight)."""
+    atol = 1e-5 * float(want.abs().max()) + 1e-8 + 2.5e-7 * read_through
+    torch.testing.assert_close(got, want, atol=atol, rtol=1e-5, msg=what)
+
+
+def _reference(name: str):
+    build, inputs, output = FAMILIES[name]
+    model = build()
+    out = output(model(**inputs(0)))
+    _loss(out).backward()
+    weights = {n: float(p.detach().abs().max()) for n, p in model.named_parameters()}
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, weights
+
+
+def _transformer(info, name: str, wrap: str | None):
+    dims = ParallelDims.build(info.world_size, info.rank, sp=info.world_size).init_groups()
+    shard = sequence_parallel.sequence_shard(dims)
+    build, inputs, output = FAMILIES[name]
+    model = build()
+    if wrap is not None:
+        model = fsdp.wrap_model(model, wrap, info.device, gradient_checkpointing=True,
+                                block_classes=_family(name).block_classes())
+    swapped = sequence_parallel.install(model, _family(name).sequence_parallel_plan(), shard)
+    out = output(model(**inputs(0)))
+    _loss(out).backward()
+    if wrap is None:
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, swapped
+    from test_fsdp_wrap import implied_sgd_grads
+
+    return out.detach(), implied_sgd_grads(model), swapped
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_transformer_with_the_family_plan_equals_one_process(name):
+    """Every rank's output equals the one-process forward; the ranks' gradients average to the
+    one-process gradient; under FSDP with activation checkpointing the gradient FSDP leaves is it."""
+    want_out, want_grads, weights = _reference(name)
+    plain = run_distributed(_transformer, name, None)
+    for out, _, swapped in plain:
+        _close(out, want_out, "output")
+        assert swapped == SWAPPED[name]
+    assert want_grads
+    for n, want in want_grads.items():
+        got = sum(r[1][n] for r in plain) / len(plain)
+        _close(got, want, n)
+    wrapped = run_distributed(_transformer, name, "full")
+    _close(wrapped[0][0], want_out, "output")
+    for n, want in want_grads.items():
+        _close(wrapped[0][1][n], want, n, read_through=weights[n])
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_plans_read_the_head_count_sp_must_divide(name):
+    """Each plan names its config's head count (Z-Image: n_heads), so --sp_size 4 against the tiny
+    models' 2 heads is refused in one line before anything loads."""
+    from fastvideo.errors import ConfigError
+
+    plan = _family(name).sequence_parallel_plan()
+    config = dict(FAMILIES[name][0]().config)
+    assert config[plan.heads_key] == 2
+    with pytest.raises(ConfigError, match="does not divide the transformer's 2 attention heads") as err:
+        sequence_parallel.check_sizes(4, 4, config[plan.heads_key], 64, name.removesuffix("_dev"), True)
+    assert "\n" not in str(err.value)

@@ -1,0 +1,41 @@
+"""--sp_size 2 through the trainer on 2 gloo ranks for the current library line's families, against
+one rank without sequence parallelism (as tests/training/test_sequence_parallel_training.py does for
+FLUX.1 and SD3.5): 3 iterations with the same rollout latents and log-probabilities (the run
+record's tensors), the same per-iteration rewards, losses and pre-clip gradient norms and the same
+weights after them, all to 1e-5 relative. Classifier-free guidance is on, so each forward carries
+the prompt's and the empty prompt's captions (Z-Image: captions of unequal length, its mask)."""
+
+from __future__ import annotations
+
+import pytest
+
+from current_line_helpers import line_reason
+from helpers import train_args
+from test_sequence_parallel_training import _check_parity, _runs
+
+pytestmark = pytest.mark.skipif(line_reason("the current line's families") is not None,
+                                reason=line_reason("the current line's families") or "")
+
+
+def _family_runs(tmp_path, model, index, **family_flags):
+    def argv_for(out, flags):
+        return train_args(index, model, out, **family_flags, **flags)
+
+    one, two = _runs(tmp_path, argv_for)
+    _check_parity(tmp_path, one, two)
+
+
+@pytest.mark.slow
+def test_zimage_sp2_equals_one_rank(tiny_zimage_dir, zimage_embeddings, tmp_path):
+    _family_runs(tmp_path, tiny_zimage_dir, zimage_embeddings, model_family="zimage", guidance_scale=4.0,
+                 no_quantize_timestep=True)
+
+
+@pytest.mark.slow
+def test_flux2_klein_sp2_equals_one_rank(tiny_flux2_dir, flux2_embeddings, tmp_path):
+    _family_runs(tmp_path, tiny_flux2_dir, flux2_embeddings, model_family="flux2", guidance_scale=4.0)
+
+
+@pytest.mark.slow
+def test_qwen_image_sp2_equals_one_rank(tiny_qwen_image_dir, qwen_image_embeddings, tmp_path):
+    _family_runs(tmp_path, tiny_qwen_image_dir, qwen_image_embeddings, model_family="qwen_image", guidance_scale=4.0)
