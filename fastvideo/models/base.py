@@ -298,6 +298,12 @@ class FamilySampling(abc.ABC):
         count (``--shift auto``), or None when its schedule does not depend on them (default)."""
         return None
 
+    def schedule_terminal(self) -> float | None:
+        """The stock scheduler's ``shift_terminal`` (diffusers' stretch of the shifted grid so that its
+        last non-zero sigma is this value; Qwen-Image: 0.02), applied to the rollout's grid
+        (sampling.plan.on_grid), or None when the scheduler does not stretch (default)."""
+        return None
+
     @property
     def velocity_passes(self) -> int:
         """Transformer passes (in samples) one velocity costs: 2 for a family that runs

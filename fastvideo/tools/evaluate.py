@@ -201,7 +201,8 @@ def run(args) -> str:
     vae = family.load_vae(base, device=device, dtype=torch.float32)
     rewards = _rewards(args, device)
     s = SampleSettings(height=args.h, width=args.w, steps=args.steps, eta=args.eta, shift=args.shift,
-                       batch_size=args.batch_size, num_images_per_prompt=args.num_images_per_prompt)
+                       batch_size=args.batch_size, num_images_per_prompt=args.num_images_per_prompt,
+                       terminal=family.schedule_terminal())
     results = []
     for m in models:
         print(f"[evaluate] {m.label}: {m.kind} {m.path}", flush=True)
