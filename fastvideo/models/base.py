@@ -349,6 +349,12 @@ class FamilyCostModel(abc.ABC):
     def cond_numel(self, config: Mapping, text_tokens: int) -> int:
         """Elements of one sample's Conditioning (the trajectory's memory)."""
 
+    def cond_numel_at(self, config: Mapping, text_tokens: int, height: int, width: int) -> int:
+        """Elements of one sample's Conditioning at this image size (perf.memory's trajectory): what
+        cond_numel says, unless the conditioning grows with the image (an editing family's source
+        tensors, assumed the target's size)."""
+        return self.cond_numel(config, text_tokens)
+
     @abc.abstractmethod
     def transformer_flops(self, config, image_tokens: int, text_tokens: int, batch: int = 1) -> dict[str, int]:
         """FLOPs of the transformer on a batch: "forward", "backward" (of that forward) and "blocks"
