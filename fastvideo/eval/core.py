@@ -36,6 +36,7 @@ class SampleSettings:
     batch_size: int  # images per transformer call
     num_images_per_prompt: int  # K
     sigma_grid: str = "shifted_linspace"  # --sigma_grid (sampling.sde.grid_sigmas)
+    terminal: float | None = None  # the family's scheduler's shift_terminal (ModelFamily.schedule_terminal)
 
 
 @dataclass
@@ -65,7 +66,7 @@ def batch_grid(num_items: int, batch_size: int) -> list[list[int]]:
 def eval_plan(s: SampleSettings) -> SamplingPlan:
     """Euler ODE on every transition (eta = 0), else DanceGRPO's SDE on every one, on the run's grid."""
     plan = ode_plan(s.steps, s.shift) if s.eta <= 0 else full_sde_plan(s.steps, s.shift, s.steps, 1)
-    return on_grid(plan, s.sigma_grid, s.steps, s.shift)
+    return on_grid(plan, s.sigma_grid, s.steps, s.shift, s.terminal)
 
 
 @torch.no_grad()

@@ -52,7 +52,7 @@ class TrainingEvaluation(TrainerHook):
         self.sample = SampleSettings(
             height=r.height, width=r.width, steps=settings.steps, eta=settings.eta, shift=r.shift,
             batch_size=settings.batch_size, num_images_per_prompt=settings.num_images_per_prompt,
-            sigma_grid=r.sigma_grid)
+            sigma_grid=r.sigma_grid, terminal=trainer.family.schedule_terminal())
         g = settings.guard
         self.guard = RewardHackingGuard(g.patience if g else 1, g.drop if g else None, guard_enabled=g is not None)
         self.is_main = trainer.info.is_main

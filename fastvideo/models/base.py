@@ -298,6 +298,12 @@ class FamilySampling(abc.ABC):
         count (``--shift auto``), or None when its schedule does not depend on them (default)."""
         return None
 
+    def schedule_terminal(self) -> float | None:
+        """The stock scheduler's ``shift_terminal`` (diffusers' stretch of the shifted grid so that its
+        last non-zero sigma is this value; Qwen-Image: 0.02), applied to the rollout's grid
+        (sampling.plan.on_grid), or None when the scheduler does not stretch (default)."""
+        return None
+
     @property
     def velocity_passes(self) -> int:
         """Transformer passes (in samples) one velocity costs: 2 for a family that runs
@@ -342,6 +348,12 @@ class FamilyCostModel(abc.ABC):
     @abc.abstractmethod
     def cond_numel(self, config: Mapping, text_tokens: int) -> int:
         """Elements of one sample's Conditioning (the trajectory's memory)."""
+
+    def cond_numel_at(self, config: Mapping, text_tokens: int, height: int, width: int) -> int:
+        """Elements of one sample's Conditioning at this image size (perf.memory's trajectory): what
+        cond_numel says, unless the conditioning grows with the image (an editing family's source
+        tensors, assumed the target's size)."""
+        return self.cond_numel(config, text_tokens)
 
     @abc.abstractmethod
     def transformer_flops(self, config, image_tokens: int, text_tokens: int, batch: int = 1) -> dict[str, int]:

@@ -348,7 +348,7 @@ def trajectory_bytes(prof_config: dict, s: MemoryShape, family=None) -> int:
     b = s.samples_per_rank
     states = (s.sampling_steps + 1 if s.keeps_latents else 0) + 1  # + x0
     latents = b * states * tokens * channels * 4
-    embeds = b * family.cond_numel(prof_config, s.text_tokens) * 4
+    embeds = b * family.cond_numel_at(prof_config, s.text_tokens, s.height, s.width) * 4
     return latents + b * s.sampling_steps * 4 + embeds + decoded_images_bytes(s)
 
 

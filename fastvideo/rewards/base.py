@@ -54,6 +54,12 @@ def takes_sources(reward) -> bool:
     return bool(getattr(reward, "uses_sources", False))
 
 
+def needs_sources(reward) -> bool:
+    """Whether ``reward`` (an instance or a class) cannot score without source images: it takes
+    them and does not say ``sources_optional = True`` (a VLM judge shows them when there are some)."""
+    return takes_sources(reward) and not getattr(reward, "sources_optional", False)
+
+
 def check_sources(sources, n: int, name: str) -> None:
     """The source images of a call of ``n`` samples: a float tensor [n, 3, H, W] in [0, 1]."""
     if sources is None:

@@ -161,7 +161,12 @@ def scores_from_reply(reply: dict, count: int, what: str) -> torch.Tensor:
 
 class RemoteReward:
     """A reward computed by ``python -m fastvideo.tools.reward_server``; same call and output
-    as the in-process reward: ``reward(images, prompts) -> float32 [B]`` on CPU."""
+    as the in-process reward: ``reward(images, prompts) -> float32 [B]`` on CPU.
+
+    Editing: when the server's /health record says the served reward ``uses_sources``, this client
+    takes ``sources=`` too (rewards.base.takes_sources) and sends them in the request (the wire
+    format's optional "sources"); to any other reward, and to a server that predates sources, it
+    sends the request as before."""
 
     def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 3, batch_size: int = 32,
                  check: bool = True) -> None:
@@ -173,10 +178,11 @@ class RemoteReward:
         self.timeout_s, self.retries, self.batch_size = timeout_s, retries, batch_size
         self.headers = auth_headers(url)
         self.info = check_reward_server(url, timeout_s=min(timeout_s, 10.0)) if check else {}
+        self.uses_sources = self.info.get("uses_sources") is True
 
-    def _request(self, images: ImageBatch, prompts: list[str]) -> torch.Tensor:
+    def _request(self, images: ImageBatch, prompts: list[str], sources: torch.Tensor | None = None) -> torch.Tensor:
         """Scores of one request [b] float32, NaN where the server's reward was non-finite."""
-        body = encode_request(images, prompts, self.encoding)
+        body = encode_request(images, prompts, self.encoding, sources)
         what = f"reward server {self.base} ({self.name})"
         limit = self.info.get("limits", {}).get("max_body_bytes")
         if limit is not None and len(body) > limit:  # the server would answer 413 (or reset mid-upload)
@@ -188,11 +194,15 @@ class RemoteReward:
             self.retries)
         return scores_from_reply(reply, len(prompts), what)
 
-    def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
+    def __call__(self, images: ImageBatch, prompts: Sequence[str], sources: torch.Tensor | None = None) -> torch.Tensor:
         n = check_inputs(images, prompts)
         prompts = list(prompts)
-        return torch.cat([self._request(images[i:i + self.batch_size], prompts[i:i + self.batch_size])
-                          for i in range(0, n, self.batch_size)])
+        if not self.uses_sources:
+            sources = None  # a reward that does not use them (or an older server) gets the request as before
+        size = self.batch_size
+        return torch.cat([self._request(images[i:i + size], prompts[i:i + size],
+                                        None if sources is None else sources[i:i + size])
+                          for i in range(0, n, size)])
 
     def __repr__(self) -> str:
         return f"RemoteReward({redact(self.url)!r}, batch_size={self.batch_size})"

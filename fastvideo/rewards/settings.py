@@ -96,6 +96,24 @@ class RewardSettings(Settings):
             hps_input=args.hps_input,
         ).checked()
 
+    def check_across(self, sections: dict) -> None:
+        """A reward that needs the samples' source images (rewards.base.needs_sources: clip_edit)
+        refused for a family that generates from text, before any model loads."""
+        from fastvideo.errors import UserError
+        from fastvideo.models.registry import family_factory
+        from fastvideo.rewards.base import needs_sources, reward_class
+
+        model = sections.get("model")
+        try:
+            edits = bool(getattr(family_factory(model.family), "edits", False)) if model is not None else True
+        except UserError:  # an unknown family or one of the other library line: the model settings say so
+            return
+        wanting = [s.name for s in self.spec if not s.url and needs_sources(reward_class(s.name))]
+        if wanting and not edits:
+            raise ConfigError(f"--rewards {', '.join(wanting)} compares each image with its source image, and model "
+                              f"family {model.family!r} generates from text (no source images): train an editing "
+                              f"family (--model_family kontext) on a prompt file with images, or use another reward")
+
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
         """A local reward model's flags given while no reward of that model is trained locally,

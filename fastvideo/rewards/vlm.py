@@ -8,6 +8,11 @@ For each (image, prompt) one request goes to ``<URL path>/chat/completions``:
          {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}},
          {"type": "text", "text": <the question>}]}]}
 
+Editing (a run whose prompts carry source images): the judge is called with ``sources=`` and each
+request carries the **source image first**, then the edited image, then the question, whose default
+is then :data:`DEFAULT_EDIT_TEMPLATE` (``prompt=FILE`` replaces either). Without sources (text to
+image) the request is the one above, unchanged.
+
 The question is the template with ``{prompt}`` replaced by the image's prompt: the file given by
 ``prompt=FILE`` (UTF-8 text that contains ``{prompt}``), else :data:`DEFAULT_TEMPLATE`. The score
 is the number after the LAST "Final Score:" in the answer (:data:`DEFAULT_PATTERN`, case
@@ -33,7 +38,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import torch
 
-from fastvideo.rewards.base import ImageBatch, as_pils, check_inputs
+from fastvideo.rewards.base import ImageBatch, as_pils, check_inputs, check_sources
 from fastvideo.rewards.http import EndpointError, RemoteRewardError, call_with_retries, error_text, http_json
 
 log = logging.getLogger(__name__)
@@ -43,6 +48,12 @@ DEFAULT_TEMPLATE = (
     "Judge how faithfully the image shows everything the text asks for, and how good the image "
     "looks. Answer with one short line of reasons, then a last line of the form\n"
     "Final Score: N\nwhere N is a number from 1 (poor) to 5 (excellent)."
+)
+DEFAULT_EDIT_TEMPLATE = (
+    "The first image is a source image; the second is the result of editing it with the instruction: "
+    "\"{prompt}\".\nJudge how faithfully the second image carries out the instruction while keeping what "
+    "the instruction does not ask to change, and how good it looks. Answer with one short line of reasons, "
+    "then a last line of the form\nFinal Score: N\nwhere N is a number from 1 (poor) to 5 (excellent)."
 )
 DEFAULT_PATTERN = r"final\s*score\s*[:：=]?\s*\**\s*(-?\d+(?:\.\d+)?)"
 
@@ -106,6 +117,9 @@ def check_vlm_endpoint(url: str, timeout_s: float = 10.0) -> None:
 class VLMJudgeReward:
     """Score per (image, prompt) from a VLM judge; float32 ``[B]`` on CPU. See module doc."""
 
+    uses_sources = True  # called with sources= (None for text to image) ...
+    sources_optional = True  # ... and judges without them (rewards.base.needs_sources)
+
     def __init__(self, url: str, timeout_s: float = 120.0, concurrency: int = 8, retries: int = 3,
                  batch_size: int | None = None, check: bool = True) -> None:
         parts = urlsplit(url)
@@ -115,6 +129,7 @@ class VLMJudgeReward:
         self.model = query.get("model", "")
         self.name = f"vlm/{self.model}"
         self.template = load_template(query.get("prompt"))
+        self.edit_template = self.template if "prompt" in query else DEFAULT_EDIT_TEMPLATE
         self.pattern = query.get("pattern", DEFAULT_PATTERN)
         re.compile(self.pattern)
         self.fallback = float(query["fallback"]) if "fallback" in query else None
@@ -128,17 +143,19 @@ class VLMJudgeReward:
         if check:
             check_vlm_endpoint(url, timeout_s=min(timeout_s, 10.0))
 
-    def question(self, prompt: str) -> str:
-        return self.template.replace("{prompt}", prompt)
+    def question(self, prompt: str, edit: bool = False) -> str:
+        return (self.edit_template if edit else self.template).replace("{prompt}", prompt)
 
-    def payload(self, image, prompt: str) -> dict:
-        content = [{"type": "image_url", "image_url": {"url": image_data_url(image, self.image_format)}},
-                   {"type": "text", "text": self.question(prompt)}]
+    def payload(self, image, prompt: str, source=None) -> dict:
+        """The chat request for one image; ``source`` (editing): its source image, sent first."""
+        shown = [image] if source is None else [source, image]
+        content = [{"type": "image_url", "image_url": {"url": image_data_url(im, self.image_format)}} for im in shown]
+        content.append({"type": "text", "text": self.question(prompt, edit=source is not None)})
         return {"model": self.model, "messages": [{"role": "user", "content": content}],
                 "temperature": 0, "max_tokens": self.max_tokens}
 
-    def _score_one(self, image, prompt: str) -> float:
-        body = json.dumps(self.payload(image, prompt)).encode("utf-8")
+    def _score_one(self, image, prompt: str, source=None) -> float:
+        body = json.dumps(self.payload(image, prompt, source)).encode("utf-8")
         what = f"VLM judge {self.base} ({self.model})"
         reply = call_with_retries(what, lambda: http_json(
             f"{self.base}/chat/completions", body, self.timeout_s, content_type="application/json"), self.retries)
@@ -155,11 +172,14 @@ class VLMJudgeReward:
             score = self.fallback
         return score
 
-    def __call__(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
-        check_inputs(images, prompts)
+    def __call__(self, images: ImageBatch, prompts: Sequence[str], sources: torch.Tensor | None = None) -> torch.Tensor:
+        n = check_inputs(images, prompts)
         pils = as_pils(images)
+        if sources is not None:
+            check_sources(sources, n, self.name)
+        shown = as_pils(sources) if sources is not None else [None] * n
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="vlm") as pool:
-            scores = list(pool.map(self._score_one, pils, list(prompts)))
+            scores = list(pool.map(self._score_one, pils, list(prompts), shown))
         return torch.tensor(scores, dtype=torch.float32)
 
     def __repr__(self) -> str:

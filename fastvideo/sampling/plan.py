@@ -134,18 +134,25 @@ def ode_plan(sampling_steps: int, shift: float) -> SamplingPlan:
                         trainable=(), num_trained=0)
 
 
-def on_grid(plan: SamplingPlan, grid: str, sampling_steps: int, shift: float) -> SamplingPlan:
+def on_grid(plan: SamplingPlan, grid: str, sampling_steps: int, shift: float,
+            terminal: float | None = None) -> SamplingPlan:
     """The plan on --sigma_grid's noise levels: the same transitions, kinds and trained steps,
     sigmas = sde.grid_sigmas(grid, N, shift). Every plan is built on the shifted_linspace grid, so
     that one stays the plan itself (bit for bit); another grid replaces the full schedule, and a
     plan whose sigmas are not the full schedule (a compressed DPM tail) is refused (the
-    configuration refuses that combination before a run starts)."""
-    if grid == "shifted_linspace":
+    configuration refuses that combination before a run starts). ``terminal``: the family's
+    scheduler's shift_terminal (ModelFamily.schedule_terminal): every non-zero sigma is stretched as
+    that scheduler stretches its grid (sde.stretch_to_terminal, scaled by the full grid's last
+    non-zero sigma, so a compressed tail maps consistently); None leaves the sigmas as they are."""
+    if grid != "shifted_linspace":
+        if plan.num_steps != sampling_steps or not torch.equal(plan.sigmas, sde.sigma_schedule(sampling_steps, shift)):
+            raise ValueError(f"sigma grid {grid!r} replaces the full {sampling_steps}-step schedule; this plan's "
+                             "sigmas are another schedule (a compressed tail)")
+        plan = replace(plan, sigmas=sde.grid_sigmas(grid, sampling_steps, shift))
+    if terminal is None:
         return plan
-    if plan.num_steps != sampling_steps or not torch.equal(plan.sigmas, sde.sigma_schedule(sampling_steps, shift)):
-        raise ValueError(f"sigma grid {grid!r} replaces the full {sampling_steps}-step schedule; this plan's sigmas "
-                         "are another schedule (a compressed tail)")
-    return replace(plan, sigmas=sde.grid_sigmas(grid, sampling_steps, shift))
+    last = sde.grid_sigmas(grid, sampling_steps, shift)[-2]
+    return replace(plan, sigmas=sde.stretch_to_terminal(plan.sigmas, terminal, last))
 
 
 def compressed_tail_sigmas(sampling_steps: int, shift: float, first: int, compress_ratio: float) -> torch.Tensor:

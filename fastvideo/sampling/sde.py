@@ -60,14 +60,33 @@ def diffusers_sigma_schedule(num_steps: int, shift: float, train_timesteps: int 
     return torch.cat([sigmas, torch.zeros(1, dtype=torch.float32)])
 
 
-def grid_sigmas(grid: str, num_steps: int, shift: float) -> torch.Tensor:
+def stretch_to_terminal(sigmas: torch.Tensor, terminal: float, last: float | torch.Tensor | None = None) -> torch.Tensor:
+    """diffusers' FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal (a scheduler config with
+    ``shift_terminal``, e.g. Qwen-Image's 0.02) on a grid's non-zero sigmas: 1 - (1 - s) / k with
+    k = (1 - last) / (1 - terminal), so that 1 stays 1 and ``last`` (default: the grid's last non-zero
+    sigma) becomes ``terminal``; a final 0 stays 0. float32, the scheduler's order of operations."""
+    if not 0.0 < terminal < 1.0:
+        raise ValueError(f"shift_terminal must lie in (0, 1); got {terminal}")
+    sigmas = sigmas.to(torch.float32)
+    nonzero = sigmas != 0
+    one_minus = 1.0 - sigmas
+    end = one_minus[nonzero][-1] if last is None else 1.0 - torch.as_tensor(last, dtype=torch.float32)
+    scale = end / (1.0 - torch.tensor(terminal, dtype=torch.float32))
+    return torch.where(nonzero, 1.0 - one_minus / scale, sigmas)
+
+
+def grid_sigmas(grid: str, num_steps: int, shift: float, terminal: float | None = None) -> torch.Tensor:
     """--sigma_grid: "shifted_linspace" (sigma_schedule, this trainer's default and DanceGRPO's) or
-    "diffusers" (diffusers_sigma_schedule, Flow-GRPO's and DiffusionNFT's). float32 [num_steps + 1]."""
+    "diffusers" (diffusers_sigma_schedule, Flow-GRPO's and DiffusionNFT's). float32 [num_steps + 1].
+    ``terminal``: the model family's scheduler's shift_terminal (ModelFamily.schedule_terminal), the
+    grid then stretched to it (stretch_to_terminal) as that scheduler does; None: not stretched."""
     if grid == "shifted_linspace":
-        return sigma_schedule(num_steps, shift)
-    if grid == "diffusers":
-        return diffusers_sigma_schedule(num_steps, shift)
-    raise ValueError(f"sigma grid {grid!r}; valid: {SIGMA_GRIDS}")
+        sigmas = sigma_schedule(num_steps, shift)
+    elif grid == "diffusers":
+        sigmas = diffusers_sigma_schedule(num_steps, shift)
+    else:
+        raise ValueError(f"sigma grid {grid!r}; valid: {SIGMA_GRIDS}")
+    return sigmas if terminal is None else stretch_to_terminal(sigmas, terminal)
 
 
 def _per_sample(value: torch.Tensor | float, batch: int, ndim: int, device) -> torch.Tensor:

@@ -90,7 +90,7 @@ def _rewards(args, device) -> dict:
     per = {"hpsv2": {"hps_ckpt_dir": args.hps_ckpt_dir, "model_name": args.hps_model_name,
                      "input_precision": args.hps_input},
            "pickscore": {"pickscore_dir": args.pickscore_dir, "processor_dir": args.pickscore_processor_dir},
-           "clip": {"clip_dir": args.clip_dir}}
+           "clip": {"clip_dir": args.clip_dir}, "clip_edit": {"clip_dir": args.clip_dir}}
     names = list(dict.fromkeys(n.strip() for n in args.rewards.split(",")))
     return {n: build_reward(n, device=device, batch_size=args.reward_batch_size, **per.get(n, {})) for n in names}
 
@@ -201,7 +201,8 @@ def run(args) -> str:
     vae = family.load_vae(base, device=device, dtype=torch.float32)
     rewards = _rewards(args, device)
     s = SampleSettings(height=args.h, width=args.w, steps=args.steps, eta=args.eta, shift=args.shift,
-                       batch_size=args.batch_size, num_images_per_prompt=args.num_images_per_prompt)
+                       batch_size=args.batch_size, num_images_per_prompt=args.num_images_per_prompt,
+                       terminal=family.schedule_terminal())
     results = []
     for m in models:
         print(f"[evaluate] {m.label}: {m.kind} {m.path}", flush=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from fastvideo.models.qwen_image.components import SCHEDULER_SHIFT_TERMINAL
 from fastvideo.tools.make_tiny_flux import folder_megabytes, save_tiny_folder, wake_zero_projections
 from fastvideo.tools.make_tiny_flux2 import write_qwen_tokenizer
 
@@ -38,7 +39,7 @@ QWEN_IMAGE_SCHEDULER_CONFIG = {
     "max_shift": 0.9,
     "num_train_timesteps": 1000,
     "shift": 1.0,
-    "shift_terminal": 0.02,
+    "shift_terminal": SCHEDULER_SHIFT_TERMINAL,
     "stochastic_sampling": False,
     "time_shift_type": "exponential",
     "use_beta_sigmas": False,

@@ -16,7 +16,10 @@ Endpoints (FastAPI on uvicorn; ``pip install -e .[server]``):
 needs other library versions than the trainer's, run in its own environment): the server imports
 MODULE, calls ``FACTORY(device=torch.device, batch_size=int)`` once and serves the callable it
 returns as NAME; that callable takes ``(images, prompts)`` like every reward (a float tensor
-``[B, 3, H, W]`` in [0, 1] or a list of PIL images, and B strings) and returns B scores.
+``[B, 3, H, W]`` in [0, 1] or a list of PIL images, and B strings) and returns B scores. A callable
+with the attribute ``uses_sources = True`` is also given ``sources=`` (editing: the samples' source
+images, float ``[B, 3, H, W]`` in [0, 1]), as a built-in reward that uses them is (``clip_edit``);
+/health then says ``"uses_sources": true`` and the trainer's client sends them.
 
 One model call at a time per reward (a lock): requests from several trainer ranks queue instead of
 running two forward passes on one device at once. The trainer side is rewards/remote.py.
@@ -44,10 +47,11 @@ import torch
 import fastvideo
 from fastvideo import devices
 from fastvideo.errors import UserError, one_line_errors
-from fastvideo.rewards.base import Reward, RewardInputError, build_reward, check_inputs
+from fastvideo.rewards.base import (Reward, RewardInputError, build_reward, check_inputs, check_sources,
+                                    takes_sources)
 from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
 from fastvideo.rewards.flags import add_reward_flags, extras_from_args, reward_kwargs
-from fastvideo.rewards.wire import WireFormatError, WireTooLargeError, decode_parsed, parse_request
+from fastvideo.rewards.wire import WireFormatError, WireTooLargeError, decode_parsed, decode_sources, parse_request
 from fastvideo.tools.reward_server_guard import (TOKEN_ENV, BodyBudget, BodyError, GuardMiddleware, PixelBudget,
                                                  ServerBusyError, ServerLimits, is_loopback, raise_open_file_limit,
                                                  uvicorn_settings)
@@ -64,6 +68,8 @@ def served_info(name: str, reward: Reward, kwargs: Mapping[str, Any]) -> dict:
               "batch_size": getattr(reward, "batch_size", None), "files": files}
     if "input_precision" in kwargs:  # hpsv2: which --hps_input path the scores come from
         record["input_precision"] = kwargs["input_precision"]
+    if takes_sources(reward):  # editing: the client sends the source images (rewards/wire.py)
+        record["uses_sources"] = True
     return record
 
 
@@ -103,8 +109,9 @@ def make_scorer(rewards: Mapping[str, Reward], device: str, limits: ServerLimits
             with pixels.hold(parsed.pixels, limits.read_timeout_s):
                 images, prompts = decode_parsed(body, parsed)
                 check_inputs(images, prompts)  # a client's mistake is a 400 whatever the reward checks itself
+                extra = {"sources": decode_sources(body, parsed)} if takes_sources(rewards[name]) else {}
                 with locks[name]:
-                    scores = rewards[name](images, prompts)
+                    scores = rewards[name](images, prompts, **extra)
         except ServerBusyError as exc:
             return 503, {"detail": str(exc)}
         except WireTooLargeError as exc:
@@ -196,10 +203,14 @@ class PluginReward:
 
     def __init__(self, name: str, fn, batch_size: int) -> None:
         self.name, self.fn, self.batch_size = name, fn, batch_size
+        self.uses_sources = takes_sources(fn)
 
-    def __call__(self, images, prompts) -> torch.Tensor:
+    def __call__(self, images, prompts, sources=None) -> torch.Tensor:
         n = check_inputs(images, prompts)
-        scores = torch.as_tensor(self.fn(images, list(prompts))).detach().float().reshape(-1).cpu()
+        if self.uses_sources:
+            check_sources(sources, n, self.name)
+        extra = {"sources": sources} if self.uses_sources else {}
+        scores = torch.as_tensor(self.fn(images, list(prompts), **extra)).detach().float().reshape(-1).cpu()
         if scores.shape != (n,):
             raise RuntimeError(f"plugin reward {self.name!r} returned {list(scores.shape)} scores for {n} images")
         return scores
@@ -217,6 +228,8 @@ def load_plugin(text: str, device: torch.device, batch_size: int) -> tuple[str, 
     if not callable(fn):
         raise TypeError(f"--plugin {text!r}: {module}.{factory}(...) returned a {type(fn).__name__}, not a callable")
     info = {"class": type(fn).__name__, "module": module, "batch_size": batch_size, "files": {}, "plugin": target}
+    if takes_sources(fn):
+        info["uses_sources"] = True
     return name.strip(), PluginReward(name.strip(), fn, batch_size), info
 
 

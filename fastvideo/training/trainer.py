@@ -200,7 +200,7 @@ class Trainer:
         """This iteration's schedule (SDE / ODE / DPM-Solver++ steps, trainable steps): the objective's."""
         r = self.cfg.rollout
         return on_grid(self.objective.sampling_plan(iteration, r.sampling_steps, r.shift), r.sigma_grid,
-                       r.sampling_steps, r.shift)
+                       r.sampling_steps, r.shift, self.family.schedule_terminal())
 
     def _rollout(self, iteration: int, cond, captions, indices, plan, on_chunk=None):
         with self.objective.rollout_weights(), self.nograd_weights():  # NFT samples with its old policy

@@ -128,14 +128,6 @@ def test_scheduler_shift_gives_the_pipelines_sigmas(size):
         torch.testing.assert_close(sigma_schedule(steps, shift), sched.sigmas, rtol=0, atol=1e-6)
 
 
-def _pipeline_sigmas(pipe, steps=STEPS):
-    from fastvideo.models.qwen_image import components as C
-
-    sched = type(pipe.scheduler).from_config(pipe.scheduler.config)
-    sched.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps), mu=C.calculate_mu(16))
-    return sched.sigmas.float()
-
-
 def _rollout(family, pipe, cond, sigmas, seed=3):
     from fastvideo.sampling.plan import ODE, SamplingPlan
     from fastvideo.sampling.randomness import RandomSource
@@ -149,10 +141,36 @@ def _rollout(family, pipe, cond, sigmas, seed=3):
                    plan=plan)
 
 
+def _trainer_sigmas(family, height, width, steps):
+    """The trainer's own grid: the family's --pipeline_shift, Flow-GRPO's SDE plan on the default
+    shifted_linspace grid, stretched to the family's schedule_terminal (Trainer.sampling_plan)."""
+    from fastvideo.sampling.plan import full_sde_plan, on_grid
+
+    shift = family.schedule_shift(height, width, steps)
+    plan = full_sde_plan(steps, shift, steps, 1)
+    return on_grid(plan, "shifted_linspace", steps, shift, family.schedule_terminal()).sigmas
+
+
+@pytest.mark.parametrize("size, steps", [(384, 10), (1024, 28)])
+def test_the_training_grid_is_the_pipelines_with_shift_terminal(pipe, size, steps):
+    """The stock QwenImagePipeline's scheduler after a call at this size and step count (its
+    exponential shift at the image's mu, then the stretch to shift_terminal 0.02): the trainer's grid
+    equals its sigmas and timesteps to 1e-6 (timesteps relative); the last non-zero sigma is 0.02."""
+    from fastvideo.models.qwen_image.family import QwenImageFamily
+
+    assert pipe.scheduler.config.shift_terminal == QwenImageFamily().schedule_terminal() == 0.02
+    pipe(prompt="a cube", height=size, width=size, num_inference_steps=steps, max_sequence_length=8,
+         output_type="latent")
+    ours = _trainer_sigmas(QwenImageFamily(), size, size, steps)
+    torch.testing.assert_close(ours, pipe.scheduler.sigmas.float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours[:-1] * 1000, pipe.scheduler.timesteps.float(), rtol=1e-6, atol=0)
+    assert float(ours[-2]) == pytest.approx(0.02, abs=1e-7) and float(ours[-1]) == 0.0
+
+
 @pytest.mark.parametrize("scale", [SCALE, 1.0])
 def test_ode_rollout_equals_the_pipeline(pipe, cond, scale):
-    """The ODE rollout on the stock scheduler's sigmas (Qwen-Image's: exponential shift at the image's
-    mu, shift_terminal 0.02) equals QwenImagePipeline's latents (output_type latent) for the same noise,
+    """The ODE rollout on the trainer's own grid (the family's shift, stretched to its scheduler's
+    shift_terminal 0.02: the stock scheduler's sigmas within 1e-6) equals QwenImagePipeline's latents (output_type latent) for the same noise,
     with true CFG 4.0 and negative prompt " " and without (1.0). Tolerance 1e-5 relative (fp32);
     measured on the tiny model, 64 px, 4 steps, prompts of 22 and 19 tokens: 2.9e-7 with CFG (the
     batched [cond; uncond] call masks the shorter text where the pipeline's separate calls do not),
@@ -160,7 +178,7 @@ def test_ode_rollout_equals_the_pipeline(pipe, cond, scale):
     from fastvideo.models.qwen_image.family import QwenImageFamily
 
     family = QwenImageFamily(guidance_scale=scale)
-    sigmas = _pipeline_sigmas(pipe)
+    sigmas = _trainer_sigmas(family, 64, 64, STEPS)  # the trainer's own grid, shift_terminal included
     traj = _rollout(family, pipe, cond, sigmas)
     noise = traj.latents[:, 0]
     neg = " " if scale > 1 else None
@@ -172,7 +190,7 @@ def test_ode_rollout_equals_the_pipeline(pipe, cond, scale):
     rel = float((ours - ref).abs().max() / ref.abs().max())
     print(f"true_cfg_scale {scale}: max |ours - pipeline| / max |pipeline| = {rel:.1e}")
     assert rel <= 1e-5
-    torch.testing.assert_close(sigmas, pipe.scheduler.sigmas.float(), rtol=0, atol=0)
+    torch.testing.assert_close(sigmas, pipe.scheduler.sigmas.float(), rtol=0, atol=1e-6)
     img = pipe(prompt=list(PROMPTS), negative_prompt=neg, true_cfg_scale=scale, height=64, width=64,
                num_inference_steps=STEPS, latents=noise.clone(), max_sequence_length=SEQ, output_type="pt").images
     torch.testing.assert_close(traj.images, img, rtol=0, atol=1e-5)

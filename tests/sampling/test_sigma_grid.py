@@ -135,11 +135,13 @@ def test_the_trainer_and_evaluation_sample_on_the_runs_grid():
     from types import SimpleNamespace
 
     from fastvideo.eval.core import SampleSettings, eval_plan
+    from fastvideo.models.registry import get_model_family
     from fastvideo.training.trainer import Trainer
 
     cfg = _validate("--sigma_grid", "diffusers", "--sampling_steps", "10")
     trainer = SimpleNamespace(cfg=cfg, objective=SimpleNamespace(
-        sampling_plan=lambda it, n, shift: full_sde_plan(n, shift, n - 1, 3)))
+        sampling_plan=lambda it, n, shift: full_sde_plan(n, shift, n - 1, 3)),
+        family=get_model_family("flux"))  # no shift_terminal: the grid as it is
     assert torch.equal(Trainer.sampling_plan(trainer, 0).sigmas, sde.diffusers_sigma_schedule(10, 3.0))
     trainer.cfg = _validate("--sampling_steps", "10")
     assert torch.equal(Trainer.sampling_plan(trainer, 0).sigmas, sde.sigma_schedule(10, 3.0))

@@ -142,8 +142,11 @@ class KontextFamily(FluxFamily):
         x, ids = inputs["hidden_states"], inputs["img_ids"]
         return {**inputs, "hidden_states": torch.cat([x, x], 1), "img_ids": torch.cat([ids, ids], 0)}
 
-    def cond_numel(self, config, text_tokens) -> int:
-        return super().cond_numel(config, text_tokens)  # + the source tokens and pixels (per resolution)
+    def cond_numel_at(self, config, text_tokens, height, width) -> int:
+        """FLUX.1's text tensors plus the source's: image_latents [Ls, C] and source_ids [Ls, 3] (shared
+        by a batch; counted per sample, a bound) with Ls the target's tokens, source_image [3, H, W]."""
+        tokens, channels = self.nominal_layout(height, width, config).tokens
+        return self.cond_numel(config, text_tokens) + tokens * (channels + 3) + 3 * height * width
 
     def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
         return super().transformer_flops(config, 2 * image_tokens, text_tokens, batch)

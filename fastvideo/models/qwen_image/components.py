@@ -38,6 +38,9 @@ DEFAULT_TRUE_CFG = 4.0  # __call__'s true_cfg_scale; guidance is on for a scale 
 # the pipeline's doc pass " ": "even an empty negative prompt like ' ' enables classifier-free guidance").
 NEGATIVE_PROMPT = " "
 # Qwen/Qwen-Image's scheduler/scheduler_config.json: the size-dependent shift's line.
+# Qwen/Qwen-Image's scheduler_config.json shift_terminal: the scheduler stretches the shifted sigmas
+# so that the last non-zero one is this (FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal).
+SCHEDULER_SHIFT_TERMINAL = 0.02
 SCHEDULER_SHIFT_DEFAULTS = {"base_image_seq_len": 256, "max_image_seq_len": 8192, "base_shift": 0.5, "max_shift": 0.9}
 REQUIRED_FILES = {
     "transformer": ["config.json"],
@@ -170,7 +173,7 @@ def scheduler_shift(scheduler_config: dict, height: int, width: int) -> float:
     """The shift s of the schedule s t / (1 + (s - 1) t) that the scheduler's exponential time shift
     with the pipeline's mu gives (exp(mu)); the config's static shift when it does not shift
     dynamically. The scheduler's shift_terminal stretch (Qwen-Image: 0.02) is not a shift: it is not
-    in s (docs/qwen_image.md)."""
+    in s; the family gives it as schedule_terminal (sampling.sde.stretch_to_terminal)."""
     if not scheduler_config.get("use_dynamic_shifting", False):
         return float(scheduler_config.get("shift", 1.0))
     lh, lw = latent_hw(height, width)

@@ -180,6 +180,10 @@ class QwenImageFamily(base.ModelFamily, base.FamilyCostModel):
         """exp(mu) of Qwen-Image's scheduler for this image size (--pipeline_shift)."""
         return C.scheduler_shift({"use_dynamic_shifting": True, **C.SCHEDULER_SHIFT_DEFAULTS}, height, width)
 
+    def schedule_terminal(self) -> float:
+        """Qwen-Image's scheduler's shift_terminal (0.02): the rollout's grid is stretched to it."""
+        return C.SCHEDULER_SHIFT_TERMINAL
+
     def layout(self, height, width, vae, transformer=None, device=None) -> LatentLayout:
         scale = 2 ** len(C._cfg(vae.config, "temperal_downsample"))
         if transformer is not None:
