@@ -120,16 +120,23 @@ def encode_source_latents(vae, vae_pixels: torch.Tensor) -> torch.Tensor:
     return QC.pack_latents(((z - mean) / std)[:, :, 0])
 
 
+def _to_pils(pixels: torch.Tensor) -> list:
+    """[P, 3, H, W] in [0, 1] -> P RGB PIL images, rounded to 8 bits as a saved PNG would be (kept here
+    rather than imported from rewards/: models/ imports no higher layer)."""
+    from PIL import Image
+
+    u8 = pixels.detach().float().cpu().clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8).permute(0, 2, 3, 1)
+    return [Image.fromarray(a.numpy(), mode="RGB") for a in u8]
+
+
 def encode_sources(enc: EditEncoders, prompts: list[str], negative: str, pixels: torch.Tensor, max_len: int,
                    condition_area: int = CONDITION_IMAGE_SIZE, vae_area: int = VAE_IMAGE_SIZE) -> dict:
     """Instructions with their sources [P, 3, H, W] in [0, 1] (8-bit values) -> prompt_embeds,
     prompt_mask, neg_prompt_embeds, neg_prompt_mask (the negative with each prompt's image),
     image_latents [P, Ls, 64] and source_grid (vh/16, vw/16) as an int64 [2]."""
-    from fastvideo.rewards.base import tensor_to_pils
-
     proc = _image_processor()
     (cw, ch), (vw, vh) = source_sizes(pixels.shape[-1], pixels.shape[-2], condition_area, vae_area)
-    pils = tensor_to_pils(pixels.float().cpu())
+    pils = _to_pils(pixels)
     conds = [proc.resize(im, ch, cw) for im in pils]
     embeds, mask = padded([encode_edit_prompt(enc, p, c) for p, c in zip(prompts, conds)], max_len)
     neg, neg_mask = padded([encode_edit_prompt(enc, negative, c) for c in conds], max_len)
