@@ -51,6 +51,11 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
     ap.add_argument("--overwrite", action="store_true",
                     help="replace embeddings in --output_dir made from other settings or captions, or of unknown "
                          "origin (no preprocess_meta.json); without it such a folder is refused, never deleted")
+    ap.add_argument("--source_vae_size", type=_size, default=None, metavar="SIDE|H,W",
+                    help="an editing family that resizes its sources (qwen_image_edit): the area H*W each source "
+                         "image is resized to, aspect kept, before the VAE (sides multiples of 32; default the "
+                         "stock pipeline's 1024; Flow-Factory's condition_image_size). Sets the source tokens, "
+                         "recorded with the embeddings")
     a = ap.parse_args(argv)
     if a.model_family is None:  # the folder says (an SD3 folder would die in FLUX's T5 tokenizer)
         from fastvideo.models.registry import DEFAULT_FAMILY, family_of_folder
@@ -60,8 +65,20 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
         model_path=a.model_path, prompt_file=a.prompt_dir, output_dir=a.output_dir,
         max_sequence_length=a.max_sequence_length, max_prompts=a.max_prompts,
         batch_size=a.batch_size, dataloader_num_workers=a.dataloader_num_workers, model_family=a.model_family,
-        overwrite=a.overwrite,
+        overwrite=a.overwrite, source_vae_size=a.source_vae_size,
     )
+
+
+def _size(text: str) -> tuple[int, int]:
+    """'384' or '384,384' (height, width) -> (384, 384); argparse reports anything else in one line."""
+    parts = text.split(",")
+    try:
+        sides = tuple(int(p) for p in parts)
+    except ValueError:
+        sides = ()
+    if len(sides) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"expected SIDE or HEIGHT,WIDTH in pixels (e.g. 384 or 384,384), got {text!r}")
+    return (sides[0], sides[-1])
 
 
 def main(argv: list[str] | None = None):

@@ -39,7 +39,8 @@ class PendingPrompts(TensorConditioning):
 class QwenImageEditFamily(QwenImageFamily):
     """Qwen-Image-Edit-2509 / -2511; guidance_scale (true_cfg_scale) and quantize_timestep as Qwen-Image's.
     condition_area / vae_area: the areas the source is resized to for the VL encoder and for the VAE
-    (the pipeline's 384^2 and 1024^2)."""
+    (the pipeline's 384^2 and 1024^2; vae_area is preprocessing's --source_vae_size, Flow-Factory's
+    condition_image_size)."""
 
     name = "qwen_image_edit"
     pipeline_class_name = "QwenImageEditPlusPipeline"
@@ -58,7 +59,11 @@ class QwenImageEditFamily(QwenImageFamily):
     edits = True
     source_multiple = 1  # the pipeline resizes every source itself (calculate_dimensions)
     condition_area = C.CONDITION_IMAGE_SIZE
-    vae_area = C.VAE_IMAGE_SIZE
+
+    def __init__(self, guidance_scale: float | None = None, quantize_timestep: bool = False,
+                 vae_area: int = C.VAE_IMAGE_SIZE):
+        super().__init__(guidance_scale, quantize_timestep)
+        self.vae_area = int(vae_area)
 
     # -- loading: Qwen-Image's folder with the VL encoder's processor
     def check_folder(self, path, components=None):
