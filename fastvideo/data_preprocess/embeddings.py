@@ -44,7 +44,6 @@ from fastvideo.utils import atomic_write_json
 JSON_NAME = "videos2caption.json"
 META_NAME = "preprocess_meta.json"
 META_FORMAT = 1
-SOURCE_VAE_MULTIPLE = 32  # calculate_dimensions' rounding of the resized source's sides
 
 
 def subdirs(family: ModelFamily) -> tuple[str, ...]:
@@ -69,13 +68,13 @@ class PreprocessConfig:
 
     def family(self) -> ModelFamily:
         """The family, with --source_vae_size's area as its vae_area when given."""
-        if self.source_vae_size is None:
-            return get_model_family(self.model_family)
-        return get_model_family(self.model_family, vae_area=self.source_vae_size[0] * self.source_vae_size[1])
+        from fastvideo.data_preprocess.sources import source_vae_family
+
+        return source_vae_family(self.model_family, self.source_vae_size)
 
     def validate(self) -> None:
         """Bad flags fail here, as one ConfigError line, before torch.distributed or the encoders start."""
-        self._check_source_vae_size()
+        self.family()  # --source_vae_size checked
         limit = get_model_family(self.model_family).max_sequence_length_limit
         try:  # a given family is checked against a folder that names one (a plugin's folder may name none)
             folder = family_of_folder(self.model_path) if ":" not in self.model_family else None
@@ -99,17 +98,6 @@ class PreprocessConfig:
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--output_dir {self.output_dir} is a file, not a folder: choose a folder for the "
                               "embeddings")
-
-    def _check_source_vae_size(self) -> None:
-        if self.source_vae_size is None:
-            return
-        if get_model_family(self.model_family).vae_area is None:
-            raise ConfigError(f"--source_vae_size: model family {self.model_family!r} encodes each source image at "
-                              "its own size (it resizes none): leave the flag out")
-        if any(side < SOURCE_VAE_MULTIPLE or side % SOURCE_VAE_MULTIPLE for side in self.source_vae_size):
-            raise ConfigError(f"--source_vae_size {self.source_vae_size[0]},{self.source_vae_size[1]}: each side must "
-                              f"be a positive multiple of {SOURCE_VAE_MULTIPLE} (the pipeline rounds the resized "
-                              "source's sides to it), e.g. 384 (Flow-Factory's) or 1024 (the pipeline's)")
 
 
 @dataclass(frozen=True)

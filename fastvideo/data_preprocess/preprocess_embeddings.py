@@ -22,6 +22,7 @@ if not __package__:  # run as a script path (torchrun's usual form): make the re
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess  # noqa: E402
+from fastvideo.data_preprocess.sources import source_size  # noqa: E402
 from fastvideo.errors import one_line_errors  # noqa: E402
 
 
@@ -51,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
     ap.add_argument("--overwrite", action="store_true",
                     help="replace embeddings in --output_dir made from other settings or captions, or of unknown "
                          "origin (no preprocess_meta.json); without it such a folder is refused, never deleted")
-    ap.add_argument("--source_vae_size", type=_size, default=None, metavar="SIDE|H,W",
+    ap.add_argument("--source_vae_size", type=source_size, default=None, metavar="SIDE|H,W",
                     help="an editing family that resizes its sources (qwen_image_edit): the area H*W each source "
                          "image is resized to, aspect kept, before the VAE (sides multiples of 32; default the "
                          "stock pipeline's 1024; Flow-Factory's condition_image_size). Sets the source tokens, "
@@ -67,18 +68,6 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
         batch_size=a.batch_size, dataloader_num_workers=a.dataloader_num_workers, model_family=a.model_family,
         overwrite=a.overwrite, source_vae_size=a.source_vae_size,
     )
-
-
-def _size(text: str) -> tuple[int, int]:
-    """'384' or '384,384' (height, width) -> (384, 384); argparse reports anything else in one line."""
-    parts = text.split(",")
-    try:
-        sides = tuple(int(p) for p in parts)
-    except ValueError:
-        sides = ()
-    if len(sides) not in (1, 2):
-        raise argparse.ArgumentTypeError(f"expected SIDE or HEIGHT,WIDTH in pixels (e.g. 384 or 384,384), got {text!r}")
-    return (sides[0], sides[-1])
 
 
 def main(argv: list[str] | None = None):
