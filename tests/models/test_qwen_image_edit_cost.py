@@ -102,3 +102,41 @@ def test_cond_numel_counts_the_source_tensors(edit_dir):
                                rollout_batch=2, micro_batch=2, world_size=1)
     grown = memory.trajectory_bytes(config, shape, family) - memory.trajectory_bytes(config, shape, QwenImageFamily())
     assert grown == 6 * (sample - QwenImageFamily().cond_numel_at(config, SEQ, 64, 48)) * 4
+
+
+def test_source_vae_size_is_parsed_and_checked(capsys, tmp_path):
+    """'SIDE' or 'H,W'; sides not positive multiples of 32, or the flag for a family that resizes no
+    source, are one line and exit 2 before any model loads."""
+    from fastvideo.data_preprocess.preprocess_embeddings import cli
+    from fastvideo.data_preprocess.sources import source_size, source_vae_family
+
+    assert source_size("384") == (384, 384) and source_size("384,256") == (384, 256)
+    assert source_vae_family("qwen_image_edit", (384, 256)).vae_area == 384 * 256
+    base = ["--prompt_dir", "assets/edit/prompts_edit.jsonl", "--output_dir", str(tmp_path / "out"),
+            "--model_path", str(tmp_path / "absent")]
+    for extra, words in ((["--model_family", "qwen_image_edit", "--source_vae_size", "400"], "multiple of 32"),
+                         (["--model_family", "qwen_image_edit", "--source_vae_size", "384,0"], "multiple of 32"),
+                         (["--model_family", "qwen_image_edit", "--source_vae_size", "-32"], "multiple of 32"),
+                         (["--model_family", "kontext", "--source_vae_size", "384"], "resizes none")):
+        assert cli(base + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cost_model_flag_sizes_the_source_tokens(capsys):
+    """cost_model --source_vae_size 384: its FLOPs are the family's at 576 source tokens, not the
+    pipeline's 4096 (the default)."""
+    from fastvideo.models.qwen_image_edit.family import QwenImageEditFamily
+    from fastvideo.tools import cost_model
+
+    argv = ["--model_family", "qwen_image_edit", "--h", "384", "--w", "384", "--text_tokens", "512", "--json"]
+    flops = {}
+    for extra in ([], ["--source_vae_size", "384"]):
+        cost_model.main(argv + extra)
+        flops[tuple(extra)] = json.loads(capsys.readouterr().out)["forward_breakdown"]
+    for extra, area in (((), 1024 * 1024), (("--source_vae_size", "384"), 384 * 384)):
+        family = QwenImageEditFamily(vae_area=area)
+        per = family.transformer_flops(family.reference_config, 576, 512)
+        assert flops[extra] == {k: v for k, v in per.items() if k not in ("forward", "backward", "blocks")}
+    assert flops[()] != flops[("--source_vae_size", "384")]
