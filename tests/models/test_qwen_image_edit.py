@@ -127,8 +127,8 @@ def test_preprocessing_at_source_vae_size_384_equals_the_pipeline(pipe, edit_dir
     """--source_vae_size 384 (Flow-Factory's condition_image_size): the stored source latents of
     assets/edit's 64x64 image 00 equal the stock pipeline's _encode_vae_image + _pack_latents of that
     image resized to calculate_dimensions(384^2) (exactly: 24x24 = 576 tokens), the grid is recorded
-    beside them and the area in preprocess_meta.json; without the flag the family keeps the
-    pipeline's 1024^2."""
+    beside them and the area in preprocess_meta.json, which training's family reads; without the flag
+    the family keeps the pipeline's 1024^2."""
     from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as P
 
     from fastvideo.data.sources import open_rgb
@@ -150,6 +150,11 @@ def test_preprocessing_at_source_vae_size_384_equals_the_pipeline(pipe, edit_dir
     assert torch.load(out / "source_grid" / "0.pt", weights_only=True).tolist() == [24, 24]
     meta = json.loads((out / "preprocess_meta.json").read_text())
     assert meta["settings"]["source_vae_area"] == 384 * 384
+    from fastvideo.training.builders import recorded_family_settings
+
+    # training's family (and its evaluation's encoding of held-out sources) takes the recorded area
+    assert recorded_family_settings(str(out / "videos2caption.json")) == {"vae_area": 384 * 384}
+    assert recorded_family_settings(str(tmp_path / "elsewhere" / "videos2caption.json")) == {}
 
 
 def test_a_too_short_max_sequence_length_is_refused(encoders):
