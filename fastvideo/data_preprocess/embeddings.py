@@ -62,9 +62,19 @@ class PreprocessConfig:
     dataloader_num_workers: int = 1
     model_family: str = DEFAULT_FAMILY
     overwrite: bool = False  # delete files made from other settings or captions (else refuse)
+    # (height, width) whose area an editing family resizes each source to before its VAE (its vae_area);
+    # None: the family's default (Qwen-Image-Edit: the pipeline's 1024 x 1024)
+    source_vae_size: tuple[int, int] | None = None
+
+    def family(self) -> ModelFamily:
+        """The family, with --source_vae_size's area as its vae_area when given."""
+        from fastvideo.data_preprocess.sources import source_vae_family
+
+        return source_vae_family(self.model_family, self.source_vae_size)
 
     def validate(self) -> None:
         """Bad flags fail here, as one ConfigError line, before torch.distributed or the encoders start."""
+        self.family()  # --source_vae_size checked
         limit = get_model_family(self.model_family).max_sequence_length_limit
         try:  # a given family is checked against a folder that names one (a plugin's folder may name none)
             folder = family_of_folder(self.model_path) if ":" not in self.model_family else None
@@ -83,7 +93,7 @@ class PreprocessConfig:
                 raise ConfigError(f"--{flag} must be at least {low}, got {getattr(self, flag)}")
         from fastvideo.data_preprocess.sources import check_prompt_sources
 
-        check_prompt_sources(self.prompt_file, self.max_prompts, get_model_family(self.model_family))
+        check_prompt_sources(self.prompt_file, self.max_prompts, self.family())
         out = Path(self.output_dir)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--output_dir {self.output_dir} is a file, not a folder: choose a folder for the "
@@ -210,7 +220,7 @@ def caption_hash(caption: str) -> str:
 def settings_fingerprint(cfg: PreprocessConfig, spec: EmbeddingSpec) -> dict:
     """What, besides the caption, determines a prompt's files. Weight files are identified by
     name and size (hashing gigabytes of T5 weights on every run would cost minutes)."""
-    family = get_model_family(cfg.model_family)
+    family = cfg.family()
     root = Path(cfg.model_path).resolve()
     files = {}
     for comp in family.text_components:
@@ -220,7 +230,7 @@ def settings_fingerprint(cfg: PreprocessConfig, spec: EmbeddingSpec) -> dict:
     configs = {
         comp: json.loads((root / comp / "config.json").read_text()) for comp in family.text_encoder_components
     }
-    return {
+    settings = {
         "model_path": str(root),
         "files": files,
         "configs": configs,
@@ -228,6 +238,9 @@ def settings_fingerprint(cfg: PreprocessConfig, spec: EmbeddingSpec) -> dict:
         "dtype": str(spec.dtype).removeprefix("torch."),
         "shapes": [list(s) for s in spec.shapes()],
     }
+    if family.vae_area is not None:  # the area the sources were resized to before the VAE
+        settings["source_vae_area"] = family.vae_area
+    return settings
 
 
 def prepare_output(output_dir: str | Path, settings: dict, prompts: list[str], family: ModelFamily,
@@ -381,7 +394,7 @@ def _encode_batches(
     """Encode this rank's batches that hold a missing prompt; write only the missing prompts."""
     from fastvideo.progress import Progress
 
-    family = get_model_family(cfg.model_family)
+    family = cfg.family()
     loader = torch.utils.data.DataLoader(
         _BatchList(batches, prompts), batch_size=None, shuffle=False,
         num_workers=cfg.dataloader_num_workers, collate_fn=_identity,
@@ -406,7 +419,7 @@ def _encode_batches(
 def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
     """Encode ``cfg.prompt_file`` into ``cfg.output_dir``; one process or one rank of torchrun."""
     cfg.validate()
-    family = get_model_family(cfg.model_family)
+    family = cfg.family()
     info = devices.init_distributed()
     try:
         plist: PromptList = load_prompts(cfg.prompt_file, cfg.max_prompts)

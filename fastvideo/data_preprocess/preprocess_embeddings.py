@@ -22,6 +22,7 @@ if not __package__:  # run as a script path (torchrun's usual form): make the re
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess  # noqa: E402
+from fastvideo.data_preprocess.sources import source_size  # noqa: E402
 from fastvideo.errors import one_line_errors  # noqa: E402
 
 
@@ -51,6 +52,11 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
     ap.add_argument("--overwrite", action="store_true",
                     help="replace embeddings in --output_dir made from other settings or captions, or of unknown "
                          "origin (no preprocess_meta.json); without it such a folder is refused, never deleted")
+    ap.add_argument("--source_vae_size", type=source_size, default=None, metavar="SIDE|H,W",
+                    help="an editing family that resizes its sources (qwen_image_edit): the area H*W each source "
+                         "image is resized to, aspect kept, before the VAE (sides multiples of 32; default the "
+                         "stock pipeline's 1024; Flow-Factory's condition_image_size). Sets the source tokens, "
+                         "recorded with the embeddings")
     a = ap.parse_args(argv)
     if a.model_family is None:  # the folder says (an SD3 folder would die in FLUX's T5 tokenizer)
         from fastvideo.models.registry import DEFAULT_FAMILY, family_of_folder
@@ -60,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
         model_path=a.model_path, prompt_file=a.prompt_dir, output_dir=a.output_dir,
         max_sequence_length=a.max_sequence_length, max_prompts=a.max_prompts,
         batch_size=a.batch_size, dataloader_num_workers=a.dataloader_num_workers, model_family=a.model_family,
-        overwrite=a.overwrite,
+        overwrite=a.overwrite, source_vae_size=a.source_vae_size,
     )
 
 

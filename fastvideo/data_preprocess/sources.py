@@ -14,6 +14,39 @@ from fastvideo.data.prompts import PromptList, load_prompts
 from fastvideo.data.sources import check_source_images, file_digest, load_pixels
 from fastvideo.errors import ConfigError
 
+SOURCE_VAE_MULTIPLE = 32  # calculate_dimensions' rounding of the resized source's sides
+
+
+def source_size(text: str) -> tuple[int, int]:
+    """--source_vae_size's 'SIDE' or 'HEIGHT,WIDTH' -> (height, width); argparse reports anything else in
+    one line."""
+    import argparse
+
+    try:
+        sides = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        sides = ()
+    if len(sides) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"expected SIDE or HEIGHT,WIDTH in pixels (e.g. 384 or 384,384), got {text!r}")
+    return (sides[0], sides[-1])
+
+
+def source_vae_family(name: str, size: tuple[int, int] | None):
+    """The family ``name``, with --source_vae_size's area H*W as its vae_area when ``size`` is given;
+    ConfigError (one line) for a family that resizes no source or sides not positive multiples of 32."""
+    from fastvideo.models.registry import get_model_family
+
+    if size is None:
+        return get_model_family(name)
+    if get_model_family(name).vae_area is None:
+        raise ConfigError(f"--source_vae_size: model family {name!r} encodes each source image at its own size (it "
+                          "resizes none): leave the flag out")
+    if any(side < SOURCE_VAE_MULTIPLE or side % SOURCE_VAE_MULTIPLE for side in size):
+        raise ConfigError(f"--source_vae_size {size[0]},{size[1]}: each side must be a positive multiple of "
+                          f"{SOURCE_VAE_MULTIPLE} (the pipeline rounds the resized source's sides to it), e.g. 384 "
+                          "(Flow-Factory's) or 1024 (the pipeline's)")
+    return get_model_family(name, vae_area=size[0] * size[1])
+
 
 def check_prompt_sources(prompt_file: str, max_prompts: int, family) -> tuple[int, int] | None:
     """The source images' (height, width) for an editing family, None for a text-to-image one."""

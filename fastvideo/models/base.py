@@ -278,6 +278,10 @@ class FamilyConditioning(abc.ABC):
     # encoder_dims for record_shapes.
     edits: bool = False
     source_multiple: int = 16
+    # The area (pixels) an editing family resizes each source to, aspect kept, before its VAE
+    # (preprocessing's --source_vae_size sets it through the constructor's ``vae_area``); None when it
+    # encodes the source at its own size (Kontext).
+    vae_area: int | None = None
 
     def encode_sources(self, encoders, cond: Conditioning, pixels: torch.Tensor) -> Conditioning:
         """``cond`` (P prompts) with what the family needs of their source images added: pixels

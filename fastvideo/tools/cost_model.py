@@ -29,6 +29,7 @@ from fastvideo.errors import ConfigError, UserError, exit_on_user_error, one_lin
 from fastvideo.grpo.loss import num_trained_steps
 from fastvideo import devices
 from fastvideo.models.base import require_cost_model
+from fastvideo.data_preprocess.sources import source_size, source_vae_family
 from fastvideo.models.registry import DEFAULT_FAMILY, get_model_family
 from fastvideo.perf.flops import (
     IterationFlops,
@@ -110,6 +111,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seconds_per_iteration", type=float, default=None, help="measured wall time of one iteration")
     ap.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak per device, TFLOPS")
     ap.add_argument("--device_name", default=None, help="look the peak up by name (H800, H200, A100, 910C, ...)")
+    ap.add_argument("--source_vae_size", type=source_size, default=None, metavar="SIDE|H,W",
+                    help="an editing family's source area before the VAE (preprocessing's flag; its source tokens)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--sp_table", action="store_true", help="activation memory and all-to-all bytes per forward, "
                     "per rank, at --sp_size 1, 2 and 4 (Ulysses sequence parallelism; perf/sequence_parallel.py)")
@@ -466,7 +469,7 @@ def format_table(s: dict, model_desc: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        family = require_cost_model(get_model_family(args.model_family))
+        family = require_cost_model(source_vae_family(args.model_family, args.source_vae_size))
         config, vae_cfg, desc = resolve_model(args.model, family)
         if args.memory:
             print(memory_report(args, config, vae_cfg, desc, family))

@@ -20,7 +20,19 @@ def build_family(cfg: TrainConfig):
     own = getattr(getattr(factory, "settings", None), "section", None)
     extra = {"settings": cfg.plugins[own]} if own in cfg.plugins else {}
     return factory(guidance_scale=cfg.rollout.guidance_scale, quantize_timestep=cfg.rollout.quantize_timestep,
-                   **extra)
+                   **extra, **recorded_family_settings(cfg.data_json_path))
+
+
+def recorded_family_settings(data_json_path: str) -> dict:
+    """What the preprocessing recorded beside the embeddings that the family must share (an editing
+    family's --source_vae_size area, as ``vae_area``: the evaluation's held-out sources are encoded at
+    it too); {} for folders without it (text-to-image, upstream DanceGRPO's)."""
+    from fastvideo.data_preprocess.embeddings import META_NAME
+    from fastvideo.utils import read_json_or_none
+
+    meta = read_json_or_none(Path(data_json_path).parent / META_NAME)
+    area = meta.get("settings", {}).get("source_vae_area") if isinstance(meta, dict) else None
+    return {} if area is None else {"vae_area": int(area)}
 
 
 def _transformer_root(cfg: TrainConfig, family) -> tuple[Path, str | None]:

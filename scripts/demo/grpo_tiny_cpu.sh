@@ -18,7 +18,10 @@
 # DEMO_DIR/*_qwen_image; or kontext: the tiny FLUX.1 Kontext editing the bundled source
 # images of assets/edit/ with guidance 2.5, the pipeline's shift and the clip_edit reward of tiny CLIP
 # weights built into DEMO_DIR/tiny_rewards, evaluated on assets/edit/eval_edit.jsonl, docs/editing.md;
-# the current line too; DEMO_DIR/*_kontext),
+# the current line too; DEMO_DIR/*_kontext; or qwen_image_edit: the tiny Qwen-Image-Edit on the same
+# sources and rewards with true CFG 4.0 (negative " " with the image), Flow-GRPO's SDE, the pipeline's
+# shift, lr QWEN_IMAGE_LR, sources preprocessed at a 64^2 VAE area (SOURCE_VAE_SIZE, 16 tokens); the
+# current line too; DEMO_DIR/*_qwen_image_edit),
 # ALGO (grpo, or nft: DiffusionNFT with DPM-Solver++ rollouts, one optimizer step per prompt group
 # at lr 1e-2 as in docs/nft.md's race; outputs in DEMO_DIR/outputs_nft),
 # OUTPUT_DIR (where the run writes; the LoRA demo in README uses DEMO_DIR/outputs_lora),
@@ -26,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 case "${MODEL:-flux}" in
-  flux2|zimage|qwen_image|kontext)
+  flux2|zimage|qwen_image|kontext|qwen_image_edit)
     export LINE=${LINE:-current}
     if [ "$LINE" != current ]; then
       echo "MODEL=$MODEL runs on the current library line (diffusers 0.42.1): drop LINE=$LINE or set LINE=current" >&2
@@ -68,7 +71,16 @@ case "${MODEL:-flux}" in
            FAMILY_ARGS=(--model_family kontext --guidance_scale 2.5 --no_quantize_timestep --pipeline_shift
                         --rewards clip_edit:1.0 --clip_dir "$DEMO_DIR/tiny_rewards/pickscore"
                         --eval_prompts assets/edit/eval_edit.jsonl --eval_rewards clip_edit,detail) ;;
-  *) echo "MODEL=${MODEL}: use flux, sd3, flux2, zimage, qwen_image or kontext" >&2; exit 2 ;;
+  qwen_image_edit) TINY=tiny_qwen_image_edit; BUILD=(fastvideo.tools.make_tiny_qwen_image_edit)
+                   EMB=embeddings_qwen_image_edit; OUT=outputs_qwen_image_edit
+                   PREPROCESS=preprocess_qwen_image_edit_rl_embeddings.sh; PROMPTS=assets/edit/prompts_edit.jsonl
+                   SEQ=320  # the instruction with its 384^2 condition image's Qwen2.5-VL tokens
+                   export SOURCE_VAE_SIZE=${SOURCE_VAE_SIZE:-64}  # 16 source tokens beside the 16 generated
+                   FAMILY_ARGS=(--model_family qwen_image_edit --guidance_scale 4.0 --flow_grpo_sampling
+                                --no_quantize_timestep --pipeline_shift --learning_rate "${QWEN_IMAGE_LR:-1e-2}"
+                                --rewards clip_edit:1.0 --clip_dir "$DEMO_DIR/tiny_rewards/pickscore"
+                                --eval_prompts assets/edit/eval_edit.jsonl --eval_rewards clip_edit,detail) ;;
+  *) echo "MODEL=${MODEL}: use flux, sd3, flux2, zimage, qwen_image, kontext or qwen_image_edit" >&2; exit 2 ;;
 esac
 # The objective: GRPO shares one noise per prompt group (--init_same_noise); NFT's deterministic
 # DPM-Solver++ rollouts would make a group's samples equal, so it draws each sample's own noise.
@@ -85,6 +97,8 @@ case "${MODEL:-flux}" in
   zimage) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_zimage.py) ;;
   qwen_image) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_qwen_image.py) ;;
   kontext) BUILDERS+=(fastvideo/tools/make_tiny_kontext.py) ;;
+  qwen_image_edit) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_qwen_image.py
+                              fastvideo/tools/make_tiny_qwen_image_edit.py) ;;
 esac
 
 # A tiny folder built by another version of the builders (a preset changed: the tiny SD3.5's VAE
@@ -98,7 +112,7 @@ if [ "${DRY_RUN:-0}" != 1 ]; then
     "$PYTHON" -m "${BUILD[@]}" "$DEMO_DIR/$TINY" --seed 0
     echo "$STAMP" > "$DEMO_DIR/$TINY/.demo_build"
   fi
-  if [ "${MODEL:-flux}" = kontext ] && [ ! -d "$DEMO_DIR/tiny_rewards/pickscore" ]; then
+  if [ -n "${PROMPTS:-}" ] && [ ! -d "$DEMO_DIR/tiny_rewards/pickscore" ]; then  # an editing demo
     "$PYTHON" -m fastvideo.tools.make_tiny_reward "$DEMO_DIR/tiny_rewards"  # clip_edit's CLIP weights
   fi
   MODEL_PATH="$DEMO_DIR/$TINY" PROMPT_FILE="${PROMPTS:-assets/prompts.txt}" OUTPUT_DIR="$DEMO_DIR/$EMB" \

@@ -35,9 +35,11 @@
 # Chosen here (no source): --max_train_steps 300, --rollout_batch_size 8 and --train_micro_batch_size 2
 # (memory only), --allow_tf32, --max_sequence_length of the embeddings (the instruction with its image's
 # Qwen2.5-VL tokens, about 200 for a 384^2 condition image: preprocess with 512).
-# Not reproduced: FF's train.condition_image_size [384, 384] (the source's VAE area; here the pipeline's
-# 1024^2: the family's vae_area, no flag yet), its auto_resize, EMA, evaluation at 512 px, and the
-# scheduler's shift_terminal 0.02 stretch (docs/qwen_image.md).
+# Preprocessing: FF's train.condition_image_size [384, 384] (the area the source is resized to before the
+# VAE: 576 source tokens per sample) is scripts/preprocess/preprocess_qwen_image_edit_rl_embeddings.sh's
+# --source_vae_size 384; the embeddings carry the source tokens (image_latents/, source_grid/), training reads
+# them. Not reproduced: FF's auto_resize, EMA, evaluation at 512 px, and the scheduler's shift_terminal 0.02
+# stretch (docs/qwen_image.md).
 GRPO_ARGS=(
   --model_family qwen_image_edit
   --h 384 --w 384 --t 1 --num_latent_t 1

@@ -8,12 +8,15 @@ line only (skipped on the recipe line, saying so)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from fastvideo.library_lines import CURRENT, LibraryLineError, require_line
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _line_reason() -> str | None:
@@ -68,10 +71,9 @@ def encoders(edit_dir):
 def _family(scale=4.0, vae_area=None):
     from fastvideo.models.qwen_image_edit.family import QwenImageEditFamily
 
-    family = QwenImageEditFamily(guidance_scale=scale)
-    if vae_area is not None:
-        family.vae_area = vae_area
-    return family
+    if vae_area is None:
+        return QwenImageEditFamily(guidance_scale=scale)
+    return QwenImageEditFamily(guidance_scale=scale, vae_area=vae_area)
 
 
 def test_tiny_folder_is_an_edit_plus_folder(edit_dir, pipe):
@@ -119,6 +121,40 @@ def test_prompt_and_source_encoding_equal_the_pipeline(pipe, encoders):
     assert torch.equal(cond["source_image"], pixels)
     other = family.encode_sources(encoders, family.encode_prompts(encoders, [PROMPT], SEQ), _pixels(seed=1))
     assert not torch.allclose(other["prompt_embeds"], cond["prompt_embeds"])  # the VL encoder reads the image
+
+
+def test_preprocessing_at_source_vae_size_384_equals_the_pipeline(pipe, edit_dir, tmp_path):
+    """--source_vae_size 384 (Flow-Factory's condition_image_size): the stored source latents of
+    assets/edit's 64x64 image 00 equal the stock pipeline's _encode_vae_image + _pack_latents of that
+    image resized to calculate_dimensions(384^2) (exactly: 24x24 = 576 tokens), the grid is recorded
+    beside them and the area in preprocess_meta.json, which training's family reads; without the flag
+    the family keeps the pipeline's 1024^2."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as P
+
+    from fastvideo.data.sources import open_rgb
+    from fastvideo.data_preprocess.preprocess_embeddings import main, parse_args
+
+    out = tmp_path / "emb"
+    argv = ["--model_path", str(edit_dir), "--prompt_dir", str(ROOT / "assets/edit/prompts_edit.jsonl"),
+            "--output_dir", str(out), "--model_family", "qwen_image_edit", "--max_sequence_length", str(SEQ),
+            "--max_prompts", "1", "--batch_size", "1", "--dataloader_num_workers", "0"]
+    assert parse_args(argv).family().vae_area == P.VAE_IMAGE_SIZE == 1024 * 1024
+    main(argv + ["--source_vae_size", "384"])
+    pil = open_rgb(ROOT / "assets/edit/images/00.png")
+    vw, vh = P.calculate_dimensions(384 * 384, pil.size[0] / pil.size[1])
+    z = pipe._encode_vae_image(pipe.image_processor.preprocess(pil, vh, vw).unsqueeze(2), None)
+    ref = pipe._pack_latents(z, 1, 16, z.shape[3], z.shape[4])[0]
+    stored = torch.load(out / "image_latents" / "0.pt", weights_only=True)
+    assert (vw, vh) == (384, 384) and stored.shape == ref.shape == (576, 64)
+    torch.testing.assert_close(stored, ref, rtol=0, atol=0)
+    assert torch.load(out / "source_grid" / "0.pt", weights_only=True).tolist() == [24, 24]
+    meta = json.loads((out / "preprocess_meta.json").read_text())
+    assert meta["settings"]["source_vae_area"] == 384 * 384
+    from fastvideo.training.builders import recorded_family_settings
+
+    # training's family (and its evaluation's encoding of held-out sources) takes the recorded area
+    assert recorded_family_settings(str(out / "videos2caption.json")) == {"vae_area": 384 * 384}
+    assert recorded_family_settings(str(tmp_path / "elsewhere" / "videos2caption.json")) == {}
 
 
 def test_a_too_short_max_sequence_length_is_refused(encoders):

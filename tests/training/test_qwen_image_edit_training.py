@@ -3,7 +3,7 @@ qwen_image_edit_plus values, tiny overrides) trains 2 iterations on the tiny edi
 its source images; the reward function receives each sample's source image; a resumed run equals the
 straight one bit for bit; the export loads in the stock QwenImageEditPlusPipeline and changes its
 output; DiffusionNFT trains too. The current library line (the stock pipeline and the launchers' line).
-The preprocessing here encodes the sources at a 64^2 VAE area (the family's vae_area; the pipeline's
+The preprocessing here encodes the sources at a 64^2 VAE area (--source_vae_size 64; the pipeline's
 1024^2 would make 4096 source tokens per sample on the CPU)."""
 
 from __future__ import annotations
@@ -37,14 +37,12 @@ def edit_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def edit_embeddings(edit_dir, tmp_path_factory):
     from fastvideo.data_preprocess.embeddings import PreprocessConfig, run_preprocess
-    from fastvideo.models.qwen_image_edit.family import QwenImageEditFamily
 
     cfg = PreprocessConfig(model_path=str(edit_dir), prompt_file=str(ROOT / "assets/edit/prompts_edit.jsonl"),
                            output_dir=str(tmp_path_factory.mktemp("qwen_edit_embeddings")), max_sequence_length=SEQ,
-                           batch_size=8, dataloader_num_workers=0, model_family="qwen_image_edit")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(QwenImageEditFamily, "vae_area", 64 * 64)
-        return run_preprocess(cfg).json_path
+                           batch_size=8, dataloader_num_workers=0, model_family="qwen_image_edit",
+                           source_vae_size=(64, 64))
+    return run_preprocess(cfg).json_path
 
 
 def _argv(model, index, out, clip_dir, **more) -> list[str]:
@@ -81,6 +79,17 @@ def test_launchers_parse_to_flow_factorys_edit_configuration():
         assert cfg.model.family == "qwen_image_edit" and cfg.rollout.guidance_scale == 4.0 and cfg.rollout.eta == 1.0
         assert (cfg.rollout.height, cfg.rollout.width, cfg.rollout.sampling_steps) == (384, 384, 10)
         assert cfg.prompts_per_rank == per_rank and cfg.update.gradient_accumulation_steps == accumulation
+
+
+def test_preprocessing_launcher_passes_flow_factorys_source_vae_size():
+    """The preprocessing launcher's command: --source_vae_size 384 (FF's condition_image_size [384, 384]),
+    which sizes the family's VAE area; SOURCE_VAE_SIZE unset, the stock pipeline's 1024 is not used."""
+    from fastvideo.data_preprocess.preprocess_embeddings import parse_args
+
+    words = launcher_words("scripts/preprocess/preprocess_qwen_image_edit_rl_embeddings.sh")
+    cfg = parse_args(words[words.index("fastvideo/data_preprocess/preprocess_embeddings.py") + 1:])
+    assert cfg.model_family == "qwen_image_edit" and cfg.source_vae_size == (384, 384)
+    assert cfg.family().vae_area == 384 * 384 and cfg.max_sequence_length == 512
 
 
 @forked_only

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import torch
 
 import fastvideo.models.qwen_image.components as QC
+import fastvideo.models.qwen_image.flops as QF
 import fastvideo.models.qwen_image_edit.components as C
 from fastvideo.models.base import EmbeddingShapeError, check_diffusers_folder, StoredTensor, TensorConditioning
 from fastvideo.models.qwen_image.family import QwenImageFamily
@@ -39,7 +40,8 @@ class PendingPrompts(TensorConditioning):
 class QwenImageEditFamily(QwenImageFamily):
     """Qwen-Image-Edit-2509 / -2511; guidance_scale (true_cfg_scale) and quantize_timestep as Qwen-Image's.
     condition_area / vae_area: the areas the source is resized to for the VL encoder and for the VAE
-    (the pipeline's 384^2 and 1024^2)."""
+    (the pipeline's 384^2 and 1024^2; vae_area is preprocessing's --source_vae_size, Flow-Factory's
+    condition_image_size)."""
 
     name = "qwen_image_edit"
     pipeline_class_name = "QwenImageEditPlusPipeline"
@@ -58,7 +60,11 @@ class QwenImageEditFamily(QwenImageFamily):
     edits = True
     source_multiple = 1  # the pipeline resizes every source itself (calculate_dimensions)
     condition_area = C.CONDITION_IMAGE_SIZE
-    vae_area = C.VAE_IMAGE_SIZE
+
+    def __init__(self, guidance_scale: float | None = None, quantize_timestep: bool = False,
+                 vae_area: int = C.VAE_IMAGE_SIZE):
+        super().__init__(guidance_scale, quantize_timestep)
+        self.vae_area = int(vae_area)
 
     # -- loading: Qwen-Image's folder with the VL encoder's processor
     def check_folder(self, path, components=None):
@@ -144,13 +150,31 @@ class QwenImageEditFamily(QwenImageFamily):
         return C.edit_velocity(transformer, x, sigma, cond, layout["latent_h"], layout["latent_w"], self.scale,
                                self.quantize_timestep)
 
-    # -- cost model: the source assumed the target's size (its tokens join the sequence)
+    # -- cost model: the source assumed of the target's aspect, resized to vae_area (its tokens join the
+    # sequence); preprocessing alone holds the text encoder (Qwen2.5-VL-7B with its vision tower)
+    def source_grid_at(self, height: int, width: int) -> tuple[int, int]:
+        """The source's token grid (rows, columns) for a height x width target: the pipeline's
+        calculate_dimensions at vae_area and the target's aspect, 16 pixels per token."""
+        vw, vh = C.calculate_dimensions(self.vae_area, width / height)
+        return vh // 16, vw // 16
+
     def meta_inputs(self, config, batch, layout, text_tokens, dtype) -> dict:
         inputs = super().meta_inputs(config, batch, layout, text_tokens, dtype)
         x, shapes = inputs["hidden_states"], inputs["img_shapes"]
-        return {**inputs, "hidden_states": torch.cat([x, x], 1), "img_shapes": [s + s for s in shapes]}
+        gh, gw = self.source_grid_at(layout["latent_h"], layout["latent_w"])
+        src = x.new_empty(x.shape[0], gh * gw, x.shape[2])
+        return {**inputs, "hidden_states": torch.cat([x, src], 1), "img_shapes": [s + [(1, gh, gw)] for s in shapes]}
 
     def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
-        return super().transformer_flops(config, 2 * image_tokens, text_tokens, batch)
+        """image_tokens: the generated ones (a square target assumed for the source's grid)."""
+        gh, gw = self.source_grid_at(1, 1)
+        return super().transformer_flops(config, image_tokens + gh * gw, text_tokens, batch)
+
+    def cond_numel_at(self, config, text_tokens, height, width) -> int:
+        """Qwen-Image's text tensors (the instruction's and the negative's, each with its mask), the
+        source latents [Ls, in_channels], its pixels [3, H, W] (the target's size assumed) and grid."""
+        gh, gw = self.source_grid_at(height, width)
+        return 2 * self.cond_numel(config, text_tokens) + gh * gw * config["in_channels"] + 3 * height * width + 2
 
     reference_name = "Qwen-Image-Edit-2509 (20B)"
+    reference_text_encoder_params = QF.QWEN2_5_VL_7B_PARAMS
