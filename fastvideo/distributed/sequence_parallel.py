@@ -250,5 +250,6 @@ def check_sizes(sp: int, world_size: int, heads: int | None, image_tokens: int |
         raise ConfigError(f"--sp_size {sp} does not divide the transformer's {heads} attention heads: use a divisor "
                           "of the head count")
     if image_tokens is not None and image_tokens % sp:
-        raise ConfigError(f"--sp_size {sp} does not divide the {image_tokens} image tokens of --h/--w: use a divisor, "
-                          "or a size whose token count it divides")
+        raise ConfigError(f"--sp_size {sp} does not divide the {image_tokens} image tokens a forward splits at --h/--w "
+                          "(with a source image's, padding included): use a divisor, or a size whose token count it "
+                          "divides")

@@ -221,6 +221,16 @@ class FamilyLoading(abc.ABC):
         split / gather the image tokens and its attention processor), or None: --sp_size 1 only."""
         return None
 
+    def sequence_tokens(self, height: int, width: int, transformer_config: Mapping,
+                        cond_dims: tuple | None = None) -> int | None:
+        """The image tokens the sequence-parallel split divides in one forward at height x width
+        (what --sp_size must divide), from a transformer config and the embeddings' dims
+        (check_record's tuple of prompt 0, or None when unread); None: unknown (the split refuses
+        at the first forward). Default: the nominal layout's tokens."""
+        if not hasattr(self, "nominal_layout"):
+            return None
+        return self.nominal_layout(height, width, transformer_config).tokens[0]
+
 
 class FamilyConditioning(abc.ABC):
     """Role: prompts -> Conditioning, and how preprocessing stores it and the dataset reads it back."""

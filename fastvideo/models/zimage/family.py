@@ -109,6 +109,12 @@ class ZImageFamily(base.ModelFamily, base.FamilyCostModel):
 
         return zimage_plan()
 
+    def sequence_tokens(self, height, width, transformer_config, cond_dims=None):
+        """The image tokens padded as the forward pads them (diffusers' SEQ_MULTI_OF, 32): the split
+        divides the padded stream."""
+        tokens = self.nominal_layout(height, width, transformer_config).tokens[0]
+        return tokens + (-tokens) % C.SEQUENCE_MULTIPLE
+
     # -- conditioning
     def encode_prompts(self, encoders, prompts, max_sequence_length=512) -> TensorConditioning:
         embeds, mask = C.encode_prompts(encoders, list(prompts), max_sequence_length)
