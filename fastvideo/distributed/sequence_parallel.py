@@ -176,7 +176,8 @@ class SequenceParallelPlan:
         (a tensor or a tuple of them), or None (absolute positions added before ``split``);
     processor: shard -> the attention processor that attends through SequenceShard.attention;
     replaces: the processor classes it replaces (every attention module holding one);
-    image_only: which of those attend over the image tokens alone (the cost model's byte count);
+    image_only: model -> the attention modules that attend over the image tokens alone (the cost
+        model's byte count; those of them the plan replaces count);
     hooks: (model, shard) -> None for a forward whose token path no module output marks (split,
         gather and rope then None: the family splits and gathers in it itself);
     attention_modules: model -> the modules whose processors may be replaced (default: all; a
@@ -188,7 +189,7 @@ class SequenceParallelPlan:
     processor: Callable[[SequenceShard], Any]
     replaces: tuple[type, ...]
     rope: str | None = None
-    image_only: Callable[[torch.nn.Module], bool] | None = None
+    image_only: Callable[[torch.nn.Module], Any] | None = None
     hooks: Callable[[torch.nn.Module, SequenceShard], None] | None = None
     attention_modules: Callable[[torch.nn.Module], Any] | None = None
     heads_key: str = "num_attention_heads"
@@ -250,5 +251,6 @@ def check_sizes(sp: int, world_size: int, heads: int | None, image_tokens: int |
         raise ConfigError(f"--sp_size {sp} does not divide the transformer's {heads} attention heads: use a divisor "
                           "of the head count")
     if image_tokens is not None and image_tokens % sp:
-        raise ConfigError(f"--sp_size {sp} does not divide the {image_tokens} image tokens of --h/--w: use a divisor, "
-                          "or a size whose token count it divides")
+        raise ConfigError(f"--sp_size {sp} does not divide the {image_tokens} image tokens a forward splits at --h/--w "
+                          "(with a source image's, padding included): use a divisor, or a size whose token count it "
+                          "divides")

@@ -221,6 +221,28 @@ class FamilyLoading(abc.ABC):
         split / gather the image tokens and its attention processor), or None: --sp_size 1 only."""
         return None
 
+    def sequence_tokens(self, height: int, width: int, transformer_config: Mapping,
+                        cond_dims: tuple | None = None) -> int | None:
+        """The image tokens the sequence-parallel split divides in one forward at height x width
+        (what --sp_size must divide), from a transformer config and the embeddings' dims
+        (check_record's tuple of prompt 0, or None when unread); None: unknown (the split refuses
+        at the first forward). Default: the nominal layout's tokens."""
+        if not hasattr(self, "nominal_layout"):
+            return None
+        return self.nominal_layout(height, width, transformer_config).tokens[0]
+
+    def attention_dims(self, transformer_config: Mapping) -> tuple[int, int]:
+        """(attention heads, head dimension) of the transformer config: the sequence-parallel
+        exchanges' width (perf.sequence_parallel). Default: diffusers' num_attention_heads and
+        attention_head_dim."""
+        return int(transformer_config["num_attention_heads"]), int(transformer_config["attention_head_dim"])
+
+    def sequence_channels(self, transformer_config: Mapping) -> int:
+        """Channels of one split token at the gather (the output projection's): out_channels (or
+        in_channels) x patch_size^2."""
+        channels = transformer_config.get("out_channels") or transformer_config["in_channels"]
+        return int(channels) * int(transformer_config.get("patch_size") or 1) ** 2
+
 
 class FamilyConditioning(abc.ABC):
     """Role: prompts -> Conditioning, and how preprocessing stores it and the dataset reads it back."""

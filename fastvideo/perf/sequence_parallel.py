@@ -42,22 +42,33 @@ def attention_layers(config: dict, family) -> tuple[int, int]:
         raise ValueError(f"model family {family.name!r} has no sequence-parallel plan")
     model = family.meta_transformer(config, torch.bfloat16)
     layers = plan.attention_layers(model)
-    image_only = sum(1 for m in layers if plan.image_only is not None and plan.image_only(m))
+    marked = {id(m) for m in plan.image_only(model)} if plan.image_only is not None else set()
+    image_only = sum(1 for m in layers if id(m) in marked)
     return len(layers) - image_only, image_only
 
 
-def exchange_bytes(config: dict, layers: tuple[int, int], tokens: int, text_tokens: int, sp: int, batch: int,
-                   element_bytes: int) -> tuple[int, int]:
+def exchange_bytes(inner: int, token_channels: int, layers: tuple[int, int], tokens: int, text_tokens: int, sp: int,
+                   batch: int, element_bytes: int) -> tuple[int, int]:
     """(all-to-all bytes sent by one rank in one forward, output all-gather bytes); 0 at sp = 1.
-    layers: (joint, image-only) attention layers."""
+    inner: heads x head dimension (family.attention_dims); token_channels: the gathered output's
+    channels per split token (family.sequence_channels); layers: (joint, image-only) attention layers; tokens:
+    the split image tokens (family.sequence_tokens)."""
     if sp == 1:
         return 0, 0
-    inner = config["num_attention_heads"] * config["attention_head_dim"]
     joint, image_only = layers
     per_layer = batch * inner * element_bytes * (4 * tokens // sp)
     text = batch * inner * element_bytes * text_tokens
-    out_channels = config.get("out_channels") or config["in_channels"]
-    return (joint + image_only) * per_layer + joint * text, batch * tokens * out_channels * config.get("patch_size", 1) ** 2 * element_bytes
+    return (joint + image_only) * per_layer + joint * text, batch * tokens * token_channels * element_bytes
+
+
+def family_exchange_bytes(config: dict, family, height: int, width: int, text_tokens: int, sp: int, batch: int,
+                          element_bytes: int, layers: tuple[int, int] | None = None) -> tuple[int, int]:
+    """exchange_bytes with the family's sizes at height x width."""
+    heads, head_dim = family.attention_dims(config)
+    tokens = family.sequence_tokens(height, width, config)
+    channels = family.sequence_channels(config)
+    layers = layers if layers is not None else attention_layers(config, family)
+    return exchange_bytes(heads * head_dim, channels, layers, tokens, text_tokens, sp, batch, element_bytes)
 
 
 def sp_rows(config: dict, family, height: int, width: int, text_tokens: int, sizes=(1, 2, 4), batch: int = 1,
@@ -66,7 +77,6 @@ def sp_rows(config: dict, family, height: int, width: int, text_tokens: int, siz
     from fastvideo.perf.memory import transformer_activation_peak
 
     layers = attention_layers(config, family)
-    tokens = family.nominal_layout(height, width, config).tokens[0]
     element = torch.tensor([], dtype=dtype).element_size()
     rows = []
     for sp in sizes:
@@ -76,7 +86,7 @@ def sp_rows(config: dict, family, height: int, width: int, text_tokens: int, siz
         peaks = [transformer_activation_peak(config, batch, layout, text_tokens, dtype, train,
                                              checkpoint_fraction=checkpoint_fraction, family=family)
                  for train in (False, True)]
-        a2a, gathered = exchange_bytes(config, layers, tokens, text_tokens, sp, batch, element)
+        a2a, gathered = family_exchange_bytes(config, family, height, width, text_tokens, sp, batch, element, layers)
         rows.append(SpRow(sp, peaks[0], peaks[1], a2a, gathered, 0 if sp == 1 else 2 * sum(layers) + 1))
     return rows
 

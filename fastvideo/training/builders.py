@@ -82,10 +82,22 @@ def check_sequence_parallel(cfg: TrainConfig, family, world_size: int) -> None:
     config = config or {}  # an unreadable config is check_model_files' to report: heads and tokens unchecked
     plan = family.sequence_parallel_plan()
     heads = config.get(plan.heads_key) if plan is not None else None
-    tokens = None  # a family without a nominal layout: its split refuses at the first forward
-    if hasattr(family, "nominal_layout") and config:
-        tokens = family.nominal_layout(cfg.rollout.height, cfg.rollout.width, config).tokens[0]
+    tokens = None  # unknown (a family without a nominal layout): its split refuses at the first forward
+    if config:
+        tokens = family.sequence_tokens(cfg.rollout.height, cfg.rollout.width, config, _cond_dims(cfg, family))
     check_sizes(cfg.sp_size, world_size, heads, tokens, family.name, plan is not None)
+
+
+def _cond_dims(cfg: TrainConfig, family) -> tuple | None:
+    """The embeddings' dims of prompt 0 (check_record's tuple: an editing family's source tokens),
+    or None when they cannot be read (the data checks report that, one line, later)."""
+    from fastvideo.data.dataset import PromptEmbeddingDataset
+    from fastvideo.errors import UserError
+
+    try:
+        return PromptEmbeddingDataset(cfg.data_json_path, family=family).dims()
+    except (UserError, OSError, ValueError, RuntimeError, KeyError):
+        return None
 
 
 def install_sequence_parallel(models, family, dims) -> None:

@@ -247,8 +247,13 @@ def test_cost_model_exchange_bytes_are_what_a_forward_sends(name):
     inputs = FAMILIES[name][1](0)
     hidden = inputs["hidden_states"]
     tokens = hidden.shape[1] if name == "flux" else (hidden.shape[2] // 2) * (hidden.shape[3] // 2)
+    if name == "sd3":  # the split's tokens are pos_embed's patches, what the start-up check and the table count
+        assert family.sequence_tokens(hidden.shape[2] * 8, hidden.shape[3] * 8, config) == tokens
     layers = attention_layers(config, family)
-    a2a, gathered = exchange_bytes(config, layers, tokens, inputs["encoder_hidden_states"].shape[1], 2, 1, 4)
+    heads, head_dim = family.attention_dims(config)
+    channels = family.sequence_channels(config)  # the gathered output's channels per token
+    a2a, gathered = exchange_bytes(heads * head_dim, channels, layers, tokens, inputs["encoder_hidden_states"].shape[1],
+                                   2, 1, 4)
     assert m["comm/rollout/all_to_all_bytes"] == a2a and m["comm/rollout/all_to_all_calls"] == 2 * sum(layers)
     assert m["comm/rollout/all_gather_bytes"] == gathered and m["comm/rollout/all_gather_calls"] == 1
 

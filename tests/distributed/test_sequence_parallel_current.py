@@ -213,3 +213,46 @@ def test_plans_read_the_head_count_sp_must_divide(name):
     with pytest.raises(ConfigError, match="does not divide the transformer's 2 attention heads") as err:
         sequence_parallel.check_sizes(4, 4, config[plan.heads_key], 64, name.removesuffix("_dev"), True)
     assert "\n" not in str(err.value)
+
+
+def _counted_zimage_forward(info):
+    from fastvideo.distributed import comm_count
+
+    dims = ParallelDims.build(info.world_size, info.rank, sp=info.world_size).init_groups()
+    model = _zimage_transformer()
+    sequence_parallel.install(model, _family("zimage").sequence_parallel_plan(), sequence_parallel.sequence_shard(dims))
+    comm_count.install()
+    comm_count.reset()
+    with torch.no_grad(), comm_count.phase("rollout"):
+        model(**_zimage_inputs(0))
+    return comm_count.metrics()
+
+
+def test_zimage_cost_model_exchange_bytes_are_what_a_forward_sends():
+    """perf.sequence_parallel's all-to-all and gather bytes per forward for Z-Image (its n_heads / dim
+    config, the image tokens padded to 32, the noise refiner image-only) equal what the tiny
+    transformer's forward issues at sp = 2, fp32: 2 samples of 80 x 64 pixels (10 x 8 latents: 20
+    tokens, padded to 32) and captions padded to 64 in the main layers."""
+    from fastvideo.perf.sequence_parallel import attention_layers, family_exchange_bytes
+
+    m = run_distributed(_counted_zimage_forward)[0]
+    family = _family("zimage")
+    config = dict(_zimage_transformer().config)
+    layers = attention_layers(config, family)
+    assert layers == (2, 1)  # the main layers joint, the noise refiner image-only
+    a2a, gathered = family_exchange_bytes(config, family, 80, 64, 64, 2, 2, 4)
+    assert m["comm/rollout/all_to_all_bytes"] == a2a and m["comm/rollout/all_to_all_calls"] == 2 * sum(layers)
+    assert m["comm/rollout/all_gather_bytes"] == gathered and m["comm/rollout/all_gather_calls"] == 1
+
+
+@pytest.mark.parametrize("name", ["zimage", "flux2", "qwen_image"])
+def test_cost_model_sp_table_prints_for_the_family(name, capsys, monkeypatch):
+    """cost_model --sp_table for the current line's families with a plan: rows for sp 1, 2, 4, the
+    all-to-all bytes 0 at sp 1 and falling with sp."""
+    from fastvideo.tools import cost_model
+
+    cost_model.main(["--sp_table", "--model_family", name, "--h", "512", "--w", "512", "--text_tokens", "64"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["1", "2", "4"]
+    a2a = [float(r[3]) for r in rows]
+    assert a2a[0] == 0 < a2a[2] < a2a[1]

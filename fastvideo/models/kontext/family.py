@@ -53,10 +53,17 @@ class KontextFamily(FluxFamily):
         tokens then the source tokens: both are split after x_embedder (their RoPE rows follow, the
         source's column 0 = 1 included), and proj_out's gather restores [generated ; source] before
         kontext_velocity keeps the generated part. The two token counts together must divide by
-        --sp_size (the generated ones are checked at start-up, a source's at its first forward)."""
+        --sp_size (checked at start-up with the stored source latents' count: sequence_tokens)."""
         from fastvideo.models.flux.sequence_parallel import flux_plan
 
         return flux_plan()
+
+    def sequence_tokens(self, height, width, transformer_config, cond_dims=None):
+        """The generated tokens and the source's (Ls of the stored image_latents: check_record's dims
+        (L, D, P, Ls, C, H, W); unread: the generated tokens alone, the split refuses a source's at
+        its first forward): the split divides [generated ; source]."""
+        generated = self.nominal_layout(height, width, transformer_config).tokens[0]
+        return generated + (int(cond_dims[3]) if cond_dims is not None and len(cond_dims) > 3 else 0)
 
     def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
         return C.KontextEncoders(FC.load_text_encoders(path, device=device, dtype=dtype),

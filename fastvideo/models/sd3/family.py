@@ -167,6 +167,12 @@ class SD3Family(base.ModelFamily, base.FamilyCostModel):
         return LatentLayout(height=height, width=width, tokens=(lat_h * lat_w, channels), latent_hw=(lat_h, lat_w),
                             extras={"latent_h": lat_h, "latent_w": lat_w})
 
+    def sequence_tokens(self, height, width, transformer_config, cond_dims=None):
+        """The patches pos_embed makes (the split's tokens), not the latent cells."""
+        lat_h, lat_w = C.latent_hw(height, width, 8)
+        patch = int(transformer_config.get("patch_size") or 2)
+        return (lat_h // patch) * (lat_w // patch)
+
     def nominal_layout(self, height, width, transformer_config) -> LatentLayout:
         return self._layout(height, width, *C.latent_hw(height, width, 8), transformer_config["in_channels"])
 

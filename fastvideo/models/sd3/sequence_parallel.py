@@ -40,9 +40,13 @@ class SD3SequenceParallelProcessor:
         return image, context
 
 
+def _image_only(model):
+    """SD3.5's attn2: self-attention over the image tokens (no context projections)."""
+    return [m for m in model.modules() if hasattr(m, "processor") and getattr(m, "add_q_proj", None) is None]
+
+
 def sd3_plan() -> SequenceParallelPlan:
     from diffusers.models.attention_processor import JointAttnProcessor2_0
 
     return SequenceParallelPlan(split="pos_embed", gather="proj_out", processor=SD3SequenceParallelProcessor,
-                                replaces=(JointAttnProcessor2_0,),
-                                image_only=lambda m: getattr(m, "add_q_proj", None) is None)  # SD3.5's attn2
+                                replaces=(JointAttnProcessor2_0,), image_only=_image_only)

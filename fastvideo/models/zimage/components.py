@@ -35,6 +35,7 @@ from fastvideo.models.qwen3_text import TextEncoder
 # ZImagePipeline's defaults (diffusers 0.42.1 pipeline_z_image.py).
 HIDDEN_LAYER = -2  # encode_prompt reads hidden_states[-2]
 DEFAULT_GUIDANCE = 5.0  # __call__'s guidance_scale; guidance is on for any scale > 0
+SEQUENCE_MULTIPLE = 32  # transformer_z_image.SEQ_MULTI_OF: the forward pads each stream to a multiple of it
 REQUIRED_FILES = {
     "transformer": ["config.json"],
     "vae": ["config.json"],

@@ -109,6 +109,22 @@ class ZImageFamily(base.ModelFamily, base.FamilyCostModel):
 
         return zimage_plan()
 
+    def sequence_tokens(self, height, width, transformer_config, cond_dims=None):
+        """The image tokens padded as the forward pads them (diffusers' SEQ_MULTI_OF, 32): the split
+        divides the padded stream."""
+        tokens = self.nominal_layout(height, width, transformer_config).tokens[0]
+        return tokens + (-tokens) % C.SEQUENCE_MULTIPLE
+
+    def attention_dims(self, transformer_config):
+        """ZImageTransformer2DModel's n_heads and dim / n_heads."""
+        heads = int(transformer_config["n_heads"])
+        return heads, int(transformer_config["dim"]) // heads
+
+    def sequence_channels(self, transformer_config):
+        """The final layer's: in_channels x patch^2 x frame patch."""
+        return int(transformer_config["in_channels"]) * int(transformer_config["all_patch_size"][0]) ** 2 * \
+            int(transformer_config["all_f_patch_size"][0])
+
     # -- conditioning
     def encode_prompts(self, encoders, prompts, max_sequence_length=512) -> TensorConditioning:
         embeds, mask = C.encode_prompts(encoders, list(prompts), max_sequence_length)

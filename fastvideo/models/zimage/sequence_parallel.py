@@ -93,4 +93,5 @@ def zimage_plan() -> SequenceParallelPlan:
 
     return SequenceParallelPlan(split=None, gather=None, processor=ZImageSequenceParallelProcessor,
                                 replaces=(ZSingleStreamAttnProcessor, NpuZImageAttnProcessor),
-                                hooks=_install_hooks, attention_modules=_image_attention, heads_key="n_heads")
+                                hooks=_install_hooks, attention_modules=_image_attention, heads_key="n_heads",
+                                image_only=lambda model: [block.attention for block in model.noise_refiner])
