@@ -16,6 +16,10 @@ auto turns it on only in the first case.
 Scores are per sample, so they do not depend on the chunking: compressibility is bit-identical
 with and without overlap, model rewards agree to float rounding (a different batch shape can
 pick a different GEMM blocking).
+
+Under sequence parallelism (--sp_size > 1) the ranks of a sequence group hold the same samples:
+only the group's first rank decodes and scores them (one request per sample to a remote: server,
+one model pass), and :func:`share_rewards` broadcasts its scores to the others.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Sequence
 import torch
 
 from fastvideo import devices
+from fastvideo.algorithms.base import RewardResult
 from fastvideo.rewards.combine import MultiReward
 from fastvideo.sampling.rollout import RolloutConfig, decode_images
 from fastvideo.training.metrics import PhaseTimer
@@ -126,3 +131,26 @@ class ChunkScorer:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def share_rewards(dims, rewards: RewardResult | None, names: Sequence[str], batch: int,
+                  device: torch.device) -> RewardResult:
+    """The scores of a sequence group's samples on every rank of the group: sp rank 0 passes its
+    RewardResult (it decoded and scored), the others None; one broadcast over ``dims.sp_group``
+    from the group's first (global) rank of a contiguous float32 [1 + R, B] tensor: the totals,
+    then the raw scores of ``names`` (the reward components, in order). NaN (a dropped sample)
+    travels as it is. sp = 1: ``rewards`` unchanged, no collective."""
+    if dims.sp == 1:
+        return rewards
+    import torch.distributed as dist
+
+    if dims.sp_rank == 0:
+        rows = [rewards.total, *(rewards.per_reward[n] for n in names)]
+        buf = torch.stack([r.float() for r in rows]).to(device).contiguous()
+    else:
+        buf = torch.empty(1 + len(names), batch, dtype=torch.float32, device=device)
+    dist.broadcast(buf, src=dims.rank - dims.sp_rank, group=dims.sp_group)
+    if dims.sp_rank == 0:
+        return rewards  # its own tensors: the broadcast sent them as they are
+    buf = buf.cpu()
+    return RewardResult(total=buf[0].clone(), per_reward={n: buf[i + 1].clone() for i, n in enumerate(names)})

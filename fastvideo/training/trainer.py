@@ -30,6 +30,7 @@ from fastvideo.training.metrics import MetricsWriter, PhaseTimer, reduce_scalars
 from fastvideo.training.parts import RunParts, build_parts, rollout_config
 from fastvideo.training.run.start import fail_together, log_config
 from fastvideo.training.policy import Policy
+from fastvideo.training.reward_pipeline import share_rewards
 from fastvideo.training.update import (  # noqa: F401
     NonFiniteError, TrainerState, Updater, UpdateStats, iteration_problems)
 from fastvideo.utils import main_print
@@ -209,26 +210,41 @@ class Trainer:
                            on_chunk=on_chunk, plan=plan, keep_latents=self.objective.needs_trajectory)
 
     def _sample_and_score(self, iteration: int, indices: list[int]) -> tuple[Trajectory, RewardResult]:
+        """Rollout, decode, rewards. The ranks of a sequence group hold the same samples: its first
+        rank alone decodes and scores them (traj.images stays None on the others, whose hooks
+        skip images) and broadcasts the scores (reward_pipeline.share_rewards; none at sp = 1)."""
         cond, captions = self.load_prompts(indices)
         self.model.eval()
         plan = self.sampling_plan(iteration)
+        scores_here = self.dims.sp_rank == 0
         if self.scorer is not None:
-            return self._rollout_overlapped(iteration, cond, captions, indices, plan)
-        with self.timer.phase("rollout"):
-            traj = self._rollout(iteration, cond, captions, indices, plan)
+            traj, rewards = self._rollout_overlapped(iteration, cond, captions, indices, plan, scores_here)
+        else:
+            with self.timer.phase("rollout"):
+                traj = self._rollout(iteration, cond, captions, indices, plan)
+            rewards = self._decode_and_score(traj) if scores_here else None
+        if self.dims.sp > 1:
+            with self.timer.phase("reward"):
+                rewards = share_rewards(self.dims, rewards, self.reward.names, traj.num_samples, self.device)
+        return traj, rewards
+
+    def _decode_and_score(self, traj: Trajectory) -> RewardResult:
         with self.timer.phase("decode"):
             traj.images = decode_images(self.vae, traj.x0, self.rollout_cfg, self.device, self.autocast_dtype,
                                         family=self.family, layout=traj.layout)
         with self.timer.phase("reward"):
-            rewards = self.compute_rewards(traj)
-        return traj, rewards
+            return self.compute_rewards(traj)
 
-    def _rollout_overlapped(self, iteration, cond, captions, indices, plan):
-        """Rollout with each chunk decoded and scored while the next samples (--reward_overlap).
+    def _rollout_overlapped(self, iteration, cond, captions, indices, plan, scores_here: bool = True):
+        """Rollout with each chunk decoded and scored while the next samples (--reward_overlap);
+        a rank that does not score (scores_here False: sp rank > 0) samples alone, rewards None.
 
         Timings: time_rollout is sampling alone, time_decode the chunks' decoding, time_reward
         what scoring still costs after the last chunk (the exposed part), time_reward_busy the
         worker's whole scoring time."""
+        if not scores_here:
+            with self.timer.phase("rollout"):
+                return self._rollout(iteration, cond, captions, indices, plan), None
         G = self.cfg.rollout.num_generations
         sources = self.family.source_images(cond)  # [P, ...] of the prompts (editing), or None
         self.scorer.begin([c for c in captions for _ in range(G)],
