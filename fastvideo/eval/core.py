@@ -6,7 +6,9 @@ computed in the same batch, with the same noise (RandomSource.eval_noise, keyed 
 text and k), whatever the world size: scores are the same at 1 and 2 ranks (up to BLAS rounding on FSDP's
 flat-parameter buffers, an ulp or so). Every rank runs the
 same number of batches (a spare rank repeats batch 0 and drops it) because an FSDP forward is a
-collective.
+collective. Under sequence parallelism the ranks of a sequence group sample the same batches (the
+transformer's forward is theirs together); the group's first rank alone decodes and scores them
+and broadcasts the scores over the group.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ class SampleSettings:
 
 @dataclass
 class EvalResult:
-    """scores: reward name -> [P, K] float64; grid: [G, 3, H, W] float32 in [0, 1], image 0 of the
-    first G prompts (identical on every rank); seconds: wall time of the evaluation."""
+    """scores: reward name -> [P, K] float64 (identical on every rank); grid: [G, 3, H, W] float32
+    in [0, 1], image 0 of the first G prompts (identical on every rank that decodes: sp rank 0;
+    zeros on a sequence group's other ranks); seconds: wall time of the evaluation."""
 
     captions: list[str]
     scores: dict[str, torch.Tensor]
@@ -71,10 +74,11 @@ def eval_plan(s: SampleSettings) -> SamplingPlan:
 
 @torch.no_grad()
 def sample_images(model, vae, prompts: EvalPrompts, items: list[tuple[int, int]], randomness: RandomSource,
-                  s: SampleSettings, device, autocast_dtype=None, *, family) -> torch.Tensor:
+                  s: SampleSettings, device, autocast_dtype=None, *, family, decode: bool = True):
     """Images [b, 3, H, W] float32 in [0, 1] for items (prompt index, image index), sampled by the
     rollout's loop (sampling.rollout.sample_transitions) on eval_plan(s). family: the model's
-    ModelFamily, built with the evaluation's forward settings."""
+    ModelFamily, built with the evaluation's forward settings. decode False: sampled, not decoded
+    (None; a sequence group's other ranks)."""
     device = torch.device(device)
     layout = family.layout(s.height, s.width, vae, model, device)
     shape = layout.tokens
@@ -91,6 +95,8 @@ def sample_images(model, vae, prompts: EvalPrompts, items: list[tuple[int, int]]
     amp = devices.autocast(device, autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
     with amp:
         _, _, x0 = sample_transitions(family, model, x, step_eps, plan, sigmas, cond, layout, s.eta)
+        if not decode:
+            return None
         return family.decode(vae, x0, layout).float().clamp(0, 1)
 
 
@@ -99,6 +105,18 @@ def _all_gather_stack(t: torch.Tensor, device, dims) -> torch.Tensor:
     if dims.dp_size == 1:
         return t.unsqueeze(0)
     return dims.gather_dp(t.to(device).unsqueeze(0)).cpu()
+
+
+def _share_in_sequence_group(local: torch.Tensor, device, dims) -> torch.Tensor:
+    """sp rank 0's scores [rounds, B, R] float64 on every rank of its sequence group (one broadcast;
+    float64 as scored: HCCL broadcasts every dtype); unchanged at sp = 1."""
+    if dims.sp == 1:
+        return local
+    import torch.distributed as dist
+
+    buf = local.to(device).contiguous()
+    dist.broadcast(buf, src=dims.rank - dims.sp_rank, group=dims.sp_group)
+    return buf.cpu()
 
 
 def score_images(rewards: Mapping[str, object], images: torch.Tensor, captions: list[str],
@@ -121,6 +139,7 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
     t0 = time.perf_counter()
     dims = dims if dims is not None else ParallelDims.build(devices.world_size(), devices.rank())
     world, rank = dims.dp_size, dims.dp_rank
+    scores_here = dims.sp_rank == 0  # a sequence group's samples are decoded and scored once
     K, P, B = s.num_images_per_prompt, len(prompts), s.batch_size
     items = [(p, k) for p in range(P) for k in range(K)]
     batches = batch_grid(len(items), B)
@@ -135,8 +154,9 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
         j = r * world + rank
         chosen = batches[j] if j < len(batches) else batches[0]  # a spare round keeps FSDP in step
         batch_items = [items[i] for i in chosen]
-        images = sample_images(model, vae, prompts, batch_items, randomness, s, device, autocast_dtype, family=family)
-        if j < len(batches):
+        images = sample_images(model, vae, prompts, batch_items, randomness, s, device, autocast_dtype, family=family,
+                               decode=scores_here)
+        if j < len(batches) and scores_here:
             sources = family.source_images(prompts.cond.select(torch.tensor([p for p, _ in batch_items])))
             local[r, :len(chosen)] = score_images(rewards, images, [prompts.captions[p] for p, _ in batch_items],
                                                   sources)
@@ -145,6 +165,7 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
                     grid[p] = images[row].cpu()
         bar.update(1)
     bar.close()
+    local = _share_in_sequence_group(local, device, dims)
     gathered = _all_gather_stack(local, device, dims)  # [W, rounds, B, R]
     flat = torch.cat([gathered[j % world, j // world, :len(b)] for j, b in enumerate(batches)])  # [P*K, R]
     if world > 1:

@@ -231,6 +231,12 @@ class FamilyLoading(abc.ABC):
             return None
         return self.nominal_layout(height, width, transformer_config).tokens[0]
 
+    def cost_sequence_tokens(self, height: int, width: int, transformer_config: Mapping) -> int | None:
+        """The split tokens the cost model's --sp_table counts at height x width: sequence_tokens
+        with the embeddings the cost model assumes (an editing family's source of the target's
+        size, as its meta_inputs). Default: sequence_tokens without embeddings."""
+        return self.sequence_tokens(height, width, transformer_config)
+
     def attention_dims(self, transformer_config: Mapping) -> tuple[int, int]:
         """(attention heads, head dimension) of the transformer config: the sequence-parallel
         exchanges' width (perf.sequence_parallel). Default: diffusers' num_attention_heads and

@@ -52,7 +52,7 @@ def exchange_bytes(inner: int, token_channels: int, layers: tuple[int, int], tok
     """(all-to-all bytes sent by one rank in one forward, output all-gather bytes); 0 at sp = 1.
     inner: heads x head dimension (family.attention_dims); token_channels: the gathered output's
     channels per split token (family.sequence_channels); layers: (joint, image-only) attention layers; tokens:
-    the split image tokens (family.sequence_tokens)."""
+    the split image tokens (family.sequence_tokens; the table's: family.cost_sequence_tokens)."""
     if sp == 1:
         return 0, 0
     joint, image_only = layers
@@ -65,7 +65,7 @@ def family_exchange_bytes(config: dict, family, height: int, width: int, text_to
                           element_bytes: int, layers: tuple[int, int] | None = None) -> tuple[int, int]:
     """exchange_bytes with the family's sizes at height x width."""
     heads, head_dim = family.attention_dims(config)
-    tokens = family.sequence_tokens(height, width, config)
+    tokens = family.cost_sequence_tokens(height, width, config)  # Kontext: its source tokens too
     channels = family.sequence_channels(config)
     layers = layers if layers is not None else attention_layers(config, family)
     return exchange_bytes(heads * head_dim, channels, layers, tokens, text_tokens, sp, batch, element_bytes)

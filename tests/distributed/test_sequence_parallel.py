@@ -172,16 +172,17 @@ def test_transformer_with_the_family_plan_equals_one_process(name):
         torch.testing.assert_close(wrapped[0][1][n], want, atol=1e-6, rtol=1e-5, msg=n)
 
 
-def _kontext_velocity(model):
+def _kontext_velocity(model, source_w: int = 4):
     """FLUX.1 Kontext's velocity (models/kontext/components.kontext_velocity) on the tiny FLUX.1:
-    16 generated tokens (4 x 4) and 8 source tokens of another shape (4 x 2, ids column 0 = 1)."""
+    16 generated tokens (4 x 4) and 4 x source_w / 2 source tokens (default 8: another shape than
+    the generated; ids column 0 = 1)."""
     from fastvideo.models import flux
     from fastvideo.models.kontext.components import kontext_velocity, source_ids
 
     g = torch.Generator().manual_seed(5)
     cond = {"prompt_embeds": torch.randn(2, 8, 32, generator=g), "pooled": torch.randn(2, 32, generator=g),
-            "text_ids": flux.text_ids(8), "image_latents": torch.randn(2, 8, 64, generator=g),
-            "source_ids": source_ids(8, 4)}
+            "text_ids": flux.text_ids(8), "image_latents": torch.randn(2, 4 * source_w // 2, 64, generator=g),
+            "source_ids": source_ids(8, source_w)}
     x = torch.randn(2, 16, 64, generator=g)
     return kontext_velocity(model, x, torch.tensor(0.7), cond, flux.image_ids(8, 8), 2.5, True)
 
@@ -272,3 +273,33 @@ def test_cost_model_sp_table_on_the_tiny_flux(capsys):
         rows[1].all_to_all_bytes_per_forward
     assert rows[0].train_activation_bytes > rows[1].train_activation_bytes > rows[2].train_activation_bytes
     assert rows[0].rollout_activation_bytes > rows[1].rollout_activation_bytes > rows[2].rollout_activation_bytes
+
+
+def _kontext_counted(info):
+    from fastvideo.distributed import comm_count
+
+    _, shard = _shard(info)
+    model = tiny_transformer()
+    sequence_parallel.install(model, _family("kontext").sequence_parallel_plan(), shard)
+    comm_count.install()
+    comm_count.reset()
+    with torch.no_grad(), comm_count.phase("rollout"):
+        _kontext_velocity(model, source_w=8)  # a source of the target's 16 tokens, as the cost model assumes
+    return comm_count.metrics()
+
+
+def test_cost_model_kontext_exchanges_count_the_source_tokens():
+    """--sp_table's Kontext bytes (64 x 64: 16 generated tokens, a source of the target's size: 16
+    more) equal what a Kontext forward at sp = 2 sends; the generated tokens alone would give less."""
+    from fastvideo.perf.sequence_parallel import attention_layers, exchange_bytes, family_exchange_bytes
+
+    m = run_distributed(_kontext_counted)[0]
+    family = _family("kontext")
+    config = dict(tiny_transformer().config)
+    assert family.cost_sequence_tokens(64, 64, config) == 32 and family.sequence_tokens(64, 64, config) == 16
+    a2a, gathered = family_exchange_bytes(config, family, 64, 64, 8, 2, 2, 4)
+    assert m["comm/rollout/all_to_all_bytes"] == a2a and m["comm/rollout/all_gather_bytes"] == gathered
+    heads, head_dim = family.attention_dims(config)
+    generated_only = exchange_bytes(heads * head_dim, family.sequence_channels(config),
+                                    attention_layers(config, family), 16, 8, 2, 2, 4)
+    assert generated_only[0] < a2a and generated_only[1] < gathered

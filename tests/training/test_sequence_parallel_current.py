@@ -39,3 +39,9 @@ def test_flux2_klein_sp2_equals_one_rank(tiny_flux2_dir, flux2_embeddings, tmp_p
 @pytest.mark.slow
 def test_qwen_image_sp2_equals_one_rank(tiny_qwen_image_dir, qwen_image_embeddings, tmp_path):
     _family_runs(tmp_path, tiny_qwen_image_dir, qwen_image_embeddings, model_family="qwen_image", guidance_scale=4.0)
+
+
+@pytest.mark.slow
+def test_flux2_dev_sp2_equals_one_rank(tiny_flux2_dev_dir, flux2_dev_embeddings, tmp_path):
+    """FLUX.2 [dev]: the guidance embedding in one pass, Mistral-3's 144-token text stream replicated."""
+    _family_runs(tmp_path, tiny_flux2_dev_dir, flux2_dev_embeddings, model_family="flux2", guidance_scale=4.0)

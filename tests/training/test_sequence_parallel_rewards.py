@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
-from helpers import read_metrics, torchrun, train_args
+from helpers import ROOT, read_metrics, torchrun, train_args
 from server_utils import serve_in_thread
 
 ITERATIONS = 2
 RTOL = 1e-5
+EVAL_PROMPTS = 2  # evaluated at iterations 0 and ITERATIONS, one image each
 
 
 def _share_body(info, sp):
@@ -81,10 +82,19 @@ class CountingReward:
 @pytest.mark.slow
 def test_remote_reward_scored_once_per_sequence_group(tiny_flux_dir, tiny_embeddings, tmp_path):
     """3 runs through one counting server: 1 rank; sp = 2 on 2 ranks; sp = 2 with --reward_overlap
-    on. Each scores ITERATIONS x 2 samples (before: sp x as many at sp = 2), and the rewards, losses
-    and gradient norms equal the one-rank run's (rank 1 trains on rank 0's broadcast scores)."""
+    on. Each scores ITERATIONS x 2 rollout samples and 2 x EVAL_PROMPTS evaluation images (before:
+    sp x as many at sp = 2), and the rewards, losses, gradient norms and evaluation scores equal the
+    one-rank run's (rank 1 trains on rank 0's broadcast scores)."""
+    import json
+
     counting = CountingReward()
     from fastvideo.tools.reward_server import build_app
+
+    prompts = tmp_path / "eval_prompts.txt"
+    lines = (ROOT / "assets" / "eval_prompts.txt").read_text(encoding="utf-8").splitlines()
+    prompts.write_text("\n".join(lines[:EVAL_PROMPTS]) + "\n", encoding="utf-8")
+    evaluation = dict(eval_every=ITERATIONS, eval_prompts=str(prompts), eval_rewards="detail",
+                      eval_num_images_per_prompt=1, eval_batch_size=EVAL_PROMPTS)
 
     runs = {}
     with serve_in_thread(build_app({"detail": counting})) as (url, _server):
@@ -94,11 +104,12 @@ def test_remote_reward_scored_once_per_sequence_group(tiny_flux_dir, tiny_embedd
             out = tmp_path / name
             proc = torchrun(train_args(tiny_embeddings, tiny_flux_dir, out, rewards=f"remote:{url}/detail:1.0",
                                        max_train_steps=ITERATIONS, checkpointing_steps=ITERATIONS,
-                                       save_images_every=1, **more), nproc=nproc)
+                                       save_images_every=1, **evaluation, **more), nproc=nproc)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
             runs[name] = (counting.images - before, read_metrics(out), out)
     for name, (scored, metrics, out) in runs.items():
-        assert scored == ITERATIONS * 2, (name, scored)  # num_generations 2, one prompt per iteration
+        # num_generations 2, one prompt per iteration; two evaluations
+        assert scored == ITERATIONS * 2 + 2 * EVAL_PROMPTS, (name, scored)
         assert [r["iteration"] for r in metrics] == list(range(1, ITERATIONS + 1))
         # the images rank 0 decoded are saved (save_images_every 1), from sp rank 0 only
         assert sorted(p.name for p in (out / "images").rglob("*.png")), name
@@ -110,3 +121,9 @@ def test_remote_reward_scored_once_per_sequence_group(tiny_flux_dir, tiny_embedd
             assert abs(a["loss"] - b["loss"]) <= 1e-4, (name, a["loss"], b["loss"])
             assert b["comm/reward/broadcast_calls"] == 1, b  # the scores' one broadcast per iteration
         assert "comm/reward/broadcast_calls" not in base[0]
+        evals = [[json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
+                 for out in (runs["sp1"][2], runs[name][2])]
+        assert [r["iteration"] for r in evals[1]] == [0, ITERATIONS]
+        for a, b in zip(*evals):
+            m1, m2 = a["rewards"]["detail"]["mean"], b["rewards"]["detail"]["mean"]
+            assert abs(m1 - m2) <= RTOL * abs(m1), (name, m1, m2)

@@ -1,10 +1,11 @@
 """--sp_size 2 through the trainer on 2 gloo ranks (one sequence group: both ranks hold the same
-samples, each half the image tokens) against one rank without sequence parallelism: the tiny FLUX.1
-and the tiny SD3.5 train 3 iterations with the same rollout latents and log-probabilities (the run
-record's tensors), the same per-iteration rewards, losses and pre-clip gradient norms (the first
-optimizer step's gradient) and the same weights after them, all to 1e-5 relative. A checkpoint
-written at sp = 2 resumes at sp = 1 and one written at sp = 1 resumes at sp = 2, each continuing as
-the straight run does. Bad sizes are refused in one line, exit 2."""
+samples, each half the image tokens) against one rank without sequence parallelism: the tiny
+FLUX.1, the tiny SD3.5 and the tiny FLUX.1 Kontext (its source tokens split with the generated ones)
+train 3 iterations with the same rollout latents and log-probabilities (the run record's tensors),
+the same per-iteration rewards, losses and pre-clip gradient norms (the first optimizer step's
+gradient) and the same weights after them, all to 1e-5 relative. A checkpoint written at sp = 2
+resumes at sp = 1 and one written at sp = 1 resumes at sp = 2, each continuing as the straight run
+does. Bad sizes are refused in one line, exit 2."""
 
 from __future__ import annotations
 
@@ -133,6 +134,16 @@ def sd3_index(sd3_sp_embeddings):
 def test_sd3_sp2_equals_one_rank(tiny_sd3_dir, sd3_index, tmp_path):
     def argv_for(out, flags):
         return train_args(sd3_index, tiny_sd3_dir, out, model_family="sd3", guidance_scale=4.5, **flags)
+
+    one, two = _runs(tmp_path, argv_for)
+    _check_parity(tmp_path, one, two)
+
+
+@pytest.mark.slow
+def test_kontext_sp2_equals_one_rank(tiny_kontext_dir, kontext_embeddings, tmp_path):
+    """FLUX.1 Kontext: the 4 generated and 16 source tokens (64 x 64 sources) split together."""
+    def argv_for(out, flags):
+        return train_args(kontext_embeddings, tiny_kontext_dir, out, model_family="kontext", **flags)
 
     one, two = _runs(tmp_path, argv_for)
     _check_parity(tmp_path, one, two)

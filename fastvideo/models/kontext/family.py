@@ -65,6 +65,12 @@ class KontextFamily(FluxFamily):
         generated = self.nominal_layout(height, width, transformer_config).tokens[0]
         return generated + (int(cond_dims[3]) if cond_dims is not None and len(cond_dims) > 3 else 0)
 
+    def cost_sequence_tokens(self, height, width, transformer_config):
+        """The cost model's source has the target's tokens (meta_inputs): counted as the start-up
+        check counts a stored source (sequence_tokens with its Ls)."""
+        generated = self.nominal_layout(height, width, transformer_config).tokens[0]
+        return self.sequence_tokens(height, width, transformer_config, (None, None, None, generated))
+
     def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
         return C.KontextEncoders(FC.load_text_encoders(path, device=device, dtype=dtype),
                                  FC.load_vae(path, device=device, dtype=dtype))
