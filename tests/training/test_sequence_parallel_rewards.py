@@ -38,12 +38,21 @@ def _share_body(info, sp):
     out = share_rewards(dims, mine, names, 3, info.device)
     calls = {k: v for k, v in comm_count.metrics().items() if k.endswith("_calls") and "/total/" not in k}
     assert out.total.dtype == torch.float32 and out.total.device.type == "cpu"
+    # evaluation's scores [rounds, B, R] float64: NaN where this rank did not score
+    from fastvideo.eval.core import _share_in_sequence_group
+
+    local = torch.full((2, 3, 1), float("nan"), dtype=torch.float64)
+    if dims.sp_rank == 0:
+        local[0, :, 0] = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64) + dims.dp_rank
+    shared = _share_in_sequence_group(local, info.device, dims)
     return {"total": out.total, "a": out.per_reward["a"], "b": out.per_reward["b"], "calls": calls,
-            "same": mine is not None and out is mine}
+            "same": mine is not None and out is mine, "eval": shared}
 
 
 @pytest.mark.parametrize("world,sp", [(2, 2), (4, 2)])
 def test_share_rewards_gives_each_group_its_first_ranks_scores(world, sp):
+    """Training's scores (float32, with a NaN) and evaluation's (float64) on 2 ranks (one group) and
+    4 (two groups of 2): every rank holds its own group's first rank's values, bit for bit."""
     results = run_distributed(_share_body, sp, world_size=world)
     for rank, res in enumerate(results):
         g = float(rank // sp)
@@ -53,6 +62,9 @@ def test_share_rewards_gives_each_group_its_first_ranks_scores(world, sp):
         torch.testing.assert_close(res["b"], torch.tensor([3.0, -g, 1e-8]), rtol=0, atol=0)
         assert res["same"] == (rank % sp == 0)  # the scoring rank keeps its own tensors
         assert res["calls"] == {"comm/other/broadcast_calls": 1}, res["calls"]  # one broadcast
+        want = torch.full((2, 3, 1), float("nan"), dtype=torch.float64)
+        want[0, :, 0] = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64) + g
+        torch.testing.assert_close(res["eval"], want, rtol=0, atol=0, equal_nan=True)
 
 
 def test_share_rewards_at_sp1_is_the_input_and_no_collective():
