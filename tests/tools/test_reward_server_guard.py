@@ -491,6 +491,36 @@ def test_accept_errors_are_rate_limited():
     assert AcceptErrorFilter().filter(make("Exceeded concurrency limit.")) and flt.filter(make("x"))
 
 
+class _Request:
+    """What read_limited_body reads of a starlette request: its headers and its body's chunks."""
+
+    def __init__(self, body: bytes, declared: bool, chunk: int = 1000):
+        self.headers = {"content-length": str(len(body))} if declared else {}
+        self.chunks = [body[i:i + chunk] for i in range(0, len(body), chunk)]
+
+    async def stream(self):
+        for c in self.chunks:
+            yield c
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_exactly_at_the_limit_is_read_and_one_byte_more_is_413(declared):
+    """Issue #39 test 23: --max_body_mb is the largest body accepted (declared by Content-Length, or
+    counted as it streams in): exactly that many bytes are read whole; one more is a 413."""
+    import asyncio
+
+    from fastvideo.tools.reward_server_guard import BodyError, read_limited_body
+
+    limits = ServerLimits(max_body_bytes=4096, read_timeout_s=5.0)
+    body = bytes(range(256)) * 16
+    taken = []
+    assert asyncio.run(read_limited_body(_Request(body, declared), limits, taken.append)) == body
+    assert sum(taken) == 4096
+    with pytest.raises(BodyError) as over:
+        asyncio.run(read_limited_body(_Request(body + b"x", declared), limits))
+    assert over.value.status == 413 and "limit of 4096 bytes" in str(over.value)
+
+
 def test_the_next_report_counts_the_dropped_lines(monkeypatch):
     """Issue #39 test 26: after a quiet interval the next flood line passes with the number dropped since
     the last report (and no traceback); the count then starts again from 0."""
