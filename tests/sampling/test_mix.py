@@ -75,6 +75,9 @@ def test_a_mixgrpo_window_ending_exactly_at_the_last_trainable_step():
     rolled, held = _settings(*flags, "--roll_back").mix, _settings(*flags).mix
     assert [mix.scheduled_start(rolled, i, 23) for i in range(1, 9)] == [0, 4, 8, 12, 16, 20, 0, 4]
     assert [mix.scheduled_start(held, i, 23) for i in range(5, 9)] == [16, 20, 23, 23]
+    # a start landing exactly on the last trainable transition is used before the roll-back
+    jump = _settings(*flags, "--prog_overlap", "--prog_overlap_step", "23", "--roll_back").mix
+    assert [mix.scheduled_start(jump, i, 23) for i in range(1, 6)] == [0, 23, 0, 23, 0]
     plan = mix.plan_for_iteration(rolled, 25, 3.0, 24, 4, 6)
     assert plan.trainable == (20, 21, 22, 23) and plan.num_trained == 4
     assert plan.kinds == (ODE,) * 20 + (SDE,) * 4 + (ODE,)
