@@ -81,6 +81,7 @@ def test_sigterm_to_a_plain_torchrun_keeps_the_checkpoint_and_names_the_agents_t
     argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=6, checkpointing_steps=100,
                       save_images_every=0)
     env = {k: v for k, v in _env().items() if k not in ("FASTVIDEO_LAUNCHER_PID", "FASTVIDEO_CONTROL_DIR")}
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "300"  # torchrun's own 30 s could cut a loaded machine's checkpoint
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              "fastvideo/train_grpo_flux.py", *argv], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
