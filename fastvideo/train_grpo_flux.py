@@ -114,7 +114,7 @@ def _report(exc: BaseException, info) -> int:
 
 def _stopped(trainer, info, argv: list[str]) -> int:
     """After SIGTERM / SIGINT: say where the run stopped and how to resume it; the exit status."""
-    from fastvideo.training.run.control import StopRequest, resume_command
+    from fastvideo.training.run.control import StopRequest, plain_torchrun_note, resume_command
 
     signum, path = trainer.stopped_by
     if info.is_main:
@@ -127,6 +127,9 @@ def _stopped(trainer, info, argv: list[str]) -> int:
         else:
             print(f"[stop] {name}: checkpoint {path} written after iteration {trainer.iteration}; resume with:\n"
                   f"  {resume_command([sys.argv[0], *argv], path)}", flush=True)
+            note = plain_torchrun_note(signum)
+            if note:
+                print(note, file=sys.stderr, flush=True)
     return StopRequest.exit_code(signum)
 
 

@@ -116,6 +116,53 @@ def test_world_size_against_the_devices():
     assert "world size 3" in problem
 
 
+def test_a_repeated_unknown_flag_is_reported_once(tmp_path):
+    """Issue #39 test 26: --bogus_flag given three times (two spellings) is one problem, in the pre-flight
+    and in the ranks' own parse check."""
+    from fastvideo.config import parse_config
+    from fastvideo.errors import ConfigError
+
+    argv = ["--data_json_path", "x.json", "--pretrained_model_name_or_path", "m", "--bogus_flag", "1",
+            "--bogus_flag=2", "--learning_rat3", "1e-5", "--bogus_flag", "3", "--learning_rat3", "2e-5"]
+    problems = preflight.check_training(argv, 1, 1, "cpu", check_world=False)
+    assert [p for p in problems if p.startswith("unknown flag")] == [
+        "unknown flag --bogus_flag", "unknown flag --learning_rat3 (did you mean --learning_rate?)"]
+    with pytest.raises(ConfigError) as refused:
+        parse_config(argv, usage=False)
+    assert str(refused.value).splitlines() == [
+        "unknown flag --bogus_flag", "unknown flag --learning_rat3 (did you mean --learning_rate?)"]
+
+
+class _Cuda:
+    def __init__(self, available: bool, count: int):
+        self.available, self.count = available, count
+
+    def is_available(self):
+        return self.available
+
+    def device_count(self):
+        return self.count
+
+
+@pytest.mark.parametrize("available, count, nproc, problem", [
+    (True, 2, 2, None), (True, 2, 1, None),
+    (True, 2, 3, "3 processes on this node but 2 cuda device(s) visible"),
+    (False, 8, 1, "1 processes on this node but 0 cuda device(s) visible"),  # torch built with CUDA, no driver
+])
+def test_the_cuda_world_check_counts_the_visible_devices(available, count, nproc, problem, monkeypatch):
+    """Issue #39 test 26: the pre-flight's CUDA branch: more processes per node than visible devices is one
+    problem naming both numbers; a CUDA that is not available counts 0 devices."""
+    from fastvideo import devices
+
+    monkeypatch.setattr(devices, "_device_module", lambda kind: _Cuda(available, count) if kind == "cuda" else None)
+    found = preflight.world_problems(nproc, 2, "cuda")  # per node: nnodes does not multiply the check
+    if problem is None:
+        assert found == []
+    else:
+        [line] = found
+        assert line.startswith(problem) and "--nproc_per_node" in line, line
+
+
 def _launch_env(**extra) -> dict:
     return {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "PYTHON": sys.executable,
             "FASTVIDEO_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(ROOT), **extra}

@@ -319,3 +319,114 @@ def test_a_sample_dropped_for_a_nonfinite_reward_does_not_train(kl):
     assert float(again) == float(loss)
     moved.x0[0] += 1.0  # a kept row's data does count
     assert float(obj.loss(policy, moved, adv, term, StatsAccumulator(torch.device("cpu"))).detach()) != float(loss)
+
+
+# ---------------------------------------------------------------- #39 test 21
+def reference_dpm2(velocity, z, sigmas):
+    """DiffusionNFT's deterministic ``dpm2`` rollout (flow_grpo/diffusers_patch/solver.py at 24af555:
+    run_sampling -> dpm_step, order 2), written from its formulas: x0 = z - sigma v; the first and the
+    last step first order, the others multistep second order with D1 = (m0 - m1) / r0 and the
+    midpoint update x_t = (s_t / s_0) z - a_t (e^-h - 1) D0 - 0.5 a_t (e^-h - 1) D1 (a = 1 - sigma,
+    lambda = log(a / sigma))."""
+    s = sigmas.double()
+    lam = lambda k: torch.log(1 - s[k]) - torch.log(s[k])  # noqa: E731
+    outputs, n = [], len(s) - 1
+    for i in range(n):
+        m0 = (z.double() - s[i] * velocity(z, s[i]).double())
+        outputs.append(m0)
+        t = s[i + 1]
+        if i == n - 1:
+            z = m0  # first order to sigma 0: the x0 prediction
+        elif i == 0:
+            h = lam(i + 1) - lam(i)
+            z = (t / s[i]) * z.double() - (1 - t) * (torch.exp(-h) - 1.0) * m0
+        else:
+            h, h0 = lam(i + 1) - lam(i), lam(i) - lam(i - 1)
+            d1 = (m0 - outputs[-2]) / (h0 / h)
+            z = (t / s[i]) * z.double() - (1 - t) * (torch.exp(-h) - 1.0) * m0 \
+                - 0.5 * (1 - t) * (torch.exp(-h) - 1.0) * d1
+        z = z.float()
+    return z
+
+
+class _CurvedFamily:
+    """A nonlinear velocity, so that the second-order term matters."""
+
+    def velocity(self, transformer, x, sigma, cond, layout):
+        return torch.tanh(1.5 * x) * (1.0 + sigma) - 0.3 * x
+
+
+@pytest.mark.parametrize("n", [6, 10])
+def test_the_dpm_rollout_is_the_references_dpm2(n):
+    """--nft_solver dpm samples as DiffusionNFT's dpm2 (DPM-Solver++ 2M, midpoint); heun would differ."""
+    from dataclasses import replace
+
+    from fastvideo.sampling.rollout import sample_transitions
+
+    plan = deterministic_plan("dpm", n, 3.0)
+    noise = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1))
+    family = _CurvedFamily()
+    _, _, ours = sample_transitions(family, None, noise, {}, plan, plan.sigmas, None, None, 0.0)
+    expected = reference_dpm2(lambda x, s: family.velocity(None, x, s, None, None), noise, plan.sigmas)
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    heun = replace(plan, dpm_solver_type="heun")
+    _, _, other = sample_transitions(family, None, noise, {}, heun, heun.sigmas, None, None, 0.0)
+    assert (other - expected).abs().max() > 1e-3  # the variant is pinned, not incidental
+
+
+@pytest.mark.parametrize("solver, eta_noted", [("dpm", True), ("ode", True), ("sde", False)])
+def test_the_start_up_notes_under_each_solver(solver, eta_noted):
+    """--eta drives only the SDE rollout: noted as without effect under dpm / ode, not under sde; the
+    importance-ratio flags are without effect under every solver; nothing is noted at the defaults."""
+    def nft_notes(*flags):
+        cfg = validate_args(build_parser().parse_args(BASE + ["--nft_solver", solver, *flags]))
+        return [n for n in cfg.compat_notes if "no effect with --algorithm nft" in n]
+
+    assert nft_notes() == []
+    eta = nft_notes("--eta", "0.7")
+    assert (len(eta) == 1 and eta[0].startswith("--eta:")) == eta_noted, eta
+    assert eta_noted or eta == []
+    [line] = nft_notes("--clip_range", "0.2", "--kl_coeff", "0.1", "--train_last_step")
+    assert line.startswith("--clip_range, --kl_coeff, --train_last_step: no effect") and f"--nft_solver {solver}" in line
+    grpo = validate_args(build_parser().parse_args(BASE[:-2] + ["--nft_solver", solver]))
+    noted = [n for n in grpo.compat_notes if "no effect without --algorithm nft" in n]
+    assert noted == ([] if solver == "dpm" else ["--nft_solver: no effect without --algorithm nft"])
+
+
+@pytest.mark.parametrize("kl", [0.0, 0.05])
+def test_each_logged_nft_term_has_its_value(kl):
+    """summarize's nft_positive, nft_negative, old_deviate, kl (the means over every term of the iteration
+    of the per-sample L+, L-, mean (v - v_old)^2, mean (v - v_ref)^2) and old_decay (decay type 1 after
+    the iteration's optimizer steps), recomputed from the objective's own draws."""
+    torch.manual_seed(0)
+    model, ref = nn.Linear(4, 4), nn.Linear(4, 4)
+    obj, rand = _objective(model, "--nft_beta", "0.5", "--train_micro_batch_size", "2", "--timestep_fraction",
+                           "0.5", "--kl_coef", str(kl))
+    with torch.no_grad():
+        for s in obj.old.shadow:
+            s.add_(0.1 * torch.randn_like(s))
+    old_model = nn.Linear(4, 4)
+    old_model.load_state_dict({"weight": obj.old.shadow[0], "bias": obj.old.shadow[1]})
+    traj, adv = _traj(), torch.tensor([1.5, -0.5, 9.0, -3.0])
+    stats = StatsAccumulator(torch.device("cpu"))
+    terms = [term for micro in obj.plan_update(traj, iteration=7) for term in micro]
+    expected = {"nft_positive": [], "nft_negative": [], "old_deviate": [], "kl": []}
+    for term in terms:
+        obj.loss(_Policy(model, ref if kl else None), traj, adv, term, stats)
+        x0, t = traj.x0[term.rows], traj.sigmas[term.steps].view(-1, 1, 1)
+        eps = rand.train_noise(7, traj.sample_ids[term.rows], term.steps, (5, 4))
+        x_t = (1 - t) * x0 + t * eps
+        with torch.no_grad():
+            v, v_old, v_ref = model(x_t), old_model(x_t), ref(x_t)
+        for name, vv in (("nft_positive", 0.5 * v + 0.5 * v_old), ("nft_negative", 1.5 * v_old - 0.5 * v)):
+            err = x_t - t * vv - x0
+            w = err.abs().mean(dim=(1, 2)).clamp(min=1e-5)
+            expected[name].append((err.square().mean(dim=(1, 2)) / w).mean())
+        expected["old_deviate"].append((v - v_old).square().mean(dim=(1, 2)).mean())
+        expected["kl"].append((v - v_ref).square().mean(dim=(1, 2)).mean())
+    means, _ = obj.summarize(stats)
+    assert set(means) == {"nft_positive", "nft_negative", "old_deviate", "old_decay"} | ({"kl"} if kl else set())
+    for name in means.keys() - {"old_decay"}:
+        assert means[name] == pytest.approx(float(torch.stack(expected[name]).mean()), rel=1e-5), name
+    steps = 7 * obj.steps_per_iteration  # 12 samples per rank in micro-batches of 2: 6 optimizer steps each
+    assert obj.steps_per_iteration == 6 and means["old_decay"] == pytest.approx(min(0.001 * steps, 0.5))

@@ -66,6 +66,40 @@ def test_random_start_is_seeded_per_iteration_and_in_range():
     assert _settings("--sde_steps", "2", "--sde_window_range", "1,30", steps=8).mix.window_range == (1, 7)
 
 
+def test_a_mixgrpo_window_ending_exactly_at_the_last_trainable_step():
+    """Issue #39 test 23: 25 steps (trainable transitions 0..23), W=4 moving by 4 every iteration: the
+    sixth window, 20..23, ends exactly at the last trainable transition and is whole (SDE and trained,
+    the last transition 24 an Euler step); the next start, 24, is past it: rolled back to 0, or held at
+    23 (a one-step window, never empty)."""
+    flags = ("--training_strategy", "part", "--group_size", "4", "--iters_per_group", "1")
+    rolled, held = _settings(*flags, "--roll_back").mix, _settings(*flags).mix
+    assert [mix.scheduled_start(rolled, i, 23) for i in range(1, 9)] == [0, 4, 8, 12, 16, 20, 0, 4]
+    assert [mix.scheduled_start(held, i, 23) for i in range(5, 9)] == [16, 20, 23, 23]
+    # a start landing exactly on the last trainable transition is used before the roll-back
+    jump = _settings(*flags, "--prog_overlap", "--prog_overlap_step", "23", "--roll_back").mix
+    assert [mix.scheduled_start(jump, i, 23) for i in range(1, 6)] == [0, 23, 0, 23, 0]
+    plan = mix.plan_for_iteration(rolled, 25, 3.0, 24, 4, 6)
+    assert plan.trainable == (20, 21, 22, 23) and plan.num_trained == 4
+    assert plan.kinds == (ODE,) * 20 + (SDE,) * 4 + (ODE,)
+    last = mix.plan_for_iteration(held, 25, 3.0, 24, 4, 7)
+    assert last.trainable == (23,) and last.kinds == (ODE,) * 23 + (SDE, ODE)
+
+
+@pytest.mark.parametrize("text, steps, start", [("0,2", 10, 0), ("3,5", 10, 3), ("5,30", 8, 5)])
+def test_an_sde_window_range_exactly_as_wide_as_the_window(text, steps, start):
+    """Issue #39 test 23: --sde_window_range exactly --sde_steps wide (HI clipped to the trainable
+    transitions in the last case: 8 steps, 0..6) is accepted and leaves one start, drawn every time;
+    one narrower is refused."""
+    s = _settings("--sde_steps", "2", "--sde_window_range", text, steps=steps).mix
+    lo, hi = s.window_range
+    assert hi - lo == 2 and lo == start
+    assert {mix.window_start(s, i, steps - 1, RandomSource(3)) for i in range(1, 40)} == {start}
+    plan = mix.plan_for_iteration(s, steps, 3.0, steps - 1, 2, 5, RandomSource(3))
+    assert plan.trainable == (start, start + 1) and plan.kinds[start:start + 2] == (SDE, SDE)
+    with pytest.raises(ConfigError, match="LO \\+ --sde_steps"):
+        _settings("--sde_steps", "2", "--sde_window_range", f"{lo},{hi - 1}", steps=steps)
+
+
 @pytest.mark.parametrize("value, match", [("0,1", "LO \\+ --sde_steps"), ("3", "two integers"), ("--sde_window_range=-1,4", "0 <= LO")])
 def test_bad_sde_window_range_fails_clearly(value, match):
     flag = [value] if value.startswith("--") else ["--sde_window_range", value]

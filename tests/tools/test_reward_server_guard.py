@@ -491,6 +491,61 @@ def test_accept_errors_are_rate_limited():
     assert AcceptErrorFilter().filter(make("Exceeded concurrency limit.")) and flt.filter(make("x"))
 
 
+class _Request:
+    """What read_limited_body reads of a starlette request: its headers and its body's chunks."""
+
+    def __init__(self, body: bytes, declared: bool, chunk: int = 1000):
+        self.headers = {"content-length": str(len(body))} if declared else {}
+        self.chunks = [body[i:i + chunk] for i in range(0, len(body), chunk)]
+
+    async def stream(self):
+        for c in self.chunks:
+            yield c
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_exactly_at_the_limit_is_read_and_one_byte_more_is_413(declared):
+    """Issue #39 test 23: --max_body_mb is the largest body accepted (declared by Content-Length, or
+    counted as it streams in): exactly that many bytes are read whole; one more is a 413."""
+    import asyncio
+
+    from fastvideo.tools.reward_server_guard import BodyError, read_limited_body
+
+    limits = ServerLimits(max_body_bytes=4096, read_timeout_s=5.0)
+    body = bytes(range(256)) * 16
+    taken = []
+    assert asyncio.run(read_limited_body(_Request(body, declared), limits, taken.append)) == body
+    assert sum(taken) == 4096
+    with pytest.raises(BodyError) as over:
+        asyncio.run(read_limited_body(_Request(body + b"x", declared), limits))
+    assert over.value.status == 413 and "limit of 4096 bytes" in str(over.value)
+
+
+def test_the_next_report_counts_the_dropped_lines(monkeypatch):
+    """Issue #39 test 26: after a quiet interval the next flood line passes with the number dropped since
+    the last report (and no traceback); the count then starts again from 0."""
+    import fastvideo.tools.reward_server_guard as guard
+
+    now = [1000.0]
+    monkeypatch.setattr(guard.time, "monotonic", lambda: now[0])
+    flt = AcceptErrorFilter(every_s=60)
+    make = lambda msg: logging.LogRecord("asyncio", logging.ERROR, "", 0, msg, None,  # noqa: E731
+                                         (OSError, OSError(24, "Too many open files"), None))
+    first = make("socket.accept() out of system resource")
+    assert flt.filter(first) and first.msg == "socket.accept() out of system resource"
+    now[0] += 10
+    assert [flt.filter(make("connection cap 512 reached")) for _ in range(7)] == [False] * 7
+    assert flt.filter(make("an ordinary line")) and flt.dropped == 7  # other lines neither pass through nor count
+    now[0] += 60
+    report = make("socket.accept() out of system resource")
+    assert flt.filter(report)
+    assert report.msg == "socket.accept() out of system resource (and 7 more since the last report, not logged)"
+    assert report.exc_info is None and flt.dropped == 0
+    now[0] += 61
+    again = make("Exceeded concurrency limit.")
+    assert flt.filter(again) and again.msg == "Exceeded concurrency limit."  # nothing dropped since
+
+
 @pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),
                                             ("0.0.0.0", False), ("10.0.0.5", False), ("example.org", False)])
 def test_is_loopback(host, loopback):

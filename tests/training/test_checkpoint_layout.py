@@ -139,3 +139,46 @@ def test_training_resumes_past_a_damaged_latest_checkpoint(tiny_flux_dir, tiny_e
     resumed = load_file(str(out / "checkpoint-2" / MODEL))
     assert set(resumed) == set(uninterrupted) and all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
     checkpoint.verify_checkpoint(out / "checkpoint-2")
+
+
+def _rewrite_marker(path, **drop):
+    marker = path / checkpoint.MARKER
+    old = json.loads(marker.read_text())
+    marker.write_text(json.dumps({k: v for k, v in old.items() if k not in drop}))
+    return old
+
+
+def test_a_marker_without_digests_still_catches_a_truncated_file(tmp_path):
+    """Issue #39 test 25: COMPLETE.json as written before digests (sizes only): a file cut short is refused
+    when named, skipped by 'latest' with a warning naming it."""
+    ckpt, at_one = _two_checkpoints(tmp_path)
+    path = tmp_path / "checkpoint-2"
+    old = _rewrite_marker(path, sha256=True)
+    victim = path / "optimizer.safetensors"
+    victim.write_bytes(victim.read_bytes()[:-1])
+    assert victim.stat().st_size == old["files"]["optimizer.safetensors"] - 1
+    fresh = _plain_state(seed=1)
+    parts = dict(model=fresh[0], optimizer=fresh[1], lr_scheduler=fresh[2], ema=fresh[3])
+    with pytest.raises(CheckpointError, match="checkpoint-2' is damaged: optimizer.safetensors is missing or has the "
+                                              "wrong size"):
+        ckpt.load(str(path), **parts)
+    with pytest.warns(DamagedCheckpointWarning, match="optimizer.safetensors is missing or has the wrong size"):
+        assert ckpt.load("latest", **parts)["iteration"] == 1
+    assert_tree_equal(snapshot(*fresh), at_one, "resumed from the checkpoint before the truncated one")
+
+
+def test_a_marker_without_a_file_list_is_not_complete(tmp_path):
+    """Issue #39 test 25: a COMPLETE.json without its file list is not a complete checkpoint: 'latest' passes
+    over it (to checkpoint-1) and, named, it is refused."""
+    ckpt, at_one = _two_checkpoints(tmp_path)
+    path = tmp_path / "checkpoint-2"
+    _rewrite_marker(path, files=True, sha256=True)
+    assert not checkpoint.is_complete(path)
+    assert checkpoint.find_latest(tmp_path) == tmp_path / "checkpoint-1"
+    fresh = _plain_state(seed=1)
+    parts = dict(model=fresh[0], optimizer=fresh[1], lr_scheduler=fresh[2], ema=fresh[3])
+    assert ckpt.load("latest", **parts)["iteration"] == 1
+    assert_tree_equal(snapshot(*fresh), at_one, "resumed from the checkpoint with a file list")
+    with pytest.raises(CheckpointError, match="checkpoint-2' is not a complete checkpoint: its COMPLETE.json lists no "
+                                              "files"):
+        ckpt.load(str(path), **parts)

@@ -70,6 +70,48 @@ def test_sigterm_mid_iteration_then_resume_equals_an_uninterrupted_run(tiny_flux
     assert _values(read_metrics(out)) == _values(read_metrics(full))
 
 
+@pytest.mark.slow
+def test_sigterm_to_a_plain_torchrun_keeps_the_checkpoint_and_names_the_agents_traceback(tiny_flux_dir,
+                                                                                         tiny_embeddings, tmp_path):
+    """Issue #39 item 17, a plain torchrun (not fastvideo.launch): the workers finish the iteration, write
+    the checkpoint, print the resume command and exit 0 without a traceback; the one traceback left is
+    torchrun's agent's own SignalException (its pid, torch's code: the exit status 1 is its), and rank 0
+    says so in one line after the checkpoint."""
+    out = tmp_path / "plain"
+    argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=6, checkpointing_steps=100,
+                      save_images_every=0)
+    env = {k: v for k, v in _env().items() if k not in ("FASTVIDEO_LAUNCHER_PID", "FASTVIDEO_CONTROL_DIR")}
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "300"  # torchrun's own 30 s could cut a loaded machine's checkpoint
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "fastvideo/train_grpo_flux.py", *argv], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for_rows(out / "metrics.jsonl", 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=600)
+    stopped_at = len(read_metrics(out))
+    assert 1 <= stopped_at < 6 and (out / f"checkpoint-{stopped_at}" / "COMPLETE.json").is_file(), stderr[-3000:]
+    assert f"[stop] SIGTERM: checkpoint {out / f'checkpoint-{stopped_at}'} written" in stdout, stdout[-2000:]
+    assert f"--resume_from_checkpoint {out / f'checkpoint-{stopped_at}'}" in stdout
+    assert stderr.count("Traceback") == 1, stderr[-4000:]  # the agent's; no worker's
+    assert f"SignalException: Process {proc.pid} got signal: {int(signal.SIGTERM)}" in stderr, stderr[-2000:]
+    note = [ln for ln in stderr.splitlines() if ln.startswith("[stop] SIGTERM: the checkpoint above is complete")]
+    assert len(note) == 1 and "exits 0 instead" in note[0], stderr[-3000:]
+    assert proc.returncode == 1  # torchrun's agent, re-raising the signal as SignalException
+    assert not (out / "train.lock").exists()
+
+
+def test_the_plain_torchrun_note_only_under_a_plain_torchrun(monkeypatch):
+    from fastvideo.training.run.control import LAUNCHER_PID_ENV, plain_torchrun_note
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv(LAUNCHER_PID_ENV, raising=False)
+    assert plain_torchrun_note(signal.SIGTERM) is None  # no torchrun at all
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert "exits 130 instead" in plain_torchrun_note(signal.SIGINT)
+    monkeypatch.setenv(LAUNCHER_PID_ENV, "123")  # fastvideo.launch: it exits 0 / 130 itself
+    assert plain_torchrun_note(signal.SIGTERM) is None
+
+
 def test_the_resume_command_gives_each_flag_once_with_the_value_argparse_used(monkeypatch):
     """A launcher's own flags come first and the user's repeat wins: the command keeps the winner."""
     from fastvideo.config import parse_config

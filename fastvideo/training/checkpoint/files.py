@@ -201,7 +201,10 @@ def verify_checkpoint(path: str | os.PathLike, digests: bool = True) -> dict:
             f"is not a checkpoint folder).{hint} Resume from an earlier checkpoint or from 'latest'."
         )
     marker = _read_json(path / MARKER)
-    files = marker.get("files", {}) if isinstance(marker, dict) else {}
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, dict):  # as is_complete: a marker without its file list vouches for nothing
+        raise CheckpointError(f"{str(path)!r} is not a complete checkpoint: its {MARKER} lists no files (a damaged "
+                              "marker). Resume from an earlier checkpoint or from 'latest'.")
     for name, size in files.items():
         f = path / name
         if not f.is_file() or f.stat().st_size != size:

@@ -182,6 +182,19 @@ class StopRequest:
         return EXIT_CODES.get(signal.Signals(signum), 128 + signum)
 
 
+def plain_torchrun_note(signum: int) -> str | None:
+    """Under a plain ``torchrun`` (not fastvideo.launch), the line to print after the checkpoint:
+    torchrun's agent (the workers' parent, torch's own code) turns the signal into a SignalException
+    that it re-raises once the workers exit, so the last thing on the terminal is its traceback and
+    the exit status is 1. None under fastvideo.launch (it exits 0 / 130) or outside torchrun."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(LAUNCHER_PID_ENV):
+        return None
+    name = signal.Signals(signum).name
+    return (f"[stop] {name}: the checkpoint above is complete; torchrun's agent now ends with its own "
+            f"SignalException traceback and exit status 1 (python -m fastvideo.launch, which every launcher "
+            f"uses, exits {EXIT_CODES.get(signal.Signals(signum), 128 + signum)} instead)")
+
+
 def resume_command(argv: list[str], checkpoint: str | Path, python: str | None = None) -> str:
     """The command line that continues this run from ``checkpoint``: the launcher's arguments
     (when started by fastvideo.launch), this script, its flags without an earlier
