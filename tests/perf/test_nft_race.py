@@ -99,7 +99,11 @@ def test_the_race_runs_each_method_at_its_chosen_lr_and_resumes(race, tmp_path, 
     assert "| MixGRPO-Flash | 0.003 | 3/3 | 3.0 |" in out and "| 3 / 0 / 0 | — | 3 / 0 / 0 |" in out
 
 
-def test_tuning_seeds_must_be_held_out_and_a_file_of_another_race_is_refused(race, tmp_path):
+def test_tuning_seeds_must_be_held_out_and_a_file_of_another_race_is_refused(race, tmp_path, monkeypatch):
+    import iteration
+
+    monkeypatch.setattr(race, "run_cell", _fake_cell([]))  # a missing check must not start real training
+    monkeypatch.setattr(iteration, "build_inputs", lambda *a: (None, None))
     with pytest.raises(SystemExit, match="overlap in \\[2\\]"):
         race.tuned_race(_args(race, None, tune_seeds=[101, 2], seeds=[1, 2]))
     other = tmp_path / "other.json"
