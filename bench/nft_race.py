@@ -120,7 +120,11 @@ def choose(saved: dict) -> dict[str, float]:
 
 
 def _by_lr(saved: dict, method: str) -> dict[str, dict[str, list[dict]]]:
-    return {lr: cell[method] for lr, cell in saved["tuning"].items() if method in cell}
+    """lr -> seed -> the method's tuning run, over the seeds run at every lr (a stopped tuning
+    compares its lrs on the same seeds)."""
+    by_lr = {lr: cell[method] for lr, cell in saved["tuning"].items() if method in cell}
+    common = set.intersection(*(set(runs) for runs in by_lr.values())) if by_lr else set()
+    return {lr: {s: rows for s, rows in runs.items() if s in common} for lr, runs in by_lr.items()}
 
 
 def tuned_race(args) -> dict:
