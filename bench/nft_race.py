@@ -178,14 +178,17 @@ def report(saved: dict) -> None:
         return
     race_times = {m: [mix_learning.time_to_target(race[m][s], target) for s in seeds] for m in METHODS}
     print(f"\n| method | lr | race seeds reaching the target | median CPU s to target | gain (last 5 - first 5) | "
-          f"{' | '.join(f'earlier / tied / later than {METHODS[o]}' for o in METHODS)} |")
-    print("|---|---|---|---|---|" + "---|" * len(METHODS))
+          f"{' | '.join(f'earlier / tied / later than {METHODS[o]}' for o in METHODS)} | iterations | "
+          "CPU s / iteration |")
+    print("|---|---|---|---|---|" + "---|" * (len(METHODS) + 2))
     for m in METHODS:
         gains = [mix_learning.gain(race[m][s]) for s in seeds]
         paired = ["—" if o == m else " / ".join(map(str, mix_learning.paired_counts(race_times[m], race_times[o])))
                   for o in METHODS]
+        per_it = [sum(r[mix_learning.CLOCK] for r in race[m][s]) / len(race[m][s]) for s in seeds]
         print(f"| {METHODS[m]} | {chosen[m]:g} | {sum(t is not None for t in race_times[m])}/{len(seeds)} | "
-              f"{mix_learning.median_time(race_times[m])} | {mix_learning._fmt(gains, 3)} | {' | '.join(paired)} |")
+              f"{mix_learning.median_time(race_times[m])} | {mix_learning._fmt(gains, 3)} | {' | '.join(paired)} | "
+              f"{mix_learning._fmt([len(race[m][s]) for s in seeds], 0)} | {mix_learning._fmt(per_it, 3)} |")
 
 
 def main_tuned(argv: list[str]) -> None:

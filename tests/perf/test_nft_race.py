@@ -96,7 +96,7 @@ def test_the_race_runs_each_method_at_its_chosen_lr_and_resumes(race, tmp_path, 
     out = capsys.readouterr().out
     assert "| DiffusionNFT | 0.01 | 2/2 | 4.5 | yes |" in out and "| DiffusionNFT | 0.03 | 1/2 |" in out
     assert "| DanceGRPO | 0.01 | 3/3 | 3.5 |" in out  # reached at iteration 6: 7 x 0.5 CPU s
-    assert "| MixGRPO-Flash | 0.003 | 3/3 | 3.0 |" in out and "| 3 / 0 / 0 | — | 3 / 0 / 0 |" in out
+    assert "| MixGRPO-Flash | 0.003 | 3/3 | 3.0 |" in out and "| 3 / 0 / 0 | — | 3 / 0 / 0 | 12 ± 0 | 0.500 ± 0.000 |" in out
 
 
 def test_tuning_seeds_must_be_held_out_and_a_file_of_another_race_is_refused(race, tmp_path, monkeypatch):
