@@ -87,7 +87,7 @@ def file_problems(args: argparse.Namespace, cfg, world: int = 0) -> list[str]:
         _attempt(problems, lambda: checkpoint.read_resume_point(args.resume_from_checkpoint, args.output_dir))
     reward = cfg.reward if cfg is not None else _attempt([], lambda: _reward_settings(args))
     if reward is not None:  # also when another flag is wrong: every problem is reported at once
-        problems += reward_problems(reward)
+        problems += reward_problems(reward, getattr(args, "model_family", None))
     from fastvideo.training.run import output_dir as run_dir
 
     overwrite = getattr(args, "overwrite", False)
@@ -102,9 +102,10 @@ def _reward_settings(args: argparse.Namespace):
     return RewardSettings.from_args(args)
 
 
-def reward_problems(r) -> list[str]:
-    """Missing reward weights of the local rewards, and remote:/vlm: endpoints that do not answer
-    (``r``: the RewardSettings)."""
+def reward_problems(r, family: str | None = None) -> list[str]:
+    """Missing reward weights of the local rewards, remote:/vlm: endpoints that do not answer, and
+    a served reward that needs source images in a run of ``family`` without them (``r``: the
+    RewardSettings)."""
     from types import SimpleNamespace
 
     problems: list[str] = []
@@ -122,7 +123,8 @@ def reward_problems(r) -> list[str]:
     if any(s.url for s in r.spec):
         from fastvideo.training.builders import check_reward_endpoints
 
-        _attempt(problems, lambda: check_reward_endpoints(SimpleNamespace(reward=r)))
+        model = SimpleNamespace(family=family) if family else None
+        _attempt(problems, lambda: check_reward_endpoints(SimpleNamespace(reward=r, model=model)))
     return problems
 
 

@@ -24,8 +24,28 @@ from helpers import ROOT, train_args  # noqa: E402
 NAN, INF = "nan", "inf"
 
 
+class _NeedsSources:
+    """A reward the stand-in server serves: it compares each image with its source image."""
+
+    uses_sources = True
+
+    def __call__(self, images, prompts, sources=None):
+        return (images - sources).abs().mean(dim=(1, 2, 3))
+
+
 @pytest.fixture(scope="module")
-def env(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
+def source_server():
+    """The project's reward server whose /health says its reward uses source images (#36)."""
+    from fastvideo.tools.reward_server import PluginReward, build_app, served_info
+    from server_utils import serve_in_thread
+
+    reward = PluginReward("edit", _NeedsSources(), 2)
+    with serve_in_thread(build_app({"edit": reward}, {"edit": served_info("edit", reward, {})})) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def env(tiny_flux_dir, tiny_embeddings, tmp_path_factory, source_server):
     """Paths the builders use: the tiny model and embeddings, a file, an empty folder, a
     checkpoint-like folder without its marker, a prompts file shared with training."""
     root = tmp_path_factory.mktemp("bad_inputs")
@@ -54,7 +74,7 @@ def env(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
     read_only.chmod(0o555)
     return dict(model=str(tiny_flux_dir), emb=str(tiny_embeddings), root=root, file=str(a_file), empty=str(empty),
                 incomplete=str(incomplete), train_prompts=str(train_prompts), empty_prompts=str(empty_prompts),
-                mixed_model=str(mixed), read_only=str(read_only), binary=str(binary),
+                mixed_model=str(mixed), read_only=str(read_only), binary=str(binary), source_server=source_server,
                 **{k: str(v) for k, v in {**models, **data}.items()})
 
 
@@ -175,7 +195,7 @@ TRAIN = [
     _t("--lora_target_modules", use_lora=True, lora_target_modules="nope_a,nope_b"),
     _t("MASTER_ADDR and MASTER_PORT not set", env={"WORLD_SIZE": "2"}),
     pytest.param(*_t("not writable", output_dir="{read_only}/out"),
-                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")),
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")),    _t("generates from text", rewards="remote:{source_server}/edit:1"),  # #36: /health says uses_sources
 ]
 
 PREPROCESS = [

@@ -179,6 +179,7 @@ class RemoteReward:
         self.headers = auth_headers(url)
         self.info = check_reward_server(url, timeout_s=min(timeout_s, 10.0)) if check else {}
         self.uses_sources = self.info.get("uses_sources") is True
+        self.sources_optional = self.info.get("sources_optional") is True  # rewards.base.needs_sources
 
     def _request(self, images: ImageBatch, prompts: list[str], sources: torch.Tensor | None = None) -> torch.Tensor:
         """Scores of one request [b] float32, NaN where the server's reward was non-finite."""
@@ -208,14 +209,23 @@ class RemoteReward:
         return f"RemoteReward({redact(self.url)!r}, batch_size={self.batch_size})"
 
 
-def check_reward_endpoints(specs, timeout_s: float = 10.0) -> None:
-    """Fail fast, naming the URL, when a remote:/vlm: entry of --rewards does not answer.
+def served_needs_sources(info: dict) -> bool:
+    """Whether a served reward's /health record says it cannot score without source images: it
+    ``uses_sources`` and does not say ``sources_optional`` (rewards.base.needs_sources, over the wire)."""
+    return info.get("uses_sources") is True and info.get("sources_optional") is not True
+
+
+def check_reward_endpoints(specs, timeout_s: float = 10.0) -> list[tuple[object, dict]]:
+    """Fail fast, naming the URL, when a remote:/vlm: entry of --rewards does not answer; the
+    remote entries' (spec, /health record) pairs otherwise.
 
     The trainer calls this before it loads any model, so a typo in a URL costs seconds."""
+    served = []
     for spec in specs:
         if getattr(spec, "kind", "local") == "remote":
-            check_reward_server(spec.url, timeout_s)
+            served.append((spec, check_reward_server(spec.url, timeout_s)))
         elif getattr(spec, "kind", "local") == "vlm":
             from fastvideo.rewards.vlm import check_vlm_endpoint
 
             check_vlm_endpoint(spec.url, timeout_s)
+    return served

@@ -99,20 +99,28 @@ class RewardSettings(Settings):
     def check_across(self, sections: dict) -> None:
         """A reward that needs the samples' source images (rewards.base.needs_sources: clip_edit)
         refused for a family that generates from text, before any model loads."""
-        from fastvideo.errors import UserError
-        from fastvideo.models.registry import family_factory
         from fastvideo.rewards.base import needs_sources, reward_class
 
         model = sections.get("model")
-        try:
-            edits = bool(getattr(family_factory(model.family), "edits", False)) if model is not None else True
-        except UserError:  # an unknown family or one of the other library line: the model settings say so
-            return
         wanting = [s.name for s in self.spec if not s.url and needs_sources(reward_class(s.name))]
-        if wanting and not edits:
+        if wanting and model is not None and family_edits(model.family) is False:
             raise ConfigError(f"--rewards {', '.join(wanting)} compares each image with its source image, and model "
                               f"family {model.family!r} generates from text (no source images): train an editing "
                               f"family (--model_family kontext) on a prompt file with images, or use another reward")
+
+    @staticmethod
+    def check_served_sources(family: str, served) -> None:
+        """The remote rewards whose server's /health says they need source images (``served``: the
+        (spec, health record) pairs of rewards.remote.check_reward_endpoints) refused for a family that
+        generates from text: one line now, not a 400 from the server at the first reward call."""
+        from fastvideo.rewards.remote import redact, served_needs_sources
+
+        wanting = [f"remote:{redact(spec.url)}" for spec, info in served if served_needs_sources(info)]
+        if wanting and family_edits(family) is False:
+            raise ConfigError(f"--rewards {', '.join(dict.fromkeys(wanting))}: the reward server says this reward "
+                              f"compares each image with its source image (/health: uses_sources), and model family "
+                              f"{family!r} generates from text (no source images): train an editing family "
+                              f"(--model_family kontext) on a prompt file with images, or use another reward")
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
@@ -161,3 +169,15 @@ def spec_text(spec) -> str:
     s = spec if isinstance(spec, dict) else vars(spec)
     head = f"{s['kind']}:{s['url']}" if s["url"] else s["name"]
     return f"{head}:{s['weight']:.17g}"
+
+
+def family_edits(family: str) -> bool | None:
+    """Whether model family ``family`` edits (its samples have source images); None when the family
+    is unknown or of the other library line (the model settings say so)."""
+    from fastvideo.errors import UserError
+    from fastvideo.models.registry import family_factory
+
+    try:
+        return bool(getattr(family_factory(family), "edits", False))
+    except UserError:
+        return None

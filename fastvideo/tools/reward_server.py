@@ -70,6 +70,8 @@ def served_info(name: str, reward: Reward, kwargs: Mapping[str, Any]) -> dict:
         record["input_precision"] = kwargs["input_precision"]
     if takes_sources(reward):  # editing: the client sends the source images (rewards/wire.py)
         record["uses_sources"] = True
+        if getattr(reward, "sources_optional", False):  # scores text-to-image too (a trainer's pre-flight reads it)
+            record["sources_optional"] = True
     return record
 
 
@@ -204,10 +206,11 @@ class PluginReward:
     def __init__(self, name: str, fn, batch_size: int) -> None:
         self.name, self.fn, self.batch_size = name, fn, batch_size
         self.uses_sources = takes_sources(fn)
+        self.sources_optional = bool(getattr(fn, "sources_optional", False))  # scores without them too
 
     def __call__(self, images, prompts, sources=None) -> torch.Tensor:
         n = check_inputs(images, prompts)
-        if self.uses_sources:
+        if self.uses_sources and not (self.sources_optional and sources is None):
             check_sources(sources, n, self.name)
         extra = {"sources": sources} if self.uses_sources else {}
         scores = torch.as_tensor(self.fn(images, list(prompts), **extra)).detach().float().reshape(-1).cpu()
@@ -230,6 +233,8 @@ def load_plugin(text: str, device: torch.device, batch_size: int) -> tuple[str, 
     info = {"class": type(fn).__name__, "module": module, "batch_size": batch_size, "files": {}, "plugin": target}
     if takes_sources(fn):
         info["uses_sources"] = True
+        if getattr(fn, "sources_optional", False):  # the trainer's pre-flight lets a text-to-image run use it
+            info["sources_optional"] = True
     return name.strip(), PluginReward(name.strip(), fn, batch_size), info
 
 

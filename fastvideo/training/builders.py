@@ -273,13 +273,16 @@ def rank_reward_specs(specs: list, rank: int) -> list:
 
 def check_reward_endpoints(cfg: TrainConfig) -> None:
     """remote:/vlm: rewards must answer at start-up (rewards/remote.py), every listed server of
-    them; nothing to do otherwise."""
+    them, and a served reward that needs source images must have them (a family that edits;
+    ``cfg.model`` absent: not checked); nothing to do otherwise."""
     if any(s.url for s in cfg.reward.spec):
         from fastvideo.rewards.remote import check_reward_endpoints as check
 
         most = max(len(s.url.split("|")) if s.url else 1 for s in cfg.reward.spec)
-        for r in range(most):
-            check(rank_reward_specs(cfg.reward.spec, r))
+        served = [pair for r in range(most) for pair in check(rank_reward_specs(cfg.reward.spec, r))]
+        model = getattr(cfg, "model", None)
+        if model is not None:
+            cfg.reward.check_served_sources(model.family, served)
 
 
 def reward_build_kwargs(cfg: TrainConfig, device: torch.device) -> tuple[dict, dict]:
