@@ -63,3 +63,16 @@ def test_the_rooms_of_training_import_nothing_of_the_loop():
     assert _loop_imports(report, "fastvideo.training.checkpoint", ()) == []
     assert _loop_imports(report, "fastvideo.training.run", ("fastvideo.training.checkpoint",)) == []
     assert structure.imports_between(report.edges, "fastvideo.models.base", "fastvideo.models.registry") == []
+
+
+def test_no_two_test_files_share_a_name():
+    """tests/ has no __init__.py files: pytest imports each test file as a top-level module named
+    after its file, so two files of one name in different folders fail to import together
+    ("import file mismatch") and one of them never runs in the full suite."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "test files of the same name: " + "; ".join(clashes)
