@@ -18,6 +18,7 @@ import torch
 
 from fastvideo.algorithms.base import Objective, StatsAccumulator, stack_timesteps
 from fastvideo.errors import UserError
+from fastvideo.index_copies import index_copies
 from fastvideo.utils import main_print
 
 
@@ -79,20 +80,23 @@ class Updater:
         loss_sum = torch.zeros((), device=self.device)
         window_loss = torch.zeros((), device=self.device)  # this accumulation window's loss
         grad_norms, opt_steps, skipped, causes = [], 0, 0, []
-        for m, terms in enumerate(micro_batches):
-            for term in terms:
-                loss = objective.loss(policy, traj, adv, term, stats)
-                loss.backward()
-                loss_sum += loss.detach()
-                window_loss += loss.detach()
-            if (m + 1) % self.accumulation == 0 or m == len(micro_batches) - 1:
-                norm, bad = self.optimizer_step(window_loss)
-                window_loss = torch.zeros((), device=self.device)
-                if not bad:
-                    grad_norms.append(norm)
-                causes += [c for c in bad if c not in causes]
-                opt_steps += int(not bad)
-                skipped += int(bool(bad))
+        # every term's rows and steps on the device in one copy (index_copies.on reads them there)
+        indices = [x for terms in micro_batches for t in terms for x in (t.rows, t.steps)]
+        with index_copies(indices, self.device):
+            for m, terms in enumerate(micro_batches):
+                for term in terms:
+                    loss = objective.loss(policy, traj, adv, term, stats)
+                    loss.backward()
+                    loss_sum += loss.detach()
+                    window_loss += loss.detach()
+                if (m + 1) % self.accumulation == 0 or m == len(micro_batches) - 1:
+                    norm, bad = self.optimizer_step(window_loss)
+                    window_loss = torch.zeros((), device=self.device)
+                    if not bad:
+                        grad_norms.append(norm)
+                    causes += [c for c in bad if c not in causes]
+                    opt_steps += int(not bad)
+                    skipped += int(bool(bad))
         self.model.eval()
         means, maxes = objective.summarize(stats)
         # Read back once per iteration, after the loop (the norms stay on the device until here).
