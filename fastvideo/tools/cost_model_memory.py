@@ -36,6 +36,8 @@ def _memory_flags(g) -> None:
                         "90%% of --device_memory_gb (the trainer's flag and rule, training/lean.py)")
     g.add_argument("--update_timesteps_per_forward", default="1", metavar="K|all",
                    help="trained timesteps stacked in one update forward (the trainer's flag)")
+    g.add_argument("--grad_sync", default="per_microbatch", choices=["per_microbatch", "per_step"],
+                   help="per_step: gradients reduce-scattered once per optimizer step (unsharded gradients held)")
     g.add_argument("--use_lora", action="store_true", help="train LoRA adapters on a frozen base (--memory only)")
     g.add_argument("--lora_rank", type=int, default=128)
     g.add_argument("--lora_target_modules", default="to_k,to_q,to_v,to_out.0")
@@ -67,6 +69,7 @@ def memory_shape(args):
         vae_bytes=4 if vae_fp32 else 2, rewards=tuple(r.split(":")[0] for r in args.rewards.split(",") if r),
         communicators=comms, gather_bytes=2 if args.fsdp_param_dtype == "bf16" else 4,
         rollout_gathered=args.rollout_weights == "gathered", timesteps_per_forward=_timesteps(args),
+        grads_unsharded=args.grad_sync == "per_step", accumulation=args.gradient_accumulation_steps,
         hccl_buffsize_mb=args.hccl_buffsize_mb or int(os.environ.get("HCCL_BUFFSIZE", 800)),
         **_lora_and_copies(args),
     )

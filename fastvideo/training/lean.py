@@ -50,7 +50,8 @@ def memory_shape(cfg, world_size: int, device, text_tokens: int = 512):
         cpu_offload=cfg.cpu_offload, vae_bytes=4 if m.vae_precision == "fp32" else 2,
         rewards=tuple(r.name for r in cfg.reward.spec if r.kind == "local"),  # remote ones hold no weights here
         lora_rank=lora.rank if lora.enabled else 0, kl_reference=cfg.grpo.kl_coef > 0,
-        old_policy=cfg.algorithm == "nft", gather_bytes=2 if cfg.fsdp_param_dtype == "bf16" else 4)
+        old_policy=cfg.algorithm == "nft", gather_bytes=2 if cfg.fsdp_param_dtype == "bf16" else 4,
+        grads_unsharded=cfg.update.grad_sync == "per_step")
 
 
 def _fits(shape, transformer_config: dict, vae_config: dict, family, limit: float) -> tuple[bool, float]:
@@ -75,8 +76,19 @@ def choose(cfg, world_size: int, device, family, transformer_config: dict, vae_c
         return LeanChoice(mode == "gathered", k, [f"--rollout_weights {mode} / --update_timesteps_per_forward {k}: "
                                                   "not checked (the model family has no cost model); auto: sharded"])
     shape = replace(memory_shape(cfg, world_size, device), timesteps_per_forward=k)
-    return resolve(shape, mode, cfg.update.timesteps_per_forward == ALL, HEADROOM * total,
+    choice = resolve(shape, mode, cfg.update.timesteps_per_forward == ALL, HEADROOM * total,
                    lambda s: _fits(s, transformer_config, vae_config, family, HEADROOM * total))
+    if shape.grads_unsharded:
+        ok, peak = _fits(replace(shape, rollout_gathered=choice.gathered, timesteps_per_forward=choice.timesteps),
+                         transformer_config, vae_config, family, HEADROOM * total)
+        if not ok:
+            raise ConfigError(f"--grad_sync per_step: with the whole unsharded gradients the memory model's peak is "
+                              f"{peak / 1e9:.1f} GB, over the {HEADROOM * total / 1e9:.1f} GB usable on this device; "
+                              "use --grad_sync per_microbatch")
+        choice.notes.append(f"--grad_sync per_step: one gradient reduce-scatter per optimizer step (the memory "
+                            f"model's peak with the unsharded gradients: {peak / 1e9:.1f} GB of "
+                            f"{HEADROOM * total / 1e9:.1f} GB usable)")
+    return choice
 
 
 def resolve(shape, mode: str, k_is_all: bool, limit: float, fits) -> LeanChoice:
