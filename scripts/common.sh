@@ -112,7 +112,10 @@ fg_rewards() {
 # dies: 15.2x fewer FSDP bytes per rank per iteration, peak 39.8 GB of a 64 GB die
 # (python -m fastvideo.tools.launcher_cost LAUNCHER). LEAN=0: today's defaults (fp32 gathers, a gather
 # per forward, one timestep per forward). Not with sequence parallelism (SP > 1): not tested together.
-LEAN_ARGS=(--fsdp_param_dtype bf16 --rollout_weights auto --update_timesteps_per_forward all)
+# bf16 gathers need bf16 autocast: left off when EXTRA_ARGS asks for --mixed_precision no.
+LEAN_GATHER=(--fsdp_param_dtype bf16)
+case " ${EXTRA_ARGS:-} " in *" --mixed_precision no "* | *" --mixed_precision=no "*) LEAN_GATHER=() ;; esac
+LEAN_ARGS=("${LEAN_GATHER[@]}" --rollout_weights auto --update_timesteps_per_forward all)
 if [ "${LEAN:-1}" = 0 ] || [ "${SP:-1}" != 1 ]; then LEAN_ARGS=(); fi
 
 # fg_run ARGS...: run torchrun with ARGS, or with DRY_RUN=1 print the command (one line) and exit 0.

@@ -61,6 +61,9 @@ def test_lean_0_and_sp_keep_the_defaults(env):
     assert _lean_flags(flags) == []
     _, flags = launcher_cost.launcher_args(A3, _env(EXTRA_ARGS="--rollout_weights sharded"))
     assert flags[-2:] == ["--rollout_weights", "sharded"]  # EXTRA_ARGS comes last: it overrides
+    # bf16 gathers need bf16 autocast: a run with --mixed_precision no keeps fp32 gathers
+    _, flags = launcher_cost.launcher_args(A3, _env(EXTRA_ARGS="--mixed_precision no"))
+    assert _lean_flags(flags) == LEAN[2:]
 
 
 def _tiny(*extra) -> dict:
