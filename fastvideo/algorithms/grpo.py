@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from fastvideo.index_copies import on
 from fastvideo.algorithms.base import Objective, ObjectiveContext, RewardResult, StatsAccumulator, Term
 from fastvideo.algorithms.settings import GRPOSettings
 from fastvideo.grpo.advantages import finite_batch_advantages, finite_group_advantages, global_std_advantages
@@ -75,7 +76,7 @@ class GRPOObjective(Objective):
         non-zero advantage); None when no advantages were computed (a reference loop calling loss()
         alone)."""
         kept = getattr(self, "_kept", None)
-        return None if kept is None else kept[rows.to(kept.device)]
+        return None if kept is None else kept[on(rows, kept.device)]
 
     def _dropped_masked(self, per_sample: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """[b] per-sample terms with the rows of dropped samples set to 0 (as their policy term is)."""
@@ -169,7 +170,7 @@ class GRPOObjective(Objective):
         scale = g.loss_coef / (self.u.gradient_accumulation_steps * num_trained)
         logp, kl = self.log_prob(policy, traj, rows, steps)
         old = traj.rollout_log_prob(rows, steps)
-        loss, s = clipped_policy_loss(logp, old, advantages[rows.to(advantages.device)], g.clip_range)
+        loss, s = clipped_policy_loss(logp, old, advantages[on(rows, advantages.device)], g.clip_range)
         sums = {"ratio_mean": s.ratio_mean, "clip_fraction": s.clip_fraction}
         if kl is not None:  # beta * mean KL, normalised like the policy term below
             kl = self._dropped_masked(kl, rows).mean()

@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from fastvideo.index_copies import on
 from fastvideo.algorithms.base import ObjectiveContext, StatsAccumulator, Term
 from fastvideo.algorithms.grpo import GRPOObjective
 from fastvideo.algorithms.nft_settings import NFTSettings
@@ -94,8 +95,8 @@ class NFTObjective(GRPOObjective):
 
     def loss(self, policy, traj, advantages: torch.Tensor, term: Term, stats: StatsAccumulator) -> torch.Tensor:
         g, rows, steps = self.g, term.rows, term.steps
-        x0 = traj.x0[rows.to(traj.x0.device)].float()
-        t = traj.sigmas[steps.to(traj.sigmas.device)].float()
+        x0 = traj.x0[on(rows, traj.x0.device)].float()
+        t = traj.sigmas[on(steps, traj.sigmas.device)].float()
         eps = self.randomness.train_noise(self.iteration, traj.sample_ids[rows], steps, x0.shape[1:]).to(x0.device)
         tb = t.reshape(-1, *([1] * (x0.ndim - 1)))
         x_t = (1.0 - tb) * x0 + tb * eps
@@ -104,7 +105,7 @@ class NFTObjective(GRPOObjective):
                 v_old = policy.velocity(traj, rows, x_t, t)
             v_ref = policy.reference_velocity(traj, rows, x_t, t) if g.kl_coef > 0 else None
         v = policy.velocity(traj, rows, x_t, t)
-        r = optimality(advantages[rows.to(advantages.device)], g.adv_clip_max, self.nft.adv_mode)
+        r = optimality(advantages[on(rows, advantages.device)], g.adv_clip_max, self.nft.adv_mode)
         # A sample dropped for a non-finite reward has advantage 0, which NFT reads as r = 0.5 (half
         # positive, half negative): it must be masked out, not left to train (GRPO's advantages()).
         keep = self.kept_rows(rows)

@@ -11,6 +11,7 @@ from fastvideo.errors import ConfigError
 from fastvideo.settings import Settings, at_least_one, flag_group
 
 _FLAGS = ("train_micro_batch_size", "gradient_accumulation_steps")
+GRAD_SYNC = ("per_microbatch", "per_step")
 ALL = 0  # --update_timesteps_per_forward all: every trained timestep of a micro-batch in one forward
 
 
@@ -34,6 +35,9 @@ class UpdateSettings(Settings):
     gradient_accumulation_steps: int = 1
     # (sample, timestep) terms stacked along the batch of one forward + backward: K, or ALL (0)
     timesteps_per_forward: int = 1
+    # when the gradients are reduce-scattered: per_microbatch (every backward) | per_step (once per
+    # optimizer step: the accumulation window's backwards under FSDP's no_sync, unsharded gradients held)
+    grad_sync: str = "per_microbatch"
 
     section = "update"
 
@@ -52,13 +56,19 @@ class UpdateSettings(Settings):
                             "micro-batch's samples, stacked along the batch (the same loss; FSDP gathers the "
                             "weights and reduce-scatters the gradients once per K timesteps instead of each); "
                             "all: every trained timestep (refused where the memory model says it will not fit)")
+        g.add_argument("--grad_sync", type=str, default="per_microbatch", choices=list(GRAD_SYNC),
+                       help="per_step: reduce-scatter the gradients once per optimizer step (FSDP's no_sync over "
+                            "the accumulation window; holds the whole unsharded fp32 gradients, priced by the "
+                            "memory model and refused where they would not fit); per_microbatch: after every "
+                            "backward (default)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "UpdateSettings":
         at_least_one(args, *_FLAGS)
         return cls(train_micro_batch_size=args.train_micro_batch_size,
                    gradient_accumulation_steps=args.gradient_accumulation_steps,
-                   timesteps_per_forward=timesteps_value(args.update_timesteps_per_forward)).checked()
+                   timesteps_per_forward=timesteps_value(args.update_timesteps_per_forward),
+                   grad_sync=args.grad_sync).checked()
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
@@ -68,4 +78,5 @@ class UpdateSettings(Settings):
         flags = {k: section[k] for k in _FLAGS if k in section}
         k = section.get("timesteps_per_forward", 1)
         flags["update_timesteps_per_forward"] = "all" if k == ALL else str(k)
+        flags["grad_sync"] = section.get("grad_sync", "per_microbatch")
         return flags

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from fastvideo.index_copies import on
 from fastvideo.errors import UserError
 
 class EmbeddingDatasetError(UserError, ValueError):
@@ -71,7 +72,7 @@ class TensorConditioning(Conditioning):
 
     def select(self, rows) -> "TensorConditioning":
         def pick(t):
-            return t[rows] if isinstance(rows, slice) else t[rows.to(t.device)]
+            return t[rows] if isinstance(rows, slice) else t[on(rows, t.device)]
 
         return TensorConditioning({k: pick(t) for k, t in self.tensors.items()}, dict(self.shared))
 

@@ -51,6 +51,7 @@ class CommShape:
     rollout_gathered: bool = False  # --rollout_weights gathered: the whole model gathered once per rollout
     rollout_swapped: bool = False  # the rollout samples with a swapped-in copy (NFT), which frees the root after
     timesteps_per_forward: int = 1  # --update_timesteps_per_forward: (sample, timestep) terms per forward
+    reduce_per_step: int = 0  # --grad_sync per_step: micro-batches per optimizer step, one reduce-scatter each; 0: per term
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,14 @@ def update_terms(s: CommShape) -> int:
     """Forward + backward passes of the update: micro-batches x ceil(T / timesteps per forward)."""
     per_micro = math.ceil(s.trained_steps / max(1, s.timesteps_per_forward))
     return math.ceil(s.samples_per_rank / s.micro_batch) * per_micro
+
+
+def reduce_sets(s: CommShape) -> int:
+    """Whole-model gradient reduce-scatters per iteration: one per term, or (--grad_sync per_step)
+    one per optimizer step (ceil(micro-batches / accumulation))."""
+    if s.reduce_per_step:
+        return math.ceil(math.ceil(s.samples_per_rank / s.micro_batch) / s.reduce_per_step)
+    return update_terms(s)
 
 
 def gather_passes(s: CommShape) -> dict[str, UnitPasses]:
@@ -98,7 +107,8 @@ def predicted_collectives(s: CommShape) -> dict[str, dict[str, tuple[int, int]]]
         out[phase] = {"all_gather": (calls, p.blocks * block_bytes + p.root * root_bytes)}
     terms = update_terms(s)
     trainable = s.params if s.trainable is None else s.trainable
-    out["update"]["reduce_scatter"] = (terms * s.units, terms * trainable * s.reduce_bytes)
+    reduces = reduce_sets(s)
+    out["update"]["reduce_scatter"] = (reduces * s.units, reduces * trainable * s.reduce_bytes)
     if s.reference_params:  # a frozen copy's units: gathered (no grad) in every term
         calls, nbytes = out["update"]["all_gather"]
         out["update"]["all_gather"] = (calls, nbytes + terms * s.reference_params * s.gather_bytes)
@@ -138,8 +148,9 @@ def gather_dtype_table(s: CommShape) -> list[str]:
 
 
 def today(s: CommShape) -> CommShape:
-    """``s`` with the defaults: fp32 gathers, the rollout gathering per forward, one timestep per forward."""
-    return replace(s, gather_bytes=4, rollout_gathered=False, timesteps_per_forward=1)
+    """``s`` with the defaults: fp32 gathers, the rollout gathering per forward, one timestep per forward,
+    a gradient reduce-scatter per term."""
+    return replace(s, gather_bytes=4, rollout_gathered=False, timesteps_per_forward=1, reduce_per_step=0)
 
 
 def comparison_table(s: CommShape) -> list[str]:
@@ -174,7 +185,8 @@ def from_memory_shape(m, prof, trained_steps: int, nograd_update_forwards: int =
                      nograd_update_forwards=nograd_update_forwards, keep_gathered=m.strategy == "zero2",
                      root_params=prof.root_adapter_params if lora else prof.root_params, units=prof.units,
                      rollout_gathered=m.rollout_gathered, rollout_swapped=m.old_policy,
-                     timesteps_per_forward=min(m.timesteps_per_forward, trained_steps))
+                     timesteps_per_forward=min(m.timesteps_per_forward, trained_steps),
+                     reduce_per_step=m.accumulation if m.grads_unsharded else 0)
 
 
 def traffic_by_gather_dtype(s: CommShape) -> dict[str, dict[str, float]]:

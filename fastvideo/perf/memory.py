@@ -78,6 +78,8 @@ class MemoryShape:
     gather_bytes: int = 4  # --fsdp_param_dtype: the dtype FSDP gathers parameters in
     rollout_gathered: bool = False  # --rollout_weights gathered: the whole model gathered through the rollout
     timesteps_per_forward: int = 1  # --update_timesteps_per_forward: a micro-batch's forward is this many x larger
+    grads_unsharded: bool = False  # --grad_sync per_step: the whole unsharded gradients held through the update
+    accumulation: int = 1  # --gradient_accumulation_steps (micro-batches per optimizer step)
 
     @property
     def shards(self) -> int:
@@ -304,6 +306,8 @@ def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
         gathered = prof.params if s.strategy == "zero2" else 2 * prof.largest_block_params + prof.root_params
         out["fsdp_unsharded"] = gathered * m
         out["fsdp_unsharded_grads"] = prof.largest_block_params * m
+    if s.grads_unsharded:  # FSDP1 no_sync: every unit's gradients accumulate unsharded, fp32 (the master dtype)
+        out["fsdp_unsharded_grads"] = trainable * m
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from fastvideo.index_copies import on
 from fastvideo import devices
 from fastvideo.models.base import Conditioning, LatentLayout, ModelFamily
 from fastvideo.sampling import sde, solvers
@@ -118,7 +119,7 @@ class Trajectory:
 
     def rollout_log_prob(self, rows: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
         """[b] the rollout's log-probability of the transitions (rows[i]: steps[i] -> steps[i] + 1)."""
-        return self.log_probs[rows.to(self.log_probs.device), steps.to(self.log_probs.device)]
+        return self.log_probs[on(rows, self.log_probs.device), on(steps, self.log_probs.device)]
 
     def subset(self, index: Sequence[int] | torch.Tensor) -> "Trajectory":
         """The samples at ``index`` (a list of ints or a CPU int64 tensor), in that order."""

@@ -50,7 +50,8 @@ def memory_shape(cfg, world_size: int, device, text_tokens: int = 512):
         cpu_offload=cfg.cpu_offload, vae_bytes=4 if m.vae_precision == "fp32" else 2,
         rewards=tuple(r.name for r in cfg.reward.spec if r.kind == "local"),  # remote ones hold no weights here
         lora_rank=lora.rank if lora.enabled else 0, kl_reference=cfg.grpo.kl_coef > 0,
-        old_policy=cfg.algorithm == "nft", gather_bytes=2 if cfg.fsdp_param_dtype == "bf16" else 4)
+        old_policy=cfg.algorithm == "nft", gather_bytes=2 if cfg.fsdp_param_dtype == "bf16" else 4,
+        grads_unsharded=cfg.update.grad_sync == "per_step")
 
 
 def _fits(shape, transformer_config: dict, vae_config: dict, family, limit: float) -> tuple[bool, float]:
@@ -74,19 +75,39 @@ def choose(cfg, world_size: int, device, family, transformer_config: dict, vae_c
     if not isinstance(family, FamilyCostModel):  # a plugin family without a memory model: nothing to check with
         return LeanChoice(mode == "gathered", k, [f"--rollout_weights {mode} / --update_timesteps_per_forward {k}: "
                                                   "not checked (the model family has no cost model); auto: sharded"])
-    limit, notes = HEADROOM * total, []
     shape = replace(memory_shape(cfg, world_size, device), timesteps_per_forward=k)
+    choice = resolve(shape, mode, cfg.update.timesteps_per_forward == ALL, HEADROOM * total,
+                   lambda s: _fits(s, transformer_config, vae_config, family, HEADROOM * total))
+    if shape.grads_unsharded:
+        ok, peak = _fits(replace(shape, rollout_gathered=choice.gathered, timesteps_per_forward=choice.timesteps),
+                         transformer_config, vae_config, family, HEADROOM * total)
+        if not ok:
+            raise ConfigError(f"--grad_sync per_step: with the whole unsharded gradients the memory model's peak is "
+                              f"{peak / 1e9:.1f} GB, over the {HEADROOM * total / 1e9:.1f} GB usable on this device; "
+                              "use --grad_sync per_microbatch")
+        choice.notes.append(f"--grad_sync per_step: one gradient reduce-scatter per optimizer step (the memory "
+                            f"model's peak with the unsharded gradients: {peak / 1e9:.1f} GB of "
+                            f"{HEADROOM * total / 1e9:.1f} GB usable)")
+    return choice
+
+
+def resolve(shape, mode: str, k_is_all: bool, limit: float, fits) -> LeanChoice:
+    """The memory model's choice for a perf.memory.MemoryShape whose timesteps_per_forward is the
+    requested K (all: the trained steps): ``mode`` auto -> gathered where the peak with the whole
+    model gathered fits ``limit`` bytes; K halved (all) or refused (an explicit K) until it fits.
+    fits(shape) -> (fits, peak bytes). Shared by the trainer (choose) and the cost model."""
+    notes, k = [], shape.timesteps_per_forward
     gathered = mode == "gathered"
     if mode == "auto":
-        gathered, peak = _fits(replace(shape, rollout_gathered=True), transformer_config, vae_config, family, limit)
+        gathered, peak = fits(replace(shape, rollout_gathered=True))
         notes.append(f"--rollout_weights auto: {'gathered' if gathered else 'sharded'} (the memory model's peak with "
                      f"the weights gathered: {peak / 1e9:.1f} GB of {limit / 1e9:.1f} GB usable)")
     shape = replace(shape, rollout_gathered=gathered)
     while k > 1:
-        ok, peak = _fits(replace(shape, timesteps_per_forward=k), transformer_config, vae_config, family, limit)
+        ok, peak = fits(replace(shape, timesteps_per_forward=k))
         if ok:
             break
-        if cfg.update.timesteps_per_forward != ALL:
+        if not k_is_all:
             raise ConfigError(f"--update_timesteps_per_forward {k}: the memory model's peak is {peak / 1e9:.1f} GB, "
                               f"over the {limit / 1e9:.1f} GB usable on this device; use a smaller K or all")
         notes.append(f"--update_timesteps_per_forward all: {k} timesteps per forward would peak at "

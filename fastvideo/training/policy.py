@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fastvideo.index_copies import on
 from fastvideo import devices
 from fastvideo.sampling.rollout import sde_transition
 
@@ -55,10 +56,10 @@ class Policy:
     def transition_log_prob(self, traj, rows: torch.Tensor, steps: torch.Tensor, eta: float) -> TransitionLogProb:
         """Log-probability under the current policy of the stored transitions (rows[i], steps[i]),
         by the SDE step of the trajectory's plan with noise scale ``eta``; rows, steps [b] int64."""
-        lat = traj.latents[rows.to(traj.latents.device), steps.to(traj.latents.device)]
-        nxt = traj.latents[rows.to(traj.latents.device), (steps + 1).to(traj.latents.device)]
-        sig = traj.sigmas[steps.to(traj.sigmas.device)]
-        sig_next = traj.sigmas[(steps + 1).to(traj.sigmas.device)]
+        lat = traj.latents[on(rows, traj.latents.device), on(steps, traj.latents.device)]
+        nxt = traj.latents[on(rows, traj.latents.device), on(steps, traj.latents.device) + 1]
+        sig = traj.sigmas[on(steps, traj.sigmas.device)]
+        sig_next = traj.sigmas[on(steps, traj.sigmas.device) + 1]
         v = self.velocity(traj, rows, lat, sig)
         plan = traj.plan
         _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, eta, plan.host_sigmas[1], prev_sample=nxt)

@@ -104,7 +104,7 @@ class Trainer:
                                 dict(self.vae.config))
         self.updater = Updater(self.model, self.optimizer, self.lr_scheduler, self.cfg.optim,
                                self.cfg.update.gradient_accumulation_steps, self.dims, self.device, self.state,
-                               self.lean.timesteps)
+                               self.lean.timesteps, self.cfg.update.grad_sync)
         self.checkpointer = builders.build_checkpointer(self.cfg)
         self._maybe_resume()
         if self.info.is_main:

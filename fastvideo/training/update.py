@@ -12,12 +12,14 @@ It knows no algorithm: the objective plans the work (Terms) and computes each te
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 
 from fastvideo.algorithms.base import Objective, StatsAccumulator, stack_timesteps
 from fastvideo.errors import UserError
+from fastvideo.index_copies import index_copies
 from fastvideo.utils import main_print
 
 
@@ -58,7 +60,7 @@ class Updater:
     forward + backward (--update_timesteps_per_forward, resolved: training/lean.py)."""
 
     def __init__(self, model, optimizer, lr_scheduler, optim, accumulation: int, dims, device: torch.device,
-                 state: TrainerState, timesteps_per_forward: int = 1):
+                 state: TrainerState, timesteps_per_forward: int = 1, grad_sync: str = "per_microbatch"):
         self.model = model
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -68,6 +70,7 @@ class Updater:
         self.device = device
         self.state = state
         self.timesteps_per_forward = timesteps_per_forward
+        self.grad_sync = grad_sync  # per_step: no_sync over the accumulation window (reduce once per step)
 
     def run(self, objective: Objective, policy, traj, advantages: torch.Tensor, iteration: int) -> UpdateStats:
         """Every term's loss backward, an optimizer step every ``accumulation`` micro-batches (and
@@ -79,20 +82,25 @@ class Updater:
         loss_sum = torch.zeros((), device=self.device)
         window_loss = torch.zeros((), device=self.device)  # this accumulation window's loss
         grad_norms, opt_steps, skipped, causes = [], 0, 0, []
-        for m, terms in enumerate(micro_batches):
-            for term in terms:
-                loss = objective.loss(policy, traj, adv, term, stats)
-                loss.backward()
-                loss_sum += loss.detach()
-                window_loss += loss.detach()
-            if (m + 1) % self.accumulation == 0 or m == len(micro_batches) - 1:
-                norm, bad = self.optimizer_step(window_loss)
-                window_loss = torch.zeros((), device=self.device)
-                if not bad:
-                    grad_norms.append(norm)
-                causes += [c for c in bad if c not in causes]
-                opt_steps += int(not bad)
-                skipped += int(bool(bad))
+        # every term's rows and steps on the device in one copy (index_copies.on reads them there)
+        indices = [x for terms in micro_batches for t in terms for x in (t.rows, t.steps)]
+        with index_copies(indices, self.device):
+            for m, terms in enumerate(micro_batches):
+                window_end = (m + 1) % self.accumulation == 0 or m == len(micro_batches) - 1
+                for i, term in enumerate(terms):
+                    with self._gradient_sync(window_end and i == len(terms) - 1):
+                        loss = objective.loss(policy, traj, adv, term, stats)
+                        loss.backward()
+                    loss_sum += loss.detach()
+                    window_loss += loss.detach()
+                if window_end:
+                    norm, bad = self.optimizer_step(window_loss)
+                    window_loss = torch.zeros((), device=self.device)
+                    if not bad:
+                        grad_norms.append(norm)
+                    causes += [c for c in bad if c not in causes]
+                    opt_steps += int(not bad)
+                    skipped += int(bool(bad))
         self.model.eval()
         means, maxes = objective.summarize(stats)
         # Read back once per iteration, after the loop (the norms stay on the device until here).
@@ -101,6 +109,13 @@ class Updater:
                            grad_norm=sum(norms) / len(norms) if norms else float("nan"),
                            optimizer_steps=opt_steps, skipped_steps=skipped, forward_passes=stats.forwards,
                            means=means, maxes=maxes, nonfinite=causes)
+
+    def _gradient_sync(self, last_of_window: bool):
+        """--grad_sync per_step: every backward of an accumulation window but its last under the
+        model's no_sync (FSDP1 / DDP: the gradients accumulate unsharded, reduced once, by the last)."""
+        if self.grad_sync != "per_step" or last_of_window or not hasattr(self.model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
 
     def optimizer_step(self, window_loss: torch.Tensor) -> tuple[torch.Tensor | float, list[str]]:
         """Clip, check finiteness (the same decision on every rank), step or skip. Returns the

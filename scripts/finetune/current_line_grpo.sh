@@ -13,4 +13,4 @@ export WANDB_DISABLED=${WANDB_DISABLED:-true}
 source "$ARGS_FILE"
 # shellcheck disable=SC2086
 fg_run --nnodes=1 --nproc_per_node="${NPROC:-$NPROC_DEFAULT}" --master_port="${MASTER_PORT:-19003}" \
-  fastvideo/train_grpo_flux.py "${GRPO_ARGS[@]}" ${EXTRA_ARGS:-}
+  fastvideo/train_grpo_flux.py "${GRPO_ARGS[@]}" "${LEAN_ARGS[@]}" ${EXTRA_ARGS:-}

@@ -56,4 +56,4 @@ fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-1
   --lora_rank 128 \
   --rollout_batch_size "${ROLLOUT_BATCH_SIZE:-4}" \
   --train_micro_batch_size 1 \
-  ${EXTRA_ARGS:-}
+  "${LEAN_ARGS[@]}" ${EXTRA_ARGS:-}

@@ -53,4 +53,4 @@ fg_run --nnodes=1 --nproc_per_node="${NPROC:-16}" --master_port="${MASTER_PORT:-
   --adv_clip_max 5.0 \
   --rollout_batch_size 4 \
   --train_micro_batch_size 1 \
-  ${EXTRA_ARGS:-}
+  "${LEAN_ARGS[@]}" ${EXTRA_ARGS:-}

@@ -19,4 +19,4 @@ export WANDB_DISABLED=${WANDB_DISABLED:-true}
 source scripts/finetune/mixgrpo_args.sh
 # shellcheck disable=SC2086
 fg_run --nnodes=1 --nproc_per_node="${NPROC:-16}" --master_port="${MASTER_PORT:-19003}" \
-  fastvideo/train_grpo_flux.py "${MIXGRPO_ARGS[@]}" ${EXTRA_ARGS:-}
+  fastvideo/train_grpo_flux.py "${MIXGRPO_ARGS[@]}" "${LEAN_ARGS[@]}" ${EXTRA_ARGS:-}

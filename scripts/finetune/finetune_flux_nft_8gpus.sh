@@ -13,4 +13,4 @@ NFT_FAMILY=flux
 source scripts/finetune/nft_args.sh
 # shellcheck disable=SC2086
 fg_run --nnodes=1 --nproc_per_node="$NPROC" --master_port="${MASTER_PORT:-19005}" \
-  fastvideo/train_grpo_flux.py "${NFT_ARGS[@]}" ${EXTRA_ARGS:-}
+  fastvideo/train_grpo_flux.py "${NFT_ARGS[@]}" "${LEAN_ARGS[@]}" ${EXTRA_ARGS:-}

@@ -189,12 +189,16 @@ RECIPE_A3_16DIE = {
     "train_batch_size": "1", "train_sp_batch_size": "1", "gradient_accumulation_steps": "4",
     "max_grad_norm": "1.0", "rollout_batch_size": "4", "train_micro_batch_size": "1",
 }
+# The communication-lean options every multi-device launcher adds (scripts/common.sh LEAN_ARGS, issue #37;
+# LEAN=0 drops them): bf16 gathers, the rollout's weights gathered once and all trained timesteps in one
+# update forward where the memory model says they fit (the same rewards; gradients to 1e-6 in fp32).
+LEAN = {"fsdp_param_dtype": "bf16", "rollout_weights": "auto", "update_timesteps_per_forward": "all"}
 # Flags a launcher may add to its source's, each for a stated reason.
 ADDED = {
     "scripts/finetune/finetune_flux_grpo_8gpus.sh": {
         # The recipe's 8-die adaptation batches the rollout 4 at a time; trajectories are the same.
-        "rollout_batch_size": "4", "train_micro_batch_size": "1"},
-    "scripts/finetune/finetune_flux_grpo_a3_16die.sh": {},
+        "rollout_batch_size": "4", "train_micro_batch_size": "1", **LEAN},
+    "scripts/finetune/finetune_flux_grpo_a3_16die.sh": {**LEAN},
 }
 
 

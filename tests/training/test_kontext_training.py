@@ -31,16 +31,16 @@ forked_only = pytest.mark.skipif(os.environ.get("FLUX_GRPO_TEST_REAL_TORCHRUN", 
                                  reason="the recording reward is registered in the test process; forked ranks only")
 
 
-def launcher_words(script: str = LAUNCHER) -> list[str]:
+def launcher_words(script: str = LAUNCHER, **env_extra) -> list[str]:
     env = {"DRY_RUN": "1", "FASTVIDEO_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
-           "HOME": os.environ.get("HOME", "/root")}
+           "HOME": os.environ.get("HOME", "/root"), **env_extra}
     out = subprocess.run(["bash", str(ROOT / script)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     return shlex.split(out.stdout.strip().splitlines()[-1])
 
 
 def _argv(model, index, out, clip_dir, **more) -> list[str]:
-    words = launcher_words()
+    words = launcher_words(LEAN="0")  # the launcher's lean options need bf16 autocast (scripts/common.sh)
     tiny = dict(pretrained_model_name_or_path=model, data_json_path=index, output_dir=out, h=32, w=32,
                 sampling_steps=4, num_generations=2, train_batch_size=1, rollout_batch_size=2,
                 train_micro_batch_size=2, gradient_accumulation_steps=1, rewards="record_sources:1.0,clip_edit:0.5",

@@ -46,7 +46,7 @@ def edit_embeddings(edit_dir, tmp_path_factory):
 
 
 def _argv(model, index, out, clip_dir, **more) -> list[str]:
-    words = launcher_words(LAUNCHER)
+    words = launcher_words(LAUNCHER, LEAN="0")  # the tiny run as before (lean options need bf16 autocast)
     tiny = dict(pretrained_model_name_or_path=model, data_json_path=index, output_dir=out, h=32, w=32,
                 sampling_steps=4, num_generations=2, train_batch_size=1, rollout_batch_size=2,
                 train_micro_batch_size=2, gradient_accumulation_steps=1, rewards="record_sources:1.0,clip_edit:0.5",

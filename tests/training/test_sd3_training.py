@@ -22,9 +22,9 @@ LAUNCHERS = {"scripts/finetune/finetune_sd3_grpo_8gpus.sh": 8, "scripts/finetune
 SEQ = 16
 
 
-def _launcher_argv(script: str) -> list[str]:
+def _launcher_argv(script: str, **env_extra) -> list[str]:
     env = {"DRY_RUN": "1", "FASTVIDEO_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
-           "HOME": os.environ.get("HOME", "/root")}
+           "HOME": os.environ.get("HOME", "/root"), **env_extra}
     out = subprocess.run(["bash", str(ROOT / script)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     words = shlex.split(out.stdout.strip().splitlines()[-1])
@@ -60,7 +60,7 @@ def sd3_embeddings(tiny_sd3_dir, tmp_path_factory):
 
 def _tiny_argv(model, index, out, lora: bool) -> list[str]:
     """The 8-GPU launcher's flags, then the tiny run's overrides (argparse keeps the last value)."""
-    argv = _launcher_argv("scripts/finetune/finetune_sd3_grpo_8gpus.sh")
+    argv = _launcher_argv("scripts/finetune/finetune_sd3_grpo_8gpus.sh", LEAN="0")  # the tiny runs as before
     if not lora:  # full fine-tuning: drop the LoRA flags
         for flag in ("--lora_rank", "--lora_alpha", "--lora_target_modules"):
             i = argv.index(flag)
