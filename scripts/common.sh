@@ -114,7 +114,10 @@ fg_rewards() {
 # per forward, one timestep per forward). Not with sequence parallelism (SP > 1): not tested together.
 # bf16 gathers need bf16 autocast: left off when EXTRA_ARGS asks for --mixed_precision no.
 LEAN_GATHER=(--fsdp_param_dtype bf16)
+# and by DDP (--fsdp_sharding_strategy none: no FSDP gathers to make bf16): left off there.
 case " ${EXTRA_ARGS:-} " in *" --mixed_precision no "* | *" --mixed_precision=no "*) LEAN_GATHER=() ;; esac
+case " ${EXTRA_ARGS:-} " in *" --fsdp_sharding_strategy none "* | *" --fsdp_sharding_strategy=none "* | \
+  *" --fsdp_sharding_startegy none "* | *" --fsdp_sharding_startegy=none "*) LEAN_GATHER=() ;; esac
 LEAN_ARGS=("${LEAN_GATHER[@]}" --rollout_weights auto --update_timesteps_per_forward all)
 if [ "${LEAN:-1}" = 0 ] || [ "${SP:-1}" != 1 ]; then LEAN_ARGS=(); fi
 

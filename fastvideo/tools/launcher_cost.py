@@ -18,6 +18,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from fastvideo import devices
+
 ROOT = Path(__file__).resolve().parents[2]
 # The words of the torchrun command before the training script (fastvideo.launch's own flags).
 _SCRIPT_SUFFIX = ".py"
@@ -37,7 +39,7 @@ def launcher_args(launcher: str, env: dict | None = None) -> tuple[int, list[str
     return ranks, flags
 
 
-def price(launcher: str, device_memory_gb: float = 64.0, device: str = "npu", env: dict | None = None) -> dict:
+def price(launcher: str, device_memory_gb: float = 64.0, device: str | None = None, env: dict | None = None) -> dict:
     """The cost model's --memory --json report for the launcher's flags (None fields where SP > 1)."""
     import contextlib
     import io
@@ -49,7 +51,7 @@ def price(launcher: str, device_memory_gb: float = 64.0, device: str = "npu", en
         return {"launcher": launcher, "ranks": ranks, "skipped": "sequence parallel (not in the memory model)"}
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
-        main(["--memory", "--json", "--world_size", str(ranks), "--device", device,
+        main(["--memory", "--json", "--world_size", str(ranks), "--device", device or devices.NPU,
               "--device_memory_gb", str(device_memory_gb), *flags])
     report = json.loads(buf.getvalue())
     chosen, default = report["fsdp_traffic_chosen_bytes"], report["fsdp_traffic_default_bytes"]
@@ -75,7 +77,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("launchers", nargs="+")
     ap.add_argument("--device_memory_gb", type=float, default=64.0)
-    ap.add_argument("--device", default="npu")
+    ap.add_argument("--device", default=devices.NPU, choices=devices.DEVICE_TYPES)
     args = ap.parse_args(argv)
     print(f"{'launcher':<48}{'W':>4}  {'gath':<5}{'rollout':<10}{'K':>3}{'GB lean':>10}{'GB dflt':>10}"
           f"{'ratio':>8}{'peak':>8}  verdict")

@@ -64,6 +64,10 @@ def test_lean_0_and_sp_keep_the_defaults(env):
     # bf16 gathers need bf16 autocast: a run with --mixed_precision no keeps fp32 gathers
     _, flags = launcher_cost.launcher_args(A3, _env(EXTRA_ARGS="--mixed_precision no"))
     assert _lean_flags(flags) == LEAN[2:]
+    # DDP has no FSDP gathers (the trainer refuses --fsdp_param_dtype with it): fp32, the rest kept
+    for ddp in ("--fsdp_sharding_strategy none", "--fsdp_sharding_startegy=none"):
+        _, flags = launcher_cost.launcher_args(A3, _env(EXTRA_ARGS=ddp))
+        assert _lean_flags(flags) == LEAN[2:], ddp
 
 
 def _tiny(*extra) -> dict:

@@ -35,6 +35,7 @@ COVERED = {
     "cost_model": "test_cost_model_memory_prints_table_and_verdict",
     "evaluate": "test_evaluate_cli",
     "export": "test_export_cli",
+    "launcher_cost": "test_launcher_cost_cli",
     "make_edit_assets": "test_make_edit_assets_cli",
     "make_tiny_flux": "test_make_tiny_flux_cli",
     "make_tiny_kontext": "test_make_tiny_kontext_cli",
@@ -124,6 +125,23 @@ def test_cost_model_memory_prints_table_and_verdict(monkeypatch, capsys):
     # the FLOPs table (the default path)
     code, out = run_tool("cost_model", ["--model", "tiny", "--world_size", "2"], monkeypatch, capsys)
     assert code == 0 and "None" not in out and "rollout" in out
+
+
+def test_launcher_cost_cli(monkeypatch, capsys):
+    """`launcher_cost LAUNCHER`: a header and one row per launcher; the A3 launcher's row is its 16
+    ranks, bf16 gathers, the gathered rollout with 9 timesteps per forward, 1092 GB against 16565 GB
+    (15.2x) and the 64 GB verdict."""
+    for name in ("LEAN", "SP", "EXTRA_ARGS", "NPROC", "REWARDS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTHON", sys.executable)
+    code, out = run_tool("launcher_cost", ["scripts/finetune/finetune_flux_grpo_a3_16die.sh",
+                                           "--device_memory_gb", "64"], monkeypatch, capsys)
+    header, row = out.splitlines()
+    assert code == 0 and header.split()[:2] == ["launcher", "W"]
+    words = row.split()
+    assert words[:5] == ["finetune_flux_grpo_a3_16die.sh", "16", "bf16", "gathered", "9"]
+    assert (words[5], words[6], words[7]) == ("1092", "16565", "15.2x")
+    assert "fits in 64 GB" in row
 
 
 def test_evaluate_cli(tiny_flux_dir, tmp_path, monkeypatch, capsys):

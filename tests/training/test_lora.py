@@ -56,10 +56,12 @@ def test_lora_flag_errors(tmp_path):
     assert _validate(base + ["--resume_from_lora_checkpoint", "latest"]).output.resume_from_checkpoint == "latest"
 
 
-def _tiny_upstream_line(json_path, model_dir, out, **extra) -> list[str]:
+def _tiny_upstream_line(json_path, model_dir, out, launcher_env=None, **extra) -> list[str]:
     """Upstream's LoRA launch line (scripts/finetune/finetune_flux_grpo_8gpus_lora.sh) with the
-    sizes brought down to the tiny model, paths to the test's, HPSv2 replaced by compressibility."""
-    argv = _dry_run_argv(LORA_LAUNCHERS[0], MODEL_PATH=str(model_dir), DATA_JSON=str(json_path), OUTPUT_DIR=str(out))
+    sizes brought down to the tiny model, paths to the test's, HPSv2 replaced by compressibility;
+    ``launcher_env``: more of the launcher's environment (EXTRA_ARGS, LEAN)."""
+    argv = _dry_run_argv(LORA_LAUNCHERS[0], MODEL_PATH=str(model_dir), DATA_JSON=str(json_path), OUTPUT_DIR=str(out),
+                         **(launcher_env or {}))
     sizes = {"--h": "32", "--w": "32", "--sampling_steps": "4", "--num_generations": "2", "--max_train_steps": "2",
              "--checkpointing_steps": "2", "--gradient_accumulation_steps": "2", "--dataloader_num_workers": "0",
              "--rollout_batch_size": "2", **extra}
@@ -114,8 +116,11 @@ def test_upstream_lora_line_two_ranks_and_exact_resume(tiny_flux_dir, tiny_embed
 @pytest.mark.slow
 def test_lora_under_ddp_two_ranks(tiny_flux_dir, tiny_embeddings, tmp_path):
     out = tmp_path / "ddp"
-    argv = _tiny_upstream_line(tiny_embeddings, tiny_flux_dir, out, **{"--fsdp_sharding_startegy": "none",
-                                                                       "--kl_coef": "0.1"})
+    # DDP through the launcher's EXTRA_ARGS (as a user writes it): the launcher then leaves out its
+    # bf16 FSDP gathers (LEAN_ARGS), which DDP would refuse
+    argv = _tiny_upstream_line(tiny_embeddings, tiny_flux_dir, out,
+                               launcher_env={"EXTRA_ARGS": "--fsdp_sharding_startegy none"}, **{"--kl_coef": "0.1"})
+    assert "--fsdp_param_dtype" not in argv and argv[argv.index("--fsdp_sharding_startegy") + 1] == "none"
     _ok(torchrun(argv, script="train_grpo_flux_lora.py"))
     rows = read_metrics(out)
     assert len(rows) == 2 and all(r["grad_norm"] == r["grad_norm"] for r in rows) and rows[-1]["kl"] > 0
