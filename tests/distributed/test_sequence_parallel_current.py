@@ -5,7 +5,8 @@ unwrapped and under FSDP with activation checkpointing. The inputs exercise what
 split must get right: Z-Image's padded image tokens (20 real of 32) and captions of unequal length
 (its key-padding mask); FLUX.2 [klein] and [dev]: 24 image tokens on a 4 x 6 grid (RoPE rows that
 differ by row and column) next to 7 replicated text tokens; Qwen-Image: the same grid through
-img_shapes' RoPE and a text mask that drops 4 of one sample's 9 tokens."""
+img_shapes' RoPE and a text mask that drops 4 of one sample's 9 tokens; Qwen-Image-Edit: 15 generated
+tokens then 9 source tokens (two img_shapes entries) split together, the generated ones the output."""
 
 from __future__ import annotations
 
@@ -126,13 +127,29 @@ def _qwen_image_inputs(seed: int) -> dict:
             "img_shapes": [[(1, 4, 6)]] * 2, "return_dict": False}
 
 
+def _qwen_image_edit_inputs(seed: int) -> dict:
+    """Qwen-Image-Edit's stream: 15 generated tokens on a 3 x 5 grid (odd: they alone would not split),
+    then 9 source tokens on a 3 x 3 grid (img_shapes' second entry, its own RoPE table), 24 in all;
+    the rank boundary falls inside the generated tokens, and rank 1 holds both kinds."""
+    inputs = _qwen_image_inputs(seed)
+    g = torch.Generator().manual_seed(2000 + seed)
+    source = torch.randn(2, 9, inputs["hidden_states"].shape[2], generator=g)
+    return {**inputs, "hidden_states": torch.cat([inputs["hidden_states"][:, :15], source], 1),
+            "img_shapes": [[(1, 3, 5), (1, 3, 3)]] * 2}
+
+
+def _generated(out) -> torch.Tensor:
+    return out[0][:, :15]
+
+
 FAMILIES = {
     "zimage": (_zimage_transformer, _zimage_inputs, _zimage_output),
     "flux2": (_flux2_transformer, _flux2_inputs, _first),
     "flux2_dev": (lambda: _flux2_transformer(True), lambda seed: _flux2_inputs(seed, True), _first),
     "qwen_image": (_qwen_image_transformer, _qwen_image_inputs, _first),
+    "qwen_image_edit": (_qwen_image_transformer, _qwen_image_edit_inputs, _generated),
 }
-SWAPPED = {"zimage": 3, "flux2": 4, "flux2_dev": 4, "qwen_image": 2}  # Z-Image: the noise refiner's 1 + the main layers' 2 (the context refiner keeps its own)
+SWAPPED = {"zimage": 3, "flux2": 4, "flux2_dev": 4, "qwen_image": 2, "qwen_image_edit": 2}  # Z-Image: the noise refiner's 1 + the main layers' 2 (the context refiner keeps its own)
 
 
 def _family(name: str):
@@ -245,7 +262,7 @@ def test_zimage_cost_model_exchange_bytes_are_what_a_forward_sends():
     assert m["comm/rollout/all_gather_bytes"] == gathered and m["comm/rollout/all_gather_calls"] == 1
 
 
-@pytest.mark.parametrize("name", ["zimage", "flux2", "qwen_image"])
+@pytest.mark.parametrize("name", ["zimage", "flux2", "qwen_image", "qwen_image_edit"])
 def test_cost_model_sp_table_prints_for_the_family(name, capsys, monkeypatch):
     """cost_model --sp_table for the current line's families with a plan: rows for sp 1, 2, 4, the
     all-to-all bytes 0 at sp 1 and falling with sp."""

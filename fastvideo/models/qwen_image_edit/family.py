@@ -142,8 +142,26 @@ class QwenImageEditFamily(QwenImageFamily):
                              f"{tuple(lat.shape)}")
 
     def sequence_parallel_plan(self):
-        """None: the source tokens' split is not tested: --sp_size 1."""
-        return None
+        """Qwen-Image's plan (models/qwen_image/sequence_parallel.py) on the whole image stream, the
+        generated tokens then the source's: both are split after img_in (pos_embed's image rows, one
+        table per img_shapes entry concatenated, follow), proj_out's gather restores [generated ; source]
+        and edit_velocity keeps the generated part. Together they must divide by --sp_size (checked at
+        start-up with the stored source latents' count: sequence_tokens). zero_cond_t (2511) is refused."""
+        from fastvideo.models.qwen_image.sequence_parallel import qwen_image_plan
+
+        return qwen_image_plan()
+
+    def sequence_tokens(self, height, width, transformer_config, cond_dims=None):
+        """The generated tokens and the source's (Ls of the stored image_latents: check_record's dims
+        (L, D, Ls, C, H, W); unread: the generated tokens alone, the split refuses at its first forward)."""
+        generated = self.nominal_layout(height, width, transformer_config).tokens[0]
+        return generated + (int(cond_dims[2]) if cond_dims is not None and len(cond_dims) > 2 else 0)
+
+    def cost_sequence_tokens(self, height, width, transformer_config):
+        """The cost model's source (meta_inputs: the target's aspect at vae_area) counted as the start-up
+        check counts a stored one."""
+        gh, gw = self.source_grid_at(height, width)
+        return self.sequence_tokens(height, width, transformer_config, (None, None, gh * gw))
 
     # -- sampling
     def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
