@@ -3,7 +3,8 @@ one rank without sequence parallelism (as tests/training/test_sequence_parallel_
 FLUX.1 and SD3.5): 3 iterations with the same rollout latents and log-probabilities (the run
 record's tensors), the same per-iteration rewards, losses and pre-clip gradient norms and the same
 weights after them, all to 1e-5 relative. Classifier-free guidance is on, so each forward carries
-the prompt's and the empty prompt's captions (Z-Image: captions of unequal length, its mask)."""
+the prompt's and the empty prompt's captions (Z-Image: captions of unequal length, its mask);
+Qwen-Image-Edit splits its generated and source tokens together."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from current_line_helpers import line_reason
 from helpers import train_args
+from test_qwen_image_edit_training import edit_dir, edit_embeddings  # noqa: F401  (fixtures)
 from test_sequence_parallel_training import _check_parity, _runs
 
 pytestmark = pytest.mark.skipif(line_reason("the current line's families") is not None,
@@ -45,3 +47,10 @@ def test_qwen_image_sp2_equals_one_rank(tiny_qwen_image_dir, qwen_image_embeddin
 def test_flux2_dev_sp2_equals_one_rank(tiny_flux2_dev_dir, flux2_dev_embeddings, tmp_path):
     """FLUX.2 [dev]: the guidance embedding in one pass, Mistral-3's 144-token text stream replicated."""
     _family_runs(tmp_path, tiny_flux2_dev_dir, flux2_dev_embeddings, model_family="flux2", guidance_scale=4.0)
+
+
+@pytest.mark.slow
+def test_qwen_image_edit_sp2_equals_one_rank(edit_dir, edit_embeddings, tmp_path):
+    """Qwen-Image-Edit: the 4 generated and 16 source tokens (64^2 VAE-area sources) split together,
+    true CFG on (the instruction's and the negative's text streams, each with its source image)."""
+    _family_runs(tmp_path, edit_dir, edit_embeddings, model_family="qwen_image_edit", guidance_scale=4.0)
