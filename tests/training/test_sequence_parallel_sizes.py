@@ -1,5 +1,5 @@
 """--sp_size's start-up check counts the tokens the forward splits (family.sequence_tokens): Kontext's
-generated tokens plus the stored source latents', Z-Image's image tokens padded to 32 as its forward
+generated tokens plus the stored source latents' (Qwen-Image-Edit's too), Z-Image's image tokens padded to 32 as its forward
 pads them, SD3's patches. A bad combination is refused in one line before any model loads; one the
 forward splits is accepted."""
 
@@ -15,6 +15,7 @@ from fastvideo.errors import ConfigError
 from fastvideo.models.registry import family_factory
 from fastvideo.training.builders import build_family, check_sequence_parallel
 from helpers import train_args
+from test_qwen_image_edit_training import edit_dir, edit_embeddings  # noqa: F401  (fixtures)
 
 
 _model_dir = None
@@ -89,3 +90,45 @@ def _cfg(json_path, transformer_dir, tmp_path, **flags):
 def test_sd3_counts_patches():
     config = {"patch_size": 2, "in_channels": 16}
     assert family_factory("sd3")().sequence_tokens(48, 48, config) == 9  # 6 x 6 latent cells, 3 x 3 patches
+
+
+EDIT_REASON = line_reason("Qwen-Image-Edit")
+
+
+@pytest.mark.skipif(EDIT_REASON is not None, reason=EDIT_REASON or "")
+def test_qwen_image_edit_counts_the_source_tokens(edit_dir, edit_embeddings, tmp_path):
+    """The tiny edit prompts' 64^2 VAE-area sources: 16 source tokens. At sp = 3 (a 6-head config): a
+    3 x 2 generated grid (6 tokens, alone divisible) + 16 = 22 is refused in one line; a 2 x 1 grid
+    (2 tokens, alone not) + 16 = 18 is accepted."""
+    family = family_factory("qwen_image_edit")()
+    config = json.loads((edit_dir / "transformer" / "config.json").read_text())
+    assert family.sequence_tokens(32, 32, config, (320, 16, 16, 64, 64, 64)) == 4 + 16
+    assert family.sequence_tokens(32, 32, config) == 4  # no embeddings read: the generated tokens
+    six = tmp_path / "six_heads"
+    six.mkdir()
+    (six / "config.json").write_text(json.dumps({**config, "num_attention_heads": 6}))
+
+    def cfg(h, w):
+        return parse_config(train_args(edit_embeddings, edit_dir, tmp_path / "out", sp_size=3, h=h, w=w,
+                                       model_family="qwen_image_edit", dit_model_name_or_path=str(six)))
+
+    with pytest.raises(ConfigError, match="does not divide the 22 image tokens") as err:
+        check_sequence_parallel(cfg(48, 32), family, 3)
+    assert "\n" not in str(err.value)
+    check_sequence_parallel(cfg(32, 16), family, 3)
+
+
+@pytest.mark.skipif(EDIT_REASON is not None, reason=EDIT_REASON or "")
+def test_qwen_image_edit_indivisible_tokens_exit_2_in_one_line(edit_dir, edit_embeddings, tmp_path):
+    """Through the trainer on 2 ranks at 48 px: 9 generated + 16 source = 25 tokens, refused before any
+    model loads, each rank exiting 2 with the one line (the real torchrun: its summary names the exit code)."""
+    from helpers import torchrun
+
+    argv = train_args(edit_embeddings, edit_dir, tmp_path / "out", sp_size=2, h=48, w=48,
+                      model_family="qwen_image_edit")
+    proc = torchrun(argv, nproc=2, real=True)
+    lines = [line for line in proc.stderr.splitlines() if "does not divide the 25 image tokens" in line]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    # the only traceback is torchrun's own ChildFailedError: no frame of the project's code
+    assert not [line for line in proc.stderr.splitlines() if 'File "' in line and "fastvideo" in line], proc.stderr
+    assert proc.returncode == 1 and proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-3000:]
