@@ -140,3 +140,28 @@ def test_cost_model_flag_sizes_the_source_tokens(capsys):
         per = family.transformer_flops(family.reference_config, 576, 512)
         assert flops[extra] == {k: v for k, v in per.items() if k not in ("forward", "backward", "blocks")}
     assert flops[()] != flops[("--source_vae_size", "384")]
+
+
+def test_sp_table_counts_the_source_tokens(capsys):
+    """cost_model --sp_table for Qwen-Image-Edit: the split sequence is the 32 x 32 generated tokens of
+    512^2 and the source's 64 x 64 (the pipeline's 1024^2 VAE area), 5120 tokens; the all-to-all and
+    gather bytes are exchange_bytes' at 5120, not at the generated 1024."""
+    from fastvideo.models.qwen_image_edit.family import QwenImageEditFamily
+    from fastvideo.perf.sequence_parallel import MIB, attention_layers, exchange_bytes
+    from fastvideo.tools import cost_model
+
+    family = QwenImageEditFamily()
+    config = family.reference_config
+    assert family.cost_sequence_tokens(512, 512, config) == 1024 + 4096
+    cost_model.main(["--sp_table", "--model_family", "qwen_image_edit", "--h", "512", "--w", "512",
+                     "--text_tokens", "64"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["1", "2", "4"]
+    heads, head_dim = family.attention_dims(config)
+    layers = attention_layers(config, family)
+    for row in rows[1:]:
+        sp = int(row[0])
+        a2a, gathered = exchange_bytes(heads * head_dim, family.sequence_channels(config), layers, 5120, 64, sp, 1, 2)
+        generated_only = exchange_bytes(heads * head_dim, family.sequence_channels(config), layers, 1024, 64, sp, 1, 2)
+        assert (row[3], row[4]) == (f"{a2a / MIB:.1f}", f"{gathered / MIB:.2f}") != \
+            (f"{generated_only[0] / MIB:.1f}", f"{generated_only[1] / MIB:.2f}")
