@@ -138,6 +138,16 @@ def _qwen_image_edit_inputs(seed: int) -> dict:
             "img_shapes": [[(1, 3, 5), (1, 3, 3)]] * 2}
 
 
+def _qwen_image_edit_2511_transformer():
+    """Qwen-Image-Edit-2511's zero_cond_t: the source tokens modulated with timestep 0 (modulate_index)."""
+    from diffusers import QwenImageTransformer2DModel
+
+    from fastvideo.tools.make_tiny_qwen_image import transformer_config
+
+    torch.manual_seed(0)
+    return _awake(QwenImageTransformer2DModel.from_config({**transformer_config(), "zero_cond_t": True}))
+
+
 def _generated(out) -> torch.Tensor:
     return out[0][:, :15]
 
@@ -148,14 +158,15 @@ FAMILIES = {
     "flux2_dev": (lambda: _flux2_transformer(True), lambda seed: _flux2_inputs(seed, True), _first),
     "qwen_image": (_qwen_image_transformer, _qwen_image_inputs, _first),
     "qwen_image_edit": (_qwen_image_transformer, _qwen_image_edit_inputs, _generated),
+    "qwen_image_edit_2511": (_qwen_image_edit_2511_transformer, _qwen_image_edit_inputs, _generated),
 }
-SWAPPED = {"zimage": 3, "flux2": 4, "flux2_dev": 4, "qwen_image": 2, "qwen_image_edit": 2}  # Z-Image: the noise refiner's 1 + the main layers' 2 (the context refiner keeps its own)
+SWAPPED = {"zimage": 3, "flux2": 4, "flux2_dev": 4, "qwen_image": 2, "qwen_image_edit": 2, "qwen_image_edit_2511": 2}  # Z-Image: the noise refiner's 1 + the main layers' 2 (the context refiner keeps its own)
 
 
 def _family(name: str):
     from fastvideo.models.registry import family_factory
 
-    return family_factory(name.removesuffix("_dev"))()
+    return family_factory(name.removesuffix("_dev").removesuffix("_2511"))()
 
 
 def _loss(out: torch.Tensor) -> torch.Tensor:

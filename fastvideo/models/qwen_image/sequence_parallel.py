@@ -68,17 +68,36 @@ class QwenSequenceParallelProcessor:
         return img_out, attn.to_add_out(out[:, :seq_txt].contiguous())
 
 
+MODULATE_INDEX = 6  # QwenImageTransformerBlock.forward's positional place of modulate_index (after self)
+
+
 def _install_hooks(model: torch.nn.Module, shard: SequenceShard) -> None:
-    """pos_embed's image tables keep this rank's rows (the text's stay whole)."""
-    if getattr(model.config, "zero_cond_t", False):
-        raise ValueError("Qwen-Image sequence parallelism: zero_cond_t (per-token modulation of edit models) "
-                         "is not split; use --sp_size 1")
+    """pos_embed's image tables keep this rank's rows (the text's stay whole); under zero_cond_t
+    (Qwen-Image-Edit-2511: per-token modulation, generated tokens 0, source tokens 1) each block's
+    modulate_index [B, L] keeps the same columns."""
 
     def rows(module, inputs, out):
         img, txt = out
         return img.narrow(0, shard.rank * shard.local_tokens, shard.local_tokens), txt
 
     model.get_submodule("pos_embed").register_forward_hook(rows)
+    if not getattr(model.config, "zero_cond_t", False):
+        return
+
+    def local(index):
+        if isinstance(index, torch.Tensor) and index.ndim == 2 and index.shape[1] == shard.full_tokens:
+            return index.narrow(1, shard.rank * shard.local_tokens, shard.local_tokens)
+        return index
+
+    def columns(module, args, kwargs):  # called with keywords, or positionally under checkpointing
+        if "modulate_index" in kwargs:
+            return args, {**kwargs, "modulate_index": local(kwargs["modulate_index"])}
+        if len(args) > MODULATE_INDEX:
+            return (*args[:MODULATE_INDEX], local(args[MODULATE_INDEX]), *args[MODULATE_INDEX + 1:]), kwargs
+        return args, kwargs
+
+    for block in model.get_submodule("transformer_blocks"):
+        block.register_forward_pre_hook(columns, with_kwargs=True)
 
 
 def qwen_image_plan() -> SequenceParallelPlan:
