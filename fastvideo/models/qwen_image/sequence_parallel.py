@@ -68,9 +68,6 @@ class QwenSequenceParallelProcessor:
         return img_out, attn.to_add_out(out[:, :seq_txt].contiguous())
 
 
-MODULATE_INDEX = 6  # QwenImageTransformerBlock.forward's positional place of modulate_index (after self)
-
-
 def _install_hooks(model: torch.nn.Module, shard: SequenceShard) -> None:
     """pos_embed's image tables keep this rank's rows (the text's stay whole); under zero_cond_t
     (Qwen-Image-Edit-2511: per-token modulation, generated tokens 0, source tokens 1) each block's
@@ -89,12 +86,12 @@ def _install_hooks(model: torch.nn.Module, shard: SequenceShard) -> None:
             return index.narrow(1, shard.rank * shard.local_tokens, shard.local_tokens)
         return index
 
-    def columns(module, args, kwargs):  # called with keywords, or positionally under checkpointing
-        if "modulate_index" in kwargs:
-            return args, {**kwargs, "modulate_index": local(kwargs["modulate_index"])}
-        if len(args) > MODULATE_INDEX:
-            return (*args[:MODULATE_INDEX], local(args[MODULATE_INDEX]), *args[MODULATE_INDEX + 1:]), kwargs
-        return args, kwargs
+    def columns(module, args, kwargs):  # the forward passes it by keyword (the project's checkpointing wraps
+        # whole blocks; diffusers' own, which passes it positionally, is never enabled)
+        if "modulate_index" not in kwargs:
+            raise ValueError("Qwen-Image sequence parallelism: a block got modulate_index positionally "
+                             "(diffusers' gradient checkpointing); use the project's --gradient_checkpointing")
+        return args, {**kwargs, "modulate_index": local(kwargs["modulate_index"])}
 
     for block in model.get_submodule("transformer_blocks"):
         block.register_forward_pre_hook(columns, with_kwargs=True)

@@ -146,7 +146,8 @@ class QwenImageEditFamily(QwenImageFamily):
         generated tokens then the source's: both are split after img_in (pos_embed's image rows, one
         table per img_shapes entry concatenated, follow), proj_out's gather restores [generated ; source]
         and edit_velocity keeps the generated part. Together they must divide by --sp_size (checked at
-        start-up with the stored source latents' count: sequence_tokens). zero_cond_t (2511) is refused."""
+        start-up with the stored source latents' count: sequence_tokens). Under zero_cond_t (2511) each
+        block's modulate_index follows the split too."""
         from fastvideo.models.qwen_image.sequence_parallel import qwen_image_plan
 
         return qwen_image_plan()
