@@ -21,7 +21,7 @@ from fastvideo.library_lines import CURRENT, LibraryLineError, require_line
 
 def _line_reason() -> str | None:
     try:
-        require_line(CURRENT, "the current line's families (Z-Image, FLUX.2, Qwen-Image)")
+        require_line(CURRENT, "the current line's families (Z-Image, FLUX.2, Qwen-Image, Qwen-Image-Edit)")
     except LibraryLineError as exc:
         return str(exc)
     return None
