@@ -25,7 +25,7 @@ import torch
 from fastvideo.errors import UserError
 from fastvideo.models import qwen3_text
 from fastvideo.models.base import check_diffusers_folder
-from fastvideo.models.flux2 import mistral_text
+import fastvideo.models.flux2.mistral_text as mistral_text
 from fastvideo.models.flux2.mistral_text import MistralEncoder
 from fastvideo.models.qwen3_text import TextEncoder
 
