@@ -87,6 +87,7 @@ class TrainConfig:
     fsdp_forward_prefetch: bool = False  # --fsdp_forward_prefetch
     rollout_weights: str = "sharded"  # --rollout_weights: sharded | gathered | auto (distributed.settings)
     sp_size: int = 1  # --sp_size: the ranks of a sequence group (distributed.sequence_parallel)
+    fsdp_version: int = 1  # --fsdp_version: 1 FullyShardedDataParallel, 2 fully_shard (distributed/fsdp2.py)
     nft: NFTSettings = field(default_factory=NFTSettings)  # --algorithm nft's own flags
     update: UpdateSettings = field(default_factory=UpdateSettings)  # micro-batches and accumulation
     plugins: dict = field(default_factory=dict)  # a plugin objective's or family's own section, by name
@@ -165,7 +166,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         cpu_offload=parallel.cpu_offload, compat_notes=notes + more, eval=s["eval"], lora=s["lora"], mix=s["mix"],
         algorithm=args.algorithm, fsdp_param_dtype=parallel.fsdp_param_dtype,
         fsdp_forward_prefetch=parallel.fsdp_forward_prefetch, nft=s["nft"], update=s["update"], plugins=plugins,
-        rollout_weights=parallel.rollout_weights, sp_size=parallel.sp_size,
+        rollout_weights=parallel.rollout_weights, sp_size=parallel.sp_size, fsdp_version=parallel.fsdp_version,
     )
 
 

@@ -13,10 +13,11 @@ within a node and replicates across nodes (a 2-D mesh); "hybrid_zero2" the same 
 gathered parameters from forward to backward (ZeRO-2); "none" keeps a full replica per rank and
 averages gradients with DDP. One process (no process group) always gets the plain module.
 
-Why FSDP1 (``FullyShardedDataParallel``) and not FSDP2 (``fully_shard``)
--------------------------------------------------------------------------
+Why FSDP1 (``FullyShardedDataParallel``) by default, FSDP2 (``fully_shard``) with --fsdp_version 2
+-------------------------------------------------------------------------------------------------
 Both exist as public API in torch 2.7.1 (FSDP2 moved to ``torch.distributed.fsdp`` in 2.6) and in
-2.14, and both run on gloo/CPU in both versions (checked while writing this). FSDP1 is chosen because:
+2.14, and both run on gloo/CPU in both versions (checked while writing this). FSDP2 is
+distributed/fsdp2.py (what differs is said there). FSDP1 stays the default because:
 
 * Ascend: the Ascend PyTorch extension's API support table for 2.7.1 lists FullyShardedDataParallel,
   its clip_grad_norm_, ShardingStrategy, MixedPrecision and CPUOffload as supported (device_id
@@ -147,6 +148,7 @@ def wrap_model(
     param_init_fn=None,
     forward_prefetch: bool = False,
     replicate_frozen: bool = False,
+    version: int = 1,
 ) -> nn.Module:
     """Wrap ``model`` for data-parallel training; returns the module to call, optimise and checkpoint.
 
@@ -170,12 +172,16 @@ def wrap_model(
       (FSDP strategies only; --fsdp_forward_prefetch).
     replicate_frozen: keep the parameters that do not require grad out of FSDP, whole on every rank
       and on ``device`` (a LoRA base): the units then hold only trainable parameters.
+    version: 1 (FullyShardedDataParallel, flat parameters) or 2 (fully_shard, DTensor parameters;
+      distributed/fsdp2.py says what differs). FSDP strategies only; DDP and one process ignore it.
 
     Build the optimizer from the returned module's parameters, after this call. Every rank must call
     this with the same model weights (all ranks load the same files).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown sharding strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if version not in (1, 2):
+        raise ValueError(f"unknown FSDP version {version!r}; choose 1 (FullyShardedDataParallel) or 2 (fully_shard)")
     policy = _as_policy(mixed_precision)
     device = torch.device(device) if device is not None else devices.get_device(devices.dist_env()[1])
     classes = tuple(block_classes or default_block_classes(model))
@@ -208,6 +214,9 @@ def wrap_model(
     if strategy == "none":
         return _wrap_ddp(model, device)
     ignored = _replicated_frozen(model, device, cpu_offload or param_init_fn is not None) if replicate_frozen else None
+    if version == 2:
+        return _wrap_fsdp2(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn,
+                           forward_prefetch, ignored)
     return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn,
                       forward_prefetch, ignored)
 
@@ -238,6 +247,20 @@ def _wrap_policy(classes, extra_units):
     if extra_units is None:
         return ModuleWrapPolicy(set(classes))
     return CustomPolicy(lambda m: isinstance(m, classes) or bool(extra_units(m)))
+
+
+def _wrap_fsdp2(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn,
+                forward_prefetch, ignored) -> nn.Module:
+    """FSDP2 (distributed/fsdp2.py); a meta-device model is sharded first, then ``param_init_fn``
+    (a models.sharded_load.UnitLoader) fills each rank's rows from the files."""
+    from fastvideo.distributed import fsdp2
+
+    mesh = fsdp2.shard_mesh(strategy, device, world, _local_world_size_from_env())
+    model = fsdp2.wrap_fsdp2(model, strategy, device, policy, cpu_offload, classes, mesh, extra_units,
+                             forward_prefetch, ignored)
+    if param_init_fn is not None:
+        param_init_fn.fill_sharded(model)
+    return model
 
 
 def _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units=None,
@@ -302,6 +325,10 @@ def free_unsharded_params(model: nn.Module) -> None:
     silently see the old weights (measured). No-op for DDP and plain modules. Uses FSDP1's own
     reshard routine (private, unchanged from torch 2.7 to 2.14).
     """
+    from fastvideo.distributed import fsdp2
+
+    if fsdp2.is_fsdp2(model):
+        fsdp2.reshard_all(model)
     if not is_fsdp(model):
         return
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -324,13 +351,18 @@ def gathered_forwards(model: nn.Module, enabled: bool = True):
     on leaving, every gathered unit is freed. The same gathered values (FSDP's own gather, in its
     gather dtype) as gathering per forward, so the same numbers.
 
-    How, in FSDP1 (the wrapping this repository uses; FSDP2 would call module.unshard() before
-    and reshard() after): for the pass, each full-shard unit's handle is given the
+    How, in FSDP2: fsdp2.gathered_forwards (reshard_after_forward off for the pass). In FSDP1: for the pass, each full-shard unit's handle is given the
     strategy that does not free after a forward (FULL_SHARD -> SHARD_GRAD_OP, HYBRID_SHARD ->
     _HYBRID_SHARD_ZERO2, the mapping FSDP itself uses for zero2); a forward on a gathered unit
     finds nothing to gather. Only for forwards without backward: a backward would reduce-scatter
     as usual but the unit would stay gathered until the exit. No-op for DDP / plain modules, zero2
     and enabled=False."""
+    from fastvideo.distributed import fsdp2
+
+    if enabled and fsdp2.is_fsdp2(model):
+        with fsdp2.gathered_forwards(model):
+            yield
+        return
     if not enabled or not is_fsdp(model):
         yield
         return
@@ -360,7 +392,11 @@ def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
     gradients are already identical on every rank, so torch.nn.utils.clip_grad_norm_ is global.
     Every rank returns the same value, so a decision taken on it (skip a non-finite step) agrees.
     """
+    from fastvideo.distributed import fsdp2
+
     limit = math.inf if max_norm is None or max_norm <= 0 else float(max_norm)
+    if fsdp2.is_fsdp2(model):
+        return fsdp2.clip_grad_norm(model, limit)
     if is_fsdp(model):
         norm = model.clip_grad_norm_(limit)
     else:
@@ -368,6 +404,38 @@ def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(params, limit)
     full_tensor = getattr(norm, "full_tensor", None)  # a DTensor norm (per-parameter sharding)
     return full_tensor() if callable(full_tensor) else norm
+
+
+def grad_sync_paused(model: nn.Module):
+    """A context in which backwards accumulate gradients without reducing them across ranks (the
+    next backward outside reduces the sum): FSDP1 and DDP's no_sync(), FSDP2's
+    set_requires_gradient_sync(False); nothing to pause on one process (a null context)."""
+    from fastvideo.distributed import fsdp2
+
+    if fsdp2.is_fsdp2(model):
+        return fsdp2.grad_sync_paused(model)
+    if hasattr(model, "no_sync"):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def describe(model: nn.Module, strategy: str) -> str:
+    """The wrapping on one line, for the start-up log: which wrapper, which strategy, its units."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from fastvideo.distributed import fsdp2
+
+    world = devices.world_size()
+    if fsdp2.is_fsdp2(model):
+        return f"FSDP2 (fully_shard), {strategy} sharding over {world} ranks, {len(fsdp2.fsdp2_modules(model))} units"
+    if is_fsdp(model):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return (f"FSDP1 (FullyShardedDataParallel), {strategy} sharding over {world} ranks, "
+                f"{len(FSDP.fsdp_modules(model))} units")
+    if isinstance(model, DDP):
+        return f"DDP over {world} ranks (a full replica each)"
+    return "one process: the plain module"
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

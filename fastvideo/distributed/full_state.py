@@ -59,6 +59,15 @@ def _options(model: nn.Module, *, load: bool, **extra):
     return StateDictOptions(full_state_dict=True, cpu_offload=_offload_to_cpu(model), **extra)
 
 
+def _free_fsdp2(model: nn.Module) -> None:
+    """FSDP2 leaves the root's parameters gathered after a forward, and while they are the modules
+    hold plain tensors instead of the DTensor shards the optimizer was built on: free them first."""
+    from fastvideo.distributed import fsdp2
+
+    if fsdp2.is_fsdp2(model):
+        fsdp2.reshard_all(model)
+
+
 def _rank0_only(state: dict) -> dict:
     return state if devices.rank() == 0 else {}
 
@@ -72,6 +81,7 @@ def full_model_state_dict(model: nn.Module, trainable_only: bool = False) -> dic
 
     if trainable_only and is_fsdp(model):
         return _rank0_only(_gathered_trainable(model))
+    _free_fsdp2(model)
     options = _options(model, load=False, ignore_frozen_params=trainable_only)
     state = _rank0_only(get_model_state_dict(model, options=options))
     if trainable_only:
@@ -91,6 +101,7 @@ def load_full_model_state_dict(model: nn.Module, state_dict: dict[str, torch.Ten
         load_trainable_state_dict(model, state_dict)
         return
 
+    _free_fsdp2(model)
     set_model_state_dict(model, _rank0_only(state_dict), options=_options(model, load=True, strict=strict))
 
 
@@ -197,6 +208,7 @@ def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer
     by the unwrapped model's parameter names, independent of the world size; {} on ranks != 0."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+    _free_fsdp2(model)
     return _rank0_only(get_optimizer_state_dict(model, optimizer, options=_options(model, load=False)))
 
 
@@ -204,6 +216,7 @@ def load_full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Opti
     """Collective. Inverse of full_optimizer_state_dict (rank 0's dict is used). Consumes ``state``."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+    _free_fsdp2(model)
     tuples = [{k for k, v in group.items() if isinstance(v, tuple)} for group in optimizer.param_groups]
     set_optimizer_state_dict(model, optimizer, _rank0_only(state), options=_options(model, load=True))
     # The setter hands back hyper-parameters like AdamW's betas as lists; keep the optimizer's own types.

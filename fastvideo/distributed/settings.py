@@ -25,6 +25,7 @@ class ParallelSettings(Settings):
     fsdp_forward_prefetch: bool = False
     rollout_weights: str = "sharded"  # sharded | gathered | auto: fsdp.gathered_forwards around no-grad passes
     sp_size: int = 1  # the ranks of a sequence group (Ulysses sequence parallelism)
+    fsdp_version: int = 1  # 1: FullyShardedDataParallel (flat parameters), 2: fully_shard (distributed/fsdp2.py)
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,11 @@ class ParallelSettings(Settings):
                             "fit a device), hybrid (= upstream's hybrid_full: "
                             "shard within a node, replicate across nodes), hybrid_zero2 (the same, gathered "
                             "parameters kept from forward to backward), none (replicate)")
+        g.add_argument("--fsdp_version", type=int, default=1, choices=[1, 2],
+                       help="FSDP implementation: 1 (FullyShardedDataParallel, flat parameters; upstream's and "
+                            "the Ascend recipe's) or 2 (fully_shard: per-parameter DTensor shards, the same maths "
+                            "and bytes; every strategy but none, bf16 gathers, CPU offload, --rollout_weights, "
+                            "--grad_sync; not --checkpoint_format sharded)")
         g.add_argument("--use_cpu_offload", action="store_true", help="keep FSDP's parameter shards on the CPU")
         g.add_argument("--sp_size", type=int, default=1,
                        help="sequence parallel size N: the world is (data-parallel ranks) x N; the N ranks of a "
@@ -62,7 +68,7 @@ class ParallelSettings(Settings):
             raise ConfigError(f"--sp_size {args.sp_size}: the sequence parallel size must be >= 1 (1: off)")
         strategy = "hybrid" if args.fsdp_sharding_strategy == "hybrid_full" else args.fsdp_sharding_strategy
         return cls(strategy, args.use_cpu_offload, args.fsdp_param_dtype, args.fsdp_forward_prefetch,
-                   args.rollout_weights, args.sp_size).checked()
+                   args.rollout_weights, args.sp_size, args.fsdp_version).checked()
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
@@ -70,7 +76,8 @@ class ParallelSettings(Settings):
         return {"fsdp_sharding_strategy": section["fsdp_strategy"], "use_cpu_offload": section["cpu_offload"],
                 "fsdp_param_dtype": section.get("fsdp_param_dtype", "fp32"),
                 "fsdp_forward_prefetch": section.get("fsdp_forward_prefetch", False),
-                "rollout_weights": section.get("rollout_weights", "sharded"), "sp_size": section.get("sp_size", 1)}
+                "rollout_weights": section.get("rollout_weights", "sharded"), "sp_size": section.get("sp_size", 1),
+                "fsdp_version": section.get("fsdp_version", 1)}
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
@@ -83,7 +90,8 @@ class ParallelSettings(Settings):
         if self.cpu_offload and self.fsdp_strategy == "none":
             raise ConfigError("--use_cpu_offload needs FSDP sharding (--fsdp_sharding_strategy full or hybrid)")
         for flag, on in (("--fsdp_param_dtype bf16", self.fsdp_param_dtype == "bf16"),
-                         ("--fsdp_forward_prefetch", self.fsdp_forward_prefetch)):
+                         ("--fsdp_forward_prefetch", self.fsdp_forward_prefetch),
+                         ("--fsdp_version 2", self.fsdp_version == 2)):
             if on and self.fsdp_strategy == "none":
                 raise ConfigError(f"{flag} is an FSDP setting; --fsdp_sharding_strategy none (DDP) has no "
                                   "parameter gathers: use full or hybrid")
@@ -93,3 +101,6 @@ class ParallelSettings(Settings):
         if self.fsdp_param_dtype == "bf16" and mixed != "bf16":
             raise ConfigError("--fsdp_param_dtype bf16 computes with bf16 parameters: it needs --mixed_precision bf16 "
                               f"(autocast), not {mixed!r}")
+        if self.fsdp_version == 2 and sections["output"].checkpoint_format == "sharded":
+            raise ConfigError("--checkpoint_format sharded writes FSDP1's flat shards: with --fsdp_version 2 use "
+                              "--checkpoint_format gathered (the default), or --fsdp_version 1")

@@ -118,6 +118,29 @@ class UnitLoader:
             self.source.read_into(prefix + name, tensor)
             self.loaded.add(prefix + name)
 
+    @torch.no_grad()
+    def fill_sharded(self, model: nn.Module) -> None:
+        """FSDP2 (--fsdp_version 2): ``model`` already sharded on meta by fully_shard; allocate it on
+        the device and fill each parameter's local shard from the files. Each tensor is read whole
+        into host memory (one tensor at a time) and this rank keeps its rows: distribute_tensor with
+        src_data_rank=None cuts the local piece without any communication, as every rank read the
+        same bytes. Buffers (never sharded) are read whole."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        model.to_empty(device=self.device)
+        for module in model.modules():
+            prefix = self.prefix[id(module)]
+            for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+                if isinstance(tensor, DTensor):
+                    whole = torch.empty(tensor.shape, dtype=tensor.dtype)
+                    self.source.read_into(prefix + name, whole)
+                    piece = distribute_tensor(whole.to(tensor.device_mesh.device_type), tensor.device_mesh,
+                                              tensor.placements, src_data_rank=None)
+                    tensor.to_local().copy_(piece.to_local())
+                else:
+                    self.source.read_into(prefix + name, tensor)
+                self.loaded.add(prefix + name)
+
     def check_complete(self) -> None:
         """Every parameter and buffer was read (none is left as garbage from to_empty)."""
         missing = sorted(self.expected - self.loaded)

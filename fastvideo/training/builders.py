@@ -147,6 +147,7 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
         mixed_precision=fsdp_precision(cfg),
         forward_prefetch=cfg.fsdp_forward_prefetch,
         replicate_frozen=_replicate_frozen(cfg),
+        version=cfg.fsdp_version,
     )
     if loader is not None:
         loader.check_complete()
@@ -202,7 +203,8 @@ def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.d
     if cfg.fsdp_strategy != "none" and devices.world_size() > 1:
         ref = wrap_model(ref, strategy=cfg.fsdp_strategy, device=device, cpu_offload=cfg.cpu_offload,
                          block_classes=family.block_classes(), param_init_fn=loader,
-                         mixed_precision=fsdp_precision(cfg), forward_prefetch=cfg.fsdp_forward_prefetch)
+                         mixed_precision=fsdp_precision(cfg), forward_prefetch=cfg.fsdp_forward_prefetch,
+                         version=cfg.fsdp_version)
     if loader is not None:
         loader.check_complete()
     compile_model(cfg, ref, device, family)

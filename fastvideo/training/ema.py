@@ -82,9 +82,11 @@ class EMA:
     def swapped_in(self, model: nn.Module | None = None) -> Iterator[None]:
         """Run the model with the EMA weights inside the block; the training weights come back after
         it, bit for bit. Costs one extra copy of the local shards. Not re-entrant."""
-        self._check_model(model)
         target = model if model is not None else self._model
-        fsdp.free_unsharded_params(target)  # else FSDP1 would keep computing with gathered old weights
+        # Else FSDP1 would keep computing with gathered old weights, and under FSDP2 the modules
+        # would still hold the root's gathered tensors instead of the shards.
+        fsdp.free_unsharded_params(target)
+        self._check_model(model)
         with torch.no_grad():
             backup = [_local(p).detach().clone() for p in self._params]
             for shadow, param in zip(self.shadow, self._params):

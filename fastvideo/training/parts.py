@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from fastvideo import devices
+from fastvideo.distributed.fsdp import describe as fsdp_describe
 from fastvideo.sampling.rollout import RolloutConfig
 from fastvideo.training import builders
 from fastvideo.training.run import start
@@ -75,6 +76,7 @@ def build_parts(cfg, info: devices.DistInfo, dims, family, timer, autocast_dtype
     builders.check_reward_endpoints(cfg)  # remote:/vlm: URLs answer, before any model loads
     dataset = _check_data(cfg, info, family)
     transformer_config, model, vae = builders.build_models(cfg, device, family)
+    main_print(f"[parallel] {fsdp_describe(model, cfg.fsdp_strategy)}")
     dataset.check_against_transformer(transformer_config)
     kl_reference = builders.build_kl_reference(cfg, model, device, family)
     reference = getattr(kl_reference, "model", None)  # its own copy (full fine-tuning) or the model (LoRA)

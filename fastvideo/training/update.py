@@ -112,10 +112,13 @@ class Updater:
 
     def _gradient_sync(self, last_of_window: bool):
         """--grad_sync per_step: every backward of an accumulation window but its last under the
-        model's no_sync (FSDP1 / DDP: the gradients accumulate unsharded, reduced once, by the last)."""
-        if self.grad_sync != "per_step" or last_of_window or not hasattr(self.model, "no_sync"):
+        model's gradient sync paused (FSDP1 / DDP no_sync, FSDP2 set_requires_gradient_sync: the
+        gradients accumulate unsharded, reduced once, by the last)."""
+        if self.grad_sync != "per_step" or last_of_window:
             return contextlib.nullcontext()
-        return self.model.no_sync()
+        from fastvideo.distributed.fsdp import grad_sync_paused
+
+        return grad_sync_paused(self.model)
 
     def optimizer_step(self, window_loss: torch.Tensor) -> tuple[torch.Tensor | float, list[str]]:
         """Clip, check finiteness (the same decision on every rank), step or skip. Returns the

@@ -16,7 +16,10 @@ from helpers import read_metrics, torchrun, train_args
 SHAPE = dict(sampling_steps=8, num_generations=4, train_batch_size=1, rollout_batch_size=4, train_micro_batch_size=1,
              timestep_fraction=1.0, max_train_steps=1, checkpointing_steps=100, save_images_every=0)
 LEAN = dict(rollout_weights="gathered", update_timesteps_per_forward="all")
-RUNS = {"grpo": {}, "grpo_lean": LEAN, "nft": {"algorithm": "nft"}, "nft_lean": {"algorithm": "nft", **LEAN}}
+FSDP2 = dict(fsdp_version=2)
+RUNS = {"grpo": {}, "grpo_lean": LEAN, "nft": {"algorithm": "nft"}, "nft_lean": {"algorithm": "nft", **LEAN},
+        "grpo_fsdp2": FSDP2, "grpo_fsdp2_lean": {**LEAN, **FSDP2},
+        "nft_fsdp2": {"algorithm": "nft", **FSDP2}, "nft_fsdp2_lean": {"algorithm": "nft", **LEAN, **FSDP2}}
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +30,11 @@ def runs(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
         proc = torchrun(train_args(tiny_embeddings, tiny_flux_dir, folder, **{**SHAPE, **extra}))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
         out[name] = read_metrics(folder)[-1]
+        resolved = json.loads((folder / "config.json").read_text())
+        assert resolved.get("fsdp_version", 1) == extra.get("fsdp_version", 1), name
+        wrapper = "FSDP2 (fully_shard), full sharding over 2 ranks, 3 units" if "fsdp2" in name else \
+            "FSDP1 (FullyShardedDataParallel), full sharding over 2 ranks, 3 units"
+        assert f"[parallel] {wrapper}" in proc.stdout, name  # the flag took effect
     return out
 
 
@@ -77,3 +85,21 @@ def test_lean_options_move_a_quarter_of_the_bytes_with_the_same_maths(runs, algo
     assert lean["reward_mean"] == default["reward_mean"] and lean["reward_std"] == default["reward_std"]
     assert math.isclose(lean["grad_norm"], default["grad_norm"], rel_tol=1e-5), (lean["grad_norm"],
                                                                                   default["grad_norm"])
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "nft"])
+@pytest.mark.parametrize("lean", [False, True], ids=["default", "lean"])
+def test_fsdp2_runs_the_same_maths_and_bytes(runs, algorithm, lean):
+    """--fsdp_version 2 (fully_shard): the same rewards bit for bit and gradient norm (1e-5) as FSDP1's
+    default run, and the same all-gather + reduce-scatter bytes as FSDP1 with the same options (up
+    to padding: FSDP2 pads each parameter, FSDP1 each unit); lean, at most a quarter of the default."""
+    fsdp1, default = runs[f"{algorithm}_lean" if lean else algorithm], runs[algorithm]
+    fsdp2 = runs[f"{algorithm}_fsdp2_lean" if lean else f"{algorithm}_fsdp2"]
+    assert fsdp2["reward_mean"] == default["reward_mean"] and fsdp2["reward_std"] == default["reward_std"]
+    assert math.isclose(fsdp2["grad_norm"], default["grad_norm"], rel_tol=1e-5), (fsdp2["grad_norm"],
+                                                                                   default["grad_norm"])
+    assert fsdp2["comm/total/all_gather_calls"] == fsdp1["comm/total/all_gather_calls"]
+    assert fsdp2["comm/total/reduce_scatter_calls"] == fsdp1["comm/total/reduce_scatter_calls"]
+    assert math.isclose(_fsdp_bytes(fsdp2), _fsdp_bytes(fsdp1), rel_tol=0.01), (_fsdp_bytes(fsdp2), _fsdp_bytes(fsdp1))
+    if lean:
+        assert _fsdp_bytes(fsdp2) <= _fsdp_bytes(default) / 4

@@ -1,7 +1,8 @@
 """--grad_sync per_step (issue #37 item 5): the gradients of an accumulation window are
 reduce-scattered once, by its last backward (FSDP1's no_sync over the others). On 2 gloo ranks,
 tiny FLUX, fp32: one set of reduce-scatters per optimizer step instead of one per term, the same
-gradient norm and the same weights after the iteration (1e-6 relative); the memory model prices
+gradient norm and the same weights after the iteration (1e-6 relative), under FSDP1 and FSDP2
+(--fsdp_version 2: set_requires_gradient_sync(False)); the memory model prices
 the unsharded gradients and the trainer's choice refuses them where they would not fit."""
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ SHAPE = dict(sampling_steps=4, num_generations=4, train_batch_size=1, rollout_ba
              timestep_fraction=1.0, gradient_accumulation_steps=2, max_train_steps=1, checkpointing_steps=1,
              save_images_every=0)
 RUNS = {"per_microbatch": {}, "per_step": {"grad_sync": "per_step"},
-        "per_step_all": {"grad_sync": "per_step", "update_timesteps_per_forward": "all"}}
+        "per_step_all": {"grad_sync": "per_step", "update_timesteps_per_forward": "all"},
+        "per_step_fsdp2": {"grad_sync": "per_step", "fsdp_version": 2}}  # set_requires_gradient_sync(False)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def _weights(folder) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
-@pytest.mark.parametrize("name", ["per_step", "per_step_all"])
+@pytest.mark.parametrize("name", ["per_step", "per_step_all", "per_step_fsdp2"])
 def test_one_reduce_scatter_set_per_optimizer_step_same_maths(runs, name):
     (base, base_dir), (run, run_dir) = runs["per_microbatch"], runs[name]
     assert base["optimizer_steps"] == run["optimizer_steps"] == 2
