@@ -204,13 +204,7 @@ def wrap_model(
         raise ValueError("param_init_fn (a meta-device model filled unit by unit) needs an FSDP strategy on more "
                          "than one rank; load the model normally for DDP or a single process")
     if world == 1:
-        # Sharding over one rank would only add copies; the plain module is the same computation.
-        if policy is not None:
-            warnings.warn("mixed_precision is an FSDP setting and is not applied to a single process; use autocast",
-                          stacklevel=2)
-        if cpu_offload:
-            warnings.warn("cpu_offload is an FSDP setting and is not applied to a single process", stacklevel=2)
-        return model.to(device)
+        return _single_process(model, device, policy, cpu_offload)
     if strategy == "none":
         return _wrap_ddp(model, device)
     ignored = _replicated_frozen(model, device, cpu_offload or param_init_fn is not None) if replicate_frozen else None
@@ -219,6 +213,16 @@ def wrap_model(
                            forward_prefetch, ignored)
     return _wrap_fsdp(model, strategy, device, policy, cpu_offload, classes, world, extra_units, param_init_fn,
                       forward_prefetch, ignored)
+
+
+def _single_process(model: nn.Module, device: torch.device, policy, cpu_offload: bool) -> nn.Module:
+    """Sharding over one rank would only add copies; the plain module is the same computation."""
+    if policy is not None:
+        warnings.warn("mixed_precision is an FSDP setting and is not applied to a single process; use autocast",
+                      stacklevel=3)
+    if cpu_offload:
+        warnings.warn("cpu_offload is an FSDP setting and is not applied to a single process", stacklevel=3)
+    return model.to(device)
 
 
 def _replicated_frozen(model: nn.Module, device: torch.device, offloaded: bool) -> list[nn.Parameter]:
@@ -255,7 +259,8 @@ def _wrap_fsdp2(model, strategy, device, policy, cpu_offload, classes, world, ex
     (a models.sharded_load.UnitLoader) fills each rank's rows from the files."""
     from fastvideo.distributed import fsdp2
 
-    mesh = fsdp2.shard_mesh(strategy, device, world, _local_world_size_from_env())
+    hybrid = hybrid_mesh_shape(world, _local_world_size_from_env()) if strategy in HYBRID else None
+    mesh = fsdp2.shard_mesh(device, world, hybrid)
     model = fsdp2.wrap_fsdp2(model, strategy, device, policy, cpu_offload, classes, mesh, extra_units,
                              forward_prefetch, ignored)
     if param_init_fn is not None:

@@ -53,17 +53,14 @@ def fsdp2_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-def shard_mesh(strategy: str, device: torch.device, world: int, local_world_size: int | None):
-    """The DeviceMesh FSDP2 shards over: 1-D over all ranks (full, zero2), 2-D (replicate, shard)
-    for hybrid strategies (fsdp.hybrid_mesh_shape: shard within a node)."""
+def shard_mesh(device: torch.device, world: int, hybrid: tuple[int, int] | None):
+    """The DeviceMesh FSDP2 shards over: 1-D over all ranks (full, zero2), or for hybrid strategies
+    ``hybrid`` = (replicate, shard) sizes (fsdp.hybrid_mesh_shape: shard within a node) as a 2-D
+    mesh; hybrid on one node (replicate 1) is full sharding."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from fastvideo.distributed.fsdp import HYBRID, hybrid_mesh_shape
-
-    if strategy in HYBRID:
-        replicate, shard = hybrid_mesh_shape(world, local_world_size)
-        if replicate > 1:
-            return init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
+    if hybrid is not None and hybrid[0] > 1:
+        return init_device_mesh(device.type, hybrid, mesh_dim_names=("replicate", "shard"))
     return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
 
 

@@ -50,6 +50,13 @@ def _check_parity(info, strategy: str, local: str | None):
                 torch.testing.assert_close(seen[name], grads[name], atol=1e-5, rtol=0, msg=f"{where} {name}")
                 torch.testing.assert_close(seen_clipped[name], clipped[name], atol=1e-5, rtol=0,
                                            msg=f"{where} clipped {name}")
+    # No-grad forwards: full sharding gathers each block unit per forward (the root stays gathered),
+    # zero2 keeps every unit gathered until a backward.
+    fsdp.free_unsharded_params(model)
+    comm_count.install()
+    with torch.no_grad():
+        _, counted = _counted(lambda: [model(**tiny_inputs(i)) for i in range(2)])
+    assert counted["all_gather"][0] == (3 if strategy == "zero2" else 5), (strategy, counted)
     return True
 
 
@@ -70,7 +77,7 @@ def _check_helpers(info):
         sharded, per_pass = _counted(lambda: [model(**x)[0] for x in inputs])
         with fsdp.gathered_forwards(model):
             gathered, once = _counted(lambda: [model(**x)[0] for x in inputs])
-        again, after = _counted(lambda: [model(**x)[0] for x in inputs[:1]])
+        again, after = _counted(lambda: [model(**x)[0] for x in inputs[:2]])
     for a, b in zip(sharded, gathered):
         assert torch.equal(a, b)  # the same gathered values: bit-identical
     assert torch.equal(again[0], sharded[0])
@@ -80,7 +87,7 @@ def _check_helpers(info):
     units = 3
     assert per_pass["all_gather"][0] == 1 + 2 * len(inputs), per_pass
     assert once["all_gather"][0] == units - 1, once
-    assert after["all_gather"][0] == units, after  # freed on exit: the root is gathered again too
+    assert after["all_gather"][0] == 1 + 2 * 2, after  # freed on exit, and sharded per forward again
 
     # Gradient accumulation over 2 micro-batches: reduce per micro-batch vs once per step.
     results = {}

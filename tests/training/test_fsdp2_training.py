@@ -100,12 +100,12 @@ def test_lora_sequence_parallel_and_bf16_gathers_match_fsdp1(runs, pair):
 
 
 def test_fsdp2_refusals_are_one_line(tiny_flux_dir, tiny_embeddings, tmp_path):
-    from fastvideo.config import parse_config
+    from fastvideo.config import build_parser, validate_args
     from fastvideo.errors import ConfigError
 
     args = train_args(tiny_embeddings, tiny_flux_dir, tmp_path, fsdp_version=2)
     with pytest.raises(ConfigError, match="--checkpoint_format sharded writes FSDP1's flat shards"):
-        parse_config(args + ["--checkpoint_format", "sharded"])
+        validate_args(build_parser().parse_args(args + ["--checkpoint_format", "sharded"]))
     with pytest.raises(ConfigError, match="--fsdp_version 2 is an FSDP setting"):
-        parse_config(args + ["--fsdp_sharding_strategy", "none"])
-    assert parse_config(args).fsdp_version == 2
+        validate_args(build_parser().parse_args(args + ["--fsdp_sharding_strategy", "none"]))
+    assert validate_args(build_parser().parse_args(args)).fsdp_version == 2
