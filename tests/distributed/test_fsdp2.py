@@ -169,7 +169,9 @@ def _check_fill_and_state(info, tmp: str):
     optimizer.step()
     with torch.no_grad():
         model(**tiny_inputs(info.rank))
-    saved_model, saved_opt = fsdp.full_model_state_dict(model), fsdp.full_optimizer_state_dict(model, optimizer)
+        saved_opt = fsdp.full_optimizer_state_dict(model, optimizer)
+        model(**tiny_inputs(info.rank))
+        saved_model = fsdp.full_model_state_dict(model)
     other = fsdp.wrap_model(tiny_transformer(seed=5), "full", info.device, version=2)
     other_opt = torch.optim.AdamW(other.parameters(), lr=1e-2)
     fsdp.load_full_model_state_dict(other, {k: v.clone() for k, v in saved_model.items()})
