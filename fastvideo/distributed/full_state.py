@@ -81,8 +81,7 @@ def full_model_state_dict(model: nn.Module, trainable_only: bool = False) -> dic
 
     if trainable_only and is_fsdp(model):
         return _rank0_only(_gathered_trainable(model))
-    _free_fsdp2(model)
-    options = _options(model, load=False, ignore_frozen_params=trainable_only)
+    options = _options(model, load=False, ignore_frozen_params=trainable_only)  # FSDP2: fine with a gathered root
     state = _rank0_only(get_model_state_dict(model, options=options))
     if trainable_only:
         # ignore_frozen_params keeps persistent buffers (SD3's pos_embed.pos_embed): drop them

@@ -174,8 +174,12 @@ def _check_fill_and_state(info, tmp: str):
         saved_model = fsdp.full_model_state_dict(model)
     other = fsdp.wrap_model(tiny_transformer(seed=5), "full", info.device, version=2)
     other_opt = torch.optim.AdamW(other.parameters(), lr=1e-2)
-    fsdp.load_full_model_state_dict(other, {k: v.clone() for k, v in saved_model.items()})
-    fsdp.load_full_optimizer_state_dict(other, other_opt, saved_opt)
+    with torch.no_grad():
+        other(**tiny_inputs(info.rank))  # leaves its root gathered: the load must free it first
+        fsdp.load_full_optimizer_state_dict(other, other_opt, saved_opt)
+        other(**tiny_inputs(info.rank))
+        fsdp.load_full_model_state_dict(other, {k: v.clone() for k, v in saved_model.items()})
+        assert torch.equal(other(**tiny_inputs(info.rank))[0], model(**tiny_inputs(info.rank))[0])
     for p, q in zip(model.parameters(), other.parameters()):
         assert torch.equal(p.to_local(), q.to_local())
     for a, b in zip(optimizer.state.values(), other_opt.state.values()):
