@@ -162,7 +162,7 @@ TRAIN = [
     _t("num_generations", num_generations=0), _t("sampling_steps", sampling_steps=0),
     _t("--h", h=0), _t("--h", w=-32), _t("multiples of 16", h=40),
     _t("train_batch_size", train_batch_size=0), _t("rollout_batch_size", rollout_batch_size=0),
-    _t("train_micro_batch_size", train_micro_batch_size=0), _t("embedding_cache_mb", embedding_cache_mb=-1),
+    _t("train_micro_batch_size", train_micro_batch_size=0),
     _t("gradient_accumulation_steps", gradient_accumulation_steps=0),
     _t("timestep_fraction", timestep_fraction=0), _t("timestep_fraction", timestep_fraction=1.5),
     _t("checkpointing_steps", checkpointing_steps=0), _t("checkpoints_total_limit", checkpoints_total_limit=0),
@@ -196,6 +196,7 @@ TRAIN = [
     _t("MASTER_ADDR and MASTER_PORT not set", env={"WORLD_SIZE": "2"}),
     pytest.param(*_t("not writable", output_dir="{read_only}/out"),
                  marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")),    _t("generates from text", rewards="remote:{source_server}/edit:1"),  # #36: /health says uses_sources
+    _t("embedding_cache_mb", embedding_cache_mb=-1),  # last: the mutation tables name train cases by index
 ]
 
 PREPROCESS = [
