@@ -91,9 +91,9 @@ class PromptEmbeddingDataset(torch.utils.data.Dataset):
     many times, the trainer (load_prompts -> stack), passes them to the family's cond_from_tensors,
     which torch.stack's (copies) the per-prompt tensors and keeps one prompt's shared tensors (FLUX's
     text_ids, the negative prompt's embeddings) by reference; nothing on the rollout and update path
-    writes into a conditioning tensor in place (tests/data/test_embedding_cache.py checks the cached
-    tensors are unchanged after training iterations). A caller that edits an item in place must
-    clone it first.
+    writes into a conditioning tensor in place (tests/training/test_embedding_cache_reads.py checks
+    the cached tensors are unchanged after training iterations). A caller that edits an item in
+    place must clone it first.
     """
 
     def __init__(self, json_path: str | Path, expected: Mapping | Any | None = None, *, family: ModelFamily,
