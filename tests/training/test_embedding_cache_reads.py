@@ -67,3 +67,18 @@ def test_cache_off_reads_every_iteration(tiny_flux_dir, tiny_embeddings, tmp_pat
     trainer, reads = _run(tiny_flux_dir, tiny_embeddings, tmp_path / "plain", loads, monkeypatch,
                           embedding_cache_mb=0)
     assert reads == [3, 24, 24] and not trainer.dataset.cache.enabled and len(trainer.dataset.cache) == 0
+
+
+def test_sd3_with_guidance_leaves_the_cached_tensors_as_read(tiny_sd3_dir, sd3_sp_embeddings, tmp_path,
+                                                            loads, monkeypatch):
+    """SD3.5 with classifier-free guidance: the negative prompt's embeddings are shared tensors of
+    the Conditioning (one prompt's, by reference); two iterations leave the cached ones as read."""
+    trainer, reads = _run(tiny_sd3_dir, sd3_sp_embeddings, tmp_path / "sd3", loads, monkeypatch, model_family="sd3",
+                          guidance_scale=4.5, flow_grpo_sampling=True, eta=0.7, fsdp_sharding_strategy="none")
+    files = len(trainer.family.storage)  # 4 a prompt: with the negative prompt's embeddings and pooled
+    assert files == 4 and reads == [files, 7 * files, 0]
+    plain = PromptEmbeddingDataset(sd3_sp_embeddings, family=trainer.family)
+    for i in range(8):
+        held, fresh = trainer.dataset.cache.get(i), plain.record(i)
+        assert held.keys() == fresh.keys() and {"neg_prompt_embeds", "neg_pooled"} <= set(held)
+        assert all(held[k].dtype == fresh[k].dtype and torch.equal(held[k], fresh[k]) for k in fresh)
