@@ -27,6 +27,7 @@ from fastvideo.component_settings.outputs import PROBE_KINDS, OutputSettings  # 
 from fastvideo.component_settings.update import UpdateSettings
 from fastvideo.compat.dancegrpo import COMPAT_ONLY_FLAGS  # noqa: F401  (re-exported for old imports)
 from fastvideo.components import COMPONENTS, add_component_flags, objective_settings, plugin_sections
+from fastvideo.data.settings import EMBEDDING_CACHE_MB
 from fastvideo.errors import ConfigError, UserError, one_line_errors
 from fastvideo.models.settings import ModelConfig
 from fastvideo.rewards.settings import RewardSettings
@@ -91,6 +92,7 @@ class TrainConfig:
     nft: NFTSettings = field(default_factory=NFTSettings)  # --algorithm nft's own flags
     update: UpdateSettings = field(default_factory=UpdateSettings)  # micro-batches and accumulation
     plugins: dict = field(default_factory=dict)  # a plugin objective's or family's own section, by name
+    embedding_cache_mb: int = EMBEDDING_CACHE_MB  # --embedding_cache_mb: MiB of embeddings kept (data.cache)
 
     def objective_settings(self):
         """The selected objective's own settings (fastvideo.settings.ObjectiveSettings)."""
@@ -167,6 +169,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
         algorithm=args.algorithm, fsdp_param_dtype=parallel.fsdp_param_dtype,
         fsdp_forward_prefetch=parallel.fsdp_forward_prefetch, nft=s["nft"], update=s["update"], plugins=plugins,
         rollout_weights=parallel.rollout_weights, sp_size=parallel.sp_size, fsdp_version=parallel.fsdp_version,
+        embedding_cache_mb=data.embedding_cache_mb,
     )
 
 

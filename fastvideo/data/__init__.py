@@ -8,7 +8,7 @@ _LAZY = {
     "EmbeddingDatasetError": "fastvideo.data.dataset", "EmbeddingShapeError": "fastvideo.data.dataset",
     "PromptEmbeddingDataset": "fastvideo.data.dataset", "PromptFileError": "fastvideo.data.prompts",
     "PromptList": "fastvideo.data.prompts", "load_prompts": "fastvideo.data.prompts",
-    "GroupDistributedSampler": "fastvideo.data.sampler", "epoch_order_fn": "fastvideo.data.sampler",
+    "RecordCache": "fastvideo.data.cache", "GroupDistributedSampler": "fastvideo.data.sampler", "epoch_order_fn": "fastvideo.data.sampler",
     "repeat_first_epoch_order_fn": "fastvideo.data.sampler", "seeded_permutation": "fastvideo.data.sampler",
 }
 
@@ -23,6 +23,7 @@ __all__ = [
     "PromptEmbeddingDataset",
     "PromptFileError",
     "PromptList",
+    "RecordCache",
     "epoch_order_fn",
     "load_prompts",
     "repeat_first_epoch_order_fn",

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from fastvideo.data.cache import RecordCache
 from fastvideo.models.base import Conditioning, EmbeddingDatasetError, EmbeddingShapeError, ModelFamily
 
 __all__ = ["EmbeddingDatasetError", "EmbeddingShapeError", "PromptEmbeddingDataset"]
@@ -82,11 +83,23 @@ class PromptEmbeddingDataset(torch.utils.data.Dataset):
 
     ``expected`` (a transformer config, or what the family's check_dims takes) is checked against
     the first item at construction, so a mismatch fails before any rollout. family: the
-    ModelFamily whose records these are.
+    ModelFamily whose records these are. cache_bytes: keep up to this many bytes of loaded, checked
+    records in this process (fastvideo.data.cache; the trainer's --embedding_cache_mb), so a prompt
+    asked for again is not read from disk again; 0 (the default): read every time.
+
+    Cached records are handed out as they are, without a copy per read: the one caller that reads
+    many times, the trainer (load_prompts -> stack), passes them to the family's cond_from_tensors,
+    which torch.stack's (copies) the per-prompt tensors and keeps one prompt's shared tensors (FLUX's
+    text_ids, the negative prompt's embeddings) by reference; nothing on the rollout and update path
+    writes into a conditioning tensor in place (tests/training/test_embedding_cache_reads.py checks
+    the cached tensors are unchanged after training iterations). A caller that edits an item in
+    place must clone it first.
     """
 
-    def __init__(self, json_path: str | Path, expected: Mapping | Any | None = None, *, family: ModelFamily):
+    def __init__(self, json_path: str | Path, expected: Mapping | Any | None = None, *, family: ModelFamily,
+                 cache_bytes: int = 0):
         self.family = family
+        self.cache = RecordCache(cache_bytes)
         self.json_path = Path(json_path)
         self.root = self.json_path.parent
         self.entries = _read_index(self.json_path, self.family.json_keys, self.family.name)
@@ -114,11 +127,18 @@ class PromptEmbeddingDataset(torch.utils.data.Dataset):
         return t
 
     def record(self, idx: int) -> dict[str, torch.Tensor]:
-        """Prompt ``idx``'s stored tensors by Conditioning name, checked by the family."""
+        """Prompt ``idx``'s stored tensors by Conditioning name, checked by the family (from the
+        cache when it holds them; they are not to be modified in place)."""
+        if self.cache.enabled:
+            cached = self.cache.get(idx)
+            if cached is not None:
+                return cached
         raw = {s.name: self._load(idx, s.json_key, s.folder) for s in self.family.storage}
         rec, dims = self.family.check_record(idx, raw, self._dims, str(self.root))
         if self._dims is None:
             self._dims = dims
+        if self.cache.enabled:
+            self.cache.put(idx, rec)
         return rec
 
     def __getitem__(self, idx: int) -> tuple:

@@ -214,7 +214,8 @@ def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.d
 def build_dataset(cfg: TrainConfig, family=None):
     from fastvideo.data.dataset import PromptEmbeddingDataset
 
-    return PromptEmbeddingDataset(cfg.data_json_path, family=family if family is not None else build_family(cfg))
+    return PromptEmbeddingDataset(cfg.data_json_path, family=family if family is not None else build_family(cfg),
+                                  cache_bytes=cfg.embedding_cache_mb * 2**20)
 
 
 def build_sampler(cfg: TrainConfig, num_prompts: int, dims, data_randomness=None):

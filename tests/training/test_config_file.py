@@ -99,7 +99,8 @@ def test_unreadable_files_are_refused(tmp_path, capsys):
 # Configurations whose resolved form must come back exactly through --config.
 ROUND_TRIPS = [
     ["--use_group", "--num_generations", "4"],
-    ["--num_generations", "12", "--sampler_seed", "5", "--image_dir", "imgs", "--vae_model_path", "v"],
+    ["--num_generations", "12", "--sampler_seed", "5", "--image_dir", "imgs", "--vae_model_path", "v",
+     "--embedding_cache_mb", "0"],
     ["--use_group", "--training_strategy", "part", "--group_size", "3", "--prog_overlap", "--prog_overlap_step", "2",
      "--sample_strategy", "decay", "--roll_back", "--dpm_algorithm_type", "dpmsolver++", "--dpm_solver_order", "3"],
     ["--use_group", "--training_strategy", "part", "--group_size", "3", "--sample_strategy", "random"],
@@ -145,6 +146,7 @@ def test_a_config_json_from_before_the_update_section_reads_back(tmp_path):
     update = old.pop("update")
     update.pop("timesteps_per_forward")  # newer than the files this stands for
     update.pop("grad_sync")  # newer too
+    del old["embedding_cache_mb"]  # newer too: read as its default, 1024
     old["grpo"].update(update)
     del old["plugins"]
     again = parse_config(["--config", str(_write(tmp_path / "config.json", {**old, "derived": {}, "device": "cpu"}))])

@@ -27,6 +27,13 @@ def test_every_identity_setting_names_real_flags():
         assert set(named) <= known, (key, label, set(named) - known)
 
 
+def test_how_prompts_are_loaded_is_not_part_of_the_identity():
+    """The embedding cache and the loader threads change how the same tensors are read, not the run."""
+    base = run_identity(_cfg(), 2)
+    assert run_identity(_cfg("--embedding_cache_mb", "0", "--dataloader_num_workers", "0"), 2) == base
+    assert not {"embedding_cache_mb", "dataloader_num_workers"} & set(base)
+
+
 def test_dpm_settings_are_part_of_the_identity():
     post = run_identity(_cfg("--training_strategy", "part", "--dpm_algorithm_type", "dpmsolver++"), 1)
     every = run_identity(_cfg("--training_strategy", "part", "--dpm_algorithm_type", "dpmsolver++",
