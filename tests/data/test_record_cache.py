@@ -1,4 +1,5 @@
-"""RecordCache (fastvideo.data.cache): the byte-bounded LRU cache of loaded records, on its own."""
+"""RecordCache (fastvideo.data.cache): the byte-bounded cache of loaded records that keeps what it
+admitted, on its own."""
 
 import threading
 
@@ -32,7 +33,7 @@ def test_hits_misses_and_bytes():
     assert got.keys() == r.keys() and all(got[k] is r[k] for k in r)  # the held tensors, no copy
     assert c.put(1, rec(25)) and c.nbytes == 140
     assert c.put(0, rec(5)) and c.nbytes == 120 and len(c) == 2  # replacing a key re-counts it
-    assert c.stats() == {"hits": 1, "misses": 1, "evictions": 0, "records": 2, "bytes": 120,
+    assert c.stats() == {"hits": 1, "misses": 1, "refused": 0, "records": 2, "bytes": 120,
                          "budget_bytes": 1000}
 
 
@@ -46,34 +47,34 @@ def test_a_returned_dict_is_the_callers():
     assert set(again) == {"a", "b"} and torch.equal(again["a"], torch.full((2,), 2.0))
 
 
-def test_least_recently_used_goes_first():
+def test_admitted_records_stay_and_later_ones_wait_for_room():
     c = RecordCache(120)  # three records of 40 bytes
     for k in "abc":
         assert c.put(k, rec(10))
-    assert c.keys() == ["a", "b", "c"]
-    c.get("a")  # a is now the most recent: b is the least
-    assert c.put("d", rec(10))
-    assert c.keys() == ["c", "a", "d"] and "b" not in c and c.evictions == 1 and c.nbytes == 120
-    assert c.put("e", rec(20))  # 80 bytes: c and a go
-    assert c.keys() == ["d", "e"] and c.evictions == 3 and c.nbytes == 120
-    assert c.get("c") is None and c.get("a") is None and c.get("d") is not None
+    assert not c.put("d", rec(10))  # full: refused, nothing evicted
+    assert c.keys() == ["a", "b", "c"] and "d" not in c and c.refused == 1 and c.nbytes == 120
+    for _ in range(3):  # asking for others does not move anything out
+        assert c.get("d") is None
+    assert c.get("a") is not None and c.get("c") is not None and c.keys() == ["a", "b", "c"]
 
 
-def test_eviction_frees_exactly_what_is_needed():
+def test_room_is_exact_and_a_replaced_key_gives_its_room_back():
     c = RecordCache(100)
     c.put(1, rec(10))  # 40
     c.put(2, rec(10))  # 40 -> 80
-    assert c.put(3, rec(5)) and c.keys() == [1, 2, 3] and c.nbytes == 100  # 20 fits exactly: nothing goes
-    assert c.put(4, rec(5)) and c.keys() == [2, 3, 4] and c.nbytes == 80
+    assert c.put(3, rec(5)) and c.keys() == [1, 2, 3] and c.nbytes == 100  # 20 fits exactly
+    assert not c.put(4, rec(1 + 2)) and c.nbytes == 100  # 12 bytes: no room left
+    assert c.put(2, rec(10, 3.0)) and c.nbytes == 100 and c.get(2)["a"][0] == 3.0  # 40 fits 0 + its own 40
+    assert not c.put(1, rec(11)) and c.get(1)["a"].numel() == 8  # 44 > 0 + 40: the old record stays
 
 
-def test_a_record_over_the_budget_is_not_cached_and_evicts_nothing():
+def test_a_record_over_the_budget_is_not_cached():
     c = RecordCache(100)
     c.put("small", rec(10))
     assert not c.put("huge", rec(26))  # 104 bytes > 100
-    assert "huge" not in c and c.keys() == ["small"] and c.nbytes == 40 and c.evictions == 0
-    assert c.put("whole", rec(25))  # exactly the budget: held, the rest evicted
-    assert c.keys() == ["whole"] and c.nbytes == 100
+    assert "huge" not in c and c.keys() == ["small"] and c.nbytes == 40 and c.refused == 1
+    assert not c.put("whole", rec(25))  # exactly the budget, but 40 bytes are taken
+    assert c.put("rest", rec(15)) and c.nbytes == 100  # exactly the room left
 
 
 def test_budget_zero_is_off():
