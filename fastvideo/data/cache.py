@@ -12,9 +12,11 @@ of the prompts every epoch, so the chance that a prompt is asked for again here 
 when it was last asked for. Any fixed set of C records of N then hits C / N of the reads, while LRU
 keeps the prompts of the latest iterations, the ones the next epoch's permutation is least likely
 to repeat soon, and under a repeating order (DanceGRPO's repeated first-epoch shuffle) larger than
-the budget LRU hits nothing at all. Simulated with the trainer's sampler (bench/embedding_cache_hits.py):
-room for 255 of 2,000 prompts on 16 ranks, 12.4% of reads hit instead of LRU's 8.0%; 255 of 1,000
-on 1 rank, 25.5% instead of 3.5%. When every prompt fits both hit 100% from the second epoch on.
+the budget LRU hits nothing at all. Simulated with the trainer's sampler over epochs 9-12
+(bench/embedding_cache_hits.py, bench/results/embedding_cache_hits.json): room for 255 of 1,000
+prompts on 1 rank, 25.5% of reads hit instead of LRU's 3.8%; DanceGRPO's repeated order, 8,000
+prompts on 16 ranks (500 a rank), room 255, 51.0% instead of 0%; 2,000 prompts on 16 ranks, room
+255, 11.8% instead of 10.4%. When every prompt of a rank fits both hit 100%.
 
 Thread-safe: the trainer loads a batch's prompts on ``--dataloader_num_workers`` threads.
 """

@@ -31,7 +31,7 @@ class DataSettings(Settings):
         g.add_argument("--train_batch_size", type=int, default=1, help="prompts per rank per iteration")
         g.add_argument("--embedding_cache_mb", type=int, default=EMBEDDING_CACHE_MB,
                        help="MiB of loaded prompt embeddings each training process keeps in host memory, "
-                            "least recently used evicted, so a prompt's files are read once, not every "
+                            "admitted while they fit and then kept, so their files are read once, not every "
                             "iteration (FLUX: ~4.2 MB a prompt at 512 tokens); 0: read them every time")
 
     @classmethod

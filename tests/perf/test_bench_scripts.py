@@ -93,3 +93,14 @@ def test_iteration_bench_overlap_ab(monkeypatch, capsys):
     assert [r[0] for r in rows] == ["| serial", "| overlapped"]
     assert rows[0][-1] == "1.00x |"
     assert all(float(r[4]) > 0 for r in rows)  # the reward's busy time is measured in both modes
+
+
+def test_embedding_cache_bench_compares_the_policies():
+    """bench/embedding_cache_hits.py on small scenarios: everything fitting hits every read after the
+    first epoch under both policies; a repeated order larger than the room defeats LRU entirely
+    (each record is evicted before its turn comes again) while the kept records hit room / share."""
+    mod = _load("embedding_cache_hits")
+    fits = mod.hit_rates(8, 1, 2, 8, False, epochs=3, measure_from=1)
+    assert fits["keep_admitted"] == fits["lru"] == 1.0 and fits["reads"] == 16
+    cyclic = mod.hit_rates(40, 2, 1, 5, True, epochs=4, measure_from=1)  # a share of 20, room 5
+    assert cyclic["lru"] == 0.0 and cyclic["keep_admitted"] == 5 / 20
