@@ -103,3 +103,6 @@ def test_fsdp2_runs_the_same_maths_and_bytes(runs, algorithm, lean):
     assert math.isclose(_fsdp_bytes(fsdp2), _fsdp_bytes(fsdp1), rel_tol=0.01), (_fsdp_bytes(fsdp2), _fsdp_bytes(fsdp1))
     if lean:
         assert _fsdp_bytes(fsdp2) <= _fsdp_bytes(default) / 4
+    print(f"{algorithm} {'lean' if lean else 'default'}: FSDP2 AG+RS {_fsdp_bytes(fsdp2)} B "
+          f"({fsdp2['comm/total/all_gather_calls']} + {fsdp2['comm/total/reduce_scatter_calls']} calls), FSDP1 "
+          f"{_fsdp_bytes(fsdp1)} B; grad norm rel {abs(fsdp2['grad_norm'] / default['grad_norm'] - 1):.1e}")
