@@ -89,6 +89,15 @@ def _check_helpers(info):
     assert once["all_gather"][0] == units - 1, once
     assert after["all_gather"][0] == 1 + 2 * 2, after  # freed on exit, and sharded per forward again
 
+    # --fsdp_forward_prefetch: each block unit issues the next one's gather before its forward
+    # (FSDP2's forward-prefetch list, read through its private state), the same outputs.
+    prefetching = fsdp.wrap_model(tiny_transformer(), "full", info.device, version=2, forward_prefetch=True)
+    first, second = prefetching.transformer_blocks[0], prefetching.single_transformer_blocks[0]
+    assert first._get_fsdp_state()._states_to_forward_prefetch == [second._get_fsdp_state()]
+    assert second._get_fsdp_state()._states_to_forward_prefetch == []
+    with torch.no_grad():
+        assert torch.equal(prefetching(**inputs[0])[0], sharded[0])
+
     # Gradient accumulation over 2 micro-batches: reduce per micro-batch vs once per step.
     results = {}
     for paused in (False, True):
