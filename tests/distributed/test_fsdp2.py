@@ -189,6 +189,8 @@ def _check_fill_and_state(info, tmp: str):
         other(**tiny_inputs(info.rank))
         fsdp.load_full_model_state_dict(other, {k: v.clone() for k, v in saved_model.items()})
         assert torch.equal(other(**tiny_inputs(info.rank))[0], model(**tiny_inputs(info.rank))[0])
+    fsdp.free_unsharded_params(other)  # the modules hold their DTensor shards again
+    fsdp.free_unsharded_params(model)
     for p, q in zip(model.parameters(), other.parameters()):
         assert torch.equal(p.to_local(), q.to_local())
     for a, b in zip(optimizer.state.values(), other_opt.state.values()):
