@@ -129,16 +129,14 @@ class PromptEmbeddingDataset(torch.utils.data.Dataset):
     def record(self, idx: int) -> dict[str, torch.Tensor]:
         """Prompt ``idx``'s stored tensors by Conditioning name, checked by the family (from the
         cache when it holds them; they are not to be modified in place)."""
-        if self.cache.enabled:
-            cached = self.cache.get(idx)
-            if cached is not None:
-                return cached
+        cached = self.cache.get(idx)  # None when off or not held
+        if cached is not None:
+            return cached
         raw = {s.name: self._load(idx, s.json_key, s.folder) for s in self.family.storage}
         rec, dims = self.family.check_record(idx, raw, self._dims, str(self.root))
         if self._dims is None:
             self._dims = dims
-        if self.cache.enabled:
-            self.cache.put(idx, rec)
+        self.cache.put(idx, rec)  # kept only while the budget has room (nothing when off)
         return rec
 
     def __getitem__(self, idx: int) -> tuple:

@@ -134,9 +134,10 @@ class UnitLoader:
                 if isinstance(tensor, DTensor):
                     whole = torch.empty(tensor.shape, dtype=tensor.dtype)
                     self.source.read_into(prefix + name, whole)
-                    piece = distribute_tensor(whole.to(tensor.device_mesh.device_type), tensor.device_mesh,
-                                              tensor.placements, src_data_rank=None)
-                    tensor.to_local().copy_(piece.to_local())
+                    local = tensor.to_local()
+                    piece = distribute_tensor(whole.to(local.device), tensor.device_mesh, tensor.placements,
+                                              src_data_rank=None)
+                    local.copy_(piece.to_local())
                 else:
                     self.source.read_into(prefix + name, tensor)
                 self.loaded.add(prefix + name)

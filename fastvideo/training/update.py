@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fastvideo.algorithms.base import Objective, StatsAccumulator, stack_timesteps
+from fastvideo.distributed.fsdp import grad_sync_paused
 from fastvideo.errors import UserError
 from fastvideo.index_copies import index_copies
 from fastvideo.utils import main_print
@@ -116,8 +117,6 @@ class Updater:
         gradients accumulate unsharded, reduced once, by the last)."""
         if self.grad_sync != "per_step" or last_of_window:
             return contextlib.nullcontext()
-        from fastvideo.distributed.fsdp import grad_sync_paused
-
         return grad_sync_paused(self.model)
 
     def optimizer_step(self, window_loss: torch.Tensor) -> tuple[torch.Tensor | float, list[str]]:

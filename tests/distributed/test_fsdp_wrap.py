@@ -46,8 +46,27 @@ def implied_sgd_grads(model) -> dict[str, torch.Tensor]:
     return {k: before[k] - after[k] for k in before}
 
 
+def check_gradients_and_clipping(model, rank: int, reference_values, where: str) -> None:
+    """After a backward: clip_grad_norm measures the reference norm (1e-5), the optimizer sees the
+    rank-averaged gradients (1e-5), and clipping to half the norm gives torch's clipped gradients."""
+    _, grads, ref_norm, clipped = reference_values
+    norm = fsdp.clip_grad_norm(model, None)  # measure only
+    torch.testing.assert_close(norm, ref_norm, rtol=1e-5, atol=0, msg=where)
+    seen = implied_sgd_grads(model)
+    norm_clipped = fsdp.clip_grad_norm(model, ref_norm.item() / 2)  # grads are still there
+    torch.testing.assert_close(norm_clipped, ref_norm, rtol=1e-5, atol=0, msg=where)
+    seen_clipped = implied_sgd_grads(model)
+    if rank == 0:
+        assert set(seen) == set(grads), where
+        for name in grads:
+            torch.testing.assert_close(seen[name], grads[name], atol=1e-5, rtol=0, msg=f"{where} {name}")
+            torch.testing.assert_close(seen_clipped[name], clipped[name], atol=1e-5, rtol=0,
+                                       msg=f"{where} clipped {name}")
+
+
 def _check_strategy(info, strategy: str, local_sizes: list[str | None]):
-    outs, grads, ref_norm, clipped = reference(info.world_size)
+    reference_values = reference(info.world_size)
+    outs, grads = reference_values[:2]
     for local in local_sizes:
         if local is not None:
             os.environ["LOCAL_WORLD_SIZE"] = local
@@ -71,18 +90,7 @@ def _check_strategy(info, strategy: str, local_sizes: list[str | None]):
             weighted_loss(out).backward()
             assert len(calls) == (2 if checkpointing else 1), where  # recomputed in backward
 
-            norm = fsdp.clip_grad_norm(model, None)  # measure only
-            torch.testing.assert_close(norm, ref_norm, rtol=1e-5, atol=0, msg=where)
-            seen = implied_sgd_grads(model)
-            norm_clipped = fsdp.clip_grad_norm(model, ref_norm.item() / 2)  # grads are still there
-            torch.testing.assert_close(norm_clipped, ref_norm, rtol=1e-5, atol=0, msg=where)
-            seen_clipped = implied_sgd_grads(model)
-            if info.rank == 0:
-                assert set(seen) == set(grads), where
-                for name in grads:
-                    torch.testing.assert_close(seen[name], grads[name], atol=1e-5, rtol=0, msg=f"{where} {name}")
-                    torch.testing.assert_close(seen_clipped[name], clipped[name], atol=1e-5, rtol=0,
-                                               msg=f"{where} clipped {name}")
+            check_gradients_and_clipping(model, info.rank, reference_values, where)
     if strategy == "full":
         # bf16 compute over fp32 shards: master weights and reduced gradients stay fp32.
         policy = fsdp.PrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
