@@ -51,7 +51,8 @@ def test_the_entry_point_refuses_it_before_any_model_loads(tiny_flux_dir, tiny_e
 
 def test_an_editing_family_and_a_judge_pass(tiny_kontext_dir, kontext_embeddings, tiny_rewards, tmp_path):
     from fastvideo.config import validate_args
-    from fastvideo.rewards.base import needs_sources, reward_class
+    from fastvideo.rewards.base import needs_sources
+    from fastvideo.rewards.registry import reward_class
     from fastvideo.rewards.vlm import VLMJudgeReward
 
     argv = train_args(kontext_embeddings, tiny_kontext_dir, tmp_path / "out", rewards="clip_edit:1.0",

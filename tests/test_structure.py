@@ -39,6 +39,25 @@ def test_a_registry_importing_its_implementations_by_name_is_a_cycle(tmp_path):
     assert not report.clean
 
 
+def test_a_registry_table_of_names_is_an_import_and_a_logger_name_is_not(tmp_path):
+    """Registrations by name: "module:Attr" strings and ("module", "Attr") pairs reach the module
+    (the reward registry's table); a bare module name (a logger's, python -m's) does not."""
+    pkg = _package(tmp_path, {
+        "__init__.py": "",
+        "rewards/__init__.py": "",
+        "rewards/base.py": "TABLE = {'hps': 'pkg.rewards.hps:HPS'}\n",
+        "rewards/hps.py": "from pkg.rewards.base import TABLE\nclass HPS: pass\n",
+        "models/__init__.py": "",
+        "models/base.py": "TABLE = {'flux': ('pkg.models.flux', 'Flux')}\n",
+        "models/flux.py": "import logging\nfrom pkg.models.base import TABLE\nlog = logging.getLogger('pkg.models.base')\n",
+        "tools/__init__.py": "",
+        "tools/a.py": "import logging\nlog = logging.getLogger('pkg.tools.b')\n",
+        "tools/b.py": "from pkg.tools import a\nCMD = ['python', '-m', 'pkg.tools.a']\n",
+    })
+    report = structure.check(str(pkg))
+    assert report.module_cycles == [["pkg.models.base", "pkg.models.flux"], ["pkg.rewards.base", "pkg.rewards.hps"]]
+
+
 def _loop_imports(report, room: str, allowed: tuple[str, ...]) -> list[str]:
     """Imports from a room of fastvideo/training/ into the loop (training's own modules) or into a
     room it may not use."""

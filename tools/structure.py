@@ -6,8 +6,9 @@
 
 Reads the source only (ast) and runs nothing. An import is a dependency wherever it is written
 (a lazy import inside a function still is), and so is ``importlib.import_module("a.b")`` with a
-literal name: a registry that imports its implementations by name while they import the registry
-is a circle however the import is spelt. Cycles are reported between modules and between the
+literal name, or a string "a.b:Attr" or a pair ("a.b", "Attr") naming a module: a registry
+that imports its implementations by name while they import the registry is a circle however the
+import is spelt. Cycles are reported between modules and between the
 package's sub-packages (``fastvideo.training`` as a whole); ``Report.edges`` and ``imports_between``
 let a test hold finer layering rules (a room of a sub-package that must not import another).
 
@@ -83,6 +84,21 @@ def _targets(mod: Module, node: ast.AST, names: set[str]) -> list[str]:
         arg = node.args[0]
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
             return [arg.value]
+    return _registered_by_name(node, names)
+
+
+def _registered_by_name(node: ast.AST, names: set[str]) -> list[str]:
+    """A registration by name: a string "module:Attr" naming one of the package's modules, or a
+    pair ("module", "Attr") of strings (a registry's table of what it imports when asked, e.g.
+    "fastvideo.rewards.hps:HPSv2Reward"), is an import of that module wherever it is written. A bare
+    module name is not (a logger's name, ``python -m module`` in a subprocess)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        module, sep, attr = node.value.partition(":")
+        return [module] if sep and module in names and attr.isidentifier() else []
+    if isinstance(node, ast.Tuple) and len(node.elts) == 2 and all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+        module, attr = (e.value for e in node.elts)
+        return [module] if module in names and attr.isidentifier() else []
     return []
 
 

@@ -137,7 +137,8 @@ def eval_settings_from_args(args: argparse.Namespace, trained: list) -> EvalSett
 
     trained: the training reward spec ([RewardSpec(name, weight)]). Raises ConfigError naming the
     flag and the fix."""
-    from fastvideo.rewards.base import UnknownRewardError, check_reward_name
+    from fastvideo.rewards.base import UnknownRewardError
+    from fastvideo.rewards.registry import check_reward_name
 
     if args.eval_every < 0:
         raise ConfigError(f"--eval_every {args.eval_every} must be >= 0 (0 turns evaluation off)")

@@ -26,7 +26,7 @@ EVAL_JSONL = "eval.jsonl"
 
 def build_eval_rewards(names, trainer) -> dict:
     """name -> reward; the trained rewards' objects are reused, the others built like them."""
-    from fastvideo.rewards.base import build_reward
+    from fastvideo.rewards.registry import build_reward
     from fastvideo.training import builders
 
     existing = {name: r for name, _, r in trainer.reward.components}

@@ -1,6 +1,7 @@
 """Reward models: ``reward(images, prompts) -> FloatTensor[B]``.
 
-Build one with ``build_reward(name, **kwargs)`` (names: clip, compressibility, detail, hpsv2, pickscore, saturation)
+Build one with ``build_reward(name, **kwargs)`` (fastvideo.rewards.registry: the built-in names, and
+plugins as ``pkg.module:Name`` or registered with ``register_reward``)
 or several with ``build_multi_reward("hpsv2:1.0,pickscore:0.5", ...)``. Model classes live in
 their modules (hps, pickscore, clip_score, compressibility) and are imported on first use.
 """
@@ -21,13 +22,15 @@ _LAZY = {
     "UnknownRewardError": "fastvideo.rewards.base",
     "as_pils": "fastvideo.rewards.base",
     "as_tensor_list": "fastvideo.rewards.base",
-    "available_rewards": "fastvideo.rewards.base",
-    "build_reward": "fastvideo.rewards.base",
+    "available_rewards": "fastvideo.rewards.registry",
+    "build_reward": "fastvideo.rewards.registry",
     "check_inputs": "fastvideo.rewards.base",
+    "check_reward_name": "fastvideo.rewards.registry",
+    "register_reward": "fastvideo.rewards.registry",
     "load_weights_only": "fastvideo.rewards.base",
     "pil_to_tensor": "fastvideo.rewards.base",
     "pils_to_tensor": "fastvideo.rewards.base",
-    "reward_class": "fastvideo.rewards.base",
+    "reward_class": "fastvideo.rewards.registry",
     "tensor_to_pils": "fastvideo.rewards.base",
     "MultiReward": "fastvideo.rewards.combine",
     "MultiRewardOutput": "fastvideo.rewards.combine",
@@ -63,6 +66,7 @@ __all__ = [
     "build_multi_reward",
     "build_reward",
     "check_inputs",
+    "check_reward_name",
     "format_reward_spec",
     "group_normalize",
     "legacy_reward_spec",
@@ -70,6 +74,7 @@ __all__ = [
     "parse_reward_spec",
     "pil_to_tensor",
     "pils_to_tensor",
+    "register_reward",
     "resolve_reward_specs",
     "reward_class",
     "tensor_to_pils",

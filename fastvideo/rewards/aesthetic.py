@@ -26,17 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastvideo.rewards.base import (
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
-    BatchedReward,
-    CheckpointError,
-    ImageBatch,
-    as_pils,
-    load_state_dict_strict,
-    load_weights_only,
-    strip_module_prefix,
-)
+from fastvideo.rewards.base import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, BatchedReward, CheckpointError, ImageBatch
+from fastvideo.rewards.base import as_pils, load_state_dict_strict, load_weights_only, strip_module_prefix
 from fastvideo.rewards.hps import _without_log_records, ensure_open_clip_config
 
 DEFAULT_AESTHETIC_DIR = "./aesthetic_ckpt"

@@ -1,4 +1,4 @@
-"""The reward protocol, image conversions, weights-only checkpoint loading and the registry.
+"""The reward protocol, image conversions and weights-only checkpoint loading.
 
 A reward is called as ``reward(images, prompts) -> torch.FloatTensor[B]`` (float32, on CPU):
 
@@ -9,21 +9,19 @@ A reward is called as ``reward(images, prompts) -> torch.FloatTensor[B]`` (float
   tensor ``[B, 3, H', W']`` in [0, 1], given only to a reward whose class sets ``uses_sources =
   True`` (``takes_sources``); None for a text-to-image model. Rewards that ignore it never see it.
 
-Rewards are built by name with :func:`build_reward` (``hpsv2``, ``pickscore``, ``clip``,
-``compressibility``). The model-backed ones import their heavy dependencies only when built, so
-importing this package costs nothing.
+Rewards are built by name with ``fastvideo.rewards.registry.build_reward`` (the built-in names and
+plugins). The model-backed ones import their heavy dependencies only when built, so importing this
+package costs nothing.
 """
 
 from __future__ import annotations
 
 import abc
-import importlib
-import inspect
 import pickle
 import zipfile
 from pathlib import Path
 from collections.abc import Sequence
-from typing import Any, Callable, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, Union, runtime_checkable
 
 import numpy as np
 import torch
@@ -301,56 +299,3 @@ class BatchedReward(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device}, batch_size={self.batch_size})"
-
-
-# ---------------------------------------------------------------------------------------------
-# Registry
-# ---------------------------------------------------------------------------------------------
-
-# name -> (module, class). Imported on first use so that `import fastvideo.rewards` needs neither
-# open_clip nor transformers.
-_REGISTRY: dict[str, tuple[str, str]] = {
-    "hpsv2": ("fastvideo.rewards.hps", "HPSv2Reward"),
-    "pickscore": ("fastvideo.rewards.pickscore", "PickScoreReward"),
-    "clip": ("fastvideo.rewards.clip_score", "ClipScoreReward"),
-    "compressibility": ("fastvideo.rewards.compressibility", "JpegCompressibilityReward"),
-    "detail": ("fastvideo.rewards.image_stats", "DetailReward"),
-    "saturation": ("fastvideo.rewards.image_stats", "SaturationReward"),
-    "aesthetic": ("fastvideo.rewards.aesthetic", "AestheticReward"),
-    "imagereward": ("fastvideo.rewards.imagereward", "ImageRewardReward"),
-    "clip_edit": ("fastvideo.rewards.clip_edit", "ClipEditReward"),
-}
-
-
-def available_rewards() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
-
-
-def check_reward_name(name: str) -> str:
-    if name not in _REGISTRY:
-        raise UnknownRewardError(
-            f"unknown reward {name!r}; valid names: {', '.join(available_rewards())}"
-        )
-    return name
-
-
-def reward_class(name: str) -> Callable[..., Reward]:
-    module, cls = _REGISTRY[check_reward_name(name)]
-    return getattr(importlib.import_module(module), cls)
-
-
-def build_reward(name: str, **kwargs: Any) -> Reward:
-    """Build a registered reward: ``build_reward("hpsv2", hps_ckpt_dir=..., device=...)``.
-
-    Keyword arguments are checked against the reward's constructor first, so a typo fails with
-    the list of accepted arguments instead of deep inside a model loader.
-    """
-    cls = reward_class(name)
-    params = inspect.signature(cls.__init__).parameters
-    accepted = [p for p in params if p != "self"]
-    unknown = sorted(set(kwargs) - set(accepted))
-    if unknown:
-        raise TypeError(
-            f"reward {name!r} does not take {unknown}; it accepts: {', '.join(accepted)}"
-        )
-    return cls(**kwargs)

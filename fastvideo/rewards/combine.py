@@ -24,7 +24,8 @@ import torch
 
 from fastvideo.errors import UserError
 from fastvideo.rewards.advantages import finite_samples, group_normalize, mix_advantages
-from fastvideo.rewards.base import ImageBatch, Reward, build_reward, check_reward_name, takes_sources
+from fastvideo.rewards.base import ImageBatch, Reward, takes_sources
+from fastvideo.rewards.registry import available_rewards, build_reward, check_reward_name
 
 
 class RewardSpecError(UserError, ValueError):
@@ -55,11 +56,42 @@ def _parse_endpoint(item: str, spec: str) -> RewardSpec:
     return RewardSpec(endpoint.name, weight, endpoint.kind, endpoint.url)
 
 
+def _split_entry(item: str, spec: str) -> tuple[str, str | None]:
+    """One local --rewards entry -> (name, weight text or None): ``name``, ``name:W``, a plugin
+    ``pkg.module:Name`` or ``pkg.module:Name:W`` (two parts are a plugin when the first is no
+    registered name and the second no number)."""
+    parts = [p.strip() for p in item.split(":")]
+    plugin = len(parts) in (2, 3) and parts[0] not in available_rewards() and not _is_number(parts[1])
+    if plugin:
+        parts = [f"{parts[0]}:{parts[1]}", *parts[2:]]
+    if not parts[0] or len(parts) > 2 or (plugin and not all(parts[0].split(":"))):
+        raise RewardSpecError(f"bad entry {item!r} in --rewards {spec!r}; use name:weight or pkg.module:Name:weight")
+    return parts[0], (parts[1] if len(parts) == 2 else None)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _weight(name: str, text: str) -> float:
+    if not _is_number(text):
+        raise RewardSpecError(f"weight {text!r} of reward {name!r} is not a number")
+    weight = float(text)
+    if not math.isfinite(weight):
+        raise RewardSpecError(f"weight of reward {name!r} must be finite; got {weight}")
+    return weight
+
+
 def parse_reward_spec(spec: str) -> list[RewardSpec]:
     """``"hpsv2:1.0,pickscore:0.5"`` -> [RewardSpec("hpsv2", 1.0), RewardSpec("pickscore", 0.5)].
 
-    A bare name means weight 1.0. Names must be registered, appear once, and weights must be
-    finite numbers, not all zero.
+    A bare name means weight 1.0. Names must be registered (or be an importable plugin,
+    ``pkg.module:Name``: rewards.registry), appear once, and weights must be finite numbers, not
+    all zero.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise RewardSpecError(
@@ -75,21 +107,9 @@ def parse_reward_spec(spec: str) -> list[RewardSpec]:
             if sum(s.name == specs[-1].name for s in specs) > 1:
                 raise RewardSpecError(f"reward {specs[-1].name!r} appears twice in --rewards {spec!r}")
             continue
-        name, sep, weight_text = item.partition(":")
-        name = name.strip()
-        if not name or ":" in weight_text:
-            raise RewardSpecError(f"bad entry {item!r} in --rewards {spec!r}; use name:weight")
+        name, weight_text = _split_entry(item, spec)
         check_reward_name(name)
-        weight = 1.0
-        if sep:
-            try:
-                weight = float(weight_text)
-            except ValueError:
-                raise RewardSpecError(
-                    f"weight {weight_text.strip()!r} of reward {name!r} is not a number"
-                ) from None
-            if not math.isfinite(weight):
-                raise RewardSpecError(f"weight of reward {name!r} must be finite; got {weight}")
+        weight = 1.0 if weight_text is None else _weight(name, weight_text)
         if any(s.name == name for s in specs):
             raise RewardSpecError(f"reward {name!r} appears twice in --rewards {spec!r}")
         specs.append(RewardSpec(name, weight))

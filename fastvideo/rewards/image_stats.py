@@ -45,27 +45,31 @@ def mean_saturation(image: torch.Tensor) -> float:
     return float(sat.mean())
 
 
-class DetailReward(BatchedReward):
+class _ImageStatReward(BatchedReward):
+    """A reward that is one statistic of each image alone (``stat``: a [3, H, W] tensor -> float);
+    float32 [B] on CPU, 64 images a chunk by default (no model: chunks only bound the memory)."""
+
+    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+                 batch_size: int = 64) -> None:
+        super().__init__(device=device, dtype=dtype, batch_size=batch_size)
+
+    @staticmethod
+    def stat(image: torch.Tensor) -> float:
+        raise NotImplementedError
+
+    def _score(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
+        return torch.tensor([self.stat(im) for im in as_tensor_list(images)], dtype=torch.float32)
+
+
+class DetailReward(_ImageStatReward):
     """High-frequency energy (mean |Laplacian| of luma); float32 [B] on CPU. Higher = more detail."""
 
     name = "detail"
-
-    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-                 batch_size: int = 64) -> None:
-        super().__init__(device=device, dtype=dtype, batch_size=batch_size)
-
-    def _score(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
-        return torch.tensor([laplacian_energy(im) for im in as_tensor_list(images)], dtype=torch.float32)
+    stat = staticmethod(laplacian_energy)
 
 
-class SaturationReward(BatchedReward):
+class SaturationReward(_ImageStatReward):
     """Mean HSV saturation in [0, 1]; float32 [B] on CPU."""
 
     name = "saturation"
-
-    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-                 batch_size: int = 64) -> None:
-        super().__init__(device=device, dtype=dtype, batch_size=batch_size)
-
-    def _score(self, images: ImageBatch, prompts: Sequence[str]) -> torch.Tensor:
-        return torch.tensor([mean_saturation(im) for im in as_tensor_list(images)], dtype=torch.float32)
+    stat = staticmethod(mean_saturation)

@@ -28,14 +28,8 @@ import torch
 from torch import nn
 
 from fastvideo.rewards.aesthetic import AestheticMLP, clip_preprocess
-from fastvideo.rewards.base import (
-    BatchedReward,
-    CheckpointError,
-    ImageBatch,
-    as_pils,
-    load_state_dict_strict,
-    load_weights_only,
-)
+from fastvideo.rewards.base import BatchedReward, CheckpointError, ImageBatch, as_pils
+from fastvideo.rewards.base import load_state_dict_strict, load_weights_only
 
 DEFAULT_IMAGE_REWARD_DIR = "./image_reward_ckpt"
 IMAGE_REWARD_FILE = "ImageReward.pt"

@@ -53,7 +53,7 @@ class RewardSettings(Settings):
         g.add_argument("--rewards", type=str, default=None,
                        help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, '
                             'compressibility, aesthetic, imagereward, detail, saturation; remote:URL/NAME:W; '
-                            'vlm:URL?model=M:W)')
+                            "vlm:URL?model=M:W; a plugin reward class: pkg.module:Name:W)")
         g.add_argument("--reward_group_norm", action="store_true",
                        help="normalise each reward within its group before weighting")
         g.add_argument("--hps_ckpt_dir", type=str, default="./hps_ckpt",
@@ -99,7 +99,8 @@ class RewardSettings(Settings):
     def check_across(self, sections: dict) -> None:
         """A reward that needs the samples' source images (rewards.base.needs_sources: clip_edit)
         refused for a family that generates from text, before any model loads."""
-        from fastvideo.rewards.base import needs_sources, reward_class
+        from fastvideo.rewards.base import needs_sources
+        from fastvideo.rewards.registry import reward_class
 
         model = sections.get("model")
         wanting = [s.name for s in self.spec if not s.url and needs_sources(reward_class(s.name))]

@@ -85,7 +85,7 @@ def _inherited_help(flag: str, text: str | None) -> str:
 
 
 def _rewards(args, device) -> dict:
-    from fastvideo.rewards.base import build_reward
+    from fastvideo.rewards.registry import build_reward
 
     per = {"hpsv2": {"hps_ckpt_dir": args.hps_ckpt_dir, "model_name": args.hps_model_name,
                      "input_precision": args.hps_input},
@@ -96,7 +96,7 @@ def _rewards(args, device) -> dict:
 
 
 def _check(args, models, family) -> Path:
-    from fastvideo.rewards.base import check_reward_name
+    from fastvideo.rewards.registry import check_reward_name
 
     for n in args.rewards.split(","):
         check_reward_name(n.strip())

@@ -47,10 +47,10 @@ import torch
 import fastvideo
 from fastvideo import devices
 from fastvideo.errors import UserError, one_line_errors
-from fastvideo.rewards.base import (Reward, RewardInputError, build_reward, check_inputs, check_sources,
-                                    takes_sources)
+from fastvideo.rewards.base import Reward, RewardInputError, check_inputs, check_sources, takes_sources
 from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
 from fastvideo.rewards.flags import add_reward_flags, extras_from_args, reward_kwargs
+from fastvideo.rewards.registry import build_reward
 from fastvideo.rewards.wire import WireFormatError, WireTooLargeError, decode_parsed, decode_sources, parse_request
 from fastvideo.tools.reward_server_guard import (TOKEN_ENV, BodyBudget, BodyError, GuardMiddleware, PixelBudget,
                                                  ServerBusyError, ServerLimits, is_loopback, raise_open_file_limit,

@@ -314,7 +314,7 @@ def test_make_tiny_reward_cli(tmp_path, monkeypatch, capsys):
 def test_reward_server_cli(tmp_path):
     from server_utils import free_port
 
-    from fastvideo.rewards.base import build_reward
+    from fastvideo.rewards.registry import build_reward
     from fastvideo.rewards.remote import RemoteReward
 
     port = free_port()

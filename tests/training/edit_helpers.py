@@ -32,6 +32,7 @@ class RecordingSourceReward:
 
 
 def register() -> None:
-    from fastvideo.rewards import base
+    from fastvideo.rewards import registry
 
-    base._REGISTRY.setdefault("record_sources", (__name__, "RecordingSourceReward"))
+    if "record_sources" not in registry.available_rewards():
+        registry.register_reward("record_sources", RecordingSourceReward)
