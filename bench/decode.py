@@ -116,7 +116,7 @@ def main(argv=None) -> None:
     vaes = {"fp32": vae, "fp32+autocast": vae, "bf16": copy.deepcopy(vae).to(torch.bfloat16)}
     reward = None
     if args.reward != "none":
-        from fastvideo.rewards.base import build_reward
+        from fastvideo.rewards.registry import build_reward
 
         reward = build_reward(args.reward)
     n_params = sum(p.numel() for p in vae.decoder.parameters())

@@ -47,7 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from fastvideo import devices  # noqa: E402
-from fastvideo.rewards.base import build_reward  # noqa: E402
+from fastvideo.rewards.registry import build_reward  # noqa: E402
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])

@@ -32,21 +32,16 @@ from typing import Iterator
 import torch
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all")
-# torch.distributed name -> (kind, the argument whose tensors are counted)
-FUNCTIONS = {
-    "all_gather": ("all_gather", 0),
-    "all_gather_into_tensor": ("all_gather", 0),
-    "_all_gather_base": ("all_gather", 0),
-    "all_gather_single": ("all_gather", 0),
-    "reduce_scatter": ("reduce_scatter", 1),
-    "reduce_scatter_tensor": ("reduce_scatter", 1),
-    "_reduce_scatter_base": ("reduce_scatter", 1),
-    "reduce_scatter_single": ("reduce_scatter", 1),
-    "all_reduce": ("all_reduce", 0),
-    "broadcast": ("broadcast", 0),
-    "all_to_all": ("all_to_all", 1),
-    "all_to_all_single": ("all_to_all", 1),
+# (kind, the argument whose tensors are counted) -> the torch.distributed functions of that kind
+_BY_KIND = {
+    ("all_gather", 0): ("all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single"),
+    ("reduce_scatter", 1): ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single"),
+    ("all_reduce", 0): ("all_reduce",),
+    ("broadcast", 0): ("broadcast",),
+    ("all_to_all", 1): ("all_to_all", "all_to_all_single"),
 }
+# torch.distributed name -> (kind, the argument whose tensors are counted)
+FUNCTIONS = {name: kind for kind, names in _BY_KIND.items() for name in names}
 OUTSIDE = "other"  # collectives outside any named phase (the metrics' own reductions)
 TOTAL = "total"
 

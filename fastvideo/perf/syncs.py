@@ -223,11 +223,15 @@ class SyncCounter:
         return "\n".join(lines)
 
 
-class _DispatchMode(TorchDispatchMode):
+class _Counting:
+    """A torch mode that records into ``counter`` (the dispatch and the function mode below)."""
+
     def __init__(self, counter: SyncCounter):
         super().__init__()
         self.counter = counter
 
+
+class _DispatchMode(_Counting, TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         kind = dispatch_kind(func, args, kwargs)
@@ -240,11 +244,7 @@ _QUIET_METHODS = {torch.Tensor.tolist: "tolist", torch.Tensor.numpy: "tolist", t
                   torch.Tensor.__str__: "print", torch.Tensor.__format__: "print"}
 
 
-class _FunctionMode(TorchFunctionMode):
-    def __init__(self, counter: SyncCounter):
-        super().__init__()
-        self.counter = counter
-
+class _FunctionMode(_Counting, TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         kind = _QUIET_METHODS.get(func)
