@@ -53,6 +53,24 @@ def _unknown_flag_problems(parser, extras: list[str]) -> list[str]:
     return problems
 
 
+def _stray_word_problems(parser, extras: list[str], argv: list[str]) -> list[str]:
+    """A word the parser took for no flag: a value given to a flag that takes none (``--use_group
+    false``, which would otherwise read as --use_group on) or a stray word; one line each."""
+    switches = {s for a in parser._actions if a.nargs == 0 for s in a.option_strings}
+    problems = []
+    for word in (w for w in extras if not w.startswith("--")):
+        before = argv[argv.index(word) - 1] if word in argv and argv.index(word) > 0 else None
+        if before is not None and before.startswith("--") and before in extras:
+            continue  # the value of an unknown flag, reported as that flag
+        if before in switches:
+            problems.append(f"{before} takes no value (got {word!r}): write {before} to turn it on, leave it "
+                            f"out to keep it off")
+        else:
+            problems.append(f"unexpected word {word!r} on the command line (every setting is a --flag; a value "
+                            f"belongs right after its flag)")
+    return problems
+
+
 def _drop_argument(argv: list[str], message: str) -> list[str] | None:
     """argv without the flag an argparse message names ("argument --h: invalid int value"), so
     that the parse can go on to the next problem; None when no flag is named."""
@@ -96,7 +114,7 @@ def parse_all(argv: list[str], build_parser: BuildParser,
             if rest is None:
                 return None, problems
             continue
-        problems += _unknown_flag_problems(parser, extras)
+        problems += _unknown_flag_problems(parser, extras) + _stray_word_problems(parser, extras, rest)
         return (args if not problems else None), problems
     return None, problems
 

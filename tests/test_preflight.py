@@ -315,6 +315,24 @@ def test_an_abbreviated_flag_is_an_unknown_flag_with_its_full_name():
     assert args is None and problems == ["unknown flag --max_train (did you mean --max_train_steps?)"]
 
 
+@pytest.mark.parametrize("words, problem", [
+    (["--use_group", "false"], "--use_group takes no value (got 'false'): write --use_group to turn it on, leave it "
+                               "out to keep it off"),
+    (["--h", "64", "64"], "unexpected word '64' on the command line (every setting is a --flag; a value belongs "
+                          "right after its flag)"),
+    (["stray", "--h", "64"], "unexpected word 'stray' on the command line"),
+])
+def test_a_value_for_a_switch_and_a_stray_word_are_refused(words, problem, tmp_path):
+    """--use_group false used to read as --use_group on, and a stray word was dropped: both are a
+    problem line, in the launcher's check and in the entry point run directly (exit 2)."""
+    argv = ["--data_json_path", "x.json", "--pretrained_model_name_or_path", "m", *words]
+    args, problems = preflight.parse_all(argv)
+    assert args is None and len(problems) == 1 and problems[0].startswith(problem)
+    proc = subprocess.run([sys.executable, "fastvideo/train_grpo_flux.py", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": python_path(ROOT)})
+    assert proc.returncode == 2 and problem in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_a_plugins_own_flag_passes_the_check():
     """The check parses with the flags of the plugin the command line selects."""
     sys.path.insert(0, str(ROOT / "tests" / "training"))
