@@ -24,10 +24,19 @@ from fastvideo.models.base import Conditioning, EmbeddingDatasetError, Embedding
 
 __all__ = ["EmbeddingDatasetError", "EmbeddingShapeError", "PromptEmbeddingDataset"]
 
-PREPROCESS_HINT = (
-    "run the preprocessing first: bash scripts/preprocess/preprocess_flux_rl_embeddings.sh "
-    "(it writes data/rl_embeddings/videos2caption.json)"
-)
+
+def preprocess_hint(family: str) -> str:
+    """How to make ``family``'s embeddings: its launcher in scripts/preprocess/ (one per built-in
+    family, each writing data/rl_embeddings[_FAMILY]/ by default), or the preprocessing module for a
+    plugin family."""
+    from fastvideo.models.registry import model_family_names
+
+    if family in model_family_names():
+        folder = "data/rl_embeddings" + ("" if family == "flux" else f"_{family}")
+        return (f"run the preprocessing first: bash scripts/preprocess/preprocess_{family}_rl_embeddings.sh "
+                f"(it writes {folder}/videos2caption.json)")
+    return ("run the preprocessing first: torchrun --nproc_per_node N -m fastvideo.data_preprocess.preprocess_embeddings "
+            "--model_family pkg.module:Name --model_path DIR --prompt_dir PROMPTS --output_dir DIR")
 
 
 def _check_family(json_path: Path, entry, family_name: str, json_keys: Sequence[str]) -> None:
@@ -46,8 +55,9 @@ def _check_family(json_path: Path, entry, family_name: str, json_keys: Sequence[
 
 
 def _read_index(json_path: Path, json_keys: Sequence[str], family_name: str = "") -> list[dict]:
+    hint = preprocess_hint(family_name)
     if not json_path.is_file():
-        raise EmbeddingDatasetError(f"embedding index {str(json_path)!r} does not exist: {PREPROCESS_HINT}")
+        raise EmbeddingDatasetError(f"embedding index {str(json_path)!r} does not exist: {hint}")
     try:
         entries = json.loads(json_path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -57,7 +67,7 @@ def _read_index(json_path: Path, json_keys: Sequence[str], family_name: str = ""
     if not isinstance(entries, list) or not entries:
         raise EmbeddingDatasetError(
             f"embedding index {str(json_path)!r} holds no prompt (expected a non-empty list): "
-            f"check the prompts file and {PREPROCESS_HINT}"
+            f"check the prompts file and {hint}"
         )
     _check_family(json_path, entries[0], family_name, json_keys)
     for i, entry in enumerate(entries):
@@ -65,14 +75,14 @@ def _read_index(json_path: Path, json_keys: Sequence[str], family_name: str = ""
         if missing:
             raise EmbeddingDatasetError(
                 f"entry {i} of {str(json_path)!r} lacks {', '.join(missing)}: this is not a "
-                f"videos2caption.json written by the preprocessing; {PREPROCESS_HINT}"
+                f"videos2caption.json written by the preprocessing; {hint}"
             )
         # Every value is a file name or the caption: a number or a list would fail later as a TypeError.
         wrong = [f"{k}={entry[k]!r:.40}" for k in json_keys if not isinstance(entry[k], str)]
         if wrong:
             raise EmbeddingDatasetError(
                 f"entry {i} of {str(json_path)!r} has {', '.join(wrong)} where a string (a file name, the "
-                f"caption) belongs; {PREPROCESS_HINT}")
+                f"caption) belongs; {hint}")
     return entries
 
 

@@ -74,6 +74,27 @@ def test_width_mismatch_names_the_fix(tmp_path):
     ds.check_against_transformer(Cfg())
 
 
+@pytest.mark.parametrize("family, hint", [
+    ("flux", "bash scripts/preprocess/preprocess_flux_rl_embeddings.sh (it writes data/rl_embeddings/videos2caption.json)"),
+    ("sd3", "bash scripts/preprocess/preprocess_sd3_rl_embeddings.sh (it writes data/rl_embeddings_sd3/"),
+    ("qwen_image_edit", "preprocess_qwen_image_edit_rl_embeddings.sh (it writes data/rl_embeddings_qwen_image_edit/"),
+    ("toy", "-m fastvideo.data_preprocess.preprocess_embeddings --model_family pkg.module:Name"),
+])
+def test_the_missing_index_hint_names_the_familys_own_preprocessing(family, hint, tmp_path):
+    """Every family used to be told to run FLUX.1's preprocessing launcher."""
+    from pathlib import Path
+
+    from fastvideo.data.dataset import preprocess_hint
+
+    assert hint in preprocess_hint(family)
+    launcher = preprocess_hint(family).split("bash ")[-1].split(" ")[0]
+    assert family == "toy" or (Path(__file__).resolve().parents[2] / launcher).is_file()
+    with pytest.raises(EmbeddingDatasetError, match="does not exist: run the preprocessing first") as info:
+        PromptEmbeddingDataset(tmp_path / "videos2caption.json", family=type("F", (), {
+            "name": family, "json_keys": FLUX.json_keys})())
+    assert hint in str(info.value)
+
+
 def test_missing_index_empty_list_and_bad_entries(tmp_path):
     with pytest.raises(EmbeddingDatasetError, match=r"does not exist: run the preprocessing first"):
         PromptEmbeddingDataset(tmp_path / "videos2caption.json", family=FLUX)
