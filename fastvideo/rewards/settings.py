@@ -26,8 +26,9 @@ def reward_spec(args: argparse.Namespace) -> list:
 
 
 # The flags of each local reward model: they have no effect while that reward is not used.
+# (Rewards that share a flag share an entry: --clip_dir is read by clip and by clip_edit.)
 MODEL_FLAGS = {"hpsv2": ("hps_ckpt_dir", "hps_model_name", "hps_input"),
-               "pickscore": ("pickscore_dir", "pickscore_processor_dir"), "clip": ("clip_dir",), "clip_edit": ("clip_dir",),
+               "pickscore": ("pickscore_dir", "pickscore_processor_dir"), "clip or clip_edit": ("clip_dir",),
                "aesthetic": ("aesthetic_dir", "aesthetic_clip_name"), "imagereward": ("image_reward_dir",)}
 
 
@@ -136,7 +137,7 @@ class RewardSettings(Settings):
         notes = []
         for reward, flags in MODEL_FLAGS.items():
             given = [f for f in flags if hasattr(args, f) and getattr(args, f) != getattr(defaults, f)]
-            if not given or reward in used:
+            if not given or used.intersection(reward.split(" or ")):
                 continue
             if reward == "hpsv2" and "hpsv2" in remote and "hps_input" in given:
                 notes.append(f"--hps_input {args.hps_input} does not reach a remote hpsv2 reward: start the reward "

@@ -141,6 +141,11 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s} s")
 
 
+def objective_label(algorithm: str) -> str:
+    """A plot's name for --algorithm: a built-in's in capitals (GRPO, NFT), a plugin's as given."""
+    return algorithm if ":" in algorithm else algorithm.upper()
+
+
 class RewardCurveHook(TrainerHook):
     """OUTPUT_DIR/reward_curve.png redrawn at every checkpoint (rank 0)."""
 
@@ -148,4 +153,5 @@ class RewardCurveHook(TrainerHook):
         if trainer.info.is_main:
             from fastvideo.training.metrics import plot_reward_curve
 
-            plot_reward_curve(trainer.metrics.read(), Path(trainer.cfg.output.output_dir) / "reward_curve.png")
+            plot_reward_curve(trainer.metrics.read(), Path(trainer.cfg.output.output_dir) / "reward_curve.png",
+                              title=f"{objective_label(trainer.cfg.algorithm)} reward")
