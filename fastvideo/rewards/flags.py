@@ -100,6 +100,21 @@ def mix_mode(args: argparse.Namespace) -> str | None:
     return mode
 
 
+def model_reward_kwargs(flags, extras: RewardExtras) -> dict[str, dict]:
+    """Per-reward constructor arguments of every reward model from its file flags: ``flags`` has
+    hps_ckpt_dir, hps_model_name, hps_input, pickscore_dir, pickscore_processor_dir and clip_dir
+    (the trainer's RewardSettings, or a reward server's parsed flags), ``extras`` the newer ones.
+    The trainer and the reward server read this one table, so a flag reaches a reward in both."""
+    return {
+        "hpsv2": {"hps_ckpt_dir": flags.hps_ckpt_dir, "model_name": flags.hps_model_name,
+                  "input_precision": flags.hps_input},
+        "pickscore": {"pickscore_dir": flags.pickscore_dir, "processor_dir": flags.pickscore_processor_dir},
+        "clip": {"clip_dir": flags.clip_dir},
+        "clip_edit": {"clip_dir": flags.clip_dir},
+        **reward_kwargs(extras),
+    }
+
+
 def reward_kwargs(extras: RewardExtras) -> dict[str, dict]:
     """Per-reward constructor arguments (see rewards.combine.build_multi_reward)."""
     return {

@@ -49,7 +49,7 @@ from fastvideo import devices
 from fastvideo.errors import UserError, one_line_errors
 from fastvideo.rewards.base import Reward, RewardInputError, check_inputs, check_sources, takes_sources
 from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
-from fastvideo.rewards.flags import add_reward_flags, extras_from_args, reward_kwargs
+from fastvideo.rewards.flags import add_reward_flags, extras_from_args, model_reward_kwargs
 from fastvideo.rewards.registry import build_reward
 from fastvideo.rewards.wire import WireFormatError, WireTooLargeError, decode_parsed, decode_sources, parse_request
 from fastvideo.tools.reward_server_guard import (TOKEN_ENV, BodyBudget, BodyError, GuardMiddleware, PixelBudget,
@@ -246,13 +246,7 @@ def build_rewards(args: argparse.Namespace) -> tuple[dict[str, Reward], dict[str
     if remote:
         raise RewardSpecError(f"a reward server serves local rewards only; got {remote}")
     device = devices.get_device(args.device_index, "cpu" if args.device == "cpu" else None)
-    per = {
-        "hpsv2": {"hps_ckpt_dir": args.hps_ckpt_dir, "model_name": args.hps_model_name,
-                  "input_precision": args.hps_input},
-        "pickscore": {"pickscore_dir": args.pickscore_dir, "processor_dir": args.pickscore_processor_dir},
-        "clip": {"clip_dir": args.clip_dir},
-        **reward_kwargs(extras_from_args(args)),
-    }
+    per = model_reward_kwargs(args, extras_from_args(args))
     from fastvideo.training.builders import reward_dtype
 
     common = {"device": device, "batch_size": args.batch_size, "dtype": reward_dtype(args.reward_precision)}

@@ -290,16 +290,10 @@ def check_reward_endpoints(cfg: TrainConfig) -> None:
 
 def reward_build_kwargs(cfg: TrainConfig, device: torch.device) -> tuple[dict, dict]:
     """(per-reward keyword arguments, arguments every reward takes) from the reward flags."""
-    from fastvideo.rewards.flags import RewardExtras, reward_kwargs
+    from fastvideo.rewards.flags import RewardExtras, model_reward_kwargs
 
     r = cfg.reward
-    per_reward = {
-        "hpsv2": {"hps_ckpt_dir": r.hps_ckpt_dir, "model_name": r.hps_model_name, "input_precision": r.hps_input},
-        "pickscore": {"pickscore_dir": r.pickscore_dir, "processor_dir": r.pickscore_processor_dir},
-        "clip": {"clip_dir": r.clip_dir},
-        "clip_edit": {"clip_dir": r.clip_dir},
-        **reward_kwargs(r.extras or RewardExtras()),
-    }
+    per_reward = model_reward_kwargs(r, r.extras or RewardExtras())
     return per_reward, {"device": reward_device_for(cfg, device), "batch_size": r.batch_size,
                         "dtype": reward_dtype(r.precision)}
 

@@ -99,3 +99,17 @@ def test_plugin_rewards_are_served(tmp_path, monkeypatch):
 def test_bad_plugin_flags(flags, message):
     with pytest.raises(ValueError, match=message):
         build_rewards(build_parser().parse_args(["--device", "cpu", *flags]))
+
+
+def test_clip_dir_reaches_the_served_clip_edit_reward(tiny_rewards, tmp_path):
+    """The server ignored --clip_dir for clip_edit (it looked in ./clip_ckpt): the trainer and the
+    server now read one table of the reward-model flags (rewards.flags.model_reward_kwargs)."""
+    from fastvideo.rewards.registry import build_reward
+
+    args = build_parser().parse_args(["--rewards", "clip_edit", "--clip_dir", str(tiny_rewards.pickscore_dir),
+                                      "--device", "cpu", "--batch_size", "2"])
+    rewards, info, _ = build_rewards(args)
+    direct = build_reward("clip_edit", clip_dir=tiny_rewards.pickscore_dir, batch_size=2)
+    images, sources = torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32)
+    assert torch.equal(rewards["clip_edit"](images, ["a cat", "a dog"], sources=sources),
+                       direct(images, ["a cat", "a dog"], sources=sources))
