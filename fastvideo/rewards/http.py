@@ -42,16 +42,48 @@ class BadReplyError(ValueError):
         self.transient = transient
 
 
+# The most a reply may hold unless the caller knows better (a judge's chat completion, /health):
+# a server that never stops sending is cut off here instead of filling the trainer's memory.
+MAX_REPLY_BYTES = 4 << 20
+
+
+class ReplyLimitError(RemoteRewardError):
+    """A reply over its size cap or past its deadline: the endpoint is broken or hostile, and a
+    retry would only wait or read as long again (never retried)."""
+
+
+def read_bounded(reply, max_bytes: int, deadline: float, what: str = "the reply") -> bytes:
+    """The body of ``reply`` (an http.client.HTTPResponse) read one socket read at a time, refusing
+    it once it passes ``max_bytes`` or time.monotonic() passes ``deadline`` (a server that drips its
+    reply byte by byte would otherwise reset the socket timeout at every byte)."""
+    chunks, size = [], 0
+    while True:
+        if time.monotonic() > deadline:
+            raise ReplyLimitError(f"{what} was still arriving at its deadline ({size} bytes so far): the server "
+                                  "drips its reply; raise --reward_timeout if it is only slow")
+        chunk = reply.read1(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > max_bytes:
+            raise ReplyLimitError(f"{what} passed {max_bytes} bytes, more than its answer can hold: the server "
+                                  "sends without end (is this URL a flux-grpo reward server?)")
+        chunks.append(chunk)
+
+
 def http_json(url: str, body: bytes | None = None, timeout_s: float = 10.0,
-              content_type: str = "application/octet-stream", headers: dict[str, str] | None = None) -> dict:
-    """GET (body None) or POST ``url`` with extra ``headers``; the JSON object replied. Raises urllib's
-    errors as they come, and BadReplyError for a garbled reply or one that is not a JSON object."""
+              content_type: str = "application/octet-stream", headers: dict[str, str] | None = None,
+              max_bytes: int = MAX_REPLY_BYTES) -> dict:
+    """GET (body None) or POST ``url`` with extra ``headers``; the JSON object replied, whole within
+    ``timeout_s`` and at most ``max_bytes``. Raises urllib's errors as they come, ReplyLimitError for a
+    reply over either bound, and BadReplyError for a garbled reply or one that is not a JSON object."""
     request = urllib.request.Request(url, data=body, method="GET" if body is None else "POST", headers=headers or {})
     if body is not None:
         request.add_header("Content-Type", content_type)
+    deadline = time.monotonic() + timeout_s
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-            status, raw = reply.status, reply.read()
+            status, raw = reply.status, read_bounded(reply, max_bytes, deadline, f"the reply of {url}")
     except http.client.HTTPException as exc:  # a bad status line, a body cut short: not OSErrors
         raise BadReplyError(f"garbled reply ({type(exc).__name__}: {str(exc).strip()[:100]!r})",
                             transient=True) from None
@@ -86,6 +118,8 @@ def call_with_retries(what: str, fn, retries: int, backoff_s: float = 0.5):
     for attempt in range(retries + 1):
         try:
             return fn()
+        except ReplyLimitError as exc:
+            raise RemoteRewardError(f"{what}: {exc}") from None
         except urllib.error.HTTPError as exc:
             if exc.code < 500:
                 raise RemoteRewardError(f"{what} refused the request: {error_text(exc)}") from None

@@ -191,7 +191,8 @@ class RemoteReward:
                 f"a request of {len(prompts)} images is {len(body)} bytes, over {what}'s limit of {limit} "
                 f"(its --max_body_mb): lower --reward_batch_size, send ?encoding=u8, or raise --max_body_mb")
         reply = call_with_retries(
-            what, lambda: http_json(f"{self.base}/score/{self.name}", body, self.timeout_s, headers=self.headers),
+            what, lambda: http_json(f"{self.base}/score/{self.name}", body, self.timeout_s, headers=self.headers,
+                                    max_bytes=reply_cap(len(prompts))),
             self.retries)
         return scores_from_reply(reply, len(prompts), what)
 
@@ -207,6 +208,12 @@ class RemoteReward:
 
     def __repr__(self) -> str:
         return f"RemoteReward({redact(self.url)!r}, batch_size={self.batch_size})"
+
+
+def reply_cap(n: int) -> int:
+    """The most bytes a reward server's answer for ``n`` images may take: its JSON scores (a float
+    written out is under 32 characters), the reward's name and the server's record, with room."""
+    return 65536 + 64 * n
 
 
 def served_needs_sources(info: dict) -> bool:
