@@ -63,6 +63,8 @@ def read_bounded(reply, max_bytes: int, deadline: float, what: str = "the reply"
                                   "drips its reply; raise --reward_timeout if it is only slow")
         chunk = reply.read1(65536)
         if not chunk:
+            if reply.length:  # closed before its Content-Length: what read() reports as IncompleteRead
+                raise http.client.IncompleteRead(b"".join(chunks), reply.length)
             return b"".join(chunks)
         size += len(chunk)
         if size > max_bytes:

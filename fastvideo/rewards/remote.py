@@ -212,8 +212,9 @@ class RemoteReward:
 
 def reply_cap(n: int) -> int:
     """The most bytes a reward server's answer for ``n`` images may take: its JSON scores (a float
-    written out is under 32 characters), the reward's name and the server's record, with room."""
-    return 65536 + 64 * n
+    written out is under 32 characters), the reward's name and the server's record, with a MiB of room
+    (a proxy's error page)."""
+    return (1 << 20) + 64 * n
 
 
 def served_needs_sources(info: dict) -> bool:
