@@ -116,6 +116,10 @@ def test_another_objectives_flags_get_one_note(plugin):
     assert grpo == ["--use_group, --clip_range, --kl_coef: no effect without --algorithm grpo"]
     assert [n for n in cfg.compat_notes if "--algorithm nft" in n] == ["--nft_beta: no effect without --algorithm nft"]
     assert not any("has no effect without --use_group" in n for n in cfg.compat_notes)  # G is used
+    # GRPO's rules across sections are GRPO's: its smallest --sampling_steps (2) binds GRPO alone
+    assert _cfg("--algorithm", f"{MODULE}:GroupMean", "--sampling_steps", "1").rollout.sampling_steps == 1
+    with pytest.raises(ValueError, match="--sampling_steps 1 is too small"):
+        _cfg("--sampling_steps", "1")
     # under NFT, GRPO's section is NFT's own (it shares the grouping, advantages and KL): no such note
     nft = _cfg("--algorithm", "nft", "--use_group", "--num_generations", "4", "--kl_coef", "0.1", "--clip_range", "0.2")
     assert not any("--algorithm grpo" in n for n in nft.compat_notes)
