@@ -11,6 +11,8 @@ anything else is resolved through its registry, which imports the plugin.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from fastvideo.algorithms.nft_settings import NFTSettings
 from fastvideo.algorithms.settings import GRPOSettings
 from fastvideo.component_settings.eval import EvalSettings
@@ -88,11 +90,68 @@ def plugin_sections(algorithm: str, family: str, strict: bool = True) -> tuple[t
     return tuple(out)
 
 
-def objective_settings(algorithm: str, sections: dict) -> ObjectiveSettings:
+def objective_sections(algorithm: str, objective: ObjectiveSettings) -> tuple[set[str], dict[str, str]]:
+    """(the built-in objective sections the selected objective reads: its own and those it shares,
+    {every other built-in objective section: its objective's name})."""
+    read = {BUILTIN_OBJECTIVES.get(algorithm, ""), *objective.shares}
+    return read, {section: name for name, section in BUILTIN_OBJECTIVES.items() if section not in read}
+
+
+def own_flags(cls: type[Settings]) -> list[str]:
+    """The flags (dests) a settings class declares, in its order."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    cls.add_flags(parser)
+    return [a.dest for a in parser._actions]
+
+
+def unselected_note(cls: type[Settings], owner: str, args, defaults) -> list[str]:
+    """One start-up note naming the flags of objective ``owner``'s section given to a run of another."""
+    given = [f"--{d}" for d in own_flags(cls) if getattr(args, d) != getattr(defaults, d)]
+    return [f"{', '.join(given)}: no effect without --algorithm {owner}"] if given else []
+
+
+def objective_settings(algorithm: str, sections: dict, strict: bool = True) -> ObjectiveSettings:
     """The selected objective's own settings among the built ``sections`` (a plugin without flags:
-    ObjectiveSettings' defaults)."""
+    ObjectiveSettings' defaults; one that does not resolve: its UserError, or with ``strict=False``
+    the defaults, building the run names the problem)."""
     if algorithm in BUILTIN_OBJECTIVES:
         return sections[BUILTIN_OBJECTIVES[algorithm]]
-    cls = objective_factory_settings(algorithm)
+    try:
+        cls = objective_factory_settings(algorithm)
+    except UserError:
+        if strict:
+            raise
+        return ObjectiveSettings()
     own = sections.get(cls.section) if cls is not None else None
     return own if isinstance(own, ObjectiveSettings) else ObjectiveSettings()
+
+
+# ------------------------------------------------------------------ the file's layout
+def add_top_level_views(cls: type) -> None:
+    """Read-only attributes of ``cls`` (TrainConfig) for the fields of the sections config.json keeps at
+    its top level (Settings.top_level): cfg.fsdp_strategy is cfg.parallel.fsdp_strategy."""
+    for name, component in COMPONENTS:
+        for f in fields(component) if component.top_level else ():
+            setattr(cls, f.name, property(lambda self, s=name, k=f.name: getattr(getattr(self, s), k),
+                                          doc=f"cfg.{name}.{f.name}"))
+
+
+def flat_layout(tree: dict) -> dict:
+    """TrainConfig's asdict in config.json's layout: the top-level sections' fields at the top."""
+    out = dict(tree)
+    for name, component in COMPONENTS:
+        if component.top_level:
+            out.update(out.pop(name))
+    return out
+
+
+def nested_layout(resolved: dict) -> dict:
+    """config.json's layout back into one section per component (the inverse of flat_layout)."""
+    out = dict(resolved)
+    for name, component in COMPONENTS:
+        if component.top_level and not isinstance(out.get(name), dict):
+            keys = {f.name for f in fields(component)}
+            out[name] = {k: out.pop(k) for k in list(out) if k in keys}
+    return out

@@ -26,14 +26,16 @@ from fastvideo.component_settings.optim import OptimSettings
 from fastvideo.component_settings.outputs import PROBE_KINDS, OutputSettings  # noqa: F401  (PROBE_KINDS: old imports)
 from fastvideo.component_settings.update import UpdateSettings
 from fastvideo.compat.dancegrpo import COMPAT_ONLY_FLAGS  # noqa: F401  (re-exported for old imports)
-from fastvideo.components import COMPONENTS, add_component_flags, objective_settings, plugin_sections
-from fastvideo.data.settings import EMBEDDING_CACHE_MB
+from fastvideo.components import (COMPONENTS, add_component_flags, add_top_level_views, flat_layout, nested_layout,
+                                  objective_sections, objective_settings, plugin_sections, unselected_note)
+from fastvideo.data.settings import DataSettings
+from fastvideo.distributed.settings import ParallelSettings
 from fastvideo.errors import ConfigError, UserError, one_line_errors
 from fastvideo.models.settings import ModelConfig
 from fastvideo.rewards.settings import RewardSettings
 from fastvideo.sampling.mix import MixSettings
 from fastvideo.sampling.settings import RolloutSettings
-from fastvideo.settings import HelpFormatter, check_plugin_name, move_to_group, parser_defaults
+from fastvideo.settings import HelpFormatter, ObjectiveNeeds, check_plugin_name, move_to_group, parser_defaults
 
 __all__ = ["COMPONENTS", "ConfigError", "TrainConfig", "build_parser", "parse_config", "resolved_flags",
            "validate_args"]
@@ -68,31 +70,25 @@ def _defaults(algorithm: str = "grpo", family: str = "flux") -> argparse.Namespa
 
 @dataclass
 class TrainConfig:
-    data_json_path: str
-    dataloader_num_workers: int
-    prompts_per_rank: int
+    """One section per component (components.COMPONENTS, in its order), each built by its component
+    from the flags; config.json keeps the data and parallel sections at its top level (Settings.top_level)."""
+
+    data: DataSettings
     model: ModelConfig
-    rollout: RolloutSettings
     reward: RewardSettings
+    rollout: RolloutSettings  # num_generations: the samples per prompt the objective draws
     grpo: GRPOSettings
+    nft: NFTSettings  # --algorithm nft's own flags
+    mix: MixSettings  # SDE window / solver (sampling.mix)
     optim: OptimSettings
+    update: UpdateSettings  # micro-batches and accumulation
+    parallel: ParallelSettings
     output: OutputSettings
-    fsdp_strategy: str
-    cpu_offload: bool
-    compat_notes: list[str] = field(default_factory=list)
-    eval: EvalSettings | None = None  # None when evaluation is off
-    lora: LoraSettings = field(default_factory=lambda: LoraSettings(False, 128, 256.0, 0.0, (), None))
-    mix: MixSettings = field(default_factory=MixSettings)  # SDE window / solver (sampling.mix)
+    eval: EvalSettings | None  # None when evaluation is off
+    lora: LoraSettings
     algorithm: str = "grpo"  # a registered objective or a "pkg.module:Name" plugin (--algorithm)
-    fsdp_param_dtype: str = "fp32"  # --fsdp_param_dtype (distributed.settings)
-    fsdp_forward_prefetch: bool = False  # --fsdp_forward_prefetch
-    rollout_weights: str = "sharded"  # --rollout_weights: sharded | gathered | auto (distributed.settings)
-    sp_size: int = 1  # --sp_size: the ranks of a sequence group (distributed.sequence_parallel)
-    fsdp_version: int = 1  # --fsdp_version: 1 FullyShardedDataParallel, 2 fully_shard (distributed/fsdp2.py)
-    nft: NFTSettings = field(default_factory=NFTSettings)  # --algorithm nft's own flags
-    update: UpdateSettings = field(default_factory=UpdateSettings)  # micro-batches and accumulation
+    compat_notes: list[str] = field(default_factory=list)
     plugins: dict = field(default_factory=dict)  # a plugin objective's or family's own section, by name
-    embedding_cache_mb: int = EMBEDDING_CACHE_MB  # --embedding_cache_mb: MiB of embeddings kept (data.cache)
 
     def objective_settings(self):
         """The selected objective's own settings (fastvideo.settings.ObjectiveSettings)."""
@@ -113,8 +109,15 @@ class TrainConfig:
             "train_global_batch_size": micro * accumulation * world_size,
         }
 
+    def objective_needs(self) -> ObjectiveNeeds:
+        """What the run builds and keeps for the selected objective (fastvideo.settings.ObjectiveNeeds)."""
+        from fastvideo.algorithms.registry import resolve_objective
+
+        return self.objective_settings().needs(self, resolve_objective(self.algorithm))
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """asdict, the top-level sections' fields at the top (config.json's layout)."""
+        return flat_layout(asdict(self))
 
     def to_json(self) -> dict:
         """to_dict as JSON values, each reward as its --rewards entry: what OUTPUT_DIR/config.json
@@ -126,9 +129,13 @@ class TrainConfig:
         return d
 
 
+add_top_level_views(TrainConfig)  # cfg.data_json_path, cfg.fsdp_strategy, ...: read-only
+
+
 def resolved_flags(resolved: dict) -> dict:
     """The flags that rebuild a resolved configuration (TrainConfig.to_json), from each component."""
     plugins = plugin_sections(resolved.get("algorithm", "grpo"), (resolved.get("model") or {}).get("family", "flux"))
+    resolved = nested_layout(resolved)
     config_file.check_resolved_keys(resolved, TrainConfig, dict(COMPONENTS + plugins))
     flags = {"algorithm": resolved["algorithm"]}
     for name, component in COMPONENTS:
@@ -139,16 +146,23 @@ def resolved_flags(resolved: dict) -> dict:
 
 
 def _build(ns: argparse.Namespace, defaults: argparse.Namespace) -> tuple[dict, dict, list[str]]:
-    """(components' settings, plugins' settings, their start-up notes), every rule checked."""
+    """(components' settings, plugins' settings, their start-up notes), every rule checked. The
+    rollout's num_generations becomes the samples per prompt the selected objective draws."""
     plugins = plugin_sections(ns.algorithm, ns.model_family, strict=False)
     s = {name: component.from_args(ns) for name, component in COMPONENTS}
     try:
         own = {name: component.from_args(ns) for name, component in plugins}
     except AttributeError as exc:  # parsed by a parser that did not know the selected plugin
         raise ConfigError(f"a plugin's flag is missing ({exc}): parse with build_parser(argv)") from None
-    for built in filter(None, (*s.values(), *own.values())):  # eval is None when evaluation is off
-        built.check_across({**s, **own})
-    return s, own, [note for _, component in COMPONENTS + plugins for note in component.notes(ns, defaults)]
+    objective = objective_settings(ns.algorithm, {**s, **own}, strict=False)
+    s["rollout"] = replace(s["rollout"], num_generations=objective.samples_per_prompt({**s, **own}))
+    _, others = objective_sections(ns.algorithm, objective)
+    for name, built in {**s, **own}.items():  # eval is None when evaluation is off
+        if built is not None and name not in others:
+            built.check_across({**s, **own})
+    notes = [note for name, component in COMPONENTS + plugins for note in (
+        unselected_note(component, others[name], ns, defaults) if name in others else component.notes(ns, defaults))]
+    return s, own, notes
 
 
 def validate_args(args: argparse.Namespace) -> TrainConfig:
@@ -158,19 +172,7 @@ def validate_args(args: argparse.Namespace) -> TrainConfig:
     defaults = _defaults(args.algorithm, args.model_family)
     ns, notes = compat.translate(args, defaults)
     s, plugins, more = _build(ns, defaults)
-    rollout, data, parallel = s["rollout"], s["data"], s["parallel"]
-    # Upstream without --use_group: one sample per prompt, advantages over the gathered batch.
-    rollout = replace(rollout, num_generations=rollout.num_generations if s["grpo"].use_group else 1)
-    return TrainConfig(
-        data_json_path=data.data_json_path, dataloader_num_workers=data.dataloader_num_workers,
-        prompts_per_rank=data.prompts_per_rank, model=s["model"], rollout=rollout, reward=s["reward"],
-        grpo=s["grpo"], optim=s["optim"], output=s["output"], fsdp_strategy=parallel.fsdp_strategy,
-        cpu_offload=parallel.cpu_offload, compat_notes=notes + more, eval=s["eval"], lora=s["lora"], mix=s["mix"],
-        algorithm=args.algorithm, fsdp_param_dtype=parallel.fsdp_param_dtype,
-        fsdp_forward_prefetch=parallel.fsdp_forward_prefetch, nft=s["nft"], update=s["update"], plugins=plugins,
-        rollout_weights=parallel.rollout_weights, sp_size=parallel.sp_size, fsdp_version=parallel.fsdp_version,
-        embedding_cache_mb=data.embedding_cache_mb,
-    )
+    return TrainConfig(**s, algorithm=args.algorithm, compat_notes=notes + more, plugins=plugins)
 
 
 def parse_config(argv: Sequence[str] | None = None, usage: bool = True, input_check=None) -> TrainConfig:

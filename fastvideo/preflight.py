@@ -166,13 +166,14 @@ def memory_problems(cfg, nproc_per_node: int, device: str) -> list[str]:
     try:
         config = json.loads((folder / "config.json").read_text())
         family = get_model_family(m.family)
+        needs = cfg.objective_needs()  # NFT's rollout keeps x0 alone, no step latents
     except (OSError, ValueError, UserError):
         return []
     r, accelerator = cfg.rollout, device != devices.CPU
     shape = MemoryShape(height=r.height, width=r.width, text_tokens=1, sampling_steps=r.sampling_steps,
                         samples_per_rank=cfg.prompts_per_rank * r.num_generations, rollout_batch=r.rollout_batch_size,
                         micro_batch=1, world_size=1, rewards=tuple(s.name for s in cfg.reward.spec if not s.url),
-                        reward_bytes=2 if accelerator else 4, keeps_latents=cfg.algorithm != "nft")
+                        reward_bytes=2 if accelerator else 4, keeps_latents=needs.replay)
     total, ranks = devices.total_memory_bytes(device), 1 if accelerator else max(nproc_per_node, 1)
     if total is None:
         return []

@@ -20,10 +20,10 @@ itself read the training config (see the layering note below), built the same wa
         def check_across(self, sections): ...    # rules with other components' built settings
 
 An objective's settings are an ``ObjectiveSettings``: besides its flags they say what the run needs
-to know of the objective before it is built (its trained steps per sample, whether it needs a
-frozen reference policy). A plugin objective or model family brings its own settings class as its
-``settings`` attribute, with a ``section`` name: its flags join the parser when it is selected and
-its values are TrainConfig.plugins[section] (fastvideo.components).
+to know of the objective before it is built (its trained steps per sample, its samples per
+prompt, what it needs built and kept: ObjectiveNeeds). A plugin objective or model family brings
+its own settings class as its ``settings`` attribute, with a ``section`` name: its flags join the
+parser when it is selected and its values are TrainConfig.plugins[section] (fastvideo.components).
 
 Every error is a ``ConfigError`` (fastvideo.errors) raised directly, with a message naming the flag
 and the fix. ``fastvideo.config`` composes the components (one parser, one TrainConfig) and checks
@@ -39,10 +39,11 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
 
-__all__ = ["ConfigError", "HelpFormatter", "ObjectiveSettings", "Settings", "at_least_one", "check_number",
+__all__ = ["ConfigError", "HelpFormatter", "ObjectiveNeeds", "ObjectiveSettings", "Settings", "at_least_one", "check_number",
            "check_plugin_name", "flag_group", "move_to_group", "parser_defaults"]
 
 
@@ -54,6 +55,9 @@ class Settings:
     # Keys an older config.json holds in this section that another component now reads (accepted,
     # then left to that component's flags_from_resolved).
     moved_keys: tuple[str, ...] = ()
+    # Its fields sit at the top level of config.json (the data and parallel sections, as the file
+    # has always had them) and read as TrainConfig attributes (cfg.fsdp_strategy).
+    top_level = False
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -86,9 +90,38 @@ class Settings:
         component's settings by name); nothing by default."""
 
 
+@dataclass(frozen=True)
+class ObjectiveNeeds:
+    """What a run builds and keeps for its objective (ObjectiveSettings.needs): asked by the
+    trainer's builders, the communication-lean options (training.lean), the pre-flight memory
+    check and the start-up notes, instead of comparing objective names."""
+
+    old_policy: bool = False  # a float32 copy of the trainable weights (training.ema.WeightCopy; NFT)
+    reference: bool = False  # a frozen reference policy (a KL term; built only then)
+    log_probs: bool = True  # the rollout's SDE log-probabilities of every transition (GRPO's ratio)
+    replay: bool = True  # per-timestep replay: every step's latents kept (Trajectory.latents)
+
+
 class ObjectiveSettings(Settings):
     """The settings of an objective (--algorithm). A plugin objective without flags of its own
     gets this class's defaults."""
+
+    # The sections of other objectives whose flags this one reads (NFT: GRPO's advantages, KL,
+    # timestep fraction); any other objective's flags given get one start-up note.
+    shares: tuple[str, ...] = ()
+
+    def samples_per_prompt(self, sections: dict) -> int:
+        """Samples the rollout draws per prompt (``sections``: every built section by name):
+        --num_generations, whatever the objective; how its advantages use the groups is its own."""
+        return sections["rollout"].num_generations
+
+    def needs(self, cfg, objective) -> ObjectiveNeeds:
+        """What the run builds for this objective: the objective class's (or factory's)
+        declarations (needs_old_policy, needs_log_probs, needs_trajectory) and needs_reference."""
+        return ObjectiveNeeds(old_policy=getattr(objective, "needs_old_policy", False),
+                              reference=self.needs_reference(cfg),
+                              log_probs=getattr(objective, "needs_log_probs", True),
+                              replay=getattr(objective, "needs_trajectory", True))
 
     def trained_steps_per_sample(self, cfg) -> int:
         """Forward/backward passes per sample in an update (logged in cfg.derived); 1 by default."""

@@ -75,6 +75,8 @@ class ObjectiveContext:
     device: torch.device
     settings: Any = None  # its own settings (the section of its ``settings`` class), or None
     update: Any = None  # component_settings.update.UpdateSettings: micro-batch size, accumulation
+    # Samples per prompt: a trajectory's rows come in consecutive groups of this many (Trajectory.group_ids)
+    group_size: int = 1
     reward: Any = None  # the run's reward (fastvideo.rewards.combine.MultiReward)
     randomness: Any = None  # fastvideo.sampling.randomness.RandomSource
     # () -> a shard-local float32 copy of the trainable weights (training.ema.WeightCopy: step(decay),
@@ -123,6 +125,9 @@ class Objective(ABC):
     # The rollout keeps every step's latents (Trajectory.latents: GRPO's transitions); False: only
     # each sample's clean latent x0 and its conditioning (NFT's forward process re-noises x0).
     needs_trajectory = True
+    # The objective keeps a float32 copy of the trainable weights (ObjectiveContext.copy_weights: an
+    # old policy, as NFT's): the memory estimates count it.
+    needs_old_policy = False
 
     @abstractmethod
     def advantages(self, rewards: RewardResult) -> torch.Tensor:
@@ -152,10 +157,13 @@ class Objective(ABC):
 
         return full_sde_plan(sampling_steps, shift, 0, 0)
 
-    def rollout_weights(self) -> contextlib.AbstractContextManager:
+    def sampling_policy(self) -> contextlib.AbstractContextManager:
         """The weights the rollout samples with: the trainer enters this around the rollout. The
-        current ones by default; NFT swaps its old policy in."""
-        return contextlib.nullcontext()
+        current ones by default; NFT swaps its old policy in. (Its name until 2026-12 was
+        rollout_weights, now the --rollout_weights flag's alone: an objective that still defines
+        that method is honoured.)"""
+        old_name = getattr(self, "rollout_weights", None)
+        return old_name() if callable(old_name) else contextlib.nullcontext()
 
     def weight_sets(self) -> dict:
         """Named copies of the trainable weights this objective keeps (e.g. NFT's old policy),

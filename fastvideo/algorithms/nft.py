@@ -56,6 +56,7 @@ class NFTObjective(GRPOObjective):
     settings = NFTSettings
     needs_log_probs = False
     needs_trajectory = False  # the update reads Trajectory.x0 and cond only
+    needs_old_policy = True  # the rollout's and v_old's weights (training.ema.WeightCopy)
 
     def __init__(self, context: ObjectiveContext):
         super().__init__(context)
@@ -75,7 +76,7 @@ class NFTObjective(GRPOObjective):
             return super().sampling_plan(iteration, sampling_steps, shift)
         return deterministic_plan(self.nft.solver, sampling_steps, shift)
 
-    def rollout_weights(self) -> contextlib.AbstractContextManager:
+    def sampling_policy(self) -> contextlib.AbstractContextManager:
         return self.old.swapped_in()
 
     def weight_sets(self) -> dict:

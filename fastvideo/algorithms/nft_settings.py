@@ -21,7 +21,6 @@ from fastvideo.settings import ObjectiveSettings, flag_group
 ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
 DECAY_TYPES = (0, 1, 2)
 SOLVERS = ("dpm", "ode", "sde")
-_DEFAULTS = {"nft_beta": 1.0, "nft_decay_type": 1, "adv_mode": "all", "nft_solver": "dpm"}
 
 
 @dataclass
@@ -33,6 +32,10 @@ class NFTSettings(ObjectiveSettings):
     enabled: bool = False  # --algorithm nft
 
     section = "nft"
+    shares = ("grpo",)  # its advantages, grouping, timestep fraction and KL are GRPO's flags
+
+    def samples_per_prompt(self, sections: dict) -> int:
+        return sections["grpo"].samples_per_prompt(sections)  # GRPO's grouping (--use_group)
 
     def trained_steps_per_sample(self, cfg) -> int:
         """int(N x --timestep_fraction) of all N sampling timesteps, at least 1 (algorithms/nft.py)."""
@@ -93,19 +96,17 @@ class NFTSettings(ObjectiveSettings):
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
-        if args.algorithm == "nft":
-            # NFT has no importance ratio (--clip_range) and no rollout log-probabilities (MixGRPO's
-            # --kl_coeff), and trains int(N x --timestep_fraction) of all N timesteps (--train_last_step)
-            unused = [f"--{k}" for k in ("clip_range", "kl_coeff", "train_last_step")
-                      if getattr(args, k) != getattr(defaults, k)]
-            if args.nft_solver != "sde" and args.eta != defaults.eta:
-                unused.append("--eta")
-            notes = [f"{', '.join(unused)}: no effect with --algorithm nft (no importance ratio or rollout "
-                     "log-probabilities; it trains int(N x --timestep_fraction) of all N timesteps; the rollout is "
-                     f"--nft_solver {args.nft_solver})"] if unused else []
-            return notes + _split_group_note(args) + _guidance_note(args)
-        given = [f"--{k}" for k, v in _DEFAULTS.items() if getattr(args, k) != v]
-        return [f"{', '.join(given)}: no effect without --algorithm nft"] if given else []
+        """Called when NFT is selected (another objective's run names NFT's flags given: components)."""
+        # NFT has no importance ratio (--clip_range) and no rollout log-probabilities (MixGRPO's
+        # --kl_coeff), and trains int(N x --timestep_fraction) of all N timesteps (--train_last_step)
+        unused = [f"--{k}" for k in ("clip_range", "kl_coeff", "train_last_step")
+                  if getattr(args, k) != getattr(defaults, k)]
+        if args.nft_solver != "sde" and args.eta != defaults.eta:
+            unused.append("--eta")
+        notes = [f"{', '.join(unused)}: no effect with --algorithm nft (no importance ratio or rollout "
+                 "log-probabilities; it trains int(N x --timestep_fraction) of all N timesteps; the rollout is "
+                 f"--nft_solver {args.nft_solver})"] if unused else []
+        return notes + _split_group_note(args) + _guidance_note(args)
 
 
 def _guidance_note(args: argparse.Namespace) -> list[str]:

@@ -52,6 +52,11 @@ class GRPOSettings(ObjectiveSettings):
         n = cfg.rollout.sampling_steps
         return cfg.mix.trained_steps(self.trained_steps(n), self.candidate_steps(n))
 
+    def samples_per_prompt(self, sections: dict) -> int:
+        """Upstream DanceGRPO draws one sample per prompt without --use_group (num_generations is
+        read only under it) and normalises advantages over the gathered batch."""
+        return sections["rollout"].num_generations if self.use_group else 1
+
     def needs_reference(self, cfg) -> bool:
         return self.kl_coef > 0
 
@@ -147,12 +152,13 @@ class GRPOSettings(ObjectiveSettings):
             raise ConfigError("--clip_range and --adv_clip_max must be positive")
 
     def check_across(self, sections: dict) -> None:
-        """GRPO's flags against the rollout's, the rewards' and the sampling plan's (they hold for
-        every objective that reads them: NFT shares the grouping, the advantages and --kl_coef)."""
+        """GRPO's flags against the rollout's (its num_generations: the samples per prompt), the
+        rewards' and the sampling plan's; checked when GRPO or an objective sharing its section
+        (NFT: the grouping, the advantages, --kl_coef) is selected."""
         rollout = sections["rollout"]
         if self.use_group and rollout.num_generations < 2:
             raise ConfigError(f"--num_generations {rollout.num_generations}: a group needs at least 2 samples")
-        if sections["reward"].group_norm and not self.use_group:
+        if sections["reward"].group_norm and rollout.num_generations < 2:  # the samples per prompt
             raise ConfigError("--reward_group_norm normalises each reward within a prompt's group: it needs "
                               "--use_group")
         if rollout.sampling_steps < 1 if self.train_last_step else rollout.sampling_steps < 2:

@@ -1,6 +1,7 @@
 """The prompt data's settings: which embeddings file, how many prompts each rank takes per
 iteration, how many threads load them and how many MiB of loaded embeddings each process keeps
-(fastvideo.data.cache). TrainConfig keeps these four at its top level."""
+(fastvideo.data.cache). config.json keeps these four at its top level (cfg.data_json_path reads
+cfg.data.data_json_path)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ class DataSettings(Settings):
     dataloader_num_workers: int
     prompts_per_rank: int
     embedding_cache_mb: int = EMBEDDING_CACHE_MB
+
+    section = "data"
+    top_level = True  # config.json keeps these at its top level; cfg.<field> reads them
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -42,7 +46,7 @@ class DataSettings(Settings):
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
-        """section: the whole resolved config (TrainConfig keeps these at its top level)."""
+        """section: its part of the resolved config (config.json keeps its keys at the top level)."""
         return {"data_json_path": section["data_json_path"],
                 "dataloader_num_workers": section["dataloader_num_workers"],
                 "train_batch_size": section["prompts_per_rank"],

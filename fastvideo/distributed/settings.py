@@ -1,7 +1,7 @@
 """Parallelism settings: how FSDP shards the model, whether it offloads to the CPU, the dtype it
-gathers parameters in and whether it prefetches the next block's gather in forward. TrainConfig
-keeps them at its top level (cfg.fsdp_strategy, cfg.cpu_offload, cfg.fsdp_param_dtype,
-cfg.fsdp_forward_prefetch)."""
+gathers parameters in and whether it prefetches the next block's gather in forward. TrainConfig's
+parallel section; config.json keeps its keys at the top level, and cfg.fsdp_strategy reads
+cfg.parallel.fsdp_strategy."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ class ParallelSettings(Settings):
     rollout_weights: str = "sharded"  # sharded | gathered | auto: fsdp.gathered_forwards around no-grad passes
     sp_size: int = 1  # the ranks of a sequence group (Ulysses sequence parallelism)
     fsdp_version: int = 1  # 1: FullyShardedDataParallel (flat parameters), 2: fully_shard (distributed/fsdp2.py)
+
+    section = "parallel"
+    top_level = True  # config.json keeps these at its top level; cfg.<field> reads them
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -72,7 +75,7 @@ class ParallelSettings(Settings):
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
-        """section: the whole resolved config (TrainConfig keeps these at its top level)."""
+        """section: its part of the resolved config (config.json keeps its keys at the top level)."""
         return {"fsdp_sharding_strategy": section["fsdp_strategy"], "use_cpu_offload": section["cpu_offload"],
                 "fsdp_param_dtype": section.get("fsdp_param_dtype", "fp32"),
                 "fsdp_forward_prefetch": section.get("fsdp_forward_prefetch", False),

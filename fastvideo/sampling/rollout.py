@@ -23,53 +23,11 @@ from fastvideo.models.base import Conditioning, LatentLayout, ModelFamily
 from fastvideo.sampling import sde, solvers
 from fastvideo.sampling.plan import DPM, ODE, SDE, SamplingPlan
 from fastvideo.sampling.randomness import RandomSource
+from fastvideo.sampling.settings import DECODE_FROM, SAME_NOISE_SCOPES, RolloutSettings  # noqa: F401  (old imports)
 
 
-SAME_NOISE_SCOPES = ("rank", "prompt")
-DECODE_FROM = ("x0_prediction", "final_sample")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutConfig:
-    """How to sample. The model's forward settings (FLUX's guidance embedding, SD3's classifier-free
-    guidance, whether the transformer sees floor(1000 sigma) / 1000) are the model family's: it is
-    constructed with them. The SDE step always uses the exact sigma."""
-
-    height: int
-    width: int
-    sampling_steps: int
-    eta: float
-    shift: float
-    num_generations: int
-    rollout_batch_size: int
-    init_same_noise: bool
-    # What init_same_noise shares: "rank" (upstream DanceGRPO: one noise for every sample of the
-    # rollout call, i.e. of a rank's train_batch_size x G samples) or "prompt" (one per group).
-    same_noise_scope: str = "rank"
-    # With init_same_noise, compute a plan's leading ODE transitions once per group (their states
-    # are the same for the group's G samples): SamplingPlan.shared_prefix.
-    share_ode_prefix: bool = True
-    # What Trajectory.x0 (decoded, rewarded, NFT's clean sample) is: the last step's x0 prediction
-    # (DanceGRPO) or the last transition's sample (Flow-GRPO's and DiffusionNFT's pipelines).
-    decode_from: str = "x0_prediction"
-
-    def __post_init__(self):
-        problems = []
-        for name in ("height", "width", "sampling_steps", "num_generations", "rollout_batch_size"):
-            if int(getattr(self, name)) < 1:
-                problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
-        if self.height % 16 or self.width % 16:
-            problems.append(f"height and width must be multiples of 16 (got {self.height}x{self.width})")
-        if self.eta < 0:
-            problems.append(f"eta must be >= 0 (got {self.eta}); 0 gives the deterministic ODE sampler")
-        if self.shift <= 0:
-            problems.append(f"shift must be > 0 (got {self.shift})")
-        if self.decode_from not in DECODE_FROM:
-            problems.append(f"decode_from must be one of {DECODE_FROM} (got {self.decode_from!r})")
-        if self.same_noise_scope not in SAME_NOISE_SCOPES:
-            problems.append(f"same_noise_scope must be one of {SAME_NOISE_SCOPES} (got {self.same_noise_scope!r})")
-        if problems:
-            raise ValueError("invalid rollout configuration: " + "; ".join(problems))
+# The rollout's settings are the one RolloutSettings (built from the flags, or directly).
+RolloutConfig = RolloutSettings
 
 
 @dataclass

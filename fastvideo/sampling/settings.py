@@ -1,4 +1,5 @@
-"""The rollout's settings: image size, sampling schedule and noise, group size, batching.
+"""The rollout's settings: image size, sampling schedule and noise, group size, batching. The one
+type for them: the sampler reads it too (fastvideo.sampling.rollout.RolloutConfig is this class).
 
 The SDE window / solver choices (MixGRPO, Flow-GRPO-Fast) are fastvideo.sampling.mix.MixSettings."""
 
@@ -12,26 +13,57 @@ from fastvideo.settings import Settings, at_least_one, check_number, flag_group
 
 
 DECODE_FROM = ("x0_prediction", "final_sample")
+SAME_NOISE_SCOPES = ("rank", "prompt")
 # sampling.sde.grid_sigmas's grids (not imported from there: --help must not import torch)
 SIGMA_GRIDS = ("shifted_linspace", "diffusers")
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class RolloutSettings(Settings):
+    """How to sample. The model's forward settings (FLUX's guidance embedding, SD3's classifier-free
+    guidance, whether the transformer sees floor(1000 sigma) / 1000) are the model family's: it is
+    constructed with them (guidance_scale, quantize_timestep); the SDE step always uses the exact
+    sigma. Built from the flags (from_args, whose check() adds the training run's rules) or directly
+    (tests, benchmarks: eta 0 is the deterministic ODE sampler)."""
+
     height: int
     width: int
     sampling_steps: int
     eta: float
     shift: float
-    guidance_scale: float
-    quantize_timestep: bool
-    num_generations: int  # samples per prompt; config makes it 1 without --use_group (upstream)
+    guidance_scale: float = 3.5
+    quantize_timestep: bool = True
+    num_generations: int  # samples per prompt (the objective's: ObjectiveSettings.samples_per_prompt)
     rollout_batch_size: int
     init_same_noise: bool
-    share_ode_prefix: bool = True
+    share_ode_prefix: bool = True  # with init_same_noise, a plan's leading ODE steps once per group
+    # What init_same_noise shares: "rank" (upstream DanceGRPO: one noise for every sample of the
+    # rollout call, i.e. of a rank's train_batch_size x G samples) or "prompt" (one per group).
     same_noise_scope: str = "rank"
     sigma_grid: str = "shifted_linspace"
+    # What Trajectory.x0 (decoded, rewarded, NFT's clean sample) is: the last step's x0 prediction
+    # (DanceGRPO) or the last transition's sample (Flow-GRPO's and DiffusionNFT's pipelines).
     decode_from: str = "x0_prediction"
+
+    def __post_init__(self):
+        """What any rollout needs (ConfigError, a ValueError, naming the field and its flag)."""
+        problems = []
+        h, w = self.height, self.width
+        if h < 1 or w < 1 or h % 16 or w % 16:
+            problems.append(f"height and width (--h {h} --w {w}) must be positive multiples of 16")
+        for name in ("sampling_steps", "num_generations", "rollout_batch_size"):
+            if int(getattr(self, name)) < 1:
+                problems.append(f"{name} (--{name}) must be >= 1 (got {getattr(self, name)})")
+        if self.eta < 0:
+            problems.append(f"eta must be >= 0 (got {self.eta}); 0 gives the deterministic ODE sampler")
+        if self.shift <= 0:
+            problems.append(f"shift must be > 0 (got {self.shift})")
+        if self.decode_from not in DECODE_FROM:
+            problems.append(f"decode_from must be one of {DECODE_FROM} (got {self.decode_from!r})")
+        if self.same_noise_scope not in SAME_NOISE_SCOPES:
+            problems.append(f"same_noise_scope must be one of {SAME_NOISE_SCOPES} (got {self.same_noise_scope!r})")
+        if problems:
+            raise ConfigError("invalid rollout configuration: " + "; ".join(problems))
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:

@@ -188,7 +188,7 @@ def build_kl_reference(cfg: TrainConfig, model: torch.nn.Module, device: torch.d
     fine-tuning a frozen copy of the initial weights in the master dtype (so that the KL is exactly
     0 before the first update), sharded like the model under FSDP (one more model's worth of
     parameters / world size per rank), a replica under DDP or on one process."""
-    if not cfg.objective_settings().needs_reference(cfg):
+    if not cfg.objective_needs().reference:
         return None
     from fastvideo.training.kl_reference import AdapterOffReference, FrozenCopyReference
 

@@ -35,7 +35,7 @@ def memory_shape(cfg, world_size: int, device, text_tokens: int = 512):
 
     from fastvideo.perf.memory import MemoryShape
 
-    m, lora = cfg.model, cfg.lora
+    m, lora, needs = cfg.model, cfg.lora, cfg.objective_needs()
     trained = cfg.objective_settings().trained_steps_per_sample(cfg)
     master = 4 if m.master_weight_type == "fp32" else 2
     return MemoryShape(
@@ -49,8 +49,8 @@ def memory_shape(cfg, world_size: int, device, text_tokens: int = 512):
         use_ema=cfg.optim.use_ema, grads_held=trained > 1 or cfg.update.gradient_accumulation_steps > 1,
         cpu_offload=cfg.cpu_offload, vae_bytes=4 if m.vae_precision == "fp32" else 2,
         rewards=tuple(r.name for r in cfg.reward.spec if r.kind == "local"),  # remote ones hold no weights here
-        lora_rank=lora.rank if lora.enabled else 0, kl_reference=cfg.grpo.kl_coef > 0,
-        old_policy=cfg.algorithm == "nft", gather_bytes=2 if cfg.fsdp_param_dtype == "bf16" else 4,
+        lora_rank=lora.rank if lora.enabled else 0, kl_reference=needs.reference,
+        old_policy=needs.old_policy, gather_bytes=2 if cfg.fsdp_param_dtype == "bf16" else 4,
         grads_unsharded=cfg.update.grad_sync == "per_step")
 
 

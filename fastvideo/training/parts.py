@@ -40,13 +40,8 @@ class RunParts:
 
 
 def rollout_config(cfg) -> RolloutConfig:
-    r = cfg.rollout
-    return RolloutConfig(
-        height=r.height, width=r.width, sampling_steps=r.sampling_steps, eta=r.eta, shift=r.shift,
-        num_generations=r.num_generations, rollout_batch_size=r.rollout_batch_size,
-        init_same_noise=r.init_same_noise, share_ode_prefix=r.share_ode_prefix, same_noise_scope=r.same_noise_scope,
-        decode_from=r.decode_from,
-    )
+    """The sampler's settings: the run's rollout section itself (one type, sampling.settings)."""
+    return cfg.rollout
 
 
 def _check_data(cfg, info, family):

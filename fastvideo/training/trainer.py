@@ -97,7 +97,8 @@ class Trainer:
         self.parts = build_parts(self.cfg, self.info, self.dims, self.family, self.timer, self.autocast_dtype)
         self.objective = make_objective(ObjectiveContext(
             cfg=self.cfg, dims=self.dims, device=self.device, settings=self.cfg.objective_settings(),
-            update=self.cfg.update, reward=self.reward, randomness=self.randomness,
+            update=self.cfg.update, group_size=self.cfg.rollout.num_generations, reward=self.reward,
+            randomness=self.randomness,
             copy_weights=lambda: WeightCopy(self.model)))
         self.policy = Policy(self.model, self.family, self.device, self.autocast_dtype, self.kl_reference)
         self.lean = lean.choose(self.cfg, self.info.world_size, self.device, self.family, self.transformer_config,
@@ -204,7 +205,7 @@ class Trainer:
                        r.sampling_steps, r.shift, self.family.schedule_terminal())
 
     def _rollout(self, iteration: int, cond, captions, indices, plan, on_chunk=None):
-        with self.objective.rollout_weights(), self.nograd_weights():  # NFT samples with its old policy
+        with self.objective.sampling_policy(), self.nograd_weights():  # NFT samples with its old policy
             return rollout(self.family, self.model, self.vae, cond, captions, indices, self.rollout_cfg,
                            self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
                            on_chunk=on_chunk, plan=plan, keep_latents=self.objective.needs_trajectory)

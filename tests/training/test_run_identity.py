@@ -88,7 +88,9 @@ CHANGES = [
     ("dpm_all", POST, (*POST, "--dpm_apply_strategy", "all"), {"dpm_all", "sde_kind", "dpm_post_compress_ratio"}),
     ("dpm_algorithm", POST, (*PART, "--dpm_algorithm_type", "dpmsolver"), None),
     ("model_family", (), ("--model_family", "my_pkg.models:Other"), None),
-    ("algorithm", (), ("--algorithm", "my_pkg.algos:DPO"), None),
+    # another objective draws --num_generations (default 12) samples per prompt without --use_group,
+    # where GRPO draws one (issue 46: group sampling for every objective)
+    ("algorithm", (), ("--algorithm", "my_pkg.algos:DPO"), {"algorithm", "num_generations"}),
 ]
 
 
