@@ -210,3 +210,11 @@ def test_batch_norm_statistics_equal_flux2_decode_and_encode():
     assert mean5.shape == std5.shape == (1, 128, 1, 1, 1)
     assert torch.equal(L.denormalize_batch_norm(z.unsqueeze(2), mean5, std5).squeeze(2),
                        L.denormalize_batch_norm(z, mean, std))
+
+
+def test_image_geometry():
+    assert L.latent_hw(64, 48) == (8, 6) and L.token_grid_hw(64, 48) == (4, 3)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        L.latent_hw(64, 40)
+    assert L.vae_scale_factor({"block_out_channels": [128, 256, 512, 512]}) == 8
+    assert L.vae_scale_factor(SimpleNamespace(block_out_channels=[96, 192])) == 2

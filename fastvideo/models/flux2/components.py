@@ -26,8 +26,8 @@ from fastvideo.errors import UserError
 from fastvideo.models import latents as L
 from fastvideo.models import parts, qwen3_text
 import fastvideo.models.flux2.mistral_text as mistral_text
-from fastvideo.models.parts import model_dtype as _model_dtype
 from fastvideo.models.flux2.mistral_text import MistralEncoder
+from fastvideo.models.parts import model_dtype as _model_dtype
 from fastvideo.models.qwen3_text import TextEncoder
 
 # Flux2KleinPipeline's encode_prompt defaults (diffusers 0.42.1 pipeline_flux2_klein.py).
