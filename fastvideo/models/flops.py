@@ -14,15 +14,43 @@ from typing import Mapping, Sequence
 # Width of the sinusoidal timestep (and FLUX's guidance) projection fed to TimestepEmbedding (fixed in diffusers).
 TIMESTEP_PROJ_DIM = 256
 
-# The AutoencoderKL keys that set the decoder's FLOPs, the same for FLUX.1-dev's and SD3.5's VAE.
-VAE_16CH_CONFIG = {
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "latent_channels": 16,
-    "out_channels": 3,
-    "mid_block_add_attention": True,
-    "use_post_quant_conv": False,
-}
+
+
+def vae_decoder_config(latent_channels: int, use_post_quant_conv: bool,
+                       block_out_channels: tuple[int, ...] = (128, 256, 512, 512)) -> dict:
+    """The AutoencoderKL config keys that set a 2-D decoder's FLOPs (2 residual blocks per level, an
+    attention mid block, RGB out): FLUX.1's, SD3.5's, FLUX.2's (32 latent channels) and the 2-D count
+    of Qwen-Image's (base 96)."""
+    return {
+        "block_out_channels": list(block_out_channels),
+        "layers_per_block": 2,
+        "latent_channels": latent_channels,
+        "out_channels": 3,
+        "mid_block_add_attention": True,
+        "use_post_quant_conv": use_post_quant_conv,
+    }
+
+
+# The same for FLUX.1-dev's and SD3.5's VAE.
+VAE_16CH_CONFIG = vae_decoder_config(16, use_post_quant_conv=False)
+
+
+class HeadDims:
+    """Mixin of a frozen dims dataclass with num_attention_heads, attention_head_dim and (where read)
+    mlp_ratio, patch_size, in_channels, out_channels: the widths every MMDiT count uses."""
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(self.inner_dim * self.mlp_ratio)
+
+    @property
+    def output_dim(self) -> int:
+        """What proj_out writes per token: patch_size^2 x out_channels (in_channels when unset)."""
+        return self.patch_size * self.patch_size * (self.out_channels or self.in_channels)
 
 
 def linear_flops(tokens: int, fan_in: int, fan_out: int) -> int:
@@ -49,6 +77,16 @@ def mlp_flops(tokens: int, inner_dim: int, hidden_dim: int) -> int:
 def embedder_flops(batch: int, fan_in: int, inner_dim: int) -> int:
     """TimestepEmbedding / PixArtAlphaTextProjection: Linear(fan_in, D) -> SiLU -> Linear(D, D), one row per sample."""
     return linear_flops(batch, fan_in, inner_dim) + linear_flops(batch, inner_dim, inner_dim)
+
+
+def with_output_layers(parts: dict[str, int], d: "HeadDims", L: int, B: int) -> dict[str, int]:
+    """``parts`` of an MMDiT forward completed by its output layers and "total": norm_out
+    (AdaLayerNormContinuous, D -> 2D per sample) and proj_out (the L image tokens, D -> output_dim)."""
+    D = d.inner_dim
+    parts["norm_out"] = linear_flops(B, D, 2 * D)
+    parts["proj_out"] = linear_flops(B * L, D, d.output_dim)
+    parts["total"] = sum(parts.values())
+    return parts
 
 
 def token_counts(image_tokens: int, text_tokens: int, batch: int) -> tuple[int, int, int]:

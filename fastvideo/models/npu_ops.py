@@ -82,7 +82,23 @@ def rms_norm_reference(
     return y if bias is None else y + bias
 
 
-class NpuFusedRMSNorm(nn.Module):
+def _sharing(fused: nn.Module, norm: nn.Module, names: Sequence[str]) -> nn.Module:
+    """``fused`` given ``norm``'s own attributes ``names`` (its Parameters themselves, not copies)."""
+    for name in names:
+        setattr(fused, name, getattr(norm, name))
+    return fused
+
+
+class _NpuFusedNorm(nn.Module):
+    """What both fused norms do per call: torch_npu's kernel when it can run on x (an NPU tensor),
+    the reference maths otherwise (CPU and CUDA tensors, the tests)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch_npu = npu_kernels_for(x)
+        return self._reference(x) if torch_npu is None else self._fused(torch_npu, x)
+
+
+class NpuFusedRMSNorm(_NpuFusedNorm):
     """RMS norm over the last dimension through ``torch_npu.npu_rms_norm`` on an NPU.
 
     Same parameters (``weight``, optional ``bias``) and ``eps`` as diffusers' ``RMSNorm``; build one
@@ -105,19 +121,16 @@ class NpuFusedRMSNorm(nn.Module):
     @classmethod
     def from_rms_norm(cls, norm: RMSNorm) -> "NpuFusedRMSNorm":
         """A fused norm holding ``norm``'s own Parameters (not copies) and eps."""
-        fused = cls(norm.dim, eps=norm.eps, elementwise_affine=False)
-        fused.weight = norm.weight
-        fused.bias = norm.bias
-        return fused
+        return _sharing(cls(norm.dim, eps=norm.eps, elementwise_affine=False), norm, ("weight", "bias"))
 
     def extra_repr(self) -> str:
         return f"{tuple(self.dim)}, eps={self.eps}, affine={self.weight is not None}"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., D] -> [..., D] in the weight's dtype (the input's dtype without a weight)."""
-        torch_npu = npu_kernels_for(x)
-        if torch_npu is None:
-            return rms_norm_reference(x, self.weight, self.bias, self.eps)
+        return rms_norm_reference(x, self.weight, self.bias, self.eps)
+
+    def _fused(self, torch_npu, x: torch.Tensor) -> torch.Tensor:
         if self.weight is None:
             # The kernel always takes a gamma, in the input's dtype.
             gamma = torch.ones(self.dim, dtype=x.dtype, device=x.device)
@@ -142,7 +155,7 @@ def _torch_norm_gamma(weight: torch.Tensor | None, x: torch.Tensor, shape: torch
     return weight if weight.dtype == torch.float32 else weight.to(x.dtype)
 
 
-class NpuFusedTorchRMSNorm(nn.Module):
+class NpuFusedTorchRMSNorm(_NpuFusedNorm):
     """``torch.nn.RMSNorm`` through ``torch_npu.npu_rms_norm`` on an NPU (diffusers 0.42's FLUX q/k
     norms). Same parameter (``weight``), ``normalized_shape`` and ``eps`` (None: see
     :func:`torch_rms_norm_eps`); the output keeps the input's dtype, as torch's does. Build one from
@@ -162,18 +175,16 @@ class NpuFusedTorchRMSNorm(nn.Module):
     def from_torch_rms_norm(cls, norm: nn.RMSNorm) -> "NpuFusedTorchRMSNorm":
         """A fused norm holding ``norm``'s own weight Parameter (not a copy) and eps."""
         fused = cls(norm.normalized_shape, eps=norm.eps, elementwise_affine=False)
-        fused.elementwise_affine = norm.elementwise_affine
-        fused.weight = norm.weight
-        return fused
+        return _sharing(fused, norm, ("elementwise_affine", "weight"))
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., *normalized_shape] -> same shape and dtype."""
-        torch_npu = npu_kernels_for(x)
-        if torch_npu is None:
-            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)  # torch.nn.RMSNorm.forward
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)  # torch.nn.RMSNorm.forward
+
+    def _fused(self, torch_npu, x: torch.Tensor) -> torch.Tensor:
         eps = torch_rms_norm_eps(self.eps, x.dtype)
         gamma = _torch_norm_gamma(self.weight, x, torch.Size(self.normalized_shape))
         return torch_npu.npu_rms_norm(x, gamma, epsilon=eps)[0]
@@ -298,6 +309,19 @@ def qkv_heads(attn: nn.Module, x: torch.Tensor, context: bool) -> tuple[torch.Te
     return q, k, v
 
 
+def joint_qkv(attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None,
+              text_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(q, k, v) [B, N, S, D] of a joint attention and its text token count: the image stream's, and
+    with a context the text stream's, before (FLUX) or after (SD3) the image's on the token axis."""
+    q, k, v = qkv_heads(attn, hidden_states, context=False)
+    if encoder_hidden_states is None:
+        return q, k, v, 0
+    cq, ck, cv = qkv_heads(attn, encoder_hidden_states, context=True)
+    pairs = ((cq, q), (ck, k), (cv, v)) if text_first else ((q, cq), (k, ck), (v, cv))
+    q, k, v = (torch.cat(pair, dim=2) for pair in pairs)
+    return q, k, v, cq.shape[2]
+
+
 class NpuFluxAttnProcessor:
     """Attention processor for FLUX's joint (double-stream) and single-stream blocks.
 
@@ -317,12 +341,7 @@ class NpuFluxAttnProcessor:
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """hidden_states: [B, S_img, C]; encoder_hidden_states: [B, S_txt, C] in joint blocks.
         Returns [B, S, C] (single block) or ([B, S_img, C], [B, S_txt, C]) (joint block)."""
-        q, k, v = qkv_heads(attn, hidden_states, context=False)
-        n_text = 0
-        if encoder_hidden_states is not None:
-            cq, ck, cv = qkv_heads(attn, encoder_hidden_states, context=True)
-            n_text = cq.shape[2]
-            q, k, v = (torch.cat(pair, dim=2) for pair in ((cq, q), (ck, k), (cv, v)))
+        q, k, v, n_text = joint_qkv(attn, hidden_states, encoder_hidden_states, text_first=True)
         if image_rotary_emb is not None:
             q = apply_rotary_emb(q, image_rotary_emb)
             k = apply_rotary_emb(k, image_rotary_emb)
@@ -340,29 +359,7 @@ class NpuFluxAttnProcessor:
         return attention_bnsd(q, k, v, attention_mask)
 
 
-# ---------------------------------------------------------------------------------------- Z-Image
-
-
-class NpuZImageRope:
-    """Drop-in for Z-Image's ``RopeEmbedder`` (a plain object, not a module) without complex numbers:
-    the per-axis rotations as (cos, sin) pairs. The angle tables are made once, here, on the CPU as
-    diffusers makes them (float64 frequencies, float32 angles) and moved to the ids' device.
-
-    ids [S, n_axes] int -> [S, sum(axes_dims) / 2, 2] float32: the real and imaginary parts of the
-    stock embedder's complex64 result."""
-
-    def __init__(self, theta: float, axes_dims: Sequence[int], axes_lens: Sequence[int]):
-        self.theta, self.axes_dims, self.axes_lens = theta, list(axes_dims), list(axes_lens)
-        self.tables = []
-        for dim, length in zip(self.axes_dims, self.axes_lens):
-            freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-            angles = torch.outer(torch.arange(length, dtype=torch.float64), freqs).float()  # [length, dim / 2]
-            self.tables.append(torch.stack([angles.cos(), angles.sin()], dim=-1))
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.tables[0].device != ids.device:
-            self.tables = [t.to(ids.device) for t in self.tables]
-        return torch.cat([table[ids[:, i]] for i, table in enumerate(self.tables)], dim=-2)
+# ---------------------------------------------------------------------------- real-arithmetic RoPE
 
 
 def rotate_pairs(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -373,48 +370,6 @@ def rotate_pairs(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     real = pairs[..., 0] * cos - pairs[..., 1] * sin
     imag = pairs[..., 0] * sin + pairs[..., 1] * cos
     return torch.stack([real, imag], dim=-1).flatten(-2).type_as(x)
-
-
-class NpuZImageAttnProcessor:
-    """Z-Image's single-stream attention (diffusers' ``ZSingleStreamAttnProcessor``) with the RoPE of
-    :class:`NpuZImageRope` (real arithmetic) and the attention of :func:`attention_bnsd` (the fused
-    kernel on an NPU, its key-padding mask converted; SDPA elsewhere)."""
-
-    def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states=None,
-                 attention_mask: torch.Tensor | None = None, freqs_cis: torch.Tensor | None = None) -> torch.Tensor:
-        """hidden_states [B, S, C]; attention_mask [B, S] bool (True: keep) or None; freqs_cis
-        [B, S, D/2, 2]. Returns [B, S, C]."""
-        q, k, v = (proj(hidden_states).unflatten(-1, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k, attn.to_v))
-        if attn.norm_q is not None:
-            q = attn.norm_q(q)
-        if attn.norm_k is not None:
-            k = attn.norm_k(k)
-        if freqs_cis is not None:
-            q, k = rotate_pairs(q, freqs_cis), rotate_pairs(k, freqs_cis)
-        mask = attention_mask[:, None, None, :] if attention_mask is not None and attention_mask.ndim == 2 else attention_mask
-        out = attention_bnsd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
-        out = out.transpose(1, 2).flatten(2).to(q.dtype)
-        out = attn.to_out[0](out)
-        return attn.to_out[1](out) if len(attn.to_out) > 1 else out
-
-
-def adapt_zimage_for_npu(transformer: nn.Module) -> int:
-    """Install :class:`NpuZImageRope` and :class:`NpuZImageAttnProcessor` in a diffusers
-    ZImageTransformer2DModel, in place (its RMS norms: :func:`adapt_for_npu`). Idempotent; no
-    parameter changes. Returns the number of attention processors swapped."""
-    from diffusers.models.transformers.transformer_z_image import RopeEmbedder, ZSingleStreamAttnProcessor
-
-    model = getattr(transformer, "module", transformer)
-    rope = model.rope_embedder
-    if isinstance(rope, RopeEmbedder):
-        model.rope_embedder = NpuZImageRope(rope.theta, rope.axes_dims, rope.axes_lens)
-    processor, swapped = NpuZImageAttnProcessor(), 0
-    for module in model.modules():
-        if isinstance(getattr(module, "processor", None), ZSingleStreamAttnProcessor):
-            module.set_processor(processor)
-            swapped += 1
-    logger.info("Z-Image NPU kernels installed: real-arithmetic RoPE, %d attention processors", swapped)
-    return swapped
 
 
 # ------------------------------------------------------------------------------------- installing

@@ -13,21 +13,15 @@ from pathlib import Path
 
 import torch
 
+from fastvideo.models.parts import EncoderHandle
+
 
 @dataclass
-class TextEncoder:
+class TextEncoder(EncoderHandle):
     """The Qwen3 decoder (its hidden states; the language-model head is not needed) and its tokenizer."""
 
     tokenizer: object
     model: torch.nn.Module
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.model.config.hidden_size)
 
 
 def load_text_encoder(root: str | Path, device="cpu", dtype=torch.float32) -> TextEncoder:

@@ -273,13 +273,14 @@ def test_compiled_blocks_equal_eager(tiny_zimage_dir, cond):
 
 
 def test_npu_adapter_computes_the_stock_velocity_without_complex_numbers(tiny_zimage_dir, cond):
-    """npu_ops' Z-Image adapter (every RMS norm fused, RoPE in real arithmetic, the attention through
+    """zimage.npu's adapter (every RMS norm fused, RoPE in real arithmetic, the attention through
     attention_bnsd) run on the CPU: the guided velocity of a batch of unequal captions (so the
     attention is masked) equals the stock model's, and its forward issues no complex or float64 op."""
     import sys
     from pathlib import Path
 
     from fastvideo.models import npu_ops
+    from fastvideo.models.zimage import npu as zimage_npu
     from fastvideo.models.zimage.family import ZImageFamily
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -289,7 +290,7 @@ def test_npu_adapter_computes_the_stock_velocity_without_complex_numbers(tiny_zi
     stock = family.load_transformer(tiny_zimage_dir, "transformer", "cpu", torch.float32)
     adapted = family.load_transformer(tiny_zimage_dir, "transformer", "cpu", torch.float32)
     assert npu_ops.adapt_for_npu(adapted) == 4 * (1 + 1 + 2) + 1 + 2 * 4  # block norms, cap_embedder's, q/k norms
-    assert npu_ops.adapt_zimage_for_npu(adapted) == 4 and npu_ops.adapt_zimage_for_npu(adapted) == 0
+    assert zimage_npu.adapt_zimage_for_npu(adapted) == 4 and zimage_npu.adapt_zimage_for_npu(adapted) == 0
     layout = family.nominal_layout(64, 64, dict(stock.config))
     x = torch.randn(2, *layout.tokens, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

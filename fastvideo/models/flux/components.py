@@ -14,48 +14,28 @@ from pathlib import Path
 import torch
 
 from fastvideo.errors import UserError
-from fastvideo.models.base import WEIGHT_SUFFIXES, check_diffusers_folder  # noqa: F401 (WEIGHT_SUFFIXES: re-exported)
+from fastvideo.models import latents as L
+from fastvideo.models import parts
+from fastvideo.models.base import WEIGHT_SUFFIXES  # noqa: F401 (re-exported)
+from fastvideo.models.latents import latent_hw, vae_scale_factor  # noqa: F401 (the family's C.latent_hw, ...)
 from fastvideo.models.loading import from_pretrained_checked
+from fastvideo.models.parts import model_dtype as _model_dtype
 
 # Sub-folders of a diffusers FLUX folder and the files that must be in each.
-REQUIRED_FILES = {
-    "transformer": ["config.json"],
-    "vae": ["config.json"],
-    "text_encoder": ["config.json"],
-    "tokenizer": [],
-    "text_encoder_2": ["config.json"],
-    "tokenizer_2": [],
-    "scheduler": ["scheduler_config.json"],
-}
-FLUX_DOWNLOAD_HINT = (
-    "Put a diffusers-layout FLUX.1-dev folder there (for example the black-forest-labs/FLUX.1-dev "
-    "repository, downloaded to data/flux), or build a tiny test model with "
-    "`python -m fastvideo.tools.make_tiny_flux data/flux`."
-)
+REQUIRED_FILES = parts.required_files(2)
+FLUX_DOWNLOAD_HINT = parts.download_hint("FLUX.1-dev", "black-forest-labs/FLUX.1-dev", "flux")
 
 
 class FluxFolderError(UserError, FileNotFoundError):
     """A FLUX model folder is missing or incomplete."""
 
 
-def check_flux_folder(path: str | Path, components: tuple[str, ...] | None = None) -> Path:
-    """Check that ``path`` is a diffusers FLUX folder holding ``components`` (default: all).
-
-    Raises FluxFolderError naming every missing piece and how to get it.
-    """
-    return check_diffusers_folder(path, REQUIRED_FILES, FLUX_DOWNLOAD_HINT, FluxFolderError, "FLUX model folder",
-                                  components)
+check_flux_folder = parts.folder_checker(REQUIRED_FILES, FLUX_DOWNLOAD_HINT, FluxFolderError, "FLUX model folder")
 
 
 def adapt_for_device(transformer, device) -> None:
     """Apply the device-specific kernels (today: NPU only; nothing elsewhere) before wrapping."""
-    from fastvideo import devices
-
-    if devices.is_npu(device):
-        # Imported lazily: npu_ops is the one module besides fastvideo.devices allowed to name the NPU stack.
-        from fastvideo.models import npu_ops
-
-        npu_ops.maybe_adapt_for_npu(transformer, device)
+    parts.adapt_for_npu(transformer, device)
 
 
 def load_transformer(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
@@ -74,12 +54,7 @@ def load_transformer(path: str | Path, device: torch.device | str = "cpu", dtype
 
 
 def load_vae(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-    from diffusers import AutoencoderKL
-
-    root = check_flux_folder(path, ("vae",))
-    vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=dtype)
-    vae.requires_grad_(False).eval().to(device)
-    return vae
+    return parts.load_vae("AutoencoderKL", check_flux_folder, path, device, dtype)
 
 
 @dataclass
@@ -133,45 +108,24 @@ def encode_prompts(
     return prompt_embeds, pooled, text_ids
 
 
-def vae_scale_factor(vae_config) -> int:
-    """Pixels per latent cell (8 for FLUX): 2 ** (number of VAE blocks - 1)."""
-    return 2 ** (len(_cfg(vae_config, "block_out_channels")) - 1)
-
-
 def _cfg(config, key):
     return config[key] if isinstance(config, dict) else getattr(config, key)
 
 
-def latent_hw(height: int, width: int, scale: int = 8) -> tuple[int, int]:
-    """Latent grid size for an image; both sides must be multiples of 2 * scale (16 for FLUX)."""
-    if height % (2 * scale) or width % (2 * scale):
-        raise ValueError(f"image size {height}x{width} must be a multiple of {2 * scale} on both sides")
-    return height // scale, width // scale
-
-
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
-    """[B, C, H, W] -> [B, (H/2)(W/2), 4C]: 2x2 patches become tokens."""
-    b, c, h, w = latents.shape
-    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+    """[B, C, H, W] -> [B, (H/2)(W/2), 4C]: 2x2 patches become tokens (fastvideo.models.latents)."""
+    return L.pack_image(latents)
 
 
 def unpack_latents(packed: torch.Tensor, latent_h: int, latent_w: int) -> torch.Tensor:
     """[B, (H/2)(W/2), 4C] -> [B, C, H, W]; the inverse of pack_latents."""
-    b, length, c4 = packed.shape
-    if length != (latent_h // 2) * (latent_w // 2):
-        raise ValueError(f"{length} tokens do not make a {latent_h}x{latent_w} latent grid")
-    c = c4 // 4
-    x = packed.view(b, latent_h // 2, latent_w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, c, latent_h, latent_w)
+    return L.unpack_image(packed, latent_h, latent_w)
 
 
 def image_ids(latent_h: int, latent_w: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """[(H/2)(W/2), 3]: column 0 zero, column 1 the token's row, column 2 its column."""
-    h, w = latent_h // 2, latent_w // 2
-    rows = torch.arange(h, device=device, dtype=dtype).view(h, 1).expand(h, w)
-    cols = torch.arange(w, device=device, dtype=dtype).view(1, w).expand(h, w)
-    return torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(h * w, 3)
+    """[(H/2)(W/2), 3]: column 0 zero (the frame of a one-frame latent), column 1 the token's row,
+    column 2 its column."""
+    return L.positions(1, latent_h // 2, latent_w // 2, device=device, dtype=dtype)
 
 
 def text_ids(seq_len: int, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -181,21 +135,12 @@ def text_ids(seq_len: int, device=None, dtype=torch.float32) -> torch.Tensor:
 
 def unnormalize_latents(latents: torch.Tensor, vae_config) -> torch.Tensor:
     """Undo the VAE's latent normalisation: z / scaling_factor + shift_factor."""
-    shift = _cfg(vae_config, "shift_factor") or 0.0
-    return latents / _cfg(vae_config, "scaling_factor") + shift
+    return L.denormalize_scale_shift(latents, vae_config)
 
 
 def decode_latents(vae, packed: torch.Tensor, latent_h: int, latent_w: int) -> torch.Tensor:
     """Packed latents [B, L, 64] -> images [B, 3, H, W] float32 in [0, 1]."""
-    z = unnormalize_latents(unpack_latents(packed, latent_h, latent_w), vae.config)
-    z = z.to(dtype=next(vae.parameters()).dtype)
-    image = vae.decode(z, return_dict=False)[0]
-    return (image.float() / 2 + 0.5).clamp(0, 1)
-
-
-def _model_dtype(module: torch.nn.Module) -> torch.dtype:
-    dtype = getattr(module, "dtype", None)
-    return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
+    return L.decode_scale_shift(vae, unpack_latents(packed, latent_h, latent_w))
 
 
 def has_guidance_embeds(transformer: torch.nn.Module) -> bool:
@@ -230,8 +175,7 @@ def predict_velocity(
         raise ValueError(
             f"batch sizes differ: latents {b}, prompt_embeds {prompt_embeds.shape[0]}, pooled {pooled.shape[0]}"
         )
-    sig = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device)
-    sig = sig.expand(b) if sig.ndim == 0 else sig.reshape(b)
+    sig = parts.per_sample_sigma(sigma, b, latents.device)
     # Same float32 arithmetic as upstream's int(sigma * 1000) / 1000 (sigma > 0, so floor == int).
     timestep = torch.floor(sig * 1000.0) / 1000.0 if quantize_timestep else sig
     guidance = torch.full((b,), float(guidance_scale), dtype=torch.float32, device=latents.device)

@@ -10,20 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from fastvideo.models.flops import (
-    TIMESTEP_PROJ_DIM,
-    VAE_16CH_CONFIG,
-    dims_from_config,
-    embedder_flops,
-    linear_flops,
-    mlp_flops,
-    qkv_attention_flops,
-    token_counts,
-)
+from fastvideo.models.flops import (HeadDims, TIMESTEP_PROJ_DIM, VAE_16CH_CONFIG, dims_from_config, embedder_flops,
+                                    linear_flops, mlp_flops, qkv_attention_flops, token_counts,
+                                    with_output_layers)
 
 
 @dataclass(frozen=True)
-class FluxDims:
+class FluxDims(HeadDims):
     """The FluxTransformer2DModel config keys that set its FLOPs (defaults: FLUX.1-dev).
 
     axes_dims_rope is not here: RoPE is element-wise and costs no matmul FLOPs.
@@ -40,18 +33,6 @@ class FluxDims:
     patch_size: int = 1
     guidance_embeds: bool = True
     mlp_ratio: float = 4.0
-
-    @property
-    def inner_dim(self) -> int:
-        return self.num_attention_heads * self.attention_head_dim
-
-    @property
-    def mlp_dim(self) -> int:
-        return int(self.inner_dim * self.mlp_ratio)
-
-    @property
-    def output_dim(self) -> int:
-        return self.patch_size * self.patch_size * (self.out_channels or self.in_channels)
 
     @classmethod
     def from_config(cls, cfg: "Mapping | FluxDims | object") -> "FluxDims":
@@ -105,10 +86,7 @@ def transformer_flops_breakdown(cfg, image_tokens: int, text_tokens: int, batch:
     parts = _embedder_flops(d, L, Lt, B)
     parts["double_blocks"] = d.num_layers * double_block_flops(d, L, Lt, B)
     parts["single_blocks"] = d.num_single_layers * single_block_flops(d, L, Lt, B)
-    parts["norm_out"] = linear_flops(B, d.inner_dim, 2 * d.inner_dim)  # AdaLayerNormContinuous: scale, shift
-    parts["proj_out"] = linear_flops(B * L, d.inner_dim, d.output_dim)  # image tokens only
-    parts["total"] = sum(parts.values())
-    return parts
+    return with_output_layers(parts, d, L, B)  # AdaLayerNormContinuous (scale, shift); proj_out on image tokens only
 
 
 def transformer_forward_flops(cfg, image_tokens: int, text_tokens: int, batch: int = 1) -> int:

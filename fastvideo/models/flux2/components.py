@@ -23,22 +23,17 @@ from pathlib import Path
 import torch
 
 from fastvideo.errors import UserError
-from fastvideo.models import qwen3_text
-from fastvideo.models.base import check_diffusers_folder
+from fastvideo.models import latents as L
+from fastvideo.models import parts, qwen3_text
 import fastvideo.models.flux2.mistral_text as mistral_text
 from fastvideo.models.flux2.mistral_text import MistralEncoder
+from fastvideo.models.parts import model_dtype as _model_dtype
 from fastvideo.models.qwen3_text import TextEncoder
 
 # Flux2KleinPipeline's encode_prompt defaults (diffusers 0.42.1 pipeline_flux2_klein.py).
 TEXT_LAYERS = (9, 18, 27)
 DEFAULT_GUIDANCE = 4.0  # the pipeline's guidance_scale default (true CFG on a base checkpoint)
-REQUIRED_FILES = {
-    "transformer": ["config.json"],
-    "vae": ["config.json"],
-    "text_encoder": ["config.json"],
-    "tokenizer": [],
-    "scheduler": ["scheduler_config.json"],
-}
+REQUIRED_FILES = parts.ONE_ENCODER_FILES
 FLUX2_DOWNLOAD_HINT = (
     "Put a diffusers-layout FLUX.2 folder there (for example the black-forest-labs/FLUX.2-klein-base-4B "
     "repository, downloaded to data/flux2, or FLUX.2-dev to data/flux2_dev), or build a tiny test model with "
@@ -52,10 +47,8 @@ class Flux2FolderError(UserError, FileNotFoundError):
     """A FLUX.2 model folder is missing, incomplete or not what the flags say."""
 
 
-def check_flux2_folder(path: str | Path, components: tuple[str, ...] | None = None) -> Path:
-    """Raise Flux2FolderError naming every missing piece of ``path``'s ``components`` (default all)."""
-    return check_diffusers_folder(path, REQUIRED_FILES, FLUX2_DOWNLOAD_HINT, Flux2FolderError,
-                                  "FLUX.2 model folder", components)
+check_flux2_folder = parts.folder_checker(REQUIRED_FILES, FLUX2_DOWNLOAD_HINT, Flux2FolderError,
+                                          "FLUX.2 model folder")
 
 
 def _model_index(root: str | Path) -> dict | None:
@@ -94,30 +87,16 @@ def adapt_for_device(transformer, device) -> None:
     """On an NPU: the fused RMSNorm kernel for FLUX.2's q/k norms (torch.nn.RMSNorm; npu_ops swaps
     every RMS norm). FLUX.2's RoPE already avoids float64 there (diffusers downcasts it for NPU
     tensors) and its attention goes through diffusers' dispatcher (SDPA). Elsewhere nothing."""
-    from fastvideo import devices
-
-    if devices.is_npu(device):
-        from fastvideo.models import npu_ops
-
-        npu_ops.maybe_adapt_for_npu(transformer, device)
+    parts.adapt_for_npu(transformer, device)
 
 
 def load_transformer(root, subfolder, device, dtype):
-    from diffusers import Flux2Transformer2DModel
-
-    if subfolder is not None:
-        check_flux2_folder(root, (subfolder,))
-    model = Flux2Transformer2DModel.from_pretrained(root, subfolder=subfolder, torch_dtype=dtype).to(device)
-    adapt_for_device(model, device)
-    return model
+    return parts.load_transformer("Flux2Transformer2DModel", check_flux2_folder, adapt_for_device, root, subfolder,
+                                  device, dtype)
 
 
 def load_vae(path, device="cpu", dtype=torch.float32):
-    from diffusers import AutoencoderKLFlux2
-
-    root = check_flux2_folder(path, ("vae",))
-    vae = AutoencoderKLFlux2.from_pretrained(root, subfolder="vae", torch_dtype=dtype)
-    return vae.requires_grad_(False).eval().to(device)
+    return parts.load_vae("AutoencoderKLFlux2", check_flux2_folder, path, device, dtype)
 
 
 def load_text_encoder(path, device="cpu", dtype=torch.float32) -> TextEncoder | MistralEncoder:
@@ -144,23 +123,18 @@ def encode_prompts(enc: TextEncoder | MistralEncoder, prompts: list[str], max_se
 
 
 # ---------------------------------------------------------------- geometry
-def _cfg(config, key, default=None):
-    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+_cfg = parts.cfg
 
 
 def grid_hw(height: int, width: int, scale: int = 8) -> tuple[int, int]:
     """The token grid of an image: one token per 2x2 patch of VAE latent cells."""
-    if height % (2 * scale) or width % (2 * scale):
-        raise ValueError(f"image size {height}x{width} must be a multiple of {2 * scale} on both sides")
-    return height // (2 * scale), width // (2 * scale)
+    return L.token_grid_hw(height, width, scale)
 
 
 def image_ids(grid_h: int, grid_w: int, device=None) -> torch.Tensor:
     """[h w, 4] (t, row, column, l) = (0, i, j, 0) in row-major order (Flux2KleinPipeline._prepare_latent_ids)."""
-    rows = torch.arange(grid_h, device=device).repeat_interleave(grid_w)
-    cols = torch.arange(grid_w, device=device).repeat(grid_h)
-    zeros = torch.zeros_like(rows)
-    return torch.stack([zeros, rows, cols, zeros], dim=-1)
+    ids = L.positions(1, grid_h, grid_w, device=device, dtype=torch.long)
+    return torch.cat([ids, torch.zeros_like(ids[:, :1])], dim=-1)
 
 
 def text_ids(length: int, device=None) -> torch.Tensor:
@@ -172,17 +146,12 @@ def text_ids(length: int, device=None) -> torch.Tensor:
 
 def to_grid(x: torch.Tensor, grid_h: int, grid_w: int) -> torch.Tensor:
     """Tokens [B, h w, C] -> [B, C, h, w] (the inverse of the pipeline's _pack_latents)."""
-    b, length, c = x.shape
-    if length != grid_h * grid_w:
-        raise ValueError(f"{length} tokens do not make a {grid_h}x{grid_w} grid")
-    return x.transpose(1, 2).reshape(b, c, grid_h, grid_w)
+    return L.from_tokens(x, grid_h, grid_w)
 
 
 def unpatchify(z: torch.Tensor) -> torch.Tensor:
     """[B, 4C, h, w] -> [B, C, 2h, 2w]: channel c*4 + 2i + j goes to pixel (2y + i, 2x + j)."""
-    b, c4, h, w = z.shape
-    z = z.reshape(b, c4 // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3)
-    return z.reshape(b, c4 // 4, 2 * h, 2 * w)
+    return L.unpatchify_image(z)
 
 
 def empirical_mu(image_seq_len: int, num_steps: int) -> float:
@@ -207,11 +176,6 @@ def schedule_shift(height: int, width: int, steps: int) -> float:
 
 
 # ---------------------------------------------------------------- velocity and decode
-def _model_dtype(module: torch.nn.Module) -> torch.dtype:
-    dtype = getattr(module, "dtype", None)
-    return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
-
-
 def _config(transformer):
     return getattr(transformer, "module", transformer).config
 
@@ -220,9 +184,7 @@ def timesteps(sigma, batch: int, device, quantize: bool) -> torch.Tensor:
     """The transformer's timestep [B] float32 (it multiplies by 1000 itself): the pipeline's scheduler
     timestep 1000 sigma divided by 1000 again (its rounding, bit for bit), or floor(1000 sigma) / 1000
     with ``quantize`` (DanceGRPO's convention)."""
-    sig = torch.as_tensor(sigma, dtype=torch.float32, device=device)
-    sig = sig.expand(batch) if sig.ndim == 0 else sig.reshape(batch)
-    t = sig * 1000.0
+    t = parts.per_sample_sigma(sigma, batch, device) * 1000.0
     return (torch.floor(t) if quantize else t) / 1000.0
 
 
@@ -259,17 +221,13 @@ def predict_velocity(transformer, x, sigma, embeds, neg_embeds, img_ids, guidanc
 
 def latent_statistics(vae) -> tuple[torch.Tensor, torch.Tensor]:
     """The VAE's batch-norm running mean and std (sqrt(var + eps)) of the patched latents, [1, 4C, 1, 1]."""
-    bn = vae.bn
-    mean = bn.running_mean.view(1, -1, 1, 1)
-    std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + _cfg(vae.config, "batch_norm_eps"))
-    return mean, std
+    return L.batch_norm_stats(vae, ndim=4)
 
 
 def decode_latents(vae, x: torch.Tensor, grid_h: int, grid_w: int) -> torch.Tensor:
     """Tokens [B, L, 4C] -> images [B, 3, H, W] float32 in [0, 1]: the batch-norm statistics undone,
     the 2x2 patches unfolded, the VAE decoder (as the pipeline's non-latent output path)."""
     z = to_grid(x, grid_h, grid_w)
-    mean, std = latent_statistics(vae)
-    z = z * std.to(z.device, z.dtype) + mean.to(z.device, z.dtype)
+    z = L.denormalize_batch_norm(z, *latent_statistics(vae))
     image = vae.decode(unpatchify(z).to(_model_dtype(vae)), return_dict=False)[0]
-    return (image.float() / 2 + 0.5).clamp(0, 1)
+    return L.to_unit_range(image)

@@ -12,18 +12,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from fastvideo.models.flops import (
-    TIMESTEP_PROJ_DIM,
-    dims_from_config,
-    embedder_flops,
-    linear_flops,
-    qkv_attention_flops,
-    token_counts,
-)
+from fastvideo.models.flops import (HeadDims, TIMESTEP_PROJ_DIM, dims_from_config, embedder_flops, linear_flops,
+                                    qkv_attention_flops, token_counts, vae_decoder_config,
+                                    with_output_layers)
 
 
 @dataclass(frozen=True)
-class Flux2Dims:
+class Flux2Dims(HeadDims):
     """The Flux2Transformer2DModel config keys that set its FLOPs (defaults: FLUX.2 [klein] 4B's, but
     guidance_embeds: diffusers' default True, which FLUX.2-dev's config.json leaves to it)."""
 
@@ -38,18 +33,6 @@ class Flux2Dims:
     mlp_ratio: float = 3.0
     guidance_embeds: bool = True
     timestep_guidance_channels: int = TIMESTEP_PROJ_DIM
-
-    @property
-    def inner_dim(self) -> int:
-        return self.num_attention_heads * self.attention_head_dim
-
-    @property
-    def mlp_dim(self) -> int:
-        return int(self.inner_dim * self.mlp_ratio)
-
-    @property
-    def output_dim(self) -> int:
-        return self.patch_size * self.patch_size * (self.out_channels or self.in_channels)
 
     @classmethod
     def from_config(cls, cfg) -> "Flux2Dims":
@@ -108,11 +91,8 @@ def transformer_flops_breakdown(cfg, image_tokens: int, text_tokens: int, batch:
         "modulation": linear_flops(B, D, 15 * D),
         "double_blocks": d.num_layers * double_block_flops(d, L, Lt, B),
         "single_blocks": d.num_single_layers * single_block_flops(d, L, Lt, B),
-        "norm_out": linear_flops(B, D, 2 * D),
-        "proj_out": linear_flops(B * L, D, d.output_dim),
     }
-    parts["total"] = sum(parts.values())
-    return parts
+    return with_output_layers(parts, d, L, B)
 
 
 def transformer_backward_flops(cfg, image_tokens: int, text_tokens: int, batch: int = 1) -> int:
@@ -128,11 +108,4 @@ def transformer_backward_flops(cfg, image_tokens: int, text_tokens: int, batch: 
 
 # FLUX.2's VAE (AutoencoderKLFlux2): the decoder keys that set its FLOPs and memory (32 latent
 # channels; the same Decoder as FLUX.1's AutoencoderKL otherwise).
-FLUX2_VAE_CONFIG = {
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "latent_channels": 32,
-    "out_channels": 3,
-    "mid_block_add_attention": True,
-    "use_post_quant_conv": True,
-}
+FLUX2_VAE_CONFIG = vae_decoder_config(32, use_post_quant_conv=True)

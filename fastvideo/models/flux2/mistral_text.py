@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from fastvideo.models.parts import EncoderHandle
+
 # Flux2Pipeline's text_encoder_out_layers default and its SYSTEM_MESSAGE (diffusers 0.42.1
 # pipelines/flux2/system_messages.py, from black-forest-labs/flux2's src/flux2/system_messages.py).
 TEXT_LAYERS = (10, 20, 30)
@@ -28,19 +30,11 @@ SYSTEM_MESSAGE = ("You are an AI that reasons about image descriptions. You give
 
 
 @dataclass
-class MistralEncoder:
+class MistralEncoder(EncoderHandle):
     """The Mistral decoder (its hidden states) and the PixtralProcessor that tokenises for it."""
 
     processor: object
     model: torch.nn.Module
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.model.config.hidden_size)
 
 
 def load_text_encoder(root: str | Path, device="cpu", dtype=torch.float32) -> MistralEncoder:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 import fastvideo.models.flux.components as C
+from fastvideo.models import latents as L
 
 
 @dataclass
@@ -44,9 +45,9 @@ def encode_source_latents(vae, pixels: torch.Tensor) -> tuple[torch.Tensor, torc
     dtype = next(vae.parameters()).dtype
     x = (pixels.to(dtype) * 2.0 - 1.0)  # VaeImageProcessor.normalize
     z = vae.encode(x).latent_dist.mode()
-    z = (z - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor
+    z = L.normalize_scale_shift(z, vae.config)
     lat_h, lat_w = z.shape[-2:]
-    return C.pack_latents(z), source_ids(lat_h, lat_w, device=z.device, dtype=z.dtype)
+    return L.pack_image(z), source_ids(lat_h, lat_w, device=z.device, dtype=z.dtype)
 
 
 def kontext_velocity(transformer, x: torch.Tensor, sigma, cond, image_ids: torch.Tensor, guidance_scale: float,

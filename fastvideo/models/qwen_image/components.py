@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from fastvideo.errors import UserError
-from fastvideo.models.base import check_diffusers_folder
-# FLUX.1's 2x2 packing (QwenImagePipeline's _pack_latents / _unpack_latents are FLUX's, with a frame axis of 1).
-from fastvideo.models.flux.components import latent_hw, pack_latents, unpack_latents  # noqa: F401
+from fastvideo.models import latents as L
+from fastvideo.models import parts
+from fastvideo.models.latents import latent_hw  # noqa: F401 (the family's C.latent_hw)
+from fastvideo.models.parts import model_dtype as _model_dtype
+
+# QwenImagePipeline's _pack_latents / _unpack_latents are FLUX.1's 2x2 packing with a frame axis of 1.
+pack_latents, unpack_latents = L.pack_image, L.unpack_image
 
 # QwenImagePipeline's constants (diffusers 0.42.1 pipeline_qwenimage.py).
 PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
@@ -42,31 +45,17 @@ NEGATIVE_PROMPT = " "
 # so that the last non-zero one is this (FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal).
 SCHEDULER_SHIFT_TERMINAL = 0.02
 SCHEDULER_SHIFT_DEFAULTS = {"base_image_seq_len": 256, "max_image_seq_len": 8192, "base_shift": 0.5, "max_shift": 0.9}
-REQUIRED_FILES = {
-    "transformer": ["config.json"],
-    "vae": ["config.json"],
-    "text_encoder": ["config.json"],
-    "tokenizer": [],
-    "scheduler": ["scheduler_config.json"],
-}
-QWEN_IMAGE_DOWNLOAD_HINT = (
-    "Put a diffusers-layout Qwen-Image folder there (for example the Qwen/Qwen-Image repository, downloaded to "
-    "data/qwen_image), or build a tiny test model with `python -m fastvideo.tools.make_tiny_qwen_image data/qwen_image`."
-)
+REQUIRED_FILES = parts.ONE_ENCODER_FILES
+QWEN_IMAGE_DOWNLOAD_HINT = parts.download_hint("Qwen-Image", "Qwen/Qwen-Image", "qwen_image")
 
 
 class QwenImageFolderError(UserError, FileNotFoundError):
     """A Qwen-Image model folder is missing, incomplete or not what the flags say."""
 
 
-def check_qwen_image_folder(path: str | Path, components: tuple[str, ...] | None = None) -> Path:
-    """Raise QwenImageFolderError naming every missing piece of ``path``'s ``components`` (default all)."""
-    return check_diffusers_folder(path, REQUIRED_FILES, QWEN_IMAGE_DOWNLOAD_HINT, QwenImageFolderError,
-                                  "Qwen-Image model folder", components)
-
-
-def _cfg(config, key, default=None):
-    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+check_qwen_image_folder = parts.folder_checker(REQUIRED_FILES, QWEN_IMAGE_DOWNLOAD_HINT, QwenImageFolderError,
+                                               "Qwen-Image model folder")
+_cfg = parts.cfg
 
 
 # ---------------------------------------------------------------- loading
@@ -74,50 +63,27 @@ def adapt_for_device(transformer, device) -> None:
     """On an NPU: npu_ops' fused RMSNorm for every RMS norm (the q/k norms of both streams, the text
     norm), and the attention processor with real-arithmetic RoPE and the device adapter's attention
     (qwen_image.npu). Elsewhere nothing."""
-    from fastvideo import devices
+    from fastvideo.models.qwen_image.npu import adapt_qwen_image_for_npu  # here: it imports diffusers
 
-    if devices.is_npu(device):
-        from fastvideo.models import npu_ops
-        from fastvideo.models.qwen_image.npu import adapt_qwen_image_for_npu
-
-        npu_ops.maybe_adapt_for_npu(transformer, device)
-        adapt_qwen_image_for_npu(transformer)
+    parts.adapt_for_npu(transformer, device, adapt_qwen_image_for_npu)
 
 
 def load_transformer(root, subfolder, device, dtype):
-    from diffusers import QwenImageTransformer2DModel
-
-    if subfolder is not None:
-        check_qwen_image_folder(root, (subfolder,))
-    model = QwenImageTransformer2DModel.from_pretrained(root, subfolder=subfolder, torch_dtype=dtype).to(device)
-    adapt_for_device(model, device)
-    return model
+    return parts.load_transformer("QwenImageTransformer2DModel", check_qwen_image_folder, adapt_for_device, root,
+                                  subfolder, device, dtype)
 
 
 def load_vae(path, device="cpu", dtype=torch.float32):
-    from diffusers import AutoencoderKLQwenImage
-
-    root = check_qwen_image_folder(path, ("vae",))
-    vae = AutoencoderKLQwenImage.from_pretrained(root, subfolder="vae", torch_dtype=dtype)
-    return vae.requires_grad_(False).eval().to(device)
+    return parts.load_vae("AutoencoderKLQwenImage", check_qwen_image_folder, path, device, dtype)
 
 
 @dataclass
-class TextEncoder:
+class TextEncoder(parts.EncoderHandle):
     """Qwen2.5-VL (the whole Qwen2_5_VLForConditionalGeneration the pipeline runs: its multimodal RoPE
-    positions come from the attention mask there) and its tokenizer."""
+    positions come from the attention mask there; hidden_size: its text_config's) and its tokenizer."""
 
     tokenizer: object
     model: torch.nn.Module
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def hidden_size(self) -> int:
-        config = self.model.config
-        return int(getattr(getattr(config, "text_config", config), "hidden_size"))
 
 
 def load_text_encoder(path, device="cpu", dtype=torch.float32) -> TextEncoder:
@@ -184,17 +150,10 @@ def scheduler_shift(scheduler_config: dict, height: int, width: int) -> float:
 
 
 # ---------------------------------------------------------------- velocity and decode
-def _model_dtype(module: torch.nn.Module) -> torch.dtype:
-    dtype = getattr(module, "dtype", None)
-    return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
-
-
 def timesteps(sigma, batch: int, device, quantize: bool = False) -> torch.Tensor:
     """The transformer's timestep [B] float32: the scheduler's timestep 1000 sigma divided by 1000, as
     the pipeline passes it, or floor(1000 sigma) / 1000 with ``quantize`` (DanceGRPO's convention)."""
-    sig = torch.as_tensor(sigma, dtype=torch.float32, device=device)
-    sig = sig.expand(batch) if sig.ndim == 0 else sig.reshape(batch)
-    t = sig * 1000.0
+    t = parts.per_sample_sigma(sigma, batch, device) * 1000.0
     return (torch.floor(t) if quantize else t) / 1000.0
 
 
@@ -247,11 +206,6 @@ def predict_velocity(transformer, x, sigma, embeds, mask, neg_embeds, neg_mask, 
 def decode_latents(vae, packed: torch.Tensor, latent_h: int, latent_w: int) -> torch.Tensor:
     """Packed latents [B, L, 64] -> images [B, 3, H, W] float32 in [0, 1], as the pipeline's decode:
     z / (1 / latents_std) + latents_mean on the one-frame grid [B, 16, 1, h, w], the decoder, frame 0."""
-    z = unpack_latents(packed, latent_h, latent_w).unsqueeze(2)
-    vae_dtype = next(vae.parameters()).dtype
-    z = z.to(vae_dtype)
-    channels = int(vae.config.z_dim)
-    mean = torch.tensor(vae.config.latents_mean).view(1, channels, 1, 1, 1).to(z.device, z.dtype)
-    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, channels, 1, 1, 1).to(z.device, z.dtype)
-    image = vae.decode(z / inv_std + mean, return_dict=False)[0][:, :, 0]
-    return (image.float() / 2 + 0.5).clamp(0, 1)
+    z = L.unpack(packed, 1, latent_h, latent_w).to(next(vae.parameters()).dtype)
+    z = L.denormalize_mean_std(z, vae.config.latents_mean, vae.config.latents_std)
+    return L.to_unit_range(vae.decode(z, return_dict=False)[0][:, :, 0])

@@ -14,19 +14,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from fastvideo.models.flops import (
-    TIMESTEP_PROJ_DIM,
-    dims_from_config,
-    embedder_flops,
-    linear_flops,
-    mlp_flops,
-    qkv_attention_flops,
-    token_counts,
-)
+from fastvideo.models.flops import (HeadDims, TIMESTEP_PROJ_DIM, dims_from_config, embedder_flops, linear_flops,
+                                    mlp_flops, qkv_attention_flops, token_counts,
+                                    with_output_layers)
 
 
 @dataclass(frozen=True)
-class QwenImageDims:
+class QwenImageDims(HeadDims):
     """The QwenImageTransformer2DModel config keys that set its FLOPs (defaults: Qwen-Image 20B, the
     Qwen/Qwen-Image transformer/config.json)."""
 
@@ -39,14 +33,6 @@ class QwenImageDims:
     joint_attention_dim: int = 3584  # Qwen2.5-VL-7B's hidden size
     guidance_embeds: bool = False
     axes_dims_rope: tuple = (16, 56, 56)
-
-    @property
-    def inner_dim(self) -> int:
-        return self.num_attention_heads * self.attention_head_dim
-
-    @property
-    def output_dim(self) -> int:
-        return self.patch_size * self.patch_size * self.out_channels
 
     @classmethod
     def from_config(cls, cfg) -> "QwenImageDims":
@@ -82,11 +68,8 @@ def transformer_flops_breakdown(cfg, image_tokens: int, text_tokens: int, batch:
         "txt_in": linear_flops(B * Lt, d.joint_attention_dim, D),
         "time_embedder": embedder_flops(B, TIMESTEP_PROJ_DIM, D),
         "transformer_blocks": d.num_layers * block_flops(d, L, Lt, B),
-        "norm_out": linear_flops(B, D, 2 * D),
-        "proj_out": linear_flops(B * L, D, d.output_dim),
     }
-    parts["total"] = sum(parts.values())
-    return parts
+    return with_output_layers(parts, d, L, B)
 
 
 def transformer_backward_flops(cfg, image_tokens: int, text_tokens: int, batch: int = 1) -> int:

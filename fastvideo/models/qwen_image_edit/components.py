@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 import fastvideo.models.qwen_image.components as QC
+from fastvideo.models import latents as L
 from fastvideo.models.base import EmbeddingShapeError
 
 # QwenImageEditPlusPipeline's constants (diffusers 0.42.1 pipeline_qwenimage_edit_plus.py).
@@ -114,10 +115,7 @@ def encode_source_latents(vae, vae_pixels: torch.Tensor) -> torch.Tensor:
     the pipeline's _encode_vae_image (the distribution's mode) and _pack_latents."""
     dtype = next(vae.parameters()).dtype
     z = vae.encode(vae_pixels.to(dtype).unsqueeze(2)).latent_dist.mode()
-    c = int(vae.config.z_dim)
-    mean = torch.tensor(vae.config.latents_mean).view(1, c, 1, 1, 1).to(z.device, z.dtype)
-    std = torch.tensor(vae.config.latents_std).view(1, c, 1, 1, 1).to(z.device, z.dtype)
-    return QC.pack_latents(((z - mean) / std)[:, :, 0])
+    return L.pack(L.normalize_mean_std(z, vae.config.latents_mean, vae.config.latents_std))
 
 
 def _to_pils(pixels: torch.Tensor) -> list:

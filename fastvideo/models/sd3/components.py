@@ -12,52 +12,32 @@ prompt_embeds [B, 77 + L, 4096]; pooled: the two CLIP projections [B, 768 + 1280
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from fastvideo.errors import UserError
-from fastvideo.models.base import check_diffusers_folder
+from fastvideo.models import latents as L
+from fastvideo.models import parts
+from fastvideo.models.latents import latent_hw  # noqa: F401 (the family's C.latent_hw)
+from fastvideo.models.parts import model_dtype as _model_dtype
 
 CLIP_TOKENS = 77  # both CLIP tokenizers' model_max_length; SD3's prompt embedding starts with them
-REQUIRED_FILES = {
-    "transformer": ["config.json"],
-    "vae": ["config.json"],
-    "text_encoder": ["config.json"],
-    "tokenizer": [],
-    "text_encoder_2": ["config.json"],
-    "tokenizer_2": [],
-    "text_encoder_3": ["config.json"],
-    "tokenizer_3": [],
-    "scheduler": ["scheduler_config.json"],
-}
-SD3_DOWNLOAD_HINT = (
-    "Put a diffusers-layout SD3.5 folder there (for example the stabilityai/stable-diffusion-3.5-medium "
-    "repository, downloaded to data/sd3), or build a tiny test model with "
-    "`python -m fastvideo.tools.make_tiny_sd3 data/sd3`."
-)
+REQUIRED_FILES = parts.required_files(3)
+SD3_DOWNLOAD_HINT = parts.download_hint("SD3.5", "stabilityai/stable-diffusion-3.5-medium", "sd3")
 
 
 class SD3FolderError(UserError, FileNotFoundError):
     """An SD3 model folder is missing or incomplete."""
 
 
-def check_sd3_folder(path: str | Path, components: tuple[str, ...] | None = None) -> Path:
-    """Raise SD3FolderError naming every missing piece of ``path``'s ``components`` (default all)."""
-    return check_diffusers_folder(path, REQUIRED_FILES, SD3_DOWNLOAD_HINT, SD3FolderError, "SD3 model folder",
-                                  components)
+check_sd3_folder = parts.folder_checker(REQUIRED_FILES, SD3_DOWNLOAD_HINT, SD3FolderError, "SD3 model folder")
 
 
 def adapt_for_device(transformer, device) -> None:
     """On an NPU: the fused RMSNorm kernel for SD3.5's q/k norms (npu_ops swaps every RMS norm, of
     either class; SD3.5's are diffusers' RMSNorm on both library lines, and SD3 has no RoPE and no
     FLUX processor, so nothing else changes). Elsewhere nothing."""
-    from fastvideo import devices
-
-    if devices.is_npu(device):
-        from fastvideo.models import npu_ops
-
-        npu_ops.maybe_adapt_for_npu(transformer, device)
+    parts.adapt_for_npu(transformer, device)
 
 
 def load_transformer(root, subfolder, device, dtype):
@@ -73,10 +53,7 @@ def load_transformer(root, subfolder, device, dtype):
 
 
 def load_vae(path, device="cpu", dtype=torch.float32):
-    from diffusers import AutoencoderKL
-
-    vae = AutoencoderKL.from_pretrained(check_sd3_folder(path, ("vae",)), subfolder="vae", torch_dtype=dtype)
-    return vae.requires_grad_(False).eval().to(device)
+    return parts.load_vae("AutoencoderKL", check_sd3_folder, path, device, dtype)
 
 
 @dataclass
@@ -131,41 +108,23 @@ def encode_prompts(enc: TextEncoders, prompts: list[str], max_sequence_length: i
     return torch.cat([clip, t5.to(clip.dtype)], dim=-2), torch.cat([pool_l, pool_g], dim=-1)
 
 
-def _cfg(config, key, default=None):
-    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
-
-
-def latent_hw(height: int, width: int, scale: int = 8) -> tuple[int, int]:
-    """Latent grid of an image; both sides multiples of 2 * scale (the transformer's 2x2 patches)."""
-    if height % (2 * scale) or width % (2 * scale):
-        raise ValueError(f"image size {height}x{width} must be a multiple of {2 * scale} on both sides")
-    return height // scale, width // scale
+_cfg = parts.cfg
 
 
 def to_grid(x: torch.Tensor, latent_h: int, latent_w: int) -> torch.Tensor:
     """Channels-last latents [B, h*w, C] -> the VAE/transformer layout [B, C, h, w]."""
-    b, length, c = x.shape
-    if length != latent_h * latent_w:
-        raise ValueError(f"{length} latent cells do not make a {latent_h}x{latent_w} grid")
-    return x.transpose(1, 2).reshape(b, c, latent_h, latent_w)
+    return L.from_tokens(x, latent_h, latent_w)
 
 
 def from_grid(z: torch.Tensor) -> torch.Tensor:
     """[B, C, h, w] -> [B, h*w, C]; the inverse of to_grid."""
-    return z.flatten(2).transpose(1, 2)
-
-
-def _model_dtype(module: torch.nn.Module) -> torch.dtype:
-    dtype = getattr(module, "dtype", None)
-    return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
+    return L.to_tokens(z)
 
 
 def timesteps(sigma, batch: int, device, quantize: bool) -> torch.Tensor:
     """The transformer's timestep [B] float32: 1000 sigma (StableDiffusion3Pipeline's scheduler
     timesteps, Flow-GRPO), or floor(1000 sigma) with ``quantize`` (DanceGRPO's convention)."""
-    sig = torch.as_tensor(sigma, dtype=torch.float32, device=device)
-    sig = sig.expand(batch) if sig.ndim == 0 else sig.reshape(batch)
-    t = sig * 1000.0
+    t = parts.per_sample_sigma(sigma, batch, device) * 1000.0
     return torch.floor(t) if quantize else t
 
 
@@ -203,7 +162,4 @@ def predict_velocity(transformer, x, sigma, embeds, pooled, neg_embeds, neg_pool
 
 def decode_latents(vae, x: torch.Tensor, latent_h: int, latent_w: int) -> torch.Tensor:
     """Channels-last latents [B, L, 16] -> images [B, 3, H, W] float32 in [0, 1] (z / scaling + shift)."""
-    z = to_grid(x, latent_h, latent_w)
-    z = z / _cfg(vae.config, "scaling_factor") + (_cfg(vae.config, "shift_factor") or 0.0)
-    image = vae.decode(z.to(_model_dtype(vae)), return_dict=False)[0]
-    return (image.float() / 2 + 0.5).clamp(0, 1)
+    return L.decode_scale_shift(vae, to_grid(x, latent_h, latent_w))

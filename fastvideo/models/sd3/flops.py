@@ -8,20 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastvideo.models.flops import (
-    TIMESTEP_PROJ_DIM,
-    VAE_16CH_CONFIG,
-    dims_from_config,
-    embedder_flops,
-    linear_flops,
-    mlp_flops,
-    qkv_attention_flops,
-    token_counts,
-)
+from fastvideo.models.flops import (HeadDims, TIMESTEP_PROJ_DIM, VAE_16CH_CONFIG, dims_from_config, embedder_flops,
+                                    linear_flops, mlp_flops, qkv_attention_flops, token_counts,
+                                    with_output_layers)
 
 
 @dataclass(frozen=True)
-class SD3Dims:
+class SD3Dims(HeadDims):
     """The SD3Transformer2DModel config keys that set its FLOPs (defaults: SD3.5-Medium)."""
 
     num_layers: int = 24
@@ -34,10 +27,6 @@ class SD3Dims:
     out_channels: int = 16
     patch_size: int = 2
     dual_attention_layers: tuple = tuple(range(13))
-
-    @property
-    def inner_dim(self) -> int:
-        return self.num_attention_heads * self.attention_head_dim
 
     @classmethod
     def from_config(cls, cfg) -> "SD3Dims":
@@ -74,11 +63,8 @@ def transformer_flops_breakdown(cfg, image_tokens: int, text_tokens: int, batch:
         "time_embedder": embedder_flops(B, TIMESTEP_PROJ_DIM, D),
         "text_embedder": embedder_flops(B, d.pooled_projection_dim, D),
         "blocks": sum(joint_block_flops(d, i, L, Lt, B) for i in range(d.num_layers)),
-        "norm_out": linear_flops(B, D, 2 * D),
-        "proj_out": linear_flops(B * L, D, p * p * d.out_channels),
     }
-    parts["total"] = sum(parts.values())
-    return parts
+    return with_output_layers(parts, d, L, B)  # proj_out: D -> p * p * out_channels
 
 
 def transformer_backward_flops(cfg, image_tokens: int, text_tokens: int, batch: int = 1) -> int:

@@ -5,10 +5,8 @@ and dual (image-only) attention runs through :class:`SD3SequenceParallelProcesso
 
 from __future__ import annotations
 
-import torch
-
 from fastvideo.distributed.sequence_parallel import SequenceParallelPlan, SequenceShard
-from fastvideo.models.npu_ops import attention_bnsd, qkv_heads
+from fastvideo.models.npu_ops import attention_bnsd, joint_qkv
 
 
 class SD3SequenceParallelProcessor:
@@ -23,12 +21,7 @@ class SD3SequenceParallelProcessor:
         image-only attention). Returns [B, L/N, C] (and [B, S_text, C])."""
         if attention_mask is not None:
             raise ValueError("SD3 sequence parallelism takes no attention mask")
-        q, k, v = qkv_heads(attn, hidden_states, context=False)
-        text = 0
-        if encoder_hidden_states is not None:
-            cq, ck, cv = qkv_heads(attn, encoder_hidden_states, context=True)
-            text = cq.shape[2]
-            q, k, v = (torch.cat(pair, dim=2) for pair in ((q, cq), (k, ck), (v, cv)))
+        q, k, v, text = joint_qkv(attn, hidden_states, encoder_hidden_states, text_first=False)
         out = self.shard.attention(q, k, v, text, text_first=False, attend=attention_bnsd)
         out = out.transpose(1, 2).flatten(2).to(q.dtype)  # [B, S, H*D]
         image, context = out[:, :hidden_states.shape[1]], out[:, hidden_states.shape[1]:]

@@ -24,70 +24,48 @@ from pathlib import Path
 import torch
 
 from fastvideo.errors import UserError
-from fastvideo.models import qwen3_text
-from fastvideo.models.base import check_diffusers_folder
-# FLUX.1's 16-channel VAE and 2x2 packing: decode_latents (z / scaling_factor + shift_factor, the
-# decoder, as the pipeline's non-latent path) is re-exported as this family's.
-# latent_hw: the VAE grid of an image, both sides multiples of 16 (the pipeline's rule too).
-from fastvideo.models.flux.components import decode_latents, latent_hw, pack_latents, unpack_latents  # noqa: F401
+from fastvideo.models import latents as L
+from fastvideo.models import parts, qwen3_text
+from fastvideo.models.latents import latent_hw  # noqa: F401 (the family's C.latent_hw: both sides multiples of 16)
+from fastvideo.models.parts import model_dtype as _model_dtype
 from fastvideo.models.qwen3_text import TextEncoder
+
+# The sampler holds FLUX.1's 2x2-patch tokens; decode is FLUX.1's (the same 16-channel AutoencoderKL:
+# z / scaling_factor + shift_factor, the decoder, as the pipeline's non-latent path).
+pack_latents, unpack_latents = L.pack_image, L.unpack_image
 
 # ZImagePipeline's defaults (diffusers 0.42.1 pipeline_z_image.py).
 HIDDEN_LAYER = -2  # encode_prompt reads hidden_states[-2]
 DEFAULT_GUIDANCE = 5.0  # __call__'s guidance_scale; guidance is on for any scale > 0
 SEQUENCE_MULTIPLE = 32  # transformer_z_image.SEQ_MULTI_OF: the forward pads each stream to a multiple of it
-REQUIRED_FILES = {
-    "transformer": ["config.json"],
-    "vae": ["config.json"],
-    "text_encoder": ["config.json"],
-    "tokenizer": [],
-    "scheduler": ["scheduler_config.json"],
-}
-ZIMAGE_DOWNLOAD_HINT = (
-    "Put a diffusers-layout Z-Image folder there (for example the Tongyi-MAI/Z-Image repository, "
-    "downloaded to data/zimage), or build a tiny test model with `python -m fastvideo.tools.make_tiny_zimage data/zimage`."
-)
+REQUIRED_FILES = parts.ONE_ENCODER_FILES
+ZIMAGE_DOWNLOAD_HINT = parts.download_hint("Z-Image", "Tongyi-MAI/Z-Image", "zimage")
 
 
 class ZImageFolderError(UserError, FileNotFoundError):
     """A Z-Image model folder is missing, incomplete or not what the flags say."""
 
 
-def check_zimage_folder(path: str | Path, components: tuple[str, ...] | None = None) -> Path:
-    """Raise ZImageFolderError naming every missing piece of ``path``'s ``components`` (default all)."""
-    return check_diffusers_folder(path, REQUIRED_FILES, ZIMAGE_DOWNLOAD_HINT, ZImageFolderError,
-                                  "Z-Image model folder", components)
+check_zimage_folder = parts.folder_checker(REQUIRED_FILES, ZIMAGE_DOWNLOAD_HINT, ZImageFolderError,
+                                           "Z-Image model folder")
+
+
+def load_transformer(root, subfolder, device, dtype):
+    return parts.load_transformer("ZImageTransformer2DModel", check_zimage_folder, adapt_for_device, root,
+                                  subfolder, device, dtype)
+
+
+def load_vae(path, device="cpu", dtype=torch.float32):
+    return parts.load_vae("AutoencoderKL", check_zimage_folder, path, device, dtype)
 
 
 def adapt_for_device(transformer, device) -> None:
     """On an NPU: npu_ops' fused RMSNorm for every RMS norm (the blocks' four norms, q/k norms, the
     caption embedder's), Z-Image's RoPE in real arithmetic and its masked attention through the
     device adapter. Elsewhere nothing."""
-    from fastvideo import devices
+    from fastvideo.models.zimage.npu import adapt_zimage_for_npu  # here: it imports diffusers
 
-    if devices.is_npu(device):
-        from fastvideo.models import npu_ops
-
-        npu_ops.maybe_adapt_for_npu(transformer, device)
-        npu_ops.adapt_zimage_for_npu(transformer)
-
-
-def load_transformer(root, subfolder, device, dtype):
-    from diffusers import ZImageTransformer2DModel
-
-    if subfolder is not None:
-        check_zimage_folder(root, (subfolder,))
-    model = ZImageTransformer2DModel.from_pretrained(root, subfolder=subfolder, torch_dtype=dtype).to(device)
-    adapt_for_device(model, device)
-    return model
-
-
-def load_vae(path, device="cpu", dtype=torch.float32):
-    from diffusers import AutoencoderKL
-
-    root = check_zimage_folder(path, ("vae",))
-    vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=dtype)
-    return vae.requires_grad_(False).eval().to(device)
+    parts.adapt_for_npu(transformer, device, adapt_zimage_for_npu)
 
 
 def load_text_encoder(path, device="cpu", dtype=torch.float32) -> TextEncoder:
@@ -111,8 +89,7 @@ def caption_list(embeds: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]
 
 
 # ---------------------------------------------------------------- geometry and schedule
-def _cfg(config, key, default=None):
-    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+_cfg = parts.cfg
 
 
 def calculate_mu(image_seq_len: int, base_seq_len: int = 256, max_seq_len: int = 4096,
@@ -147,18 +124,11 @@ def scheduler_shift(scheduler_config: dict, height: int, width: int) -> float:
 
 
 # ---------------------------------------------------------------- velocity and decode
-def _model_dtype(module: torch.nn.Module) -> torch.dtype:
-    dtype = getattr(module, "dtype", None)
-    return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
-
-
 def timesteps(sigma, batch: int, device, quantize: bool = False) -> torch.Tensor:
     """The transformer's t [B] float32: the pipeline's (1000 - scheduler timestep) / 1000 with the
     timestep 1000 sigma (Z-Image's t runs from 0 at noise to 1 at the image), or floor(1000 sigma)
     with ``quantize`` (DanceGRPO's convention)."""
-    sig = torch.as_tensor(sigma, dtype=torch.float32, device=device)
-    sig = sig.expand(batch) if sig.ndim == 0 else sig.reshape(batch)
-    timestep = sig * 1000.0
+    timestep = parts.per_sample_sigma(sigma, batch, device) * 1000.0
     return (1000.0 - (torch.floor(timestep) if quantize else timestep)) / 1000.0
 
 
@@ -189,3 +159,10 @@ def predict_velocity(transformer, x, sigma, embeds, mask, neg_embeds, neg_mask, 
         pos, neg = pred[:b], pred[b:]
         pred = pos + guidance_scale * (pos - neg)
     return pack_latents(-pred)
+
+
+
+def decode_latents(vae, packed: torch.Tensor, latent_h: int, latent_w: int) -> torch.Tensor:
+    """Packed latents [B, L, 64] -> images [B, 3, H, W] float32 in [0, 1]: the 16-channel AutoencoderKL's
+    z / scaling_factor + shift_factor and the decoder (as the pipeline's non-latent path)."""
+    return L.decode_scale_shift(vae, unpack_latents(packed, latent_h, latent_w))

@@ -15,12 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from fastvideo.models.flops import (
-    attention_flops,
-    dims_from_config,
-    linear_flops,
-    token_counts,
-)
+from fastvideo.models.flops import (attention_flops, dims_from_config, linear_flops, token_counts)
 
 SEQ_MULTI_OF = 32  # diffusers' transformer_z_image.SEQ_MULTI_OF
 ADALN_EMBED_DIM = 256  # its ADALN_EMBED_DIM (the timestep embedding's width, capped by D)

@@ -21,11 +21,12 @@ import torch
 
 from fastvideo.distributed.sequence_parallel import SequenceParallelPlan, SequenceShard
 from fastvideo.models.npu_ops import attention_bnsd, rotate_pairs
+from fastvideo.models.zimage.npu import key_padding_bnsd, single_stream_out, single_stream_qkv
 
 
 def _rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """x [B, S, H, D] rotated by freqs [B, S, D/2]: complex (diffusers' RopeEmbedder, its maths) or
-    [B, S, D/2, 2] real (npu_ops.NpuZImageRope on an NPU)."""
+    [B, S, D/2, 2] real (zimage.npu.NpuZImageRope on an NPU)."""
     if not freqs.is_complex():
         return rotate_pairs(x, freqs)
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
@@ -42,20 +43,14 @@ class ZImageSequenceParallelProcessor:
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, freqs_cis=None):
         """hidden_states [B, L/N + S_text, C]; attention_mask [B, L + S_text] bool (True: keep; the
         whole sequence's keys) or None. Returns [B, L/N + S_text, C]."""
-        q, k, v = (proj(hidden_states).unflatten(-1, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k, attn.to_v))
-        if attn.norm_q is not None:
-            q = attn.norm_q(q)
-        if attn.norm_k is not None:
-            k = attn.norm_k(k)
+        q, k, v = single_stream_qkv(attn, hidden_states)
         if freqs_cis is not None:
             q, k = _rope(q, freqs_cis), _rope(k, freqs_cis)
-        mask = attention_mask[:, None, None, :] if attention_mask is not None and attention_mask.ndim == 2 \
-            else attention_mask
+        mask = key_padding_bnsd(attention_mask)
         text = hidden_states.shape[1] - self.shard.local_tokens
         out = self.shard.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), text, text_first=False,
                                    attend=lambda *qkv: attention_bnsd(*qkv, mask))
-        out = attn.to_out[0](out.transpose(1, 2).flatten(2).to(q.dtype))
-        return attn.to_out[1](out) if len(attn.to_out) > 1 else out
+        return single_stream_out(attn, out, q.dtype)
 
 
 def _install_hooks(model: torch.nn.Module, shard: SequenceShard) -> None:
@@ -89,7 +84,7 @@ def _image_attention(model: torch.nn.Module):
 def zimage_plan() -> SequenceParallelPlan:
     from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
 
-    from fastvideo.models.npu_ops import NpuZImageAttnProcessor
+    from fastvideo.models.zimage.npu import NpuZImageAttnProcessor
 
     return SequenceParallelPlan(split=None, gather=None, processor=ZImageSequenceParallelProcessor,
                                 replaces=(ZSingleStreamAttnProcessor, NpuZImageAttnProcessor),
