@@ -95,12 +95,36 @@ class TensorConditioning(Conditioning):
         return {**{k: t[i] for k, t in self.tensors.items()}, **self.shared}
 
 
-def check_first_dims(idx: int, dims: tuple, first_dims: tuple | None, where: str, names: str = "(L, D)") -> None:
+def config_value(config: Any, key: str, default: Any = None) -> Any:
+    """``key`` of a diffusers config: a Mapping (config.json's dict, FrozenDict) or a config object."""
+    return config.get(key, default) if isinstance(config, Mapping) else getattr(config, key, default)
+
+
+def check_first_dims(idx: int, dims: tuple, first_dims: tuple | None, where: str, names: str = "(L, D)",
+                     mix: str = "two preprocessing runs") -> None:
     """A stored record's dims against the dataset's first record's (None: this is the first):
-    EmbeddingShapeError naming both when ``where`` mixes two preprocessing runs."""
+    EmbeddingShapeError naming both when ``where`` mixes ``mix`` (an editing family's: "two
+    preprocessing runs or source sizes")."""
     if first_dims is not None and dims != first_dims:
         raise EmbeddingShapeError(f"prompt {idx} has {names} = {dims} but prompt 0 has {first_dims}: "
-                                  f"{where!r} mixes two preprocessing runs — re-run it into an empty folder")
+                                  f"{where!r} mixes {mix} — re-run it into an empty folder")
+
+
+def check_source_channels(channels: int, transformer_config: Any) -> None:
+    """EmbeddingShapeError when an editing family's stored source latents of ``channels`` do not fit
+    the transformer config's in_channels (not checked when the config has none)."""
+    expected = config_value(transformer_config, "in_channels")
+    if expected is not None and channels != expected:
+        raise EmbeddingShapeError(f"source latents have {channels} channels but the transformer takes "
+                                  f"in_channels {expected}: re-run preprocessing with this model's VAE")
+
+
+def check_width(what: str, width: int, transformer_config: Any, key: str, hint: str) -> None:
+    """EmbeddingShapeError when ``what`` (e.g. "prompt embeddings") of ``width`` do not fit the
+    transformer config's ``key`` (not checked when the config has none); ``hint``: how to fix it."""
+    expected = config_value(transformer_config, key)
+    if expected is not None and width != expected:
+        raise EmbeddingShapeError(f"{what} have width {width} but the transformer expects {key} {expected}: {hint}")
 
 
 def check_sequence_length(seq: int, max_sequence_length: int | None) -> None:
@@ -136,6 +160,27 @@ class StoredTensor:
     name: str
     json_key: str
     folder: str
+
+
+def stored_tensors(folders: Mapping[str, str], negatives: bool = False) -> tuple[StoredTensor, ...]:
+    """A StoredTensor for each name -> folder, under the videos2caption.json key "<folder>_path"; with
+    ``negatives``, then the negative prompt's of each: "neg_<name>" in "negative_<folder>"."""
+    pairs = list(folders.items())
+    if negatives:
+        pairs += [(f"neg_{name}", f"negative_{folder}") for name, folder in folders.items()]
+    return tuple(StoredTensor(name, f"{folder}_path", folder) for name, folder in pairs)
+
+
+def json_keys_of(storage: Sequence[StoredTensor]) -> tuple[str, ...]:
+    """videos2caption.json's keys in ``storage``'s order, the caption last."""
+    return tuple(s.json_key for s in storage) + ("caption",)
+
+
+def storage_with(family: type, *names: str) -> tuple[tuple[StoredTensor, ...], tuple[str, ...]]:
+    """(storage, json_keys) of ``family`` with the tensors ``names`` added (an editing family's source
+    tensors), each in a folder of its name; the caption stays last."""
+    added = stored_tensors({name: name for name in names})
+    return family.storage + added, family.json_keys[:-1] + json_keys_of(added)
 
 
 # ---------------------------------------------------------------- folders

@@ -4,19 +4,22 @@ Conditioning: TensorConditioning with per-sample "prompt_embeds" [B, Lt, D] and 
 shared "text_ids" [Lt, 3]. Layout extras: "image_ids" [L, 3] (on the device), "latent_h",
 "latent_w". Stored per prompt in upstream DanceGRPO's folders (prompt_embed/,
 pooled_prompt_embeds/, text_ids/) under its videos2caption.json keys.
+
+The loading, the layout and decoding are DiffusersFamily's (fastvideo/models/diffusers_family.py),
+set by the class attributes below.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 
 import fastvideo.models.flux.components as C
 from fastvideo.models import base
-from fastvideo.models.base import EmbeddingShapeError, LatentLayout, StoredTensor, TensorConditioning
+from fastvideo.models.base import EmbeddingShapeError, StoredTensor, TensorConditioning
+from fastvideo.models.diffusers_family import ComponentFunctions, DiffusersFamily
 import fastvideo.models.flux.flops as F
 
 MODEL_HINT = (
@@ -36,34 +39,33 @@ class ExpectedDims:
     @classmethod
     def from_transformer_config(cls, config: Any, max_sequence_length: int | None = None) -> "ExpectedDims":
         """From a FluxTransformer2DModel config (the object or a dict like transformer/config.json)."""
-
-        def get(key):
-            return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
-
-        return cls(get("joint_attention_dim"), get("pooled_projection_dim"), max_sequence_length)
+        return cls(base.config_value(config, "joint_attention_dim"), base.config_value(config, "pooled_projection_dim"),
+                   max_sequence_length)
 
 
 def check_expected(dims: tuple[int, int, int], expected: ExpectedDims) -> None:
     """Raise EmbeddingShapeError when embeddings of (L, D, P) = dims do not fit ``expected``."""
     seq_len, width, pooled = dims
-    if expected.joint_attention_dim is not None and width != expected.joint_attention_dim:
-        raise EmbeddingShapeError(
-            f"prompt embeddings have width {width} but the transformer expects joint_attention_dim "
-            f"{expected.joint_attention_dim}: {MODEL_HINT}"
-        )
-    if expected.pooled_projection_dim is not None and pooled != expected.pooled_projection_dim:
-        raise EmbeddingShapeError(
-            f"pooled prompt embeddings have width {pooled} but the transformer expects "
-            f"pooled_projection_dim {expected.pooled_projection_dim}: {MODEL_HINT}"
-        )
-    if expected.max_sequence_length is not None and seq_len != expected.max_sequence_length:
-        raise EmbeddingShapeError(
-            f"prompt embeddings have {seq_len} tokens but {expected.max_sequence_length} are expected: "
-            f"re-run preprocessing with --max_sequence_length {expected.max_sequence_length}"
-        )
+    base.check_width("prompt embeddings", width, expected, "joint_attention_dim", MODEL_HINT)
+    base.check_width("pooled prompt embeddings", pooled, expected, "pooled_projection_dim", MODEL_HINT)
+    base.check_sequence_length(seq_len, expected.max_sequence_length)
 
 
-class FluxFamily(base.ModelFamily, base.FamilyCostModel):
+def load_transformer(root, subfolder, device, dtype):
+    """FluxTransformer2DModel of a model folder (subfolder "transformer": checked as a FLUX folder)
+    or of a transformer folder itself (subfolder None), device kernels applied."""
+    if subfolder == "transformer":
+        return C.load_transformer(root, device=device, dtype=dtype)
+    from diffusers import FluxTransformer2DModel
+
+    from fastvideo.models.loading import from_pretrained_checked
+
+    model = from_pretrained_checked(FluxTransformer2DModel, root, None, dtype).to(device)
+    C.adapt_for_device(model, device)
+    return model
+
+
+class FluxFamily(DiffusersFamily):
     """FLUX.1 (dev). guidance_scale: FLUX.1-dev's guidance embedding (no classifier-free guidance);
     quantize_timestep: pass the transformer floor(1000 sigma) / 1000 (upstream DanceGRPO) instead
     of sigma (diffusers' FluxPipeline)."""
@@ -84,39 +86,15 @@ class FluxFamily(base.ModelFamily, base.FamilyCostModel):
     # What a base model folder must hold to train (the tokenizers are checked by preprocessing).
     training_components = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
+    parts = ComponentFunctions(
+        check_folder=C.check_flux_folder, folder_error=C.FluxFolderError, load_transformer=load_transformer,
+        adapt_for_device=C.adapt_for_device, load_vae=C.load_vae, load_text_encoders=C.load_text_encoders,
+        encode_prompts=C.encode_prompts, decode_latents=C.decode_latents)
+    # The transformer's blocks in order: double-stream, then single-stream.
+    block_lists = ("transformer_blocks", "single_transformer_blocks")
+
     def __init__(self, guidance_scale: float = 3.5, quantize_timestep: bool = True):
-        self.guidance_scale = guidance_scale
-        self.quantize_timestep = quantize_timestep
-
-    # -- loading
-    def check_folder(self, path, components=None) -> Path:
-        return C.check_flux_folder(path, components)
-
-    def folder_error(self, message: str) -> Exception:
-        return C.FluxFolderError(message)
-
-    def transformer_class(self):
-        from diffusers import FluxTransformer2DModel
-
-        return FluxTransformer2DModel
-
-    def load_transformer(self, root, subfolder, device, dtype):
-        if subfolder == "transformer":
-            return C.load_transformer(root, device=device, dtype=dtype)
-        from fastvideo.models.loading import from_pretrained_checked
-
-        model = from_pretrained_checked(self.transformer_class(), root, None, dtype).to(device)
-        C.adapt_for_device(model, device)
-        return model
-
-    def adapt_for_device(self, transformer, device) -> None:
-        C.adapt_for_device(transformer, device)
-
-    def load_vae(self, path, device="cpu", dtype=torch.float32):
-        return C.load_vae(path, device=device, dtype=dtype)
-
-    def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
-        return C.load_text_encoders(path, device=device, dtype=dtype)
+        super().__init__(guidance_scale, quantize_timestep)
 
     def block_classes(self):
         from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
@@ -127,10 +105,6 @@ class FluxFamily(base.ModelFamily, base.FamilyCostModel):
         from fastvideo.models.flux.sequence_parallel import flux_plan
 
         return flux_plan()
-
-    def blocks(self, model) -> list[torch.nn.Module]:
-        """The transformer's blocks in order (double-stream, then single-stream)."""
-        return list(model.transformer_blocks) + list(model.single_transformer_blocks)
 
     # -- conditioning
     def encode_prompts(self, encoders, prompts, max_sequence_length=512) -> TensorConditioning:
@@ -181,33 +155,14 @@ class FluxFamily(base.ModelFamily, base.FamilyCostModel):
         return {**record, "text_ids": record["text_ids"][0]}
 
     # -- sampling
-    def layout(self, height, width, vae, transformer=None, device=None) -> LatentLayout:
-        lat_h, lat_w = C.latent_hw(height, width, C.vae_scale_factor(vae.config))
-        if transformer is not None:
-            # DDP/FSDP wrappers keep the diffusers model (and its config) under .module.
-            channels = getattr(transformer, "module", transformer).config.in_channels
-        else:
-            channels = 4 * int(C._cfg(vae.config, "latent_channels"))
-        return self._layout(height, width, lat_h, lat_w, channels, device)
-
-    @staticmethod
-    def _layout(height, width, lat_h, lat_w, channels, device=None) -> LatentLayout:
-        return LatentLayout(
-            height=height, width=width, tokens=((lat_h // 2) * (lat_w // 2), channels), latent_hw=(lat_h, lat_w),
-            extras={"image_ids": C.image_ids(lat_h, lat_w, device=device), "latent_h": lat_h, "latent_w": lat_w},
-        )
-
-    def nominal_layout(self, height, width, transformer_config) -> LatentLayout:
-        """FLUX's VAE: 8 pixels per latent cell."""
-        lat_h, lat_w = C.latent_hw(height, width, 8)
-        return self._layout(height, width, lat_h, lat_w, transformer_config["in_channels"])
+    def layout_extras(self, latent_h, latent_w, device=None):
+        """The tokens' "image_ids" [L, 3] on the device, and the latent grid."""
+        return {"image_ids": C.image_ids(latent_h, latent_w, device=device),
+                **super().layout_extras(latent_h, latent_w)}
 
     def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
         return C.predict_velocity(transformer, x, sigma, cond["prompt_embeds"], cond["pooled"], cond["text_ids"],
                                   layout["image_ids"], self.guidance_scale, self.quantize_timestep)
-
-    def decode(self, vae, x0, layout) -> torch.Tensor:
-        return C.decode_latents(vae, x0, layout["latent_h"], layout["latent_w"])
 
     def check_cond(self, cond) -> None:
         """Shapes of a prompt-level Conditioning: prompt_embeds [P, Lt, D], pooled [P, P'], text_ids [Lt, 3]."""

@@ -12,16 +12,24 @@ guidance is 2.5 (--guidance_scale 2.5).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import torch
 
 import fastvideo.models.flux.components as FC
 import fastvideo.models.kontext.components as C
-from fastvideo.models.base import EmbeddingShapeError, StoredTensor, TensorConditioning
+from fastvideo.models import base
+from fastvideo.models.base import EmbeddingShapeError, TensorConditioning
 from fastvideo.models.flux.family import FluxFamily
 
 SOURCE_NAMES = ("image_latents", "source_ids", "source_image")
+
+
+def load_encoders(path, device="cpu", dtype=torch.float32) -> C.KontextEncoders:
+    """FLUX.1's text encoders and the VAE that encodes the source images."""
+    return C.KontextEncoders(FC.load_text_encoders(path, device=device, dtype=dtype),
+                             FC.load_vae(path, device=device, dtype=dtype))
 
 
 class KontextFamily(FluxFamily):
@@ -33,12 +41,8 @@ class KontextFamily(FluxFamily):
     # A checkpoint's FluxTransformer2DModel says FLUX.1 (family_for_class_name): a Kontext run's
     # checkpoint is found by the model.family its config.json records.
     variant_of = "flux"
-    storage = FluxFamily.storage + (
-        StoredTensor("image_latents", "image_latents_path", "image_latents"),
-        StoredTensor("source_ids", "source_ids_path", "source_ids"),
-        StoredTensor("source_image", "source_image_path", "source_image"),
-    )
-    json_keys = FluxFamily.json_keys[:-1] + ("image_latents_path", "source_ids_path", "source_image_path", "caption")
+    storage, json_keys = base.storage_with(FluxFamily, *SOURCE_NAMES)
+    parts = replace(FluxFamily.parts, load_text_encoders=load_encoders)
     text_components = FluxFamily.text_components + ("vae",)
     text_encoder_components = FluxFamily.text_encoder_components + ("vae",)
     edits = True
@@ -70,10 +74,6 @@ class KontextFamily(FluxFamily):
         check counts a stored source (sequence_tokens with its Ls)."""
         generated = self.nominal_layout(height, width, transformer_config).tokens[0]
         return self.sequence_tokens(height, width, transformer_config, (None, None, None, generated))
-
-    def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
-        return C.KontextEncoders(FC.load_text_encoders(path, device=device, dtype=dtype),
-                                 FC.load_vae(path, device=device, dtype=dtype))
 
     def encode_prompts(self, encoders, prompts, max_sequence_length=512) -> TensorConditioning:
         return super().encode_prompts(getattr(encoders, "text", encoders), prompts, max_sequence_length)
@@ -116,21 +116,14 @@ class KontextFamily(FluxFamily):
             raise EmbeddingShapeError(f"prompt {idx}: {lat.shape[0]} source tokens do not make a {pix.shape[1]}x"
                                       f"{pix.shape[2]} source image (16 pixels a token side); re-run the preprocessing")
         dims = (*text_dims, lat.shape[0], lat.shape[1], pix.shape[1], pix.shape[2])
-        if first_dims is not None and dims != first_dims:
-            raise EmbeddingShapeError(f"prompt {idx} has (L, D, P, Ls, C, H, W) = {dims} but prompt 0 has {first_dims}"
-                                      f": {where!r} mixes two preprocessing runs or source sizes — re-run it into an "
-                                      "empty folder")
+        base.check_first_dims(idx, dims, first_dims, where, "(L, D, P, Ls, C, H, W)",
+                              "two preprocessing runs or source sizes")
         return {**rec, "image_latents": lat, "source_ids": ids, "source_image": pix}, dims
 
     def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
         super().check_dims(dims[:3], transformer_config, max_sequence_length)
-        if isinstance(transformer_config, Mapping):
-            channels = transformer_config.get("in_channels")
-        else:  # a config object (ExpectedDims has no in_channels: nothing to check)
-            channels = getattr(transformer_config, "in_channels", None)
-        if len(dims) > 4 and channels is not None and dims[4] != channels:
-            raise EmbeddingShapeError(f"source latents have {dims[4]} channels but the transformer takes "
-                                      f"in_channels {channels}: re-run preprocessing with this model's VAE")
+        if len(dims) > 4:  # (ExpectedDims, a config object, has no in_channels: nothing to check)
+            base.check_source_channels(dims[4], transformer_config)
 
     def check_cond(self, cond) -> None:
         super().check_cond(cond)

@@ -12,7 +12,7 @@ per prompt beside Qwen-Image's folders in image_latents/, source_image/ and sour
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import torch
@@ -20,12 +20,21 @@ import torch
 import fastvideo.models.qwen_image.components as QC
 import fastvideo.models.qwen_image.flops as QF
 import fastvideo.models.qwen_image_edit.components as C
-from fastvideo.models.base import EmbeddingShapeError, check_diffusers_folder, StoredTensor, TensorConditioning
+from fastvideo.models import base
+from fastvideo.models.base import EmbeddingShapeError, check_diffusers_folder, TensorConditioning
 from fastvideo.models.qwen_image.family import QwenImageFamily
 
 EDIT_HINT = ("Put a diffusers-layout Qwen-Image-Edit folder there (for example Qwen/Qwen-Image-Edit-2509 or -2511), "
              "or build a tiny test model with `python -m fastvideo.tools.make_tiny_qwen_image_edit DIR`.")
 PER_SAMPLE = ("prompt_embeds", "prompt_mask", "neg_prompt_embeds", "neg_prompt_mask", "image_latents", "source_image")
+
+
+def check_edit_folder(path, components=None):
+    """Qwen-Image's folder with the VL encoder's processor (transformers 5 writes
+    processor/processor_config.json, older ones preprocessor_config.json: no file required)."""
+    required = {**QC.REQUIRED_FILES, "processor": []}
+    return check_diffusers_folder(path, required, EDIT_HINT, QC.QwenImageFolderError, "Qwen-Image-Edit model folder",
+                                  components)
 
 
 @dataclass
@@ -48,13 +57,8 @@ class QwenImageEditFamily(QwenImageFamily):
     # A checkpoint's QwenImageTransformer2DModel says Qwen-Image (family_for_class_name): an edit
     # run's checkpoint is found by the model.family its config.json records.
     variant_of = "qwen_image"
-    storage = QwenImageFamily.storage + (
-        StoredTensor("image_latents", "image_latents_path", "image_latents"),
-        StoredTensor("source_image", "source_image_path", "source_image"),
-        StoredTensor("source_grid", "source_grid_path", "source_grid"),
-    )
-    json_keys = QwenImageFamily.json_keys[:-1] + ("image_latents_path", "source_image_path", "source_grid_path",
-                                                  "caption")
+    storage, json_keys = base.storage_with(QwenImageFamily, "image_latents", "source_image", "source_grid")
+    parts = replace(QwenImageFamily.parts, check_folder=check_edit_folder, load_text_encoders=C.load_edit_encoders)
     text_components = ("text_encoder", "tokenizer", "processor", "vae")
     text_encoder_components = ("text_encoder", "vae")
     edits = True
@@ -66,17 +70,7 @@ class QwenImageEditFamily(QwenImageFamily):
         super().__init__(guidance_scale, quantize_timestep)
         self.vae_area = int(vae_area)
 
-    # -- loading: Qwen-Image's folder with the VL encoder's processor
-    def check_folder(self, path, components=None):
-        # transformers 5 writes processor/processor_config.json, older ones preprocessor_config.json
-        required = {**QC.REQUIRED_FILES, "processor": []}
-        return check_diffusers_folder(path, required, EDIT_HINT, QC.QwenImageFolderError, "Qwen-Image-Edit model folder",
-                                      components)
-
     # -- conditioning
-    def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
-        return C.load_edit_encoders(path, device, dtype)
-
     def encode_prompts(self, encoders, prompts, max_sequence_length=512) -> TensorConditioning:
         return PendingPrompts({"row": torch.arange(len(prompts))}, {}, list(prompts), max_sequence_length)
 
@@ -120,18 +114,14 @@ class QwenImageEditFamily(QwenImageFamily):
             raise EmbeddingShapeError(f"prompt {idx}: {lat.shape[0]} source tokens do not fill the source grid "
                                       f"{gh}x{gw}; re-run the preprocessing")
         dims = (*text_dims, lat.shape[0], lat.shape[1], pix.shape[1], pix.shape[2])
-        if first_dims is not None and dims != first_dims:
-            raise EmbeddingShapeError(f"prompt {idx} has (L, D, Ls, C, H, W) = {dims} but prompt 0 has {first_dims}: "
-                                      f"{where!r} mixes two preprocessing runs or source sizes — re-run it into an "
-                                      "empty folder")
+        base.check_first_dims(idx, dims, first_dims, where, "(L, D, Ls, C, H, W)",
+                              "two preprocessing runs or source sizes")
         return {**rec, "image_latents": lat, "source_image": pix, "source_grid": grid.to(torch.int64)}, dims
 
     def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
         super().check_dims(dims[:2], transformer_config, max_sequence_length)
-        channels = QC._cfg(transformer_config, "in_channels")
-        if len(dims) > 3 and channels is not None and dims[3] != channels:
-            raise EmbeddingShapeError(f"source latents have {dims[3]} channels but the transformer takes "
-                                      f"in_channels {channels}: re-run preprocessing with this model's VAE")
+        if len(dims) > 3:
+            base.check_source_channels(dims[3], transformer_config)
 
     def check_cond(self, cond) -> None:
         embeds, lat = cond["prompt_embeds"], cond["image_latents"]

@@ -11,11 +11,13 @@ guidance_scale > 1 turns classifier-free guidance on (StableDiffusion3Pipeline's
 rule; Flow-GRPO trains SD3.5-M at 4.5): each velocity is one batched transformer call on the
 unconditional and conditional rows, in the rollout and in the update's log-probabilities alike,
 and counts as 2 forward passes (velocity_passes).
+
+The loading, the layout and decoding are DiffusersFamily's (fastvideo/models/diffusers_family.py),
+set by the class attributes below.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
@@ -23,62 +25,36 @@ import torch
 import fastvideo.models.sd3.components as C
 import fastvideo.models.sd3.flops as F
 from fastvideo.models import base
-from fastvideo.models.base import EmbeddingShapeError, LatentLayout, StoredTensor, TensorConditioning
+from fastvideo.models.base import EmbeddingShapeError, TensorConditioning
+from fastvideo.models.diffusers_family import ComponentFunctions, DiffusersFamily
 
 MODEL_HINT = "the embeddings were made with another text encoder — re-run preprocessing with --model_path pointing at this model"
 
 
-class SD3Family(base.ModelFamily, base.FamilyCostModel):
+class SD3Family(DiffusersFamily):
     """SD3 / SD3.5. guidance_scale: classifier-free guidance scale (> 1: on); quantize_timestep:
     pass floor(1000 sigma) instead of 1000 sigma (StableDiffusion3Pipeline / Flow-GRPO)."""
 
     name = "sd3"
     export_class_name = "SD3Transformer2DModel"
-    storage = (
-        StoredTensor("prompt_embeds", "prompt_embed_path", "prompt_embed"),
-        StoredTensor("pooled", "pooled_prompt_embeds_path", "pooled_prompt_embeds"),
-        StoredTensor("neg_prompt_embeds", "negative_prompt_embed_path", "negative_prompt_embed"),
-        StoredTensor("neg_pooled", "negative_pooled_prompt_embeds_path", "negative_pooled_prompt_embeds"),
-    )
-    json_keys = ("prompt_embed_path", "pooled_prompt_embeds_path", "negative_prompt_embed_path",
-                 "negative_pooled_prompt_embeds_path", "caption")
+    storage = base.stored_tensors({"prompt_embeds": "prompt_embed", "pooled": "pooled_prompt_embeds"}, negatives=True)
+    json_keys = base.json_keys_of(storage)
     max_sequence_length_limit = 512  # StableDiffusion3Pipeline refuses longer T5 sequences
     text_components = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "text_encoder_3", "tokenizer_3")
     text_encoder_components = ("text_encoder", "text_encoder_2", "text_encoder_3")
     training_components = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
 
+    parts = ComponentFunctions(
+        check_folder=C.check_sd3_folder, folder_error=C.SD3FolderError, load_transformer=C.load_transformer,
+        adapt_for_device=C.adapt_for_device, load_vae=C.load_vae, load_text_encoders=C.load_text_encoders,
+        encode_prompts=C.encode_prompts, decode_latents=C.decode_latents,
+        flops_breakdown=F.transformer_flops_breakdown, backward_flops=F.transformer_backward_flops)
+    cfg_above = 1.0  # StableDiffusion3Pipeline's rule: classifier-free guidance for a scale > 1
+    token_patch = 1  # one latent cell per token, channels last: the transformer patches the grid itself
+    block_flop_parts = ("blocks",)
+
     def __init__(self, guidance_scale: float = 4.5, quantize_timestep: bool = False):
-        self.guidance_scale = float(guidance_scale)
-        self.quantize_timestep = quantize_timestep
-
-    @property
-    def velocity_passes(self) -> int:
-        """Transformer passes (in samples) per velocity: 2 under classifier-free guidance."""
-        return 2 if self.guidance_scale > 1.0 else 1
-
-    # -- loading
-    def check_folder(self, path, components=None) -> Path:
-        return C.check_sd3_folder(path, components)
-
-    def folder_error(self, message: str) -> Exception:
-        return C.SD3FolderError(message)
-
-    def transformer_class(self):
-        from diffusers import SD3Transformer2DModel
-
-        return SD3Transformer2DModel
-
-    def load_transformer(self, root, subfolder, device, dtype):
-        return C.load_transformer(root, subfolder, device, dtype)
-
-    def adapt_for_device(self, transformer, device) -> None:
-        C.adapt_for_device(transformer, device)
-
-    def load_vae(self, path, device="cpu", dtype=torch.float32):
-        return C.load_vae(path, device, dtype)
-
-    def load_text_encoders(self, path, device="cpu", dtype=torch.float32):
-        return C.load_text_encoders(path, device, dtype)
+        super().__init__(guidance_scale, quantize_timestep)
 
     def block_classes(self):
         from diffusers.models.attention import JointTransformerBlock
@@ -89,9 +65,6 @@ class SD3Family(base.ModelFamily, base.FamilyCostModel):
         from fastvideo.models.sd3.sequence_parallel import sd3_plan
 
         return sd3_plan()
-
-    def blocks(self, model) -> list[torch.nn.Module]:
-        return list(getattr(model, "module", model).transformer_blocks)
 
     # -- conditioning
     def encode_prompts(self, encoders, prompts, max_sequence_length=256) -> TensorConditioning:
@@ -125,14 +98,9 @@ class SD3Family(base.ModelFamily, base.FamilyCostModel):
 
     def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
         seq, width, pooled = dims
-        get = (transformer_config.get if isinstance(transformer_config, Mapping)
-               else lambda k: getattr(transformer_config, k, None))
-        if get("joint_attention_dim") is not None and width != get("joint_attention_dim"):
-            raise EmbeddingShapeError(f"prompt embeddings have width {width} but the transformer expects "
-                                      f"joint_attention_dim {get('joint_attention_dim')}: {MODEL_HINT}")
-        if get("pooled_projection_dim") is not None and pooled != get("pooled_projection_dim"):
-            raise EmbeddingShapeError(f"pooled prompt embeddings have width {pooled} but the transformer expects "
-                                      f"pooled_projection_dim {get('pooled_projection_dim')}: {MODEL_HINT}")
+        base.check_width("prompt embeddings", width, transformer_config, "joint_attention_dim", MODEL_HINT)
+        base.check_width("pooled prompt embeddings", pooled, transformer_config, "pooled_projection_dim",
+                         MODEL_HINT)
         if max_sequence_length is not None and seq != max_sequence_length:
             raise EmbeddingShapeError(f"prompt embeddings have 77 + {seq} tokens but 77 + {max_sequence_length} are "
                                       f"expected: re-run preprocessing with --max_sequence_length {max_sequence_length}")
@@ -154,35 +122,16 @@ class SD3Family(base.ModelFamily, base.FamilyCostModel):
             raise ValueError("neg_prompt_embeds / neg_pooled must be one prompt's [Lt, D] / [P']")
 
     # -- sampling
-    def layout(self, height, width, vae, transformer=None, device=None) -> LatentLayout:
-        scale = 2 ** (len(C._cfg(vae.config, "block_out_channels")) - 1)
-        if transformer is not None:
-            channels = getattr(transformer, "module", transformer).config.in_channels
-        else:
-            channels = int(C._cfg(vae.config, "latent_channels"))
-        return self._layout(height, width, *C.latent_hw(height, width, scale), channels)
-
-    @staticmethod
-    def _layout(height, width, lat_h, lat_w, channels) -> LatentLayout:
-        return LatentLayout(height=height, width=width, tokens=(lat_h * lat_w, channels), latent_hw=(lat_h, lat_w),
-                            extras={"latent_h": lat_h, "latent_w": lat_w})
-
     def sequence_tokens(self, height, width, transformer_config, cond_dims=None):
         """The patches pos_embed makes (the split's tokens), not the latent cells."""
         lat_h, lat_w = C.latent_hw(height, width, 8)
         patch = int(transformer_config.get("patch_size") or 2)
         return (lat_h // patch) * (lat_w // patch)
 
-    def nominal_layout(self, height, width, transformer_config) -> LatentLayout:
-        return self._layout(height, width, *C.latent_hw(height, width, 8), transformer_config["in_channels"])
-
     def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
         return C.predict_velocity(transformer, x, sigma, cond["prompt_embeds"], cond["pooled"],
                                   cond["neg_prompt_embeds"], cond["neg_pooled"], layout["latent_h"],
                                   layout["latent_w"], self.guidance_scale, self.quantize_timestep)
-
-    def decode(self, vae, x0, layout) -> torch.Tensor:
-        return C.decode_latents(vae, x0, layout["latent_h"], layout["latent_w"])
 
     # -- cost model (text_tokens: the T5 length; the 77 CLIP tokens are added here)
     def meta_inputs(self, config, batch, layout, text_tokens, dtype) -> dict:
@@ -199,13 +148,9 @@ class SD3Family(base.ModelFamily, base.FamilyCostModel):
         return (C.CLIP_TOKENS + text_tokens) * config["joint_attention_dim"] + config["pooled_projection_dim"]
 
     def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
-        """One velocity's FLOPs (both guidance passes under CFG): "forward", "backward", "blocks"
-        and the forward's parts."""
-        b = batch * self.velocity_passes
-        parts = F.transformer_flops_breakdown(config, image_tokens, C.CLIP_TOKENS + text_tokens, b)
-        return {**{k: v for k, v in parts.items() if k not in ("blocks", "total")}, "joint_blocks": parts["blocks"],
-                "forward": parts["total"], "blocks": parts["blocks"],
-                "backward": F.transformer_backward_flops(config, image_tokens, C.CLIP_TOKENS + text_tokens, b)}
+        """The base's count with the 77 CLIP tokens added; the joint blocks' part as "joint_blocks"."""
+        flops = super().transformer_flops(config, image_tokens, C.CLIP_TOKENS + text_tokens, batch)
+        return {**flops, "joint_blocks": flops["blocks"]}
 
     reference_name = "SD3.5-Medium"
     reference_vae_config = F.SD35_VAE_CONFIG
