@@ -8,20 +8,15 @@
 # (checkpoints, metrics, images, evaluation files; nothing else). To continue a run instead:
 #   EXTRA_ARGS="--resume_from_checkpoint latest" STEPS=60 bash scripts/demo/grpo_tiny_cpu.sh
 # Overridable: DEMO_DIR (data/demo), NPROC (2), STEPS (iterations), EXTRA_ARGS, DRY_RUN=1,
-# MODEL (flux, or sd3: the tiny SD3.5 with classifier-free guidance 4.5 and Flow-GRPO's SDE; its
-# model, embeddings and outputs go to DEMO_DIR/{tiny_sd3, embeddings_sd3, outputs_sd3}; or flux2: the
-# tiny FLUX.2 [klein] base with classifier-free guidance 4.0, Flow-GRPO's SDE, the pipeline's own
-# schedule and lr 1e-2, on the current library line, LINE=current, the default for it; DEMO_DIR/*_flux2;
-# or zimage: the tiny Z-Image with guidance 4.0, Flow-GRPO's SDE, shift 3 and lr ZIMAGE_LR (1e-2), the
-# current line too; DEMO_DIR/*_zimage; or qwen_image: the tiny Qwen-Image with true CFG 4.0 (negative " "),
-# Flow-GRPO's SDE, the pipeline's size-dependent shift and lr QWEN_IMAGE_LR (1e-2), the current line too;
-# DEMO_DIR/*_qwen_image; or kontext: the tiny FLUX.1 Kontext editing the bundled source
-# images of assets/edit/ with guidance 2.5, the pipeline's shift and the clip_edit reward of tiny CLIP
-# weights built into DEMO_DIR/tiny_rewards, evaluated on assets/edit/eval_edit.jsonl, docs/editing.md;
-# the current line too; DEMO_DIR/*_kontext; or qwen_image_edit: the tiny Qwen-Image-Edit on the same
-# sources and rewards with true CFG 4.0 (negative " " with the image), Flow-GRPO's SDE, the pipeline's
-# shift, lr QWEN_IMAGE_LR, sources preprocessed at a 64^2 VAE area (SOURCE_VAE_SIZE, 16 tokens); the
-# current line too; DEMO_DIR/*_qwen_image_edit),
+# MODEL (flux, or any family of fastvideo/models/catalog.py, one line a family holding its demo settings:
+# sd3, flux2, zimage, qwen_image, kontext, qwen_image_edit; `python -m fastvideo.models.catalog names`.
+# Each family's model, embeddings and outputs go to DEMO_DIR/{tiny_NAME, embeddings_NAME, outputs_NAME};
+# flux2, zimage, qwen_image and the editing families run on the current library line (LINE=current, the
+# default for them). zimage reads its lr from ZIMAGE_LR (1e-2), qwen_image and qwen_image_edit from
+# QWEN_IMAGE_LR (1e-2); kontext and qwen_image_edit edit the bundled source images of assets/edit/ with
+# the clip_edit reward of tiny CLIP weights built into DEMO_DIR/tiny_rewards, evaluated on
+# assets/edit/eval_edit.jsonl (docs/editing.md), qwen_image_edit's sources at a 64^2 VAE area
+# (SOURCE_VAE_SIZE, 16 tokens)),
 # ALGO (grpo, or nft: DiffusionNFT with DPM-Solver++ rollouts, one optimizer step per prompt group
 # at lr 1e-2 as in docs/nft.md's race; outputs in DEMO_DIR/outputs_nft),
 # OUTPUT_DIR (where the run writes; the LoRA demo in README uses DEMO_DIR/outputs_lora),
