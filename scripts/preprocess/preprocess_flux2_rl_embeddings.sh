@@ -9,5 +9,6 @@
 # .venv-current) and FLUX.2 defaults: MODEL_PATH data/flux2, OUTPUT_DIR data/rl_embeddings_flux2,
 # MAX_SEQ_LEN 512 (Flux2KleinPipeline's max_sequence_length; the transformer attends to the padding
 # too, so another length is another model input). Every other variable: preprocess_flux_rl_embeddings.sh.
+# The defaults are the family's line of fastvideo/models/catalog.py (preprocess_family_rl_embeddings.sh).
 set -euo pipefail
 exec bash "$(dirname "${BASH_SOURCE[0]}")/preprocess_family_rl_embeddings.sh" flux2 "$@"
