@@ -36,7 +36,7 @@ def test_each_line_names_a_builder_and_a_preprocessing_launcher_that_exist(name)
 def _dry_run(env: dict) -> subprocess.CompletedProcess:
     base = {"DRY_RUN": "1", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": os.environ.get("HOME", "/root")}
     return subprocess.run(["bash", str(ROOT / "scripts/demo/grpo_tiny_cpu.sh")], capture_output=True, text=True,
-                          env={**base, **env}, cwd=ROOT, timeout=120)
+                          env={**base, **env}, cwd=ROOT, timeout=300)
 
 
 def _runs_here(name: str) -> bool:
@@ -107,7 +107,7 @@ def test_each_preprocessing_launcher_encodes_with_its_family_and_defaults(name):
     env = {"DRY_RUN": "1", "FASTVIDEO_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
            "HOME": os.environ.get("HOME", "/root"), "NPROC": "1"}
     script = ROOT / "scripts" / "preprocess" / f"preprocess_{name}_rl_embeddings.sh"
-    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     words = shlex.split(out.stdout.strip().splitlines()[-1])
     argv = words[words.index("fastvideo/data_preprocess/preprocess_embeddings.py") + 1:]
