@@ -44,24 +44,34 @@ def _label(factory) -> str:
     return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
 
 
-def _builtin() -> None:
-    if "flux" in _REGISTRY:
-        return
+def builtin_families() -> dict[str, FamilyFactory]:
+    """The built-in families by name, in fastvideo/models/catalog.py's order (its line for each holds
+    the family's wiring outside its folder: tiny builder, demo, preprocessing launcher; a test holds
+    the two lists equal). Imported here by name, as written: a family module never imports this one."""
     from fastvideo.models.flux.family import FluxFamily
     from fastvideo.models.flux2.family import Flux2Family
-    from fastvideo.models.qwen_image.family import QwenImageFamily
     from fastvideo.models.kontext.family import KontextFamily
+    from fastvideo.models.qwen_image.family import QwenImageFamily
     from fastvideo.models.qwen_image_edit.family import QwenImageEditFamily
     from fastvideo.models.sd3.family import SD3Family
     from fastvideo.models.zimage.family import ZImageFamily
 
-    _REGISTRY.setdefault("flux", FluxFamily)
-    _REGISTRY.setdefault("sd3", SD3Family)
-    _REGISTRY.setdefault("flux2", Flux2Family)  # the current library line only (its library_line)
-    _REGISTRY.setdefault("zimage", ZImageFamily)  # the current library line only
-    _REGISTRY.setdefault("qwen_image", QwenImageFamily)  # the current library line only
-    _REGISTRY.setdefault("kontext", KontextFamily)  # FLUX.1 Kontext: FLUX.1's transformer, a source image
-    _REGISTRY.setdefault("qwen_image_edit", QwenImageEditFamily)  # Qwen-Image's transformer, a source image
+    return {
+        "flux": FluxFamily,
+        "sd3": SD3Family,
+        "flux2": Flux2Family,  # the current library line only (its library_line)
+        "zimage": ZImageFamily,  # the current library line only
+        "qwen_image": QwenImageFamily,  # the current library line only
+        "kontext": KontextFamily,  # FLUX.1 Kontext: FLUX.1's transformer, a source image
+        "qwen_image_edit": QwenImageEditFamily,  # Qwen-Image's transformer, a source image
+    }
+
+
+def _builtin() -> None:
+    if "flux" in _REGISTRY:
+        return
+    for name, factory in builtin_families().items():
+        _REGISTRY.setdefault(name, factory)
 
 
 def model_family_names() -> list[str]:

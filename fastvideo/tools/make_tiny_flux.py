@@ -9,15 +9,20 @@ on a laptop CPU. The same seed gives the same weights, bit for bit.
 
 from __future__ import annotations
 
-import argparse
-import json
 import string
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fastvideo.utils import atomic_write_json
+from fastvideo.tools.tiny_builder import (
+    END_TOKEN,
+    new_folder,
+    run_builder_cli,
+    save_tiny_folder,
+    wake_zero_projections,
+    write_clip_vocab,
+)
 
 # FLUX.1-dev's scheduler and VAE latent statistics, kept so tiny folders behave like the real one.
 FLUX_SCHEDULER_CONFIG = {
@@ -108,34 +113,17 @@ def tiny_vae_config(channels, groups: int, scaling: float, shift: float) -> dict
     }
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """CLIP's reversible byte -> printable-character map (GPT-2 byte-level BPE)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return dict(zip(printable, (chr(c) for c in chars)))
-
-
 def write_clip_tokenizer(out: Path) -> int:
     """A CLIP BPE tokenizer with single-character tokens and no merges. Returns the vocab size."""
     from transformers import CLIPTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
-    symbols = list(bytes_to_unicode().values())
-    tokens = symbols + [s + "</w>" for s in symbols] + ["<|startoftext|>", "<|endoftext|>"]
-    (out / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False))
-    (out / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    size = write_clip_vocab(out)
     # from_pretrained reads vocab.json + merges.txt on both library lines (transformers 5's
     # constructor takes the vocabulary itself, not its file).
-    tok = CLIPTokenizer.from_pretrained(str(out), model_max_length=77, pad_token="<|endoftext|>")
+    tok = CLIPTokenizer.from_pretrained(str(out), model_max_length=77, pad_token=END_TOKEN)
     tok.save_pretrained(out)
-    return len(tokens)
+    return size
 
 
 def write_t5_tokenizer(out: Path) -> int:
@@ -182,55 +170,6 @@ def tiny_t5(vocab: int, width: int, ff: int, layers: int):
     ))
 
 
-def wake_zero_projections(transformer, seed: int) -> None:
-    """Random init leaves the transformer's output projections at zero (adaLN-zero style); give
-    them small values (from ``seed``) so the tiny model's velocity depends on its input and the
-    RL has a signal."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in transformer.named_parameters():
-            if torch.count_nonzero(param) == 0 and param.ndim >= 1 and "norm" not in name:
-                param.copy_(torch.randn(param.shape, generator=g) * 0.02)
-
-
-# Weight-name prefixes of published checkpoints that transformers 5 leaves out when it saves: its
-# CLIPTextModel has no text_model sub-module, while FLUX.1-dev's text_encoder (openai's CLIP layout)
-# names every weight text_model.*. transformers 5 reads both forms; 4.x reads only the prefixed
-# one and would initialise a prefix-less encoder at random (with a warning).
-HUB_PREFIXES = {"CLIPTextModel": "text_model."}
-
-
-def use_hub_names(folder: Path, module) -> None:
-    """Rename the weights ``module.save_pretrained(folder)`` wrote to the published layout, so that
-    the folder loads on both library lines (on transformers 4.x they already are: nothing changes)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-
-    prefix = HUB_PREFIXES.get(type(module).__name__)
-    for path in sorted(folder.glob("*.safetensors")) if prefix else ():
-        tensors = load_file(path)
-        if all(k.startswith(prefix) for k in tensors):
-            continue
-        with safe_open(path, "pt") as f:
-            metadata = f.metadata()
-        save_file({k if k.startswith(prefix) else prefix + k: v for k, v in tensors.items()}, path, metadata=metadata)
-
-
-def save_tiny_folder(out: Path, modules: dict, scheduler_config: dict, model_index: dict) -> Path:
-    """Write each module (sub-folder name -> network) as safetensors, the scheduler config and
-    model_index.json: a folder the family's diffusers pipeline loads, on both library lines."""
-    for name, module in modules.items():
-        module.save_pretrained(out / name, safe_serialization=True)
-        use_hub_names(out / name, module)
-    atomic_write_json(out / "scheduler" / "scheduler_config.json", scheduler_config)
-    atomic_write_json(out / "model_index.json", model_index)
-    return out
-
-
-def folder_megabytes(out: Path) -> float:
-    return sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 1e6
-
-
 def build_modules(p: Preset, clip_vocab: int, t5_vocab: int, seed: int):
     """Instantiate every network of the folder with weights drawn from ``seed``."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
@@ -245,42 +184,26 @@ def build_modules(p: Preset, clip_vocab: int, t5_vocab: int, seed: int):
     return transformer, vae, clip, t5
 
 
-FLUX_MODEL_INDEX = {
-    "_class_name": "FluxPipeline",
-    "_diffusers_version": "0.32.0",
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "CLIPTextModel"],
-    "text_encoder_2": ["transformers", "T5EncoderModel"],
-    "tokenizer": ["transformers", "CLIPTokenizer"],
-    "tokenizer_2": ["transformers", "T5TokenizerFast"],
-    "transformer": ["diffusers", "FluxTransformer2DModel"],
-    "vae": ["diffusers", "AutoencoderKL"],
-}
-
-
 def make_tiny_flux(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     p = PRESETS[preset]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_folder(out_dir)
     clip_vocab = write_clip_tokenizer(out / "tokenizer")
     t5_vocab = write_t5_tokenizer(out / "tokenizer_2")
-    modules = build_modules(p, clip_vocab, t5_vocab, seed)
-    names = ("transformer", "vae", "text_encoder", "text_encoder_2")
-    return save_tiny_folder(out, dict(zip(names, modules)), FLUX_SCHEDULER_CONFIG, FLUX_MODEL_INDEX)
+    modules = dict(zip(("transformer", "vae", "text_encoder", "text_encoder_2"),
+                       build_modules(p, clip_vocab, t5_vocab, seed)))
+    return save_tiny_folder(out, modules, FLUX_SCHEDULER_CONFIG, "FluxPipeline",
+                            {"tokenizer": "CLIPTokenizer", "tokenizer_2": "T5TokenizerFast"})
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir", help="folder to write (created if missing)")
-    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
-                    help="tiny: under 5 MB, a 64x64 image in well under a second on CPU (the demo and the tests); "
-                         "small: about 20 M transformer parameters, for benchmarks (default: tiny)")
-    ap.add_argument("--seed", type=int, default=0, help="the same seed writes the same weights (default: 0)")
-    args = ap.parse_args(argv)
-    out = make_tiny_flux(args.out_dir, args.preset, args.seed)
-    print(f"wrote {args.preset} FLUX folder to {out} ({folder_megabytes(out):.2f} MB, seed {args.seed})")
+    preset = ("--preset",), dict(
+        default="tiny", choices=sorted(PRESETS),
+        help="tiny: under 5 MB, a 64x64 image in well under a second on CPU (the demo and the tests); "
+             "small: about 20 M transformer parameters, for benchmarks (default: tiny)")
+    run_builder_cli("make_tiny_flux", __doc__, lambda a: make_tiny_flux(a.out_dir, a.preset, a.seed),
+                    lambda a: f"{a.preset} FLUX", argv, options=(preset,))
 
 
 if __name__ == "__main__":

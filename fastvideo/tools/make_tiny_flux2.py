@@ -20,27 +20,18 @@ Mistral-3 text encoder (Mistral3ForConditionalGeneration, 40 decoder layers: the
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 
-from fastvideo.tools.make_tiny_flux import bytes_to_unicode, folder_megabytes, save_tiny_folder, wake_zero_projections
+from fastvideo.tools.make_tiny_flux import FLUX_SCHEDULER_CONFIG
+from fastvideo.tools.tiny_builder import bytes_to_unicode, new_folder, run_builder_cli, save_tiny_folder
+from fastvideo.tools.tiny_builder import wake_zero_projections
 
-# FLUX.2 [klein]'s scheduler: the flow-matching scheduler with exponential dynamic shifting (the
-# pipeline computes mu itself from the image's token count and the step count).
-FLUX2_SCHEDULER_CONFIG = {
-    "_class_name": "FlowMatchEulerDiscreteScheduler",
-    "_diffusers_version": "0.42.1",
-    "base_image_seq_len": 256,
-    "base_shift": 0.5,
-    "max_image_seq_len": 4096,
-    "max_shift": 1.15,
-    "num_train_timesteps": 1000,
-    "shift": 3.0,
-    "time_shift_type": "exponential",
-    "use_dynamic_shifting": True,
-}
+# FLUX.2 [klein]'s scheduler: FLUX.1's with exponential dynamic shifting (the pipeline computes mu
+# itself from the image's token count and the step count); its keys sorted, as in the published file.
+FLUX2_SCHEDULER_CONFIG = dict(sorted({**FLUX_SCHEDULER_CONFIG, "_diffusers_version": "0.42.1",
+                                      "time_shift_type": "exponential"}.items()))
 QWEN_WIDTH, QWEN_LAYERS = 16, 36  # Qwen3-4B / -8B have 36 layers; the pipeline reads 9, 18, 27
 HEADS, HEAD_DIM, DOUBLE, SINGLE = 2, 16, 2, 2  # transformer width 32, as the tiny FLUX.1 / SD3.5
 # The tiny VAE's batch-norm running variance: decode multiplies the latents by sqrt(var) = 2.2 .. 3.2,
@@ -174,30 +165,11 @@ def build_modules(vocab: int, seed: int, dev: bool = False):
     return transformer, vae, text_encoder
 
 
-def model_index(distilled: bool) -> dict:
-    return {
-        "_class_name": "Flux2KleinPipeline",
-        "_diffusers_version": "0.42.1",
-        "is_distilled": distilled,
-        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-        "text_encoder": ["transformers", "Qwen3ForCausalLM"],
-        "tokenizer": ["transformers", "Qwen2TokenizerFast"],
-        "transformer": ["diffusers", "Flux2Transformer2DModel"],
-        "vae": ["diffusers", "AutoencoderKLFlux2"],
-    }
-
-
-# black-forest-labs/FLUX.2-dev's model_index.json: no is_distilled (guidance-distilled: the scale
-# goes into the guidance embedding), Mistral-3 behind a PixtralProcessor.
-DEV_MODEL_INDEX = {
-    "_class_name": "Flux2Pipeline",
-    "_diffusers_version": "0.42.1",
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "Mistral3ForConditionalGeneration"],
-    "tokenizer": ["transformers", "PixtralProcessor"],
-    "transformer": ["diffusers", "Flux2Transformer2DModel"],
-    "vae": ["diffusers", "AutoencoderKLFlux2"],
-}
+# The tokenizer entries of FLUX.2 [klein]'s model_index.json and of black-forest-labs/FLUX.2-dev's
+# (Mistral-3 behind a PixtralProcessor; no is_distilled: guidance-distilled, the scale goes into the
+# guidance embedding).
+KLEIN_TOKENIZER = {"tokenizer": "Qwen2TokenizerFast"}
+DEV_TOKENIZER = {"tokenizer": "PixtralProcessor"}
 VARIANTS = ("klein", "dev")
 
 
@@ -211,36 +183,28 @@ def make_tiny_flux2(out_dir: str | Path, seed: int = 0, distilled: bool = False,
                           "FLUX.2 checkpoint kind: use --variant klein [--distilled] or --variant dev (guidance-"
                           "distilled already: no --distilled)")
     dev = variant == "dev"
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_folder(out_dir)
     if dev:
         from fastvideo.tools.tiny_mistral3 import write_mistral3_processor
 
         vocab = write_mistral3_processor(out / "tokenizer")
     else:
         vocab = write_qwen_tokenizer(out / "tokenizer")
-    modules = build_modules(vocab, seed, dev)
-    names = ("transformer", "vae", "text_encoder")
-    index = DEV_MODEL_INDEX if dev else model_index(distilled)
-    return save_tiny_folder(out, dict(zip(names, modules)), FLUX2_SCHEDULER_CONFIG, index)
+    modules = dict(zip(("transformer", "vae", "text_encoder"), build_modules(vocab, seed, dev)))
+    if dev:
+        return save_tiny_folder(out, modules, FLUX2_SCHEDULER_CONFIG, "Flux2Pipeline", DEV_TOKENIZER)
+    return save_tiny_folder(out, modules, FLUX2_SCHEDULER_CONFIG, "Flux2KleinPipeline", KLEIN_TOKENIZER,
+                            is_distilled=distilled)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from fastvideo.errors import UserError, exit_on_user_error
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir", help="folder to write (created if missing)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--distilled", action="store_true", help="mark the folder step-distilled (no guidance)")
-    ap.add_argument("--variant", default="klein", help="klein (Qwen3, Flux2KleinPipeline) or dev (Mistral-3, "
-                    "guidance embedding, Flux2Pipeline)")
-    args = ap.parse_args(argv)
-    try:
-        out = make_tiny_flux2(args.out_dir, args.seed, args.distilled, args.variant)
-    except UserError as exc:  # the recipe line: one line naming the line to install, exit 2
-        exit_on_user_error("make_tiny_flux2", exc)
-    print(f"wrote tiny FLUX.2 [{args.variant}] folder to {out} ({folder_megabytes(out):.2f} MB, seed {args.seed}"
-          f"{', distilled' if args.distilled else ''})")
+    options = ((("--distilled",), dict(action="store_true", help="mark the folder step-distilled (no guidance)")),
+               (("--variant",), dict(default="klein", help="klein (Qwen3, Flux2KleinPipeline) or dev (Mistral-3, "
+                                     "guidance embedding, Flux2Pipeline)")))
+    run_builder_cli("make_tiny_flux2", __doc__,
+                    lambda a: make_tiny_flux2(a.out_dir, a.seed, a.distilled, a.variant),
+                    lambda a: f"tiny FLUX.2 [{a.variant}]", argv, options,
+                    note=lambda a: ", distilled" if a.distilled else "")
 
 
 if __name__ == "__main__":

@@ -18,15 +18,14 @@ current library line.
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
 import torch
 
 from fastvideo.models.qwen_image.components import SCHEDULER_SHIFT_TERMINAL
-from fastvideo.tools.make_tiny_flux import folder_megabytes, save_tiny_folder, wake_zero_projections
 from fastvideo.tools.make_tiny_flux2 import write_qwen_tokenizer
+from fastvideo.tools.tiny_builder import new_folder, run_builder_cli, save_tiny_folder, wake_zero_projections
 
 # Qwen/Qwen-Image's scheduler/scheduler_config.json.
 QWEN_IMAGE_SCHEDULER_CONFIG = {
@@ -63,14 +62,9 @@ def prefix_words() -> list[str]:
 
 def transformer_config() -> dict:
     return {
-        "_class_name": "QwenImageTransformer2DModel",
-        "_diffusers_version": "0.42.1",
-        "patch_size": 2,
-        "in_channels": 64,
-        "out_channels": 16,
-        "num_layers": LAYERS,
-        "attention_head_dim": HEAD_DIM,
-        "num_attention_heads": HEADS,
+        "_class_name": "QwenImageTransformer2DModel", "_diffusers_version": "0.42.1",
+        "patch_size": 2, "in_channels": 64, "out_channels": 16,  # 2x2 patches of the VAE's 16 channels
+        "num_layers": LAYERS, "attention_head_dim": HEAD_DIM, "num_attention_heads": HEADS,
         "joint_attention_dim": TEXT_WIDTH,
         "guidance_embeds": False,
         "axes_dims_rope": [4, 6, 6],  # sum = the head width 16, as Qwen-Image's 16 + 56 + 56 = 128
@@ -80,15 +74,9 @@ def transformer_config() -> dict:
 def vae_config() -> dict:
     """AutoencoderKLQwenImage 8 wide: three spatial down-samplings (two of them temporal), Qwen-Image's statistics."""
     return {
-        "_class_name": "AutoencoderKLQwenImage",
-        "_diffusers_version": "0.42.1",
-        "base_dim": 8,
-        "z_dim": 16,
-        "dim_mult": [1, 2, 2, 2],
-        "num_res_blocks": 1,
-        "attn_scales": [],
-        "temperal_downsample": [False, True, True],
-        "dropout": 0.0,
+        "_class_name": "AutoencoderKLQwenImage", "_diffusers_version": "0.42.1",
+        "base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1,
+        "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0,
         "latents_mean": [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715,
                          0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921],
         "latents_std": [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652,
@@ -126,43 +114,20 @@ def build_modules(tokenizer, seed: int):
     return transformer, vae, text_encoder
 
 
-MODEL_INDEX = {
-    "_class_name": "QwenImagePipeline",
-    "_diffusers_version": "0.42.1",
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
-    "tokenizer": ["transformers", "Qwen2Tokenizer"],
-    "transformer": ["diffusers", "QwenImageTransformer2DModel"],
-    "vae": ["diffusers", "AutoencoderKLQwenImage"],
-}
-
-
 def make_tiny_qwen_image(out_dir: str | Path, seed: int = 0) -> Path:
-    from fastvideo.library_lines import CURRENT, require_line
-
-    require_line(CURRENT, "the tiny Qwen-Image builder")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_folder(out_dir, "the tiny Qwen-Image builder")
     from transformers import Qwen2Tokenizer
 
     write_qwen_tokenizer(out / "tokenizer", prefix_words())
-    modules = build_modules(Qwen2Tokenizer.from_pretrained(out / "tokenizer"), seed)
-    names = ("transformer", "vae", "text_encoder")
-    return save_tiny_folder(out, dict(zip(names, modules)), QWEN_IMAGE_SCHEDULER_CONFIG, MODEL_INDEX)
+    tokenizer = Qwen2Tokenizer.from_pretrained(out / "tokenizer")
+    modules = dict(zip(("transformer", "vae", "text_encoder"), build_modules(tokenizer, seed)))
+    return save_tiny_folder(out, modules, QWEN_IMAGE_SCHEDULER_CONFIG, "QwenImagePipeline",
+                            {"tokenizer": "Qwen2Tokenizer"})
 
 
 def main(argv: list[str] | None = None) -> None:
-    from fastvideo.errors import UserError, exit_on_user_error
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir", help="folder to write (created if missing)")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    try:
-        out = make_tiny_qwen_image(args.out_dir, args.seed)
-    except UserError as exc:  # the recipe line: one line naming the line to install, exit 2
-        exit_on_user_error("make_tiny_qwen_image", exc)
-    print(f"wrote tiny Qwen-Image folder to {out} ({folder_megabytes(out):.2f} MB, seed {args.seed})")
+    run_builder_cli("make_tiny_qwen_image", __doc__, lambda a: make_tiny_qwen_image(a.out_dir, a.seed),
+                    lambda a: "tiny Qwen-Image", argv)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,13 @@ The same seed gives the same weights, bit for bit. Needs the current library lin
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
 import torch
 
-from fastvideo.tools.make_tiny_flux import folder_megabytes, save_tiny_folder, wake_zero_projections
 from fastvideo.tools.make_tiny_flux2 import write_qwen_tokenizer
+from fastvideo.tools.tiny_builder import new_folder, run_builder_cli, save_tiny_folder, wake_zero_projections
 from fastvideo.tools.make_tiny_qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG, TEXT_WIDTH, qwen2_5_vl
 from fastvideo.tools.make_tiny_qwen_image import transformer_config, vae_config
 
@@ -46,18 +45,6 @@ IMAGE_PROCESSOR = {
 # block 0 windowed, block 1 full attention (the 7B: full attention at 7, 15, 23, 31).
 VISION = dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=TEXT_WIDTH,
               fullatt_block_indexes=[1], patch_size=14, temporal_patch_size=2, spatial_merge_size=2, window_size=112)
-
-MODEL_INDEX = {
-    "_class_name": "QwenImageEditPlusPipeline",
-    "_diffusers_version": "0.42.1",
-    "processor": ["transformers", "Qwen2VLProcessor"],
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
-    "tokenizer": ["transformers", "Qwen2Tokenizer"],
-    "transformer": ["diffusers", "QwenImageTransformer2DModel"],
-    "vae": ["diffusers", "AutoencoderKLQwenImage"],
-}
-
 
 def prefix_words() -> list[str]:
     """The edit system prompt's pre-tokens as Qwen2.5 splits them (words with their space, " (", "),",
@@ -97,13 +84,9 @@ def text_encoder(tokenizer):
 
 
 def make_tiny_qwen_image_edit(out_dir: str | Path, seed: int = 0) -> Path:
-    from fastvideo.library_lines import CURRENT, require_line
-
-    require_line(CURRENT, "the tiny Qwen-Image-Edit builder")
+    out = new_folder(out_dir, "the tiny Qwen-Image-Edit builder")
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = write_tokenizer(out / "tokenizer")
     write_processor(out / "processor", tokenizer)
     torch.manual_seed(seed)
@@ -112,21 +95,13 @@ def make_tiny_qwen_image_edit(out_dir: str | Path, seed: int = 0) -> Path:
     encoder = text_encoder(tokenizer)
     wake_zero_projections(transformer, seed + 1)
     modules = {"transformer": transformer, "vae": vae, "text_encoder": encoder}
-    return save_tiny_folder(out, modules, QWEN_IMAGE_SCHEDULER_CONFIG, MODEL_INDEX)
+    named = {"processor": "Qwen2VLProcessor", "tokenizer": "Qwen2Tokenizer"}
+    return save_tiny_folder(out, modules, QWEN_IMAGE_SCHEDULER_CONFIG, "QwenImageEditPlusPipeline", named)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from fastvideo.errors import UserError, exit_on_user_error
-
-    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir", help="folder to write (created if missing)")
-    ap.add_argument("--seed", type=int, default=0, help="the same seed writes the same weights (default: 0)")
-    args = ap.parse_args(argv)
-    try:
-        out = make_tiny_qwen_image_edit(args.out_dir, args.seed)
-    except UserError as exc:  # the recipe line: one line naming the line to install, exit 2
-        exit_on_user_error("make_tiny_qwen_image_edit", exc)
-    print(f"wrote tiny Qwen-Image-Edit folder to {out} ({folder_megabytes(out):.2f} MB, seed {args.seed})")
+    run_builder_cli("make_tiny_qwen_image_edit", __doc__, lambda a: make_tiny_qwen_image_edit(a.out_dir, a.seed),
+                    lambda a: "tiny Qwen-Image-Edit", argv)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from fastvideo.tools.make_tiny_flux import bytes_to_unicode
+from fastvideo.tools.tiny_builder import END_TOKEN, START_TOKEN, write_clip_vocab
 
 TINY_HPS_MODEL_NAME = "flux-grpo-tiny-hps"
 TINY_HPS_CONFIG = {
@@ -63,7 +63,6 @@ TINY_AESTHETIC_CLIP_CONFIG = {
 }
 HPS_PRESETS = {"tiny": (TINY_HPS_MODEL_NAME, TINY_HPS_CONFIG), "base": (BASE_HPS_MODEL_NAME, BASE_HPS_CONFIG)}
 TINY_CLIP_IMAGE_SIZE = 32
-START_TOKEN, END_TOKEN = "<|startoftext|>", "<|endoftext|>"
 
 
 @dataclass(frozen=True)
@@ -77,17 +76,26 @@ class TinyRewardPaths:
     image_reward_dir: Path
 
 
+def register_open_clip_config(out_dir: Path, model_name: str, model_config: dict) -> Path:
+    """Write open_clip's model config ``model_name``.json into ``out_dir`` (created) and register it
+    with open_clip (unless the same config already is): -> the file."""
+    import open_clip
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = out_dir / f"{model_name}.json"
+    config_path.write_text(json.dumps(model_config, indent=2) + "\n")
+    if open_clip.get_model_config(model_name) != model_config:
+        open_clip.add_model_config(config_path)
+    return config_path
+
+
 def write_hps(out_dir: Path, seed: int, preset: str = "tiny") -> tuple[Path, Path]:
     """Random open_clip base weights + HPS 'state_dict' (base + seeded perturbation, fp16) for
     the ``preset`` architecture of HPS_PRESETS (model_name HPS_PRESETS[preset][0])."""
     import open_clip
 
     model_name, model_config = HPS_PRESETS[preset]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config_path = out_dir / f"{model_name}.json"
-    config_path.write_text(json.dumps(model_config, indent=2) + "\n")
-    if open_clip.get_model_config(model_name) != model_config:
-        open_clip.add_model_config(config_path)
+    config_path = register_open_clip_config(out_dir, model_name, model_config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = open_clip.create_model(model_name, pretrained=None, device="cpu")
@@ -110,11 +118,7 @@ def write_aesthetic(out_dir: Path, seed: int) -> Path:
 
     from fastvideo.rewards.aesthetic import AESTHETIC_MLP_FILE, AestheticMLP
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config_path = out_dir / f"{TINY_AESTHETIC_CLIP_NAME}.json"
-    config_path.write_text(json.dumps(TINY_AESTHETIC_CLIP_CONFIG, indent=2) + "\n")
-    if open_clip.get_model_config(TINY_AESTHETIC_CLIP_NAME) != TINY_AESTHETIC_CLIP_CONFIG:
-        open_clip.add_model_config(config_path)
+    register_open_clip_config(out_dir, TINY_AESTHETIC_CLIP_NAME, TINY_AESTHETIC_CLIP_CONFIG)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + 10)
         clip = open_clip.create_model(TINY_AESTHETIC_CLIP_NAME, pretrained=None, device="cpu")
@@ -129,16 +133,6 @@ def write_aesthetic(out_dir: Path, seed: int) -> Path:
     return out_dir
 
 
-def write_clip_tokenizer_files(folder: Path) -> tuple[Path, Path]:
-    """Byte-level CLIP BPE vocabulary without merges: every word splits into byte symbols."""
-    symbols = list(bytes_to_unicode().values())
-    tokens = symbols + [s + "</w>" for s in symbols] + [START_TOKEN, END_TOKEN]
-    vocab_path, merges_path = folder / "vocab.json", folder / "merges.txt"
-    vocab_path.write_text(json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False))
-    merges_path.write_text("#version: 0.2\n")
-    return vocab_path, merges_path
-
-
 def write_pickscore(out_dir: Path, seed: int) -> Path:
     """Tiny CLIPModel + CLIPProcessor with save_pretrained."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
@@ -146,14 +140,14 @@ def write_pickscore(out_dir: Path, seed: int) -> Path:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        vocab, merges = write_clip_tokenizer_files(Path(tmp))
+        write_clip_vocab(Path(tmp))  # byte-level, no merges: every word splits into byte symbols
         # from_pretrained reads vocab.json + merges.txt on both library lines (transformers 5's
         # constructor takes the vocabulary itself, not its file).
         tokenizer = CLIPTokenizerFast.from_pretrained(
             tmp, unk_token=END_TOKEN, bos_token=START_TOKEN, eos_token=END_TOKEN, pad_token=END_TOKEN,
             model_max_length=77,
         )
-        vocab_text, merges_text = vocab.read_text(), merges.read_text()
+        vocab_text, merges_text = (Path(tmp, name).read_text(encoding="utf-8") for name in ("vocab.json", "merges.txt"))
     vocab_size = len(tokenizer)
     bos, eos = tokenizer.convert_tokens_to_ids([START_TOKEN, END_TOKEN])
     config = CLIPConfig(

@@ -14,21 +14,18 @@ same weights, bit for bit.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 
 from fastvideo.tools.make_tiny_flux import (
-    folder_megabytes,
-    save_tiny_folder,
     tiny_clip_config,
     tiny_t5,
     tiny_vae_config,
-    wake_zero_projections,
     write_clip_tokenizer,
     write_t5_tokenizer,
 )
+from fastvideo.tools.tiny_builder import new_folder, run_builder_cli, save_tiny_folder, wake_zero_projections
 
 # SD3.5-Medium's scheduler and VAE latent statistics (its scheduler_config.json / vae/config.json).
 SD3_SCHEDULER_CONFIG = {
@@ -95,39 +92,19 @@ def build_modules(clip_vocab: int, t5_vocab: int, seed: int):
     return transformer, vae, clip_l, clip_g, t5
 
 
-MODEL_INDEX = {
-    "_class_name": "StableDiffusion3Pipeline",
-    "_diffusers_version": "0.32.0",
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
-    "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
-    "text_encoder_3": ["transformers", "T5EncoderModel"],
-    "tokenizer": ["transformers", "CLIPTokenizer"],
-    "tokenizer_2": ["transformers", "CLIPTokenizer"],
-    "tokenizer_3": ["transformers", "T5TokenizerFast"],
-    "transformer": ["diffusers", "SD3Transformer2DModel"],
-    "vae": ["diffusers", "AutoencoderKL"],
-}
-
-
 def make_tiny_sd3(out_dir: str | Path, seed: int = 0) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_folder(out_dir)
     clip_vocab = write_clip_tokenizer(out / "tokenizer")
     write_clip_tokenizer(out / "tokenizer_2")
     t5_vocab = write_t5_tokenizer(out / "tokenizer_3")
-    modules = build_modules(clip_vocab, t5_vocab, seed)
     names = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
-    return save_tiny_folder(out, dict(zip(names, modules)), SD3_SCHEDULER_CONFIG, MODEL_INDEX)
+    modules = dict(zip(names, build_modules(clip_vocab, t5_vocab, seed)))
+    tokenizers = {"tokenizer": "CLIPTokenizer", "tokenizer_2": "CLIPTokenizer", "tokenizer_3": "T5TokenizerFast"}
+    return save_tiny_folder(out, modules, SD3_SCHEDULER_CONFIG, "StableDiffusion3Pipeline", tokenizers)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir", help="folder to write (created if missing)")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    out = make_tiny_sd3(args.out_dir, args.seed)
-    print(f"wrote tiny SD3.5 folder to {out} ({folder_megabytes(out):.2f} MB, seed {args.seed})")
+    run_builder_cli("make_tiny_sd3", __doc__, lambda a: make_tiny_sd3(a.out_dir, a.seed), lambda a: "tiny SD3.5", argv)
 
 
 if __name__ == "__main__":

@@ -14,20 +14,13 @@ same weights, bit for bit. Needs the current library line.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 
-from fastvideo.tools.make_tiny_flux import (
-    FLUX_VAE_SCALING,
-    FLUX_VAE_SHIFT,
-    folder_megabytes,
-    save_tiny_folder,
-    tiny_vae_config,
-    wake_zero_projections,
-)
+from fastvideo.tools.make_tiny_flux import FLUX_VAE_SCALING, FLUX_VAE_SHIFT, tiny_vae_config
 from fastvideo.tools.make_tiny_flux2 import QWEN_WIDTH, qwen3, write_qwen_tokenizer
+from fastvideo.tools.tiny_builder import new_folder, run_builder_cli, save_tiny_folder, wake_zero_projections
 
 # Z-Image's (and Z-Image-Turbo's) scheduler: a static shift of 3, no dynamic shifting (the pipeline
 # computes a mu the scheduler then ignores).
@@ -79,41 +72,16 @@ def build_modules(vocab: int, seed: int):
     return transformer, vae, text_encoder
 
 
-MODEL_INDEX = {
-    "_class_name": "ZImagePipeline",
-    "_diffusers_version": "0.42.1",
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "Qwen3ForCausalLM"],
-    "tokenizer": ["transformers", "Qwen2TokenizerFast"],
-    "transformer": ["diffusers", "ZImageTransformer2DModel"],
-    "vae": ["diffusers", "AutoencoderKL"],
-}
-
-
 def make_tiny_zimage(out_dir: str | Path, seed: int = 0) -> Path:
-    from fastvideo.library_lines import CURRENT, require_line
-
-    require_line(CURRENT, "the tiny Z-Image builder")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_folder(out_dir, "the tiny Z-Image builder")
     vocab = write_qwen_tokenizer(out / "tokenizer")
-    modules = build_modules(vocab, seed)
-    names = ("transformer", "vae", "text_encoder")
-    return save_tiny_folder(out, dict(zip(names, modules)), ZIMAGE_SCHEDULER_CONFIG, MODEL_INDEX)
+    modules = dict(zip(("transformer", "vae", "text_encoder"), build_modules(vocab, seed)))
+    return save_tiny_folder(out, modules, ZIMAGE_SCHEDULER_CONFIG, "ZImagePipeline", {"tokenizer": "Qwen2TokenizerFast"})
 
 
 def main(argv: list[str] | None = None) -> None:
-    from fastvideo.errors import UserError, exit_on_user_error
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir", help="folder to write (created if missing)")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    try:
-        out = make_tiny_zimage(args.out_dir, args.seed)
-    except UserError as exc:  # the recipe line: one line naming the line to install, exit 2
-        exit_on_user_error("make_tiny_zimage", exc)
-    print(f"wrote tiny Z-Image folder to {out} ({folder_megabytes(out):.2f} MB, seed {args.seed})")
+    run_builder_cli("make_tiny_zimage", __doc__, lambda a: make_tiny_zimage(a.out_dir, a.seed),
+                    lambda a: "tiny Z-Image", argv)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def _bpe_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from fastvideo.tools.make_tiny_flux import bytes_to_unicode
+    from fastvideo.tools.tiny_builder import bytes_to_unicode
 
     symbols = list(bytes_to_unicode().values())
     space = bytes_to_unicode()[ord(" ")]

@@ -8,80 +8,40 @@
 # (checkpoints, metrics, images, evaluation files; nothing else). To continue a run instead:
 #   EXTRA_ARGS="--resume_from_checkpoint latest" STEPS=60 bash scripts/demo/grpo_tiny_cpu.sh
 # Overridable: DEMO_DIR (data/demo), NPROC (2), STEPS (iterations), EXTRA_ARGS, DRY_RUN=1,
-# MODEL (flux, or sd3: the tiny SD3.5 with classifier-free guidance 4.5 and Flow-GRPO's SDE; its
-# model, embeddings and outputs go to DEMO_DIR/{tiny_sd3, embeddings_sd3, outputs_sd3}; or flux2: the
-# tiny FLUX.2 [klein] base with classifier-free guidance 4.0, Flow-GRPO's SDE, the pipeline's own
-# schedule and lr 1e-2, on the current library line, LINE=current, the default for it; DEMO_DIR/*_flux2;
-# or zimage: the tiny Z-Image with guidance 4.0, Flow-GRPO's SDE, shift 3 and lr ZIMAGE_LR (1e-2), the
-# current line too; DEMO_DIR/*_zimage; or qwen_image: the tiny Qwen-Image with true CFG 4.0 (negative " "),
-# Flow-GRPO's SDE, the pipeline's size-dependent shift and lr QWEN_IMAGE_LR (1e-2), the current line too;
-# DEMO_DIR/*_qwen_image; or kontext: the tiny FLUX.1 Kontext editing the bundled source
-# images of assets/edit/ with guidance 2.5, the pipeline's shift and the clip_edit reward of tiny CLIP
-# weights built into DEMO_DIR/tiny_rewards, evaluated on assets/edit/eval_edit.jsonl, docs/editing.md;
-# the current line too; DEMO_DIR/*_kontext; or qwen_image_edit: the tiny Qwen-Image-Edit on the same
-# sources and rewards with true CFG 4.0 (negative " " with the image), Flow-GRPO's SDE, the pipeline's
-# shift, lr QWEN_IMAGE_LR, sources preprocessed at a 64^2 VAE area (SOURCE_VAE_SIZE, 16 tokens); the
-# current line too; DEMO_DIR/*_qwen_image_edit),
+# MODEL (flux, or any family of fastvideo/models/catalog.py, one line a family holding its demo settings:
+# sd3, flux2, zimage, qwen_image, kontext, qwen_image_edit; `python -m fastvideo.models.catalog names`.
+# Each family's model, embeddings and outputs go to DEMO_DIR/{tiny_NAME, embeddings_NAME, outputs_NAME};
+# flux2, zimage, qwen_image and the editing families run on the current library line (LINE=current, the
+# default for them). zimage reads its lr from ZIMAGE_LR (1e-2), qwen_image and qwen_image_edit from
+# QWEN_IMAGE_LR (1e-2); kontext and qwen_image_edit edit the bundled source images of assets/edit/ with
+# the clip_edit reward of tiny CLIP weights built into DEMO_DIR/tiny_rewards, evaluated on
+# assets/edit/eval_edit.jsonl (docs/editing.md), qwen_image_edit's sources at a 64^2 VAE area
+# (SOURCE_VAE_SIZE, 16 tokens)),
 # ALGO (grpo, or nft: DiffusionNFT with DPM-Solver++ rollouts, one optimizer step per prompt group
 # at lr 1e-2 as in docs/nft.md's race; outputs in DEMO_DIR/outputs_nft),
 # OUTPUT_DIR (where the run writes; the LoRA demo in README uses DEMO_DIR/outputs_lora),
 # LINE (recipe or current: the library line, README "Library lines").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-case "${MODEL:-flux}" in
-  flux2|zimage|qwen_image|kontext|qwen_image_edit)
-    export LINE=${LINE:-current}
-    if [ "$LINE" != current ]; then
-      echo "MODEL=$MODEL runs on the current library line (diffusers 0.42.1): drop LINE=$LINE or set LINE=current" >&2
-      exit 2
-    fi ;;
-esac
+DEMO_DIR=${DEMO_DIR:-data/demo}
+# The family's wiring, its line of fastvideo/models/catalog.py (standard library only: asked before
+# env_setup.sh installs anything): TINY, BUILD, EMB, OUT, PREPROCESS, SEQ, FAMILY_ARGS, DEMO_LINE,
+# STAMP and, for an editing family, PROMPTS. An unknown MODEL: one line naming the choices, exit 2.
+WIRING=$("${PYTHON:-python3}" -m fastvideo.models.catalog demo "${MODEL:-flux}" --demo_dir "$DEMO_DIR")
+eval "$WIRING"
+if [ "$DEMO_LINE" = current ]; then
+  export LINE=${LINE:-current}
+  if [ "$LINE" != current ]; then
+    echo "MODEL=$MODEL runs on the current library line (diffusers 0.42.1): drop LINE=$LINE or set LINE=current" >&2
+    exit 2
+  fi
+fi
 if [ "${DRY_RUN:-0}" != 1 ]; then bash env_setup.sh --target cpu; fi  # a dry run installs nothing
 export FASTVIDEO_DEVICE=cpu
 source scripts/common.sh
-DEMO_DIR=${DEMO_DIR:-data/demo}
 NPROC=${NPROC:-2}
 STEPS=${STEPS:-40}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-case "${MODEL:-flux}" in
-  flux) TINY=tiny_flux; BUILD=(fastvideo.tools.make_tiny_flux --preset tiny); EMB=embeddings; OUT=outputs
-        PREPROCESS=preprocess_flux_rl_embeddings.sh; SEQ=32; FAMILY_ARGS=() ;;
-  sd3) TINY=tiny_sd3; BUILD=(fastvideo.tools.make_tiny_sd3); EMB=embeddings_sd3; OUT=outputs_sd3
-       PREPROCESS=preprocess_sd3_rl_embeddings.sh; SEQ=16
-       FAMILY_ARGS=(--model_family sd3 --guidance_scale 4.5 --flow_grpo_sampling --no_quantize_timestep) ;;
-  flux2) TINY=tiny_flux2; BUILD=(fastvideo.tools.make_tiny_flux2); EMB=embeddings_flux2; OUT=outputs_flux2
-         PREPROCESS=preprocess_flux2_rl_embeddings.sh; SEQ=80  # the longest prompt of assets/prompts.txt: 76 tokens
-         # lr 1e-2: at the shared 3e-3 the tiny klein's reward did not rise in 40 iterations (docs/flux2.md, Demo)
-         FAMILY_ARGS=(--model_family flux2 --guidance_scale 4.0 --flow_grpo_sampling --no_quantize_timestep
-                      --pipeline_shift --learning_rate 1e-2) ;;
-  zimage) TINY=tiny_zimage; BUILD=(fastvideo.tools.make_tiny_zimage); EMB=embeddings_zimage; OUT=outputs_zimage
-          PREPROCESS=preprocess_zimage_rl_embeddings.sh; SEQ=80  # as flux2's: the same tokenizer and chat template
-          # the 8-GPU launcher's guidance 4.0 (Flow-Factory's), the scheduler's shift 3; lr: docs/zimage.md, Demo
-          FAMILY_ARGS=(--model_family zimage --guidance_scale 4.0 --flow_grpo_sampling --no_quantize_timestep
-                       --shift 3 --learning_rate "${ZIMAGE_LR:-1e-2}") ;;
-  qwen_image) TINY=tiny_qwen_image; BUILD=(fastvideo.tools.make_tiny_qwen_image); EMB=embeddings_qwen_image
-              OUT=outputs_qwen_image; PREPROCESS=preprocess_qwen_image_rl_embeddings.sh
-              SEQ=96  # the longest prompt of assets/prompts.txt and the template's suffix, after its 34-token prefix
-              # the 8-GPU launcher's true CFG 4.0 (Flow-Factory's) and the pipeline's shift; lr as Z-Image's demo
-              FAMILY_ARGS=(--model_family qwen_image --guidance_scale 4.0 --flow_grpo_sampling --no_quantize_timestep
-                           --pipeline_shift --learning_rate "${QWEN_IMAGE_LR:-1e-2}") ;;
-  kontext) TINY=tiny_kontext; BUILD=(fastvideo.tools.make_tiny_kontext); EMB=embeddings_kontext; OUT=outputs_kontext
-           PREPROCESS=preprocess_kontext_rl_embeddings.sh; SEQ=32; PROMPTS=assets/edit/prompts_edit.jsonl
-           # FluxKontextPipeline's guidance 2.5 and shift; clip_edit keeps the source and follows the instruction
-           FAMILY_ARGS=(--model_family kontext --guidance_scale 2.5 --no_quantize_timestep --pipeline_shift
-                        --rewards clip_edit:1.0 --clip_dir "$DEMO_DIR/tiny_rewards/pickscore"
-                        --eval_prompts assets/edit/eval_edit.jsonl --eval_rewards clip_edit,detail) ;;
-  qwen_image_edit) TINY=tiny_qwen_image_edit; BUILD=(fastvideo.tools.make_tiny_qwen_image_edit)
-                   EMB=embeddings_qwen_image_edit; OUT=outputs_qwen_image_edit
-                   PREPROCESS=preprocess_qwen_image_edit_rl_embeddings.sh; PROMPTS=assets/edit/prompts_edit.jsonl
-                   SEQ=320  # the instruction with its 384^2 condition image's Qwen2.5-VL tokens
-                   export SOURCE_VAE_SIZE=${SOURCE_VAE_SIZE:-64}  # 16 source tokens beside the 16 generated
-                   FAMILY_ARGS=(--model_family qwen_image_edit --guidance_scale 4.0 --flow_grpo_sampling
-                                --no_quantize_timestep --pipeline_shift --learning_rate "${QWEN_IMAGE_LR:-1e-2}"
-                                --rewards clip_edit:1.0 --clip_dir "$DEMO_DIR/tiny_rewards/pickscore"
-                                --eval_prompts assets/edit/eval_edit.jsonl --eval_rewards clip_edit,detail) ;;
-  *) echo "MODEL=${MODEL}: use flux, sd3, flux2, zimage, qwen_image, kontext or qwen_image_edit" >&2; exit 2 ;;
-esac
 # The objective: GRPO shares one noise per prompt group (--init_same_noise); NFT's deterministic
 # DPM-Solver++ rollouts would make a group's samples equal, so it draws each sample's own noise.
 case "${ALGO:-grpo}" in
@@ -91,20 +51,10 @@ case "${ALGO:-grpo}" in
   *) echo "ALGO=${ALGO}: use grpo or nft" >&2; exit 2 ;;
 esac
 OUTPUT_DIR=${OUTPUT_DIR:-$DEMO_DIR/$OUT}
-BUILDERS=(fastvideo/tools/make_tiny_flux.py fastvideo/tools/make_tiny_sd3.py)
-case "${MODEL:-flux}" in
-  flux2) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py) ;;
-  zimage) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_zimage.py) ;;
-  qwen_image) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_qwen_image.py) ;;
-  kontext) BUILDERS+=(fastvideo/tools/make_tiny_kontext.py) ;;
-  qwen_image_edit) BUILDERS+=(fastvideo/tools/make_tiny_flux2.py fastvideo/tools/make_tiny_qwen_image.py
-                              fastvideo/tools/make_tiny_qwen_image_edit.py) ;;
-esac
 
 # A tiny folder built by another version of the builders (a preset changed: the tiny SD3.5's VAE
-# factors did) is rebuilt, else the demo would silently train the old model: the stamp is a hash of
-# the builder modules, written after a complete build.
-STAMP=$(cat "${BUILDERS[@]}" | sha256sum | cut -c1-16)
+# factors did) is rebuilt, else the demo would silently train the old model: the stamp (STAMP, from
+# the catalog) is a hash of the builder modules, written after a complete build.
 if [ "${DRY_RUN:-0}" != 1 ]; then
   if [ ! -f "$DEMO_DIR/$TINY/model_index.json" ] || [ "$(cat "$DEMO_DIR/$TINY/.demo_build" 2>/dev/null)" != "$STAMP" ]; then
     if [ -d "$DEMO_DIR/$TINY" ]; then echo "demo: rebuilding $DEMO_DIR/$TINY (built by another builder version)"; fi

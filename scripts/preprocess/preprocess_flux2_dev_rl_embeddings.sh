@@ -11,9 +11,6 @@
 # The text encoder is 48 GB of bf16: it fits one 64 GB die or 80 GB GPU and leaves the device before training.
 # Every other variable: preprocess_flux_rl_embeddings.sh.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export LINE=${LINE:-current}
 export MODEL_PATH=${MODEL_PATH:-data/flux2_dev}
 export OUTPUT_DIR=${OUTPUT_DIR:-data/rl_embeddings_flux2_dev}
-export MAX_SEQ_LEN=${MAX_SEQ_LEN:-512}
-exec bash "$ROOT/scripts/preprocess/preprocess_flux_rl_embeddings.sh" --model_family flux2 "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/preprocess_family_rl_embeddings.sh" flux2 "$@"

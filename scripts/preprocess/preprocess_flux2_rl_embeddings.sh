@@ -9,10 +9,6 @@
 # .venv-current) and FLUX.2 defaults: MODEL_PATH data/flux2, OUTPUT_DIR data/rl_embeddings_flux2,
 # MAX_SEQ_LEN 512 (Flux2KleinPipeline's max_sequence_length; the transformer attends to the padding
 # too, so another length is another model input). Every other variable: preprocess_flux_rl_embeddings.sh.
+# The defaults are the family's line of fastvideo/models/catalog.py (preprocess_family_rl_embeddings.sh).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export LINE=${LINE:-current}
-export MODEL_PATH=${MODEL_PATH:-data/flux2}
-export OUTPUT_DIR=${OUTPUT_DIR:-data/rl_embeddings_flux2}
-export MAX_SEQ_LEN=${MAX_SEQ_LEN:-512}
-exec bash "$ROOT/scripts/preprocess/preprocess_flux_rl_embeddings.sh" --model_family flux2 "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/preprocess_family_rl_embeddings.sh" flux2 "$@"

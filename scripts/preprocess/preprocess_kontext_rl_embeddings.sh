@@ -11,10 +11,6 @@
 # defaults: MODEL_PATH data/kontext, OUTPUT_DIR data/rl_embeddings_kontext, PROMPT_FILE
 # assets/edit/prompts_edit.jsonl (the tiny bundled set). Every other variable:
 # preprocess_flux_rl_embeddings.sh.
+# The defaults are the family's line of fastvideo/models/catalog.py (preprocess_family_rl_embeddings.sh).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export LINE=${LINE:-current}
-export MODEL_PATH=${MODEL_PATH:-data/kontext}
-export OUTPUT_DIR=${OUTPUT_DIR:-data/rl_embeddings_kontext}
-export PROMPT_FILE=${PROMPT_FILE:-assets/edit/prompts_edit.jsonl}
-exec bash "$ROOT/scripts/preprocess/preprocess_flux_rl_embeddings.sh" --model_family kontext "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/preprocess_family_rl_embeddings.sh" kontext "$@"

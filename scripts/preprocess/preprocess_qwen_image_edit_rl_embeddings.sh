@@ -15,12 +15,6 @@
 # defaults: MODEL_PATH data/qwen_image_edit, OUTPUT_DIR data/rl_embeddings_qwen_image_edit, PROMPT_FILE
 # assets/edit/prompts_edit.jsonl (the tiny bundled set), MAX_SEQ_LEN 512 (the instruction with its image's
 # tokens). Every other variable: preprocess_flux_rl_embeddings.sh.
+# The defaults are the family's line of fastvideo/models/catalog.py (preprocess_family_rl_embeddings.sh).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export LINE=${LINE:-current}
-export MODEL_PATH=${MODEL_PATH:-data/qwen_image_edit}
-export OUTPUT_DIR=${OUTPUT_DIR:-data/rl_embeddings_qwen_image_edit}
-export PROMPT_FILE=${PROMPT_FILE:-assets/edit/prompts_edit.jsonl}
-export MAX_SEQ_LEN=${MAX_SEQ_LEN:-512}
-exec bash "$ROOT/scripts/preprocess/preprocess_flux_rl_embeddings.sh" --model_family qwen_image_edit \
-  --source_vae_size "${SOURCE_VAE_SIZE:-384}" "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/preprocess_family_rl_embeddings.sh" qwen_image_edit "$@"

@@ -10,10 +10,6 @@
 # and Qwen-Image defaults: MODEL_PATH data/qwen_image, OUTPUT_DIR data/rl_embeddings_qwen_image, MAX_SEQ_LEN
 # 512 (QwenImagePipeline's max_sequence_length; a longer prompt is cut there, as in the pipeline). Every
 # other variable: preprocess_flux_rl_embeddings.sh.
+# The defaults are the family's line of fastvideo/models/catalog.py (preprocess_family_rl_embeddings.sh).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export LINE=${LINE:-current}
-export MODEL_PATH=${MODEL_PATH:-data/qwen_image}
-export OUTPUT_DIR=${OUTPUT_DIR:-data/rl_embeddings_qwen_image}
-export MAX_SEQ_LEN=${MAX_SEQ_LEN:-512}
-exec bash "$ROOT/scripts/preprocess/preprocess_flux_rl_embeddings.sh" --model_family qwen_image "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/preprocess_family_rl_embeddings.sh" qwen_image "$@"

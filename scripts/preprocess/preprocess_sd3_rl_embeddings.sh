@@ -8,9 +8,6 @@
 # OUTPUT_DIR data/rl_embeddings_sd3, MAX_SEQ_LEN 128 (Flow-GRPO's train_sd3.py encodes with
 # max_sequence_length=128). Flow-GRPO's PickScore prompts are its dataset/pickscore/train.txt: pass
 # PROMPT_FILE=... (default assets/prompts.txt). Every other variable: preprocess_flux_rl_embeddings.sh.
+# The defaults are the family's line of fastvideo/models/catalog.py (preprocess_family_rl_embeddings.sh).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export MODEL_PATH=${MODEL_PATH:-data/sd3}
-export OUTPUT_DIR=${OUTPUT_DIR:-data/rl_embeddings_sd3}
-export MAX_SEQ_LEN=${MAX_SEQ_LEN:-128}
-exec bash "$ROOT/scripts/preprocess/preprocess_flux_rl_embeddings.sh" --model_family sd3 "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/preprocess_family_rl_embeddings.sh" sd3 "$@"

@@ -9,10 +9,6 @@
 # and Z-Image defaults: MODEL_PATH data/zimage, OUTPUT_DIR data/rl_embeddings_zimage, MAX_SEQ_LEN 512
 # (ZImagePipeline's max_sequence_length; a longer prompt is cut there, as in the pipeline). Every other
 # variable: preprocess_flux_rl_embeddings.sh.
+# The defaults are the family's line of fastvideo/models/catalog.py (preprocess_family_rl_embeddings.sh).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export LINE=${LINE:-current}
-export MODEL_PATH=${MODEL_PATH:-data/zimage}
-export OUTPUT_DIR=${OUTPUT_DIR:-data/rl_embeddings_zimage}
-export MAX_SEQ_LEN=${MAX_SEQ_LEN:-512}
-exec bash "$ROOT/scripts/preprocess/preprocess_flux_rl_embeddings.sh" --model_family zimage "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/preprocess_family_rl_embeddings.sh" zimage "$@"

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(_line_reason() is not None, reason=_line_reason(
 
 
 def _awake(model, seed: int = 1):
-    from fastvideo.tools.make_tiny_flux import wake_zero_projections
+    from fastvideo.tools.tiny_builder import wake_zero_projections
 
     wake_zero_projections(model, seed)
     return model
