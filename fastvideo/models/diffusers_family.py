@@ -24,14 +24,7 @@ import torch
 
 from fastvideo.models import base
 from fastvideo.models.base import EmbeddingShapeError, LatentLayout, TensorConditioning, config_value
-
-
-def latent_hw(height: int, width: int, scale: int = 8) -> tuple[int, int]:
-    """The VAE grid of an image at ``scale`` pixels per latent cell; both sides must be multiples of
-    2 * scale (every family here tokenises 2x2 cells: FLUX.1's packing, SD3's patches)."""
-    if height % (2 * scale) or width % (2 * scale):
-        raise ValueError(f"image size {height}x{width} must be a multiple of {2 * scale} on both sides")
-    return height // scale, width // scale
+from fastvideo.models.latents import latent_hw
 
 
 @dataclass(frozen=True)
