@@ -18,6 +18,8 @@
 #   WORK_DIR   where both runs go (default: a new temporary folder, removed afterwards unless KEEP=1)
 #   KEEP=1     keep WORK_DIR and the base worktree (for a look at the logs and images)
 #   EXTRA_ARGS extra training flags, passed to both runs
+#   MODEL, ALGO, LINE  the demo's family, objective and library line (both runs write WORK_DIR/NAME/outputs,
+#              whatever folder the demo would pick: MODEL=zimage ALGO=nft ... compares those runs)
 set -euo pipefail
 HEAD_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BASE_REF=${1:-919d5af}
@@ -59,7 +61,8 @@ run_demo() {
   local name=$1 tree=$2
   echo "check_bit_identical: $name ($tree) - $STEPS iterations ..." >&2
   if ! env PYTHON="$PYTHON" PYTHONPATH="$tree" VIRTUAL_ENV="$VENV_PREFIX" PATH="$(dirname "$PYTHON"):$PATH" \
-      FLUX_GRPO_PIP="$PIP_STANDIN" DEMO_DIR="$WORK_DIR/$name" STEPS="$STEPS" EXTRA_ARGS="${EXTRA_ARGS:-}" \
+      FLUX_GRPO_PIP="$PIP_STANDIN" DEMO_DIR="$WORK_DIR/$name" OUTPUT_DIR="$WORK_DIR/$name/outputs" STEPS="$STEPS" \
+      EXTRA_ARGS="${EXTRA_ARGS:-}" \
       bash "$tree/scripts/demo/grpo_tiny_cpu.sh" >"$WORK_DIR/$name.log" 2>&1; then
     restore_stamp
     echo "check_bit_identical: the $name run failed; last lines of $WORK_DIR/$name.log:" >&2
