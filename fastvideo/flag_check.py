@@ -55,14 +55,21 @@ def _unknown_flag_problems(parser, extras: list[str]) -> list[str]:
 
 def _stray_word_problems(parser, extras: list[str], argv: list[str]) -> list[str]:
     """A word the parser took for no flag: a value given to a flag that takes none (``--use_group
-    false``, which would otherwise read as --use_group on) or a stray word; one line each."""
+    false``, which would otherwise read as --use_group on) or a stray word; one line each. A word
+    right after a flag that takes a value is that value, after an unknown flag that flag's (reported
+    as the flag)."""
     switches = {s for a in parser._actions if a.nargs == 0 for s in a.option_strings}
+    known = {s for a in parser._actions for s in a.option_strings}
+    stray = [w for w in extras if not w.startswith("--")]
     problems = []
-    for word in (w for w in extras if not w.startswith("--")):
-        before = argv[argv.index(word) - 1] if word in argv and argv.index(word) > 0 else None
-        if before is not None and before.startswith("--") and before in extras:
-            continue  # the value of an unknown flag, reported as that flag
-        if before in switches:
+    for i, word in enumerate(argv):
+        if word.startswith("--") or word not in stray:
+            continue
+        before = argv[i - 1] if i else ""
+        if before.startswith("--") and "=" not in before and before not in switches:
+            continue  # a known flag's value, or an unknown flag's
+        stray.remove(word)
+        if before in switches and before in known:
             problems.append(f"{before} takes no value (got {word!r}): write {before} to turn it on, leave it "
                             f"out to keep it off")
         else:

@@ -333,6 +333,14 @@ def test_a_value_for_a_switch_and_a_stray_word_are_refused(words, problem, tmp_p
     assert proc.returncode == 2 and problem in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
+def test_a_repeated_value_after_an_unknown_flag_is_that_flags():
+    """'1' is --max_train_steps' value and then --bogus_flag's: one problem, the unknown flag."""
+    args, problems = preflight.parse_all(["--data_json_path", "x.json", "--pretrained_model_name_or_path", "m",
+                                          "--max_train_steps", "1", "--bogus_flag", "1", "--use_group", "1"])
+    assert problems == ["unknown flag --bogus_flag", "--use_group takes no value (got '1'): write --use_group to "
+                        "turn it on, leave it out to keep it off"]
+
+
 def test_a_plugins_own_flag_passes_the_check():
     """The check parses with the flags of the plugin the command line selects."""
     sys.path.insert(0, str(ROOT / "tests" / "training"))
