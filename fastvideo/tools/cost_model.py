@@ -129,7 +129,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.trained_steps = num_trained_steps(args.sampling_steps, args.timestep_fraction, args.train_last_step)
         if args.algorithm == "nft":  # algorithms/nft.py: all N sampling timesteps are candidates
             args.trained_steps = max(1, int(args.sampling_steps * args.timestep_fraction))
-    args.nograd_update_forwards = int(args.algorithm == "nft") + int(args.kl_coef > 0)
+    from fastvideo.tools.cost_model_memory import objective_declares
+
+    args.nograd_update_forwards = int(objective_declares(args.algorithm, "needs_old_policy", False)) + \
+        int(args.kl_coef > 0)
     for flag in ("seconds_per_iteration", "peak_tflops"):
         value = getattr(args, flag)
         if value is not None and not (0 < value < float("inf")):

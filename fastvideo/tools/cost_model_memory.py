@@ -94,8 +94,17 @@ def _lora_and_copies(args) -> dict:
     return {"lora_rank": args.lora_rank if args.use_lora else 0, "lora_targets": targets,
             "lora_base_bytes": 2 if args.lora_base_precision == "bf16" else master,
             "lora_replicate_base": not args.use_cpu_offload,
-            "kl_reference": args.kl_coef > 0, "old_policy": args.algorithm == "nft",
-            "keeps_latents": args.algorithm != "nft"}  # NFT's rollout keeps x0 alone (needs_trajectory)
+            "kl_reference": args.kl_coef > 0, "old_policy": objective_declares(args.algorithm, "needs_old_policy", False),
+            # an objective that replays no stored transition keeps x0 alone (NFT)
+            "keeps_latents": objective_declares(args.algorithm, "needs_trajectory", True)}
+
+
+def objective_declares(algorithm: str, need: str, default: bool) -> bool:
+    """What --algorithm's objective class declares (algorithms.base.Objective: needs_old_policy,
+    needs_trajectory): the cost model asks the objective, never its name."""
+    from fastvideo.algorithms.registry import resolve_objective
+
+    return bool(getattr(resolve_objective(algorithm), need, default))
 
 
 def lean_shape(args, shape, config: dict, vae_cfg: dict, family) -> tuple:
@@ -133,7 +142,7 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
     est = estimate(config, vae_cfg, shape, prof=prof, family=family)
     # Forwards of the model's own units without a backward: NFT's v_old, and under LoRA the KL's v_ref
     # (the base with its adapters off); a full fine-tune's KL reference is its own copy (reference_params).
-    own_nograd = int(args.algorithm == "nft") + int(args.kl_coef > 0 and shape.lora_rank > 0)
+    own_nograd = int(shape.old_policy) + int(args.kl_coef > 0 and shape.lora_rank > 0)
     traffic = comms.from_memory_shape(shape, prof, args.trained_steps, own_nograd)
     if args.json:
         return json.dumps({"model": desc, "shape": {k: str(v) for k, v in vars(shape).items()}, **est.as_dict(),
