@@ -33,6 +33,7 @@ COVERED = {
     "compare_metrics": "test_compare_metrics_cli",
     "compare_runs": "test_compare_runs_cli",
     "cost_model": "test_cost_model_memory_prints_table_and_verdict",
+    "demo_summary": "test_demo_summary_cli",
     "evaluate": "test_evaluate_cli",
     "export": "test_export_cli",
     "launcher_cost": "test_launcher_cost_cli",
@@ -74,6 +75,16 @@ def test_every_tool_with_a_main_is_run_here():
             assert 'if __name__ == "__main__":' in source, f"{info.name} has a main() but no __main__ entry"
     assert sorted(tools) == sorted(COVERED), "a tool without a CLI test here (or a test for a removed tool)"
     assert all(callable(globals()[test]) for test in COVERED.values())
+
+
+def test_demo_summary_cli(tmp_path, monkeypatch, capsys):
+    (tmp_path / "metrics.jsonl").write_text('{"reward_mean": -4.0, "time_iteration": 2.0}\n'
+                                            '{"reward_mean": -3.5, "time_iteration": 2.0}\n')
+    (tmp_path / "config.json").write_text('{"reward": {"spec": ["compressibility:1"]}}')
+    code, out = run_tool("demo_summary", [str(tmp_path)], monkeypatch, capsys)
+    assert code == 0 and out.startswith("demo: reward (minus JPEG kB) first 1 iterations -4.000 -> last 1 "
+                                        "iterations -3.500 (rose); 2 iterations, 4 s\n")
+    assert run_tool("demo_summary", [], monkeypatch, capsys)[0] == 2
 
 
 def test_compare_metrics_cli(tmp_path, monkeypatch, capsys):
