@@ -111,14 +111,4 @@ fg_run --standalone --nnodes=1 --nproc_per_node="$NPROC" \
   ${EXTRA_ARGS:-}
 
 [ "${DRY_RUN:-0}" = 1 ] && exit 0
-"$PYTHON" - "$OUTPUT_DIR/metrics.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-k = max(1, len(rows) // 5)
-first = sum(r["reward_mean"] for r in rows[:k]) / k
-last = sum(r["reward_mean"] for r in rows[-k:]) / k
-print(f"demo: reward (minus JPEG kB) first {k} iterations {first:.3f} -> last {k} iterations {last:.3f} "
-      f"({'rose' if last > first else 'did not rise'}); {len(rows)} iterations, "
-      f"{sum(r['time_iteration'] for r in rows):.0f} s")
-print(f"demo: see {sys.argv[1].rsplit('/', 1)[0]}/reward_curve.png, eval_grid.png, eval_curve.png and images/")
-PY
+"$PYTHON" -m fastvideo.tools.demo_summary "$OUTPUT_DIR"
