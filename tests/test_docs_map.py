@@ -20,5 +20,5 @@ def test_the_architecture_page_and_the_readme_name_every_family_objective_and_re
     assert len(families) == 7
     assert [f for f in families if f"`{f}`" not in page] == []
     assert [f for f in families if f"`{f}`" not in opening] == []
-    assert sorted(registry._REGISTRY) == ["grpo", "nft"]
-    assert [o for o in registry._REGISTRY if f"--algorithm {o}" not in page and o.upper() not in page] == []
+    assert {"grpo", "nft"} <= set(registry._REGISTRY)  # the built-ins (other tests may register plugins)
+    assert [o for o in ("grpo", "nft") if f"--algorithm {o}" not in page and o.upper() not in page] == []

@@ -29,9 +29,9 @@ def preprocess_hint(family: str) -> str:
     """How to make ``family``'s embeddings: its launcher in scripts/preprocess/ (one per built-in
     family, each writing data/rl_embeddings[_FAMILY]/ by default), or the preprocessing module for a
     plugin family."""
-    from fastvideo.models.registry import model_family_names
+    from fastvideo.models.catalog import names
 
-    if family in model_family_names():
+    if family in names():  # the built-in families (a plugin may register another name: it has no launcher)
         folder = "data/rl_embeddings" + ("" if family == "flux" else f"_{family}")
         return (f"run the preprocessing first: bash scripts/preprocess/preprocess_{family}_rl_embeddings.sh "
                 f"(it writes {folder}/videos2caption.json)")
