@@ -29,10 +29,10 @@ def preprocess_hint(family: str) -> str:
     """How to make ``family``'s embeddings: its launcher in scripts/preprocess/ (one per built-in
     family, each writing data/rl_embeddings[_FAMILY]/ by default), or the preprocessing module for a
     plugin family."""
-    from fastvideo.models.catalog import names
+    from fastvideo.models.catalog import names, wiring
 
     if family in names():  # the built-in families (a plugin may register another name: it has no launcher)
-        folder = "data/rl_embeddings" + ("" if family == "flux" else f"_{family}")
+        folder = f"data/rl_embeddings{wiring(family).suffix}"
         return (f"run the preprocessing first: bash scripts/preprocess/preprocess_{family}_rl_embeddings.sh "
                 f"(it writes {folder}/videos2caption.json)")
     return ("run the preprocessing first: torchrun --nproc_per_node N -m fastvideo.data_preprocess.preprocess_embeddings "
