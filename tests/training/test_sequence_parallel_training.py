@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from helpers import read_metrics, torchrun, train_args
 
 RTOL = 1e-5
+LEARNING_RATE = 1e-3  # helpers.train_args' learning rate
 ITERATIONS = 3
 COMPARED = ("reward_mean", "grad_norm")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -51,14 +52,32 @@ def _same_metrics(ma: list[dict], mb: list[dict], iterations) -> None:
         assert abs(by_a[it]["loss"] - by_b[it]["loss"]) <= 1e-4, (it, by_a[it]["loss"], by_b[it]["loss"])
 
 
-def _same_tensors(a, b, what: str) -> None:
-    """Every tensor of two safetensors files equal to 1e-5 relative (in norm: after Adam steps a
-    weight whose gradient is ~0 moves by lr in a direction rounding decides, one element of many)."""
+def _same_tensors(a, b, what: str, adam_steps: int = 0) -> None:
+    """Every tensor of two safetensors files equal to 1e-5 relative in norm.
+
+    After `adam_steps` Adam steps (weights), up to 1 element in 1000 of a tensor (at least 1) is set aside first,
+    each no further apart than 2 x lr x adam_steps (the most two Adam runs can move one element
+    apart). Why: an element whose gradient is within rounding of 0 (|g| ~ 1e-9 against Adam's
+    eps = 1e-8, while its neighbours' are >> eps) steps by lr x g / (|g| + eps), so the ~1e-9
+    absolute rounding of a reassociated sum moves that step by a large fraction of lr. Which
+    elements fall there depends on the CPU's kernels (the tiny Z-Image's text refiner has one on
+    AMD EPYC, none on Xeon). A wrong split of the work changes far more elements than that."""
     ta, tb = load_file(str(a)), load_file(str(b))
     assert ta and ta.keys() == tb.keys(), what
     for k in ta:
-        err = float(torch.linalg.vector_norm((ta[k] - tb[k]).double()))
+        diff = (ta[k] - tb[k]).double().flatten()
+        if adam_steps:
+            diff, set_aside = _set_aside_adam_outliers(diff)
+            assert all(float(v) <= 2 * LEARNING_RATE * adam_steps for v in set_aside), (what, k, set_aside)
+        err = float(torch.linalg.vector_norm(diff))
         assert err <= RTOL * float(torch.linalg.vector_norm(ta[k].double())) + 1e-30, (what, k, err)
+
+
+def _set_aside_adam_outliers(diff: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """diff [N] -> (diff with its ceil(N / 1000) largest |elements| zeroed, those |elements|)."""
+    count = -(-diff.numel() // 1000)
+    top = diff.abs().topk(count)
+    return diff.index_fill(0, top.indices, 0.0), top.values
 
 
 def _runs(tmp_path, argv_for):
@@ -78,7 +97,8 @@ def _check_parity(tmp_path, one, two) -> None:
         rec = f"iter_{it:06d}/tensors_rank00000.safetensors"
         _same_tensors(tmp_path / "rec1" / rec, tmp_path / "rec2" / rec, f"iteration {it} rollout")
         assert not (tmp_path / "rec2" / f"iter_{it:06d}" / "tensors_rank00001.safetensors").exists()
-    _same_tensors(one / f"checkpoint-{ITERATIONS}" / WEIGHTS, two / f"checkpoint-{ITERATIONS}" / WEIGHTS, "weights")
+    _same_tensors(one / f"checkpoint-{ITERATIONS}" / WEIGHTS, two / f"checkpoint-{ITERATIONS}" / WEIGHTS, "weights",
+                  adam_steps=ITERATIONS)
 
 
 @pytest.mark.slow
@@ -94,7 +114,7 @@ def test_flux_sp2_equals_one_rank_and_checkpoints_cross_sp(tiny_flux_dir, tiny_e
         _ok(torchrun(argv_for(out, _flags(tmp_path / f"rec_{name}", sp_size=sp,
                                           resume_from_checkpoint=str(src / "checkpoint-2"))), nproc=nproc))
         _same_metrics(read_metrics(src), read_metrics(out), [3])
-        _same_tensors(src / "checkpoint-3" / WEIGHTS, out / "checkpoint-3" / WEIGHTS, f"{name} weights")
+        _same_tensors(src / "checkpoint-3" / WEIGHTS, out / "checkpoint-3" / WEIGHTS, f"{name} weights", adam_steps=1)
 
 
 VARIANTS = {
@@ -122,7 +142,8 @@ def test_flux_sp2_equals_one_rank_with(variant, tiny_flux_dir, tiny_embeddings, 
     weights = sorted(p.name for p in (one / "checkpoint-2").glob("*.safetensors") if p.name != "optimizer.safetensors")
     assert weights
     for name in weights:
-        _same_tensors(one / "checkpoint-2" / name, two / "checkpoint-2" / name, f"{variant} {name}")
+        _same_tensors(one / "checkpoint-2" / name, two / "checkpoint-2" / name, f"{variant} {name}",
+                      adam_steps=2)
 
 
 @pytest.fixture(scope="module")
@@ -187,4 +208,4 @@ def test_flux_sp2_compiled_equals_sp2_eager(tiny_flux_dir, tiny_embeddings, tmp_
     _same_metrics(m1, m2, [1, 2])
     # the all-to-alls Dynamo captured into the blocks' graphs run there, uncounted by comm_count
     assert m1[0]["comm/rollout/all_to_all_calls"] > m2[0].get("comm/rollout/all_to_all_calls", 0)
-    _same_tensors(eager / "checkpoint-2" / WEIGHTS, compiled / "checkpoint-2" / WEIGHTS, "weights")
+    _same_tensors(eager / "checkpoint-2" / WEIGHTS, compiled / "checkpoint-2" / WEIGHTS, "weights", adam_steps=2)
