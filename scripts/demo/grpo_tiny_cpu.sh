@@ -10,7 +10,8 @@
 # Overridable: DEMO_DIR (data/demo), NPROC (2), STEPS (iterations), EXTRA_ARGS, DRY_RUN=1,
 # MODEL (flux, or any family of fastvideo/models/catalog.py, one line a family holding its demo settings:
 # sd3, flux2, zimage, qwen_image, kontext, qwen_image_edit; `python -m fastvideo.models.catalog names`.
-# Each family's model, embeddings and outputs go to DEMO_DIR/{tiny_NAME, embeddings_NAME, outputs_NAME};
+# Each family's model, embeddings and outputs go to DEMO_DIR/{tiny_NAME, embeddings_NAME, outputs_NAME}
+# (with LINE=current on flux or sd3: each of them suffixed _current, so the lines never share a folder);
 # flux2, zimage, qwen_image and the editing families run on the current library line (LINE=current, the
 # default for them). zimage reads its lr from ZIMAGE_LR (1e-2), qwen_image and qwen_image_edit from
 # QWEN_IMAGE_LR (1e-2); kontext and qwen_image_edit edit the bundled source images of assets/edit/ with
@@ -35,6 +36,12 @@ if [ "$DEMO_LINE" = current ]; then
     echo "MODEL=$MODEL runs on the current library line (diffusers 0.42.1): drop LINE=$LINE or set LINE=current" >&2
     exit 2
   fi
+fi
+# Each library line its own folders: LINE=current on a family both lines run (flux, sd3)
+# builds its tiny model with the other diffusers and its --overwrite would clear the recipe line's
+# outputs, so it writes DEMO_DIR/{tiny_NAME, embeddings..., outputs...}_current.
+if [ "$DEMO_LINE" != current ] && [ "${LINE:-recipe}" = current ]; then
+  TINY="${TINY}_current"; EMB="${EMB}_current"; OUT="${OUT}_current"
 fi
 if [ "${DRY_RUN:-0}" != 1 ]; then bash env_setup.sh --target cpu; fi  # a dry run installs nothing
 export FASTVIDEO_DEVICE=cpu

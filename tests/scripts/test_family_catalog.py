@@ -67,6 +67,23 @@ def test_the_demo_trains_each_family_on_its_tiny_folder_with_its_flags(name):
     assert w.current_line == (name not in ("flux", "sd3"))  # the demo runs these on the current line only
 
 
+@pytest.mark.parametrize("name", ["flux", "sd3"])
+def test_each_library_line_demos_into_its_own_folders(name):
+    """LINE=current on a family both lines run: its own tiny model, embeddings and outputs (its
+    --overwrite must not clear the recipe line's run; issue #50 item 9)."""
+    runs = {line: _dry_run({"MODEL": name, "DEMO_DIR": "/d", "LINE": line}) for line in ("recipe", "current")}
+    argv = {}
+    for line, out in runs.items():
+        assert out.returncode == 0, out.stderr
+        words = shlex.split(out.stdout.strip().splitlines()[-1])
+        argv[line] = words[words.index("fastvideo/train_grpo_flux.py") + 1:]
+    suffix = "" if name == "flux" else f"_{name}"
+    for flag, folder in (("--output_dir", f"/d/outputs{suffix}"), ("--pretrained_model_name_or_path", f"/d/tiny_{name}"),
+                         ("--data_json_path", f"/d/embeddings{suffix}")):
+        recipe, current = (argv[line][argv[line].index(flag) + 1] for line in ("recipe", "current"))
+        assert recipe.startswith(folder) and current.startswith(f"{folder}_current") and recipe != current, flag
+
+
 def test_the_demo_refuses_an_unknown_model_and_a_current_family_on_the_recipe_line():
     bad = _dry_run({"MODEL": "sd4"})
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
