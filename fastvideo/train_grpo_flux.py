@@ -134,10 +134,21 @@ def _stopped(trainer, info, argv: list[str]) -> int:
 
 
 def _input_problems(args, cfg) -> list[str]:
-    """The launcher's checks of the inputs the flags name (what --print_config warns about)."""
+    """The launcher's checks of the inputs the flags name and of the memory (what --print_config
+    warns about)."""
     from fastvideo.preflight import file_problems
 
-    return file_problems(args, cfg)
+    return file_problems(args, cfg) + (_memory_problems(cfg) if cfg is not None else [])
+
+
+def _memory_problems(cfg) -> list[str]:
+    """The launchers' pre-spawn memory check, on every start (a plain `python -m` or `torchrun`
+    too): --h/--w too large for this device are refused before anything is allocated, where the
+    run would otherwise grow until the kernel kills it."""
+    from fastvideo import devices
+    from fastvideo.preflight import memory_problems
+
+    return memory_problems(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), devices.device_type())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,10 +159,13 @@ def main(argv: list[str] | None = None) -> int:
 
         run_control.die_with_parent(parent=run_control.launcher_pid(_PARENT_AT_START))
     from fastvideo.config import parse_config
-    from fastvideo.errors import UserError
+    from fastvideo.errors import ConfigError, UserError
 
     try:
         cfg = parse_config(argv, usage=False, input_check=_input_problems)
+        too_large = _memory_problems(cfg)
+        if too_large:
+            raise ConfigError(too_large[0])
     except UserError as exc:  # every rank parses the same flags: one line, from rank 0
         return report_user_error(exc, _rank_from_env())
     from fastvideo import devices

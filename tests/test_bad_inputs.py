@@ -196,7 +196,9 @@ TRAIN = [
     _t("MASTER_ADDR and MASTER_PORT not set", env={"WORLD_SIZE": "2"}),
     pytest.param(*_t("not writable", output_dir="{read_only}/out"),
                  marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")),    _t("generates from text", rewards="remote:{source_server}/edit:1"),  # #36: /health says uses_sources
-    _t("embedding_cache_mb", embedding_cache_mb=-1),  # last: the mutation tables name train cases by index
+    _t("embedding_cache_mb", embedding_cache_mb=-1),  # the mutation tables name train cases by index: append below
+    # a plain start (no launcher) refuses a size no host holds before allocating (#50 item 11: it grew to 16 GB)
+    _t("the memory model puts what the rollout holds", h=1048576, w=1048576),
 ]
 
 PREPROCESS = [
