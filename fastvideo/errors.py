@@ -42,6 +42,12 @@ class DiskFullError(UserError, OSError):
     the user frees space and resumes from the last complete checkpoint."""
 
 
+class ServiceError(UserError, RuntimeError):
+    """A service the run depends on (a reward server) failed mid-run: it answered garbage, refused
+    the token, or stopped answering. The message names the service, what it did and the last
+    complete checkpoint, which is intact: the user fixes the service and resumes."""
+
+
 _DISK_FULL = ("no space left on device", "disk quota exceeded", "storagefull")
 
 

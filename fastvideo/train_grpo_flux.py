@@ -70,7 +70,7 @@ def report_user_error(exc: BaseException, rank: int) -> int:
     """A user error that every rank meets alike (a flag, a missing input): one line, from rank 0
     only (under fastvideo.launch: written for the launcher, which prints each distinct line once).
     Returns the exit status (2)."""
-    from fastvideo.errors import USER_ERROR_EXIT, one_line, report_failure
+    from fastvideo.errors import USER_ERROR_EXIT, ServiceError, one_line, report_failure
     from fastvideo.training.run import control as run_control
     from fastvideo.training.run import output_dir as run_dir
 
@@ -81,24 +81,31 @@ def report_user_error(exc: BaseException, rank: int) -> int:
         return USER_ERROR_EXIT
     if rank == 0:
         return report_failure(exc, "train_grpo_flux")
+    if isinstance(exc, ServiceError):  # one rank's request may fail alone: never no line at all
+        return report_failure(exc, "train_grpo_flux", rank)
     return USER_ERROR_EXIT
 
 
 def _with_resume_point(exc: BaseException, output_dir: str) -> BaseException:
-    """A full disk (a checkpoint, a log, an image): one line naming what was being written and the
-    last complete checkpoint to resume from (nothing else was published); other errors unchanged."""
-    from fastvideo.errors import DiskFullError, is_disk_full, one_line
+    """A full disk (a checkpoint, a log, an image) or a reward server failing mid-run: one line
+    naming what failed and the last complete checkpoint to resume from (nothing half-written was
+    published); other errors unchanged."""
+    from fastvideo.errors import DiskFullError, ServiceError, UserError, is_disk_full, one_line
+    from fastvideo.rewards.http import RemoteRewardError
 
-    if not is_disk_full(exc):
+    if is_disk_full(exc):
+        name = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename and \
+            str(exc.filename) not in str(exc) else ""
+        kind, what, fix = DiskFullError, f"{one_line(exc)}{name}", "free space"
+    elif isinstance(exc, RemoteRewardError) and not isinstance(exc, UserError):  # start-up's are UserErrors
+        kind, what, fix = ServiceError, one_line(exc), "fix or restart the reward server"
+    else:
         return exc
     from fastvideo.training.checkpoint import find_latest
 
     latest = find_latest(output_dir)
     where = f"the last complete checkpoint is {latest}" if latest else "no checkpoint is complete yet"
-    name = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in str(exc) \
-        else ""
-    return DiskFullError(f"{one_line(exc)}{name}; {where}: free space, then run the same command with "
-                         f"--resume_from_checkpoint latest")
+    return kind(f"{what}; {where}: {fix}, then run the same command with --resume_from_checkpoint latest")
 
 
 def _report(exc: BaseException, info) -> int:
