@@ -96,10 +96,14 @@ def file_problems(args: argparse.Namespace, cfg, world: int = 0) -> list[str]:
 
 
 def _reward_settings(args: argparse.Namespace):
-    """The reward flags' settings alone (their own mistakes are reported by validate_args)."""
+    """The reward flags' settings alone, DanceGRPO's --use_hpsv2 / --use_pickscore and MixGRPO's
+    --reward_model read as --rewards first (validate_args translates them, but it stopped at another
+    flag; their own mistakes are reported by validate_args)."""
+    from fastvideo import compat
+    from fastvideo.config import _defaults
     from fastvideo.rewards.settings import RewardSettings
 
-    return RewardSettings.from_args(args)
+    return RewardSettings.from_args(compat.translate(args, _defaults())[0])
 
 
 def reward_problems(r, family: str | None = None) -> list[str]:

@@ -76,6 +76,10 @@ PREFLIGHT = {
     # #39 item 20: a bad value, a missing index and missing reward weights: all three, at once
     "flag-and-files-at-once": ({"h": 100, "data_json_path": "{root}/none.json", "rewards": "hpsv2:1",
                                 "hps_ckpt_dir": "{root}/no_hps"}, [r"--h", r"none\.json", r"no_hps"]),
+    # #50 item 8: the same through DanceGRPO's --use_hpsv2 (the launchers' flag), read as --rewards hpsv2:1.0
+    "flag-and-files-at-once-use_hpsv2": ({"h": 100, "data_json_path": "{root}/none.json", "rewards": None,
+                                          "use_hpsv2": True, "hps_ckpt_dir": "{root}/no_hps"},
+                                         [r"--h", r"none\.json", r"no_hps"]),
 }
 HOST_RAM = 64 << 30  # the table's host (the CPU's "device"): fixed, so that the memory rows hold anywhere
 
