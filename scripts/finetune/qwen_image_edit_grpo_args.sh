@@ -38,8 +38,8 @@
 # Preprocessing: FF's train.condition_image_size [384, 384] (the area the source is resized to before the
 # VAE: 576 source tokens per sample) is scripts/preprocess/preprocess_qwen_image_edit_rl_embeddings.sh's
 # --source_vae_size 384; the embeddings carry the source tokens (image_latents/, source_grid/), training reads
-# them. Not reproduced: FF's auto_resize, EMA, evaluation at 512 px, and the scheduler's shift_terminal 0.02
-# stretch (docs/qwen_image.md).
+# them. Not reproduced: FF's auto_resize, EMA and evaluation at 512 px. The scheduler's shift_terminal 0.02
+# stretch is reproduced (docs/qwen_image.md).
 GRPO_ARGS=(
   --model_family qwen_image_edit
   --h 384 --w 384 --t 1 --num_latent_t 1

@@ -39,8 +39,9 @@
 #                             so that each iteration makes 2 optimizer steps (ACCUMULATION)
 # Chosen here (no source): --max_train_steps 300 (FF gives no epoch count), --rollout_batch_size 8 and
 # --train_micro_batch_size 2 (memory only: docs/qwen_image.md's verdicts), --allow_tf32.
-# Not reproduced: FF's EMA (decay 0.9 every 4 epochs, evaluation only), its evaluation at 1024 px, and the
-# scheduler's shift_terminal 0.02 stretch (the trainer's grid is the pure shift: docs/qwen_image.md).
+# Not reproduced: FF's EMA (decay 0.9 every 4 epochs, evaluation only) and its evaluation at 1024 px. The
+# scheduler's shift_terminal 0.02 stretch is reproduced: the trainer's grid is the shift stretched to it, as
+# the stock scheduler's (docs/qwen_image.md).
 # The embeddings: bash scripts/preprocess/preprocess_qwen_image_rl_embeddings.sh (Qwen2.5-VL, 512 tokens, with " ").
 GRPO_ARGS=(
   --model_family qwen_image
