@@ -27,8 +27,10 @@
 #   --learning_rate 1e-5      FF optimizers[0].learning_rate: 1.0e-5 (finetune_type full)
 #   --weight_decay 1e-4       FF optimizers[0].weight_decay: 1.0e-4 (betas 0.9 / 0.999, eps 1e-8: AdamW defaults here)
 #   --max_grad_norm 1.0       FF optimizers[0].max_grad_norm: 1.0
-#   --rewards clip:1.0,pickscore:0.5
-#                             FF rewards: CLIP (text_alignment) weight 1.0, PickScore weight 0.5
+#   --rewards clip:1.0,pickscore:0.5 --reward_mix advantage_aggr
+#                             FF rewards: CLIP (text_alignment) weight 1.0, PickScore weight 0.5, with
+#                             advantage_aggregation "gdpo": each reward's group advantages, then the
+#                             weights (summed raw, PickScore's larger spread gave >= 96% of the signal)
 #   --seed 42                 FF train.seed: 42
 #   --checkpointing_steps 20  FF log.save_freq: 20
 #   --mixed_precision bf16    FF mixed_precision: "bf16"
@@ -52,7 +54,7 @@ GRPO_ARGS=(
   --num_generations 16 --use_group --adv_std population
   --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
   --learning_rate 1e-5 --lr_warmup_steps 0
-  --rewards "${REWARDS:-clip:1.0,pickscore:0.5}"
+  --rewards "${REWARDS:-clip:1.0,pickscore:0.5}" --reward_mix advantage_aggr
   --checkpointing_steps 20 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
   --pretrained_model_name_or_path "${MODEL_PATH:-data/qwen_image}"
   --data_json_path "${DATA_JSON:-data/rl_embeddings_qwen_image/videos2caption.json}"

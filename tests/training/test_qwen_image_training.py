@@ -139,6 +139,8 @@ def test_qwen_image_launchers_parse_to_flow_factorys_configuration(script):
     assert (g.clip_range, g.adv_clip_max, g.kl_coef, g.adv_std) == (1e-4, 5.0, 0.0, "population")
     assert cfg.optim.learning_rate == 1e-5 and not cfg.lora.enabled
     assert [(s.name, s.weight) for s in cfg.reward.spec] == [("clip", 1.0), ("pickscore", 0.5)]
+    # FF's advantage_aggregation "gdpo": each reward normalised in its group before the weights (#50 item 3)
+    assert cfg.reward.extras.multi_reward_mix == "advantage_aggr"
     assert cfg.prompts_per_rank * world == 48 and cfg.update.gradient_accumulation_steps == accumulation
     assert cfg.derived(world)["optimizer_steps_per_iteration"] == 2  # Flow-Factory: 2 per epoch
 
