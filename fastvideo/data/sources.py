@@ -65,20 +65,60 @@ def resolve_image(prompt_file: Path, image: str) -> Path:
     return p if p.is_absolute() else Path(prompt_file).parent / p
 
 
+# The largest source image read (its header is checked before any pixel is decoded): 4096^2, 16.8 MP.
+# A source is encoded by the VAE at its own size (Kontext) or at --source_vae_size's area; larger
+# files only cost memory (a 420 KB 12000x12000 PNG decodes to 432 MB, and grew preprocessing past 3 GB).
+MAX_SOURCE_PIXELS = 4096 * 4096
+SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")  # grayscale PNG/TIFF at 16 bits
+NO_RANGE = {"I": "32-bit integer", "F": "32-bit float"}  # no value range a decoder can know
+
+
 def open_rgb(path: Path):
-    """The image at ``path`` as an RGB PIL image; SourceImageError naming it when it cannot be read."""
-    from PIL import Image, UnidentifiedImageError
+    """The image at ``path`` as an RGB PIL image, decoded as diffusers' ``load_image`` does (its
+    EXIF orientation applied, then ``convert("RGB")``), except where that conversion is wrong: a
+    16-bit grayscale image is scaled to 8 bits (round(v * 255 / 65535); PIL's conversion clips it
+    to white) and a 32-bit integer or float image (which it turns black) is refused. A
+    SourceImageError naming the file when it cannot be read, is too large or has such a mode."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
 
     if not path.is_file():
         raise SourceImageError(f"source image {str(path)!r} does not exist (named in the prompt file; relative "
                                "paths resolve against the prompt file's folder)")
     try:
         with Image.open(path) as im:
+            _check_header(path, im)
             im.load()
-            return im.convert("RGB")
+            return _to_rgb(path, ImageOps.exif_transpose(im))
+    except Image.DecompressionBombError:  # PIL's own guard, at open: the header claims > 2 x MAX_IMAGE_PIXELS
+        raise SourceImageError(f"source image {str(path)!r} claims more pixels than PIL decodes (over "
+                               f"{2 * Image.MAX_IMAGE_PIXELS / 1e6:.0f} MP): resize it to the size you train with") from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
+        if isinstance(exc, SourceImageError):
+            raise
         raise SourceImageError(f"source image {str(path)!r} is not a readable image ({type(exc).__name__}): "
                                "re-save it as PNG or JPEG") from None
+
+
+def _check_header(path: Path, im) -> None:
+    """Size and mode from the file's header, before its pixels are decoded."""
+    w, h = im.size
+    if w * h > MAX_SOURCE_PIXELS:
+        raise SourceImageError(f"source image {str(path)!r} is {w}x{h} ({w * h / 1e6:.1f} MP), over the "
+                               f"{MAX_SOURCE_PIXELS / 1e6:.1f} MP a source may have: resize it to the size you "
+                               "train with")
+    if im.mode in NO_RANGE:
+        raise SourceImageError(f"source image {str(path)!r} is a {NO_RANGE[im.mode]} image (mode {im.mode}), whose "
+                               "value range no decoder can know: save it as an 8- or 16-bit PNG")
+
+
+def _to_rgb(path: Path, im):
+    import numpy as np
+    from PIL import Image
+
+    if im.mode in SIXTEEN_BIT:
+        wide = np.asarray(im, dtype=np.uint32)
+        return Image.fromarray(((wide * 255 + 32767) // 65535).astype(np.uint8), mode="L").convert("RGB")
+    return im.convert("RGB")
 
 
 def check_source_images(paths: list[Path], multiple: int) -> tuple[int, int]:

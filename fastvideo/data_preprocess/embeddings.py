@@ -429,10 +429,10 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
         encoders = family.load_text_encoders(cfg.model_path, info.device, dtype)
         dims = family.encoder_dims(encoders)
         if plist.images is not None:  # checked (one size) by cfg.validate
-            from PIL import Image
+            from fastvideo.data.sources import open_rgb
 
-            with Image.open(plist.images[0]) as im:
-                dims.update(source_width=im.size[0], source_height=im.size[1])
+            width, height = open_rgb(plist.images[0]).size  # as decoded: its EXIF orientation applied
+            dims.update(source_width=width, source_height=height)
         spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, dims), dtype)
         if info.is_main:
             removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), record_keys(plist), family,
