@@ -161,7 +161,8 @@ case "$TARGET" in
 esac
 # The line's pins (constraints/<line>.txt) decide diffusers / transformers / peft; pyproject allows both lines.
 echo "env_setup.sh: $LINE line ($(grep -E '^(diffusers|transformers|peft)==' "$CONSTRAINTS" | tr '\n' ' '))"
-"${PIP[@]}" -e ".[test]" -c "$CONSTRAINTS"
+# The extras every environment gets (scripts/install_plan.py INSTALL_EXTRAS): test, and video (MP4 clips).
+"${PIP[@]}" -e ".[test,video]" -c "$CONSTRAINTS"
 if [ "$PARITY" = 1 ]; then
   PYTHON="$PY" bash "$ROOT/scripts/install_hpsv2_parity.sh"
 fi
