@@ -189,17 +189,25 @@ def write_strip_png(frames, path: str | os.PathLike, count: int = STRIP_FRAMES) 
     return path
 
 
-def write_apng(frames, path: str | os.PathLike, fps: float = DEFAULT_FPS) -> Path:
-    """The clip as an animated PNG (lossless, looping; a viewer without APNG shows frame 0)."""
+def apng_bytes(frames, fps: float = DEFAULT_FPS) -> bytes:
+    """The clip as an animated PNG file's bytes (lossless, looping; a viewer or a reader without
+    APNG sees frame 0)."""
+    import io
+
     from PIL import Image
 
-    pixels = frames_hwc(frames)
-    images = [Image.fromarray(p) for p in pixels]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    images[0].save(path, format="PNG", save_all=True, append_images=images[1:], duration=1000.0 / float(fps),
-                   loop=0)
-    return path
+    images = [Image.fromarray(p) for p in frames_hwc(frames)]
+    buf = io.BytesIO()
+    images[0].save(buf, format="PNG", save_all=True, append_images=images[1:], duration=1000.0 / float(fps), loop=0)
+    return buf.getvalue()
+
+
+def write_apng(frames, path: str | os.PathLike, fps: float = DEFAULT_FPS) -> Path:
+    """The clip as an animated PNG (apng_bytes), written atomically."""
+    from fastvideo.utils import atomic_write_bytes
+
+    atomic_write_bytes(path, apng_bytes(frames, fps))
+    return Path(path)
 
 
 def tile_clips(clips) -> np.ndarray:
