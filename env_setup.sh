@@ -28,6 +28,8 @@
 #                  --python X.Y and --platform P (e.g. manylinux2014_aarch64) fetch them for another
 #                  machine; --preinstalled torch==V leaves out a torch the target machine already has.
 # Nothing is downloaded from a model hub: weights go to data/flux and hps_ckpt by hand (README).
+# Exit status 2: a problem you fix, said in one line (a flag, the Python version, CANN, or another
+# package named `fastvideo`, hao-ai-lab's FastVideo, installed in the environment: pip uninstall it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
@@ -63,7 +65,7 @@ while [ $# -gt 0 ]; do
     --preinstalled) need "$1" "${2:-}"; PREINSTALLED+=("$2"); shift 2 ;;
     --line) need "$1" "${2:-}"; LINE="$2"; shift 2 ;;
     --line=*) LINE="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "env_setup.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -109,6 +111,9 @@ fi
 PYVER="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 case "$PYVER" in 3.[0-9]) echo "env_setup.sh: flux-grpo needs Python >= 3.10, $PY is $PYVER" >&2; exit 2 ;; esac
 
+# Another project's `fastvideo` (hao-ai-lab's FastVideo is `fastvideo` on PyPI) in this environment
+# shadows this one's: one line saying what to uninstall, exit 2 (fastvideo/import_name.py, standard library only).
+"$PY" "$ROOT/fastvideo/import_name.py" --prefix env_setup.sh || exit $?
 STAMP_DIR="$("$PY" -c 'import sys; print(sys.prefix)')"
 STAMP="$STAMP_DIR/.flux_grpo_setup"
 WANT="$TARGET line=$LINE parity=$PARITY${CANN_VERSION:+ cann=$CANN_VERSION} $(cat pyproject.toml "$CONSTRAINTS" scripts/install_hpsv2_parity.sh scripts/install_reward_parity.sh 2>/dev/null | cksum | cut -d' ' -f1)"
@@ -161,7 +166,8 @@ case "$TARGET" in
 esac
 # The line's pins (constraints/<line>.txt) decide diffusers / transformers / peft; pyproject allows both lines.
 echo "env_setup.sh: $LINE line ($(grep -E '^(diffusers|transformers|peft)==' "$CONSTRAINTS" | tr '\n' ' '))"
-"${PIP[@]}" -e ".[test]" -c "$CONSTRAINTS"
+# The extras every environment gets (scripts/install_plan.py INSTALL_EXTRAS): test, and video (MP4 clips).
+"${PIP[@]}" -e ".[test,video]" -c "$CONSTRAINTS"
 if [ "$PARITY" = 1 ]; then
   PYTHON="$PY" bash "$ROOT/scripts/install_hpsv2_parity.sh"
 fi

@@ -168,7 +168,7 @@ def _build(ns: argparse.Namespace, defaults: argparse.Namespace) -> tuple[dict, 
 def validate_args(args: argparse.Namespace) -> TrainConfig:
     """Translate compatibility flags, build and check every component, check the rules across them.
     ``args`` is read, never written."""
-    check_plugin_name("algorithm", args.algorithm)
+    check_plugin_name("algorithm", args.algorithm, "grpo, nft")
     defaults = _defaults(args.algorithm, args.model_family)
     ns, notes = compat.translate(args, defaults)
     s, plugins, more = _build(ns, defaults)

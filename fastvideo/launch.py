@@ -131,6 +131,12 @@ def report_children(failures: dict, control: Path, stream=None) -> int:
 
 
 def run(argv: list[str]) -> int:
+    from fastvideo.import_name import EXIT_CODE, problem
+
+    foreign = problem(check_origin=True)  # hao-ai-lab's FastVideo installed here too: before any worker
+    if foreign is not None:
+        sys.stderr.write(f"{PROG}: error: {foreign}\n")
+        return EXIT_CODE
     args, head = split_command(argv)
     code = preflight(args)
     if code:

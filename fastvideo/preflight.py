@@ -60,9 +60,11 @@ def file_problems(args: argparse.Namespace, cfg, world: int = 0) -> list[str]:
     checkpoint, reward weights (``cfg``: the built TrainConfig, or None when the flags did not
     validate; ``world``: ranks in all, 0 when unknown)."""
     from fastvideo.models.registry import get_model_family
+    from fastvideo.models.settings import check_family_name
 
     problems: list[str] = []
-    family = _attempt(problems, lambda: get_model_family(args.model_family))
+    # a malformed name: the configuration check's own line (check_training keeps one of the two)
+    family = _attempt(problems, lambda: check_family_name(args.model_family) or get_model_family(args.model_family))
     if family is not None:
         from fastvideo.data.dataset import PromptEmbeddingDataset
 

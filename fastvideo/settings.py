@@ -208,9 +208,9 @@ _REGISTERED = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _PLUGIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def check_plugin_name(flag: str, value: str) -> None:
-    """A registered name ("flux") or a plugin path ("pkg.module:Name"); whether it resolves is
-    checked where the component is built."""
+def check_plugin_name(flag: str, value: str, examples: str) -> None:
+    """A registered name (``examples`` of the flag's: "flux, sd3") or a plugin path
+    ("pkg.module:Name"); whether it resolves is checked where the component is built."""
     if not (_PLUGIN.match(value) or (":" not in value and _REGISTERED.match(value))):
-        raise ConfigError(f"--{flag} {value!r}: give a registered name (e.g. flux, grpo) or a plugin "
+        raise ConfigError(f"--{flag} {value!r}: give a registered name (e.g. {examples}) or a plugin "
                           "path pkg.module:Name")

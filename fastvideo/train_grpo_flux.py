@@ -167,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         run_control.die_with_parent(parent=run_control.launcher_pid(_PARENT_AT_START))
     from fastvideo.config import parse_config
     from fastvideo.errors import ConfigError, UserError
+    from fastvideo.import_name import problem
 
+    foreign = problem(check_origin=True)  # hao-ai-lab's FastVideo installed here too: one line, exit 2
+    if foreign is not None:
+        return report_user_error(UserError(foreign), _rank_from_env())
     try:
         cfg = parse_config(argv, usage=False, input_check=_input_problems)
         too_large = _memory_problems(cfg)

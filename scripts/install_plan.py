@@ -221,7 +221,11 @@ def _toml_string_list(text: str, key: str) -> list[str]:
     return re.findall(r'"([^"]+)"', body)
 
 
-def project_requirements(pyproject: Path, extras: tuple[str, ...] = ("test",), with_torch: bool = True) -> list[str]:
+# The extras env_setup.sh installs on every line (its `pip install -e ".[test,video]"`).
+INSTALL_EXTRAS = ("test", "video")
+
+
+def project_requirements(pyproject: Path, extras: tuple[str, ...] = INSTALL_EXTRAS, with_torch: bool = True) -> list[str]:
     """The project's dependencies plus ``extras`` (torch/torchvision dropped when with_torch is False:
     torch_args decides those per target)."""
     text = pyproject.read_text()

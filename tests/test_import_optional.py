@@ -7,7 +7,7 @@ BLOCK = """
 import sys
 class _Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in {'wandb', 'decord', 'hpsv2', 'torch_npu', 'peft'}:
+        if name.split('.')[0] in {'wandb', 'decord', 'av', 'hpsv2', 'torch_npu', 'peft'}:
             raise ImportError('blocked optional package: ' + name)
         return None
 sys.meta_path.insert(0, _Block())
@@ -18,10 +18,11 @@ def test_import_without_optional_packages():
     code = BLOCK + """
 import fastvideo, fastvideo.devices, fastvideo.models.flux, fastvideo.utils
 import fastvideo.config, fastvideo.training.lora, fastvideo.grpo.kl, fastvideo.training.kl_reference
+import fastvideo.video_io, fastvideo.sampling.images, fastvideo.eval.report, fastvideo.eval.grid
 from fastvideo import devices
 assert devices.import_torch_npu() is None
 assert devices.device_type() in ('cpu', 'cuda')
-for name in ['wandb', 'decord', 'hpsv2', 'torch_npu', 'peft']:
+for name in ['wandb', 'decord', 'av', 'hpsv2', 'torch_npu', 'peft']:
     assert name not in sys.modules, name
 print('ok')
 """

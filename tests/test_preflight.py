@@ -73,6 +73,10 @@ PREFLIGHT = {
     "image-far-too-large": ({"h": 1048576, "w": 1048576}, [r"--h 1048576 .*memory model"]),
     "one-prompt-for-two-ranks": ({"data_json_path": "{one_prompt}"}, [r"1 prompts cannot fill one iteration of 2 ranks"]),
     "device-type-unknown": ({"_env": {"FASTVIDEO_DEVICE": "tpu"}}, [r"FASTVIDEO_DEVICE='tpu' is not a device type"]),
+    # #51 item 6: an empty --model_family is one line (not also the registry's), with a family's example;
+    # an empty --algorithm's example is an objective's
+    "model-family-empty": ({"model_family": ""}, [r"--model_family '': give a registered name \(e\.g\. flux, sd3\)"]),
+    "algorithm-empty": ({"algorithm": ""}, [r"--algorithm '': give a registered name \(e\.g\. grpo, nft\)"]),
     # #39 item 20: a bad value, a missing index and missing reward weights: all three, at once
     "flag-and-files-at-once": ({"h": 100, "data_json_path": "{root}/none.json", "rewards": "hpsv2:1",
                                 "hps_ckpt_dir": "{root}/no_hps"}, [r"--h", r"none\.json", r"no_hps"]),

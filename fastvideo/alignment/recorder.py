@@ -8,7 +8,8 @@ Layout under ``--record_dir`` (every file is written atomically: write, then ren
         metrics.json                      rank 0: the iteration's metrics record (loss, ratios, grad norm...)
         samples_rank00000.json            each rank: its samples (global id, group id, caption, reward
                                           total and per reward, advantage)
-        images/sample_000012.png          each rank: its images, named by GLOBAL sample id
+        images/sample_000012.png          each rank: its images, named by GLOBAL sample id (a video
+                                          family's clips: animated PNGs, lossless, frame 0 first)
         tensors_rank00000.safetensors     --record_tensors: initial_noise/{id} [L, C] for each sample,
                                           latents/{id} [N+1, L, C] and log_probs/{id} [N] for the
                                           rank's first sample (a rollout that kept no latents,
@@ -62,6 +63,19 @@ def _png_bytes(pixels) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def _sample_pngs(samples: torch.Tensor):
+    """PNG bytes of each sample: an image's; a clip's (frames [F, 3, H, W], F > 1) as an animated
+    PNG, lossless, so that run comparisons stay exact (compare.py reads frame 0)."""
+    from fastvideo.sampling.images import as_images_or_clips, to_uint8
+
+    samples, is_clip = as_images_or_clips(samples)
+    if is_clip:
+        from fastvideo.video_io import apng_bytes
+
+        return [apng_bytes(clip) for clip in samples.detach().float().clamp(0, 1).cpu()]
+    return [_png_bytes(pixels) for pixels in to_uint8(samples).numpy()]
 
 
 def git_commit(path: str | Path | None = None) -> str | None:
@@ -158,15 +172,13 @@ class RunRecorder(TrainerHook):
         """Write iteration ``iteration``'s samples, images (and tensors) of this rank; rank 0 also
         its metrics. ``traj``: a rollout Trajectory; ``rewards``: total [B] + per_reward dict;
         ``advantages`` [B]. Returns the iteration folder."""
-        from fastvideo.sampling.images import to_uint8
-
         folder = iteration_dir(self.root, iteration)
         samples = sample_records(traj.sample_ids, traj.group_ids, traj.captions, rewards.total,
                                  rewards.per_reward, advantages)
         atomic_write_json(folder / samples_name(self.rank), {"iteration": int(iteration), "samples": samples},
                           indent=1)
-        for row, pixels in zip(samples, to_uint8(traj.images).numpy()):
-            atomic_write_bytes(folder / IMAGES / image_name(row["sample_id"]), _png_bytes(pixels))
+        for row, png in zip(samples, _sample_pngs(traj.images)):
+            atomic_write_bytes(folder / IMAGES / image_name(row["sample_id"]), png)
         if self.record_tensors:
             self._write_tensors(folder, traj)
         if self.info.is_main:

@@ -44,8 +44,9 @@ class SampleSettings:
 @dataclass
 class EvalResult:
     """scores: reward name -> [P, K] float64 (identical on every rank); grid: [G, 3, H, W] float32
-    in [0, 1], image 0 of the first G prompts (identical on every rank that decodes: sp rank 0;
-    zeros on a sequence group's other ranks); seconds: wall time of the evaluation."""
+    in [0, 1] (a video family's clips: [G, F, 3, H, W]), image 0 of the first G prompts (identical
+    on every rank that decodes: sp rank 0; zeros [G, 3, H, W] on a sequence group's other ranks);
+    seconds: wall time of the evaluation."""
 
     captions: list[str]
     scores: dict[str, torch.Tensor]
@@ -146,7 +147,7 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
     rounds = math.ceil(len(batches) / world)
     g = min(grid_prompts, P)
     local = torch.full((rounds, B, len(rewards)), float("nan"), dtype=torch.float64)
-    grid = torch.zeros(g, 3, s.height, s.width)
+    grid = None  # shaped as a decoded sample once the first batch is decoded (a clip: [g, F, 3, H, W])
     from fastvideo.progress import Progress
 
     bar = Progress(rounds, "eval", unit="round", enabled=progress and rank == 0)
@@ -156,6 +157,8 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
         batch_items = [items[i] for i in chosen]
         images = sample_images(model, vae, prompts, batch_items, randomness, s, device, autocast_dtype, family=family,
                                decode=scores_here)
+        if scores_here and grid is None:  # every decoding rank decodes round 0 (a spare one batch 0)
+            grid = torch.zeros(g, *images.shape[1:])
         if j < len(batches) and scores_here:
             sources = family.source_images(prompts.cond.select(torch.tensor([p for p, _ in batch_items])))
             local[r, :len(chosen)] = score_images(rewards, images, [prompts.captions[p] for p, _ in batch_items],
@@ -168,6 +171,8 @@ def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], ra
     local = _share_in_sequence_group(local, device, dims)
     gathered = _all_gather_stack(local, device, dims)  # [W, rounds, B, R]
     flat = torch.cat([gathered[j % world, j // world, :len(b)] for j, b in enumerate(batches)])  # [P*K, R]
+    if grid is None:  # a sequence group's other ranks decode nothing (their data-parallel group neither)
+        grid = torch.zeros(g, 3, s.height, s.width)
     if world > 1:
         grid = grid.to(device)
         dims.all_reduce_sum(grid)  # each grid image was filled on exactly one rank

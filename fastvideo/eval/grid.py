@@ -1,5 +1,7 @@
 """A labelled comparison grid: one row per model, one column per prompt (image 0 of each, the
 same noise down a column), the prompt printed above its column and each image's scores under it.
+A video family's clips show as frame strips (fastvideo.video_io.frame_strip), with an MP4 beside
+the grid (clip_grid_mp4).
 
 Text is drawn with PIL's default font (a scalable one on Pillow >= 10.1 with FreeType, sized to
 the cells; the fixed bitmap font before). Images narrower than MIN_CELL pixels are enlarged by a
@@ -50,14 +52,12 @@ def wrap(draw, text: str, font, width: int, max_lines: int = MAX_CAPTION_LINES) 
     return lines
 
 
-def _cells(images: torch.Tensor, scale: int) -> list:
-    """[G, 3, H, W] in [0, 1] -> G PIL images enlarged ``scale`` times."""
+def _cells(cells, scale: int) -> list:
+    """uint8 [G, h, w, 3] (fastvideo.sampling.images.cells_uint8) -> G PIL images enlarged ``scale`` times."""
     from PIL import Image
 
-    from fastvideo.sampling.images import to_uint8
-
     out = []
-    for pixels in to_uint8(images).numpy():
+    for pixels in cells:
         im = Image.fromarray(pixels)
         out.append(im.resize((im.width * scale, im.height * scale), Image.NEAREST) if scale > 1 else im)
     return out
@@ -65,13 +65,16 @@ def _cells(images: torch.Tensor, scale: int) -> list:
 
 def labelled_grid(rows: list[tuple[str, torch.Tensor, list[list[str]]]], captions: list[str],
                   out_png: str | Path) -> Path:
-    """rows: (model label, images [G, 3, H, W] in [0, 1], per column the text lines under the
-    image, e.g. its scores); captions: the G prompts, printed above their columns."""
+    """rows: (model label, images [G, 3, H, W] in [0, 1] (a video family's clips [G, F, 3, H, W]:
+    each cell their frame strip), per column the text lines under the image, e.g. its scores);
+    captions: the G prompts, printed above their columns."""
     from PIL import Image, ImageDraw, PngImagePlugin
 
-    height, width = rows[0][1].shape[-2:]
-    scale = max(1, math.ceil(MIN_CELL / width))
-    cell_w, cell_h = width * scale, height * scale
+    from fastvideo.sampling.images import cells_uint8
+
+    pixels = [cells_uint8(images) for _, images, _ in rows]  # [G, h, w, 3] each
+    scale = max(1, math.ceil(MIN_CELL / rows[0][1].shape[-1]))  # from a frame's width
+    cell_w, cell_h = max(p.shape[2] for p in pixels) * scale, max(p.shape[1] for p in pixels) * scale
     font = _font(max(11, cell_w // 18))
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     line_h = probe.textbbox((0, 0), "Hg", font=font)[3] + 3
@@ -89,7 +92,7 @@ def labelled_grid(rows: list[tuple[str, torch.Tensor, list[list[str]]]], caption
     for r, (label, images, texts) in enumerate(rows):
         y = header_h + r * row_h
         draw.text((PAD, y + cell_h // 2 - line_h // 2), label, fill="black", font=font)
-        for col, im in enumerate(_cells(images, scale)):
+        for col, im in enumerate(_cells(pixels[r], scale)):
             x = label_w + col * (cell_w + PAD)
             canvas.paste(im, (x, y))
             for i, line in enumerate(texts[col] if col < len(texts) else []):
@@ -99,3 +102,19 @@ def labelled_grid(rows: list[tuple[str, torch.Tensor, list[list[str]]]], caption
     out_png = Path(out_png)
     canvas.save(out_png, pnginfo=info)
     return out_png
+
+
+def clip_grid_mp4(rows: list[torch.Tensor], out_mp4: str | Path, fps: float | None = None) -> Path | None:
+    """The clip rows of a grid ([G, F, 3, H, W] each, F > 1; image rows such as editing's sources
+    are left out) as one MP4: each row's clips side by side, the rows top to bottom, frame by
+    frame. None when no row is a clip."""
+    import numpy as np
+
+    from fastvideo.sampling.images import as_images_or_clips
+    from fastvideo.video_io import DEFAULT_FPS, tile_clips, write_mp4
+
+    clips = [c for c, is_clip in map(as_images_or_clips, rows) if is_clip]
+    if not clips:
+        return None
+    tiles = [tile_clips(c.detach().float().clamp(0, 1).cpu()) for c in clips]  # [F, H, G*W, 3] each
+    return write_mp4(np.concatenate(tiles, axis=1), out_mp4, fps or DEFAULT_FPS)

@@ -184,7 +184,8 @@ class TrainingEvaluation(TrainerHook):
         if not self.is_main:
             return
         report.append_jsonl(self.out / EVAL_JSONL, record)
-        report.save_row(result.grid, report.row_path(self.out / "eval", record["iteration"]))
+        report.save_row(result.grid, report.row_path(self.out / "eval", record["iteration"]),
+                        getattr(trainer.family, "video_fps", None))
         records = report.read_jsonl(self.out / EVAL_JSONL)
         rows = [(f"it {r['iteration']}", report.row_path(self.out / "eval", r["iteration"])) for r in records]
         sources = trainer.family.source_images(self.prompts.cond)  # editing: the source row on top

@@ -1,5 +1,6 @@
 """What an evaluation leaves on disk: eval.jsonl, one grid row per evaluation stacked into
-eval_grid.png (same prompts, same noise: drift shows down the columns) and eval_curve.png."""
+eval_grid.png (same prompts, same noise: drift shows down the columns) and eval_curve.png. A video
+family's rows are frame strips, each with its MP4 (eval/rows/row_N.mp4: the row's clips side by side)."""
 
 from __future__ import annotations
 
@@ -38,17 +39,23 @@ def row_path(eval_dir: str | Path, iteration: int) -> Path:
     return Path(eval_dir) / "rows" / f"row_{int(iteration):06d}.png"
 
 
-def save_row(images: torch.Tensor, path: str | Path) -> Path:
-    """[G, 3, H, W] in [0, 1] -> one PNG row of G images."""
+def save_row(images: torch.Tensor, path: str | Path, fps: float | None = None) -> Path:
+    """[G, 3, H, W] in [0, 1] -> one PNG row of G images. Clips [G, F, 3, H, W] (F > 1): the row
+    of their frame strips, and beside it (the same name, .mp4) the G clips side by side at ``fps``."""
     from PIL import Image
 
-    from fastvideo.sampling.images import to_uint8
+    from fastvideo.sampling.images import as_images_or_clips, cells_uint8
 
-    pixels = to_uint8(images).numpy()  # [G, H, W, 3]
+    pixels = cells_uint8(images)  # [G, h, w, 3]
     row = Image.fromarray(pixels.transpose(1, 0, 2, 3).reshape(pixels.shape[1], -1, 3))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     row.save(path)
+    clips, is_clip = as_images_or_clips(images)
+    if is_clip:
+        from fastvideo.video_io import DEFAULT_FPS, tile_clips, write_mp4
+
+        write_mp4(tile_clips(clips.detach().float().clamp(0, 1).cpu()), path.with_suffix(".mp4"), fps or DEFAULT_FPS)
     return path
 
 

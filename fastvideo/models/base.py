@@ -451,6 +451,9 @@ class ModelFamily(FamilyLoading, FamilyConditioning, FamilySampling):
     # The library line (fastvideo.library_lines) the family needs, None when it runs on both: the
     # registry refuses it elsewhere with one line naming the line and its install command.
     library_line: str | None = None
+    # A video family's frame rate: its sample clips (MP4, fastvideo.video_io) play at it; None:
+    # video_io.DEFAULT_FPS.
+    video_fps: float | None = None
 
 
 class NoCostModelError(UserError, ValueError):

@@ -10,6 +10,11 @@ from fastvideo.errors import ConfigError
 from fastvideo.settings import Settings, check_plugin_name, flag_group
 
 
+def check_family_name(value: str) -> None:
+    """--model_family: a registered family's name or a plugin path (fastvideo.settings.check_plugin_name)."""
+    check_plugin_name("model_family", value, "flux, sd3")
+
+
 @dataclass
 class ModelConfig(Settings):
     pretrained_model_name_or_path: str
@@ -93,6 +98,6 @@ class ModelConfig(Settings):
             raise ConfigError("--selective_checkpointing must be in [0, 1]")
         if self.selective_checkpointing < 1.0 and not self.gradient_checkpointing:
             raise ConfigError("--selective_checkpointing needs --gradient_checkpointing")
-        check_plugin_name("model_family", self.family)
+        check_family_name(self.family)
         if self.compile_backend != "auto" and not self.compile:
             raise ConfigError(f"--compile_backend {self.compile_backend} needs --compile")

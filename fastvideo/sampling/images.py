@@ -1,7 +1,9 @@
-"""Write rollout images and per-group grids (with each image's reward) as PNG files.
+"""Write rollout images and per-group grids (with each image's reward) as PNG files; clips as MP4.
 
 Layout: OUT/images/step_{iteration:06d}/flux_{rank}_{idx}.png (idx = index within this rank's
 iteration) and OUT/images/step_{iteration:06d}/group_{rank}_{group}.png (group = local group index).
+A video family's samples [B, F, 3, H, W] with F > 1 are clips: clip_{rank}_{idx}.mp4 each
+(fastvideo.video_io), and each grid cell is the clip's frame strip; F == 1 is an image as before.
 """
 
 from __future__ import annotations
@@ -27,12 +29,41 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     return (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
 
 
-def save_images(images: torch.Tensor, out_dir: str | Path, iteration: int, rank: int = 0) -> list[Path]:
-    """Save [B, 3, H, W] images in [0, 1] as OUT/images/step_{iteration:06d}/flux_{rank}_{idx}.png."""
+def as_images_or_clips(samples: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(samples, is_clip): [B, 3, H, W] images as they are; [B, F, 3, H, W] frames as clips when
+    F > 1, as the images [B, 3, H, W] they are when F == 1."""
+    if samples.ndim == 5 and samples.shape[2] == 3:
+        return (samples[:, 0], False) if samples.shape[1] == 1 else (samples, True)
+    return samples, False
+
+
+def cells_uint8(samples: torch.Tensor):
+    """uint8 [B, h, w, 3] numpy: images as they are (to_uint8), clips as their frame strips
+    (fastvideo.video_io.frame_strip)."""
+    samples, is_clip = as_images_or_clips(samples)
+    if not is_clip:
+        return to_uint8(samples).numpy()
+    import numpy as np
+
+    from fastvideo.video_io import frame_strip
+
+    return np.stack([frame_strip(clip) for clip in samples.detach().float().clamp(0, 1).cpu()])
+
+
+def save_images(images: torch.Tensor, out_dir: str | Path, iteration: int, rank: int = 0,
+                fps: float | None = None) -> list[Path]:
+    """Save [B, 3, H, W] images in [0, 1] as OUT/images/step_{iteration:06d}/flux_{rank}_{idx}.png;
+    clips [B, F, 3, H, W] (F > 1) as clip_{rank}_{idx}.mp4 at ``fps`` (video_io.DEFAULT_FPS)."""
     from PIL import Image
 
     folder = step_dir(out_dir, iteration)
     folder.mkdir(parents=True, exist_ok=True)
+    images, is_clip = as_images_or_clips(images)
+    if is_clip:
+        from fastvideo.video_io import DEFAULT_FPS, write_mp4
+
+        return [write_mp4(clip, folder / f"clip_{rank}_{idx}.mp4", fps or DEFAULT_FPS)
+                for idx, clip in enumerate(images.detach().float().clamp(0, 1).cpu())]
     paths = []
     for idx, arr in enumerate(to_uint8(images).numpy()):
         path = folder / f"flux_{rank}_{idx}.png"
@@ -67,13 +98,14 @@ def save_group_grids(
 ) -> list[Path]:
     """One PNG per group of ``num_generations`` consecutive images, each captioned with its reward.
 
-    images [B, 3, H, W] in [0, 1], group-major as rollout returns them; rewards [B]; captions one
-    per group or one per image (the group's prompt is printed above the grid).
+    images [B, 3, H, W] in [0, 1], group-major as rollout returns them (clips [B, F, 3, H, W]: each
+    cell is the clip's frame strip); rewards [B]; captions one per group or one per image (the
+    group's prompt is printed above the grid).
     Writes OUT/images/step_{iteration:06d}/group_{rank}_{g}.png and returns the paths.
     """
     from PIL import Image, ImageDraw
 
-    pixels = to_uint8(images).numpy()
+    pixels = cells_uint8(images)
     values = torch.as_tensor(rewards, dtype=torch.float32).detach().cpu().reshape(-1).tolist()
     b = pixels.shape[0]
     if num_generations < 1 or b % num_generations:

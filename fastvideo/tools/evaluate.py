@@ -128,7 +128,7 @@ def _check(args, models, family) -> Path:
     return base
 
 
-def _write(out: Path, labels, results, rows, table: str, grid_prompts: int, sources=None) -> None:
+def _write(out: Path, labels, results, rows, table: str, grid_prompts: int, sources=None, fps=None) -> None:
     (out / "results.md").write_text(f"# Evaluation\n\n{table}", encoding="utf-8")
     with open(out / "results.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -140,16 +140,17 @@ def _write(out: Path, labels, results, rows, table: str, grid_prompts: int, sour
                 for k in range(next(iter(res.scores.values())).shape[1]):
                     scores = {n: s[p, k].item() for n, s in res.scores.items()}
                     f.write(json.dumps({"model": label, "prompt": caption, "image": k, "scores": scores}) + "\n")
-    _write_grids(out, labels, results, grid_prompts, sources)
+    _write_grids(out, labels, results, grid_prompts, sources, fps)
 
 
-def _write_grids(out: Path, labels, results, grid_prompts: int, sources=None) -> None:
+def _write_grids(out: Path, labels, results, grid_prompts: int, sources=None, fps=None) -> None:
     """OUT/grid_NN.png: grid_prompts prompts each, one row per model (image 0 of each prompt, its
     scores under it, the prompt above its column); editing (sources [P, 3, H', W']): the source
-    images first, shown at the generated size (source | base | trained ...)."""
+    images first, shown at the generated size (source | base | trained ...). A video family's
+    clips: frame strips in the PNG, and OUT/grid_NN.mp4 (the models' clips, a row each, at fps)."""
     import torch.nn.functional as F
 
-    from fastvideo.eval.grid import labelled_grid
+    from fastvideo.eval.grid import clip_grid_mp4, labelled_grid
 
     num = len(results[0].captions)
     size = tuple(results[0].grid.shape[-2:])
@@ -162,6 +163,7 @@ def _write_grids(out: Path, labels, results, grid_prompts: int, sources=None) ->
             shown = F.interpolate(sources[start:start + grid_prompts].float(), size=size, mode="bilinear")
             rows.insert(0, ("source", shown.clamp(0, 1), [[] for _ in cols]))
         labelled_grid(rows, results[0].captions[start:start + grid_prompts], out / f"grid_{page:02d}.png")
+        clip_grid_mp4([images for _, images, _ in rows], out / f"grid_{page:02d}.mp4", fps)
 
 
 def _settings(args, models) -> list[str]:
@@ -217,7 +219,8 @@ def run(args) -> str:
     table = markdown_table(rows, labels[0])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    _write(out, labels, results, rows, table, args.grid_prompts, family.source_images(prompts.cond))
+    _write(out, labels, results, rows, table, args.grid_prompts, family.source_images(prompts.cond),
+           getattr(family, "video_fps", None))
     return table
 
 

@@ -76,7 +76,8 @@ class WandbHook(TrainerHook):
 
 
 class ImageSaverHook(TrainerHook):
-    """Rollout images and per-group grids every --save_images_every iterations."""
+    """Rollout images and per-group grids every --save_images_every iterations (a video family's
+    clips as MP4s at its ``video_fps``, its grids as frame strips: fastvideo.sampling.images)."""
 
     def __init__(self, every: int, out: str, num_generations: int):
         self.every, self.out, self.num_generations = every, out, num_generations
@@ -87,7 +88,8 @@ class ImageSaverHook(TrainerHook):
         from fastvideo.sampling.images import save_group_grids, save_images
 
         traj = result.traj
-        save_images(traj.images, self.out, result.iteration, trainer.dims.dp_rank)
+        save_images(traj.images, self.out, result.iteration, trainer.dims.dp_rank,
+                    getattr(trainer.family, "video_fps", None))
         save_group_grids(traj.images, result.rewards.total, self.num_generations, self.out, result.iteration,
                          trainer.dims.dp_rank, traj.captions)
 

@@ -97,3 +97,28 @@ def test_needs_a_record_dir(tmp_path):
     cfg.output.record_dir = None
     with pytest.raises(ValueError, match="record_dir"):
         RunRecorder(cfg, dist_info())
+
+
+def test_clips_are_recorded_as_lossless_animated_pngs(tmp_path):
+    """A video family's samples [B, F, 3, H, W]: each an animated PNG of every frame, exact (run
+    comparisons read frame 0); F == 1 writes the image's PNG byte for byte."""
+    import dataclasses
+
+    from PIL import ImageSequence
+
+    traj = make_traj(1, [6, 7])
+    clips = torch.stack([traj.images, traj.images.flip(-1), 1 - traj.images], dim=1)  # 3 frames each
+    args = (Rewards(torch.tensor([1.0, 2.0]), {}), torch.tensor([-1.0, 1.0]), {})
+    folder = RunRecorder(make_cfg(tmp_path / "a"), dist_info()).record_iteration(
+        1, dataclasses.replace(traj, images=clips), *args)
+    for row, sid in enumerate([6, 7]):
+        with Image.open(folder / "images" / f"sample_{sid:06d}.png") as im:
+            frames = [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(im)]
+        expected = to_uint8(clips[row]).numpy()
+        assert len(frames) == 3 and all(np.array_equal(f, e) for f, e in zip(frames, expected))
+    one = RunRecorder(make_cfg(tmp_path / "b"), dist_info()).record_iteration(
+        1, dataclasses.replace(traj, images=traj.images.unsqueeze(1)), *args)
+    image = RunRecorder(make_cfg(tmp_path / "c"), dist_info()).record_iteration(1, traj, *args)
+    for sid in (6, 7):
+        name = f"images/sample_{sid:06d}.png"
+        assert (one / name).read_bytes() == (image / name).read_bytes()

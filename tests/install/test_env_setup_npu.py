@@ -54,7 +54,7 @@ def test_cann_version_selects_torch_npu(env, tmp_path, version, expected):
     assert first[first.index("--extra-index-url") + 1] == "https://download.pytorch.org/whl/cpu"
     for dep in ("decorator", "sympy", "cffi", "attrs", "psutil", "scipy", "absl-py==2.3.1", "protobuf==3.20.0"):
         assert dep in first
-    assert _pip_lines(log)[1].endswith(f"-e .[test] -c {ROOT / 'constraints' / 'recipe.txt'}")
+    assert _pip_lines(log)[1].endswith(f"-e .[test,video] -c {ROOT / 'constraints' / 'recipe.txt'}")
     # set_env.sh was sourced before the final import (the torch_npu stand-in refuses otherwise).
     assert f"sourced {home / 'set_env.sh'}" in r.stdout and "env_setup.sh: ok - torch" in r.stdout
 
@@ -109,8 +109,11 @@ def test_project_requirements_match_tomllib():
     import tomllib
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    want = data["project"]["dependencies"] + data["project"]["optional-dependencies"]["test"]
+    extras = data["project"]["optional-dependencies"]
+    want = data["project"]["dependencies"] + extras["test"] + extras["video"]
     assert install_plan.project_requirements(ROOT / "pyproject.toml") == want
+    # env_setup.sh installs the same extras as the wheelhouse holds (--download reads this list)
+    assert '-e ".[test,video]"' in (ROOT / "env_setup.sh").read_text() and install_plan.INSTALL_EXTRAS == ("test", "video")
 
 
 def test_platform_tags_widen_manylinux():
@@ -128,7 +131,7 @@ def test_current_line_pairs_cann_with_its_torch(env, tmp_path, version, torch, n
     assert r.returncode == 0, r.stderr
     first = _pip_lines(log)[0].split()
     assert f"torch=={torch}+cpu" in first and f"torch-npu=={npu}" in first
-    assert _pip_lines(log)[1].endswith(f"-e .[test] -c {ROOT / 'constraints' / 'current.txt'}")
+    assert _pip_lines(log)[1].endswith(f"-e .[test,video] -c {ROOT / 'constraints' / 'current.txt'}")
     assert "current line" in r.stdout
 
 
