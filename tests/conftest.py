@@ -177,6 +177,24 @@ def _cpu_now() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def pytest_collection_modifyitems(config, items):
+    """On the current library line, skip the files tests/line_split.py leaves to the recipe line's suite."""
+    from pathlib import Path
+
+    from line_split import REASON, TESTS, missing, skipped_here
+
+    from fastvideo.library_lines import library_line
+
+    if missing():
+        raise pytest.UsageError(f"tests/line_split.py lists files that do not exist: {missing()}")
+    line = library_line()
+    skip = pytest.mark.skip(reason=REASON)
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.is_relative_to(TESTS) and skipped_here(path.relative_to(TESTS).as_posix(), line, os.environ):
+            item.add_marker(skip)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     start = _cpu_now() if _CPU_REPORT else 0.0

@@ -95,6 +95,20 @@ def _read_utf8(path: Path) -> str:
         ) from None
 
 
+# The longest line a prompt file may have: the text encoders keep --max_sequence_length tokens (512 at
+# most here, about 2,000 characters of English), so longer text is never read; a 21 MB line made
+# tokenization grow past 3 GB before anything was refused.
+MAX_LINE_CHARS = 65536
+
+
+def _check_line_lengths(path: Path, lines: list[str]) -> None:
+    for number, line in enumerate(lines, 1):
+        if len(line) > MAX_LINE_CHARS:
+            raise PromptFileError(f"prompt file {str(path)!r} line {number} is {len(line)} characters long, over the "
+                                  f"{MAX_LINE_CHARS} a prompt line may have (the text encoders read about 2,000): "
+                                  "shorten it")
+
+
 def load_prompts(path: str | Path, max_prompts: int | None = None) -> PromptList:
     """Read and clean a prompts file, keeping at most ``max_prompts`` (the first ones).
 
@@ -106,6 +120,7 @@ def load_prompts(path: str | Path, max_prompts: int | None = None) -> PromptList
     path = Path(path)
     text = _read_utf8(path)
     lines = text.splitlines()
+    _check_line_lengths(path, lines)
     images: list | None = None
     if _is_jsonl(path):  # {"prompt": ..., "image": ...} records (fastvideo.data.sources)
         prompts, images, blank, cjk = _clean_jsonl(path, text)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import torch
 
 from fastvideo.errors import UserError
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # valid JSON ("\\ud800"), but not text: no encoder takes it
 JSONL_HINT = 'one JSON object a line: {"prompt": "...", "image": "path/to/source.png"}'
 
 
@@ -44,12 +46,19 @@ def parse_jsonl(path: Path, text: str) -> tuple[list[tuple[str, Path | None]], i
         except ValueError as exc:
             raise SourceImageError(f"prompt file {str(path)!r} line {number} is not JSON ({exc.msg}): {JSONL_HINT}") \
                 from None
+        except RecursionError:  # values nested thousands deep: no record of ours
+            raise SourceImageError(f"prompt file {str(path)!r} line {number} nests its values too deeply to be a "
+                                   f"record: {JSONL_HINT}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise SourceImageError(f"prompt file {str(path)!r} line {number} has no \"prompt\" string: {JSONL_HINT}")
         image = obj.get("image")
         if image is not None and not isinstance(image, str):
             raise SourceImageError(f"prompt file {str(path)!r} line {number}: \"image\" must be a path string, "
                                    f"got {type(image).__name__}")
+        for field in ("prompt", "image"):
+            if isinstance(obj.get(field), str) and _LONE_SURROGATE.search(obj[field]):
+                raise SourceImageError(f"prompt file {str(path)!r} line {number}: the \"{field}\" string holds a lone "
+                                       "UTF-16 surrogate escape (e.g. \\ud800), which is no character: fix or remove it")
         records.append((obj["prompt"], None if image is None else resolve_image(path, image)))
     with_image = sum(1 for _, im in records if im is not None)
     if 0 < with_image < len(records):
@@ -81,7 +90,11 @@ def open_rgb(path: Path):
     SourceImageError naming the file when it cannot be read, is too large or has such a mode."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    if not path.is_file():
+    try:
+        exists = path.is_file()
+    except OSError as exc:  # a name or path too long for the file system, and the like
+        raise SourceImageError(f"source image {str(path)[:200]!r} cannot be looked up: {exc.strerror}") from None
+    if not exists:
         raise SourceImageError(f"source image {str(path)!r} does not exist (named in the prompt file; relative "
                                "paths resolve against the prompt file's folder)")
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastvideo.data.prompts import PromptList, load_prompts
-from fastvideo.data.sources import check_source_images, file_digest, load_pixels
+from fastvideo.data.sources import MAX_SOURCE_PIXELS, check_source_images, file_digest, load_pixels
 from fastvideo.errors import ConfigError
 
 SOURCE_VAE_MULTIPLE = 32  # calculate_dimensions' rounding of the resized source's sides
@@ -38,6 +38,9 @@ def source_vae_family(name: str, size: tuple[int, int] | None):
 
     if size is None:
         return get_model_family(name)
+    if size[0] * size[1] > MAX_SOURCE_PIXELS:
+        raise ConfigError(f"--source_vae_size {size[0]},{size[1]}: {size[0] * size[1] / 1e6:.1f} MP, over the "
+                          f"{MAX_SOURCE_PIXELS / 1e6:.1f} MP a source may have (4096x4096)")
     if get_model_family(name).vae_area is None:
         raise ConfigError(f"--source_vae_size: model family {name!r} encodes each source image at its own size (it "
                           "resizes none): leave the flag out")
