@@ -70,8 +70,32 @@ def check_num_frames(num_frames: int, error=ValueError) -> int:
 
 
 # ---------------------------------------------------------------- loading
-# On an NPU: npu_ops' fused kernels for the RMS norms (the q/k norms across heads); elsewhere nothing.
-adapt_for_device = parts.adapt_for_npu
+def keep_time_dtype(transformer) -> None:
+    """WanTimeTextImageEmbedding reads its dtype as next(time_embedder.parameters()), which FSDP1
+    (use_orig_params=False) leaves empty inside the flattened root unit: give the time embedder a
+    fallback, a one-element buffer of the dtype its weights were built in (the forward is unchanged)."""
+    embedder = getattr(transformer, "condition_embedder", None)
+    time = getattr(embedder, "time_embedder", None)
+    if time is None or isinstance(time, _TimeEmbedding):
+        return
+    probe = next(time.parameters())
+    time.__class__ = type("TimeEmbedding", (_TimeEmbedding, type(time)), {})
+    where = "cpu" if probe.is_meta else probe.device  # a meta-built model: a real buffer the loader moves
+    time.register_buffer("dtype_probe", torch.zeros(1, dtype=probe.dtype, device=where), persistent=False)
+
+
+class _TimeEmbedding:
+    def parameters(self, recurse: bool = True):
+        own = list(torch.nn.Module.parameters(self, recurse))
+        return iter(own or [self.dtype_probe])
+
+
+def adapt_for_device(transformer, device) -> None:
+    """keep_time_dtype; on an NPU npu_ops' fused kernels for the RMS norms (q/k norms across heads)."""
+    keep_time_dtype(transformer)
+    parts.adapt_for_npu(transformer, device)
+
+
 load_transformer = partial(parts.load_transformer, "WanTransformer3DModel", check_wan_folder, adapt_for_device)
 load_vae = partial(parts.load_vae, "AutoencoderKLWan", check_wan_folder)
 

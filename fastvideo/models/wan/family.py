@@ -77,6 +77,16 @@ class WanFamily(TextEmbedsFamily):
         self._note_variant(root)
         return super().load_transformer(root, subfolder, device, dtype)
 
+    def meta_transformer(self, config, dtype):
+        """The default's meta model with its RoPE tables made for real: WanRotaryPosEmbed keeps them as
+        non-persistent buffers, which loading the weights does not fill."""
+        model = super().meta_transformer(config, dtype)
+        rope = model.rope
+        with torch.device("cpu"):
+            model.rope = type(rope)(rope.attention_head_dim, rope.patch_size, rope.max_seq_len)
+            C.keep_time_dtype(model)
+        return model
+
     def block_classes(self):
         from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
