@@ -98,3 +98,15 @@ def test_a_clip_reward_refuses_what_is_not_a_clip_batch():
         Recorder()(_clips(), PROMPTS[:1])
     with pytest.raises(RewardInputError, match=r"\[0, 1\]"):
         Recorder()(_clips() * 2, PROMPTS)
+
+
+def test_evaluation_scores_clips_over_every_frame():
+    """eval.core.score_images: a clip's evaluation score is the mean of its frames' (image batches as before)."""
+    from fastvideo.eval.core import score_images
+
+    reward, clips = JpegCompressibilityReward(), _clips()
+    got = score_images({"compressibility": reward}, clips, PROMPTS)
+    per_frame = torch.stack([reward(clips[:, f], PROMPTS) for f in range(5)], dim=1)
+    assert got.shape == (2, 1) and got.dtype == torch.float64
+    torch.testing.assert_close(got[:, 0], per_frame.mean(dim=1).double())
+    torch.testing.assert_close(score_images({"c": reward}, clips[:, 2], PROMPTS)[:, 0], reward(clips[:, 2], PROMPTS).double())
