@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Encode the RL prompts with Wan's umT5 text encoder (its last hidden state, zero past each prompt's
 # tokens, as WanPipeline's encode_prompt; and the negative prompt "", WanPipeline's default, encoded
-# once and stored beside every prompt) into data/rl_embeddings_wan, the input of Wan training runs.
+# once per batch and stored beside every prompt) into data/rl_embeddings_wan, the input of Wan training runs.
 #
 #   bash scripts/preprocess/preprocess_wan_rl_embeddings.sh [extra flags for preprocess_flux_embedding.py]
 #
