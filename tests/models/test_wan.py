@@ -163,3 +163,31 @@ def test_the_ti2v_folder_says_expand_timesteps(tiny_wan_ti2v_dir, tiny_wan_dir):
     index = json.loads((tiny_wan_ti2v_dir / "model_index.json").read_text())
     assert index["expand_timesteps"] is True and expand_timesteps(tiny_wan_ti2v_dir)
     assert not expand_timesteps(tiny_wan_dir)
+
+
+def _meta_as_real(inputs: dict) -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {k: (torch.rand(v.shape, generator=g) * 999 if k == "timestep" else
+                torch.randn(v.shape, generator=g) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("variant", ["t2v", "ti2v"])
+def test_transformer_flops_match_flop_counter(pipes, variant):
+    """The analytic count (models/wan/flops.py) equals FlopCounterMode's on the tiny transformer, forward
+    and forward + backward, with Wan2.2-TI2V's per-token timesteps; CFG doubles it. Measured: exact."""
+    from fastvideo.perf.flops import count_flops
+
+    folder, pipe = pipes[variant]
+    family, model = _family(folder, 1.0), pipe.transformer
+    config = dict(model.config)
+    layout = family.layout(SIZE[variant], SIZE[variant], pipe.vae, model)
+    for text_tokens in (7, SEQ):
+        inputs = _meta_as_real(family.meta_inputs(config, 2, layout, text_tokens, torch.float32))
+        with torch.no_grad():
+            fwd = count_flops(lambda: model(**inputs))
+        fb = count_flops(lambda: model(**inputs)[0].square().mean().backward())
+        model.zero_grad(set_to_none=True)
+        counts = family.transformer_flops(config, layout.tokens[0], text_tokens, 2)
+        assert (counts["forward"], counts["forward"] + counts["backward"]) == (fwd, fb)
+    guided = _family(folder, SCALE).transformer_flops(config, layout.tokens[0], SEQ, 2)
+    assert guided["forward"] == 2 * family.transformer_flops(config, layout.tokens[0], SEQ, 2)["forward"]

@@ -117,11 +117,23 @@ class WanFamily(TextEmbedsFamily):
         """Frames [B, F, 3, H, W] float32 in [0, 1]."""
         return C.decode_latents(vae, x0, layout["grid"])
 
+    # -- cost model (text_tokens: the umT5 sequence length; image_tokens: latent cells, f h w)
+    def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
+        """One velocity's FLOPs (both guidance passes under CFG), per-token timesteps as the folder says."""
+        from fastvideo.models.wan import flops as F
+
+        b, per_token = batch * self.cost_passes(config), self.expand_timesteps
+        parts = F.transformer_flops_breakdown(config, image_tokens, text_tokens, b, per_token)
+        return {**{k: v for k, v in parts.items() if k != "total"}, "forward": parts["total"],
+                "blocks": parts["blocks"],
+                "backward": F.transformer_backward_flops(config, image_tokens, text_tokens, b, per_token)}
+
     # -- cost model (text_tokens: the umT5 sequence length)
     def meta_inputs(self, config, batch, layout, text_tokens, dtype) -> dict:
         b, m = batch * self.velocity_passes, "meta"
         f, h, w = layout["grid"]
         return dict(hidden_states=torch.empty(b, config["in_channels"], f, h, w, device=m, dtype=dtype),
-                    timestep=torch.empty(b, device=m, dtype=dtype),
+                    timestep=torch.empty(b, *((f * (h // 2) * (w // 2),) if self.expand_timesteps else ()), device=m,
+                                         dtype=dtype),
                     encoder_hidden_states=torch.empty(b, text_tokens, config["text_dim"], device=m, dtype=dtype),
                     return_dict=False)
