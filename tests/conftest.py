@@ -132,6 +132,28 @@ def qwen_image_embeddings(tiny_qwen_image_dir, tmp_path_factory):
     return encode_tiny_prompts(tiny_qwen_image_dir, tmp_path_factory, "qwen_image_embeddings", 48, "qwen_image")
 
 
+@pytest.fixture(scope="session")
+def tiny_wan_dir(tmp_path_factory):
+    """A tiny random-weight Wan2.1-T2V folder (make_tiny_wan; the current library line)."""
+    from fastvideo.tools.make_tiny_wan import make_tiny_wan
+
+    return make_tiny_wan(tmp_path_factory.mktemp("tiny_wan"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_wan_ti2v_dir(tmp_path_factory):
+    """A tiny random-weight Wan2.2-TI2V-5B folder (make_tiny_wan --variant ti2v; the current library line)."""
+    from fastvideo.tools.make_tiny_wan import make_tiny_wan
+
+    return make_tiny_wan(tmp_path_factory.mktemp("tiny_wan_ti2v"), seed=0, variant="ti2v")
+
+
+@pytest.fixture(scope="session")
+def wan_embeddings(tiny_wan_dir, tmp_path_factory):
+    """assets/prompts_tiny.txt encoded with the tiny Wan2.1's umT5 (length 32, with the negative "")."""
+    return encode_tiny_prompts(tiny_wan_dir, tmp_path_factory, "wan_embeddings", 32, "wan")
+
+
 # FLUX.1-schnell's scheduler_config.json: no dynamic shifting, shift 1.
 SCHNELL_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.32.0",
                      "base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 4096, "max_shift": 1.15,

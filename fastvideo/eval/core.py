@@ -123,11 +123,13 @@ def _share_in_sequence_group(local: torch.Tensor, device, dims) -> torch.Tensor:
 def score_images(rewards: Mapping[str, object], images: torch.Tensor, captions: list[str],
                  sources: torch.Tensor | None = None) -> torch.Tensor:
     """[b, R] float64: each reward (in mapping order) on each image; sources (editing: the images'
-    source images) go to the rewards that take them (rewards.base.takes_sources)."""
-    from fastvideo.rewards.base import takes_sources
+    source images) go to the rewards that take them (rewards.base.takes_sources); clips [b, F, 3, H, W]
+    (a video family's) are scored as training scores them with --video_reward_frames all (rewards.video)."""
+    from fastvideo.rewards.frames import FrameSelection
+    from fastvideo.rewards.video import score
 
-    return torch.stack([(rewards[n](images, captions, sources=sources) if takes_sources(rewards[n]) else
-                         rewards[n](images, captions)).double().cpu() for n in rewards], dim=1)
+    return torch.stack([score(rewards[n], images, captions, FrameSelection(), sources).double().cpu()
+                        for n in rewards], dim=1)
 
 
 def evaluate(model, vae, prompts: EvalPrompts, rewards: Mapping[str, object], randomness: RandomSource,

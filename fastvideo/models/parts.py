@@ -77,6 +77,17 @@ def load_vae(class_name: str, check, path, device="cpu", dtype=torch.float32):
     return vae.requires_grad_(False).eval().to(device)
 
 
+def load_text_encoder(model_class: str, check, path, device="cpu", dtype=torch.float32):
+    """(tokenizer, model): path/tokenizer through AutoTokenizer and path/text_encoder as transformers'
+    ``model_class``, frozen (no gradients, eval mode) on ``device``."""
+    import transformers
+
+    root = check(path, ("text_encoder", "tokenizer"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(root, subfolder="tokenizer")
+    model = getattr(transformers, model_class).from_pretrained(root, subfolder="text_encoder", torch_dtype=dtype)
+    return tokenizer, model.requires_grad_(False).eval().to(device)
+
+
 def adapt_for_npu(transformer, device, extra: Callable | None = None) -> None:
     """On an NPU: npu_ops' fused kernels (every RMS norm, FLUX's RoPE and attention processor) and
     then the family's ``extra(transformer)``; elsewhere nothing."""

@@ -1,7 +1,7 @@
 """The model-family registry: ``--model_family NAME`` or a plugin ``--model_family pkg.module:Name``.
 
 The built-in families (flux, sd3, flux2, zimage, qwen_image, kontext,
-qwen_image_edit) are registered here, imported when first asked for; a family
+qwen_image_edit, wan) are registered here, imported when first asked for; a family
 module never imports this one, so the registry and its implementations form no import circle.
 A plugin module is imported first (it may call ``register_model_family`` on import) and ``Name``
 is a registered name or a ModelFamily factory in it. A name is registered once: registering
@@ -54,6 +54,7 @@ def builtin_families() -> dict[str, FamilyFactory]:
     from fastvideo.models.qwen_image.family import QwenImageFamily
     from fastvideo.models.qwen_image_edit.family import QwenImageEditFamily
     from fastvideo.models.sd3.family import SD3Family
+    from fastvideo.models.wan.family import WanFamily
     from fastvideo.models.zimage.family import ZImageFamily
 
     return {
@@ -64,6 +65,7 @@ def builtin_families() -> dict[str, FamilyFactory]:
         "qwen_image": QwenImageFamily,  # the current library line only
         "kontext": KontextFamily,  # FLUX.1 Kontext: FLUX.1's transformer, a source image
         "qwen_image_edit": QwenImageEditFamily,  # Qwen-Image's transformer, a source image
+        "wan": WanFamily,  # Wan2.1-T2V / Wan2.2-TI2V-5B video; the current library line only
     }
 
 

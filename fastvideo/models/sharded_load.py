@@ -104,12 +104,19 @@ class UnitLoader:
         # Module objects survive wrapping (FSDP wraps them, it does not copy them), so names taken
         # now still identify them when FSDP hands them over.
         self.prefix = {id(m): (f"{n}." if n else "") for n, m in model.named_modules()}
-        self.expected = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+        # Buffers the family built for real (a RoPE table the files do not hold: Wan's) are not read;
+        # they follow the model to the device (``__call__``) and survive FSDP2's to_empty.
+        self.real_buffers = {n: b for n, b in model.named_buffers() if not b.is_meta}
+        self.expected = {n for n, _ in model.named_parameters()} | \
+            {n for n, _ in model.named_buffers() if n not in self.real_buffers}
         self.loaded: set[str] = set()
 
     @torch.no_grad()
     def __call__(self, module: nn.Module) -> None:
         own = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+        for name, buf in list(module.named_buffers(recurse=False)):  # a real buffer: to the device
+            if not buf.is_meta and buf.device != self.device:
+                module._buffers[name] = buf.to(self.device)
         if not any(t.is_meta for _, t in own):
             return
         module.to_empty(device=self.device, recurse=False)
@@ -131,6 +138,9 @@ class UnitLoader:
         for module in model.modules():
             prefix = self.prefix[id(module)]
             for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+                if prefix + name in self.real_buffers:
+                    tensor.copy_(self.real_buffers[prefix + name])
+                    continue
                 if isinstance(tensor, DTensor):
                     whole = torch.empty(tensor.shape, dtype=tensor.dtype)
                     self.source.read_into(prefix + name, whole)

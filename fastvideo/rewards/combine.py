@@ -173,6 +173,7 @@ class MultiReward:
         num_generations: int | None = None,
         eps: float = 1e-8,
         mix: str | None = None,
+        frames=None,
     ) -> None:
         if not components:
             raise ValueError("MultiReward needs at least one reward")
@@ -187,6 +188,9 @@ class MultiReward:
         self.normalize = normalize
         self.num_generations = num_generations
         self.eps = eps
+        # Which frames of a clip [B, F, 3, H, W] the image rewards score (rewards.video.FrameSelection,
+        # --video_reward_frames; None: all); image batches [B, 3, H, W] never read it.
+        self.frames = frames
 
     @property
     def names(self) -> list[str]:
@@ -199,7 +203,15 @@ class MultiReward:
         """name -> [B] float32 raw scores. Per sample, so it may be called on any slice of a
         batch (e.g. one rollout chunk) and the slices concatenated before :meth:`combine`.
         sources: the samples' source images [B, 3, H, W] (editing) or None, given to the rewards
-        that take them (base.takes_sources) and to no other."""
+        that take them (base.takes_sources) and to no other. Clips [B, F, 3, H, W] (a video family's)
+        and clip rewards go through rewards.video.score (frames selected for image rewards, averaged)."""
+        if (isinstance(images, torch.Tensor) and images.ndim == 5) or any(
+                getattr(r, "takes_clips", False) for _, _, r in self.components):
+            from fastvideo.rewards.frames import FrameSelection
+            from fastvideo.rewards.video import score
+
+            frames = self.frames or FrameSelection()
+            return {name: score(reward, images, prompts, frames, sources).float() for name, _, reward in self.components}
         return {name: (reward(images, prompts, sources=sources) if takes_sources(reward) else
                        reward(images, prompts)).float() for name, _, reward in self.components}
 
@@ -263,6 +275,7 @@ def build_multi_reward(
     normalize: bool = False,
     num_generations: int | None = None,
     mix: str | None = None,
+    frames=None,
 ) -> MultiReward:
     """Build each reward of a spec with ``{**common_kwargs, **reward_kwargs[name]}``.
 
@@ -280,4 +293,4 @@ def build_multi_reward(
             kwargs = {**(common_kwargs or {}), **reward_kwargs.get(s.name, {})}
             reward = build_reward(s.name, **kwargs)
         components.append((s.name, s.weight, reward))
-    return MultiReward(components, normalize=normalize, num_generations=num_generations, mix=mix)
+    return MultiReward(components, normalize=normalize, num_generations=num_generations, mix=mix, frames=frames)

@@ -12,6 +12,7 @@ import argparse
 from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
+from fastvideo.rewards.frames import parse_frame_selection
 
 # rewards.advantages.MIX_MODES (that module imports torch; tests/rewards check the two agree).
 MIX_MODES = ("advantage_aggr", "reward_aggr")
@@ -27,6 +28,7 @@ class RewardExtras:
     vlm_concurrency: int = 8
     vlm_timeout_s: float = 120.0
     multi_reward_mix: str | None = None  # --reward_mix: advantage_aggr | reward_aggr, None: weighted sum
+    video_reward_frames: str = "all"  # which frames of a clip image rewards score (rewards/video.py)
 
 
 def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
@@ -55,6 +57,10 @@ def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
                    help="turn several rewards into advantages as MixGRPO does (fastvideo/rewards/advantages.py): "
                         "advantage_aggr (each reward's group advantages, weighted) or reward_aggr (the weighted "
                         "reward, group-normalised); default: the weighted sum of --rewards. Needs --use_group")
+    g.add_argument("--video_reward_frames", type=str, default=RewardExtras.video_reward_frames,
+                   help="a video family's clips: the frames each image reward scores, averaged per clip: all, first "
+                        "or every:K (frames 0, K, 2K, ...); a clip reward (takes_clips) gets whole clips; an image "
+                        "is a one-frame clip (default: all)")
 
 
 def extras_from_args(args: argparse.Namespace) -> RewardExtras:
@@ -75,6 +81,7 @@ def extras_from_args(args: argparse.Namespace) -> RewardExtras:
         image_reward_dir=args.image_reward_dir, remote_timeout_s=args.reward_timeout,
         remote_retries=args.reward_retries, vlm_concurrency=args.vlm_concurrency,
         vlm_timeout_s=args.vlm_timeout, multi_reward_mix=mix_mode(args),
+        video_reward_frames=str(parse_frame_selection(args.video_reward_frames)),
     )
 
 
@@ -83,7 +90,8 @@ def extras_flags(extras: dict) -> dict:
     names = ("aesthetic_dir", "aesthetic_clip_name", "image_reward_dir", "vlm_concurrency")
     return {**{n: extras[n] for n in names}, "reward_mix": extras["multi_reward_mix"],
             "reward_timeout": extras["remote_timeout_s"],
-            "reward_retries": extras["remote_retries"], "vlm_timeout": extras["vlm_timeout_s"]}
+            "reward_retries": extras["remote_retries"], "vlm_timeout": extras["vlm_timeout_s"],
+            "video_reward_frames": extras.get("video_reward_frames", "all")}  # absent before video families
 
 
 def mix_mode(args: argparse.Namespace) -> str | None:

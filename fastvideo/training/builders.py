@@ -302,12 +302,14 @@ def build_rewards(cfg: TrainConfig, device: torch.device, rank: int = 0):
     """The run's rewards as data-parallel rank ``rank`` builds them (rank_reward_specs)."""
     from fastvideo.rewards.combine import build_multi_reward
     from fastvideo.rewards.flags import RewardExtras
+    from fastvideo.rewards.frames import parse_frame_selection
 
     r = cfg.reward
     per_reward, common = reward_build_kwargs(cfg, device)
     return build_multi_reward(rank_reward_specs(r.spec, rank), reward_kwargs=per_reward, common_kwargs=common,
                               normalize=r.group_norm, num_generations=cfg.rollout.num_generations,
-                              mix=(r.extras or RewardExtras()).multi_reward_mix)
+                              mix=(r.extras or RewardExtras()).multi_reward_mix,
+                              frames=parse_frame_selection((r.extras or RewardExtras()).video_reward_frames))
 
 
 def fsdp_precision(cfg: TrainConfig):

@@ -58,7 +58,7 @@ def test_the_demo_trains_each_family_on_its_tiny_folder_with_its_flags(name):
     if name != "flux":
         assert argv[argv.index("--model_family") + 1] == name
     if _runs_here(name):  # the parser builds the family (refused on the other library line)
-        cfg = validate_args(build_parser().parse_args(argv))
+        cfg = validate_args(build_parser(argv).parse_args(argv))  # argv: a family's own flags (wan's)
         assert cfg.model.family == name and cfg.model.pretrained_model_name_or_path == f"/d x/tiny_{name}"
     suffix = "" if name == "flux" else f"_{name}"
     assert argv[argv.index("--output_dir") + 1] == f"/d x/outputs{suffix}"
@@ -87,7 +87,7 @@ def test_each_library_line_demos_into_its_own_folders(name):
 def test_the_demo_refuses_an_unknown_model_and_a_current_family_on_the_recipe_line():
     bad = _dry_run({"MODEL": "sd4"})
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "MODEL=sd4: use flux, sd3, flux2, zimage, qwen_image, kontext or qwen_image_edit"]
+        "MODEL=sd4: use flux, sd3, flux2, zimage, qwen_image, kontext, qwen_image_edit or wan"]
     line = _dry_run({"MODEL": "zimage", "LINE": "recipe"})
     assert line.returncode == 2 and "MODEL=zimage runs on the current library line" in line.stderr
 

@@ -45,6 +45,7 @@ COVERED = {
     "make_tiny_sd3": "test_make_tiny_sd3_cli",
     "make_tiny_qwen_image": "test_make_tiny_qwen_image_cli",
     "make_tiny_qwen_image_edit": "test_make_tiny_qwen_image_edit_cli",
+    "make_tiny_wan": "test_make_tiny_wan_cli",
     "make_tiny_zimage": "test_make_tiny_zimage_cli",
     "omp_threads": "test_omp_threads_cli",
     "reward_server": "test_reward_server_cli",
@@ -226,6 +227,25 @@ def test_make_tiny_flux2_cli(tmp_path, monkeypatch, capsys):
 
     name = "transformer/diffusion_pytorch_model.safetensors"
     mine, again = load_file(tmp_path / "f2" / name), load_file(make_tiny_flux2(tmp_path / "again", seed=0) / name)
+    assert mine.keys() == again.keys() and all(torch.equal(mine[k], again[k]) for k in mine)  # same seed
+
+
+def test_make_tiny_wan_cli(tmp_path, monkeypatch, capsys):
+    """The current line: a tiny Wan2.2-TI2V folder (--variant ti2v: expand_timesteps, the 48-channel
+    VAE), the same weights bit for bit from the same seed; the recipe line: exit 2, nothing written."""
+    from fastvideo.library_lines import CURRENT, library_line
+
+    code, out = run_tool("make_tiny_wan", [str(tmp_path / "w"), "--seed", "0", "--variant", "ti2v"], monkeypatch, capsys)
+    if library_line() != CURRENT:
+        assert code == 2 and not (tmp_path / "w").exists()
+        return
+    assert code == 0 and out.startswith(f"wrote tiny Wan ti2v folder to {tmp_path / 'w'} (") and "seed 0" in out
+    assert json.loads((tmp_path / "w" / "model_index.json").read_text())["expand_timesteps"] is True
+    assert json.loads((tmp_path / "w" / "vae" / "config.json").read_text())["z_dim"] == 48
+    from fastvideo.tools.make_tiny_wan import make_tiny_wan
+
+    name = "transformer/diffusion_pytorch_model.safetensors"
+    mine, again = load_file(tmp_path / "w" / name), load_file(make_tiny_wan(tmp_path / "again", 0, "ti2v") / name)
     assert mine.keys() == again.keys() and all(torch.equal(mine[k], again[k]) for k in mine)  # same seed
 
 

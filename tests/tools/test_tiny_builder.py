@@ -38,6 +38,17 @@ QWEN_INDEX = {"_class_name": "QwenImagePipeline", "_diffusers_version": "0.42.1"
               "text_encoder": [T, "Qwen2_5_VLForConditionalGeneration"], "tokenizer": [T, "Qwen2Tokenizer"],
               "transformer": ["diffusers", "QwenImageTransformer2DModel"], "vae": ["diffusers", "AutoencoderKLQwenImage"]}
 
+# Wan-AI/Wan2.1-T2V-1.3B-Diffusers' (diffusers' convert_wan_to_diffusers.py: UniPC with flow sigmas, the
+# umt5-xxl tokenizer); Wan2.2-TI2V-5B's adds WanPipeline's boundary_ratio, expand_timesteps, transformer_2.
+WAN_INDEX = {"_class_name": "WanPipeline", "_diffusers_version": "0.42.1",
+             "scheduler": ["diffusers", "UniPCMultistepScheduler"], "text_encoder": [T, "UMT5EncoderModel"],
+             "tokenizer": [T, "T5TokenizerFast"], "transformer": ["diffusers", "WanTransformer3DModel"],
+             "vae": ["diffusers", "AutoencoderKLWan"]}
+WAN_TI2V_INDEX = {"_class_name": "WanPipeline", "_diffusers_version": "0.42.1", "boundary_ratio": None,
+                  "expand_timesteps": True, "scheduler": WAN_INDEX["scheduler"], "text_encoder": WAN_INDEX["text_encoder"],
+                  "tokenizer": WAN_INDEX["tokenizer"], "transformer": WAN_INDEX["transformer"],
+                  "transformer_2": [None, None], "vae": WAN_INDEX["vae"]}
+
 
 def _fake(module: str, name: str):
     """An object whose class is ``module.name`` (what model_index reads of a network)."""
@@ -75,6 +86,8 @@ def test_the_current_line_folders_have_the_published_model_index(request):
     assert _index(request.getfixturevalue("tiny_flux2_dir")) == list(KLEIN_INDEX.items())
     assert _index(request.getfixturevalue("tiny_zimage_dir")) == list(ZIMAGE_INDEX.items())
     assert _index(request.getfixturevalue("tiny_qwen_image_dir")) == list(QWEN_INDEX.items())
+    assert _index(request.getfixturevalue("tiny_wan_dir")) == list(WAN_INDEX.items())
+    assert _index(request.getfixturevalue("tiny_wan_ti2v_dir")) == list(WAN_TI2V_INDEX.items())
     dev = dict(_index(request.getfixturevalue("tiny_flux2_dev_dir")))
     assert dev["_class_name"] == "Flux2Pipeline" and "is_distilled" not in dev
     assert dev["text_encoder"] == [T, "Mistral3ForConditionalGeneration"] and dev["tokenizer"] == [T, "PixtralProcessor"]

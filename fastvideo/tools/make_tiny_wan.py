@@ -1,0 +1,137 @@
+"""Write a complete diffusers-layout Wan folder with random weights, built offline.
+
+    python -m fastvideo.tools.make_tiny_wan OUT_DIR [--seed N] [--variant t2v|ti2v]
+
+Same structure and config keys as Wan-AI/Wan2.1-T2V-1.3B-Diffusers (``t2v``) or
+Wan-AI/Wan2.2-TI2V-5B-Diffusers (``ti2v``), scaled down: WanTransformer3DModel (self- and cross-
+attention blocks with q/k RMS norms across heads, 3-axis RoPE over frames x rows x columns, 1x2x2
+patches), AutoencoderKLWan (the causal 3D video VAE: 4x in time, 8x in space with 16 latent channels
+and Wan2.1's per-channel latents_mean / latents_std; for ti2v Wan2.2's residual VAE with its 2x2 pixel
+patches, 16x in space, 48 latent channels and Wan2.2's statistics), a UMT5EncoderModel with the tiny
+T5-style Unigram tokenizer of make_tiny_flux (nothing from the hub), and the scheduler the real
+folders ship: UniPCMultistepScheduler with flow sigmas (flow_shift 3.0 for Wan2.1, 5.0 for Wan2.2
+TI2V; diffusers' scripts/convert_wan_to_diffusers.py). The ti2v folder's model_index.json carries
+WanPipeline's ``expand_timesteps: true`` (per-token timesteps) and ``boundary_ratio: null``, as the
+published Wan2.2-TI2V-5B folder. WanPipeline loads either folder; the same seed gives the same
+weights, bit for bit. Needs the current library line (diffusers 0.32 has no Wan).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fastvideo.errors import UserError
+from fastvideo.tools.make_tiny_flux import write_t5_tokenizer
+from fastvideo.tools.tiny_builder import new_folder, run_builder_cli, save_tiny_folder, wake_zero_projections
+
+VARIANTS = ("t2v", "ti2v")
+# The real folders' scheduler (convert_wan_to_diffusers.py: flow_prediction, use_flow_sigmas, 1000
+# training steps, flow_shift 3.0 for Wan2.1 T2V, 5.0 for Wan2.2 TI2V); the rest UniPC's defaults.
+FLOW_SHIFT = {"t2v": 3.0, "ti2v": 5.0}
+TEXT_WIDTH, HEADS, HEAD_DIM, LAYERS = 32, 2, 16, 2  # umT5's d_model = text_dim (4096 for umt5-xxl)
+
+# Wan2.2's VAE statistics (Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json; 48 channels).
+WAN22_LATENTS_MEAN = [
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813, 0.0891,
+    0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+    -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230, -0.0313, -0.1649, 0.0117, 0.0723,
+    -0.2839, -0.2083, -0.0520, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667]
+WAN22_LATENTS_STD = [
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
+    0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
+    0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744]
+
+
+def scheduler_config(variant: str) -> dict:
+    return {
+        "_class_name": "UniPCMultistepScheduler", "_diffusers_version": "0.42.1",
+        "beta_end": 0.02, "beta_schedule": "linear", "beta_start": 0.0001, "disable_corrector": [],
+        "dynamic_thresholding_ratio": 0.995, "final_sigmas_type": "zero", "flow_shift": FLOW_SHIFT[variant],
+        "lower_order_final": True, "num_train_timesteps": 1000, "predict_x0": True,
+        "prediction_type": "flow_prediction", "rescale_betas_zero_snr": False, "sample_max_value": 1.0,
+        "solver_order": 2, "solver_p": None, "solver_type": "bh2", "steps_offset": 0, "thresholding": False,
+        "timestep_spacing": "linspace", "trained_betas": None, "use_beta_sigmas": False,
+        "use_exponential_sigmas": False, "use_flow_sigmas": True, "use_karras_sigmas": False,
+    }
+
+
+def latent_channels(variant: str) -> int:
+    return 48 if variant == "ti2v" else 16
+
+
+def transformer_config(variant: str) -> dict:
+    """WanTransformer3DModel at width 32 (Wan2.1-1.3B: 12 heads of 128, 30 layers; the 5B: 24 x 128, 30)."""
+    c = latent_channels(variant)
+    return {
+        "_class_name": "WanTransformer3DModel", "_diffusers_version": "0.42.1",
+        "patch_size": [1, 2, 2], "num_attention_heads": HEADS, "attention_head_dim": HEAD_DIM,
+        "in_channels": c, "out_channels": c, "text_dim": TEXT_WIDTH, "freq_dim": 32, "ffn_dim": 64,
+        "num_layers": LAYERS, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6,
+        "image_dim": None, "added_kv_proj_dim": None, "rope_max_seq_len": 1024, "pos_embed_seq_len": None,
+    }
+
+
+def vae_config(variant: str) -> dict:
+    """AutoencoderKLWan 8 wide: three spatial down-samplings, the last two temporal (4x in time).
+    ti2v: Wan2.2's residual VAE (12 = 3 x 2 x 2 patched pixel channels, 16x in space, 48 latents)."""
+    common = {"_class_name": "AutoencoderKLWan", "_diffusers_version": "0.42.1", "base_dim": 8,
+              "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1, "attn_scales": [],
+              "temperal_downsample": [False, True, True], "dropout": 0.0, "scale_factor_temporal": 4}
+    if variant == "ti2v":
+        return {**common, "decoder_base_dim": 8, "z_dim": 48, "is_residual": True, "in_channels": 12,
+                "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16,
+                "latents_mean": WAN22_LATENTS_MEAN, "latents_std": WAN22_LATENTS_STD}
+    from fastvideo.tools.make_tiny_qwen_image import vae_config as wan21_statistics  # Wan2.1's VAE statistics
+
+    stats = wan21_statistics()
+    return {**common, "decoder_base_dim": None, "z_dim": 16, "is_residual": False, "in_channels": 3,
+            "out_channels": 3, "patch_size": None, "scale_factor_spatial": 8,
+            "latents_mean": stats["latents_mean"], "latents_std": stats["latents_std"]}
+
+
+def tiny_umt5(vocab: int):
+    """A UMT5EncoderModel for write_t5_tokenizer's vocabulary (pad 0, EOS 1), 32 wide."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    return UMT5EncoderModel(UMT5Config(
+        vocab_size=vocab, d_model=TEXT_WIDTH, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False, pad_token_id=0, eos_token_id=1,
+        tie_word_embeddings=False))
+
+
+def build_modules(variant: str, vocab: int, seed: int):
+    """Every network of the folder, weights drawn from ``seed``."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    transformer = WanTransformer3DModel.from_config(transformer_config(variant))
+    vae = AutoencoderKLWan.from_config(vae_config(variant))
+    text_encoder = tiny_umt5(vocab)
+    wake_zero_projections(transformer, seed + 1)
+    return transformer, vae, text_encoder
+
+
+def make_tiny_wan(out_dir: str | Path, seed: int = 0, variant: str = "t2v") -> Path:
+    if variant not in VARIANTS:
+        raise UserError(f"--variant {variant!r}: choose t2v (Wan2.1-T2V) or ti2v (Wan2.2-TI2V-5B)")
+    out = new_folder(out_dir, "the tiny Wan builder")
+    vocab = write_t5_tokenizer(out / "tokenizer")
+    modules = dict(zip(("transformer", "vae", "text_encoder"), build_modules(variant, vocab, seed)))
+    extra = {"boundary_ratio": None, "expand_timesteps": True, "transformer_2": [None, None]} \
+        if variant == "ti2v" else {}
+    return save_tiny_folder(out, modules, scheduler_config(variant), "WanPipeline",
+                            {"tokenizer": "T5TokenizerFast"}, **extra)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_builder_cli("make_tiny_wan", __doc__, lambda a: make_tiny_wan(a.out_dir, a.seed, a.variant),
+                    lambda a: f"tiny Wan {a.variant}", argv,
+                    options=((("--variant",), dict(choices=VARIANTS, default="t2v",
+                                                   help="t2v: Wan2.1-T2V; ti2v: Wan2.2-TI2V-5B (default: t2v)")),))
+
+
+if __name__ == "__main__":
+    main()
