@@ -60,15 +60,7 @@ class AWMSettings(ObjectiveSettings):
             raise ConfigError(f"--awm_ghuber_power {self.ghuber_power} must be > 0 (the loss divides by it)")
 
     def check_across(self, sections: dict) -> None:
-        """AWM samples with the deterministic Euler ODE: the SDE plan's flags do nothing."""
-        mix = sections["mix"]
-        if mix.mode != "full" or mix.sde_kind != "dance" or mix.dpm_post_ratio is not None or mix.dpm_all:
-            raise ConfigError("--algorithm awm samples every step with the Euler ODE (Flow-Factory's dynamics_type "
-                              "ODE); drop the SDE window / solver flags (--training_strategy part, --sde_steps, "
-                              "--flow_grpo_sampling, --dpm_algorithm_type)")
-        if sections["rollout"].init_same_noise:
-            raise ConfigError("--init_same_noise with --algorithm awm: the ODE from the same noise gives a group G "
-                              "identical samples (no advantage); drop --init_same_noise")
+        check_ode_rollout(sections, "awm")
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
@@ -76,3 +68,16 @@ class AWMSettings(ObjectiveSettings):
                   if getattr(args, k) != getattr(defaults, k)]
         return [f"{', '.join(unused)}: no effect with --algorithm awm (an ODE rollout without log-probabilities; "
                 "it trains int(N x --timestep_fraction) of all N timesteps)"] if unused else []
+
+
+def check_ode_rollout(sections: dict, name: str) -> None:
+    """An objective that samples every step with the Euler ODE (AWM, DGPO): the SDE plan's flags and
+    --init_same_noise are refused."""
+    mix = sections["mix"]
+    if mix.mode != "full" or mix.sde_kind != "dance" or mix.dpm_post_ratio is not None or mix.dpm_all:
+        raise ConfigError(f"--algorithm {name} samples every step with the Euler ODE (Flow-Factory's dynamics_type "
+                          "ODE); drop the SDE window / solver flags (--training_strategy part, --sde_steps, "
+                          "--flow_grpo_sampling, --dpm_algorithm_type)")
+    if sections["rollout"].init_same_noise:
+        raise ConfigError(f"--init_same_noise with --algorithm {name}: the ODE from the same noise gives a group G "
+                          "identical samples (no advantage); drop --init_same_noise")
