@@ -1,5 +1,6 @@
-"""--algorithm dgpo end to end on the tiny FLUX: 2 gloo ranks under FSDP, the DSM clip against the old
-policy and the KL term, resumed bit for bit from its first checkpoint (weights and old policy)."""
+"""--algorithm dgpo end to end on the tiny FLUX: 2 gloo ranks under FSDP2 (fully_shard), the DSM clip
+against the old policy and the KL term, resumed bit for bit from its first checkpoint (weights and
+old policy)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from helpers import resumed_metrics, run_and_resume, same_checkpoint_file
 
 DGPO = dict(algorithm="dgpo", save_images_every=0, checkpointing_steps=1, max_train_steps=2, sampling_steps=4,
-            timestep_fraction=0.5, kl_coef=0.01, dgpo_beta=10, clip_range=0.05)
+            timestep_fraction=0.5, kl_coef=0.01, dgpo_beta=10, clip_range=0.05, fsdp_version=2)
 
 
 @pytest.mark.slow
