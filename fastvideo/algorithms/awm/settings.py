@@ -19,13 +19,12 @@ from fastvideo.settings import ObjectiveSettings, flag_group
 WEIGHTINGS = ("uniform", "t", "t2", "huber", "ghuber")  # awm.loss.WEIGHTINGS (this module imports no torch)
 
 
-@dataclass
-class AWMSettings(ObjectiveSettings):
-    weighting: str = "ghuber"
-    ghuber_power: float = 0.25
+class ODEObjectiveSettings(ObjectiveSettings):
+    """What AWM and DGPO share: GRPO's grouping and advantages, int(N x --timestep_fraction) trained
+    timesteps of an ODE rollout, GRPO's flags that do nothing there (a start-up note)."""
 
-    section = "awm"
     shares = ("grpo",)
+    section = ""
 
     def samples_per_prompt(self, sections: dict) -> int:
         return sections["grpo"].samples_per_prompt(sections)
@@ -33,11 +32,29 @@ class AWMSettings(ObjectiveSettings):
     def trained_steps_per_sample(self, cfg) -> int:
         return max(1, int(cfg.rollout.sampling_steps * cfg.grpo.timestep_fraction))
 
-    def needs_reference(self, cfg) -> bool:
-        return cfg.grpo.kl_coef > 0
-
     def check_world(self, cfg, dp_size: int) -> None:
         cfg.grpo.check_world(cfg, dp_size)
+
+    def check_across(self, sections: dict) -> None:
+        check_ode_rollout(sections, self.section)
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        unused = [f"--{k}" for k in ("kl_coeff", "train_last_step", "eta", "policy_loss")
+                  if getattr(args, k) != getattr(defaults, k)]
+        return [f"{', '.join(unused)}: no effect with --algorithm {cls.section} (an ODE rollout without "
+                "log-probabilities; it trains int(N x --timestep_fraction) of all N timesteps)"] if unused else []
+
+
+@dataclass
+class AWMSettings(ODEObjectiveSettings):
+    weighting: str = "ghuber"
+    ghuber_power: float = 0.25
+
+    section = "awm"
+
+    def needs_reference(self, cfg) -> bool:
+        return cfg.grpo.kl_coef > 0
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -59,15 +76,6 @@ class AWMSettings(ObjectiveSettings):
         if self.ghuber_power <= 0:
             raise ConfigError(f"--awm_ghuber_power {self.ghuber_power} must be > 0 (the loss divides by it)")
 
-    def check_across(self, sections: dict) -> None:
-        check_ode_rollout(sections, "awm")
-
-    @classmethod
-    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
-        unused = [f"--{k}" for k in ("kl_coeff", "train_last_step", "eta", "policy_loss")
-                  if getattr(args, k) != getattr(defaults, k)]
-        return [f"{', '.join(unused)}: no effect with --algorithm awm (an ODE rollout without log-probabilities; "
-                "it trains int(N x --timestep_fraction) of all N timesteps)"] if unused else []
 
 
 def check_ode_rollout(sections: dict, name: str) -> None:

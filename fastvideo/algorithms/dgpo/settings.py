@@ -13,13 +13,25 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from fastvideo.algorithms.awm.settings import check_ode_rollout
+from fastvideo.algorithms.awm.settings import ODEObjectiveSettings
 from fastvideo.errors import ConfigError
-from fastvideo.settings import ObjectiveSettings, flag_group
+from fastvideo.settings import flag_group
+
+# (flag, type, default, help)
+FLAGS = (
+    ("dgpo_beta", float, 100.0, "beta of s_G = beta / |G| sum A_i (d_i - d_ref_i) (Flow-Factory's dpo_beta; its "
+                                "SD3.5 recipe: 10)"),
+    ("dgpo_clip_dsm", int, 1, "1: detach d_i where the old policy's ratio exp(d_old - d) left --clip_range on the "
+                              "side A_i pushes (Flow-Factory's clip_dsm); the old policy is an EMA of the weights"),
+    ("dgpo_switch_ema_ref", int, 200, "after this many optimizer steps the rollout samples with the old policy (EMA)"),
+    ("dgpo_ema_max_decay", float, 0.3, "old policy <- decay old + (1 - decay) current after each iteration, decay = "
+                                       "min(this, --dgpo_ema_ramp x optimizer steps so far)"),
+    ("dgpo_ema_ramp", float, 0.001, "see --dgpo_ema_max_decay"),
+)
 
 
 @dataclass
-class DGPOSettings(ObjectiveSettings):
+class DGPOSettings(ODEObjectiveSettings):
     beta: float = 100.0
     clip_dsm: bool = True
     switch_ema_ref: int = 200
@@ -27,35 +39,16 @@ class DGPOSettings(ObjectiveSettings):
     ema_ramp: float = 0.001
 
     section = "dgpo"
-    shares = ("grpo",)
-
-    def samples_per_prompt(self, sections: dict) -> int:
-        return sections["grpo"].samples_per_prompt(sections)
-
-    def trained_steps_per_sample(self, cfg) -> int:
-        return max(1, int(cfg.rollout.sampling_steps * cfg.grpo.timestep_fraction))
 
     def needs_reference(self, cfg) -> bool:
         return True  # d_ref: the frozen base is DGPO's reference
 
-    def check_world(self, cfg, dp_size: int) -> None:
-        cfg.grpo.check_world(cfg, dp_size)
-
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         g = flag_group(parser, "DGPO (--algorithm dgpo)")
-        g.add_argument("--dgpo_beta", type=float, default=100.0,
-                       help="beta of s_G = beta / |G| sum A_i (d_i - d_ref_i) (Flow-Factory's dpo_beta; its SD3.5 "
-                            "recipe: 10)")
-        g.add_argument("--dgpo_clip_dsm", type=int, default=1, choices=[0, 1],
-                       help="1: detach d_i where the old policy's ratio exp(d_old - d) left --clip_range on the side "
-                            "A_i pushes (Flow-Factory's clip_dsm); the old policy is an EMA of the weights")
-        g.add_argument("--dgpo_switch_ema_ref", type=int, default=200,
-                       help="after this many optimizer steps the rollout samples with the old policy (EMA)")
-        g.add_argument("--dgpo_ema_max_decay", type=float, default=0.3,
-                       help="old policy <- decay old + (1 - decay) current after each iteration, decay = "
-                            "min(this, --dgpo_ema_ramp x optimizer steps so far)")
-        g.add_argument("--dgpo_ema_ramp", type=float, default=0.001, help="see --dgpo_ema_max_decay")
+        for flag, kind, default, text in FLAGS:
+            g.add_argument(f"--{flag}", type=kind, default=default, help=text,
+                           **({"choices": [0, 1]} if flag == "dgpo_clip_dsm" else {}))
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "DGPOSettings":
@@ -75,15 +68,8 @@ class DGPOSettings(ObjectiveSettings):
 
     def check_across(self, sections: dict) -> None:
         """An ODE rollout; whole groups in every micro-batch (s_G sums over the group at one t)."""
-        check_ode_rollout(sections, "dgpo")
+        super().check_across(sections)
         g, G, mb = sections["grpo"], sections["rollout"].num_generations, sections["update"].train_micro_batch_size
         if not g.use_group or mb % G:
             raise ConfigError(f"--algorithm dgpo sums each group's preference at one timestep: it needs --use_group and "
                               f"--train_micro_batch_size a multiple of --num_generations {G} (got {mb})")
-
-    @classmethod
-    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
-        unused = [f"--{k}" for k in ("kl_coeff", "train_last_step", "eta", "policy_loss")
-                  if getattr(args, k) != getattr(defaults, k)]
-        return [f"{', '.join(unused)}: no effect with --algorithm dgpo (an ODE rollout without log-probabilities; "
-                "it trains int(N x --timestep_fraction) of all N timesteps)"] if unused else []
