@@ -21,6 +21,7 @@ from fastvideo.algorithms.settings import GRPOSettings
 from fastvideo.grpo.advantages import finite_batch_advantages, finite_group_advantages, global_std_advantages
 from fastvideo.grpo.kl import flow_grpo_step_kl, gaussian_step_kl
 from fastvideo.grpo.loss import clipped_policy_loss
+from fastvideo.algorithms.grpo_guard.term import GUARD_TERMS, guard_term
 from fastvideo.sampling.rollout import transition_gaussian
 
 
@@ -114,6 +115,7 @@ class GRPOObjective(Objective):
                                   self.randomness)
 
     def plan_update(self, traj, iteration: int) -> list[list[Term]]:
+        self.iteration = iteration  # the rollout's, which addresses its step noise (GRPO-Guard's old means)
         plan = traj.plan
         perms = self.randomness.timestep_permutations(iteration, traj.sample_ids, len(plan.trainable))
         selected = plan.select_steps(perms)  # [B, T] on CPU
@@ -150,9 +152,16 @@ class GRPOObjective(Objective):
     def log_prob(self, policy, traj, rows: torch.Tensor, steps: torch.Tensor):
         """Log-prob under the current policy of the stored transitions (rows[i], steps[i]) -> [b],
         and with --kl_coef the KL of each step to the reference policy's -> [b] (else None)."""
+        t, kl = self.transition(policy, traj, rows, steps)
+        self.last_transition = t  # what a policy loss reads beyond the log-prob (GRPO-Guard's step means)
+        return t.log_prob, kl
+
+    def transition(self, policy, traj, rows: torch.Tensor, steps: torch.Tensor):
+        """(training.policy.TransitionLogProb of the stored transitions under the current policy,
+        the KL of each step to the reference's [b] with --kl_coef, else None)."""
         t = policy.transition_log_prob(traj, rows, steps, self.eta)
         if not policy.has_reference:
-            return t.log_prob, None
+            return t, None
         # The step Gaussians of the plan's SDE; under guidance both velocities are the guided ones
         # (the family's velocity), as Flow-GRPO's compute_log_prob with the adapters off.
         v_ref = policy.reference_velocity(traj, rows, t.x, t.sigma)
@@ -160,8 +169,8 @@ class GRPOObjective(Objective):
         ref_mean, _ = transition_gaussian(kind, t.x, v_ref, t.sigma, t.sigma_next, self.eta, sigma_max)
         mean, std = transition_gaussian(kind, t.x, t.velocity, t.sigma, t.sigma_next, self.eta, sigma_max)
         if kind == "dance":
-            return t.log_prob, gaussian_step_kl(mean, ref_mean, std)
-        return t.log_prob, flow_grpo_step_kl(mean, ref_mean, std, t.sigma, t.sigma_next)
+            return t, gaussian_step_kl(mean, ref_mean, std)
+        return t, flow_grpo_step_kl(mean, ref_mean, std, t.sigma, t.sigma_next)
 
     def loss(self, policy, traj, advantages: torch.Tensor, term: Term, stats: StatsAccumulator) -> torch.Tensor:
         g = self.g
@@ -170,8 +179,8 @@ class GRPOObjective(Objective):
         scale = g.loss_coef / (self.u.gradient_accumulation_steps * num_trained)
         logp, kl = self.log_prob(policy, traj, rows, steps)
         old = traj.rollout_log_prob(rows, steps)
-        loss, s = clipped_policy_loss(logp, old, advantages[on(rows, advantages.device)], g.clip_range)
-        sums = {"ratio_mean": s.ratio_mean, "clip_fraction": s.clip_fraction}
+        loss, s, extra = POLICY_LOSSES[g.policy_loss](self, traj, logp, old, advantages[on(rows, advantages.device)], term)
+        sums = {"ratio_mean": s.ratio_mean, "clip_fraction": s.clip_fraction, **extra}
         if kl is not None:  # beta * mean KL, normalised like the policy term below
             kl = self._dropped_masked(kl, rows).mean()
             loss = loss + g.kl_coef * kl
@@ -189,6 +198,20 @@ class GRPOObjective(Objective):
             means["kl"] = stats.mean("kl")
         if self.g.rollout_kl_coef > 0:
             means["rollout_kl"] = stats.mean("rollout_kl")
+        means.update({k: stats.mean(k) for k in POLICY_LOSS_TERMS[self.g.policy_loss]})
         first = stats.first_max.get("first_ratio_dev", torch.zeros(()))
         return means, {"first_ratio_dev": float(first)}
 
+
+
+def clip_term(objective: GRPOObjective, traj, logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, term: Term):
+    """DanceGRPO's clipped ratio (grpo.loss.clipped_policy_loss) -> (loss, LossStats, {})."""
+    loss, s = clipped_policy_loss(logp, old, adv, objective.g.clip_range)
+    return loss, s, {}
+
+
+# --policy_loss NAME -> term(objective, traj, log-probs [b] (objective.last_transition: their step),
+# the rollout's log-probs [b], advantages [b], term)
+# -> (loss, grpo.loss.LossStats, {metric: detached 0-d}); and the metrics each one logs
+POLICY_LOSSES = {"clip": clip_term, "grpo_guard": guard_term}
+POLICY_LOSS_TERMS = {"clip": (), "grpo_guard": GUARD_TERMS}

@@ -51,6 +51,43 @@ def deterministic_plan(solver: str, sampling_steps: int, shift: float):
                         dpm_algorithm="dpmsolver++")
 
 
+def forward_process_terms(randomness, traj, iteration: int, fraction: float, micro_batch: int) -> list[list[Term]]:
+    """Micro-batches of ``micro_batch`` samples, one Term per (micro-batch, trained timestep): each
+    sample trains T = nft_trained_steps(N, fraction) of the N sampling timesteps, a seeded
+    permutation per sample; Term.steps index the rollout's sigmas (t = sigmas[step], never 0)."""
+    n = traj.plan.num_steps
+    T = nft_trained_steps(n, fraction)
+    selected = randomness.timestep_permutations(iteration, traj.sample_ids, n)[:, :T]
+    b, mb = traj.num_samples, micro_batch
+    return [[Term(m, rows, selected[rows, k]) for k in range(T)]
+            for m in range(math.ceil(b / mb)) for rows in [torch.arange(m * mb, min(b, (m + 1) * mb))]]
+
+
+def forward_noised(randomness, iteration: int, traj, rows: torch.Tensor, steps: torch.Tensor):
+    """The forward process at the term's timesteps: (x0 [b, L, C], t [b], eps [b, L, C], x_t =
+    (1 - t) x0 + t eps), float32; eps from the run's randomness by (iteration, sample, step)."""
+    x0 = traj.x0[on(rows, traj.x0.device)].float()
+    t = traj.sigmas[on(steps, traj.sigmas.device)].float()
+    eps = randomness.train_noise(iteration, traj.sample_ids[rows], steps, x0.shape[1:]).to(x0.device)
+    tb = t.reshape(-1, *([1] * (x0.ndim - 1)))
+    return x0, t, eps, (1.0 - tb) * x0 + tb * eps
+
+
+def scaled_forward_term(objective, traj, term: Term, stats: StatsAccumulator, loss: torch.Tensor, sums: dict,
+                        v: torch.Tensor, v_ref: torch.Tensor | None, keep: torch.Tensor | None) -> torch.Tensor:
+    """A forward-process objective's term (NFT's, AWM's): its policy loss plus --kl_coef *
+    velocity_kl(v, v_ref) when v_ref is given, the statistics recorded, scaled so a sample's T
+    terms weigh 1 / (micro-batch x GA x T) as GRPO's."""
+    g, u = objective.g, objective.u
+    if v_ref is not None:
+        kl = velocity_kl(v, v_ref, keep)
+        loss = loss + g.kl_coef * kl
+        sums["kl"] = kl.detach()
+    stats.add(term, sums)
+    T = nft_trained_steps(traj.plan.num_steps, g.timestep_fraction)
+    return loss * (g.loss_coef / (u.gradient_accumulation_steps * T) * term.rows.numel() / u.train_micro_batch_size)
+
+
 class NFTObjective(GRPOObjective):
     name = "nft"
     settings = NFTSettings
@@ -87,20 +124,12 @@ class NFTObjective(GRPOObjective):
         """Micro-batches of --train_micro_batch_size samples, one Term per (micro-batch, trained
         timestep); Term.steps index the rollout's sigmas (t = sigmas[step], never 0)."""
         self.iteration = iteration
-        n = traj.plan.num_steps
-        T = nft_trained_steps(n, self.g.timestep_fraction)
-        selected = self.randomness.timestep_permutations(iteration, traj.sample_ids, n)[:, :T]
-        b, mb = traj.num_samples, self.u.train_micro_batch_size
-        return [[Term(m, rows, selected[rows, k]) for k in range(T)]
-                for m in range(math.ceil(b / mb)) for rows in [torch.arange(m * mb, min(b, (m + 1) * mb))]]
+        return forward_process_terms(self.randomness, traj, iteration, self.g.timestep_fraction,
+                                     self.u.train_micro_batch_size)
 
     def loss(self, policy, traj, advantages: torch.Tensor, term: Term, stats: StatsAccumulator) -> torch.Tensor:
         g, rows, steps = self.g, term.rows, term.steps
-        x0 = traj.x0[on(rows, traj.x0.device)].float()
-        t = traj.sigmas[on(steps, traj.sigmas.device)].float()
-        eps = self.randomness.train_noise(self.iteration, traj.sample_ids[rows], steps, x0.shape[1:]).to(x0.device)
-        tb = t.reshape(-1, *([1] * (x0.ndim - 1)))
-        x_t = (1.0 - tb) * x0 + tb * eps
+        x0, t, _, x_t = forward_noised(self.randomness, self.iteration, traj, rows, steps)
         with torch.no_grad():
             with self.old.swapped_in(policy.model):
                 v_old = policy.velocity(traj, rows, x_t, t)
@@ -111,14 +140,7 @@ class NFTObjective(GRPOObjective):
         # positive, half negative): it must be masked out, not left to train (GRPO's advantages()).
         keep = self.kept_rows(rows)
         loss, sums = nft_policy_loss(v, v_old, x_t, x0, t, r.to(x0.device), self.nft.beta, g.adv_clip_max, keep)
-        if v_ref is not None:
-            kl = velocity_kl(v, v_ref, keep)
-            loss = loss + g.kl_coef * kl
-            sums["kl"] = kl.detach()
-        stats.add(term, sums)
-        T = nft_trained_steps(traj.plan.num_steps, g.timestep_fraction)
-        u = self.u
-        return loss * (g.loss_coef / (u.gradient_accumulation_steps * T) * rows.numel() / u.train_micro_batch_size)
+        return scaled_forward_term(self, traj, term, stats, loss, sums, v, v_ref, keep)
 
     def summarize(self, stats: StatsAccumulator) -> tuple[dict[str, float], dict[str, float]]:
         keys = ["nft_positive", "nft_negative", "old_deviate"] + (["kl"] if self.g.kl_coef > 0 else [])

@@ -99,7 +99,7 @@ class NFTSettings(ObjectiveSettings):
         """Called when NFT is selected (another objective's run names NFT's flags given: components)."""
         # NFT has no importance ratio (--clip_range) and no rollout log-probabilities (MixGRPO's
         # --kl_coeff), and trains int(N x --timestep_fraction) of all N timesteps (--train_last_step)
-        unused = [f"--{k}" for k in ("clip_range", "kl_coeff", "train_last_step")
+        unused = [f"--{k}" for k in ("clip_range", "kl_coeff", "train_last_step", "policy_loss")
                   if getattr(args, k) != getattr(defaults, k)]
         if args.nft_solver != "sde" and args.eta != defaults.eta:
             unused.append("--eta")

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from fastvideo.errors import ConfigError
 from fastvideo.settings import ObjectiveSettings, flag_group
 
+POLICY_LOSSES = ("clip", "grpo_guard")  # --policy_loss (fastvideo.algorithms.grpo.POLICY_LOSSES)
+
 
 @dataclass
 class GRPOSettings(ObjectiveSettings):
@@ -32,6 +34,9 @@ class GRPOSettings(ObjectiveSettings):
     # Flow-GRPO's train_sd3.py: samples whose advantage is 0 (a group of equal rewards) are dropped
     # before training, so their KL term trains nothing either.
     drop_zero_advantage: bool = False
+    # The policy loss of a trained step: clip (DanceGRPO's clipped ratio) or grpo_guard (GRPO-Guard's
+    # re-centred, normalised ratio, algorithms/grpo_guard/)
+    policy_loss: str = "clip"
 
     section = "grpo"
     moved_keys = ("train_micro_batch_size", "gradient_accumulation_steps")  # the update's since 2026-12
@@ -97,6 +102,10 @@ class GRPOSettings(ObjectiveSettings):
         g.add_argument("--drop_zero_advantage", action="store_true",
                        help="leave samples whose advantage is exactly 0 out of the update, their KL terms too "
                             "(Flow-GRPO's train_sd3.py; matters for binary rewards, where whole groups tie)")
+        g.add_argument("--policy_loss", type=str, default="clip", choices=list(POLICY_LOSSES),
+                       help="clip: the clipped importance ratio (DanceGRPO, Flow-GRPO); grpo_guard: GRPO-Guard's "
+                            "ratio, re-centred by the step means' drift and normalised by the step's std, the loss "
+                            "scaled by 1/(sigma - sigma_next) (verl-omni loss_mode=grpo_guard; needs --eta > 0)")
         g.add_argument("--kl_coeff", type=float, default=0.0,
                        help="MixGRPO's KL term: adds kl_coeff * 0.5 (logp - logp_rollout)^2 per trained step (to "
                             "the rollout policy, no reference model; MixGRPO's parser default is 0.01, its scripts "
@@ -117,7 +126,7 @@ class GRPOSettings(ObjectiveSettings):
             adv_clip_max=args.adv_clip_max, loss_coef=args.loss_coef, kl_coef=args.kl_coef,
             rollout_kl_coef=args.kl_coeff, trimmed_ratio=args.trimmed_ratio,
             advantage_rerange=_rerange(args), global_std=args.global_std,
-            drop_zero_advantage=args.drop_zero_advantage,
+            drop_zero_advantage=args.drop_zero_advantage, policy_loss=args.policy_loss,
         ).checked()
 
     @classmethod
@@ -129,6 +138,7 @@ class GRPOSettings(ObjectiveSettings):
         flags.setdefault("trimmed_ratio", 0.0)
         flags.setdefault("global_std", False)  # configs written before the flag
         flags.setdefault("drop_zero_advantage", False)
+        flags.setdefault("policy_loss", "clip")
         return flags
 
     def check(self) -> None:
@@ -163,6 +173,10 @@ class GRPOSettings(ObjectiveSettings):
                               "--use_group")
         if rollout.sampling_steps < 1 if self.train_last_step else rollout.sampling_steps < 2:
             raise ConfigError(f"--sampling_steps {rollout.sampling_steps} is too small")
+        if self.policy_loss == "grpo_guard" and sections["mix"].dpm_all:
+            raise ConfigError("--policy_loss grpo_guard re-centres the ratio by the step means of DanceGRPO's or "
+                              "Flow-GRPO's SDE; the SDE-DPM-Solver steps of --dpm_apply_strategy all have none here: "
+                              "drop one of them")
         if self.kl_coef > 0 and sections["mix"].dpm_all:
             raise ConfigError("--kl_coef is the KL between DanceGRPO's or Flow-GRPO's SDE steps; it is not implemented "
                               "for the SDE-DPM-Solver steps of --dpm_apply_strategy all")

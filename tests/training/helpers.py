@@ -120,3 +120,33 @@ def flip_bit(path, offset_from_end: int = 1) -> None:
         byte = f.read(1)
         f.seek(-offset_from_end, os.SEEK_END)
         f.write(bytes([byte[0] ^ 0x10]))
+
+
+def run_and_resume(root, json_path, model_dir, **flags):
+    """Two 2-rank runs of ``flags`` (train_args' overrides, with checkpointing_steps 1): straight
+    to the end, and resumed from the first's checkpoint-1 -> (straight dir, resumed dir)."""
+    root = Path(root)
+    straight, resumed = root / "straight", root / "resumed"
+    for out, extra in ((straight, {}), (resumed, {"resume_from_checkpoint": str(straight / "checkpoint-1")})):
+        proc = torchrun(train_args(json_path, model_dir, out, **flags, **extra))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return straight, resumed
+
+
+def same_checkpoint_file(a, b, name: str = "diffusion_pytorch_model.safetensors") -> bool:
+    """Whether checkpoint folders a and b hold the same tensors, bit for bit, in file ``name``."""
+    import torch
+    from safetensors.torch import load_file
+
+    x, y = load_file(str(Path(a) / name)), load_file(str(Path(b) / name))
+    return bool(x) and set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def resumed_metrics(straight, resumed, keys) -> list[dict]:
+    """run_and_resume's metrics: the straight run's rows of iterations 1, 2, after checking the
+    resumed run logged iteration 2 alone with ``keys`` equal, bit for bit."""
+    rows, again = read_metrics(straight), read_metrics(resumed)
+    assert [r["iteration"] for r in rows] == [1, 2] and [r["iteration"] for r in again] == [2]
+    for key in keys:
+        assert rows[1][key] == again[0][key], (key, rows[1][key], again[0][key])
+    return rows

@@ -1,0 +1,1 @@
+"""Advantage Weighted Matching (arXiv 2509.25050), ``--algorithm awm`` (docs/objectives.md)."""
