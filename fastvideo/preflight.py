@@ -116,15 +116,36 @@ def reward_problems(r, family: str | None = None) -> list[str]:
         # The files, and their shapes against --hps_model_name's architecture (memory-mapped: a
         # wrong checkpoint is one line here, not a size-mismatch traceback from every rank later).
         _attempt(problems, lambda: check_hps_architecture(r.hps_ckpt_dir, r.hps_model_name))
-    for name, folder, flag in (("pickscore", r.pickscore_dir, "pickscore_dir"), ("clip", r.clip_dir, "clip_dir"),
-                               ("clip_edit", r.clip_dir, "clip_dir")):
-        if name in names and not Path(folder).is_dir():
-            problems.append(f"--{flag} {folder!r} does not exist (the {name} reward's weights)")
+    problems += weight_folder_problems(r, names)
     if any(s.url for s in r.spec):
         from fastvideo.training.builders import check_reward_endpoints
 
         model = SimpleNamespace(family=family) if family else None
         _attempt(problems, lambda: check_reward_endpoints(SimpleNamespace(reward=r, model=model)))
+    return problems
+
+
+def weight_folder_problems(r, names: set) -> list[str]:
+    """The reward-weight folders of the local rewards ``names`` (other than hpsv2's, checked with its
+    architecture) that are missing or lack their files: one line each, quoting where the weights come
+    from (fastvideo/rewards/weights.py, the README's "Reward weights" table)."""
+    from fastvideo.rewards.weights import where_to_get
+
+    problems: list[str] = []
+    extras = r.extras
+    for name, folder, flag in (("pickscore", r.pickscore_dir, "pickscore_dir"), ("clip", r.clip_dir, "clip_dir"),
+                               ("clip_edit", r.clip_dir, "clip_dir")):
+        if name in names and not Path(folder).is_dir():
+            problems.append(f"--{flag} {folder!r} does not exist (the {name} reward's weights): "
+                            f"{where_to_get(name, folder)}")
+    if "aesthetic" in names and extras is not None:
+        from fastvideo.rewards.aesthetic import resolve_aesthetic_files
+
+        _attempt(problems, lambda: resolve_aesthetic_files(extras.aesthetic_dir))
+    if "imagereward" in names and extras is not None:
+        from fastvideo.rewards.imagereward import resolve_image_reward_files
+
+        _attempt(problems, lambda: resolve_image_reward_files(extras.image_reward_dir))
     return problems
 
 
