@@ -22,6 +22,8 @@ from fastvideo.errors import UserError
 
 # The entry points whose flags this module checks (others are started unchecked).
 TRAINING_SCRIPTS = {"train_grpo_flux.py": (), "train_grpo_flux_lora.py": ("--use_lora",)}
+# The preprocessing entry point, checked by check_preprocess, and the name its lines give.
+PREPROCESS_SCRIPTS = {"preprocess_embeddings.py": "preprocess_embeddings"}
 
 
 def one_line(text: str) -> str:
@@ -237,6 +239,25 @@ def _lenient_args(argv: list[str]) -> argparse.Namespace | None:
     from fastvideo.config import build_parser
 
     return flag_check.lenient_args(argv, build_parser)
+
+
+def check_preprocess(argv: list[str]) -> list[str]:
+    """The problems of a preprocessing command line (the flags after preprocess_embeddings.py), found
+    once before torchrun starts its ranks: the flags, the prompt file, the model folder."""
+    from fastvideo.data_preprocess.preprocess_embeddings import parse_args
+
+    problems: list[str] = []
+    try:
+        cfg = parse_args(argv)
+    except SystemExit:  # one_line_errors has printed the flag's problem
+        return ["the preprocessing flags above do not parse"]
+    except (UserError, OSError, ValueError) as exc:
+        return [one_line(exc)]
+    if not Path(cfg.model_path).is_dir():
+        problems.append(f"--model_path {cfg.model_path!r} (MODEL_PATH) does not exist: put the {cfg.model_family} "
+                        "model's diffusers folder there (README \"Real weights\")")
+    _attempt(problems, cfg.validate)
+    return problems
 
 
 def script_flags(script: str, args: list[str]) -> list[str] | None:
