@@ -62,17 +62,29 @@ def set_host_threads(args, environ=os.environ) -> str | None:
     return environ.get("OMP_NUM_THREADS")
 
 
+def program(script: str) -> str:
+    """The name the launch's lines give: the preprocessing entry point's, else the trainer's."""
+    from fastvideo.preflight import PREPROCESS_SCRIPTS
+
+    return PREPROCESS_SCRIPTS.get(os.path.basename(script), PROG)
+
+
 def preflight(args) -> int:
-    """0, or 2 after printing every problem of the training command."""
+    """0, or 2 after printing every problem of the training (or preprocessing) command."""
     from fastvideo import preflight as check
 
-    flags = check.script_flags(args.training_script, list(args.training_script_args))
-    if flags is None or os.environ.get("FASTVIDEO_PREFLIGHT", "1") == "0":
+    if os.environ.get("FASTVIDEO_PREFLIGHT", "1") == "0":
         return 0
     nproc = _nproc(args.nproc_per_node)
-    problems = check.check_training(flags, nproc, _nodes(args.nnodes), check_world=nproc > 0)
+    if os.path.basename(args.training_script) in check.PREPROCESS_SCRIPTS:
+        problems = check.check_preprocess(list(args.training_script_args))
+    else:
+        flags = check.script_flags(args.training_script, list(args.training_script_args))
+        if flags is None:
+            return 0
+        problems = check.check_training(flags, nproc, _nodes(args.nnodes), check_world=nproc > 0)
     if problems:
-        check.report(problems, PROG, max(nproc, 1) * _nodes(args.nnodes))
+        check.report(problems, program(args.training_script), max(nproc, 1) * _nodes(args.nnodes))
         return 2
     return 0
 
@@ -113,7 +125,7 @@ def _ranks(ranks: list[int]) -> str:
 TEARDOWN_EXITS = {128 + signal.SIGTERM, -signal.SIGTERM, 128 + signal.SIGKILL, -signal.SIGKILL}
 
 
-def report_children(failures: dict, control: Path, stream=None) -> int:
+def report_children(failures: dict, control: Path, stream=None, prog: str = PROG) -> int:
     """After torchrun's ChildFailedError: each distinct error once; 2 if the failed ranks exited 2
     (a user error: a rank's share of the data, say) or were torn down for it, else 1."""
     stream = stream or sys.stderr
@@ -125,7 +137,7 @@ def report_children(failures: dict, control: Path, stream=None) -> int:
         stream.write("\n")
     if not user or not errors:
         shown = ", ".join(f"rank {r}: exit {c}" for r, c in sorted(codes.items()))
-        stream.write(f"{PROG}: worker(s) failed ({shown}); their output is above\n")
+        stream.write(f"{prog}: worker(s) failed ({shown}); their output is above\n")
     stream.flush()
     return 2 if user else 1
 
@@ -162,14 +174,14 @@ def run(argv: list[str]) -> int:
     try:
         torchrun_main(argv)
     except ChildFailedError as exc:
-        return report_children(exc.failures, control)
+        return report_children(exc.failures, control, prog=program(args.training_script))
     except SignalException as exc:
         return 130 if exc.sigval == signal.SIGINT else 0
     except Exception as exc:  # noqa: BLE001 - the rendezvous' own failures: one line when the user can fix it
         line = rendezvous_error(exc, args)
         if line is None:
             raise
-        sys.stderr.write(f"{PROG}: error: {line}\n")
+        sys.stderr.write(f"{program(args.training_script)}: error: {line}\n")
         sys.stderr.flush()
         return 2
     finally:

@@ -22,6 +22,8 @@ from fastvideo.errors import UserError
 
 # The entry points whose flags this module checks (others are started unchecked).
 TRAINING_SCRIPTS = {"train_grpo_flux.py": (), "train_grpo_flux_lora.py": ("--use_lora",)}
+# The preprocessing entry point, checked by check_preprocess, and the name its lines give.
+PREPROCESS_SCRIPTS = {"preprocess_embeddings.py": "preprocess_embeddings"}
 
 
 def one_line(text: str) -> str:
@@ -122,15 +124,36 @@ def reward_problems(r, family: str | None = None) -> list[str]:
         # The files, and their shapes against --hps_model_name's architecture (memory-mapped: a
         # wrong checkpoint is one line here, not a size-mismatch traceback from every rank later).
         _attempt(problems, lambda: check_hps_architecture(r.hps_ckpt_dir, r.hps_model_name))
-    for name, folder, flag in (("pickscore", r.pickscore_dir, "pickscore_dir"), ("clip", r.clip_dir, "clip_dir"),
-                               ("clip_edit", r.clip_dir, "clip_dir")):
-        if name in names and not Path(folder).is_dir():
-            problems.append(f"--{flag} {folder!r} does not exist (the {name} reward's weights)")
+    problems += weight_folder_problems(r, names)
     if any(s.url for s in r.spec):
         from fastvideo.training.builders import check_reward_endpoints
 
         model = SimpleNamespace(family=family) if family else None
         _attempt(problems, lambda: check_reward_endpoints(SimpleNamespace(reward=r, model=model)))
+    return problems
+
+
+def weight_folder_problems(r, names: set) -> list[str]:
+    """The reward-weight folders of the local rewards ``names`` (other than hpsv2's, checked with its
+    architecture) that are missing or lack their files: one line each, quoting where the weights come
+    from (fastvideo/rewards/weights.py, the README's "Reward weights" table)."""
+    from fastvideo.rewards.weights import where_to_get
+
+    problems: list[str] = []
+    extras = r.extras
+    for name, folder, flag in (("pickscore", r.pickscore_dir, "pickscore_dir"), ("clip", r.clip_dir, "clip_dir"),
+                               ("clip_edit", r.clip_dir, "clip_dir")):
+        if name in names and not Path(folder).is_dir():
+            problems.append(f"--{flag} {folder!r} does not exist (the {name} reward's weights): "
+                            f"{where_to_get(name, folder)}")
+    if "aesthetic" in names and extras is not None:
+        from fastvideo.rewards.aesthetic import resolve_aesthetic_files
+
+        _attempt(problems, lambda: resolve_aesthetic_files(extras.aesthetic_dir))
+    if "imagereward" in names and extras is not None:
+        from fastvideo.rewards.imagereward import resolve_image_reward_files
+
+        _attempt(problems, lambda: resolve_image_reward_files(extras.image_reward_dir))
     return problems
 
 
@@ -222,6 +245,25 @@ def _lenient_args(argv: list[str]) -> argparse.Namespace | None:
     from fastvideo.config import build_parser
 
     return flag_check.lenient_args(argv, build_parser)
+
+
+def check_preprocess(argv: list[str]) -> list[str]:
+    """The problems of a preprocessing command line (the flags after preprocess_embeddings.py), found
+    once before torchrun starts its ranks: the flags, the prompt file, the model folder."""
+    from fastvideo.data_preprocess.preprocess_embeddings import parse_args
+
+    problems: list[str] = []
+    try:
+        cfg = parse_args(argv)
+    except SystemExit:  # one_line_errors has printed the flag's problem
+        return ["the preprocessing flags above do not parse"]
+    except (UserError, OSError, ValueError) as exc:
+        return [one_line(exc)]
+    if not Path(cfg.model_path).is_dir():
+        problems.append(f"--model_path {cfg.model_path!r} (MODEL_PATH) does not exist: put the {cfg.model_family} "
+                        "model's diffusers folder there (README \"Real weights\")")
+    _attempt(problems, cfg.validate)
+    return problems
 
 
 def script_flags(script: str, args: list[str]) -> list[str] | None:

@@ -27,12 +27,12 @@ def build_hooks(trainer) -> list:
     """The hooks a training run gets from its flags, in the order they run at each point: wandb,
     image saving, the run recorder, the reward curve, evaluation with its guard. Alignment probes
     run once here (they need the built model and write under --record_dir)."""
-    from fastvideo.training.hooks import ImageSaverHook, LogLineHook, RewardCurveHook, WandbHook
+    from fastvideo.training.hooks import ImageSaverHook, LogLineHook, RewardCurveHook, TensorBoardHook, WandbHook
 
     cfg, info = trainer.cfg, trainer.info
     hooks = []
-    if cfg.output.report_to == "wandb" and info.is_main:
-        hooks.append(WandbHook(cfg))
+    if cfg.output.report_to in ("wandb", "tensorboard") and info.is_main:
+        hooks.append((WandbHook if cfg.output.report_to == "wandb" else TensorBoardHook)(cfg))
     hooks.append(LogLineHook(cfg.output.log_every, cfg.optim.max_train_steps))
     hooks.append(ImageSaverHook(cfg.output.save_images_every, cfg.output.image_dir, cfg.rollout.num_generations))
     if cfg.output.record_dir:

@@ -121,8 +121,38 @@ case " ${EXTRA_ARGS:-} " in *" --fsdp_sharding_strategy none "* | *" --fsdp_shar
 LEAN_ARGS=("${LEAN_GATHER[@]}" --rollout_weights auto --update_timesteps_per_forward all)
 if [ "${LEAN:-1}" = 0 ] || [ "${SP:-1}" != 1 ]; then LEAN_ARGS=(); fi
 
-# fg_run ARGS...: run torchrun with ARGS, or with DRY_RUN=1 print the command (one line) and exit 0.
+# The reward-weight folders' variables (README "Reward weights", fastvideo/rewards/weights.py): VARIABLE
+# FLAG [FLAGS that name the same folder]. The flags' defaults are the README's folders; an exported
+# variable becomes its flag unless the command names that folder already (MixGRPO's --hps_path...).
+FG_REWARD_DIRS=("HPS_DIR --hps_ckpt_dir --hps_path --hps_clip_path" "PICKSCORE_DIR --pickscore_dir"
+                "CLIP_DIR --clip_dir --clip_score_path" "AESTHETIC_DIR --aesthetic_dir"
+                "IMAGE_REWARD_DIR --image_reward_dir --image_reward_path --image_reward_med_config")
+
+# fg_reward_dirs ARGS...: set REWARD_DIR_ARGS to the flags of the exported FG_REWARD_DIRS variables
+# that ARGS do not already give.
+fg_reward_dirs() {
+  REWARD_DIR_ARGS=()
+  local entry var value flag given word
+  local -a names
+  for entry in "${FG_REWARD_DIRS[@]}"; do
+    read -r -a names <<< "$entry"
+    var=${names[0]}
+    value=$(printenv "$var") || continue
+    given=0
+    for word in "$@"; do
+      for flag in "${names[@]:1}"; do
+        if [ "$word" = "$flag" ] || [ "${word%%=*}" = "$flag" ]; then given=1; fi
+      done
+    done
+    if [ "$given" = 0 ]; then REWARD_DIR_ARGS+=("${names[1]}" "$value"); fi
+  done
+}
+
+# fg_run ARGS...: run torchrun with ARGS (and the reward folders of fg_reward_dirs), or with DRY_RUN=1
+# print the command (one line) and exit 0.
 fg_run() {
+  fg_reward_dirs "$@"
+  set -- "$@" "${REWARD_DIR_ARGS[@]}"
   if [ "${DRY_RUN:-0}" = 1 ]; then
     printf '%q ' "${TORCHRUN[@]}" "$@"
     printf '\n'

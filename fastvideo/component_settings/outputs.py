@@ -78,8 +78,9 @@ class OutputSettings(Settings):
                        help="folder under which images/step_NNNNNN/ is written (default OUTPUT_DIR)")
         g.add_argument("--save_images_every", type=int, default=1,
                        help="save rollout images every N iterations (0: never)")
-        g.add_argument("--report_to", type=str, default="none", choices=["none", "wandb"],
-                       help="also log metrics to wandb (metrics.jsonl is always written)")
+        g.add_argument("--report_to", type=str, default="none", choices=["none", "wandb", "tensorboard"],
+                       help="also log metrics to wandb, or as TensorBoard scalars under OUTPUT_DIR/tensorboard "
+                            "(metrics.jsonl is always written)")
         g.add_argument("--log_every", type=int, default=1,
                        help="print one text line of metrics (reward, loss, grad norm, KL, clip fraction, "
                             "s/iteration, ETA) every N iterations on rank 0, for batch-job logs (0: never)")
@@ -105,6 +106,12 @@ class OutputSettings(Settings):
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "OutputSettings":
         at_least_one(args, "checkpointing_steps")
+        if args.report_to == "tensorboard":
+            import importlib.util
+
+            if importlib.util.find_spec("tensorboard") is None:
+                raise ConfigError("--report_to tensorboard needs the tensorboard package, which this environment "
+                                  "lacks: pip install tensorboard (or --report_to wandb / none)")
         return cls(
             output_dir=args.output_dir,
             image_dir=args.image_dir or args.output_dir,

@@ -29,16 +29,13 @@ from torch import nn
 from fastvideo.rewards.base import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, BatchedReward, CheckpointError, ImageBatch
 from fastvideo.rewards.base import as_pils, load_state_dict_strict, load_weights_only, strip_module_prefix
 from fastvideo.rewards.hps import _without_log_records, ensure_open_clip_config
+from fastvideo.rewards.weights import default_folder, where_to_get
 
-DEFAULT_AESTHETIC_DIR = "./aesthetic_ckpt"
+DEFAULT_AESTHETIC_DIR = default_folder("aesthetic")
 AESTHETIC_MLP_FILE = "sac+logos+ava1-l14-linearMSE.pth"
 CLIP_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 # OpenAI's ViT-L/14 uses QuickGELU; open_clip names that variant explicitly.
 DEFAULT_CLIP_MODEL = "ViT-L-14-quickgelu"
-AESTHETIC_PUBLISHED_AT = (
-    f"{AESTHETIC_MLP_FILE} from https://github.com/christophschuhmann/improved-aesthetic-predictor"
-    " and the CLIP weights from https://huggingface.co/timm/vit_large_patch14_clip_224.openai"
-)
 # The published MLP's hidden sizes; its input size is the CLIP embedding size (768 for ViT-L/14).
 MLP_HIDDEN = (1024, 128, 64, 16)
 MLP_DROPOUT = (0.2, 0.2, 0.1)
@@ -74,16 +71,15 @@ def resolve_aesthetic_files(folder: str | Path, mlp_file: str = AESTHETIC_MLP_FI
     if not folder.is_dir():
         raise FileNotFoundError(
             f"aesthetic checkpoint folder {str(folder)!r} does not exist; it must hold "
-            f"{mlp_file} and {' or '.join(CLIP_FILES)}: get {AESTHETIC_PUBLISHED_AT}, "
-            "or pass --aesthetic_dir <folder>."
+            f"{mlp_file} and {' or '.join(CLIP_FILES)}: {where_to_get('aesthetic', str(folder))}."
         )
     clip = next((folder / n for n in CLIP_FILES if (folder / n).is_file()), None)
     missing = [n for n, ok in ((mlp_file, (folder / mlp_file).is_file()),
                                (" or ".join(CLIP_FILES), clip is not None)) if not ok]
     if missing:
         raise FileNotFoundError(
-            f"aesthetic checkpoint folder {str(folder)!r} lacks {', '.join(missing)}; "
-            f"get {AESTHETIC_PUBLISHED_AT}."
+            f"aesthetic checkpoint folder {str(folder)!r} lacks {', '.join(missing)}: "
+            f"{where_to_get('aesthetic', str(folder))}."
         )
     return clip, folder / mlp_file
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from fastvideo.library_lines import projected_features
 from fastvideo.rewards.base import ImageBatch, as_pils
-from fastvideo.rewards.clip_score import CLIP_PUBLISHED_AT, DEFAULT_CLIP_DIR, HFClipReward
+from fastvideo.rewards.clip_score import DEFAULT_CLIP_DIR, HFClipReward
 
 
 def edit_score(image_embeds: torch.Tensor, source_embeds: torch.Tensor, text_embeds: torch.Tensor,
@@ -40,7 +40,7 @@ class ClipEditReward(HFClipReward):
                  batch_size: int = 8) -> None:
         if not 0.0 <= keep <= 1.0:
             raise ValueError(f"clip_edit keep must be in [0, 1]; got {keep}")
-        super().__init__(clip_dir, processor_dir, "CLIP", CLIP_PUBLISHED_AT, device=device, dtype=dtype,
+        super().__init__(clip_dir, processor_dir, "CLIP", "clip_edit", device=device, dtype=dtype,
                          batch_size=batch_size)
         self.keep = float(keep)
 

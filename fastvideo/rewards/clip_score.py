@@ -19,26 +19,27 @@ from fastvideo.rewards.base import BatchedReward, ImageBatch, as_pils
 from fastvideo.errors import MissingInputError
 from fastvideo.library_lines import projected_features
 
-DEFAULT_CLIP_DIR = "./clip_ckpt"
-CLIP_PUBLISHED_AT = "https://huggingface.co/openai/clip-vit-large-patch14"
+from fastvideo.rewards.weights import default_folder, where_to_get
+
+DEFAULT_CLIP_DIR = default_folder("clip")
 # What save_pretrained writes for a CLIPModel and a CLIPProcessor.
 MODEL_FILES = "config.json + model.safetensors (or pytorch_model.bin)"
 PROCESSOR_FILES = "preprocessor_config.json + tokenizer files (vocab.json, merges.txt)"
 
 
-def check_hf_folder(folder: str | Path, what: str, files: str, published_at: str) -> Path:
-    """A local save_pretrained folder, or an error naming the files and where to get them."""
+def check_hf_folder(folder: str | Path, what: str, files: str, reward: str) -> Path:
+    """A local save_pretrained folder, or an error naming the files and where to get them (the
+    ``reward``'s rows of fastvideo.rewards.weights)."""
     path = Path(folder)
     if not path.is_dir():
         raise MissingInputError(
             f"{what} folder {str(path)!r} does not exist. It must hold {files} as written by "
-            f"save_pretrained; download {published_at} into it, or pass the folder explicitly."
+            f"save_pretrained: {where_to_get(reward, str(path))}."
         )
     needed = "preprocessor_config.json" if "preprocessor" in files else "config.json"
     if not (path / needed).is_file():
         raise MissingInputError(
-            f"{what} folder {str(path)!r} has no {needed}; it must hold {files} "
-            f"(from {published_at})."
+            f"{what} folder {str(path)!r} has no {needed}; it must hold {files}: {where_to_get(reward, str(path))}."
         )
     return path
 
@@ -59,7 +60,7 @@ class HFClipReward(BatchedReward):
         model_dir: str | Path,
         processor_dir: str | Path | None,
         what: str,
-        published_at: str,
+        reward: str,
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
         batch_size: int = 8,
@@ -67,12 +68,12 @@ class HFClipReward(BatchedReward):
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         from transformers import CLIPModel, CLIPProcessor
 
-        model_dir = check_hf_folder(model_dir, what, MODEL_FILES, published_at)
+        model_dir = check_hf_folder(model_dir, what, MODEL_FILES, reward)
         processor_dir = check_hf_folder(
             processor_dir if processor_dir is not None else model_dir,
             f"{what} processor",
             PROCESSOR_FILES,
-            published_at,
+            reward,
         )
         self.model = CLIPModel.from_pretrained(model_dir, local_files_only=True)
         self.model = self.model.eval().requires_grad_(False).to(self.device)
@@ -123,6 +124,6 @@ class ClipScoreReward(HFClipReward):
         batch_size: int = 8,
     ) -> None:
         super().__init__(
-            clip_dir, processor_dir, "CLIP", CLIP_PUBLISHED_AT,
+            clip_dir, processor_dir, "CLIP", "clip",
             device=device, dtype=dtype, batch_size=batch_size,
         )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
 from fastvideo.rewards.frames import parse_frame_selection
+from fastvideo.rewards.weights import default_folder
 
 # rewards.advantages.MIX_MODES (that module imports torch; tests/rewards check the two agree).
 MIX_MODES = ("advantage_aggr", "reward_aggr")
@@ -20,9 +21,9 @@ MIX_MODES = ("advantage_aggr", "reward_aggr")
 
 @dataclass
 class RewardExtras:
-    aesthetic_dir: str = "./aesthetic_ckpt"
+    aesthetic_dir: str = default_folder("aesthetic")
     aesthetic_clip_name: str = "ViT-L-14-quickgelu"
-    image_reward_dir: str = "./image_reward_ckpt"
+    image_reward_dir: str = default_folder("imagereward")
     remote_timeout_s: float = 120.0
     remote_retries: int = 3
     vlm_concurrency: int = 8

@@ -48,23 +48,12 @@ from fastvideo.rewards.base import (
     strip_module_prefix,
 )
 from fastvideo.errors import MissingInputError
+from fastvideo.rewards.weights import default_folder, where_to_get
 
 HPS_CHECKPOINT = "HPS_v2.1_compressed.pt"
 OPEN_CLIP_CHECKPOINT = "open_clip_pytorch_model.bin"
-DEFAULT_HPS_CKPT_DIR = "./hps_ckpt"  # upstream's hard-coded folder
+DEFAULT_HPS_CKPT_DIR = default_folder("hpsv2")  # upstream's hard-coded folder (fastvideo/rewards/weights.py)
 DEFAULT_MODEL_NAME = "ViT-H-14"
-
-PUBLISHED_AT = {
-    HPS_CHECKPOINT: "https://huggingface.co/xswu/HPSv2 (file HPS_v2.1_compressed.pt)",
-    OPEN_CLIP_CHECKPOINT: (
-        "https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K "
-        "(file open_clip_pytorch_model.bin)"
-    ),
-}
-
-
-def _where_to_get(names: Sequence[str]) -> str:
-    return "; ".join(f"{n} from {PUBLISHED_AT.get(n, 'the HPSv2 release')}" for n in names)
 
 
 def resolve_hps_files(
@@ -76,14 +65,13 @@ def resolve_hps_files(
     if not folder.is_dir():
         raise MissingInputError(
             f"HPS checkpoint folder {str(folder)!r} does not exist. It must hold "
-            f"{' and '.join(expected)}: download {_where_to_get(expected)}, "
-            "or point --hps_ckpt_dir at the folder that holds them."
+            f"{' and '.join(expected)}: {where_to_get('hpsv2', str(folder))}."
         )
     missing = [n for n in expected if not (folder / n).is_file()]
     if missing:
         raise MissingInputError(
-            f"HPS checkpoint folder {str(folder)!r} lacks {', '.join(missing)}. "
-            f"Download {_where_to_get(missing)} into it."
+            f"HPS checkpoint folder {str(folder)!r} lacks {', '.join(missing)}: "
+            f"{where_to_get('hpsv2', str(folder))}."
         )
     return folder / OPEN_CLIP_CHECKPOINT, folder / checkpoint_name
 
@@ -221,7 +209,7 @@ def load_hps_model(
         keys = sorted(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(
             f"{hps_checkpoint} has no 'state_dict' entry (found: {keys}). HPS checkpoints store "
-            f"the scorer under 'state_dict'; get {_where_to_get([HPS_CHECKPOINT])}."
+            f"the scorer under 'state_dict': {where_to_get('hpsv2', str(hps_checkpoint.parent))}."
         )
     load_state_dict_strict(model, strip_module_prefix(ckpt["state_dict"]), str(hps_checkpoint))
     return model.eval().requires_grad_(False)

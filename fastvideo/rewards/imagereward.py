@@ -30,15 +30,11 @@ from torch import nn
 from fastvideo.rewards.aesthetic import AestheticMLP, clip_preprocess
 from fastvideo.rewards.base import BatchedReward, CheckpointError, ImageBatch, as_pils
 from fastvideo.rewards.base import load_state_dict_strict, load_weights_only
+from fastvideo.rewards.weights import default_folder, where_to_get
 
-DEFAULT_IMAGE_REWARD_DIR = "./image_reward_ckpt"
+DEFAULT_IMAGE_REWARD_DIR = default_folder("imagereward")
 IMAGE_REWARD_FILE = "ImageReward.pt"
 MED_CONFIG_FILE = "med_config.json"
-IMAGE_REWARD_PUBLISHED_AT = (
-    "https://huggingface.co/THUDM/ImageReward (ImageReward.pt, med_config.json) and the tokenizer "
-    "of https://huggingface.co/bert-base-uncased (vocab.txt: BertTokenizer.from_pretrained("
-    "'bert-base-uncased').save_pretrained(DIR))"
-)
 # The package's fixed score normalisation and prompt length.
 SCORE_MEAN = 0.16717362830052426
 SCORE_STD = 1.0333394966054072
@@ -56,13 +52,13 @@ def resolve_image_reward_files(folder: str | Path) -> tuple[Path, Path, Path]:
     if not folder.is_dir():
         raise FileNotFoundError(
             f"ImageReward folder {str(folder)!r} does not exist; it must hold {IMAGE_REWARD_FILE}, "
-            f"{MED_CONFIG_FILE} and vocab.txt: get {IMAGE_REWARD_PUBLISHED_AT}; or pass --image_reward_dir.")
+            f"{MED_CONFIG_FILE} and vocab.txt: {where_to_get('imagereward', str(folder))}.")
     tok = next((d for d in (folder, folder / "tokenizer") if (d / "vocab.txt").is_file()), None)
     missing = [n for n in (IMAGE_REWARD_FILE, MED_CONFIG_FILE) if not (folder / n).is_file()]
     missing += [] if tok is not None else ["vocab.txt (bert-base-uncased tokenizer)"]
     if missing:
         raise FileNotFoundError(
-            f"ImageReward folder {str(folder)!r} lacks {', '.join(missing)}; get {IMAGE_REWARD_PUBLISHED_AT}.")
+            f"ImageReward folder {str(folder)!r} lacks {', '.join(missing)}: {where_to_get('imagereward', str(folder))}.")
     return folder / IMAGE_REWARD_FILE, folder / MED_CONFIG_FILE, tok
 
 
@@ -107,7 +103,7 @@ def split_checkpoint(sd: dict[str, torch.Tensor], source: str) -> dict[str, dict
         raise CheckpointError(
             f"{source} is not an ImageReward checkpoint: unexpected keys {unknown[:5]}, "
             f"{', '.join(k for k, v in parts.items() if not v) or 'no'} part(s) missing. "
-            f"Get it from {IMAGE_REWARD_PUBLISHED_AT}.")
+            f"Get it: {where_to_get('imagereward')}.")
     return parts
 
 

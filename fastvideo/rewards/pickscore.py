@@ -17,12 +17,11 @@ from pathlib import Path
 import torch
 
 from fastvideo.rewards.clip_score import HFClipReward
+from fastvideo.rewards.weights import default_folder
 
-DEFAULT_PICKSCORE_DIR = "./pickscore_ckpt"
-PICKSCORE_PUBLISHED_AT = (
-    "https://huggingface.co/yuvalkirstain/PickScore_v1 (model) and "
-    "https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K (processor)"
-)
+# yuvalkirstain/PickScore_v1 (model) and laion/CLIP-ViT-H-14-laion2B-s32B-b79K's processor, in one
+# folder (fastvideo/rewards/weights.py).
+DEFAULT_PICKSCORE_DIR = default_folder("pickscore")
 
 
 class PickScoreReward(HFClipReward):
@@ -47,6 +46,6 @@ class PickScoreReward(HFClipReward):
         batch_size: int = 8,
     ) -> None:
         super().__init__(
-            pickscore_dir, processor_dir, "PickScore", PICKSCORE_PUBLISHED_AT,
+            pickscore_dir, processor_dir, "PickScore", "pickscore",
             device=device, dtype=dtype, batch_size=batch_size,
         )

@@ -8,6 +8,7 @@ import argparse
 from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
+from fastvideo.rewards.weights import default_folder
 from fastvideo.settings import Settings, at_least_one, flag_group
 
 
@@ -57,7 +58,7 @@ class RewardSettings(Settings):
                             "vlm:URL?model=M:W; a plugin reward class: pkg.module:Name:W)")
         g.add_argument("--reward_group_norm", action="store_true",
                        help="normalise each reward within its group before weighting")
-        g.add_argument("--hps_ckpt_dir", type=str, default="./hps_ckpt",
+        g.add_argument("--hps_ckpt_dir", type=str, default=default_folder("hpsv2"),
                        help="folder with HPS_v2.1_compressed.pt and open_clip_pytorch_model.bin (hpsv2)")
         g.add_argument("--hps_model_name", type=str, default="ViT-H-14",
                        help="open_clip architecture of the HPS checkpoint")
@@ -65,10 +66,11 @@ class RewardSettings(Settings):
                        help="uint8: score decoded images as 8-bit images through HPS's preprocess_val, the "
                             "similarity under the reward autocast (upstream); float: skip the 8-bit rounding, "
                             "float32 similarity (alignment work)")
-        g.add_argument("--pickscore_dir", type=str, default="./pickscore_ckpt", help="PickScore model folder (pickscore)")
+        g.add_argument("--pickscore_dir", type=str, default=default_folder("pickscore"),
+                       help="PickScore model and processor folder (pickscore)")
         g.add_argument("--pickscore_processor_dir", type=str, default=None,
                        help="folder of PickScore's CLIP processor when it is not in --pickscore_dir")
-        g.add_argument("--clip_dir", type=str, default="./clip_ckpt", help="CLIP model folder (clip)")
+        g.add_argument("--clip_dir", type=str, default=default_folder("clip"), help="CLIP model folder (clip, clip_edit)")
         g.add_argument("--reward_device", type=str, default="train", choices=["train", "cpu"],
                        help="score on the training device or on the CPU")
         g.add_argument("--reward_batch_size", type=int, default=8, help="images per reward-model call")

@@ -1,7 +1,7 @@
 """Serve registered rewards over HTTP, for trainers on other machines (``--rewards remote:...``).
 
     python -m fastvideo.tools.reward_server --rewards "hpsv2,pickscore" --device auto \\
-        --hps_ckpt_dir ./hps_ckpt --pickscore_dir ./pickscore_ckpt --host 0.0.0.0 --port 8000
+        --hps_ckpt_dir hps_ckpt --pickscore_dir data/pickscore --host 0.0.0.0 --port 8000
 
 Endpoints (FastAPI on uvicorn; ``pip install -e .[server]``):
 
@@ -188,14 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "(upstream's HPS scoring), fp32 on the CPU")
     p.add_argument("--batch_size", type=int, default=16, help="images per model call")
     g = p.add_argument_group("reward files (as the trainer's flags)")
-    g.add_argument("--hps_ckpt_dir", default="./hps_ckpt")
+    from fastvideo.rewards.weights import default_folder
+
+    g.add_argument("--hps_ckpt_dir", default=default_folder("hpsv2"))
     g.add_argument("--hps_model_name", default="ViT-H-14")
     g.add_argument("--hps_input", default="uint8", choices=["uint8", "float"],
                    help="as the trainer's --hps_input: uint8 scores 8-bit images (upstream's path), float skips "
                         "the rounding; set it to the trainer's value (a trainer's own flag does not reach here)")
-    g.add_argument("--pickscore_dir", default="./pickscore_ckpt")
+    g.add_argument("--pickscore_dir", default=default_folder("pickscore"))
     g.add_argument("--pickscore_processor_dir", default=None)
-    g.add_argument("--clip_dir", default="./clip_ckpt")
+    g.add_argument("--clip_dir", default=default_folder("clip"))
     add_reward_flags(p, client=False)
     return one_line_errors(p)
 

@@ -75,6 +75,30 @@ class WandbHook(TrainerHook):
         self.run.finish()
 
 
+class TensorBoardHook(TrainerHook):
+    """Writes every iteration's numeric metrics (and hooks' extra metrics) as TensorBoard scalars
+    under OUTPUT_DIR/tensorboard (rank 0); torch's SummaryWriter, imported here (tensorboard optional)."""
+
+    def __init__(self, cfg):
+        import os
+
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=os.path.join(cfg.output.output_dir, "tensorboard"))
+
+    def log(self, record: dict, step: int) -> None:
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def on_iteration_end(self, trainer, result: IterationResult) -> None:
+        self.log(result.record, result.iteration)
+
+    def on_train_end(self, trainer) -> None:
+        self.writer.close()
+
+
 class ImageSaverHook(TrainerHook):
     """Rollout images and per-group grids every --save_images_every iterations (a video family's
     clips as MP4s at its ``video_fps``, its grids as frame strips: fastvideo.sampling.images)."""

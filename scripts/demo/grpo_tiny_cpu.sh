@@ -3,7 +3,9 @@
 # Builds the tiny FLUX model, preprocesses the bundled prompts, and trains with the JPEG
 # compressibility reward (no weights needed) on 2 CPU processes (gloo, FSDP full shard).
 # Writes DEMO_DIR/outputs/{metrics.jsonl, reward_curve.png, images/, checkpoint-*} and the held-out
-# evaluation: eval.jsonl, eval_grid.png, eval_curve.png, best/ (reward-hacking guard on detail, warn only).
+# evaluation: eval.jsonl, eval_grid.png, eval_curve.png, and best/ when an evaluation beats the base
+# model's held-out reward without the reward-hacking guard (on detail, warn only) flagging it; a run
+# with no such evaluation has no best/, and its closing lines say how many were flagged or below base.
 # A second run starts afresh: --overwrite clears what the first one wrote in DEMO_DIR/outputs
 # (checkpoints, metrics, images, evaluation files; nothing else). To continue a run instead:
 #   EXTRA_ARGS="--resume_from_checkpoint latest" STEPS=60 bash scripts/demo/grpo_tiny_cpu.sh
@@ -94,7 +96,6 @@ fg_run --standalone --nnodes=1 --nproc_per_node="$NPROC" \
   --train_micro_batch_size 4 \
   --gradient_accumulation_steps 1 \
   --timestep_fraction 1.0 \
-  --ignore_last \
   --use_group \
   --clip_range 0.2 \
   --adv_clip_max 5.0 \

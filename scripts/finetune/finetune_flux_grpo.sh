@@ -43,7 +43,6 @@ fg_run --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" --nproc_per_node="$
   --num_generations 12 \
   --shift 3 \
   --use_group \
-  --ignore_last \
   --timestep_fraction 0.6 \
   --init_same_noise \
   --clip_range 1e-4 \

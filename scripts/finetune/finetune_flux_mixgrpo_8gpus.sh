@@ -2,7 +2,7 @@
 # MixGRPO (FLASH=1: MixGRPO-Flash, FLASH=star: MixGRPO-Flash*) on one node of 8 devices (GPUs or NPU dies); the flags are
 # scripts/finetune/mixgrpo_args.sh, as for the 16-die launcher. DRY_RUN=1 prints the torchrun
 # command. Overridable: NPROC (8), MASTER_PORT (19004), MODEL_PATH (data/flux), DATA_JSON,
-# OUTPUT_DIR, HPS_DIR (hps_ckpt), IMAGE_REWARD_DIR (image_reward_ckpt), PICKSCORE_DIR (pickscore_ckpt),
+# OUTPUT_DIR, HPS_DIR (hps_ckpt), IMAGE_REWARD_DIR (image_reward_ckpt), PICKSCORE_DIR (data/pickscore),
 # REWARD_MODEL (multi_reward, MixGRPO's), UNIFIED_REWARD_URL (None), FLASH (0), EXTRA_ARGS.
 # One node: each optimizer step averages a quarter of MixGRPO's 4 x 8-GPU samples (mixgrpo_args.sh).
 set -euo pipefail

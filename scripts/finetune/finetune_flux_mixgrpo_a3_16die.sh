@@ -11,7 +11,7 @@
 # MixGRPO's 4 x 8-GPU samples (mixgrpo_args.sh). Same script on a 16-GPU CUDA node. DRY_RUN=1 prints
 # the torchrun command. Overridable: NPROC (16), MASTER_PORT (19003), MODEL_PATH (data/flux),
 # DATA_JSON, OUTPUT_DIR, HPS_DIR (hps_ckpt), IMAGE_REWARD_DIR (image_reward_ckpt), PICKSCORE_DIR
-# (pickscore_ckpt), REWARD_MODEL (multi_reward), UNIFIED_REWARD_URL (None), FLASH (0), EXTRA_ARGS.
+# (data/pickscore), REWARD_MODEL (multi_reward), UNIFIED_REWARD_URL (None), FLASH (0), EXTRA_ARGS.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh

@@ -13,7 +13,7 @@
 MODEL_PATH=${MODEL_PATH:-data/flux}
 HPS_DIR=${HPS_DIR:-hps_ckpt}
 IMAGE_REWARD_DIR=${IMAGE_REWARD_DIR:-image_reward_ckpt}
-PICKSCORE_DIR=${PICKSCORE_DIR:-pickscore_ckpt}
+PICKSCORE_DIR=${PICKSCORE_DIR:-data/pickscore}
 PROG_OVERLAP_STEP=1; DPM_RATIO=0.4
 case "${FLASH:-0}" in
   1) ITERS_PER_GROUP=20; DPM_ALGORITHM=dpmsolver++; DEFAULT_OUT=data/outputs/mixgrpo_flash ;;
@@ -22,6 +22,13 @@ case "${FLASH:-0}" in
   0) ITERS_PER_GROUP=25; DPM_ALGORITHM=null; DEFAULT_OUT=data/outputs/mixgrpo ;;
   *) echo "FLASH=${FLASH}: use 0 (MixGRPO), 1 (MixGRPO-Flash) or star (MixGRPO-Flash*)" >&2; exit 2 ;;
 esac
+# MixGRPO's DPM-Solver tail (Flash, Flash*); MixGRPO's own FLASH=0 script passes them too with
+# --dpm_algorithm_type null, where they do nothing: left out here, so no start-up note says so.
+DPM_ARGS=()
+if [ "$DPM_ALGORITHM" != null ]; then
+  DPM_ARGS=(--dpm_algorithm_type "$DPM_ALGORITHM" --dpm_apply_strategy post --dpm_post_compress_ratio "$DPM_RATIO"
+            --dpm_solver_order 2 --dpm_solver_type midpoint)
+fi
 # MixGRPO's reward flags; REWARDS=SPEC replaces them (fg_rewards, scripts/common.sh).
 fg_rewards \
   --reward_model "${REWARD_MODEL:-multi_reward}" \
@@ -41,13 +48,11 @@ MIXGRPO_ARGS=(
   --seed 714
   --pretrained_model_name_or_path "$MODEL_PATH"
   --vae_model_path "$MODEL_PATH"
-  --cache_dir data/.cache
   --data_json_path "${DATA_JSON:-data/rl_embeddings/videos2caption.json}"
   --gradient_checkpointing
   --train_batch_size 1
   --num_latent_t 1
   --sp_size 1
-  --train_sp_batch_size 1
   --dataloader_num_workers 4
   --gradient_accumulation_steps 3
   --max_train_steps 300
@@ -69,7 +74,6 @@ MIXGRPO_ARGS=(
   --num_generations 12
   --shift 3
   --use_group
-  --ignore_last
   --timestep_fraction 0.6
   --init_same_noise
   --clip_range 1e-4
@@ -86,11 +90,7 @@ MIXGRPO_ARGS=(
   --roll_back
   --trimmed_ratio 0.0
   "${REWARD_ARGS[@]}"
-  --dpm_algorithm_type "$DPM_ALGORITHM"
-  --dpm_apply_strategy post
-  --dpm_post_compress_ratio "$DPM_RATIO"
-  --dpm_solver_order 2
-  --dpm_solver_type midpoint
+  "${DPM_ARGS[@]}"
   --frozen_init_timesteps -1
   --flow_grpo_sampling
   --rollout_batch_size 4
