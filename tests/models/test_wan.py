@@ -159,10 +159,15 @@ def test_num_frames_must_be_4k_plus_1_in_one_line():
 
 def test_the_ti2v_folder_says_expand_timesteps(tiny_wan_ti2v_dir, tiny_wan_dir):
     from fastvideo.models.wan.components import expand_timesteps
+    from fastvideo.models.wan.family import WanFamily
 
     index = json.loads((tiny_wan_ti2v_dir / "model_index.json").read_text())
     assert index["expand_timesteps"] is True and expand_timesteps(tiny_wan_ti2v_dir)
     assert not expand_timesteps(tiny_wan_dir)
+    t2v, ti2v = WanFamily(num_frames=5), WanFamily(num_frames=5)  # the clips' frame rates follow the folder
+    t2v.check_folder(tiny_wan_dir)
+    ti2v.check_folder(tiny_wan_ti2v_dir)
+    assert (t2v.video_fps, ti2v.video_fps) == (16, 24)
 
 
 def _meta_as_real(inputs: dict) -> dict:

@@ -1,8 +1,9 @@
 """Wan through the trainer on 2 gloo ranks, the current library line, 5-frame clips of the tiny
 Wan2.1-T2V after preprocessing (umT5, the negative prompt encoded once): GRPO (WanPipeline's CFG 5.0
 with its negative "", Flow-GRPO's SDE over the video latents, compressibility averaged over every
-frame) trains 2 iterations, resumes bit-exactly and exports a folder WanPipeline loads and whose
-output differs from the base's; DiffusionNFT and LoRA train too. One module of runs, each asserted
+frame) trains 2 iterations, writes its sample clips as MP4s of the trained frames, resumes bit-exactly
+and exports a folder WanPipeline loads and whose output differs from the base's; DiffusionNFT and LoRA
+train too. One module of runs, each asserted
 several ways (issue #47 item 5)."""
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def runs(tiny_wan_dir, wan_embeddings, tmp_path_factory):
     with LoRA."""
     tmp = tmp_path_factory.mktemp("wan_runs")
     out = {name: tmp / name for name in ("grpo", "resumed", "nft", "lora")}
-    _run(_argv(tiny_wan_dir, wan_embeddings, out["grpo"], *GRPO))
+    _run(_argv(tiny_wan_dir, wan_embeddings, out["grpo"], *GRPO, "--save_images_every", "1"))  # its sample clips
     shutil.copytree(out["grpo"], out["resumed"], ignore=shutil.ignore_patterns("checkpoint-2"))
     _run(_argv(tiny_wan_dir, wan_embeddings, out["resumed"], *GRPO, "--resume_from_checkpoint", "latest"))
     _run(_argv(tiny_wan_dir, wan_embeddings, out["nft"], "--algorithm", "nft", "--timestep_fraction", "0.5"))
@@ -78,6 +79,10 @@ def test_wan_grpo_trains_resumes_exactly_and_exports_a_pipeline_folder(tiny_wan_
     assert final.keys() == again_final.keys() and all(torch.equal(final[k], again_final[k]) for k in final)
     base = load_file(str(next((tiny_wan_dir / "transformer").glob("*.safetensors"))))
     assert set(final) == set(base) and any(not torch.equal(final[k], base[k]) for k in base)
+    from fastvideo.video_io import read_video
+
+    clips = sorted((runs["grpo"] / "images").glob("step_*/clip_*.mp4"))  # 2 iterations x 2 ranks x 2 samples
+    assert len(clips) == 8 and read_video(clips[0]).shape == (FRAMES, 3, 32, 32)  # the trained frames and size
     config = json.loads((runs["grpo"] / "config.json").read_text())
     assert config["model"]["family"] == "wan" and config["plugins"]["wan"]["num_frames"] == FRAMES
 

@@ -57,6 +57,7 @@ class WanFamily(TextEmbedsFamily):
     model_hint = ("the embeddings were made with another text encoder (Wan uses umT5-XXL, 4096 wide) — re-run "
                   "preprocessing with --model_path pointing at this model")
     made_by = "Wan preprocessing (--model_family wan)"
+    video_fps = C.WAN21_FPS  # Wan2.2-TI2V-5B's 24 once its folder was checked or loaded (_note_variant)
 
     def __init__(self, guidance_scale: float | None = None, quantize_timestep: bool = False,
                  settings: WanSettings | None = None, num_frames: int | None = None):
@@ -67,6 +68,7 @@ class WanFamily(TextEmbedsFamily):
 
     def _note_variant(self, root) -> None:
         self.expand_timesteps = C.expand_timesteps(root)
+        self.video_fps = C.TI2V_FPS if self.expand_timesteps else C.WAN21_FPS
 
     def check_folder(self, path, components=None) -> Path:
         root = super().check_folder(path, components)
