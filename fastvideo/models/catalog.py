@@ -103,12 +103,11 @@ FAMILIES = (
            preprocess_args=("--source_vae_size", Env("SOURCE_VAE_SIZE", "384"))),
     # 5-frame clips (2 latent frames), compressibility averaged over every frame; WanPipeline's guidance
     # 5.0 with its negative prompt "" and the Wan2.1 folder's flow_shift 3; the tiny T5-style tokenizer
-    # spells letters, cut at 32 as FLUX.1's. Sample images and evaluation (its grid) are off until they
-    # write clips (the image savers take [B, 3, H, W]; the clip writer is issue #47 item 3's)
+    # spells letters, cut at 32 as FLUX.1's. Sample clips (MP4) and the evaluation (its grid as frame
+    # strips, the guard's best/) as every demo's
     Wiring("wan", ("fastvideo.tools.make_tiny_wan",), 32,
            ("--num_frames", "5", "--guidance_scale", Env("WAN_GUIDANCE", "5.0"), *FLOW_SDE, "--learning_rate",
-            Env("WAN_LR", "1e-2"), "--save_images_every", "0", "--eval_every", "0", "--eval_prompts", "",
-            "--eval_rewards", "", "--guard_reward", "")),
+            Env("WAN_LR", "1e-2"))),
 )
 BY_NAME = {w.name: w for w in FAMILIES}
 

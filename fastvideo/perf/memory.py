@@ -187,7 +187,8 @@ def _meta_transformer(config: dict, dtype: torch.dtype, checkpoint_fraction: flo
     adapters injected (as training.lora.apply_lora does before the model is wrapped)."""
     from fastvideo.distributed.fsdp import apply_activation_checkpointing
 
-    model = family.meta_transformer(config, dtype)
+    # buffers a family keeps real for loading (Wan's RoPE tables on the CPU) go to the meta device too
+    model = family.meta_transformer(config, dtype).to("meta")
     if lora:
         from fastvideo.utils import require
 
@@ -229,8 +230,6 @@ def vae_decode_peak(vae_config: dict, batch: int, latent_h: int, latent_w: int, 
     """(VAE parameter count, peak bytes of one no-grad decode of ``batch`` latents)."""
     from diffusers import AutoencoderKL
 
-    from fastvideo.perf.live_bytes import LiveBytes
-
     cfg = {k: v for k, v in vae_config.items() if not k.startswith("_")}
     n = len(cfg["block_out_channels"])  # a short config (a family's reference_vae_config) lists no block types
     cfg.setdefault("down_block_types", ["DownEncoderBlock2D"] * n)
@@ -238,7 +237,14 @@ def vae_decode_peak(vae_config: dict, batch: int, latent_h: int, latent_w: int, 
     with torch.device("meta"):
         vae = AutoencoderKL.from_config(cfg)
     vae.to(dtype)
-    z = torch.empty(batch, vae_config["latent_channels"], latent_h, latent_w, device="meta", dtype=dtype)
+    return decode_peak(vae, torch.empty(batch, vae_config["latent_channels"], latent_h, latent_w, device="meta",
+                                        dtype=dtype))
+
+
+def decode_peak(vae, z: torch.Tensor) -> tuple[int, int]:
+    """(parameter count of the meta-device ``vae``, peak bytes of one no-grad decode of the latents ``z``)."""
+    from fastvideo.perf.live_bytes import LiveBytes
+
     tracker = LiveBytes()
     with torch.no_grad(), tracker:
         vae.decode(z, return_dict=False)
@@ -253,8 +259,11 @@ def profile_model(config: dict, vae_config: dict, shape: MemoryShape, family=Non
     blocks = family.blocks(model)
     block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
     params = sum(p.numel() for p in model.parameters())
-    vae_params, vae_peak = vae_decode_peak(vae_config, shape.rollout_batch, lat_h, lat_w,
-                                           torch.bfloat16 if shape.vae_bytes == 2 else torch.float32)
+    vae_dtype = torch.bfloat16 if shape.vae_bytes == 2 else torch.float32
+    if hasattr(family, "meta_vae"):  # a family whose VAE is not AutoencoderKL (Wan's causal video VAE)
+        vae_params, vae_peak = decode_peak(*family.meta_vae(vae_config, shape.rollout_batch, layout, vae_dtype))
+    else:
+        vae_params, vae_peak = vae_decode_peak(vae_config, shape.rollout_batch, lat_h, lat_w, vae_dtype)
     act = shape.compute_dtype
     lora = (shape.lora_rank, tuple(shape.lora_targets)) if shape.lora_rank else None
     block_adapters = [adapter_params(b, shape.lora_rank, shape.lora_targets) for b in blocks] if lora else [0]

@@ -50,6 +50,9 @@ def resolve_model(spec: str, family) -> tuple[dict, dict, str]:
     'small' or a path."""
     if spec in REFERENCE_SPECS:
         return dict(family.reference_config), dict(family.reference_vae_config), family.reference_name
+    if spec in getattr(family, "reference_models", {}):  # a family's published sizes by name (Wan's)
+        config, vae_config, name = family.reference_models[spec]
+        return dict(config), dict(vae_config), name
     if spec in ("tiny", "small") and family.name == "sd3":
         if spec == "small":
             raise ConfigError("--model small is a FLUX preset; the SD3 family has one tiny shape: --model tiny")
@@ -84,6 +87,15 @@ def resolve_model(spec: str, family) -> tuple[dict, dict, str]:
             f"{path} (VAE: {family.reference_name}'s, no vae/config.json beside it)")
 
 
+def set_num_frames(family, frames: int | None) -> None:
+    """--num_frames: a video family's clip length (4k + 1); ConfigError for an image family."""
+    if frames is None:
+        return
+    if not hasattr(family, "set_num_frames"):
+        raise ConfigError(f"--num_frames: model family {family.name!r} makes images; leave the flag out")
+    family.set_num_frames(frames)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     # No abbreviations: a training command line's --t would be an ambiguous prefix of --text_tokens ...
     ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False))
@@ -91,6 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="reference (alias flux-dev) | tiny | small | config.json | model folder")
     ap.add_argument("--model_family", default=DEFAULT_FAMILY,
                     help="model family: a registered name or a plugin pkg.module:Name")
+    ap.add_argument("--num_frames", type=int, default=None,
+                    help="a video family's frames per clip, 4k+1 (default: the family's: Wan's 81)")
     ap.add_argument("--h", type=int, default=720)
     ap.add_argument("--w", type=int, default=720)
     ap.add_argument("--text_tokens", type=int, default=512, help="T5 sequence length (max_sequence_length)")
@@ -343,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         family = require_cost_model(source_vae_family(args.model_family, args.source_vae_size))
+        set_num_frames(family, args.num_frames)
         config, vae_cfg, desc = resolve_model(args.model, family)
         if args.memory:
             print(memory_report(args, config, vae_cfg, desc, family))

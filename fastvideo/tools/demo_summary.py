@@ -1,6 +1,7 @@
 """The CPU demo's closing lines (scripts/demo/grpo_tiny_cpu.sh): the mean reward of the first and
-the last fifth of a run's iterations, named by what the run's rewards measure, where to look, and
-whether the run published a best checkpoint (best/) or why not.
+the last fifth of a run's iterations, named by what the run's rewards measure, where to look (a video
+family's run: its sample clips, MP4s in images/, and the evaluation grid's frame strips), and whether
+the run published a best checkpoint (best/) or why not.
 
     python -m fastvideo.tools.demo_summary OUTPUT_DIR
 """
@@ -26,9 +27,12 @@ def summary(output_dir: str | Path) -> list[str]:
     last = sum(r["reward_mean"] for r in rows[-k:]) / k
     spec = json.loads((out / "config.json").read_text())["reward"]["spec"]
     seconds = sum(r["time_iteration"] for r in rows)
+    clips = any((out / "images").glob("*/*.mp4"))
+    samples = "images/ (the sample clips as MP4; their group grids and eval_grid.png as frame strips)" if clips \
+        else "images/"
     lines = [f"demo: reward ({reward_label(spec)}) first {k} iterations {first:.3f} -> last {k} iterations "
              f"{last:.3f} ({'rose' if last > first else 'did not rise'}); {len(rows)} iterations, {seconds:.0f} s",
-             f"demo: see {out}/reward_curve.png, eval_grid.png, eval_curve.png and images/"]
+             f"demo: see {out}/reward_curve.png, eval_grid.png, eval_curve.png and {samples}"]
     return lines + best_line(out)
 
 

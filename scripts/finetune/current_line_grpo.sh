@@ -1,4 +1,4 @@
-# The run the current-line families' GRPO launchers share (FLUX.2 [klein], Z-Image): sourced by
+# The run the current-line families' GRPO launchers share (FLUX.2, Z-Image, Qwen-Image, Wan): sourced by
 # finetune_<family>_grpo_{8gpus,a3_16die}.sh after they set ARGS_FILE (the family's flags and their
 # sources, which defines GRPO_ARGS), PROMPTS_PER_RANK and ACCUMULATION (for their world size) and
 # NPROC_DEFAULT. On the current library line (LINE=current: .venv-current, bash env_setup.sh

@@ -159,10 +159,15 @@ def test_num_frames_must_be_4k_plus_1_in_one_line():
 
 def test_the_ti2v_folder_says_expand_timesteps(tiny_wan_ti2v_dir, tiny_wan_dir):
     from fastvideo.models.wan.components import expand_timesteps
+    from fastvideo.models.wan.family import WanFamily
 
     index = json.loads((tiny_wan_ti2v_dir / "model_index.json").read_text())
     assert index["expand_timesteps"] is True and expand_timesteps(tiny_wan_ti2v_dir)
     assert not expand_timesteps(tiny_wan_dir)
+    t2v, ti2v = WanFamily(num_frames=5), WanFamily(num_frames=5)  # the clips' frame rates follow the folder
+    t2v.check_folder(tiny_wan_dir)
+    ti2v.check_folder(tiny_wan_ti2v_dir)
+    assert (t2v.video_fps, ti2v.video_fps) == (16, 24)
 
 
 def _meta_as_real(inputs: dict) -> dict:
@@ -191,3 +196,32 @@ def test_transformer_flops_match_flop_counter(pipes, variant):
         assert (counts["forward"], counts["forward"] + counts["backward"]) == (fwd, fb)
     guided = _family(folder, SCALE).transformer_flops(config, layout.tokens[0], SEQ, 2)
     assert guided["forward"] == 2 * family.transformer_flops(config, layout.tokens[0], SEQ, 2)["forward"]
+
+
+def test_the_cost_model_sizes_the_published_wan_models_at_a_clip_length():
+    """--model wan2.1-t2v-1.3b | wan2.2-ti2v-5b | wan2.1-t2v-14b (models/wan/reference.py) and --num_frames:
+    the meta transformers have the published sizes, the layout the clip's latent frames, the VAE decode a peak."""
+    from fastvideo.errors import ConfigError
+    from fastvideo.models.wan.family import WanFamily
+    from fastvideo.perf.memory import decode_peak
+    from fastvideo.tools.cost_model import resolve_model, set_num_frames
+
+    family = WanFamily(num_frames=5)
+    set_num_frames(family, 81)
+    sizes = {}
+    for name in ("wan2.1-t2v-1.3b", "wan2.2-ti2v-5b", "wan2.1-t2v-14b"):
+        config, vae_config, _ = resolve_model(name, family)
+        sizes[name] = sum(p.numel() for p in family.meta_transformer(config, torch.bfloat16).parameters())
+        layout = family.nominal_layout(480, 832, config)
+        cell = 16 if name == "wan2.2-ti2v-5b" else 8
+        assert layout["grid"] == (21, 480 // cell, 832 // cell)  # 81 frames: 21 latent frames
+    assert round(sizes["wan2.1-t2v-1.3b"] / 1e9, 2) == 1.42 and round(sizes["wan2.2-ti2v-5b"] / 1e9, 2) == 5.0
+    assert round(sizes["wan2.1-t2v-14b"] / 1e9, 1) == 14.3
+    config, vae_config, _ = resolve_model("wan2.1-t2v-1.3b", family)
+    set_num_frames(family, 5)
+    short = decode_peak(*family.meta_vae(vae_config, 1, family.nominal_layout(64, 64, config), torch.bfloat16))
+    set_num_frames(family, 9)
+    longer = decode_peak(*family.meta_vae(vae_config, 1, family.nominal_layout(64, 64, config), torch.bfloat16))
+    assert short[0] == longer[0] > 1e8 and longer[1] > short[1] > 0
+    with pytest.raises(ConfigError, match="--num_frames 8: Wan's VAE takes 4k\\+1 frames"):
+        set_num_frames(family, 8)

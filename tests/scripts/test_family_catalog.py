@@ -60,6 +60,8 @@ def test_the_demo_trains_each_family_on_its_tiny_folder_with_its_flags(name):
     if _runs_here(name):  # the parser builds the family (refused on the other library line)
         cfg = validate_args(build_parser(argv).parse_args(argv))  # argv: a family's own flags (wan's)
         assert cfg.model.family == name and cfg.model.pretrained_model_name_or_path == f"/d x/tiny_{name}"
+        # every demo saves samples (a video family's as MP4 clips) and evaluates with the guard
+        assert cfg.output.save_images_every == 10 and cfg.eval.every == 10 and cfg.eval.guard.reward == "detail"
     suffix = "" if name == "flux" else f"_{name}"
     assert argv[argv.index("--output_dir") + 1] == f"/d x/outputs{suffix}"
     assert argv[argv.index("--data_json_path") + 1] == f"/d x/embeddings{suffix}/videos2caption.json"

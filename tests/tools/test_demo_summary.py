@@ -36,3 +36,13 @@ def test_the_closing_lines_say_where_best_is_or_why_there_is_none(tmp_path):
     (tmp_path / "best").mkdir()
     (tmp_path / "best" / "BEST.json").write_text(json.dumps({"iteration": 20, "score": -2.0, "source": "checkpoint-20"}))
     assert summary(tmp_path)[2] == f"demo: best checkpoint {tmp_path}/best (iteration 20)"
+
+
+def test_a_video_run_names_its_clips(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"reward_mean": 1.0, "time_iteration": 1.0}) + "\n")
+    (tmp_path / "config.json").write_text(json.dumps({"reward": {"spec": ["compressibility:1"]}}))
+    assert summary(tmp_path)[1].endswith("eval_curve.png and images/")  # an image run: no clips
+    (tmp_path / "images" / "step_000001").mkdir(parents=True)
+    (tmp_path / "images" / "step_000001" / "clip_0_0.mp4").write_bytes(b"")
+    assert summary(tmp_path)[1].endswith("images/ (the sample clips as MP4; their group grids and eval_grid.png "
+                                         "as frame strips)")

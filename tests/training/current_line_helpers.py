@@ -20,6 +20,10 @@ ZIMAGE_LAUNCHERS = {"scripts/finetune/finetune_zimage_grpo_8gpus.sh": (8, 6, 12)
                     "scripts/finetune/finetune_zimage_grpo_a3_16die.sh": (16, 3, 6)}
 QWEN_IMAGE_LAUNCHERS = {"scripts/finetune/finetune_qwen_image_grpo_8gpus.sh": (8, 6, 24),
                         "scripts/finetune/finetune_qwen_image_grpo_a3_16die.sh": (16, 3, 12)}
+WAN_LAUNCHERS = {"scripts/finetune/finetune_wan21_grpo_8gpus.sh": (8, 2, 24),
+                 "scripts/finetune/finetune_wan21_grpo_a3_16die.sh": (16, 1, 12),
+                 "scripts/finetune/finetune_wan22_grpo_8gpus.sh": (8, 8, 4),
+                 "scripts/finetune/finetune_wan22_grpo_a3_16die.sh": (16, 4, 2)}
 SEQ = 48  # the tiny embeddings' Qwen3 length (conftest's flux2_embeddings, zimage_embeddings)
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -41,7 +45,7 @@ def launcher_argv(script: str, **env_extra) -> list[str]:
     assert out.returncode == 0, out.stderr
     assert "line: current" in out.stdout  # the dry run names the library line it would run on
     words = shlex.split(out.stdout.strip().splitlines()[-1])
-    world = {**LAUNCHERS, **DEV_LAUNCHERS, **ZIMAGE_LAUNCHERS, **QWEN_IMAGE_LAUNCHERS}[script][0]
+    world = {**LAUNCHERS, **DEV_LAUNCHERS, **ZIMAGE_LAUNCHERS, **QWEN_IMAGE_LAUNCHERS, **WAN_LAUNCHERS}[script][0]
     assert f"--nproc_per_node={world}" in words
     return words[words.index("fastvideo/train_grpo_flux.py") + 1:]
 

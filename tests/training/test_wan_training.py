@@ -1,8 +1,9 @@
 """Wan through the trainer on 2 gloo ranks, the current library line, 5-frame clips of the tiny
 Wan2.1-T2V after preprocessing (umT5, the negative prompt encoded once): GRPO (WanPipeline's CFG 5.0
 with its negative "", Flow-GRPO's SDE over the video latents, compressibility averaged over every
-frame) trains 2 iterations, resumes bit-exactly and exports a folder WanPipeline loads and whose
-output differs from the base's; DiffusionNFT and LoRA train too. One module of runs, each asserted
+frame) trains 2 iterations, writes its sample clips as MP4s of the trained frames, resumes bit-exactly
+and exports a folder WanPipeline loads and whose output differs from the base's; DiffusionNFT and LoRA
+train too. One module of runs, each asserted
 several ways (issue #47 item 5)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from current_line_helpers import WEIGHTS, line_reason
+from current_line_helpers import WAN_LAUNCHERS, WEIGHTS, launcher_argv, line_reason
 from helpers import read_metrics, torchrun
 
 pytestmark = pytest.mark.skipif(line_reason("Wan training") is not None, reason=line_reason("Wan training") or "")
@@ -45,7 +46,7 @@ def runs(tiny_wan_dir, wan_embeddings, tmp_path_factory):
     with LoRA."""
     tmp = tmp_path_factory.mktemp("wan_runs")
     out = {name: tmp / name for name in ("grpo", "resumed", "nft", "lora")}
-    _run(_argv(tiny_wan_dir, wan_embeddings, out["grpo"], *GRPO))
+    _run(_argv(tiny_wan_dir, wan_embeddings, out["grpo"], *GRPO, "--save_images_every", "1"))  # its sample clips
     shutil.copytree(out["grpo"], out["resumed"], ignore=shutil.ignore_patterns("checkpoint-2"))
     _run(_argv(tiny_wan_dir, wan_embeddings, out["resumed"], *GRPO, "--resume_from_checkpoint", "latest"))
     _run(_argv(tiny_wan_dir, wan_embeddings, out["nft"], "--algorithm", "nft", "--timestep_fraction", "0.5"))
@@ -78,6 +79,10 @@ def test_wan_grpo_trains_resumes_exactly_and_exports_a_pipeline_folder(tiny_wan_
     assert final.keys() == again_final.keys() and all(torch.equal(final[k], again_final[k]) for k in final)
     base = load_file(str(next((tiny_wan_dir / "transformer").glob("*.safetensors"))))
     assert set(final) == set(base) and any(not torch.equal(final[k], base[k]) for k in base)
+    from fastvideo.video_io import read_video
+
+    clips = sorted((runs["grpo"] / "images").glob("step_*/clip_*.mp4"))  # 2 iterations x 2 ranks x 2 samples
+    assert len(clips) == 8 and read_video(clips[0]).shape == (FRAMES, 3, 32, 32)  # the trained frames and size
     config = json.loads((runs["grpo"] / "config.json").read_text())
     assert config["model"]["family"] == "wan" and config["plugins"]["wan"]["num_frames"] == FRAMES
 
@@ -100,3 +105,35 @@ def test_wan_nft_and_lora_train_on_two_ranks(tiny_wan_dir, runs):
     adapters = load_file(str(runs["lora"] / "checkpoint-2" / "pytorch_lora_weights.safetensors"))
     assert adapters and any("blocks.0.attn1.to_q" in k for k in adapters)
     assert any(float(v.abs().max()) > 0 for k, v in adapters.items() if "lora_B" in k)  # B moved from zero
+
+
+@pytest.mark.parametrize("script", sorted(WAN_LAUNCHERS))
+def test_wan_launchers_parse_to_their_peers_configuration(script):
+    """Wan2.1-1.3B: DanceGRPO's finetune_wan_2_1_grpo.sh (single frames, HPSv2.1); Wan2.2-TI2V-5B: verl-omni's
+    run_wan22_5b_t2v_hpsv3_auto.sh (9 frames at 704x1280); sources in scripts/finetune/wan2{1,2}_grpo_args.sh."""
+    from fastvideo.config import build_parser, validate_args
+
+    world, prompts, accumulation = WAN_LAUNCHERS[script]
+    argv = launcher_argv(script)
+    cfg = validate_args(build_parser(argv).parse_args(argv))
+    r, g, m, u = cfg.rollout, cfg.grpo, cfg.mix, cfg.update
+    assert cfg.model.family == "wan" and not cfg.lora.enabled and cfg.optim.learning_rate == 1e-5
+    assert (g.clip_range, g.adv_clip_max, cfg.optim.max_grad_norm, cfg.optim.weight_decay) == (1e-4, 5.0, 1.0, 1e-4)
+    assert r.guidance_scale == 5.0 and m.sde_kind == "dance" and cfg.prompts_per_rank == prompts
+    assert u.gradient_accumulation_steps == accumulation
+    assert cfg.prompts_per_rank * world == (16 if "wan21" in script else 64)
+    if "wan21" in script:  # DanceGRPO: 16 prompts x 12 per iteration, one optimizer step
+        assert cfg.plugins["wan"].num_frames == 1
+        assert (r.height, r.width, r.sampling_steps, r.eta) == (512, 512, 20, 0.3)
+        assert (r.shift, r.quantize_timestep, r.num_generations, r.init_same_noise) == (3.0, True, 12, True)
+        assert g.timestep_fraction == 0.6 and m.mode == "full" and not g.global_std
+        assert [(s.name, s.weight) for s in cfg.reward.spec] == [("hpsv2", 1.0)]
+        assert cfg.derived(world)["optimizer_steps_per_iteration"] == 1
+    else:  # verl-omni: 64 prompts x 8 per iteration, 4 optimizer steps (ppo_mini_batch_size 16)
+        assert cfg.plugins["wan"].num_frames == 9
+        assert (r.height, r.width, r.sampling_steps, r.eta) == (704, 1280, 10, 1.2)
+        assert (r.shift, r.quantize_timestep, r.num_generations) == (5.0, False, 8) and g.global_std
+        assert (m.mode, m.window_size, m.start_strategy, m.window_range) == ("fast", 2, "random", (0, 5))
+        assert cfg.reward.extras.video_reward_frames == "every:4" and cfg.parallel.cpu_offload
+        assert u.train_micro_batch_size == 4 and cfg.derived(world)["optimizer_steps_per_iteration"] == 4
+        assert (cfg.optim.max_train_steps, cfg.output.checkpointing_steps) == (120, 30)

@@ -45,6 +45,13 @@ class WanFolderError(UserError, FileNotFoundError):
 check_wan_folder = parts.folder_checker(REQUIRED_FILES, WAN_DOWNLOAD_HINT, WanFolderError, "Wan model folder")
 
 
+# The clips' frame rates (sample MP4s, fastvideo.video_io): Wan2.1's 16 fps (diffusers' Wan docs,
+# docs/source/en/api/pipelines/wan.md: export_to_video(output, "output.mp4", fps=16) in every example);
+# Wan2.2-TI2V-5B's 24 fps (the Wan-AI/Wan2.2-TI2V-5B-Diffusers model card's diffusers example,
+# export_to_video(output, "5bit2v_output.mp4", fps=24), 121 frames at 704x1280: 5 s).
+WAN21_FPS, TI2V_FPS = 16, 24
+
+
 def expand_timesteps(root) -> bool:
     """WanPipeline's ``expand_timesteps`` of the folder's model_index.json (Wan2.2-TI2V-5B: true, a
     timestep per latent token); False when the file is absent or does not say."""

@@ -27,6 +27,7 @@ from fastvideo.models import base
 from fastvideo.models.base import LatentLayout, config_value
 from fastvideo.models.diffusers_family import ComponentFunctions, TextEmbedsFamily
 from fastvideo.models.latents import latent_hw
+from fastvideo.models.wan.reference import MODELS
 from fastvideo.models.wan.settings import WanSettings
 
 
@@ -57,6 +58,9 @@ class WanFamily(TextEmbedsFamily):
     model_hint = ("the embeddings were made with another text encoder (Wan uses umT5-XXL, 4096 wide) — re-run "
                   "preprocessing with --model_path pointing at this model")
     made_by = "Wan preprocessing (--model_family wan)"
+    reference_config, reference_vae_config, reference_name = MODELS["wan2.1-t2v-1.3b"]
+    reference_models = MODELS  # the cost model's --model names (models/wan/reference.py)
+    video_fps = C.WAN21_FPS  # Wan2.2-TI2V-5B's 24 once its folder was checked or loaded (_note_variant)
 
     def __init__(self, guidance_scale: float | None = None, quantize_timestep: bool = False,
                  settings: WanSettings | None = None, num_frames: int | None = None):
@@ -65,8 +69,15 @@ class WanFamily(TextEmbedsFamily):
         self.num_frames = C.check_num_frames(int(frames))
         self.expand_timesteps = False  # Wan2.2-TI2V's per-token timesteps, once a folder was checked or loaded
 
+    def set_num_frames(self, frames: int) -> None:
+        """The clip length (4k + 1; else ConfigError in one line): the cost model's --num_frames."""
+        from fastvideo.errors import ConfigError
+
+        self.num_frames = C.check_num_frames(int(frames), ConfigError)
+
     def _note_variant(self, root) -> None:
         self.expand_timesteps = C.expand_timesteps(root)
+        self.video_fps = C.TI2V_FPS if self.expand_timesteps else C.WAN21_FPS
 
     def check_folder(self, path, components=None) -> Path:
         root = super().check_folder(path, components)
@@ -132,8 +143,18 @@ class WanFamily(TextEmbedsFamily):
     def meta_inputs(self, config, batch, layout, text_tokens, dtype) -> dict:
         b, m = batch * self.velocity_passes, "meta"
         f, h, w = layout["grid"]
+        per_token = self.expand_timesteps or config["in_channels"] == 48  # 48 channels: Wan2.2-TI2V's (its VAE)
         return dict(hidden_states=torch.empty(b, config["in_channels"], f, h, w, device=m, dtype=dtype),
-                    timestep=torch.empty(b, *((f * (h // 2) * (w // 2),) if self.expand_timesteps else ()), device=m,
+                    timestep=torch.empty(b, *((f * (h // 2) * (w // 2),) if per_token else ()), device=m,
                                          dtype=dtype),
                     encoder_hidden_states=torch.empty(b, text_tokens, config["text_dim"], device=m, dtype=dtype),
                     return_dict=False)
+
+    def meta_vae(self, vae_config, batch, layout, dtype):
+        """(the causal AutoencoderKLWan, ``batch`` clips' latents [B, C, f, h, w]) on the meta device: what
+        perf.memory decodes for its peak."""
+        from diffusers import AutoencoderKLWan
+
+        with torch.device("meta"):
+            vae = AutoencoderKLWan.from_config({k: v for k, v in vae_config.items() if not k.startswith("_")})
+        return vae.to(dtype), torch.empty(batch, vae_config["z_dim"], *layout["grid"], device="meta", dtype=dtype)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# verl-omni's DanceGRPO for Wan2.2-TI2V-5B (text to video, 9 frames at 704x1280) on one Atlas A3 node, 16 NPU
+# dies (or a 16-GPU node; verl-omni's NPU run), full fine-tuning, on the current library line (LINE=current).
+# Its values and their sources: scripts/finetune/wan22_grpo_args.sh.
+# 4 prompts per rank x 8 clips (64 prompts per iteration, as verl-omni's train_batch_size), micro-batches of 4
+# accumulated over 2: 4 optimizer steps per iteration, as its 64 / ppo_mini_batch_size 16. DRY_RUN=1 prints
+# the torchrun command.
+# Data: MODEL_PATH=data/wan22 OUTPUT_DIR=data/rl_embeddings_wan22 bash
+# scripts/preprocess/preprocess_wan_rl_embeddings.sh.
+# Overridable: NPROC (16), MASTER_PORT, EXTRA_ARGS (scripts/finetune/current_line_grpo.sh), and
+# wan22_grpo_args.sh's MODEL_PATH, DATA_JSON, OUTPUT_DIR, REWARDS, ROLLOUT_BATCH_SIZE.
+ARGS_FILE=scripts/finetune/wan22_grpo_args.sh PROMPTS_PER_RANK=4 ACCUMULATION=2 NPROC_DEFAULT=16
+source "$(dirname "${BASH_SOURCE[0]}")/current_line_grpo.sh"
