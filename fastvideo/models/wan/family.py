@@ -131,7 +131,7 @@ class WanFamily(TextEmbedsFamily):
     # -- cost model (text_tokens: the umT5 sequence length; image_tokens: latent cells, f h w)
     def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
         """One velocity's FLOPs (both guidance passes under CFG), per-token timesteps as the folder says."""
-        from fastvideo.models.wan import flops as F
+        import fastvideo.models.wan.flops as F
 
         b, per_token = batch * self.cost_passes(config), self.expand_timesteps
         parts = F.transformer_flops_breakdown(config, image_tokens, text_tokens, b, per_token)
