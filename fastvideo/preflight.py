@@ -187,6 +187,7 @@ def memory_problems(cfg, nproc_per_node: int, device: str) -> list[str]:
     import json
 
     from fastvideo import devices
+    from fastvideo.models.base import FamilyCostModel
     from fastvideo.models.registry import get_model_family
     from fastvideo.perf.memory import GB, MemoryShape, held_in_every_phase
 
@@ -204,7 +205,7 @@ def memory_problems(cfg, nproc_per_node: int, device: str) -> list[str]:
                         micro_batch=1, world_size=1, rewards=tuple(s.name for s in cfg.reward.spec if not s.url),
                         reward_bytes=2 if accelerator else 4, keeps_latents=needs.replay)
     total, ranks = devices.total_memory_bytes(device), 1 if accelerator else max(nproc_per_node, 1)
-    if total is None:
+    if total is None or not isinstance(family, FamilyCostModel):  # a plugin family without a cost model: no verdict
         return []
     need = held_in_every_phase(config, shape, family, over=total // ranks) * ranks
     if need <= total:
