@@ -200,21 +200,21 @@ def _cpu_now() -> float:
 
 
 def pytest_collection_modifyitems(config, items):
-    """On the current library line, skip the files tests/line_split.py leaves to the recipe line's suite."""
+    """Skip the files tests/line_split.py leaves to the other library line's suite."""
     from pathlib import Path
 
-    from line_split import REASON, TESTS, missing, skipped_here
+    from line_split import TESTS, missing, skip_reason
 
     from fastvideo.library_lines import library_line
 
     if missing():
         raise pytest.UsageError(f"tests/line_split.py lists files that do not exist: {missing()}")
     line = library_line()
-    skip = pytest.mark.skip(reason=REASON)
     for item in items:
         path = Path(str(item.fspath))
-        if path.is_relative_to(TESTS) and skipped_here(path.relative_to(TESTS).as_posix(), line, os.environ):
-            item.add_marker(skip)
+        reason = skip_reason(path.relative_to(TESTS).as_posix(), line, os.environ) if path.is_relative_to(TESTS) else None
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,4 +1,4 @@
-"""Which test files the current library line's suite leaves to the recipe line's.
+"""Which test files one library line's suite leaves to the other's.
 
 CI runs the suite on both library lines (.ci/run). A file listed here tests the trainer's own
 mechanics on the tiny FLUX.1 (checkpoints, resume, signals, run folders, bad input, the pre-flight,
@@ -11,7 +11,11 @@ samplers against diffusers' schedulers, reward models against their packages, Lo
 compile, sequence parallelism's attention, FSDP wrapping of each line's blocks, preprocessing (the
 text encoders), the launchers' line choice, and every current-line family's training.
 
-FLUX_GRPO_ALL_TESTS=1 runs them on the current line too.
+The other way round, CURRENT_HOME lists the launcher wrappers' dry runs and smoke runs (the shell
+around torchrun: flags, overrides, lean choices on the tiny FLUX.1), which the current line's suite
+runs and the recipe line's skips: the current-line families' launchers are at home there.
+
+FLUX_GRPO_ALL_TESTS=1 runs every file on either line.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 REASON = ("line-independent (tests/line_split.py): the trainer's own mechanics, run by the recipe line's suite; "
           "FLUX_GRPO_ALL_TESTS=1 runs it here too")
+REASON_RECIPE = ("line-independent (tests/line_split.py): the launchers' shell, run by the current line's suite; "
+                 "FLUX_GRPO_ALL_TESTS=1 runs it here too")
 
 LINE_INDEPENDENT = (
     "test_device_names.py", "test_devices.py", "test_hccl_rules.py", "test_npu_stub.py", "test_preflight.py",
@@ -50,17 +56,28 @@ LINE_INDEPENDENT = (
     "training/test_reward_pipeline.py", "training/test_reward_plugin_training.py",
     "training/test_reward_server_faults.py", "training/test_run_dir.py", "training/test_run_identity.py",
     "training/test_sequence_parallel_rewards.py", "training/test_signals.py", "training/test_sync_budget.py",
-    "training/test_trainer.py",
+    "training/test_trainer.py", "training/test_upstream_launch_lines.py",
 )
+
+CURRENT_HOME = ("scripts/test_launcher_smoke.py", "scripts/test_launcher_lean.py")
+
+
+def skip_reason(relpath: str, line: str, environ: dict) -> str | None:
+    """Why the test file ``relpath`` (relative to tests/) is left to the other line's suite; None: it runs here."""
+    if environ.get("FLUX_GRPO_ALL_TESTS", "0") == "1":
+        return None
+    if line == "current" and relpath in LINE_INDEPENDENT:
+        return REASON
+    if line != "current" and relpath in CURRENT_HOME:
+        return REASON_RECIPE
+    return None
 
 
 def skipped_here(relpath: str, line: str, environ: dict) -> bool:
     """Whether the test file ``relpath`` (relative to tests/) is left to the other line's suite."""
-    if line != "current" or environ.get("FLUX_GRPO_ALL_TESTS", "0") == "1":
-        return False
-    return relpath in LINE_INDEPENDENT
+    return skip_reason(relpath, line, environ) is not None
 
 
 def missing() -> list[str]:
     """Listed files that do not exist (a rename would silently run them on one line... or none)."""
-    return [p for p in LINE_INDEPENDENT if not (TESTS / p).is_file()]
+    return [p for p in LINE_INDEPENDENT + CURRENT_HOME if not (TESTS / p).is_file()]

@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     if subprocess.run(["git", "diff", "--quiet"], cwd=root).returncode != 0:
         print("mutate.py: the checkout has uncommitted changes; commit or stash them first", file=sys.stderr)
         return 2
-    env = dict(os.environ, FASTVIDEO_DEVICE="cpu", HF_HUB_OFFLINE="1",
+    # FLUX_GRPO_ALL_TESTS: a row's tests run whichever line's table it is in (tests/line_split.py)
+    env = dict(os.environ, FASTVIDEO_DEVICE="cpu", HF_HUB_OFFLINE="1", FLUX_GRPO_ALL_TESTS="1",
                PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
     chosen = parse_rows(a.rows, len(rows))
     survivors, skipped = [], 0
