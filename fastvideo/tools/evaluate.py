@@ -8,7 +8,8 @@ LoRA), an exported transformer folder, or an exported LoRA (a folder with
 pytorch_lora_weights.safetensors), optionally LABEL=PATH. The text encoders and VAE come from --base
 (default: the first model folder among the models); LoRA models are merged into --base's transformer. The
 model family is the one the checkpoints' runs record (OUTPUT_DIR/config.json), else --model_family
-(default flux). Every model sees the same initial noise per (prompt, image), drawn from
+(default flux); a family's own flags (Wan's --num_frames) default to what the run recorded, else
+the family's default. Every model sees the same initial noise per (prompt, image), drawn from
 RandomSource(--seed) exactly as the training run's evaluation draws it.
 
 A checkpoint's run (OUTPUT_DIR/config.json beside OUTPUT_DIR/checkpoint-N) gives the defaults of
@@ -174,6 +175,7 @@ def _settings(args, models) -> list[str]:
 
     lines, run = resolve(args, [m.path for m in models if m.kind in (CHECKPOINT, LORA_CHECKPOINT)])
     args.run_base = run["model"].get("pretrained_model_name_or_path") if run else None
+    args.run_plugins = (run.get("plugins") or {}) if run else {}
     missing = [flag for flag in ("prompts", "rewards") if getattr(args, flag) is None]
     if missing:  # every missing input named at once, with an example of each
         examples = {"prompts": "--prompts assets/eval_prompts.txt", "rewards": "--rewards hpsv2,detail"}
@@ -194,8 +196,9 @@ def run(args) -> str:
     models = [parse_model_arg(m, _family_label(args.model_family)) for m in args.model]
     for line in _settings(args, models):
         print(line, flush=True)
-    family = get_model_family(family_name_for(models, args.model_family), guidance_scale=args.guidance_scale,
-                              quantize_timestep=not args.no_quantize_timestep)
+    name = family_name_for(models, args.model_family)
+    family = get_model_family(name, guidance_scale=args.guidance_scale, quantize_timestep=not args.no_quantize_timestep,
+                              **_family_settings(name, args))
     base = _check(args, models, family)
     device = devices.get_device()
     amp = torch.bfloat16 if args.mixed_precision == "bf16" and devices.is_accelerator(device) else None
@@ -224,6 +227,29 @@ def run(args) -> str:
     return table
 
 
+def _family_settings(name: str, args) -> dict:
+    """{"settings": ...} of a family with settings of its own (Wan's --num_frames): each flag as given
+    on the command line, else as the checkpoints' run recorded it (config.json's section), else the
+    family's default; {} for a family without (its flags are then unknown: one line, exit 2)."""
+    from fastvideo.components import family_factory_settings
+
+    cls = family_factory_settings(name)
+    extra = getattr(args, "family_argv", [])
+    if cls is None:
+        if extra:
+            raise ValueError(f"unrecognized arguments: {' '.join(extra)} (model family {name} has no flags of its own)")
+        return {}
+    p = one_line_errors(argparse.ArgumentParser(prog="python -m fastvideo.tools.evaluate", allow_abbrev=False,
+                                                add_help=False))
+    cls.add_flags(p)
+    recorded = getattr(args, "run_plugins", {}).get(cls.section)
+    if isinstance(recorded, dict):
+        p.set_defaults(**cls.flags_from_resolved(recorded))
+    settings = cls.from_args(p.parse_args(extra))
+    print(f"[evaluate] {name} settings: " + ", ".join(f"{k} {v}" for k, v in vars(settings).items()), flush=True)
+    return {"settings": settings}
+
+
 def _family_label(flag: str | None) -> str:
     """How messages name the base folder's family: FLUX for --model_family flux."""
     from fastvideo.models.registry import DEFAULT_FAMILY
@@ -237,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     from fastvideo.models.registry import UnknownModelFamilyError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # What the evaluator's own flags leave: the model family's flags (Wan's --num_frames), read once
+    # the family is known (_family_settings).
+    args, args.family_argv = parser.parse_known_args(argv)
     try:
         table = run(args)
     except UnknownModelFamilyError as exc:  # one line: the name and the valid ones

@@ -130,6 +130,9 @@ def test_unknown_models_fail_clearly(tiny_flux_dir, eval_prompt_file, tmp_path, 
     with pytest.raises(SystemExit):
         main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir, rewards="nope"))
     assert "unknown reward 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # a flag only a video family takes
+        main(_tool_args(eval_prompt_file, tmp_path / "o", tiny_flux_dir) + ["--num_frames", "5"])
+    assert exc.value.code == 2 and "unrecognized arguments: --num_frames 5" in capsys.readouterr().err
 
 
 def test_a_base_model_alone_names_every_missing_input_at_once(tiny_flux_dir, tmp_path, capsys):

@@ -107,6 +107,26 @@ def test_wan_nft_and_lora_train_on_two_ranks(tiny_wan_dir, runs):
     assert any(float(v.abs().max()) > 0 for k, v in adapters.items() if "lora_B" in k)  # B moved from zero
 
 
+@pytest.mark.slow
+def test_evaluate_samples_the_runs_clip_length_and_takes_num_frames(runs, tmp_path):
+    """evaluate on a Wan checkpoint: the clip length the run trained (config.json's "wan" section, 5
+    frames), not WanPipeline's default 81; --num_frames given overrides it; a bad one is one line, exit 2."""
+    from fastvideo.tools import evaluate
+    from fastvideo.video_io import read_video
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red fox\n")
+    argv = ["--model", str(runs["grpo"] / "checkpoint-2"), "--prompts", str(prompts), "--rewards", "compressibility",
+            "--steps", "2", "--max_sequence_length", str(SEQ)]
+    for extra, frames in (((), FRAMES), (("--num_frames", "9"), 9)):
+        out = tmp_path / f"eval_{frames}"
+        assert evaluate.main([*argv, "--out", str(out), *extra]) == 0
+        assert read_video(out / "grid_00.mp4").shape[0] == frames
+    with pytest.raises(SystemExit) as exc:
+        evaluate.main([*argv, "--out", str(tmp_path / "bad"), "--num_frames", "6"])
+    assert exc.value.code == 2
+
+
 @pytest.mark.parametrize("script", sorted(WAN_LAUNCHERS))
 def test_wan_launchers_parse_to_their_peers_configuration(script):
     """Wan2.1-1.3B: DanceGRPO's finetune_wan_2_1_grpo.sh (single frames, HPSv2.1); Wan2.2-TI2V-5B: verl-omni's
