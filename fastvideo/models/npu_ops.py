@@ -411,6 +411,17 @@ def _swap_processors(model: nn.Module) -> int:
     return swapped
 
 
+def set_processors(model: nn.Module, stock: type | tuple[type, ...], processor) -> int:
+    """Give ``processor`` to every attention layer of ``model`` whose processor is a ``stock`` one (a
+    family's NPU adapter: Z-Image's, Wan's); the number swapped (0 the second time: idempotent)."""
+    swapped = 0
+    for module in model.modules():
+        if isinstance(getattr(module, "processor", None), stock):
+            module.set_processor(processor)
+            swapped += 1
+    return swapped
+
+
 def adapt_for_npu(transformer: nn.Module) -> int:
     """Install the NPU kernels in a diffusers FLUX transformer, in place.
 

@@ -225,3 +225,65 @@ def test_the_cost_model_sizes_the_published_wan_models_at_a_clip_length():
     assert short[0] == longer[0] > 1e8 and longer[1] > short[1] > 0
     with pytest.raises(ConfigError, match="--num_frames 8: Wan's VAE takes 4k\\+1 frames"):
         set_num_frames(family, 8)
+
+
+@pytest.mark.parametrize("variant", ["t2v", "ti2v"])
+def test_npu_adapter_computes_the_stock_velocity_without_float64(pipes, variant):
+    """wan.npu's adapter (the q/k RMS norms fused, the attention through attention_bnsd) run on the
+    CPU: the transformer's output equals the stock model's, and its forward, RoPE included, issues no
+    float64 or complex op."""
+    import copy
+    import sys
+    from pathlib import Path
+
+    from fastvideo.models import npu_ops
+    from fastvideo.models.wan import npu as wan_npu
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from float64_guard import NoFloat64OnDevice
+
+    stock = pipes[variant][1].transformer
+    adapted = copy.deepcopy(stock)
+    layers = stock.config.num_layers
+    assert npu_ops.adapt_for_npu(adapted) == 2 * 2 * layers  # q and k norms of self- and cross-attention
+    assert wan_npu.adapt_wan_for_npu(adapted) == 2 * layers and wan_npu.adapt_wan_for_npu(adapted) == 0
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, stock.config.in_channels, 2, 4, 4, generator=g)
+    text = torch.randn(2, SEQ, stock.config.text_dim, generator=g)
+    t = torch.tensor([700.0, 300.0])
+    with torch.no_grad():
+        ref = stock(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
+        with NoFloat64OnDevice() as guard:
+            ours = adapted(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
+    assert guard.ops > 50
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_npu_attention_takes_wan21_i2v_image_keys_and_the_fused_kernel(monkeypatch):
+    """NpuWanAttnProcessor on a cross-attention with Wan2.1-I2V's image keys (added k/v projections,
+    the image tokens before 512 text tokens) equals diffusers' WanAttnProcessor; on the NPU path (the
+    stand-in torch_npu) both attentions take the fused kernel."""
+    import sys
+    from pathlib import Path
+
+    from diffusers.models.transformers.transformer_wan import WanAttention, WanAttnProcessor
+
+    from fastvideo.models.wan.npu import NpuWanAttnProcessor
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import npu_stub
+
+    torch.manual_seed(0)
+    attn = WanAttention(dim=32, heads=2, dim_head=16, eps=1e-6, added_kv_proj_dim=32, cross_attention_dim_head=16,
+                        processor=WanAttnProcessor())
+    hidden, context = torch.randn(2, 6, 32), torch.randn(2, 257 + 512, 32)
+    with torch.no_grad():
+        ref = attn(hidden, encoder_hidden_states=context)
+        attn.set_processor(NpuWanAttnProcessor())
+        ours = attn(hidden, encoder_hidden_states=context)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    stub = npu_stub.install(monkeypatch)
+    with torch.no_grad():
+        fused = attn.to(torch.bfloat16)(hidden.bfloat16(), encoder_hidden_states=context.bfloat16())
+    assert stub.calls["npu_fusion_attention"] == 2  # the text keys and the image keys
+    torch.testing.assert_close(fused.float(), ref, rtol=5e-2, atol=5e-2)

@@ -98,9 +98,12 @@ class _TimeEmbedding:
 
 
 def adapt_for_device(transformer, device) -> None:
-    """keep_time_dtype; on an NPU npu_ops' fused kernels for the RMS norms (q/k norms across heads)."""
+    """keep_time_dtype; on an NPU npu_ops' fused kernels for the RMS norms (q/k norms across heads)
+    and the attention through the device adapter (wan.npu)."""
+    from fastvideo.models.wan.npu import adapt_wan_for_npu  # here: it imports diffusers
+
     keep_time_dtype(transformer)
-    parts.adapt_for_npu(transformer, device)
+    parts.adapt_for_npu(transformer, device, adapt_wan_for_npu)
 
 
 load_transformer = partial(parts.load_transformer, "WanTransformer3DModel", check_wan_folder, adapt_for_device)

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from fastvideo.models.npu_ops import attention_bnsd, rotate_pairs
+from fastvideo.models.npu_ops import attention_bnsd, rotate_pairs, set_processors
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +89,6 @@ def adapt_zimage_for_npu(transformer: nn.Module) -> int:
     rope = model.rope_embedder
     if isinstance(rope, RopeEmbedder):
         model.rope_embedder = NpuZImageRope(rope.theta, rope.axes_dims, rope.axes_lens)
-    processor, swapped = NpuZImageAttnProcessor(), 0
-    for module in model.modules():
-        if isinstance(getattr(module, "processor", None), ZSingleStreamAttnProcessor):
-            module.set_processor(processor)
-            swapped += 1
+    swapped = set_processors(model, ZSingleStreamAttnProcessor, NpuZImageAttnProcessor())
     logger.info("Z-Image NPU kernels installed: real-arithmetic RoPE, %d attention processors", swapped)
     return swapped
