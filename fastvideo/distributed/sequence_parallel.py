@@ -107,6 +107,11 @@ class SequenceShard:
         self.full_tokens = tokens
         return x.narrow(1, self._offset(), self.local_tokens)
 
+    def local(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's rows along ``dim`` of a tensor with one row per image token of the forward in
+        flight (after split): per-token timestep embeddings, position tables of the image tokens alone."""
+        return x.narrow(dim, self._offset(), self.local_tokens)
+
     def split_rows(self, table: torch.Tensor) -> torch.Tensor:
         """Position table [S_text + L, ...] (text rows first) -> [S_text + L/N, ...]: the text rows
         and this rank's image rows, so that RoPE follows the split."""

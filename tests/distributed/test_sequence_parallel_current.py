@@ -1,5 +1,5 @@
 """Sequence parallelism (fastvideo.distributed.sequence_parallel) for the current library line's
-families on 2 gloo ranks: each tiny transformer with its family's plan at sp = 2 against the stock
+families on 2 gloo ranks (Wan too: its video tokens): each tiny transformer with its family's plan at sp = 2 against the stock
 diffusers forward and backward in one process (output and every parameter's gradient to 1e-5),
 unwrapped and under FSDP with activation checkpointing. The inputs exercise what each family's
 split must get right: Z-Image's padded image tokens (20 real of 32) and captions of unequal length
@@ -152,6 +152,37 @@ def _generated(out) -> torch.Tensor:
     return out[0][:, :15]
 
 
+# ---------------------------------------------------------------- Wan2.1-T2V and Wan2.2-TI2V
+
+
+def _wan_transformer(variant: str = "t2v"):
+    from diffusers import WanTransformer3DModel
+
+    from fastvideo.tools.make_tiny_wan import transformer_config
+
+    from fastvideo.models.wan.components import keep_time_dtype
+
+    torch.manual_seed(0)
+    model = _awake(WanTransformer3DModel.from_config(transformer_config(variant)))
+    keep_time_dtype(model)  # as the family's loader: FSDP flattens the time embedder's parameters away
+    return model
+
+
+def _wan_inputs(seed: int, variant: str = "t2v") -> dict:
+    """Two clips of 3 latent frames x 4 x 6 cells: 3 x 2 x 3 = 18 tokens after the 1x2x2 patches, so
+    the rank boundary (token 9) falls inside the second frame; 7 umT5 tokens; Wan2.2-TI2V: a timestep
+    per token (expand_timesteps), the first frame's at 0 as its image-conditioned frame would be."""
+    from fastvideo.tools.make_tiny_wan import transformer_config
+
+    c = transformer_config(variant)
+    g = torch.Generator().manual_seed(1000 + seed)
+    t = 1000 * torch.rand(2, generator=g)
+    if variant == "ti2v":
+        t = torch.cat([torch.zeros(2, 6), t[:, None].expand(2, 12)], dim=1)
+    return {"hidden_states": torch.randn(2, c["in_channels"], 3, 4, 6, generator=g), "timestep": t,
+            "encoder_hidden_states": torch.randn(2, 7, c["text_dim"], generator=g), "return_dict": False}
+
+
 FAMILIES = {
     "zimage": (_zimage_transformer, _zimage_inputs, _zimage_output),
     "flux2": (_flux2_transformer, _flux2_inputs, _first),
@@ -159,14 +190,17 @@ FAMILIES = {
     "qwen_image": (_qwen_image_transformer, _qwen_image_inputs, _first),
     "qwen_image_edit": (_qwen_image_transformer, _qwen_image_edit_inputs, _generated),
     "qwen_image_edit_2511": (_qwen_image_edit_2511_transformer, _qwen_image_edit_inputs, _generated),
+    "wan": (_wan_transformer, _wan_inputs, _first),
+    "wan_ti2v": (lambda: _wan_transformer("ti2v"), lambda seed: _wan_inputs(seed, "ti2v"), _first),
 }
-SWAPPED = {"zimage": 3, "flux2": 4, "flux2_dev": 4, "qwen_image": 2, "qwen_image_edit": 2, "qwen_image_edit_2511": 2}  # Z-Image: the noise refiner's 1 + the main layers' 2 (the context refiner keeps its own)
+SWAPPED = {"zimage": 3, "flux2": 4, "flux2_dev": 4, "qwen_image": 2, "qwen_image_edit": 2, "qwen_image_edit_2511": 2,
+           "wan": 2, "wan_ti2v": 2}  # Wan: each block's self-attention (its cross-attention needs no exchange); Z-Image: the noise refiner's 1 + the main layers' 2 (the context refiner keeps its own)
 
 
 def _family(name: str):
     from fastvideo.models.registry import family_factory
 
-    return family_factory(name.removesuffix("_dev").removesuffix("_2511"))()
+    return family_factory(name.removesuffix("_dev").removesuffix("_2511").removesuffix("_ti2v"))()
 
 
 def _loss(out: torch.Tensor) -> torch.Tensor:
@@ -243,16 +277,17 @@ def test_plans_read_the_head_count_sp_must_divide(name):
     assert "\n" not in str(err.value)
 
 
-def _counted_zimage_forward(info):
+def _counted_forward(info, name: str = "zimage"):
     from fastvideo.distributed import comm_count
 
     dims = ParallelDims.build(info.world_size, info.rank, sp=info.world_size).init_groups()
-    model = _zimage_transformer()
-    sequence_parallel.install(model, _family("zimage").sequence_parallel_plan(), sequence_parallel.sequence_shard(dims))
+    build, inputs, _ = FAMILIES[name]
+    model = build()
+    sequence_parallel.install(model, _family(name).sequence_parallel_plan(), sequence_parallel.sequence_shard(dims))
     comm_count.install()
     comm_count.reset()
     with torch.no_grad(), comm_count.phase("rollout"):
-        model(**_zimage_inputs(0))
+        model(**inputs(0))
     return comm_count.metrics()
 
 
@@ -263,12 +298,29 @@ def test_zimage_cost_model_exchange_bytes_are_what_a_forward_sends():
     tokens, padded to 32) and captions padded to 64 in the main layers."""
     from fastvideo.perf.sequence_parallel import attention_layers, family_exchange_bytes
 
-    m = run_distributed(_counted_zimage_forward)[0]
+    m = run_distributed(_counted_forward)[0]
     family = _family("zimage")
     config = dict(_zimage_transformer().config)
     layers = attention_layers(config, family)
     assert layers == (2, 1)  # the main layers joint, the noise refiner image-only
     a2a, gathered = family_exchange_bytes(config, family, 80, 64, 64, 2, 2, 4)
+    assert m["comm/rollout/all_to_all_bytes"] == a2a and m["comm/rollout/all_to_all_calls"] == 2 * sum(layers)
+    assert m["comm/rollout/all_gather_bytes"] == gathered and m["comm/rollout/all_gather_calls"] == 1
+
+
+def test_wan_cost_model_exchange_bytes_are_what_a_forward_sends():
+    """The same for Wan2.1-T2V: 9-frame clips (3 latent frames) at 32 x 48 pixels (4 x 6 cells) are
+    the 18 tokens _wan_inputs splits; only the self-attention exchanges (2 all-to-alls a block), the
+    gather is the blocks' output (heads x head dimension wide), 7 text tokens never sent."""
+    from fastvideo.models.wan.family import WanFamily
+    from fastvideo.perf.sequence_parallel import attention_layers, family_exchange_bytes
+
+    m = run_distributed(_counted_forward, "wan")[0]
+    family = WanFamily(num_frames=9)
+    config = dict(_wan_transformer().config)
+    layers = attention_layers(config, family)
+    assert layers == (0, 2) and family.sequence_tokens(32, 48, config) == 18
+    a2a, gathered = family_exchange_bytes(config, family, 32, 48, 7, 2, 2, 4)
     assert m["comm/rollout/all_to_all_bytes"] == a2a and m["comm/rollout/all_to_all_calls"] == 2 * sum(layers)
     assert m["comm/rollout/all_gather_bytes"] == gathered and m["comm/rollout/all_gather_calls"] == 1
 

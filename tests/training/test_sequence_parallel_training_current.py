@@ -4,7 +4,7 @@ FLUX.1 and SD3.5): 3 iterations with the same rollout latents and log-probabilit
 record's tensors), the same per-iteration rewards, losses and pre-clip gradient norms and the same
 weights after them, all to 1e-5 relative. Classifier-free guidance is on, so each forward carries
 the prompt's and the empty prompt's captions (Z-Image: captions of unequal length, its mask);
-Qwen-Image-Edit splits its generated and source tokens together."""
+Qwen-Image-Edit splits its generated and source tokens together; Wan its video tokens."""
 
 from __future__ import annotations
 
@@ -54,3 +54,11 @@ def test_qwen_image_edit_sp2_equals_one_rank(edit_dir, edit_embeddings, tmp_path
     """Qwen-Image-Edit: the 4 generated and 16 source tokens (64^2 VAE-area sources) split together,
     true CFG on (the instruction's and the negative's text streams, each with its source image)."""
     _family_runs(tmp_path, edit_dir, edit_embeddings, model_family="qwen_image_edit", guidance_scale=4.0)
+
+
+@pytest.mark.slow
+def test_wan_sp2_equals_one_rank(tiny_wan_dir, wan_embeddings, tmp_path):
+    """Wan2.1-T2V, 5-frame clips (2 latent frames x 2 x 2 tokens after the 1x2x2 patches, split over
+    the frames), CFG 5.0 with the negative prompt's umT5 tokens replicated."""
+    _family_runs(tmp_path, tiny_wan_dir, wan_embeddings, model_family="wan", num_frames=5, guidance_scale=5.0,
+                 no_quantize_timestep=True)

@@ -103,6 +103,24 @@ class WanFamily(TextEmbedsFamily):
 
         return (WanTransformerBlock,)
 
+    def sequence_parallel_plan(self):
+        """The video tokens split before the first block, gathered before the output norm; the
+        self-attention attends across the sequence group (models/wan/sequence_parallel.py)."""
+        from fastvideo.models.wan.sequence_parallel import wan_plan
+
+        return wan_plan()
+
+    def sequence_tokens(self, height, width, transformer_config, cond_dims=None):
+        """The transformer's tokens of one clip: latent frames x rows x columns after its 1x2x2 patches."""
+        f, h, w = self.nominal_layout(height, width, transformer_config)["grid"]
+        p_t, p_h, p_w = transformer_config["patch_size"]
+        return (f // p_t) * (h // p_h) * (w // p_w)
+
+    def sequence_channels(self, transformer_config):
+        """The gather's tokens are the blocks' output, before the output norm: heads x head dimension wide."""
+        heads, head_dim = self.attention_dims(transformer_config)
+        return heads * head_dim
+
     # -- sampling
     def vae_geometry(self, vae_config) -> tuple[int, int]:
         """AutoencoderKLWan's: scale_factor_spatial pixels per cell (8; Wan2.2's 16), z_dim channels."""

@@ -43,6 +43,17 @@ def _projections(attn: nn.Module, hidden_states: torch.Tensor, context: torch.Te
     return (attn.to_q(hidden_states), *attn.to_kv(source).chunk(2, dim=-1))
 
 
+def qkv_heads(attn: nn.Module, hidden_states: torch.Tensor, context: torch.Tensor | None, rotary_emb=None):
+    """(q, k, v) [B, N, S, D] of a WanAttention: projected, q and k normalised across the heads, split
+    into heads, q and k rotated by rotary_emb (cos, sin) [1, S, 1, D] when given."""
+    q, k, v = _projections(attn, hidden_states, context)
+    q, k = attn.norm_q(q), attn.norm_k(k)
+    q, k, v = (x.unflatten(2, (attn.heads, -1)) for x in (q, k, v))
+    if rotary_emb is not None:
+        q, k = rotate_interleaved(q, *rotary_emb), rotate_interleaved(k, *rotary_emb)
+    return tuple(x.transpose(1, 2) for x in (q, k, v))
+
+
 class NpuWanAttnProcessor:
     """diffusers' ``WanAttnProcessor`` with its attention through :func:`attention_bnsd` (the fused
     kernel on an NPU, SDPA elsewhere) and the rotation of :func:`rotate_interleaved`."""
@@ -55,12 +66,7 @@ class NpuWanAttnProcessor:
         if attn.add_k_proj is not None:  # the I2V image keys: 512 is the text encoder's length, as diffusers
             split = encoder_hidden_states.shape[1] - 512
             image_context, encoder_hidden_states = encoder_hidden_states[:, :split], encoder_hidden_states[:, split:]
-        q, k, v = _projections(attn, hidden_states, encoder_hidden_states)
-        q, k = attn.norm_q(q), attn.norm_k(k)
-        q, k, v = (x.unflatten(2, (attn.heads, -1)) for x in (q, k, v))
-        if rotary_emb is not None:
-            q, k = rotate_interleaved(q, *rotary_emb), rotate_interleaved(k, *rotary_emb)
-        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        q, k, v = qkv_heads(attn, hidden_states, encoder_hidden_states, rotary_emb)
         out = attention_bnsd(q, k, v, attention_mask).transpose(1, 2).flatten(2, 3).type_as(q)
         if image_context is not None:
             if attn.fused_projections:
