@@ -199,3 +199,29 @@ def test_a_worker_tells_a_stop_a_teardown_and_a_signal_to_it_alone(monkeypatch, 
     monkeypatch.setattr(control, "_signal_kind", lambda: "lone")
     stop._handle(signal.SIGTERM, None)
     assert stop.signum == signal.SIGTERM and control.lone_signals(tmp_path) == {1: int(signal.SIGTERM)}
+
+
+def test_the_launcher_marks_each_worker_its_agent_stops(monkeypatch, tmp_path):
+    """fastvideo.launch's agent marks each worker pid before it signals them to stop (a peer failed):
+    those workers exit at once; none is marked after a stop request."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    from fastvideo import launch
+    from fastvideo.training.run import control
+
+    closed = []
+    monkeypatch.setattr(api, "_terminate_process_handler", api._terminate_process_handler)
+    monkeypatch.setattr(api.PContext, "close", lambda self, *a, **k: closed.append(sorted(os.listdir(tmp_path))))
+    launch._mark_signals(tmp_path)
+
+    class Workers:
+        def pids(self):
+            return {0: 11, 1: 12}
+
+    api.PContext.close(Workers(), signal.SIGTERM)
+    assert closed == [["teardown-11", "teardown-12"]]  # marked before torch's close signals them
+    for mark in tmp_path.iterdir():
+        mark.unlink()
+    control.mark_stop_requested(tmp_path, signal.SIGTERM)
+    api.PContext.close(Workers(), signal.SIGTERM)
+    assert closed[-1] == ["stop"]
