@@ -390,7 +390,8 @@ def test_the_bodies_held_at_once_are_bounded(capfd):
     """--max_buffered_mb: bytes of bodies still arriving count against one budget (a crowd of
     uploads cannot fill the memory now that reading holds no scoring slot); past it, 503 'busy';
     bytes come back when an upload ends."""
-    limits = ServerLimits(max_body_bytes=64 << 10, max_buffered_bytes=100 << 10, read_timeout_s=30.0)
+    limits = ServerLimits(max_body_bytes=64 << 10, max_buffered_bytes=100 << 10, read_timeout_s=30.0,
+                          stall_timeout_s=60.0)  # the uploads stall: none is dropped for room here
     app, _, _ = _blocking_server(limits)
     with serve_in_thread(app, settings=uvicorn_settings(limits)) as (url, _):
         port = int(url.rsplit(":", 1)[1])
