@@ -11,7 +11,9 @@
 3. OMP_NUM_THREADS, unless set, is the node's cores per process (set_host_threads).
 4. SIGTERM / SIGINT: the workers finish their iteration, write a checkpoint and print the resume
    command (training/run/control.py); this process exits 0 (SIGTERM) or 130 (SIGINT). torchrun waits
-   TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default here 900) for them before it kills them.
+   TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default here 900) for them before it kills them. A
+   signal to one worker alone (a scheduler stopping one rank) does the same on every rank, and this
+   process says so in one line with the same exit status.
 """
 
 from __future__ import annotations
@@ -94,15 +96,37 @@ def _mark_signals(control: Path) -> None:
     workers; mark it first, so a worker can tell a stop request from a peer's failure."""
     from torch.distributed.elastic.multiprocessing import api
 
-    from fastvideo.training.run.control import mark_stop_requested
+    from fastvideo.training.run.control import mark_stop_requested, mark_teardown
 
-    original = api._terminate_process_handler
+    original, close = api._terminate_process_handler, api.PContext.close
 
     def handler(signum, frame):
         mark_stop_requested(control, signum)
         original(signum, frame)
 
+    def closing(self, *args, **kwargs):  # the agent stops its workers: a peer failed (or the run ended)
+        mark_teardown(control, self.pids().values())
+        return close(self, *args, **kwargs)
+
     api._terminate_process_handler = handler
+    api.PContext.close = closing
+
+
+def report_lone_signals(control: Path, prog: str = PROG, stream=None) -> int:
+    """After the workers exited 0: a signal that reached one rank alone (a scheduler stopping one
+    worker) in one line, and its exit status (0 for SIGTERM, 130 for SIGINT); 0 when there was none."""
+    from fastvideo.training.run.control import EXIT_CODES, lone_signals
+
+    lone = lone_signals(control)
+    if not lone:
+        return 0
+    signum = lone[min(lone)]
+    name = signal.Signals(signum).name
+    (stream or sys.stderr).write(
+        f"{prog}: {name} reached {_ranks(list(lone))} alone (not this launcher): every rank stopped after the "
+        "iteration under way; the checkpoint and the command that resumes it are above\n")
+    (stream or sys.stderr).flush()
+    return EXIT_CODES.get(signal.Signals(signum), 128 + signum)
 
 
 def rank_errors(control: Path) -> dict[str, list[int]]:
@@ -184,9 +208,10 @@ def run(argv: list[str]) -> int:
         sys.stderr.write(f"{program(args.training_script)}: error: {line}\n")
         sys.stderr.flush()
         return 2
+    else:
+        return report_lone_signals(control, prog=program(args.training_script))
     finally:
         shutil.rmtree(control, ignore_errors=True)
-    return 0
 
 
 def rendezvous_error(exc: BaseException, args) -> str | None:

@@ -179,17 +179,26 @@ def world_problems(nproc_per_node: int, nnodes: int, device: str) -> list[str]:
     return []
 
 
+# Images of more pixels than this are also priced for their rollout activations and VAE decode (tracing
+# the transformer and the VAE on the meta device: about a second); the tiny test runs stay below it.
+PRICED_PIXELS = 256 * 256
+
+
 def memory_problems(cfg, nproc_per_node: int, device: str) -> list[str]:
     """A run the memory model (perf/memory.py) says cannot fit: what every rank holds through its
-    rollout whatever the transformer (trajectory, decoded images, reward weights; a lower bound of
-    the peak) against one device's memory, or on the CPU against the host's RAM shared by the
-    node's ranks. Nothing is said when the model's config cannot be read (file_problems says why)."""
+    rollout whatever the transformer (trajectory, decoded images, reward weights) and, for images over
+    PRICED_PIXELS, the larger of the rollout's transformer activations and the VAE decode's peak
+    (perf.memory.rollout_activation_floor; each a lower bound of the peak) against one device's memory, or on the
+    CPU against the host's RAM shared by the node's ranks. Nothing is said when the model's config
+    cannot be read (file_problems says why)."""
     import json
 
     from fastvideo import devices
     from fastvideo.models.base import FamilyCostModel
     from fastvideo.models.registry import get_model_family
-    from fastvideo.perf.memory import GB, MemoryShape, held_in_every_phase
+    import torch
+
+    from fastvideo.perf.memory import GB, MemoryShape, held_in_every_phase, rollout_activation_floor
 
     m = cfg.model
     folder = Path(m.dit_model_name_or_path) if m.dit_model_name_or_path else Path(m.pretrained_model_name_or_path) / "transformer"
@@ -203,19 +212,39 @@ def memory_problems(cfg, nproc_per_node: int, device: str) -> list[str]:
     shape = MemoryShape(height=r.height, width=r.width, text_tokens=1, sampling_steps=r.sampling_steps,
                         samples_per_rank=cfg.prompts_per_rank * r.num_generations, rollout_batch=r.rollout_batch_size,
                         micro_batch=1, world_size=1, rewards=tuple(s.name for s in cfg.reward.spec if not s.url),
-                        reward_bytes=2 if accelerator else 4, keeps_latents=needs.replay)
+                        reward_bytes=2 if accelerator else 4, keeps_latents=needs.replay,
+                        compute_dtype=torch.bfloat16 if m.mixed_precision == "bf16" else torch.float32,
+                        vae_bytes=2 if accelerator else 4)  # at least: --vae_precision fp32 doubles it
     total, ranks = devices.total_memory_bytes(device), 1 if accelerator else max(nproc_per_node, 1)
     if total is None or not isinstance(family, FamilyCostModel):  # a plugin family without a cost model: no verdict
         return []
-    need = held_in_every_phase(config, shape, family, over=total // ranks) * ranks
+    need, what = held_in_every_phase(config, shape, family, over=total // ranks), ""
+    vae = _vae_config(m.pretrained_model_name_or_path) if r.height * r.width > PRICED_PIXELS else None
+    if need <= total // ranks and vae is not None:
+        try:
+            need += rollout_activation_floor(config, vae, shape, family)
+            what = ", the larger of the transformer's activations and the VAE decode's"
+        except (KeyError, TypeError, ValueError):  # a config.json without the keys: file_problems' to say
+            pass
+    need *= ranks
     if need <= total:
         return []
     where = f"one {device} device's {total / GB:.1f} GB" if accelerator else \
         f"this host's {total / GB:.1f} GB of RAM ({ranks} rank(s) on the CPU)"
     return [f"--h {r.height} --w {r.width}: the memory model puts what the rollout holds (the trajectory and decoded "
-            f"images of {shape.samples_per_rank} sample(s) per rank, the reward models) at {need / GB:.1f} GB or more, over "
-            f"{where}: lower --h/--w, --num_generations or the prompts per rank "
+            f"images of {shape.samples_per_rank} sample(s) per rank, the reward models{what}) at {need / GB:,.1f} GB or "
+            f"more, over {where}: lower --h/--w, --num_generations or the prompts per rank "
             f"(python -m fastvideo.tools.cost_model --memory estimates the whole peak)"]
+
+
+def _vae_config(model_path: str) -> dict | None:
+    """The model folder's vae/config.json, None when it cannot be read."""
+    import json
+
+    try:
+        return json.loads((Path(model_path) / "vae" / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def check_training(argv: list[str], nproc_per_node: int = 1, nnodes: int = 1, device: str | None = None,

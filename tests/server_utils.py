@@ -67,12 +67,22 @@ def canned_http_server(reply: bytes, health: bytes | None = None):
             seen.append(lines[0])
             self.request.sendall(health if health is not None and lines[0].startswith("GET") else reply)
 
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    with tcp_server(Handler) as url:
+        yield url, seen
+
+
+@contextlib.contextmanager
+def tcp_server(handler):
+    """A threaded loopback TCP server running ``handler`` (a socketserver.BaseRequestHandler class)
+    for each connection; yields its base URL (http://127.0.0.1:PORT)."""
+    import socketserver
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

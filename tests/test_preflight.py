@@ -71,6 +71,10 @@ PREFLIGHT = {
     # 2 ranks x 2 samples of 65536 x 65536 (their decoded images alone 103 GB a rank), on the 64 GiB host
     "image-too-large-for-memory": ({"h": 65536, "w": 65536}, [r"--h 65536 --w 65536: .* at 206\.2 GB or more, over this host's 68\.7 GB"]),
     "image-far-too-large": ({"h": 1048576, "w": 1048576}, [r"--h 1048576 .*memory model"]),
+    # #51 item 2: 8192 x 8192 holds 2.4 GB a rank through the rollout, but the VAE decode's peak is the 35,190 GB
+    # cost_model --memory prices for these flags (its mid-block attention over 1M latent pixels, 2 ranks)
+    "image-over-the-decode-peak": ({"h": 8192, "w": 8192}, [
+        r"--h 8192 --w 8192: .*the VAE decode's\) at 35,190\.1 GB or more, over this host's 68\.7 GB of RAM"]),
     "one-prompt-for-two-ranks": ({"data_json_path": "{one_prompt}"}, [r"1 prompts cannot fill one iteration of 2 ranks"]),
     "device-type-unknown": ({"_env": {"FASTVIDEO_DEVICE": "tpu"}}, [r"FASTVIDEO_DEVICE='tpu' is not a device type"]),
     # #51 item 6: an empty --model_family is one line (not also the registry's), with a family's example;

@@ -254,16 +254,11 @@ def decode_peak(vae, z: torch.Tensor) -> tuple[int, int]:
 def profile_model(config: dict, vae_config: dict, shape: MemoryShape, family=None) -> ModelProfile:
     family = _family(family)
     layout = family.nominal_layout(shape.height, shape.width, config)
-    lat_h, lat_w = layout.latent_hw
     model = _meta_transformer(config, torch.float32, 0.0, family)
     blocks = family.blocks(model)
     block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
     params = sum(p.numel() for p in model.parameters())
-    vae_dtype = torch.bfloat16 if shape.vae_bytes == 2 else torch.float32
-    if hasattr(family, "meta_vae"):  # a family whose VAE is not AutoencoderKL (Wan's causal video VAE)
-        vae_params, vae_peak = decode_peak(*family.meta_vae(vae_config, shape.rollout_batch, layout, vae_dtype))
-    else:
-        vae_params, vae_peak = vae_decode_peak(vae_config, shape.rollout_batch, lat_h, lat_w, vae_dtype)
+    vae_params, vae_peak = _vae_decode(vae_config, shape, layout, family)
     act = shape.compute_dtype
     lora = (shape.lora_rank, tuple(shape.lora_targets)) if shape.lora_rank else None
     block_adapters = [adapter_params(b, shape.lora_rank, shape.lora_targets) for b in blocks] if lora else [0]
@@ -279,6 +274,27 @@ def profile_model(config: dict, vae_config: dict, shape: MemoryShape, family=Non
         largest_block_adapter_params=max(block_adapters), root_adapter_params=adapters - sum(block_adapters),
         units=len(blocks) + 1,
     )
+
+
+def _vae_decode(vae_config: dict, shape: MemoryShape, layout, family) -> tuple[int, int]:
+    """(VAE parameters, its decode's activation peak) for one rollout batch of ``layout``."""
+    vae_dtype = torch.bfloat16 if shape.vae_bytes == 2 else torch.float32
+    if hasattr(family, "meta_vae"):  # a family whose VAE is not AutoencoderKL (Wan's causal video VAE)
+        return decode_peak(*family.meta_vae(vae_config, shape.rollout_batch, layout, vae_dtype))
+    lat_h, lat_w = layout.latent_hw
+    return vae_decode_peak(vae_config, shape.rollout_batch, lat_h, lat_w, vae_dtype)
+
+
+def rollout_activation_floor(config: dict, vae_config: dict, s: MemoryShape, family=None) -> int:
+    """The larger of the rollout's transformer activations and the VAE decode's peak: with what every
+    phase holds (held_in_every_phase) a lower bound of :func:`estimate`'s peak for any sharding, weight
+    precision or update settings (those only add), priced by the profile the estimate uses without the
+    update's backward trace (the pre-flight's, fastvideo/preflight.py, for large images)."""
+    family = _family(family)
+    layout = family.nominal_layout(s.height, s.width, config)
+    rollout = transformer_activation_peak(config, s.rollout_batch, layout, s.text_tokens, s.compute_dtype, False,
+                                          family=family)
+    return max(rollout, _vae_decode(vae_config, s, layout, family)[1])
 
 
 # ---------------------------------------------------------------- the arithmetic

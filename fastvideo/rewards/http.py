@@ -14,6 +14,8 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -52,6 +54,10 @@ class ReplyLimitError(RemoteRewardError):
     retry would only wait or read as long again (never retried)."""
 
 
+class ReplyTooLargeError(ReplyLimitError):
+    """A reply over its size cap."""
+
+
 def read_bounded(reply, max_bytes: int, deadline: float, what: str = "the reply") -> bytes:
     """The body of ``reply`` (an http.client.HTTPResponse) read one socket read at a time, refusing
     it once it passes ``max_bytes`` or time.monotonic() passes ``deadline`` (a server that drips its
@@ -68,27 +74,93 @@ def read_bounded(reply, max_bytes: int, deadline: float, what: str = "the reply"
             return b"".join(chunks)
         size += len(chunk)
         if size > max_bytes:
-            raise ReplyLimitError(f"{what} passed {max_bytes} bytes, more than its answer can hold: the server "
+            raise ReplyTooLargeError(f"{what} passed {max_bytes} bytes, more than its answer can hold: the server "
                                   "sends without end (is this URL a flux-grpo reward server?)")
         chunks.append(chunk)
+
+
+class _Watchdog:
+    """Shuts down every socket a request opened once ``deadline`` (time.monotonic()) passes, so a
+    server that drips its status line, headers or body, or reads the upload byte by byte, cannot hold
+    the request past it: each byte would reset the socket timeout, this does not wait for any byte."""
+
+    def __init__(self, deadline: float) -> None:
+        self.expired, self.sockets, self.lock = False, [], threading.Lock()
+        self.timer = threading.Timer(max(0.0, deadline - time.monotonic()), self.fire)
+        self.timer.daemon = True
+
+    def watch(self, sock):
+        with self.lock:
+            self.sockets.append(sock)
+            if self.expired:
+                self._shut(sock)
+        return sock
+
+    def fire(self) -> None:
+        with self.lock:
+            self.expired = True
+            for sock in self.sockets:
+                self._shut(sock)
+
+    @staticmethod
+    def _shut(sock) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes a recv()/send() blocked in another thread
+        except OSError:
+            pass
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        """urllib's opener (proxies, redirects as urlopen has them) whose connections report their sockets."""
+        watch = self.watch
+
+        def watched(cls):
+            def connection(host, **kw):
+                conn = cls(host, **kw)
+                create = conn._create_connection
+                conn._create_connection = lambda *a, **k: watch(create(*a, **k))
+                return conn
+            return connection
+
+        class Watched:
+            def do_open(self, http_class, req, **kw):
+                return super().do_open(watched(http_class), req, **kw)
+
+        class Http(Watched, urllib.request.HTTPHandler):
+            pass
+
+        class Https(Watched, urllib.request.HTTPSHandler):
+            pass
+
+        return urllib.request.build_opener(Http, Https)
 
 
 def http_json(url: str, body: bytes | None = None, timeout_s: float = 10.0,
               content_type: str = "application/octet-stream", headers: dict[str, str] | None = None,
               max_bytes: int = MAX_REPLY_BYTES) -> dict:
     """GET (body None) or POST ``url`` with extra ``headers``; the JSON object replied, whole within
-    ``timeout_s`` and at most ``max_bytes``. Raises urllib's errors as they come, ReplyLimitError for a
-    reply over either bound, and BadReplyError for a garbled reply or one that is not a JSON object."""
+    ``timeout_s`` of wall-clock time (connecting, sending, status line, headers and body together) and
+    at most ``max_bytes``. Raises urllib's errors as they come, ReplyLimitError for a reply over either
+    bound, and BadReplyError for a garbled reply or one that is not a JSON object."""
     request = urllib.request.Request(url, data=body, method="GET" if body is None else "POST", headers=headers or {})
     if body is not None:
         request.add_header("Content-Type", content_type)
     deadline = time.monotonic() + timeout_s
+    watchdog = _Watchdog(deadline + 0.1 + 0.05 * timeout_s)  # after a silent server's socket timeout (retried)
+    watchdog.timer.start()
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+        with watchdog.opener().open(request, timeout=timeout_s) as reply:
             status, raw = reply.status, read_bounded(reply, max_bytes, deadline, f"the reply of {url}")
-    except http.client.HTTPException as exc:  # a bad status line, a body cut short: not OSErrors
-        raise BadReplyError(f"garbled reply ({type(exc).__name__}: {str(exc).strip()[:100]!r})",
-                            transient=True) from None
+    except Exception as exc:  # noqa: BLE001 - what a shut socket raises depends on where it was
+        if not watchdog.expired or isinstance(exc, ReplyTooLargeError):
+            if isinstance(exc, http.client.HTTPException):  # a bad status line, a body cut short: not OSErrors
+                raise BadReplyError(f"garbled reply ({type(exc).__name__}: {str(exc).strip()[:100]!r})",
+                                    transient=True) from None
+            raise
+    finally:
+        watchdog.timer.cancel()
+    if watchdog.expired:  # whatever the shut socket made of the reply (no headers, a cut body) is not it
+        raise ReplyLimitError(f"the reply of {url} was still arriving at its deadline of {timeout_s:g} s (the "
+                              "server drips or stalls it); raise --reward_timeout if it is only slow")
     try:
         value = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
@@ -114,12 +186,25 @@ def error_text(exc: Exception) -> str:
     return " ".join(text.split())  # a reply's own line breaks must not break the one-line message
 
 
-def call_with_retries(what: str, fn, retries: int, backoff_s: float = 0.5):
+def retry_total(timeout_s: float, retries: int, backoff_s: float = 0.5) -> float:
+    """The retry policy's total: ``retries + 1`` requests of ``timeout_s`` each and the backoffs between
+    them, the longest a call of call_with_retries may take."""
+    return timeout_s * (retries + 1) + sum(backoff_s * 2 ** k for k in range(retries))
+
+
+def call_with_retries(what: str, fn, retries: int, backoff_s: float = 0.5, timeout_s: float | None = None,
+                      total_s: float | None = None):
     """fn() with up to ``retries`` retries after connection errors, timeouts, 5xx answers and
-    garbled replies; RemoteRewardError naming ``what`` at once for a 4xx or a reply of the wrong shape."""
+    garbled replies; RemoteRewardError naming ``what`` at once for a 4xx or a reply of the wrong shape.
+
+    With ``timeout_s`` (a request's deadline) fn is called as fn(seconds), each try given the smaller of
+    ``timeout_s`` and what is left of ``total_s`` (default retry_total): no try and no backoff starts
+    past the total, so a call ends within it whatever the server does."""
+    total = None if timeout_s is None else (total_s if total_s is not None else retry_total(timeout_s, retries, backoff_s))
+    deadline = None if total is None else time.monotonic() + total
     for attempt in range(retries + 1):
         try:
-            return fn()
+            return fn() if deadline is None else fn(min(timeout_s, max(deadline - time.monotonic(), 0.001)))
         except ReplyLimitError as exc:
             raise RemoteRewardError(f"{what}: {exc}") from None
         except urllib.error.HTTPError as exc:
@@ -135,6 +220,11 @@ def call_with_retries(what: str, fn, retries: int, backoff_s: float = 0.5):
             last = exc
         if attempt < retries:
             delay = backoff_s * 2 ** attempt
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise RemoteRewardError(
+                    f"{what} failed {attempt + 1} times and the retry policy's total of {total:g} s leaves no "
+                    f"time for another, last: {error_text(last)} (raise --reward_timeout / --reward_retries "
+                    "for a slow server)")
             log.warning("%s failed (%s); retry %d/%d in %.1f s", what, error_text(last),
                         attempt + 1, retries, delay)
             time.sleep(delay)

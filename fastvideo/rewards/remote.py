@@ -127,7 +127,8 @@ def check_reward_server(url: str, timeout_s: float = 10.0) -> dict:
         raise EndpointError(
             f"reward server {base} refused the token: {error_text(exc)}. Give the server's --token as "
             f"{TOKEN_ENV}=... or remote:{base}/{name}?token=...") from None
-    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:  # BadReplyError is a ValueError
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError,  # BadReplyError is a ValueError
+            RemoteRewardError) as exc:  # http.ReplyLimitError: /health dripped past its deadline
         raise EndpointError(
             f"reward server {base} (from --rewards remote:{redact(url)}) does not answer: "
             f"{error_text(exc)}. Start it first: python -m fastvideo.tools.reward_server "
@@ -191,9 +192,9 @@ class RemoteReward:
                 f"a request of {len(prompts)} images is {len(body)} bytes, over {what}'s limit of {limit} "
                 f"(its --max_body_mb): lower --reward_batch_size, send ?encoding=u8, or raise --max_body_mb")
         reply = call_with_retries(
-            what, lambda: http_json(f"{self.base}/score/{self.name}", body, self.timeout_s, headers=self.headers,
-                                    max_bytes=reply_cap(len(prompts))),
-            self.retries)
+            what, lambda seconds: http_json(f"{self.base}/score/{self.name}", body, seconds, headers=self.headers,
+                                            max_bytes=reply_cap(len(prompts))),
+            self.retries, timeout_s=self.timeout_s)
         return scores_from_reply(reply, len(prompts), what)
 
     def __call__(self, images: ImageBatch, prompts: Sequence[str], sources: torch.Tensor | None = None) -> torch.Tensor:

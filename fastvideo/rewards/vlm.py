@@ -103,7 +103,7 @@ def check_vlm_endpoint(url: str, timeout_s: float = 10.0) -> None:
     model = parse_qs(parts.query).get("model", [""])[-1]
     try:
         listing = http_json(f"{base}/models", timeout_s=timeout_s)
-    except (OSError, ValueError) as exc:  # urllib's errors, BadReplyError
+    except (OSError, ValueError, RemoteRewardError) as exc:  # urllib's errors, BadReplyError, ReplyLimitError
         raise VLMEndpointError(
             f"VLM judge {base} (from --rewards vlm:{url}) does not answer GET {base}/models: "
             f"{error_text(exc)}. Is the OpenAI-compatible server (vLLM, SGLang...) running there?"
@@ -157,8 +157,9 @@ class VLMJudgeReward:
     def _score_one(self, image, prompt: str, source=None) -> float:
         body = json.dumps(self.payload(image, prompt, source)).encode("utf-8")
         what = f"VLM judge {self.base} ({self.model})"
-        reply = call_with_retries(what, lambda: http_json(
-            f"{self.base}/chat/completions", body, self.timeout_s, content_type="application/json"), self.retries)
+        reply = call_with_retries(what, lambda seconds: http_json(
+            f"{self.base}/chat/completions", body, seconds, content_type="application/json"), self.retries,
+            timeout_s=self.timeout_s)
         try:
             answer = reply["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):

@@ -147,7 +147,8 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
               "limits": {"max_body_bytes": limits.max_body_bytes, "max_pixels": limits.max_pixels,
                          "max_images": limits.max_images, "max_request_pixels": limits.max_request_pixels}}
     score = make_scorer(rewards, device, limits)
-    inflight, bodies = asyncio.Semaphore(limits.max_inflight), BodyBudget(limits.max_buffered_bytes)
+    inflight, bodies = asyncio.Semaphore(limits.max_inflight), BodyBudget(limits.max_buffered_bytes,
+                                                                          limits.stall_timeout_s)
 
     @app.get("/health")
     def get_health() -> dict:
@@ -284,7 +285,11 @@ def add_limit_flags(p: argparse.ArgumentParser) -> None:
                    help="scoring requests read and scored at once (more wait)")
     g.add_argument("--max_connections", type=int, default=d.max_connections,
                    help="open connections before new requests get 503")
+    g.add_argument("--max_connections_per_peer", type=int, default=d.max_connections_per_peer,
+                   help="at --max_connections, a peer address holding more loses its oldest connection to a newcomer")
     g.add_argument("--read_timeout_s", type=float, default=d.read_timeout_s, help="time for a request body")
+    g.add_argument("--stall_timeout_s", type=float, default=d.stall_timeout_s,
+                   help="a body silent this long is dropped (408) when --max_buffered_mb needs its room")
     g.add_argument("--header_timeout_s", type=float, default=d.header_timeout_s,
                    help="time for a new connection's request head")
     g.add_argument("--health_details", action="store_true", help="/health also lists the model files loaded")
@@ -296,7 +301,8 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                "--max_request_pixels": args.max_request_pixels, "--max_server_pixels": args.max_server_pixels,
                "--max_buffered_mb": args.max_buffered_mb, "--max_inflight": args.max_inflight,
                "--max_connections": args.max_connections, "--read_timeout_s": args.read_timeout_s,
-               "--header_timeout_s": args.header_timeout_s}
+               "--header_timeout_s": args.header_timeout_s, "--max_connections_per_peer": args.max_connections_per_peer,
+               "--stall_timeout_s": args.stall_timeout_s}
     bad = [f"{k} {v}" for k, v in numbers.items() if not v > 0]
     if bad:
         raise ValueError(f"{', '.join(bad)}: must be > 0")
@@ -317,7 +323,8 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                         max_server_pixels=args.max_server_pixels,
                         max_buffered_bytes=int(args.max_buffered_mb * (1 << 20)), max_inflight=args.max_inflight,
                         max_connections=args.max_connections, read_timeout_s=args.read_timeout_s,
-                        header_timeout_s=args.header_timeout_s)
+                        header_timeout_s=args.header_timeout_s, max_connections_per_peer=args.max_connections_per_peer,
+                        stall_timeout_s=args.stall_timeout_s)
 
 
 def main(argv: list[str] | None = None) -> None:

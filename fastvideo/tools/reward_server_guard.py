@@ -50,8 +50,10 @@ class ServerLimits:
     max_buffered_bytes: int = 512 << 20
     max_inflight: int = 4
     max_connections: int = 512
+    max_connections_per_peer: int = 64
     read_timeout_s: float = 60.0
     header_timeout_s: float = 10.0
+    stall_timeout_s: float = 5.0
 
 
 class BodyError(Exception):
@@ -88,11 +90,12 @@ def declared_length(headers) -> int | None:
     return int(value)
 
 
-async def read_limited_body(request, limits: ServerLimits, take=None) -> bytes:
+async def read_limited_body(request, limits: ServerLimits, take=None, evicted: asyncio.Event | None = None) -> bytes:
     """The request body, refused (BodyError 413) past ``limits.max_body_bytes`` - from the declared
     length before reading, else as soon as the streamed count passes it - or 408 after
-    ``read_timeout_s``. ``take(n)``, when given, is told of each chunk's bytes as it arrives (and
-    may refuse it by raising BodyError)."""
+    ``read_timeout_s``, or 408 once ``evicted`` is set (BodyBudget: a stalled body's room is
+    needed). ``take(n)``, when given, is told of each chunk's bytes as it arrives (and may refuse it
+    by raising BodyError)."""
     size = declared_length(request.headers)
     if size is not None and size > limits.max_body_bytes:
         raise BodyError(413, f"request body of {size} bytes is over this server's limit of "
@@ -112,11 +115,27 @@ async def read_limited_body(request, limits: ServerLimits, take=None) -> bytes:
     from starlette.requests import ClientDisconnect
 
     try:
-        return await asyncio.wait_for(collect(), limits.read_timeout_s)
+        return await asyncio.wait_for(_unless(collect(), evicted), limits.read_timeout_s)
     except asyncio.TimeoutError:
         raise BodyError(408, f"request body not received within {limits.read_timeout_s} s") from None
     except ClientDisconnect:  # the client left mid-upload: one log line (499), not a server traceback
         raise BodyError(499, "client closed the connection before its body arrived") from None
+
+
+async def _unless(work, evicted: asyncio.Event | None):
+    """``await work``, abandoned (BodyError 408) once ``evicted`` is set."""
+    if evicted is None:
+        return await work
+    task, stop = asyncio.ensure_future(work), asyncio.ensure_future(evicted.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            raise BodyError(408, "request body stalled while others needed its room (--stall_timeout_s): "
+                                 "it was dropped; send it at a steady pace")
+        return task.result()
+    finally:
+        for pending in (task, stop):
+            pending.cancel()
 
 
 class ServerBusyError(Exception):
@@ -151,29 +170,52 @@ class PixelBudget:
 class BodyBudget:
     """Request-body bytes held in memory by all requests at once, at most ``limit``. Counted as
     bytes arrive (a slow upload that declares a large body holds only what it has sent), given
-    back when the request is answered. Used from the event loop only: no lock."""
+    back when the request is answered. When a chunk does not fit, the bodies that have sent nothing
+    for ``stall_s`` are dropped (408) to make room, least recently active first: a few stalled
+    uploads cannot keep everyone at 503 until their read timeout. Used from the event loop only: no lock."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit, self.used = limit, 0
+    def __init__(self, limit: int, stall_s: float = float("inf")) -> None:
+        self.limit, self.stall_s, self.used = limit, stall_s, 0
+        self.readers: dict = {}  # id -> [bytes held, time of the last chunk, eviction event]
+
+    def _make_room(self, n: int) -> None:
+        now = time.monotonic()
+        stalled = sorted((r for r in self.readers.values() if now - r[1] > self.stall_s and not r[2].is_set()),
+                         key=lambda r: r[1])
+        for reader in stalled:
+            if self.used + n <= self.limit:
+                break
+            reader[2].set()  # its read ends with 408; its bytes are counted out here, now
+            self.used -= reader[0]
+            reader[0] = 0
+        dropped = sum(r[2].is_set() for r in stalled)
+        if dropped:
+            log.warning("body budget full: dropped %d upload(s) stalled over %g s", dropped, self.stall_s)
 
     @contextlib.asynccontextmanager
     async def body(self, request, limits: "ServerLimits"):
         """``async with budget.body(request, limits) as body``: the body, read within the limits
         (BodyError 413/408, or 503 when the budget is spent), its bytes held until the block ends."""
-        taken = 0
+        me = [0, time.monotonic(), asyncio.Event()]
+        self.readers[id(me)] = me
 
         def take(n: int) -> None:
-            nonlocal taken
+            me[1] = time.monotonic()
+            if self.used + n > self.limit:
+                self._make_room(n)
             if self.used + n > self.limit:
                 raise BodyError(503, f"server busy: {self.used} bytes of request bodies held (--max_buffered_mb "
                                      f"{self.limit / (1 << 20):g}); retry later")
             self.used += n
-            taken += n
+            me[0] += n
 
         try:
-            yield await read_limited_body(request, limits, take)
+            body = await read_limited_body(request, limits, take, me[2])
+            del self.readers[id(me)]  # read whole: scoring it is not stalling
+            yield body
         finally:
-            self.used -= taken
+            self.readers.pop(id(me), None)
+            self.used -= me[0]
 
 
 class GuardMiddleware:
@@ -222,16 +264,20 @@ async def _send_json(send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def guarded_h11(header_timeout_s: float):
+def guarded_h11(header_timeout_s: float, per_peer: int | None = None):
     """uvicorn's h11 protocol, closing a connection whose first request head is not complete
     within ``header_timeout_s`` (uvicorn itself waits forever for it), and, when a new connection
     reaches the connection cap (``limit_concurrency``), closing the oldest connection that has not
     sent a request head yet: uvicorn answers 503 to every request while the cap is reached, so
     without this a crowd of half-sent requests would lock out /health and honest clients until
-    their heads time out. A 503 is then left for when every connection carries a request."""
+    their heads time out. When every connection carries a request, a peer address holding more than
+    ``per_peer`` of them loses its oldest to the newcomer (the one holding most first): a crowd of
+    uploads dripping from one address cannot lock the others out. A 503 is then left for when no
+    peer holds more than its share."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     headless: dict = {}  # connections without a request head yet, oldest first (dicts keep order)
+    peers: dict = {}  # peer address -> its connections, oldest first
 
     class GuardedH11Protocol(H11Protocol):
         def connection_made(self, transport) -> None:
@@ -240,9 +286,15 @@ def guarded_h11(header_timeout_s: float):
             if self.limit_concurrency is not None:
                 self._make_room(self.limit_concurrency)
             headless[self] = None
+            self.peer_host = (transport.get_extra_info("peername") or ("?",))[0]
+            peers.setdefault(self.peer_host, {})[self] = None
 
         def connection_lost(self, exc) -> None:
             headless.pop(self, None)
+            mine = peers.get(getattr(self, "peer_host", None), {})
+            mine.pop(self, None)
+            if not mine:
+                peers.pop(getattr(self, "peer_host", None), None)
             super().connection_lost(exc)
 
         def _waiting(self) -> bool:
@@ -266,6 +318,26 @@ def guarded_h11(header_timeout_s: float):
             if closed:
                 log.warning("connection cap %d reached: closed %d connection(s) that sent no request head",
                             cap, closed)
+            if per_peer is not None and len(self.connections) >= cap:
+                self._evict_from_heaviest_peer(cap)
+
+        def _evict_from_heaviest_peer(self, cap: int) -> None:
+            """Close the oldest connections of the peers over ``per_peer``, the largest first, until
+            this one fits."""
+            closed = 0
+            while len(self.connections) >= cap and peers:
+                host, mine = max(peers.items(), key=lambda item: len(item[1]))
+                victims = [c for c in mine if c is not self and not c.transport.is_closing()]
+                if len(mine) <= per_peer or not victims:
+                    break
+                oldest = victims[0]
+                del mine[oldest]
+                oldest.transport.close()
+                oldest.connections.discard(oldest)
+                closed += 1
+            if closed:
+                log.warning("connection cap %d reached: closed %d connection(s) of a peer holding over %d "
+                            "(--max_connections_per_peer)", cap, closed, per_peer)
 
     return GuardedH11Protocol
 
@@ -274,7 +346,7 @@ class AcceptErrorFilter(logging.Filter):
     """Lets one asyncio "accept() out of system resource" (or uvicorn "Exceeded concurrency limit", or
     the guard's "connection cap ... reached") record through per ``every_s`` seconds: a flood of connections must not flood the log too."""
 
-    floods = ("out of system resource", "Exceeded concurrency limit", "connection cap")
+    floods = ("out of system resource", "Exceeded concurrency limit", "connection cap", "body budget full")
 
     def __init__(self, every_s: float = 60.0) -> None:
         super().__init__()
@@ -300,7 +372,8 @@ def uvicorn_settings(limits: ServerLimits) -> dict:
         logger = logging.getLogger(name)
         if not any(isinstance(f, AcceptErrorFilter) for f in logger.filters):  # one per logger, however many servers
             logger.addFilter(AcceptErrorFilter())
-    return {"http": guarded_h11(limits.header_timeout_s), "limit_concurrency": limits.max_connections,
+    return {"http": guarded_h11(limits.header_timeout_s, limits.max_connections_per_peer),
+            "limit_concurrency": limits.max_connections,
             "timeout_keep_alive": 5, "h11_max_incomplete_event_size": 64 << 10}
 
 

@@ -266,3 +266,21 @@ def test_cost_model_prints_the_checkpoint_host_peak(capsys):
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("checkpoint save"))
     gathered, sharded = map(float, re.findall(r"([0-9.]+) GB", line))
     assert 90 < gathered < 100 and 8 < sharded < 10, line
+
+
+def test_the_preflights_activation_floor_is_the_estimates_larger_rollout_peak():
+    """preflight.memory_problems' bound for large images: what every phase holds (the estimate's
+    trajectory and reward weights) plus perf.memory.rollout_activation_floor, the larger of the
+    estimate's rollout activations and VAE decode peak; never above the estimate's peak."""
+    from fastvideo.models.registry import get_model_family
+    from fastvideo.tools import cost_model
+
+    family = get_model_family("flux")
+    config, vae, _ = cost_model.resolve_model("tiny", family)
+    shape = cost_model.memory_shape(cost_model.parse_args([*TINY[:5], "--h", "512", "--w", "512", *TINY[9:]]))
+    prof = memory.profile_model(config, vae, shape, family)
+    est = memory.estimate(config, vae, shape, prof, family)
+    floor = memory.rollout_activation_floor(config, vae, shape, family)
+    assert floor == max(prof.rollout_activations, prof.vae_decode) and prof.vae_decode > prof.rollout_activations > 0
+    assert memory.held_in_every_phase(config, shape, family) + floor <= est.peak_bytes
+    assert est.peak_phase == "vae_decode" and est.components["activations"] == floor  # the decode's own figure

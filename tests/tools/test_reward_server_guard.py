@@ -390,7 +390,8 @@ def test_the_bodies_held_at_once_are_bounded(capfd):
     """--max_buffered_mb: bytes of bodies still arriving count against one budget (a crowd of
     uploads cannot fill the memory now that reading holds no scoring slot); past it, 503 'busy';
     bytes come back when an upload ends."""
-    limits = ServerLimits(max_body_bytes=64 << 10, max_buffered_bytes=100 << 10, read_timeout_s=30.0)
+    limits = ServerLimits(max_body_bytes=64 << 10, max_buffered_bytes=100 << 10, read_timeout_s=30.0,
+                          stall_timeout_s=60.0)  # the uploads stall: none is dropped for room here
     app, _, _ = _blocking_server(limits)
     with serve_in_thread(app, settings=uvicorn_settings(limits)) as (url, _):
         port = int(url.rsplit(":", 1)[1])
@@ -567,3 +568,42 @@ def test_main_user_errors_exit_2_with_one_line(argv, message, capsys, monkeypatc
         main([*argv, "--device", "cpu"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_honest_trainer_is_served_beside_stalled_bodies_and_a_peers_connection_flood():
+    """Issue #51 item 4, at small limits: uploads from one peer (127.0.0.2) that stall after filling
+    --max_buffered_mb are dropped (408, least recently active first, as many as the room needs) once
+    an honest request needs the room, not after
+    --read_timeout_s (30 s here: every retry of the trainer's client got 503 until then); and 40
+    dripping uploads from that peer, over --max_connections 24, lose their oldest connections to the
+    trainer's (over --max_connections_per_peer 8), where uvicorn answered it 503 while the cap held."""
+    limits = ServerLimits(max_body_bytes=64 << 10, max_buffered_bytes=100 << 10, read_timeout_s=30.0,
+                          stall_timeout_s=0.5, max_connections=24, max_connections_per_peer=8)
+    app, _, _ = _blocking_server(limits)
+
+    def upload(port, sent: int):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0))
+        s.sendall(f"POST /score/bright HTTP/1.1\r\nHost: x\r\nContent-Length: {60 << 10}\r\n\r\n".encode() + b"\0" * sent)
+        return s
+
+    with serve_in_thread(app, settings=uvicorn_settings(limits)) as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        trainer = RemoteReward(f"{url}/bright", timeout_s=10, retries=3, batch_size=4, check=False)
+        images = torch.rand(1, 3, 48, 48)  # a 27 KiB body: it does not fit beside 80 KiB of stalled bodies
+        stalled = [upload(port, 40 << 10) for _ in range(2)]
+        time.sleep(1.5)  # their bytes are read, then nothing for over --stall_timeout_s
+        start = time.monotonic()
+        assert trainer(images, ["a"]).tolist() == images.mean(dim=(1, 2, 3)).tolist()
+        served_beside_stalled = time.monotonic() - start
+        assert stalled[0].recv(64).startswith(b"HTTP/1.1 408"), "the stalled upload was not dropped"
+        for s in stalled:  # the second was left alone: dropping the least recently active one made room
+            s.close()
+        flood = [upload(port, 10) for _ in range(40)]
+        start = time.monotonic()
+        try:
+            assert trainer(images, ["b"]).tolist() == images.mean(dim=(1, 2, 3)).tolist()
+            served_beside_flood = time.monotonic() - start
+        finally:
+            for s in flood:
+                s.close()
+    assert served_beside_stalled < 5 and served_beside_flood < 5, (served_beside_stalled, served_beside_flood)

@@ -139,3 +139,89 @@ def test_the_stop_notice_is_printed_by_rank_0_only(monkeypatch, capsys, rank, pr
     stop._handle(signal.SIGTERM, None)
     assert stop.signum == signal.SIGTERM  # every rank stops
     assert ("[stop] SIGTERM received" in capsys.readouterr().err) == printed
+
+
+def _worker_pid(launcher: int, rank: int) -> int:
+    """The pid of worker ``rank`` among the launcher's children (torchrun's agent runs in it)."""
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    for pid in children:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return int(pid)
+    raise AssertionError(f"no worker of rank {rank} among {children}")
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_worker_stops_every_rank_with_a_checkpoint_and_one_line(tiny_flux_dir, tiny_embeddings,
+                                                                               tmp_path):
+    """Issue #51 item 5, a scheduler killing one rank: the others learn it when they agree at the end of
+    the iteration, the checkpoint is written and loads, the launcher says so in one line, exit 0 (the
+    SIGTERM exit of docs/operations.md), no gloo traceback."""
+    from fastvideo.training.checkpoint.files import verify_checkpoint
+
+    out = tmp_path / "one"
+    argv = train_args(tiny_embeddings, tiny_flux_dir, out, max_train_steps=4, checkpointing_steps=100,
+                      save_images_every=0)
+    proc = subprocess.Popen(_launch_cmd(argv), env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _wait_for_rows(out / "metrics.jsonl", 1, proc)
+    os.kill(_worker_pid(proc.pid, 1), signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=600)
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("+ torchrun")]
+    assert proc.returncode == 0, stderr[-4000:]
+    assert lines == ["train_grpo_flux: SIGTERM reached rank 1 alone (not this launcher): every rank stopped after "
+                     "the iteration under way; the checkpoint and the command that resumes it are above"], stderr[-4000:]
+    stopped_at = len(read_metrics(out))
+    checkpoint = out / f"checkpoint-{stopped_at}"
+    assert 1 <= stopped_at < 4 and verify_checkpoint(checkpoint)["iteration"] == stopped_at
+    assert f"[stop] SIGTERM: checkpoint {checkpoint} written" in stdout, stdout[-2000:]
+    assert not (out / "train.lock").exists()
+
+
+def test_a_worker_tells_a_stop_a_teardown_and_a_signal_to_it_alone(monkeypatch, tmp_path):
+    from fastvideo.training.run import control
+
+    monkeypatch.setenv(control.CONTROL_ENV, str(tmp_path))
+    assert control._signal_kind(wait_s=0.1) == "lone"
+    control.mark_teardown(tmp_path, [os.getpid() + 1])  # another worker's
+    assert control._signal_kind(wait_s=0.1) == "lone"
+    control.mark_teardown(tmp_path, [os.getpid()])
+    assert control._signal_kind(wait_s=0.1) == "teardown"
+    control.mark_stop_requested(tmp_path, signal.SIGTERM)
+    assert control._signal_kind(wait_s=0.1) == "stop"
+    (tmp_path / "teardown-7").unlink(missing_ok=True)
+    control.mark_teardown(tmp_path, [7])  # the run ends after a stop request: no teardown marks
+    assert not (tmp_path / "teardown-7").exists()
+    monkeypatch.setenv("RANK", "1")
+    stop = control.StopRequest()
+    (tmp_path / control.STOP_MARK).unlink()
+    (tmp_path / f"teardown-{os.getpid()}").unlink()
+    monkeypatch.setattr(control, "_signal_kind", lambda: "lone")
+    stop._handle(signal.SIGTERM, None)
+    assert stop.signum == signal.SIGTERM and control.lone_signals(tmp_path) == {1: int(signal.SIGTERM)}
+
+
+def test_the_launcher_marks_each_worker_its_agent_stops(monkeypatch, tmp_path):
+    """fastvideo.launch's agent marks each worker pid before it signals them to stop (a peer failed):
+    those workers exit at once; none is marked after a stop request."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    from fastvideo import launch
+    from fastvideo.training.run import control
+
+    closed = []
+    monkeypatch.setattr(api, "_terminate_process_handler", api._terminate_process_handler)
+    monkeypatch.setattr(api.PContext, "close", lambda self, *a, **k: closed.append(sorted(os.listdir(tmp_path))))
+    launch._mark_signals(tmp_path)
+
+    class Workers:
+        def pids(self):
+            return {0: 11, 1: 12}
+
+    api.PContext.close(Workers(), signal.SIGTERM)
+    assert closed == [["teardown-11", "teardown-12"]]  # marked before torch's close signals them
+    for mark in tmp_path.iterdir():
+        mark.unlink()
+    control.mark_stop_requested(tmp_path, signal.SIGTERM)
+    api.PContext.close(Workers(), signal.SIGTERM)
+    assert closed[-1] == ["stop"]

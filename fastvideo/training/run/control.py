@@ -8,8 +8,12 @@ leaves for the launcher (fastvideo.launch) to report from.
   the iteration under way finishes first: that is what makes the resumed run equal the
   uninterrupted one.
 - Under fastvideo.launch, torchrun also sends SIGTERM to the workers when a peer failed: the
-  launcher marks a real stop request in FASTVIDEO_CONTROL_DIR/stop, and a worker that gets a
-  signal without that mark exits at once (there is no peer to agree with).
+  launcher marks a real stop request in FASTVIDEO_CONTROL_DIR/stop, and a teardown (the agent
+  about to signal its workers without a stop request) with a mark per worker pid; a worker so
+  marked exits at once (there is no peer to agree with). A signal with neither mark reached this
+  rank alone (a scheduler stopping one worker): the rank stops as if all had got it -- the others
+  learn it when they agree at the end of the iteration, the checkpoint is written -- and leaves a
+  mark from which the launcher reports it in one line.
 - Workers ask the kernel to kill them when their launcher dies (prctl PR_SET_PDEATHSIG on Linux):
   after a ``kill -9`` of torchrun no orphan keeps training into the folder a relaunch resumes. The
   guard is armed first thing and checked against the launcher's pid (FASTVIDEO_LAUNCHER_PID, set by
@@ -122,18 +126,44 @@ def write_rank_error(rank: int, line: str) -> None:
         (folder / f"error-rank{rank}.txt").write_text(line.rstrip("\n") + "\n")
 
 
-def _is_teardown(wait_s: float = 2.0) -> bool:
-    """Under the launcher, a signal without its stop mark is torchrun stopping the survivors of a
-    failed peer."""
+TEARDOWN_MARK = "teardown-{pid}"  # the launcher's agent stops this worker (a peer failed)
+LONE_SIGNAL_MARK = "signal-rank{rank}"  # a signal that reached this rank alone (not the launcher)
+
+
+def mark_teardown(folder: Path, pids) -> None:
+    """The launcher's side, before torchrun's agent signals its workers ``pids`` to stop them (a
+    peer failed, or the run ended): unless a stop was asked for, each of them is being torn down."""
+    if not (folder / STOP_MARK).exists():
+        for pid in pids:
+            (folder / TEARDOWN_MARK.format(pid=pid)).touch()
+
+
+def lone_signals(folder: Path) -> dict[int, int]:
+    """{rank: signal} of the signals that reached one rank alone (LONE_SIGNAL_MARK)."""
+    out = {}
+    for path in folder.glob(LONE_SIGNAL_MARK.format(rank="*")):
+        with contextlib.suppress(ValueError):
+            out[int(path.name.rpartition("rank")[2])] = int(path.read_text())
+    return out
+
+
+def _signal_kind(wait_s: float = 2.0) -> str:
+    """Under the launcher, what a signal to this worker is: 'stop' (the launcher got it: the stop
+    mark), 'teardown' (torchrun's agent stopping the survivors of a failed peer: its mark for this
+    pid) or 'lone' (neither within ``wait_s``: a scheduler signalled this rank alone, and the other
+    ranks learn it when they agree at the end of the iteration). Outside the launcher: 'stop'."""
     folder = control_dir()
     if folder is None:
-        return False
+        return "stop"
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+    while True:
         if (folder / STOP_MARK).exists():
-            return False
+            return "stop"
+        if (folder / TEARDOWN_MARK.format(pid=os.getpid())).exists():
+            return "teardown"
+        if time.monotonic() > deadline:
+            return "lone"
         time.sleep(0.05)
-    return True
 
 
 class StopRequest:
@@ -159,10 +189,14 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         if self.signum:  # a repeat (the terminal's Ctrl-C and torchrun's forwarded one): already stopping
             return
-        if _is_teardown():
+        kind = _signal_kind()
+        if kind == "teardown":
             os._exit(128 + signum)
         self.signum = signum
-        if os.environ.get("RANK", "0") in ("0", ""):  # every rank gets the signal; one says so
+        rank = os.environ.get("RANK", "0") or "0"
+        if kind == "lone":  # the launcher reports it once the ranks have stopped
+            (control_dir() / LONE_SIGNAL_MARK.format(rank=rank)).write_text(str(int(signum)))
+        elif rank == "0":  # every rank gets the signal; one says so
             name = signal.Signals(signum).name
             sys.stderr.write(f"[stop] {name} received: finishing the current iteration, then stopping\n")
             sys.stderr.flush()
