@@ -113,3 +113,29 @@ def test_another_source_changes_the_rollout(pipe, cond, tiny_flux2_dir):
     other = _cond(family, tiny_flux2_dir, _pixels(seed=1))
     a, b = _rollout(family, pipe, cond), _rollout(family, pipe, other)
     assert not torch.allclose(a.latents[:, -1], b.latents[:, -1], atol=1e-4)
+
+
+@pytest.mark.parametrize("size, fits", [((64, 80), True), ((384, 384), True), ((1024, 1024), True),
+                                        ((48, 64), False), ((64, 640), False), ((1040, 1040), False)])
+def test_source_sizes_the_pipeline_would_refuse_or_shrink_are_refused_in_one_line(size, fits):
+    """Flux2ImageProcessor.check_image_input's 64-pixel side and 8:1 aspect, and the pipeline's 1024^2
+    area above which it shrinks the source: preprocessing asks before any model loads."""
+    from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
+    from PIL import Image
+
+    from fastvideo.errors import ConfigError
+    from fastvideo.models.flux2_edit.family import Flux2EditFamily
+
+    h, w = size
+    try:  # the stock pipeline's own verdict on the image, for the limits it checks itself
+        Flux2ImageProcessor.check_image_input(Image.new("RGB", (w, h)))
+        stock_takes = h * w <= 1024 * 1024
+    except ValueError:
+        stock_takes = False
+    assert stock_takes == fits
+    if fits:
+        Flux2EditFamily().check_source_size(h, w)
+    else:
+        with pytest.raises(ConfigError, match="Flux2KleinPipeline refuses or resizes") as err:
+            Flux2EditFamily().check_source_size(h, w)
+        assert "\n" not in str(err.value)

@@ -21,7 +21,7 @@ import torch
 
 import fastvideo.models.flux2.components as FC
 import fastvideo.models.flux2_edit.components as C
-from fastvideo.data.sources import SourceImageError
+from fastvideo.errors import ConfigError
 from fastvideo.models import base
 from fastvideo.models.flux2.family import Flux2Family
 from fastvideo.models.source_tokens import SOURCE_NAMES, SourceEncoders, SourceTokens
@@ -61,7 +61,7 @@ class Flux2EditFamily(SourceTokens, Flux2Family):
         elif height * width > C.MAX_SOURCE_AREA:
             problem = "more than 1024 x 1024 pixels"
         if problem:
-            raise SourceImageError(f"source images of {width}x{height} have {problem}, which Flux2KleinPipeline "
+            raise ConfigError(f"source images of {width}x{height} have {problem}, which Flux2KleinPipeline "
                                    "refuses or resizes: give sources of 64 to 1024 pixels a side (multiples of 16; "
                                    "Flow-Factory's klein uses 384 x 384)")
 
