@@ -80,7 +80,8 @@ class PreprocessConfig:
             folder = family_of_folder(self.model_path) if ":" not in self.model_family else None
         except ConfigError:
             folder = None
-        if folder is not None and folder != self.model_family:
+        # a family that runs on another's checkpoint (FLUX.2 [klein] editing on klein's) says so: runs_on
+        if folder is not None and folder not in (self.model_family, getattr(self.family(), "runs_on", None)):
             raise ConfigError(f"--model_family {self.model_family}: --model_path {self.model_path} holds a {folder} "
                               f"model (its model_index.json); pass --model_family {folder}, or leave the flag out")
         if not 1 <= self.max_sequence_length <= limit:

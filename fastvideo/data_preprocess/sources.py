@@ -63,7 +63,9 @@ def check_prompt_sources(prompt_file: str, max_prompts: int, family) -> tuple[in
                           "prompt file without images")
     if plist.images is None:
         return None
-    return check_source_images(all_images(plist), family.source_multiple)
+    size = check_source_images(all_images(plist), family.source_multiple)
+    family.check_source_size(*size)
+    return size
 
 
 def all_images(plist: PromptList) -> list[Path]:

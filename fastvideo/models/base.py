@@ -357,6 +357,10 @@ class FamilyConditioning(abc.ABC):
     # encodes the source at its own size (Kontext).
     vae_area: int | None = None
 
+    def check_source_size(self, height: int, width: int) -> None:
+        """Raise a UserError (one line, the fix in it) for a source size the family's stock pipeline would
+        refuse or resize (preprocessing asks before any model loads; default: every size is taken)."""
+
     def encode_sources(self, encoders, cond: Conditioning, pixels: torch.Tensor) -> Conditioning:
         """``cond`` (P prompts) with what the family needs of their source images added: pixels
         [P, 3, H, W] float32 in [0, 1] on the encoders' device. Only an editing family has it."""

@@ -49,7 +49,8 @@ class Wiring:
     ``current_line``: the family runs on the current library line only (LINE=current forced);
     ``prompts``: the demo's prompt file (None: assets/prompts.txt); ``demo_env``: variables the demo
     exports unless set (read by the preprocessing launcher); ``seq``: the preprocessing launcher's
-    MAX_SEQ_LEN (None: preprocess_flux_rl_embeddings.sh's 512); ``preprocess_args``: its extra flags."""
+    MAX_SEQ_LEN (None: preprocess_flux_rl_embeddings.sh's 512); ``preprocess_args``: its extra flags;
+    ``model``: the model folder's name under data/ when the family shares another's checkpoint."""
 
     name: str
     builder: tuple[str, ...]
@@ -60,6 +61,7 @@ class Wiring:
     demo_env: tuple[tuple[str, str], ...] = ()
     seq: int | None = 512
     preprocess_args: tuple = ()
+    model: str | None = None  # the preprocessing launcher's data/MODEL (None: data/NAME)
 
     @property
     def suffix(self) -> str:
@@ -101,6 +103,11 @@ FAMILIES = (
             Env("QWEN_IMAGE_LR", "1e-2"), *EDIT_DEMO),
            prompts=EDIT_PROMPTS, demo_env=(("SOURCE_VAE_SIZE", "64"),),
            preprocess_args=("--source_vae_size", Env("SOURCE_VAE_SIZE", "384"))),
+    # klein editing: klein's folder and demo settings (lr 1e-2, the pipeline's schedule), the editing
+    # demos' reward and held-out instructions
+    Wiring("flux2_edit", ("fastvideo.tools.make_tiny_flux2",), 80,
+           ("--guidance_scale", "4.0", *FLOW_SDE, "--pipeline_shift", "--learning_rate", "1e-2", *EDIT_DEMO),
+           prompts=EDIT_PROMPTS, model="flux2"),
     # 5-frame clips (2 latent frames), compressibility averaged over every frame; WanPipeline's guidance
     # 5.0 with its negative prompt "" and the Wan2.1 folder's flow_shift 3; the tiny T5-style tokenizer
     # spells letters, cut at 32 as FLUX.1's. Sample clips (MP4) and the evaluation (its grid as frame
@@ -161,7 +168,7 @@ def demo_lines(w: Wiring, demo_dir: str, environ=os.environ) -> list[str]:
 def preprocess_lines(w: Wiring, environ=os.environ) -> list[str]:
     """The preprocessing launcher's defaults for family ``w``: data/NAME into data/rl_embeddings_NAME,
     exported unless set, and its flags (FAMILY_FLAGS)."""
-    defaults = {"MODEL_PATH": f"data/{w.name}", "OUTPUT_DIR": f"data/rl_embeddings{w.suffix}"}
+    defaults = {"MODEL_PATH": f"data/{w.model or w.name}", "OUTPUT_DIR": f"data/rl_embeddings{w.suffix}"}
     defaults |= {"LINE": "current"} if w.current_line else {}
     defaults |= {"PROMPT_FILE": w.prompts} if w.prompts else {}
     defaults |= {"MAX_SEQ_LEN": str(w.seq)} if w.seq else {}

@@ -87,6 +87,17 @@ def resolve_model(spec: str, family) -> tuple[dict, dict, str]:
             f"{path} (VAE: {family.reference_name}'s, no vae/config.json beside it)")
 
 
+def sp_sizes(text: str) -> tuple[int, ...]:
+    """--sp_sizes: positive integers, comma-separated (argparse names a bad one in one line)."""
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers separated by commas, e.g. 1,2,4")
+    return sizes
+
+
 def set_num_frames(family, frames: int | None) -> None:
     """--num_frames: a video family's clip length (4k + 1); ConfigError for an image family."""
     if frames is None:
@@ -130,7 +141,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="an editing family's source area before the VAE (preprocessing's flag; its source tokens)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--sp_table", action="store_true", help="activation memory and all-to-all bytes per forward, "
-                    "per rank, at --sp_size 1, 2 and 4 (Ulysses sequence parallelism; perf/sequence_parallel.py)")
+                    "per rank, at each of --sp_sizes (Ulysses sequence parallelism; perf/sequence_parallel.py)")
+    ap.add_argument("--sp_sizes", type=sp_sizes, default=(1, 2, 4), metavar="N,N,...",
+                    help="--sp_table's sequence-parallel sizes (default 1,2,4; each must divide --h / 16)")
     _memory_flags(ap.add_argument_group("memory model (--memory)"))
     add_mix_arguments(ap)
     args, extra = ap.parse_known_args(argv)
@@ -365,8 +378,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.sp_table:
             from fastvideo.perf.sequence_parallel import format_rows, sp_rows
 
-            print(format_rows(sp_rows(config, family, args.h, args.w, args.text_tokens), desc, args.h, args.w,
-                              args.text_tokens))
+            print(format_rows(sp_rows(config, family, args.h, args.w, args.text_tokens, sizes=args.sp_sizes), desc,
+                              args.h, args.w, args.text_tokens))
             return
         s = summarise(args, config, vae_cfg, family)
     except (UserError, ValueError) as err:  # bad flags or a bad config file: one line, exit 2

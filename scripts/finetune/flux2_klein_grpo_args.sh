@@ -3,7 +3,7 @@
 # examples/grpo/full/flux2_klein/default.yaml for the step-distilled one, KLEIN=distilled), as this
 # trainer's flags, and the launch settings both launchers share. Sourced by
 # finetune_flux2_klein_grpo_8gpus.sh and finetune_flux2_klein_grpo_a3_16die.sh, which set
-# PROMPTS_PER_RANK and ACCUMULATION for their world size (scripts/finetune/current_line_grpo.sh runs it). Overridable: KLEIN (base | distilled),
+# PROMPTS_PER_RANK and ACCUMULATION for their world size (scripts/finetune/current_line_grpo.sh runs it). Overridable: KLEIN (base | distilled), KLEIN_TASK (edit | t2i),
 # MODEL_PATH (data/flux2: FLUX.2-klein-base-4B, or FLUX.2-klein-4B with KLEIN=distilled; the 9B
 # checkpoints take the same flags), DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, ROLLOUT_BATCH_SIZE (8).
 # Each value's source (FF = Flow-Factory's yaml; base / distilled where they differ):
@@ -44,7 +44,18 @@
 # gradient do not depend on them), --gradient_checkpointing (FF: off; the memory verdicts of docs/flux2.md
 # are computed with it), --allow_tf32.
 # Not reproduced: FF's EMA (decay 0.9 every 4 epochs, used for evaluation only) and its evaluation at 1024 px.
-# The embeddings: bash scripts/preprocess/preprocess_flux2_rl_embeddings.sh (Qwen3, 512 tokens, with the empty prompt).
+# The task (KLEIN_TASK): edit, the default, as FF's klein yamls (data.dataset_dir sharegpt4o_image_mini: an
+# instruction and a source image per sample, FF train.condition_image_size 384): --model_family flux2_edit
+# (Flux2KleinPipeline's image= path; give 384 x 384 sources, docs/editing.md); t2i: text-to-image on the
+# same checkpoint (--model_family flux2).
+# The embeddings: edit: PROMPT_FILE=your.jsonl bash scripts/preprocess/preprocess_flux2_edit_rl_embeddings.sh;
+# t2i: bash scripts/preprocess/preprocess_flux2_rl_embeddings.sh (Qwen3, 512 tokens, with the empty prompt).
+case "${KLEIN_TASK:-edit}" in
+  edit) TASK_ARGS=(--model_family flux2_edit); TASK_DATA=data/rl_embeddings_flux2_edit ;;
+  t2i) TASK_ARGS=(--model_family flux2); TASK_DATA=data/rl_embeddings_flux2 ;;
+  *) echo "KLEIN_TASK=${KLEIN_TASK}: use edit (instructions with source images, Flow-Factory's klein task) or t2i" >&2
+     exit 2 ;;
+esac
 case "${KLEIN:-base}" in
   base) KLEIN_ARGS=(--sampling_steps 8 --guidance_scale 4.0 --eta 0.7 --sde_window_range 1,4) ;;
   distilled) KLEIN_ARGS=(--sampling_steps 4 --guidance_scale 1.0 --eta 0.5 --sde_window_range 1,3) ;;
@@ -52,7 +63,7 @@ case "${KLEIN:-base}" in
      exit 2 ;;
 esac
 GRPO_ARGS=(
-  --model_family flux2
+  "${TASK_ARGS[@]}"
   --h 384 --w 384 --t 1 --num_latent_t 1
   "${KLEIN_ARGS[@]}"
   --flow_grpo_sampling --sde_steps 1 --sde_start random
@@ -63,7 +74,7 @@ GRPO_ARGS=(
   --rewards "${REWARDS:-pickscore:1.0}"
   --checkpointing_steps 20 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
   --pretrained_model_name_or_path "${MODEL_PATH:-data/flux2}"
-  --data_json_path "${DATA_JSON:-data/rl_embeddings_flux2/videos2caption.json}"
+  --data_json_path "${DATA_JSON:-$TASK_DATA/videos2caption.json}"
   --output_dir "${OUTPUT_DIR:-data/outputs/flux2_klein_grpo}"
   --pickscore_dir "${PICKSCORE_DIR:-data/pickscore}"
   --train_batch_size "$PROMPTS_PER_RANK" --train_micro_batch_size 4 --gradient_accumulation_steps "$ACCUMULATION"

@@ -273,6 +273,12 @@ def test_cost_model_sp_table_on_the_tiny_flux(capsys):
         rows[1].all_to_all_bytes_per_forward
     assert rows[0].train_activation_bytes > rows[1].train_activation_bytes > rows[2].train_activation_bytes
     assert rows[0].rollout_activation_bytes > rows[1].rollout_activation_bytes > rows[2].rollout_activation_bytes
+    cost_model.main(["--sp_table", "--model", "tiny", "--h", "64", "--w", "64", "--text_tokens", "8", "--sp_sizes", "1,4"])
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()] == \
+        ["1", "4"]
+    with pytest.raises(SystemExit) as exc:  # a size that is not a positive integer: one line, exit 2
+        cost_model.main(["--sp_table", "--model", "tiny", "--sp_sizes", "1,0"])
+    assert exc.value.code == 2 and "positive integers" in capsys.readouterr().err
 
 
 def _kontext_counted(info):

@@ -59,5 +59,7 @@ def tiny_argv(model, index, out, script="scripts/finetune/finetune_flux2_klein_g
                 max_train_steps=2, checkpointing_steps=1, dataloader_num_workers=0, save_images_every=0,
                 learning_rate=1e-3, mixed_precision="no")
     tiny.update(more)
-    argv = launcher_argv(script, LEAN="0")  # the launcher's lean options need bf16 autocast (scripts/common.sh)
+    # LEAN=0: the launcher's lean options need bf16 autocast (scripts/common.sh); KLEIN_TASK=t2i: the tiny
+    # runs train klein on prompts alone (its editing task: test_flux2_edit_training.py)
+    argv = launcher_argv(script, LEAN="0", KLEIN_TASK="t2i")
     return argv + [w for k, v in tiny.items() for w in (f"--{k}", str(v))]

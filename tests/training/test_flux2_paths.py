@@ -29,7 +29,11 @@ def test_flux2_launchers_parse_to_flow_factorys_klein_configuration(script):
     world, prompts, accumulation = LAUNCHERS[script]
     cfg = validate_args(build_parser().parse_args(launcher_argv(script)))
     r, g = cfg.rollout, cfg.grpo
-    assert cfg.model.family == "flux2" and (r.height, r.width, r.sampling_steps) == (384, 384, 8)
+    # Flow-Factory's klein yamls train editing (an instruction and a source image per sample)
+    assert cfg.model.family == "flux2_edit" and (r.height, r.width, r.sampling_steps) == (384, 384, 8)
+    assert cfg.data_json_path == "data/rl_embeddings_flux2_edit/videos2caption.json"
+    t2i = validate_args(build_parser().parse_args(launcher_argv(script, KLEIN_TASK="t2i")))
+    assert t2i.model.family == "flux2" and t2i.data_json_path == "data/rl_embeddings_flux2/videos2caption.json"
     assert (r.guidance_scale, r.eta, r.quantize_timestep, r.num_generations) == (4.0, 0.7, False, 16)
     assert r.shift == pytest.approx(C.schedule_shift(384, 384, 8)) and r.shift != 3.0  # the pipeline's mu
     assert cfg.mix.sde_kind == "flow" and cfg.mix.window_range == (1, 4) and cfg.mix.trained_steps(0, 7) == 1

@@ -10,24 +10,10 @@ source image as extra latent tokens, as diffusers' FluxKontextPipeline does:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 import fastvideo.models.flux.components as C
 from fastvideo.models import latents as L
-
-
-@dataclass
-class KontextEncoders:
-    """FLUX.1's text encoders and the VAE that encodes the source images."""
-
-    text: C.TextEncoders
-    vae: torch.nn.Module
-
-    @property
-    def device(self) -> torch.device:
-        return self.text.device
 
 
 def source_ids(latent_h: int, latent_w: int, device=None, dtype=torch.float32) -> torch.Tensor:
