@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from fastvideo.errors import ConfigError
 from fastvideo.training.checkpoint.state_io import load_tree
-from fastvideo.training.trainable import PEER_MODULES, select_trainable
+from fastvideo.training.trainable import PEER_MODULES, select_trainable, trainable_units
 from helpers import torchrun, train_args
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "flow_factory_target_modules.json"
@@ -74,6 +74,11 @@ def test_unknown_patterns_and_lora_are_refused(tmp_path):
         select_trainable(model, "peer", "toy")
     assert select_trainable(model, "1.weight,1.bias", "flux") == (6, 12)
     assert [p.requires_grad for p in model.parameters()] == [False, False, True, True]
+    unit = trainable_units(model)  # FSDP1: the trained Linear its own unit, nothing else
+    assert [unit(m) for m in (model, model[0], model[1])] == [False, False, True]
+    select_trainable(model, "1.weight", "flux")  # half a module: FSDP1 cannot shard it apart
+    with pytest.raises(ConfigError, match="trains 1.weight but not all of its module's parameters"):
+        trainable_units(model)
     assert select_trainable(model, "all", "flux") == (12, 12) and all(p.requires_grad for p in model.parameters())
     from fastvideo.config import build_parser, validate_args
 
