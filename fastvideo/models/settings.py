@@ -29,6 +29,7 @@ class ModelConfig(Settings):
     family: str = "flux"  # a registered model family or a "pkg.module:Class" plugin (--model_family)
     compile: bool = False  # regional compilation of the family's blocks (models/compile.py)
     compile_backend: str = "auto"  # devices.compile_backend: auto = inductor on CUDA/CPU, TorchAir on NPU
+    trainable_modules: str = "all"  # full fine-tuning's trained parameters (training/trainable.py)
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
@@ -48,7 +49,12 @@ class ModelConfig(Settings):
         g.add_argument("--mixed_precision", type=str, default="bf16", metavar="{no,bf16}",
                        help="autocast dtype of the transformer's forward passes (no: fp32)")
         g.add_argument("--master_weight_type", type=str, default="fp32", choices=["fp32", "bf16"],
-                       help="dtype of the trained weights and of the optimizer state")
+                       help="dtype of the trained weights and of the optimizer state (bf16: Flow-Factory's "
+                            "weights trained in place, AdamW state in bf16 too)")
+        g.add_argument("--trainable_modules", type=str, default="all", metavar="{all,peer,PATTERN,...}",
+                       help="which transformer parameters full fine-tuning trains: all (default); peer: the "
+                            "family's Flow-Factory default target modules; or comma-separated module-name patterns "
+                            "(a parameter trains when its name contains one, e.g. attn.to_q,attn.to_k)")
         g.add_argument("--allow_tf32", action="store_true", help="TF32 matmuls on CUDA, HF32 on NPU")
         g.add_argument("--gradient_checkpointing", action="store_true",
                        help="recompute transformer blocks in the backward pass to save memory")
@@ -76,6 +82,7 @@ class ModelConfig(Settings):
             family=args.model_family,
             compile=args.compile,
             compile_backend=args.compile_backend,
+            trainable_modules=args.trainable_modules,
         ).checked()
 
     @classmethod
@@ -84,7 +91,8 @@ class ModelConfig(Settings):
                  "master_weight_type", "mixed_precision", "allow_tf32", "gradient_checkpointing",
                  "selective_checkpointing")
         flags = {**{n: section[n] for n in names}, "model_family": section["family"],
-                 "compile": section.get("compile", False), "compile_backend": section.get("compile_backend", "auto")}
+                 "compile": section.get("compile", False), "compile_backend": section.get("compile_backend", "auto"),
+                 "trainable_modules": section.get("trainable_modules", "all")}
         if flags["vae_model_path"] == flags["pretrained_model_name_or_path"]:  # the default: follows a new model folder
             flags["vae_model_path"] = None
         return flags
@@ -101,3 +109,16 @@ class ModelConfig(Settings):
         check_family_name(self.family)
         if self.compile_backend != "auto" and not self.compile:
             raise ConfigError(f"--compile_backend {self.compile_backend} needs --compile")
+        if not self.trainable_modules.strip() or any(not p.strip() for p in self.trainable_modules.split(",")):
+            raise ConfigError(f"--trainable_modules {self.trainable_modules!r}: give all, peer or comma-separated "
+                              "module-name patterns (attn.to_q,attn.to_k)")
+
+    def check_across(self, sections: dict) -> None:
+        if self.trainable_modules == "all":
+            return
+        if sections["lora"].enabled:
+            raise ConfigError(f"--trainable_modules {self.trainable_modules} chooses full fine-tuning's weights; "
+                              "with --use_lora choose the adapters' modules with --lora_target_modules")
+        if sections["output"].checkpoint_format == "sharded":
+            raise ConfigError("--trainable_modules trains part of the model: use --checkpoint_format gathered "
+                              "(the default)")

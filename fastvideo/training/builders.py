@@ -133,7 +133,7 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
         # with CPU offload the base stays sharded (an adapter unit per Linear, nested in its block).
         extra_units = None if _replicate_frozen(cfg) else lora.is_adapter_unit
     else:
-        model.requires_grad_(True)
+        extra_units = _select_trainable(cfg, model, family)
     model = wrap_model(
         model,
         strategy=cfg.fsdp_strategy,
@@ -155,6 +155,21 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
     vae_dtype = vae_dtype_for(cfg.model.vae_precision, device)
     vae = family.load_vae(cfg.model.vae_model_path, device=device, dtype=vae_dtype)
     return transformer_config, model, vae
+
+
+def _select_trainable(cfg: TrainConfig, model: torch.nn.Module, family):
+    """--trainable_modules on the full model (training/trainable.py); FSDP1's extra units for a
+    partial selection (each trained module its own unit), None otherwise (all: as before)."""
+    from fastvideo.training.trainable import select_trainable, trainable_units
+
+    trained, total = select_trainable(model, cfg.model.trainable_modules, cfg.model.family)
+    if trained == total:
+        return None
+    if devices.rank() == 0:
+        print(f"--trainable_modules {cfg.model.trainable_modules}: training {trained} of {total} transformer "
+              f"parameters ({100.0 * trained / total:.1f}%)", flush=True)
+    fsdp1 = cfg.fsdp_strategy != "none" and cfg.fsdp_version == 1 and devices.world_size() > 1
+    return trainable_units(model) if fsdp1 else None
 
 
 def compile_model(cfg: TrainConfig, model: torch.nn.Module, device: torch.device, family) -> None:

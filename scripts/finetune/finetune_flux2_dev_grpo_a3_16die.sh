@@ -9,5 +9,7 @@
 # Data: bash scripts/preprocess/preprocess_flux2_dev_rl_embeddings.sh (Mistral-3, 512 tokens).
 # Overridable: NPROC (16), MASTER_PORT (19003), EXTRA_ARGS, OFFLOAD (1), and flux2_dev_grpo_args.sh's
 # MODEL_PATH, DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, CLIP_DIR, REWARDS, ROLLOUT_BATCH_SIZE.
+# Trained weights: the args file's --trainable_modules and --master_weight_type (every weight, fp32 masters;
+# why, and Flow-Factory's choices, there).
 ARGS_FILE=scripts/finetune/flux2_dev_grpo_args.sh PROMPTS_PER_RANK=3 ACCUMULATION=24 NPROC_DEFAULT=16 OFFLOAD_DEFAULT=1
 source "$(dirname "${BASH_SOURCE[0]}")/current_line_grpo.sh"

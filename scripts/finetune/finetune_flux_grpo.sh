@@ -7,6 +7,8 @@
 # Overridable: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1), MASTER_PORT (29500),
 # NPROC_PER_NODE (8), MODEL_PATH, DATA_JSON, OUTPUT_DIR, REWARDS (the reward spec instead of --use_hpsv2),
 # EXTRA_ARGS.
+# Trained weights: every transformer weight (--trainable_modules all) in fp32 masters with fp32 AdamW state
+# (--master_weight_type fp32), the defaults, as DanceGRPO's full fine-tuning; EXTRA_ARGS may choose otherwise.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh

@@ -11,6 +11,8 @@
 # --device cuda --rollout_batch_size 4 --device_memory_gb 80, sp 1): peak 35.64 GB (update), fits
 # 80 GB with 44.4 GB to spare: SP is not needed for memory at 1024 px; it cuts the per-rank token
 # activations to ~0.6x (sp 2) for larger rollout batches or sizes.
+# Trained weights: every transformer weight (--trainable_modules all) in fp32 masters with fp32 AdamW state
+# (--master_weight_type fp32), the defaults, as DanceGRPO's full fine-tuning; EXTRA_ARGS may choose otherwise.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 SP=${SP:-2} EXTRA_ARGS="--h 1024 --w 1024 ${EXTRA_ARGS:-}" exec bash scripts/finetune/finetune_flux_grpo_8gpus.sh

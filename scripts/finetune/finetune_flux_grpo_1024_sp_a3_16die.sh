@@ -14,6 +14,8 @@
 # 64 GB with 36.3 GB to spare, so FLUX.1-dev at 1024 px does not need SP for memory; SP 2 cuts the
 # per-rank token activations to ~0.6x, which buys a larger --rollout_batch_size or
 # --update_timesteps_per_forward (or 2048 px), at ~3 GB of all-to-all per forward over HCCS.
+# Trained weights: every transformer weight (--trainable_modules all) in fp32 masters with fp32 AdamW state
+# (--master_weight_type fp32), the defaults, as DanceGRPO's full fine-tuning; EXTRA_ARGS may choose otherwise.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 SP=${SP:-2} EXTRA_ARGS="--h 1024 --w 1024 ${EXTRA_ARGS:-}" exec bash scripts/finetune/finetune_flux_grpo_a3_16die.sh

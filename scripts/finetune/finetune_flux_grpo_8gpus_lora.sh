@@ -6,6 +6,8 @@
 # Export: python -m fastvideo.tools.export OUTPUT_DIR/checkpoint-N OUT --lora   (or --merge)
 # Overridable: NPROC (8), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, REWARDS (the reward spec instead of --use_hpsv2),
 # EXTRA_ARGS.
+# Trained weights: the LoRA adapters in fp32 (--master_weight_type fp32, the default) over a frozen base, as
+# upstream's LoRA script.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh

@@ -5,6 +5,8 @@
 # Overridable: NPROC (16), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, EXTRA_ARGS,
 # REWARDS (the reward spec instead of --use_hpsv2, e.g. compressibility:1.0 for a CPU smoke test),
 # TRAIN_SCRIPT (the LoRA launcher sets fastvideo/train_grpo_flux_lora.py).
+# Trained weights: every transformer weight (--trainable_modules all) in fp32 masters with fp32 AdamW state
+# (--master_weight_type fp32), the defaults, as DanceGRPO's full fine-tuning; EXTRA_ARGS may choose otherwise.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh

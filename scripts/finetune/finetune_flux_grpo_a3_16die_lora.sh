@@ -6,6 +6,8 @@
 # (docs/performance.md). Runs unchanged on a 16-GPU CUDA node. DRY_RUN=1 prints the torchrun command.
 # Overridable: as finetune_flux_grpo_a3_16die.sh; OUTPUT_DIR defaults to data/outputs/grpo_lora and
 # EXTRA_ARGS comes after the LoRA settings (e.g. EXTRA_ARGS="--kl_coef 0.01" for a KL penalty to the base).
+# Trained weights: the LoRA adapters in fp32 (--master_weight_type fp32, the default) over a frozen base, as
+# upstream's LoRA script.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export TRAIN_SCRIPT=fastvideo/train_grpo_flux_lora.py

@@ -5,6 +5,8 @@
 # OUTPUT_DIR, HPS_DIR (hps_ckpt), IMAGE_REWARD_DIR (image_reward_ckpt), PICKSCORE_DIR (data/pickscore),
 # REWARD_MODEL (multi_reward, MixGRPO's), UNIFIED_REWARD_URL (None), FLASH (0), EXTRA_ARGS.
 # One node: each optimizer step averages a quarter of MixGRPO's 4 x 8-GPU samples (mixgrpo_args.sh).
+# Trained weights: every transformer weight (--trainable_modules all) in fp32 masters with fp32 AdamW state
+# (--master_weight_type fp32), the defaults, as MixGRPO's full fine-tuning; EXTRA_ARGS may choose otherwise.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh

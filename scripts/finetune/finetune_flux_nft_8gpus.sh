@@ -4,6 +4,8 @@
 # DRY_RUN=1 prints the torchrun command. Overridable: NPROC (8), MASTER_PORT (19005), MODEL_PATH (data/flux),
 # DATA_JSON, OUTPUT_DIR, HPS_DIR (hps_ckpt), NFT_GROUPS (48: 6 prompts per rank), GA (144: one optimizer
 # step over all groups, the reference's), EXTRA_ARGS.
+# Trained weights: LoRA adapters (--use_lora) in fp32 (--master_weight_type fp32, the default) over a frozen
+# base, as DiffusionNFT's LoRA recipe (full fine-tuning's --trainable_modules does not apply).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh

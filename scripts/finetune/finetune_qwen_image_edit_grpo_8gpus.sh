@@ -7,5 +7,7 @@
 # --model_family qwen_image_edit. Overridable: NPROC (8), MASTER_PORT, EXTRA_ARGS, and the args file's variables.
 # Memory (cost model, docs/editing.md): 55.6 GB peak per device with sources preprocessed at 384^2 (63.4 GB at
 # 1024^2): fits 80 GB and 141 GB GPUs.
+# Trained weights: the args file's --trainable_modules and --master_weight_type (every weight, fp32 masters;
+# why, and Flow-Factory's choices, there).
 ARGS_FILE=scripts/finetune/qwen_image_edit_grpo_args.sh PROMPTS_PER_RANK=6 ACCUMULATION=24 NPROC_DEFAULT=8
 source "$(dirname "${BASH_SOURCE[0]}")/current_line_grpo.sh"

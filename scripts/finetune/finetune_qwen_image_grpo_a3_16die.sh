@@ -6,5 +6,7 @@
 # Memory: docs/qwen_image.md (the cost model's verdicts).
 # Overridable: NPROC (16), MASTER_PORT, EXTRA_ARGS (scripts/finetune/current_line_grpo.sh), and
 # qwen_image_grpo_args.sh's MODEL_PATH, DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, CLIP_DIR, ROLLOUT_BATCH_SIZE, REWARDS.
+# Trained weights: the args file's --trainable_modules and --master_weight_type (every weight, fp32 masters;
+# why, and Flow-Factory's choices, there).
 ARGS_FILE=scripts/finetune/qwen_image_grpo_args.sh PROMPTS_PER_RANK=3 ACCUMULATION=12 NPROC_DEFAULT=16
 source "$(dirname "${BASH_SOURCE[0]}")/current_line_grpo.sh"

@@ -6,6 +6,8 @@
 # Data: bash scripts/preprocess/preprocess_sd3_rl_embeddings.sh (T5 length 128, with the empty prompt).
 # Overridable: NPROC (16), MASTER_PORT (19002), EXTRA_ARGS, and sd3_grpo_args.sh's MODEL_PATH, DATA_JSON,
 # OUTPUT_DIR, PICKSCORE_DIR, ROLLOUT_BATCH_SIZE.
+# Trained weights: LoRA adapters (--use_lora) in fp32 (--master_weight_type fp32, the default) over a frozen
+# base, as Flow-GRPO's LoRA recipe (full fine-tuning's --trainable_modules does not apply).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh

@@ -7,6 +7,8 @@
 # Data: bash scripts/preprocess/preprocess_sd3_rl_embeddings.sh (T5 length 128, with the empty prompt).
 # Overridable: NPROC (8), MASTER_PORT (19014), MODEL_PATH (data/sd3), DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR
 # (data/pickscore), REWARDS, NFT_GROUPS (48), GA (144), EXTRA_ARGS.
+# Trained weights: LoRA adapters (--use_lora) in fp32 (--master_weight_type fp32, the default) over a frozen
+# base, as DiffusionNFT's LoRA recipe (full fine-tuning's --trainable_modules does not apply).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/common.sh

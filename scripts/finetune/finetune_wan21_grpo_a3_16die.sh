@@ -8,5 +8,7 @@
 # Data: bash scripts/preprocess/preprocess_wan_rl_embeddings.sh.
 # Overridable: NPROC (16), MASTER_PORT, EXTRA_ARGS (scripts/finetune/current_line_grpo.sh), and
 # wan21_grpo_args.sh's MODEL_PATH, DATA_JSON, OUTPUT_DIR, REWARDS, ROLLOUT_BATCH_SIZE, NUM_FRAMES.
+# Trained weights: every transformer weight (--trainable_modules all) in fp32 masters with fp32 AdamW state
+# (--master_weight_type fp32), the defaults, as DanceGRPO full fine-tuning; EXTRA_ARGS may choose otherwise.
 ARGS_FILE=scripts/finetune/wan21_grpo_args.sh PROMPTS_PER_RANK=1 ACCUMULATION=12 NPROC_DEFAULT=16
 source "$(dirname "${BASH_SOURCE[0]}")/current_line_grpo.sh"

@@ -6,5 +6,7 @@
 # torchrun command. Data: bash scripts/preprocess/preprocess_zimage_rl_embeddings.sh.
 # Overridable: NPROC (8), MASTER_PORT, EXTRA_ARGS (scripts/finetune/current_line_grpo.sh), and
 # zimage_grpo_args.sh's ZIMAGE (base | turbo), MODEL_PATH, DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, ROLLOUT_BATCH_SIZE.
+# Trained weights: the args file's --trainable_modules and --master_weight_type (every weight, fp32 masters;
+# why, and Flow-Factory's choices, there).
 ARGS_FILE=scripts/finetune/zimage_grpo_args.sh PROMPTS_PER_RANK=6 ACCUMULATION=12 NPROC_DEFAULT=8
 source "$(dirname "${BASH_SOURCE[0]}")/current_line_grpo.sh"

@@ -5,6 +5,7 @@
 # ACCUMULATION and OFFLOAD_DEFAULT for their world size and device (scripts/finetune/current_line_grpo.sh
 # runs it). Overridable: MODEL_PATH (data/flux2_dev: FLUX.2-dev), DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR,
 # CLIP_DIR, REWARDS, ROLLOUT_BATCH_SIZE (8), OFFLOAD (1: --use_cpu_offload; the launcher's default).
+# Also overridable: TRAINABLE_MODULES (all) and MASTER_WEIGHT_TYPE (fp32), the peer's choices below.
 # Each value's source (FF = Flow-Factory's yaml):
 #   --h/--w 512               FF train.resolution: 512
 #   --sampling_steps 10       FF train.num_inference_steps: 10
@@ -32,6 +33,15 @@
 #   --seed 42                 FF train.seed: 42
 #   --checkpointing_steps 20  FF log.save_freq: 20
 #   --mixed_precision bf16    FF mixed_precision: "bf16"
+#   --trainable_modules all   FF model.target_modules [attn.to_q, attn.to_k, attn.to_v, attn.to_out.0]
+#                             (examples/grpo/full/flux2/t2i.yaml at a0b2bc5): Flow-Factory trains those projections only; here
+#                             every weight (the default, as before); the peer's set:
+#                             TRAINABLE_MODULES=attn.to_q,attn.to_k,attn.to_v,attn.to_out.0
+#   --master_weight_type fp32 FF model.master_weight_dtype: bfloat16 by default (src/flow_factory/hparams/model_args.py at a0b2bc5):
+#                             the trainable weights and AdamW's state in bf16, trained in place;
+#                             here fp32 masters (the default): an AdamW update below half a bf16 spacing of
+#                             its weight (2^-9 relative) rounds away in bf16, so the peer's steps at lr 1e-5
+#                             move the policy less than they say; MASTER_WEIGHT_TYPE=bf16 runs the peer's mode
 #   kl: none                  FF train.kl_beta: 0
 #   batch                     FF unique_sample_num_per_epoch 48 prompts x group 16 per epoch and
 #                             gradient_step_per_epoch 2: 48 / world size prompts per rank (PROMPTS_PER_RANK),
@@ -57,6 +67,7 @@ GRPO_ARGS=(
   --num_generations 16 --use_group --adv_std population
   --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
   --learning_rate 1e-5 --lr_warmup_steps 0
+  --trainable_modules "${TRAINABLE_MODULES:-all}" --master_weight_type "${MASTER_WEIGHT_TYPE:-fp32}"
   --rewards "${REWARDS:-clip:1.0,pickscore:0.5}" --reward_mix advantage_aggr
   --checkpointing_steps 20 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
   "${OFFLOAD_ARGS[@]}"

@@ -6,6 +6,7 @@
 # PROMPTS_PER_RANK and ACCUMULATION for their world size (scripts/finetune/current_line_grpo.sh runs it). Overridable: KLEIN (base | distilled), KLEIN_TASK (edit | t2i),
 # MODEL_PATH (data/flux2: FLUX.2-klein-base-4B, or FLUX.2-klein-4B with KLEIN=distilled; the 9B
 # checkpoints take the same flags), DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, ROLLOUT_BATCH_SIZE (8).
+# Also overridable: TRAINABLE_MODULES (all) and MASTER_WEIGHT_TYPE (fp32), the peer's choices below.
 # Each value's source (FF = Flow-Factory's yaml; base / distilled where they differ):
 #   --h/--w 384               FF train.resolution: 384 (both)
 #   --sampling_steps 8 / 4    FF train.num_inference_steps: 8 / 4 ("Flux2-klein has already been distilled to 4 steps")
@@ -34,6 +35,15 @@
 #   --seed 42                 FF train.seed: 42
 #   --checkpointing_steps 20  FF log.save_freq: 20
 #   --mixed_precision bf16    FF mixed_precision: "bf16"
+#   --trainable_modules all   FF model.target_modules: "default" (examples/grpo/full/flux2_klein/default.yaml
+#                             at a0b2bc5): Flow-Factory trains its family's default modules only (75%
+#                             of the transformer, fastvideo/training/trainable.py); here every weight
+#                             (the default, as before); TRAINABLE_MODULES=peer trains the peer's set
+#   --master_weight_type fp32 FF model.master_weight_dtype: bfloat16 by default (src/flow_factory/hparams/model_args.py at a0b2bc5):
+#                             the trainable weights and AdamW's state in bf16, trained in place;
+#                             here fp32 masters (the default): an AdamW update below half a bf16 spacing of
+#                             its weight (2^-9 relative) rounds away in bf16, so the peer's steps at lr 1e-5
+#                             move the policy less than they say; MASTER_WEIGHT_TYPE=bf16 runs the peer's mode
 #   kl: none                  FF train.kl_beta: 0
 #   batch                     FF unique_sample_num_per_epoch 48 prompts x group 16 per epoch and
 #                             gradient_step_per_epoch 2: 48 / world size prompts per rank (PROMPTS_PER_RANK),
@@ -71,6 +81,7 @@ GRPO_ARGS=(
   --num_generations 16 --use_group --adv_std population
   --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
   --learning_rate 1e-5 --lr_warmup_steps 0
+  --trainable_modules "${TRAINABLE_MODULES:-all}" --master_weight_type "${MASTER_WEIGHT_TYPE:-fp32}"
   --rewards "${REWARDS:-pickscore:1.0}"
   --checkpointing_steps 20 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
   --pretrained_model_name_or_path "${MODEL_PATH:-data/flux2}"

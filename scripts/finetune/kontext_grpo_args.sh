@@ -4,6 +4,7 @@
 # finetune_kontext_grpo_a3_16die.sh, which set PROMPTS_PER_RANK and ACCUMULATION for their world size.
 # Overridable: MODEL_PATH (data/kontext: black-forest-labs/FLUX.1-Kontext-dev), DATA_JSON, OUTPUT_DIR,
 # PICKSCORE_DIR, CLIP_DIR, ROLLOUT_BATCH_SIZE (8), REWARDS.
+# Also overridable: TRAINABLE_MODULES (all) and MASTER_WEIGHT_TYPE (fp32), the peer's choices below.
 # Each value's source (FF = Flow-Factory's yaml):
 #   --h/--w 384               FF train.resolution: 384 (and condition_image_size 384: preprocess the source
 #                             images at 384 x 384, docs/editing.md)
@@ -27,6 +28,15 @@
 #   --seed 42                 FF train.seed: 42
 #   --checkpointing_steps 20  FF log.save_freq: 20
 #   --mixed_precision bf16    FF mixed_precision: "bf16"
+#   --trainable_modules all   FF model.target_modules: "default" (examples/grpo/full/flux1_kontext/default.yaml
+#                             at a0b2bc5): Flow-Factory trains its family's default modules only (45%
+#                             of the transformer, fastvideo/training/trainable.py); here every weight
+#                             (the default, as before); TRAINABLE_MODULES=peer trains the peer's set
+#   --master_weight_type fp32 FF model.master_weight_dtype: bfloat16 by default (src/flow_factory/hparams/model_args.py at a0b2bc5):
+#                             the trainable weights and AdamW's state in bf16, trained in place;
+#                             here fp32 masters (the default): an AdamW update below half a bf16 spacing of
+#                             its weight (2^-9 relative) rounds away in bf16, so the peer's steps at lr 1e-5
+#                             move the policy less than they say; MASTER_WEIGHT_TYPE=bf16 runs the peer's mode
 #   kl: none                  FF train.kl_beta: 0
 #   batch                     FF unique_sample_num_per_epoch 48 x group 16, gradient_step_per_epoch 2
 # Chosen here (no source): --max_train_steps 300, --rollout_batch_size 8 and --train_micro_batch_size 4
@@ -41,6 +51,7 @@ GRPO_ARGS=(
   --num_generations 16 --use_group --adv_std population
   --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
   --learning_rate 1e-5 --lr_warmup_steps 0
+  --trainable_modules "${TRAINABLE_MODULES:-all}" --master_weight_type "${MASTER_WEIGHT_TYPE:-fp32}"
   --rewards "${REWARDS:-pickscore:1.0}"
   --checkpointing_steps 20 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
   --pretrained_model_name_or_path "${MODEL_PATH:-data/kontext}"

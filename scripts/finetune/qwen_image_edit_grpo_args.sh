@@ -5,11 +5,13 @@
 # PROMPTS_PER_RANK and ACCUMULATION for their world size.
 # Overridable: MODEL_PATH (data/qwen_image_edit: Qwen/Qwen-Image-Edit-2509 or -2511, FF model.model_name_or_path),
 # DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, CLIP_DIR, ROLLOUT_BATCH_SIZE (8), REWARDS.
+# Also overridable: TRAINABLE_MODULES (all) and MASTER_WEIGHT_TYPE (fp32), the peer's choices below.
 # Each value's source (FF = that yaml):
 #   --h/--w 384               FF train.resolution: 384
 #   --sampling_steps 10       FF train.num_inference_steps: 10
-#   --guidance_scale 4.0      FF train.guidance_scale: 4 (true_cfg_scale; the negative " " encoded with the
-#                             source image, as QwenImageEditPlusPipeline)
+#   --guidance_scale 4.0      FF train.guidance_scale: 4 (true_cfg_scale); the negative " " encoded with the
+#                             source image, as Qwen-Image's model card (FF encodes "": qwen_image_edit_plus.py
+#                             L250 at a0b2bc5; the difference on the tiny Qwen-Image: docs/qwen_image.md)
 #   --flow_grpo_sampling      FF scheduler.dynamics_type: "Flow-SDE"
 #   --eta 1.0                 FF scheduler.noise_level: 1.0
 #   --sde_steps 1 --sde_start random --sde_window_range 1,4
@@ -29,6 +31,15 @@
 #   --seed 42                 FF train.seed: 42
 #   --checkpointing_steps 20  FF log.save_freq: 20
 #   --mixed_precision bf16    FF mixed_precision: "bf16"
+#   --trainable_modules all   FF model.target_modules: "default" (examples/grpo/full/qwen_image_edit_plus/default.yaml
+#                             at a0b2bc5): Flow-Factory trains its family's default modules only (66%
+#                             of the transformer, fastvideo/training/trainable.py); here every weight
+#                             (the default, as before); TRAINABLE_MODULES=peer trains the peer's set
+#   --master_weight_type fp32 FF model.master_weight_dtype: bfloat16 by default (src/flow_factory/hparams/model_args.py at a0b2bc5):
+#                             the trainable weights and AdamW's state in bf16, trained in place;
+#                             here fp32 masters (the default): an AdamW update below half a bf16 spacing of
+#                             its weight (2^-9 relative) rounds away in bf16, so the peer's steps at lr 1e-5
+#                             move the policy less than they say; MASTER_WEIGHT_TYPE=bf16 runs the peer's mode
 #   --gradient_checkpointing  FF train.enable_gradient_checkpointing: true
 #   kl: none                  FF train.kl_beta: 0
 #   batch                     FF unique_sample_num_per_epoch 48 x group 16, gradient_step_per_epoch 2
@@ -49,6 +60,7 @@ GRPO_ARGS=(
   --num_generations 16 --use_group --adv_std population
   --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
   --learning_rate 1e-5 --lr_warmup_steps 0
+  --trainable_modules "${TRAINABLE_MODULES:-all}" --master_weight_type "${MASTER_WEIGHT_TYPE:-fp32}"
   --rewards "${REWARDS:-pickscore:1.0}"
   --checkpointing_steps 20 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
   --pretrained_model_name_or_path "${MODEL_PATH:-data/qwen_image_edit}"

@@ -5,6 +5,7 @@
 # finetune_zimage_grpo_a3_16die.sh, which set PROMPTS_PER_RANK and ACCUMULATION for their world size.
 # Overridable: ZIMAGE (base | turbo), MODEL_PATH (data/zimage: Z-Image, or Z-Image-Turbo with
 # ZIMAGE=turbo), DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, ROLLOUT_BATCH_SIZE (8), REWARDS.
+# Also overridable: TRAINABLE_MODULES (all) and MASTER_WEIGHT_TYPE (fp32), the peer's choices below.
 # Each value's source (FF = Flow-Factory's yaml; base / turbo where they differ):
 #   --h/--w 512               FF train.resolution: 512 (both)
 #   --sampling_steps 10 / 6   FF train.num_inference_steps: 10 / 6
@@ -32,6 +33,13 @@
 #   --seed 42                 FF train.seed: 42
 #   --checkpointing_steps 40  FF log.save_freq: 40
 #   --mixed_precision bf16    FF mixed_precision: "bf16"
+#   --trainable_modules all   FF model.target_modules: "default" (examples/grpo/full/z_image/default.yaml
+#                             at a0b2bc5): Flow-Factory trains its family's default modules only (98%
+#                             of the transformer, fastvideo/training/trainable.py); here every weight
+#                             (the default, as before); TRAINABLE_MODULES=peer trains the peer's set
+#   --master_weight_type fp32 FF model.master_weight_dtype: "fp32" (examples/grpo/full/z_image/default.yaml: "Z-Image requires fp32
+#                             master weight"), as here (the default); MASTER_WEIGHT_TYPE=bf16 trains bf16
+#                             weights in place (Flow-Factory's default for its other families)
 #   kl: none                  FF train.kl_beta: 0
 #   batch                     FF unique_sample_num_per_epoch 48 x group 16 and gradient_step_per_epoch 2:
 #                             48 / world size prompts per rank (PROMPTS_PER_RANK), micro-batches of 4
@@ -56,6 +64,7 @@ GRPO_ARGS=(
   --num_generations 16 --use_group --adv_std population
   --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
   --learning_rate 1e-5 --lr_warmup_steps 0
+  --trainable_modules "${TRAINABLE_MODULES:-all}" --master_weight_type "${MASTER_WEIGHT_TYPE:-fp32}"
   --rewards "${REWARDS:-pickscore:1.0}"
   --checkpointing_steps 40 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
   --pretrained_model_name_or_path "${MODEL_PATH:-data/zimage}"

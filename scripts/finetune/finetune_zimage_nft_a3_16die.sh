@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Flow-Factory's NFT (PickScore) for Z-Image on one Atlas A3 node, 16 NPU dies (or a 16-GPU node), full fine-tuning, on the current
+# library line (LINE=current). Its values and their sources: scripts/finetune/zimage_nft_args.sh.
+# 3 prompts per rank x 16 images (48 prompts per iteration, as Flow-Factory's 48 per epoch), micro-batches
+# of 4 accumulated over 12: one optimizer step per iteration, as its 1 per epoch. DRY_RUN=1 prints the
+# torchrun command. Data: bash scripts/preprocess/preprocess_zimage_rl_embeddings.sh.
+# Overridable: NPROC (16), MASTER_PORT, EXTRA_ARGS (scripts/finetune/current_line_grpo.sh), and
+# zimage_nft_args.sh's MODEL_PATH, DATA_JSON, OUTPUT_DIR, PICKSCORE_DIR, ROLLOUT_BATCH_SIZE, REWARDS.
+# Trained weights: the args file's --trainable_modules and --master_weight_type (every weight, fp32 masters,
+# as Flow-Factory's Z-Image yaml; why there).
+ARGS_FILE=scripts/finetune/zimage_nft_args.sh PROMPTS_PER_RANK=3 ACCUMULATION=12 NPROC_DEFAULT=16
+source "$(dirname "${BASH_SOURCE[0]}")/current_line_grpo.sh"
