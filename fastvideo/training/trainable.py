@@ -38,6 +38,7 @@ PEER_MODULES: dict[str, tuple[str, ...]] = {
     "flux": _ATTN + _ADDED + ("ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2"),
     "kontext": _ATTN + _ADDED + ("ff.net.0.proj", "ff_context.net.0.proj", "ff.net.2", "ff_context.net.2"),
     "flux2": _FLUX2,
+    "flux2_edit": _FLUX2,  # klein editing: flux/flux2_klein.py's list, the model Flow-Factory's klein yamls edit with
     # img_mlp.net.2.proj / txt_mlp.net.2.proj name no module of diffusers' QwenImageTransformer2DModel
     # (net.2 is a Linear): the peer trains neither MLP's output projection.
     "qwen_image": _ATTN + _ADDED + ("img_mlp.net.0.proj", "img_mlp.net.2.proj", "txt_mlp.net.0.proj",

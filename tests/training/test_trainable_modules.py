@@ -36,6 +36,7 @@ def test_peer_sets_are_flow_factorys():
     for family, entry in fams.items():
         if family != "flux2_klein":
             assert set(PEER_MODULES[family]) == set(entry["modules"]), family
+    assert set(PEER_MODULES["flux2_edit"]) == set(fams["flux2_klein"]["modules"])  # klein editing: klein's list
 
 
 @pytest.mark.slow
