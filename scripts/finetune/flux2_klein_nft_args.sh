@@ -39,15 +39,22 @@
 #   batch                     FF unique_sample_num_per_epoch 48 x group 16, gradient_step_per_epoch 1: 48 / world
 #                             size prompts per rank (PROMPTS_PER_RANK), micro-batches of 4 accumulated over all of
 #                             a rank's samples (ACCUMULATION): one optimizer step per iteration
-# Not reproduced: FF trains on an editing set (data.dataset_dir sharegpt4o_image_mini, condition_image_size 384,
-# reference images); the flux2 family has no source-image path yet (issue 50 item 4), so this trains text-to-image
-# on the preprocessed prompts. FF's evaluation (1024 px condition, 28 steps) neither.
+# The task (KLEIN_TASK): edit, the default, as FF's yaml (data.dataset_dir sharegpt4o_image_mini: instructions
+# with source images, condition_image_size 384): --model_family flux2_edit (docs/editing.md); t2i: prompts alone
+# (--model_family flux2). Not reproduced: FF's evaluation (1024 px condition, 28 steps).
 # Chosen here (no source): --max_train_steps 300, --rollout_batch_size 8, --gradient_checkpointing (FF: off),
 # --allow_tf32.
-# The embeddings: bash scripts/preprocess/preprocess_flux2_rl_embeddings.sh (Qwen3, 512 tokens, with the empty prompt).
+# The embeddings: edit: PROMPT_FILE=your.jsonl bash scripts/preprocess/preprocess_flux2_edit_rl_embeddings.sh;
+# t2i: bash scripts/preprocess/preprocess_flux2_rl_embeddings.sh (Qwen3, 512 tokens, with the empty prompt).
+case "${KLEIN_TASK:-edit}" in
+  edit) TASK_ARGS=(--model_family flux2_edit); TASK_DATA=data/rl_embeddings_flux2_edit ;;
+  t2i) TASK_ARGS=(--model_family flux2); TASK_DATA=data/rl_embeddings_flux2 ;;
+  *) echo "KLEIN_TASK=${KLEIN_TASK}: use edit (instructions with source images, Flow-Factory's klein task) or t2i" >&2
+     exit 2 ;;
+esac
 GRPO_ARGS=(
   --algorithm nft
-  --model_family flux2
+  "${TASK_ARGS[@]}"
   --h 384 --w 384 --t 1 --num_latent_t 1
   --sampling_steps 8 --guidance_scale 4.0 --nft_solver ode
   --pipeline_shift --no_quantize_timestep
@@ -58,7 +65,7 @@ GRPO_ARGS=(
   --rewards "${REWARDS:-pickscore:1.0}"
   --checkpointing_steps 20 --seed 42 --mixed_precision bf16 --allow_tf32 --gradient_checkpointing
   --pretrained_model_name_or_path "${MODEL_PATH:-data/flux2}"
-  --data_json_path "${DATA_JSON:-data/rl_embeddings_flux2/videos2caption.json}"
+  --data_json_path "${DATA_JSON:-$TASK_DATA/videos2caption.json}"
   --output_dir "${OUTPUT_DIR:-data/outputs/flux2_klein_nft}"
   --pickscore_dir "${PICKSCORE_DIR:-data/pickscore}"
   --train_batch_size "$PROMPTS_PER_RANK" --train_micro_batch_size 4 --gradient_accumulation_steps "$ACCUMULATION"

@@ -129,3 +129,24 @@ def test_demo_model_flux2_dry_run_parses_to_the_tiny_klein_run():
     bad = subprocess.run(["bash", str(ROOT / "scripts/demo/grpo_tiny_cpu.sh")], capture_output=True, text=True,
                          env={**env, "LINE": "recipe"}, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "MODEL=flux2 runs on the current library line" in bad.stderr
+
+
+@pytest.mark.parametrize("script, world", [("scripts/finetune/finetune_flux2_klein_nft_8gpus.sh", "8"),
+                                           ("scripts/finetune/finetune_flux2_klein_nft_a3_16die.sh", "16")])
+def test_klein_nft_launchers_train_the_editing_task_unless_told_t2i(script, world):
+    """Flow-Factory's klein NFT yaml trains on an editing set (instructions with source images), as its
+    GRPO yamls: KLEIN_TASK=edit (the default) is --model_family flux2_edit, t2i the text-to-image family."""
+
+    from fastvideo.config import build_parser, validate_args
+
+    for task, family in (("edit", "flux2_edit"), ("t2i", "flux2")):
+        env = {"DRY_RUN": "1", "FASTVIDEO_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+               "HOME": os.environ.get("HOME", "/root"), **({"KLEIN_TASK": task} if task == "t2i" else {})}
+        out = subprocess.run(["bash", str(ROOT / script)], capture_output=True, text=True, env=env, cwd=ROOT,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        words = shlex.split(out.stdout.strip().splitlines()[-1])
+        assert f"--nproc_per_node={world}" in words
+        cfg = validate_args(build_parser().parse_args(words[words.index("fastvideo/train_grpo_flux.py") + 1:]))
+        assert cfg.model.family == family and cfg.algorithm == "nft"
+        assert cfg.data_json_path == f"data/rl_embeddings_{family}/videos2caption.json"
