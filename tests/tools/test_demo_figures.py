@@ -24,16 +24,17 @@ def _eval(iteration, **means):
 
 
 def test_figures_are_the_fifths_and_the_guard_rewards_heldout(tmp_path):
-    rewards = [-4.0, -3.8, -3.9, -3.7, -3.6, -3.5, -3.4, -3.2, -3.3, -3.0]  # fifths: 2 iterations each
+    # 12 iterations: a fifth is 2 (a quarter would be 3)
+    rewards = [-4.0, -3.8, -3.9, -3.7, -3.6, -3.5, -3.4, -3.2, -3.3, -3.6, -3.0, -3.3]
     _run(tmp_path / "outputs", rewards, [_eval(0, detail=9.0, compressibility=-3.9),
                                          _eval(10, detail=8.0, compressibility=-3.1)])
     f = demo_figures.run_figures("flux", tmp_path / "outputs")
-    assert (f.line, f.iterations, f.heldout_iteration, f.seconds) == ("recipe", 10, 10, 5.0)
+    assert (f.line, f.iterations, f.heldout_iteration, f.seconds) == ("recipe", 12, 10, 6.0)
     assert f.first == pytest.approx(-3.9) and f.last == pytest.approx(-3.15)
     # the held-out figure is the run's first reward (its guard), not the first in the record
     assert (f.heldout_base, f.heldout_last) == (-3.9, -3.1)
     row = demo_figures.table([f], "a CPU").splitlines()[-1]
-    assert row == "| flux | recipe | 10 | -3.900 -> -3.150 (+0.750) | -3.900 -> -3.100 (iteration 10) | 5 |"
+    assert row == "| flux | recipe | 12 | -3.900 -> -3.150 (+0.750) | -3.900 -> -3.100 (iteration 10) | 6 |"
 
 
 def test_from_runs_writes_the_table_with_the_machine_and_refuses_unknown_demos(tmp_path, capsys):
