@@ -118,9 +118,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--trained_steps", type=int, default=None,
                     help="override T (default: int((sampling_steps - 1 + train_last_step) * timestep_fraction))")
     ap.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--algorithm", default="grpo", choices=["grpo", "nft"],
-                    help="nft: trained steps are int(N x fraction) of all N timesteps, one more no-grad forward "
-                         "(the old policy) per trained step")
+    ap.add_argument("--algorithm", default="grpo", choices=["grpo", "nft", "awm", "dgpo", "flash_grpo"],
+                    help="the objective's trained steps and no-grad forwards, as it declares them: nft, awm, dgpo "
+                         "train int(N x fraction) of all N timesteps (no stored transition), nft and dgpo one more "
+                         "no-grad forward (the old policy) per trained step, dgpo one more (its reference, always); "
+                         "flash_grpo trains its one SDE step")
     ap.add_argument("--kl_coef", type=float, default=0.0, help="> 0: one more no-grad forward (the reference) per "
                                                                 "trained step")
     ap.add_argument("--seconds_per_iteration", type=float, default=None, help="measured wall time of one iteration")
@@ -134,6 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     _memory_flags(ap.add_argument_group("memory model (--memory)"))
     add_mix_arguments(ap)
     args, extra = ap.parse_known_args(argv)
+    args.trained_steps_given = args.trained_steps is not None
     ignored = training_flags_without_cost(extra, ap)
     if ignored:
         sys.stderr.write(f"cost_model: no effect on the cost, ignored: {', '.join(ignored)}\n")
@@ -141,12 +144,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not 0.0 < args.timestep_fraction <= 1.0:
             ap.error(f"--timestep_fraction {args.timestep_fraction} must be in (0, 1]")
         args.trained_steps = num_trained_steps(args.sampling_steps, args.timestep_fraction, args.train_last_step)
-        if args.algorithm == "nft":  # algorithms/nft.py: all N sampling timesteps are candidates
-            args.trained_steps = max(1, int(args.sampling_steps * args.timestep_fraction))
-    from fastvideo.tools.cost_model_memory import objective_declares
+    from fastvideo.tools.cost_model_memory import objective_declares, objective_update
 
+    trained, args.objective_reference = objective_update(args)
+    if trained is not None and not args.trained_steps_given:  # the objective's own count (not GRPO's)
+        args.trained_steps = trained
     args.nograd_update_forwards = int(objective_declares(args.algorithm, "needs_old_policy", False)) + \
-        int(args.kl_coef > 0)
+        int(args.objective_reference)
     for flag in ("seconds_per_iteration", "peak_tflops"):
         value = getattr(args, flag)
         if value is not None and not (0 < value < float("inf")):

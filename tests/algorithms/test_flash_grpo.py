@@ -136,3 +136,48 @@ def test_flags_plan_and_needs():
                        (["--flash_candidate_fraction", "0"], "flash_candidate_fraction")):
         with pytest.raises(ConfigError, match=match):
             _cfg(bad)
+
+
+def test_the_rollout_and_the_objective_use_the_flash_step_and_its_rectification():
+    """sampling.rollout's "flash" SDE kind is the authors' step (log-probability of a stored sample,
+    the step Gaussian); FlashGRPOObjective.policy_term on its plan is their rectified loss with the
+    pool of --flash_candidate_fraction 0.5 (the first 10 of 20 transitions)."""
+    from types import SimpleNamespace
+
+    from fastvideo.algorithms.base import ObjectiveContext, Term
+    from fastvideo.algorithms.flash_grpo.objective import FlashGRPOObjective, single_sde_plan
+    from fastvideo.distributed.parallel import ParallelDims
+    from fastvideo.sampling.randomness import RandomSource
+    from fastvideo.sampling.rollout import sde_transition, transition_gaussian
+
+    plan = single_sde_plan(20, 3.0, 3)
+    sig = plan.sigmas.double()
+    s, s_next = sig[3], sig[4]
+    g = torch.Generator().manual_seed(1)
+    x, v, nxt = (torch.randn(2, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    _, logp = sde_transition("flash", x, v, s, s_next, 1.0, plan.host_sigmas[1], prev_sample=x + 0.05 * nxt)
+    col = torch.ones(2, 1, 1, dtype=torch.float64)
+    lp_up, _ = up_sde_step_with_logprob(v, s * col, s_next * col, sig[1], sig[-1], x, x + 0.05 * nxt)
+    torch.testing.assert_close(logp.double(), lp_up, rtol=2e-6, atol=2e-6)
+    mean, std = transition_gaussian("flash", x, v, s, s_next, 1.0, plan.host_sigmas[1])
+    torch.testing.assert_close(std.double().expand(2, 1, 1), (sig[1] * s * torch.sqrt(s - s_next)) * col)
+
+    cfg = _cfg(["--sampling_steps", "20", "--clip_range", "0.02"])
+    obj = FlashGRPOObjective(ObjectiveContext(cfg=cfg, dims=ParallelDims.build(1, 0, "full"),
+                                              device=torch.device("cpu"), settings=cfg.plugins["flash_grpo"],
+                                              randomness=RandomSource(11)))
+    new = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    old, adv = torch.tensor([-1.01, -1.95, -0.5]), torch.tensor([1.5, -2.0, 0.7])
+    term = Term(0, torch.arange(3), torch.full((3,), 3))
+    loss, _, extra = obj.policy_term(SimpleNamespace(plan=plan), new, old, adv, term)
+    _, coe = up_sde_step_with_logprob(torch.zeros(1, 1, 1, dtype=torch.float64), s.view(1, 1, 1),
+                                      s_next.view(1, 1, 1), sig[1], sig[-1], torch.zeros(1, 1, 1), torch.zeros(1, 1, 1))
+    _, pool = up_sde_step_with_logprob(torch.zeros(10, 1, 1, dtype=torch.float64), sig[:10].view(-1, 1, 1),
+                                       sig[1:11].view(-1, 1, 1), sig[1], sig[-1], torch.zeros(10, 1, 1),
+                                       torch.zeros(10, 1, 1))
+    new64 = new.detach().double().requires_grad_(True)
+    up = up_policy_loss(new64, old.double(), adv.double(), coe.expand(3), pool, 0.02)
+    torch.testing.assert_close(loss.double(), up, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(torch.autograd.grad(loss, new)[0].double(), torch.autograd.grad(up, new64)[0],
+                               rtol=1e-5, atol=1e-7)
+    assert float(extra["flash_tgr"]) == pytest.approx(float(coe[0] / pool.mean()), rel=1e-6) != 1.0

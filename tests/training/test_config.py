@@ -76,7 +76,8 @@ LAUNCHERS = [
     "scripts/finetune/finetune_flux_nft_a3_16die.sh",
     "scripts/finetune/finetune_sd3_nft_8gpus.sh",
     "scripts/finetune/finetune_sd3_nft_a3_16die.sh",
-]
+] + [f"scripts/finetune/finetune_flux_{o}_{n}.sh" for o in ("awm", "dgpo", "flash_grpo", "grpo_guard")
+     for n in ("8gpus", "a3_16die")]
 
 
 @pytest.mark.parametrize("script", LAUNCHERS)
