@@ -137,7 +137,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_mix_arguments(ap)
     args, extra = ap.parse_known_args(argv)
     args.trained_steps_given = args.trained_steps is not None
-    ignored = training_flags_without_cost(extra, ap)
+    ignored = training_flags_without_cost(extra, ap, args.algorithm)
     if ignored:
         sys.stderr.write(f"cost_model: no effect on the cost, ignored: {', '.join(ignored)}\n")
     if args.trained_steps is None:
@@ -177,13 +177,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 UNMODELLED = ("--sp_size",)  # --sp_table models it on its own
 
 
-def training_flags_without_cost(extra: list[str], ap: argparse.ArgumentParser) -> list[str]:
-    """The training flags (fastvideo.config's) among the words the cost model does not take: they
-    are ignored and named. An unknown flag, or one that changes the cost but is not modelled,
-    stops with ap.error."""
+def training_flags_without_cost(extra: list[str], ap: argparse.ArgumentParser, algorithm: str = "grpo") -> list[str]:
+    """The training flags (fastvideo.config's, with --algorithm's own: AWM's, DGPO's, Flash-GRPO's)
+    among the words the cost model does not take: they are ignored and named. An unknown flag, or
+    one that changes the cost but is not modelled, stops with ap.error."""
     from fastvideo.config import build_parser
 
-    training = {s for a in build_parser()._actions for s in a.option_strings}
+    training = {s for a in build_parser(["--algorithm", algorithm])._actions for s in a.option_strings}
     ignored, i = [], 0
     while i < len(extra):
         word = extra[i]

@@ -162,3 +162,5 @@ def test_the_new_objectives_count_their_own_update_work():
     awm_kl = parse_args(base + ["--algorithm", "awm", "--kl_coef", "0.1"])
     assert awm_kl.nograd_update_forwards == 1 and memory_shape(awm_kl).kl_reference
     assert parse_args(base + ["--algorithm", "flash_grpo", "--trained_steps", "2"]).trained_steps == 2  # as given
+    # an objective's own training flags are training flags (a launcher's command line), ignored
+    assert parse_args(base + ["--algorithm", "flash_grpo", "--flash_candidate_fraction", "0.5"]).trained_steps == 1
