@@ -48,7 +48,7 @@ def add_component_flags(parser, plugins: tuple[tuple[str, type[Settings]], ...] 
     flag_group(parser, "components").add_argument(
         "--algorithm", type=str, default="grpo",
         help='training objective: a registered name (grpo, nft: DiffusionNFT, docs/nft.md; awm: Advantage '
-             'Weighted Matching; dgpo: DGPO, docs/objectives.md) or a plugin '
+             'Weighted Matching; dgpo: DGPO; flash_grpo: Flash-GRPO, docs/objectives.md) or a plugin '
              '"pkg.module:Name"')
     for _, component in COMPONENTS + plugins:
         component.add_flags(parser)

@@ -168,7 +168,7 @@ class GRPOObjective(Objective):
         kind, sigma_max = traj.plan.sde_kind, traj.plan.host_sigmas[1]
         ref_mean, _ = transition_gaussian(kind, t.x, v_ref, t.sigma, t.sigma_next, self.eta, sigma_max)
         mean, std = transition_gaussian(kind, t.x, t.velocity, t.sigma, t.sigma_next, self.eta, sigma_max)
-        if kind == "dance":
+        if kind in ("dance", "flash"):  # Flash-GRPO's: mean((mu - mu_ref)^2) / (2 (g sqrt(-dt))^2)
             return t, gaussian_step_kl(mean, ref_mean, std)
         return t, flow_grpo_step_kl(mean, ref_mean, std, t.sigma, t.sigma_next)
 
@@ -179,7 +179,7 @@ class GRPOObjective(Objective):
         scale = g.loss_coef / (self.u.gradient_accumulation_steps * num_trained)
         logp, kl = self.log_prob(policy, traj, rows, steps)
         old = traj.rollout_log_prob(rows, steps)
-        loss, s, extra = POLICY_LOSSES[g.policy_loss](self, traj, logp, old, advantages[on(rows, advantages.device)], term)
+        loss, s, extra = self.policy_term(traj, logp, old, advantages[on(rows, advantages.device)], term)
         sums = {"ratio_mean": s.ratio_mean, "clip_fraction": s.clip_fraction, **extra}
         if kl is not None:  # beta * mean KL, normalised like the policy term below
             kl = self._dropped_masked(kl, rows).mean()
@@ -191,6 +191,10 @@ class GRPOObjective(Objective):
             sums["rollout_kl"] = rollout_kl.detach()
         stats.add(term, sums, {"first_ratio_dev": s.ratio_abs_dev_max})
         return loss * (scale * rows.numel() / self.u.train_micro_batch_size)
+
+    def policy_term(self, traj, logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, term: Term):
+        """(loss, grpo.loss.LossStats, {metric: detached 0-d}) of the term's policy loss: --policy_loss's."""
+        return POLICY_LOSSES[self.g.policy_loss](self, traj, logp, old, adv, term)
 
     def summarize(self, stats: StatsAccumulator) -> tuple[dict[str, float], dict[str, float]]:
         means = {"ratio_mean": stats.mean("ratio_mean"), "clip_fraction": stats.mean("clip_fraction")}

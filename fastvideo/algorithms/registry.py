@@ -1,6 +1,6 @@
 """The objective registry: ``--algorithm NAME`` or a plugin ``--algorithm pkg.module:Name``.
 
-The built-in objectives (grpo, nft, awm, dgpo) are registered here, imported when first asked for. A plugin
+The built-in objectives (grpo, nft, awm, dgpo, flash_grpo) are registered here, imported when first asked for. A plugin
 module is imported and ``Name`` (a factory ``factory(context) -> Objective``, usually the Objective
 class itself) is used; a module may also call ``register_objective`` on import. A name is
 registered once: another factory under a taken name is refused (the same factory again is a no-op).
@@ -23,11 +23,13 @@ def _builtin() -> None:
     from fastvideo.algorithms.nft import NFTObjective
     from fastvideo.algorithms.awm.objective import AWMObjective
     from fastvideo.algorithms.dgpo.objective import DGPOObjective
+    from fastvideo.algorithms.flash_grpo.objective import FlashGRPOObjective
 
     _REGISTRY.setdefault("grpo", GRPOObjective)
     _REGISTRY.setdefault("nft", NFTObjective)
     _REGISTRY.setdefault("awm", AWMObjective)
     _REGISTRY.setdefault("dgpo", DGPOObjective)
+    _REGISTRY.setdefault("flash_grpo", FlashGRPOObjective)
 
 
 def register_objective(name: str, factory: ObjectiveFactory) -> None:

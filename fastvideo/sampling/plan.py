@@ -21,9 +21,10 @@ from fastvideo.sampling import sde
 from fastvideo.sampling.solvers import DPM_ALGORITHMS, DPM_SDE_KINDS, DPM_SOLVER_TYPES
 
 SDE, ODE, DPM = "sde", "ode", "dpm"
-# DanceGRPO's SDE (sde.sde_step), Flow-GRPO's (solvers.flow_sde_step) or SDE-DPM-Solver++
-# (solvers.dpm_sde_step, for --dpm_apply_strategy all)
-SDE_KINDS = ("dance", "flow") + DPM_SDE_KINDS
+# DanceGRPO's SDE (sde.sde_step), Flow-GRPO's (solvers.flow_sde_step), SDE-DPM-Solver++
+# (solvers.dpm_sde_step, for --dpm_apply_strategy all) or Flash-GRPO's (solvers.flash_sde_step,
+# --algorithm flash_grpo's plan)
+SDE_KINDS = ("dance", "flow") + DPM_SDE_KINDS + ("flash",)
 
 
 @dataclass(frozen=True)

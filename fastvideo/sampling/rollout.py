@@ -167,12 +167,15 @@ def _sde_transition(plan: SamplingPlan, x, v, sigmas, k, eta, noise=None, prev_s
 
 
 def sde_transition(sde_kind, x, v, sigma, sigma_next, eta, sigma_max, noise=None, prev_sample=None):
-    """DanceGRPO's SDE step (sde.sde_step, called exactly as before plans existed), Flow-GRPO's, or
-    a first-order SDE-DPM-Solver++ step (no eta: the solver fixes its noise)."""
+    """DanceGRPO's SDE step (sde.sde_step, called exactly as before plans existed), Flow-GRPO's,
+    Flash-GRPO's (--algorithm flash_grpo) or a first-order SDE-DPM-Solver++ step (no eta: the
+    solver fixes its noise)."""
     if sde_kind == "dance":
         return sde.sde_step(x, v, sigma, sigma_next, eta, noise=noise, prev_sample=prev_sample)
     if sde_kind in solvers.DPM_SDE_KINDS:
         return solvers.dpm_sde_step(x, v, sigma, sigma_next, noise=noise, prev_sample=prev_sample)
+    if sde_kind == "flash":
+        return solvers.flash_sde_step(x, v, sigma, sigma_next, eta, float(sigma_max), noise, prev_sample)
     return solvers.flow_sde_step(x, v, sigma, sigma_next, eta, float(sigma_max), noise=noise, prev_sample=prev_sample)
 
 
@@ -183,6 +186,8 @@ def transition_gaussian(sde_kind, x, v, sigma, sigma_next, eta, sigma_max) -> tu
         return sde.step_gaussian(x, v, sigma, sigma_next, eta)
     if sde_kind in solvers.DPM_SDE_KINDS:
         raise ValueError(f"no step Gaussian for the KL term under {sde_kind!r}")
+    if sde_kind == "flash":
+        return solvers.flash_step_gaussian(x, v, sigma, sigma_next, eta, float(sigma_max))
     return solvers.flow_step_gaussian(x, v, sigma, sigma_next, eta, float(sigma_max))
 
 

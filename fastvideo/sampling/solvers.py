@@ -41,14 +41,37 @@ def flow_sde_step(
 def flow_step_gaussian(latents, velocity, sigma, sigma_next, eta: float, sigma_max: float):
     """The Gaussian of Flow-GRPO's SDE step (flow_sde_step's formulas): (mean float32 [B, ...],
     std float32 broadcastable to it). The KL term compares two such means (grpo.kl)."""
-    x, v = latents.float(), velocity.float()
-    batch, ndim = x.shape[0], x.ndim
-    s = _per_sample(sigma, batch, ndim, x.device)
-    s_next = _per_sample(sigma_next, batch, ndim, x.device)
-    delta = s_next - s
+    x, v, s, s_next = _step_inputs(latents, velocity, sigma, sigma_next)
     # A Python scalar operand: no tensor made on the host and copied per step (sigma_max is a float)
     s_safe = torch.where(s == 1.0, float(sigma_max), s)
-    g = eta * torch.sqrt(s / (1.0 - s_safe))
+    return _flow_form_gaussian(x, v, s, s_next - s, eta * torch.sqrt(s / (1.0 - s_safe)))
+
+
+def flash_sde_step(latents, velocity, sigma, sigma_next, eta: float, sigma_max: float, noise=None, prev_sample=None):
+    """Flash-GRPO's SDE step (Shredded-Pork/Flash-GRPO at 4211013,
+    flow_grpo/diffusers_patch/wan2_1_pipeline_with_logprob2.py sde_step_with_logprob): Flow-GRPO's
+    mean with the diffusion coefficient g = eta (sigma_min + (sigma_max - sigma_min) sigma), sigma_max
+    the schedule's second sigma, sigma_min its last (0 on every schedule here); upstream's eta is 1.
+    Same shapes and returns as flow_sde_step."""
+    mean, std = flash_step_gaussian(latents, velocity, sigma, sigma_next, eta, sigma_max)
+    return sde.gaussian_transition(mean, std, noise, prev_sample, "flash_sde_step")
+
+
+def flash_step_gaussian(latents, velocity, sigma, sigma_next, eta: float, sigma_max: float):
+    """The Gaussian of flash_sde_step: (mean float32 [B, ...], std broadcastable)."""
+    x, v, s, s_next = _step_inputs(latents, velocity, sigma, sigma_next)
+    return _flow_form_gaussian(x, v, s, s_next - s, eta * (float(sigma_max) * s))
+
+
+def _step_inputs(latents, velocity, sigma, sigma_next):
+    x, v = latents.float(), velocity.float()
+    batch, ndim = x.shape[0], x.ndim
+    return x, v, _per_sample(sigma, batch, ndim, x.device), _per_sample(sigma_next, batch, ndim, x.device)
+
+
+def _flow_form_gaussian(x, v, s, delta, g):
+    """Flow-GRPO's step mean for a diffusion coefficient g (score s = -(x + (1 - sigma) v) / sigma):
+    mean = x + Delta (v - g^2 / 2 * score), std = g sqrt(-Delta)."""
     mean = x * (1.0 + g * g / (2.0 * s) * delta) + v * (1.0 + g * g * (1.0 - s) / (2.0 * s)) * delta
     return mean, g * torch.sqrt(-delta)
 

@@ -129,9 +129,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--trained_steps", type=int, default=None,
                     help="override T (default: int((sampling_steps - 1 + train_last_step) * timestep_fraction))")
     ap.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--algorithm", default="grpo", choices=["grpo", "nft"],
-                    help="nft: trained steps are int(N x fraction) of all N timesteps, one more no-grad forward "
-                         "(the old policy) per trained step")
+    ap.add_argument("--algorithm", default="grpo", choices=["grpo", "nft", "awm", "dgpo", "flash_grpo"],
+                    help="the objective's trained steps and no-grad forwards, as it declares them: nft, awm, dgpo "
+                         "train int(N x fraction) of all N timesteps (no stored transition), nft and dgpo one more "
+                         "no-grad forward (the old policy) per trained step, dgpo one more (its reference, always); "
+                         "flash_grpo trains its one SDE step")
     ap.add_argument("--kl_coef", type=float, default=0.0, help="> 0: one more no-grad forward (the reference) per "
                                                                 "trained step")
     ap.add_argument("--seconds_per_iteration", type=float, default=None, help="measured wall time of one iteration")
@@ -147,19 +149,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     _memory_flags(ap.add_argument_group("memory model (--memory)"))
     add_mix_arguments(ap)
     args, extra = ap.parse_known_args(argv)
-    ignored = training_flags_without_cost(extra, ap)
+    args.trained_steps_given = args.trained_steps is not None
+    ignored = training_flags_without_cost(extra, ap, args.algorithm)
     if ignored:
         sys.stderr.write(f"cost_model: no effect on the cost, ignored: {', '.join(ignored)}\n")
     if args.trained_steps is None:
         if not 0.0 < args.timestep_fraction <= 1.0:
             ap.error(f"--timestep_fraction {args.timestep_fraction} must be in (0, 1]")
         args.trained_steps = num_trained_steps(args.sampling_steps, args.timestep_fraction, args.train_last_step)
-        if args.algorithm == "nft":  # algorithms/nft.py: all N sampling timesteps are candidates
-            args.trained_steps = max(1, int(args.sampling_steps * args.timestep_fraction))
-    from fastvideo.tools.cost_model_memory import objective_declares
+    from fastvideo.tools.cost_model_memory import objective_declares, objective_update
 
+    trained, args.objective_reference = objective_update(args)
+    if trained is not None and not args.trained_steps_given:  # the objective's own count (not GRPO's)
+        args.trained_steps = trained
     args.nograd_update_forwards = int(objective_declares(args.algorithm, "needs_old_policy", False)) + \
-        int(args.kl_coef > 0)
+        int(args.objective_reference)
     for flag in ("seconds_per_iteration", "peak_tflops"):
         value = getattr(args, flag)
         if value is not None and not (0 < value < float("inf")):
@@ -186,13 +190,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 UNMODELLED = ("--sp_size",)  # --sp_table models it on its own
 
 
-def training_flags_without_cost(extra: list[str], ap: argparse.ArgumentParser) -> list[str]:
-    """The training flags (fastvideo.config's) among the words the cost model does not take: they
-    are ignored and named. An unknown flag, or one that changes the cost but is not modelled,
-    stops with ap.error."""
+def training_flags_without_cost(extra: list[str], ap: argparse.ArgumentParser, algorithm: str = "grpo") -> list[str]:
+    """The training flags (fastvideo.config's, with --algorithm's own: AWM's, DGPO's, Flash-GRPO's)
+    among the words the cost model does not take: they are ignored and named. An unknown flag, or
+    one that changes the cost but is not modelled, stops with ap.error."""
     from fastvideo.config import build_parser
 
-    training = {s for a in build_parser()._actions for s in a.option_strings}
+    training = {s for a in build_parser(["--algorithm", algorithm])._actions for s in a.option_strings}
     ignored, i = [], 0
     while i < len(extra):
         word = extra[i]

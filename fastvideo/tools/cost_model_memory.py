@@ -94,9 +94,29 @@ def _lora_and_copies(args) -> dict:
     return {"lora_rank": args.lora_rank if args.use_lora else 0, "lora_targets": targets,
             "lora_base_bytes": 2 if args.lora_base_precision == "bf16" else master,
             "lora_replicate_base": not args.use_cpu_offload,
-            "kl_reference": args.kl_coef > 0, "old_policy": objective_declares(args.algorithm, "needs_old_policy", False),
+            "kl_reference": objective_update(args)[1], "old_policy": objective_declares(args.algorithm, "needs_old_policy", False),
             # an objective that replays no stored transition keeps x0 alone (NFT)
             "keeps_latents": objective_declares(args.algorithm, "needs_trajectory", True)}
+
+
+def objective_update(args) -> tuple[int | None, bool]:
+    """(trained steps per sample, None for GRPO's own count (its candidates and the SDE window); whether
+    the update reads the frozen reference) as --algorithm's settings declare them
+    (settings.ObjectiveSettings.trained_steps_per_sample, needs_reference) for --sampling_steps,
+    --timestep_fraction and --kl_coef: NFT, AWM, DGPO train int(N x fraction) of all N timesteps
+    (they replay no stored transition), Flash-GRPO its one SDE step; DGPO reads its reference always."""
+    from types import SimpleNamespace
+
+    from fastvideo.algorithms.registry import resolve_objective
+    from fastvideo.algorithms.settings import GRPOSettings
+
+    settings = getattr(resolve_objective(args.algorithm), "settings", None)
+    if settings is None or settings is GRPOSettings:
+        return None, args.kl_coef > 0
+    cfg = SimpleNamespace(rollout=SimpleNamespace(sampling_steps=args.sampling_steps),
+                          grpo=SimpleNamespace(timestep_fraction=args.timestep_fraction, kl_coef=args.kl_coef))
+    own = settings()
+    return own.trained_steps_per_sample(cfg), bool(own.needs_reference(cfg))
 
 
 def objective_declares(algorithm: str, need: str, default: bool) -> bool:
@@ -142,7 +162,7 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
     est = estimate(config, vae_cfg, shape, prof=prof, family=family)
     # Forwards of the model's own units without a backward: NFT's v_old, and under LoRA the KL's v_ref
     # (the base with its adapters off); a full fine-tune's KL reference is its own copy (reference_params).
-    own_nograd = int(shape.old_policy) + int(args.kl_coef > 0 and shape.lora_rank > 0)
+    own_nograd = int(shape.old_policy) + int(shape.kl_reference and shape.lora_rank > 0)
     traffic = comms.from_memory_shape(shape, prof, args.trained_steps, own_nograd)
     if args.json:
         return json.dumps({"model": desc, "shape": {k: str(v) for k, v in vars(shape).items()}, **est.as_dict(),
@@ -178,7 +198,7 @@ def _copies_line(args, shape, prof) -> list[str]:
         parts.append(f"LoRA rank {shape.lora_rank} on {','.join(shape.lora_targets)}: {prof.adapter_params:,} "
                      f"trainable parameters; the frozen base ({prof.params:,}) in {8 * shape.lora_base_bytes}-bit, "
                      f"{layout}")
-    if args.kl_coef > 0:
+    if shape.kl_reference:
         parts.append("KL reference: the base with its adapters off (no copy)" if shape.lora_rank else
                      "KL reference: a frozen copy of the weights in the master precision, sharded like the model")
     return ["; ".join(parts)] if parts else []

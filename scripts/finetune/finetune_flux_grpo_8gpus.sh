@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GRPO for FLUX.1-dev on 8 devices (GPU or NPU, detected): upstream's 8-GPU configuration,
 # train_batch_size 2, accumulation 12, EMA 0.995. DRY_RUN=1 prints the torchrun command.
+# CLIP_RANGE (1e-4) and POLICY_LOSS (clip; set by the GRPO-Guard launcher) are overridable too.
 # Overridable: NPROC (8), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, REWARDS (the reward spec instead of --use_hpsv2),
 # EXTRA_ARGS.
 # Trained weights: every transformer weight (--trainable_modules all) in fp32 masters with fp32 AdamW state
@@ -46,7 +47,7 @@ fg_run --nnodes=1 --nproc_per_node="${NPROC:-8}" --master_port="${MASTER_PORT:-1
   --use_group \
   --timestep_fraction 0.6 \
   --init_same_noise \
-  --clip_range 1e-4 \
+  --clip_range "${CLIP_RANGE:-1e-4}" ${POLICY_LOSS:+--policy_loss "$POLICY_LOSS"} \
   --adv_clip_max 5.0 \
   --use_ema \
   --ema_decay 0.995 \

@@ -2,6 +2,7 @@
 # GRPO for FLUX.1-dev on one Atlas A3 node, 16 NPU dies (the Ascend recipe's reference run):
 # train GBS 64 = 1 (micro-batch) x 4 (accumulation) x 16 (dies); about 310 s per iteration reported.
 # The same script runs on a 16-GPU CUDA node. DRY_RUN=1 prints the torchrun command.
+# CLIP_RANGE (1e-4) and POLICY_LOSS (clip; set by the GRPO-Guard launcher) are overridable too.
 # Overridable: NPROC (16), MASTER_PORT (19002), MODEL_PATH (data/flux), DATA_JSON, OUTPUT_DIR, EXTRA_ARGS,
 # REWARDS (the reward spec instead of --use_hpsv2, e.g. compressibility:1.0 for a CPU smoke test),
 # TRAIN_SCRIPT (the LoRA launcher sets fastvideo/train_grpo_flux_lora.py).
@@ -48,7 +49,7 @@ fg_run --nnodes=1 --nproc_per_node="${NPROC:-16}" --master_port="${MASTER_PORT:-
   --use_group \
   --timestep_fraction 0.6 \
   --init_same_noise \
-  --clip_range 1e-4 \
+  --clip_range "${CLIP_RANGE:-1e-4}" ${POLICY_LOSS:+--policy_loss "$POLICY_LOSS"} \
   --adv_clip_max 5.0 \
   --rollout_batch_size 4 \
   --train_micro_batch_size 1 \

@@ -139,3 +139,28 @@ def test_nft_counts_its_no_grad_update_forwards():
     assert s["flops"]["update_nograd"] == 2 * s["flops"]["update_forward"]
     grpo = parse_args(["--sampling_steps", "10", "--timestep_fraction", "0.99", "--h", "256", "--w", "256"])
     assert grpo.trained_steps == 8 and grpo.nograd_update_forwards == 0  # GRPO: the last transition never trains
+
+
+def test_the_new_objectives_count_their_own_update_work():
+    """As the objectives declare it (issue #49): AWM and DGPO train int(N x fraction) of all N
+    timesteps with no stored transition (AWM no extra forward without --kl_coef; DGPO its old policy's
+    and its reference's v, always), Flash-GRPO its one SDE step; the memory shape keeps x0 alone for
+    AWM and DGPO and counts DGPO's reference without --kl_coef."""
+    from fastvideo.tools.cost_model import memory_shape, parse_args, summarise
+
+    base = ["--sampling_steps", "10", "--timestep_fraction", "0.4", "--h", "256", "--w", "256"]
+    grpo = summarise(parse_args(base), TOY, None)
+    counts = {}
+    for algorithm in ("awm", "dgpo", "flash_grpo"):
+        args = parse_args(base + ["--algorithm", algorithm])
+        s = summarise(args, TOY, None)
+        counts[algorithm] = (s["trained_steps"], s["nograd_update_forwards"], memory_shape(args).keeps_latents,
+                             memory_shape(args).kl_reference)
+        assert s["flops"]["update_nograd"] == s["nograd_update_forwards"] * s["flops"]["update_forward"]
+    assert counts == {"awm": (4, 0, False, False), "dgpo": (4, 2, False, True), "flash_grpo": (1, 0, True, False)}
+    assert grpo["trained_steps"] == 3  # int(9 x 0.4): GRPO never trains the last transition
+    awm_kl = parse_args(base + ["--algorithm", "awm", "--kl_coef", "0.1"])
+    assert awm_kl.nograd_update_forwards == 1 and memory_shape(awm_kl).kl_reference
+    assert parse_args(base + ["--algorithm", "flash_grpo", "--trained_steps", "2"]).trained_steps == 2  # as given
+    # an objective's own training flags are training flags (a launcher's command line), ignored
+    assert parse_args(base + ["--algorithm", "flash_grpo", "--flash_candidate_fraction", "0.5"]).trained_steps == 1

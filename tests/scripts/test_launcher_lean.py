@@ -22,7 +22,9 @@ LEAN_LAUNCHERS = ["finetune_flux_grpo_a3_16die.sh", "finetune_flux_grpo_8gpus.sh
                   "finetune_flux_grpo_a3_16die_lora.sh", "finetune_flux_mixgrpo_8gpus.sh",
                   "finetune_flux_mixgrpo_a3_16die.sh", "finetune_flux_nft_8gpus.sh", "finetune_flux_nft_a3_16die.sh",
                   "finetune_sd3_grpo_8gpus.sh", "finetune_sd3_grpo_a3_16die.sh", "finetune_sd3_nft_8gpus.sh",
-                  "finetune_sd3_nft_a3_16die.sh", "finetune_zimage_grpo_8gpus.sh", "finetune_flux2_klein_grpo_a3_16die.sh"]
+                  "finetune_sd3_nft_a3_16die.sh", "finetune_zimage_grpo_8gpus.sh", "finetune_flux2_klein_grpo_a3_16die.sh"] + [
+                      f"finetune_flux_{o}_{n}.sh" for o in ("awm", "dgpo", "flash_grpo", "grpo_guard")
+                      for n in ("8gpus", "a3_16die")]
 
 
 def _env(**extra) -> dict:

@@ -27,7 +27,11 @@ LAUNCHERS = [A3, "scripts/finetune/finetune_flux_grpo_8gpus.sh", "scripts/finetu
              "scripts/finetune/finetune_sd3_nft_8gpus.sh", "scripts/finetune/finetune_sd3_nft_a3_16die.sh",
              "scripts/preprocess/preprocess_sd3_rl_embeddings.sh",
              "scripts/finetune/finetune_wan21_grpo_8gpus.sh", "scripts/finetune/finetune_wan21_grpo_a3_16die.sh",
-             "scripts/finetune/finetune_wan22_grpo_8gpus.sh", "scripts/finetune/finetune_wan22_grpo_a3_16die.sh"]
+             "scripts/finetune/finetune_wan22_grpo_8gpus.sh", "scripts/finetune/finetune_wan22_grpo_a3_16die.sh",
+             "scripts/finetune/finetune_flux_awm_8gpus.sh", "scripts/finetune/finetune_flux_awm_a3_16die.sh",
+             "scripts/finetune/finetune_flux_dgpo_8gpus.sh", "scripts/finetune/finetune_flux_dgpo_a3_16die.sh",
+             "scripts/finetune/finetune_flux_flash_grpo_8gpus.sh", "scripts/finetune/finetune_flux_flash_grpo_a3_16die.sh",
+             "scripts/finetune/finetune_flux_grpo_guard_8gpus.sh", "scripts/finetune/finetune_flux_grpo_guard_a3_16die.sh"]
 
 STAND_IN = '''
 import os

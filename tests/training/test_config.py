@@ -76,7 +76,8 @@ LAUNCHERS = [
     "scripts/finetune/finetune_flux_nft_a3_16die.sh",
     "scripts/finetune/finetune_sd3_nft_8gpus.sh",
     "scripts/finetune/finetune_sd3_nft_a3_16die.sh",
-]
+] + [f"scripts/finetune/finetune_flux_{o}_{n}.sh" for o in ("awm", "dgpo", "flash_grpo", "grpo_guard")
+     for n in ("8gpus", "a3_16die")]
 
 
 @pytest.mark.parametrize("script", LAUNCHERS)
@@ -96,7 +97,7 @@ def test_launcher_dry_run_is_accepted_by_the_parser(script):
     line = [ln for ln in out.stdout.splitlines() if "train_grpo_flux.py" in ln][-1]
     words = shlex.split(line)
     argv = words[words.index(next(w for w in words if w.endswith("train_grpo_flux.py"))) + 1:]
-    cfg = validate_args(build_parser().parse_args(argv))
+    cfg = validate_args(build_parser(argv).parse_args(argv))  # as the entry point: --algorithm's own flags too
     assert cfg.rollout.num_generations >= 2
 
 
