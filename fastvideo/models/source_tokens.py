@@ -40,6 +40,21 @@ class SourceEncoders:
         return self.text.device
 
 
+def encoders_loader(load_text, load_vae):
+    """An editing family's load_text_encoders (ComponentFunctions): its base family's text encoder(s)
+    and the VAE that encodes the source images, as :class:`SourceEncoders`."""
+
+    def load(path, device="cpu", dtype=torch.float32) -> SourceEncoders:
+        return SourceEncoders(load_text(path, device=device, dtype=dtype), load_vae(path, device=device, dtype=dtype))
+
+    return load
+
+
+def with_vae(components: tuple[str, ...]) -> tuple[str, ...]:
+    """A base family's text components plus the VAE (it encodes the sources: preprocessing's fingerprint)."""
+    return components + ("vae",)
+
+
 class SourceTokens:
     """Mixin for an editing family on a text-to-image base family (see the module docstring)."""
 

@@ -24,13 +24,7 @@ import fastvideo.models.flux2_edit.components as C
 from fastvideo.errors import ConfigError
 from fastvideo.models import base
 from fastvideo.models.flux2.family import Flux2Family
-from fastvideo.models.source_tokens import SOURCE_NAMES, SourceEncoders, SourceTokens
-
-
-def load_encoders(path, device="cpu", dtype=torch.float32) -> SourceEncoders:
-    """FLUX.2's text encoder and the VAE that encodes the source images."""
-    return SourceEncoders(FC.load_text_encoder(path, device=device, dtype=dtype),
-                          FC.load_vae(path, device=device, dtype=dtype))
+from fastvideo.models.source_tokens import SOURCE_NAMES, SourceTokens, encoders_loader, with_vae
 
 
 class Flux2EditFamily(SourceTokens, Flux2Family):
@@ -42,9 +36,10 @@ class Flux2EditFamily(SourceTokens, Flux2Family):
     variant_of = "flux2"
     runs_on = "flux2"  # klein's own folders (preprocessing accepts them for this family)
     storage, json_keys = base.storage_with(Flux2Family, *SOURCE_NAMES)
-    parts = replace(Flux2Family.parts, load_text_encoders=load_encoders)
-    text_components = Flux2Family.text_components + ("vae",)
-    text_encoder_components = Flux2Family.text_encoder_components + ("vae",)
+    # FLUX.2's text encoder and the VAE that encodes the source images
+    parts = replace(Flux2Family.parts, load_text_encoders=encoders_loader(FC.load_text_encoder, FC.load_vae))
+    text_components, text_encoder_components = map(with_vae, (Flux2Family.text_components,
+                                                              Flux2Family.text_encoder_components))
     source_id_width = 4  # FLUX.2's (time, row, column, layer): the source's time is 10
     text_dim_count = 2  # FLUX.2's records: (L, D)
     made_by = "FLUX.2 [klein] editing preprocessing (--model_family flux2_edit)"

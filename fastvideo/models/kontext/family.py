@@ -21,13 +21,7 @@ import fastvideo.models.flux.components as FC
 import fastvideo.models.kontext.components as C
 from fastvideo.models import base
 from fastvideo.models.flux.family import FluxFamily
-from fastvideo.models.source_tokens import SOURCE_NAMES, SourceEncoders, SourceTokens
-
-
-def load_encoders(path, device="cpu", dtype=torch.float32) -> SourceEncoders:
-    """FLUX.1's text encoders and the VAE that encodes the source images."""
-    return SourceEncoders(FC.load_text_encoders(path, device=device, dtype=dtype),
-                          FC.load_vae(path, device=device, dtype=dtype))
+from fastvideo.models.source_tokens import SOURCE_NAMES, SourceTokens, encoders_loader, with_vae
 
 
 class KontextFamily(SourceTokens, FluxFamily):
@@ -40,9 +34,10 @@ class KontextFamily(SourceTokens, FluxFamily):
     # checkpoint is found by the model.family its config.json records.
     variant_of = "flux"
     storage, json_keys = base.storage_with(FluxFamily, *SOURCE_NAMES)
-    parts = replace(FluxFamily.parts, load_text_encoders=load_encoders)
-    text_components = FluxFamily.text_components + ("vae",)
-    text_encoder_components = FluxFamily.text_encoder_components + ("vae",)
+    # FLUX.1's text encoders and the VAE that encodes the source images
+    parts = replace(FluxFamily.parts, load_text_encoders=encoders_loader(FC.load_text_encoders, FC.load_vae))
+    text_components, text_encoder_components = map(with_vae, (FluxFamily.text_components,
+                                                              FluxFamily.text_encoder_components))
     source_id_width = 3  # FLUX.1's (0 | 1, row, column): the source's column 0 is 1
 
     def __init__(self, guidance_scale: float = 2.5, quantize_timestep: bool = True):
