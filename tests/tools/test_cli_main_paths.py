@@ -33,6 +33,7 @@ COVERED = {
     "compare_metrics": "test_compare_metrics_cli",
     "compare_runs": "test_compare_runs_cli",
     "cost_model": "test_cost_model_memory_prints_table_and_verdict",
+    "demo_figures": "test_demo_figures_cli",
     "demo_summary": "test_demo_summary_cli",
     "evaluate": "test_evaluate_cli",
     "export": "test_export_cli",
@@ -76,6 +77,20 @@ def test_every_tool_with_a_main_is_run_here():
             assert 'if __name__ == "__main__":' in source, f"{info.name} has a main() but no __main__ entry"
     assert sorted(tools) == sorted(COVERED), "a tool without a CLI test here (or a test for a removed tool)"
     assert all(callable(globals()[test]) for test in COVERED.values())
+
+
+def test_demo_figures_cli(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "outputs_wan"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"reward_mean": -4.0, "time_iteration": 2.0}\n'
+                                       '{"reward_mean": -3.5, "time_iteration": 2.0}\n')
+    (run / "config.json").write_text('{"reward": {"spec": ["compressibility:1"]}}')
+    out_md = tmp_path / "figures.md"
+    code, out = run_tool("demo_figures", ["--out", str(out_md), "--demos", "wan", "--from_runs", str(tmp_path)],
+                         monkeypatch, capsys)
+    assert code == 0 and "| wan | current | 2 | -4.000 -> -3.500 (+0.500) | - | 4 |" in out
+    assert out_md.read_text() == out
+    assert run_tool("demo_figures", ["--out", str(out_md), "--demos", "nope"], monkeypatch, capsys)[0] == 2
 
 
 def test_demo_summary_cli(tmp_path, monkeypatch, capsys):
