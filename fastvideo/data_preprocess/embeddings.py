@@ -81,7 +81,7 @@ class PreprocessConfig:
         except ConfigError:
             folder = None
         # a family that runs on another's checkpoint (FLUX.2 [klein] editing on klein's) says so: runs_on
-        if folder is not None and folder not in (self.model_family, getattr(self.family(), "runs_on", None)):
+        if folder is not None and folder not in (self.model_family, self.family().runs_on):
             raise ConfigError(f"--model_family {self.model_family}: --model_path {self.model_path} holds a {folder} "
                               f"model (its model_index.json); pass --model_family {folder}, or leave the flag out")
         if not 1 <= self.max_sequence_length <= limit:

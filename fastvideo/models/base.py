@@ -352,6 +352,9 @@ class FamilyConditioning(abc.ABC):
     # encoder_dims for record_shapes.
     edits: bool = False
     source_multiple: int = 16
+    # The family whose model folders this one runs on (FLUX.2 [klein] editing: "flux2", klein's own
+    # checkpoint); None: folders whose model_index.json names this family.
+    runs_on: str | None = None
     # The area (pixels) an editing family resizes each source to, aspect kept, before its VAE
     # (preprocessing's --source_vae_size sets it through the constructor's ``vae_area``); None when it
     # encodes the source at its own size (Kontext).
