@@ -36,3 +36,16 @@ def register() -> None:
 
     if "record_sources" not in registry.available_rewards():
         registry.register_reward("record_sources", RecordingSourceReward)
+
+
+def run_recorded(argv: list[str], record: Path) -> None:
+    """A forked 2-rank training run whose record_sources reward saves its calls under ``record``."""
+    from helpers import torchrun
+
+    register()
+    os.environ[RECORD_ENV] = str(record)
+    try:
+        proc = torchrun(argv, timeout=600)
+    finally:
+        os.environ.pop(RECORD_ENV, None)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

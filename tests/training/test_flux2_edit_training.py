@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from current_line_helpers import WEIGHTS, line_reason
-from edit_helpers import RECORD_ENV, register
-from helpers import ROOT, read_metrics, torchrun, train_args
+from edit_helpers import run_recorded
+from helpers import ROOT, read_metrics, train_args
 
 pytestmark = [pytest.mark.skipif(line_reason("FLUX.2 [klein] editing") is not None,
                                  reason=line_reason("FLUX.2 [klein] editing") or ""),
@@ -36,16 +35,6 @@ def edit_embeddings(tiny_flux2_dir, tmp_path_factory):
     return run_preprocess(cfg).json_path
 
 
-def _run(argv, record: Path):
-    register()
-    os.environ[RECORD_ENV] = str(record)
-    try:
-        proc = torchrun(argv, timeout=600)
-    finally:
-        os.environ.pop(RECORD_ENV, None)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
-
 @pytest.fixture(scope="module")
 def runs(tiny_flux2_dir, edit_embeddings, tiny_rewards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("flux2_edit_runs")
@@ -57,9 +46,9 @@ def runs(tiny_flux2_dir, edit_embeddings, tiny_rewards, tmp_path_factory):
                           rewards="record_sources:1.0,clip_edit:0.5", clip_dir=tiny_rewards.pickscore_dir,
                           checkpointing_steps=1, save_images_every=0, learning_rate=1e-2)
 
-    _run(argv(straight), tmp / "record")
+    run_recorded(argv(straight), tmp / "record")
     shutil.copytree(straight, resumed, ignore=shutil.ignore_patterns("checkpoint-2"))
-    _run(argv(resumed) + ["--resume_from_checkpoint", "latest"], tmp / "record_resumed")
+    run_recorded(argv(resumed) + ["--resume_from_checkpoint", "latest"], tmp / "record_resumed")
     return straight, resumed, tmp / "record"
 
 

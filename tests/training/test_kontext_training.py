@@ -14,15 +14,14 @@ import shlex
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from current_line_helpers import WEIGHTS, line_reason
-from edit_helpers import RECORD_ENV, register
-from helpers import ROOT, read_metrics, torchrun
+from edit_helpers import run_recorded
+from helpers import ROOT, read_metrics
 
 pytestmark = pytest.mark.skipif(line_reason("FLUX.1 Kontext training") is not None,
                                 reason=line_reason("FLUX.1 Kontext training") or "")
@@ -50,24 +49,14 @@ def _argv(model, index, out, clip_dir, **more) -> list[str]:
     return argv + [w for k, v in tiny.items() for w in (f"--{k}", str(v))]
 
 
-def _run(argv, record: Path):
-    register()
-    os.environ[RECORD_ENV] = str(record)
-    try:
-        proc = torchrun(argv, timeout=600)
-    finally:
-        os.environ.pop(RECORD_ENV, None)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
-
 @pytest.fixture(scope="module")
 def grpo_runs(tiny_kontext_dir, kontext_embeddings, tiny_rewards, tmp_path_factory):
     """2 iterations on 2 ranks, then the run resumed from checkpoint-1."""
     tmp = tmp_path_factory.mktemp("kontext_grpo")
     straight, resumed = tmp / "straight", tmp / "resumed"
-    _run(_argv(tiny_kontext_dir, kontext_embeddings, straight, tiny_rewards.pickscore_dir), tmp / "record")
+    run_recorded(_argv(tiny_kontext_dir, kontext_embeddings, straight, tiny_rewards.pickscore_dir), tmp / "record")
     shutil.copytree(straight, resumed, ignore=shutil.ignore_patterns("checkpoint-2"))
-    _run(_argv(tiny_kontext_dir, kontext_embeddings, resumed, tiny_rewards.pickscore_dir)
+    run_recorded(_argv(tiny_kontext_dir, kontext_embeddings, resumed, tiny_rewards.pickscore_dir)
          + ["--resume_from_checkpoint", "latest"], tmp / "record_resumed")
     return straight, resumed, tmp / "record"
 
@@ -141,7 +130,7 @@ def test_kontext_nft_trains_on_two_ranks(tiny_kontext_dir, kontext_embeddings, t
     for flag in ("--sde_steps", "--sde_start", "--sde_window_range", "--flow_grpo_sampling"):  # GRPO's SDE window
         i = argv.index(flag)
         del argv[i:i + (1 if flag == "--flow_grpo_sampling" else 2)]
-    _run(argv, tmp_path / "record")
+    run_recorded(argv, tmp_path / "record")
     rows = read_metrics(tmp_path / "nft")
     assert [r["iteration"] for r in rows] == [1, 2] and all(r["grad_norm"] > 0 for r in rows)
     base = load_file(str(next((tiny_kontext_dir / "transformer").glob("*.safetensors"))))
