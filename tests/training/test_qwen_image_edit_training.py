@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 
 from current_line_helpers import WEIGHTS, line_reason
 from helpers import ROOT, read_metrics
-from test_kontext_training import _run, forked_only, launcher_words
+from edit_helpers import run_recorded
+from test_kontext_training import forked_only, launcher_words
 
 pytestmark = pytest.mark.skipif(line_reason("Qwen-Image-Edit training") is not None,
                                 reason=line_reason("Qwen-Image-Edit training") or "")
@@ -60,9 +61,9 @@ def _argv(model, index, out, clip_dir, **more) -> list[str]:
 def grpo_runs(edit_dir, edit_embeddings, tiny_rewards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("qwen_edit_grpo")
     straight, resumed = tmp / "straight", tmp / "resumed"
-    _run(_argv(edit_dir, edit_embeddings, straight, tiny_rewards.pickscore_dir), tmp / "record")
+    run_recorded(_argv(edit_dir, edit_embeddings, straight, tiny_rewards.pickscore_dir), tmp / "record")
     shutil.copytree(straight, resumed, ignore=shutil.ignore_patterns("checkpoint-2"))
-    _run(_argv(edit_dir, edit_embeddings, resumed, tiny_rewards.pickscore_dir)
+    run_recorded(_argv(edit_dir, edit_embeddings, resumed, tiny_rewards.pickscore_dir)
          + ["--resume_from_checkpoint", "latest"], tmp / "record_resumed")
     return straight, resumed, tmp / "record"
 
@@ -139,7 +140,7 @@ def test_qwen_edit_nft_trains_on_two_ranks(edit_dir, edit_embeddings, tiny_rewar
     for flag in ("--sde_steps", "--sde_start", "--sde_window_range", "--flow_grpo_sampling"):
         i = argv.index(flag)
         del argv[i:i + (1 if flag == "--flow_grpo_sampling" else 2)]
-    _run(argv, tmp_path / "record")
+    run_recorded(argv, tmp_path / "record")
     rows = read_metrics(tmp_path / "nft")
     assert [r["iteration"] for r in rows] == [1, 2] and all(r["grad_norm"] > 0 for r in rows)
     base = load_file(str(next((edit_dir / "transformer").glob("*.safetensors"))))
