@@ -23,6 +23,8 @@
 #   --cann-version V  (npu) the CANN version to pair torch-npu with (default: read from the CANN tree).
 #   --cann-home DIR   (npu) the CANN tree (default: $ASCEND_TOOLKIT_HOME, /usr/local/Ascend/cann,
 #                  /usr/local/Ascend/ascend-toolkit/latest). Its set_env.sh is sourced before the check.
+#                  torch_npu is imported as a check only where the NPU driver is (ASCEND_DRIVER_HOME,
+#                  default /usr/local/Ascend/driver): an image build has none (docker/ascend.Dockerfile).
 #   --wheelhouse DIR  install from DIR alone (pip --no-index), e.g. on a machine without internet.
 #   --download DIR    fill DIR with every wheel the target needs and stop (nothing is installed);
 #                  --python X.Y and --platform P (e.g. manylinux2014_aarch64) fetch them for another
@@ -65,7 +67,7 @@ while [ $# -gt 0 ]; do
     --preinstalled) need "$1" "${2:-}"; PREINSTALLED+=("$2"); shift 2 ;;
     --line) need "$1" "${2:-}"; LINE="$2"; shift 2 ;;
     --line=*) LINE="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "env_setup.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -178,7 +180,14 @@ if [ -n "$SET_ENV" ]; then
   source "$SET_ENV"
   set -u
   echo "env_setup.sh: sourced $SET_ENV"
-  CHECK_NPU="import torch_npu; "
+  # torch_npu needs the NPU driver's libraries to import. A machine without the driver (an image build:
+  # the driver is the host's, mounted at run time; a login node) installs it without the import check.
+  DRIVER="${ASCEND_DRIVER_HOME:-/usr/local/Ascend/driver}"
+  if [ -d "$DRIVER/lib64" ]; then
+    CHECK_NPU="import torch_npu; "
+  else
+    echo "env_setup.sh: no NPU driver at $DRIVER (an image build or a machine without NPUs): torch_npu is installed but not imported here; the launchers import it on an NPU host (ASCEND_DRIVER_HOME names a driver elsewhere)"
+  fi
 fi
 "$PY" -c "${CHECK_NPU:-}import fastvideo, torch, diffusers, transformers, open_clip; from fastvideo.library_lines import library_line; print('env_setup.sh: ok - torch', torch.__version__, '| diffusers', diffusers.__version__, '| transformers', transformers.__version__, '| line', library_line())"
 echo "$WANT" > "$STAMP"

@@ -21,7 +21,7 @@ if [ "$WORKERS" != 0 ] && "$PYTHON" -c "import xdist" 2>/dev/null; then
   XDIST=(-n "$WORKERS" --dist loadfile)
 fi
 set +e
-"$PYTHON" -m pytest -q "${XDIST[@]}" "$@"
+"$PYTHON" -m pytest -q --durations=25 "${XDIST[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then

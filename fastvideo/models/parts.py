@@ -34,12 +34,33 @@ def required_files(text_encoders: int = 1) -> dict[str, list[str]]:
 ONE_ENCODER_FILES = required_files(1)
 
 
-def download_hint(what: str, repo: str, family: str) -> str:
-    """The line an error about a missing ``what`` folder ends with: where to download it (``repo``, to
-    data/<family>) or how to build the tiny test model (fastvideo.tools.make_tiny_<family>)."""
-    return (f"Put a diffusers-layout {what} folder there (for example the {repo} repository, downloaded to "
-            f"data/{family}), or build a tiny test model with `python -m fastvideo.tools.make_tiny_{family} "
-            f"data/{family}`.")
+# The model repositories on Hugging Face that are gated: the licence is accepted on the model's page and
+# `huggingface-cli login` run before a download works (README's "Weights" table has a gated column;
+# tests/models/test_model_weights_table.py holds the two equal).
+GATED_MODEL_REPOS = frozenset({
+    "black-forest-labs/FLUX.1-dev",  # FLUX.1 [dev] Non-Commercial License
+    "black-forest-labs/FLUX.1-Kontext-dev",  # the same licence
+    "black-forest-labs/FLUX.2-dev",  # FLUX [dev] Non-Commercial License
+    "black-forest-labs/FLUX.2-klein-base-9B",  # FLUX Non-Commercial License (the 4B models are Apache-2.0)
+    "black-forest-labs/FLUX.2-klein-9B",
+    "stabilityai/stable-diffusion-3.5-medium",  # Stability AI Community License
+})
+
+
+def gated_note(repo: str) -> str:
+    """' <repo> is gated: ...' for a gated repository, else ''."""
+    if repo not in GATED_MODEL_REPOS:
+        return ""
+    return (f" {repo} is gated: accept its licence on https://huggingface.co/{repo} and run "
+            "`huggingface-cli login` first.")
+
+
+def download_hint(what: str, repo: str, family: str, tiny_args: str = "") -> str:
+    """The line an error about a missing ``what`` folder ends with: the command that downloads ``repo``
+    to data/<family> (and whether it is gated), or how to build the tiny test model."""
+    return (f"Put a diffusers-layout {what} folder there (for example `huggingface-cli download {repo} "
+            f"--local-dir data/{family}`).{gated_note(repo)} Or build a tiny test model with "
+            f"`python -m fastvideo.tools.make_tiny_{family} data/{family}{tiny_args}`.")
 
 
 def folder_checker(required: dict, hint: str, error: type, what: str) -> Callable[..., Path]:

@@ -30,7 +30,9 @@ def env(tmp_path):
     pip.write_text(f'#!/bin/sh\necho "$*" >> {log}\nprintf "[%s]" "$@" >> {log}.args\necho >> {log}.args\n')
     pip.chmod(0o755)
     e = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "CONDA", "PIP_", "PYTHONPATH"))}
-    e.update(FLUX_GRPO_PIP=str(pip), ASCEND_TOOLKIT_HOME="", ASCEND_HOME_PATH="")
+    driver = tmp_path / "driver"
+    (driver / "lib64").mkdir(parents=True)  # an NPU host's driver: env_setup.sh then imports torch_npu
+    e.update(FLUX_GRPO_PIP=str(pip), ASCEND_TOOLKIT_HOME="", ASCEND_HOME_PATH="", ASCEND_DRIVER_HOME=str(driver))
     e.pop("CANN_SET_ENV", None)
     e.pop("LINE", None)  # CI runs the current line's suite with LINE=current; env_setup.sh's default reads it
     return venv, e, log

@@ -35,9 +35,9 @@ TEXT_LAYERS = (9, 18, 27)
 DEFAULT_GUIDANCE = 4.0  # the pipeline's guidance_scale default (true CFG on a base checkpoint)
 REQUIRED_FILES = parts.ONE_ENCODER_FILES
 FLUX2_DOWNLOAD_HINT = (
-    "Put a diffusers-layout FLUX.2 folder there (for example the black-forest-labs/FLUX.2-klein-base-4B "
-    "repository, downloaded to data/flux2, or FLUX.2-dev to data/flux2_dev), or build a tiny test model with "
-    "`python -m fastvideo.tools.make_tiny_flux2 data/flux2 [--variant dev]`."
+    parts.download_hint("FLUX.2", "black-forest-labs/FLUX.2-klein-base-4B", "flux2", " [--variant dev]")
+    + " FLUX.2 [dev]: `huggingface-cli download black-forest-labs/FLUX.2-dev --local-dir data/flux2_dev`."
+    + parts.gated_note("black-forest-labs/FLUX.2-dev")
 )
 # model_index.json's _class_name of each variant: the pipeline that says how prompts are encoded.
 DEV_PIPELINE, KLEIN_PIPELINE = "Flux2Pipeline", "Flux2KleinPipeline"

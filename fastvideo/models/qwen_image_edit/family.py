@@ -20,12 +20,11 @@ import torch
 import fastvideo.models.qwen_image.components as QC
 import fastvideo.models.qwen_image.flops as QF
 import fastvideo.models.qwen_image_edit.components as C
-from fastvideo.models import base
+from fastvideo.models import base, parts
 from fastvideo.models.base import EmbeddingShapeError, check_diffusers_folder, TensorConditioning
 from fastvideo.models.qwen_image.family import QwenImageFamily
 
-EDIT_HINT = ("Put a diffusers-layout Qwen-Image-Edit folder there (for example Qwen/Qwen-Image-Edit-2509 or -2511), "
-             "or build a tiny test model with `python -m fastvideo.tools.make_tiny_qwen_image_edit DIR`.")
+EDIT_HINT = parts.download_hint("Qwen-Image-Edit", "Qwen/Qwen-Image-Edit-2509", "qwen_image_edit")
 PER_SAMPLE = ("prompt_embeds", "prompt_mask", "neg_prompt_embeds", "neg_prompt_mask", "image_latents", "source_image")
 
 
