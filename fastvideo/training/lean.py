@@ -29,8 +29,9 @@ class LeanChoice:
 
 
 def memory_shape(cfg, world_size: int, device, text_tokens: int = 512):
-    """The perf.memory.MemoryShape of the run (the cost model's --memory flags, from the config);
-    text_tokens: the prompt embeddings' length (FLUX's T5 default)."""
+    """The perf.memory.MemoryShape of the run: the one tools/cost_model --memory builds from the same
+    command line (tests/training/test_lean.py holds the two equal), but for the device's own fields
+    (communicators, HCCL buffers); text_tokens: the prompt embeddings' length (FLUX's T5 default)."""
     import torch
 
     from fastvideo.perf.memory import MemoryShape
@@ -49,9 +50,11 @@ def memory_shape(cfg, world_size: int, device, text_tokens: int = 512):
         use_ema=cfg.optim.use_ema, grads_held=trained > 1 or cfg.update.gradient_accumulation_steps > 1,
         cpu_offload=cfg.cpu_offload, vae_bytes=4 if m.vae_precision == "fp32" else 2,
         rewards=tuple(r.name for r in cfg.reward.spec if r.kind == "local"),  # remote ones hold no weights here
-        lora_rank=lora.rank if lora.enabled else 0, kl_reference=needs.reference,
-        old_policy=needs.old_policy, gather_bytes=2 if cfg.fsdp_param_dtype == "bf16" else 4,
-        grads_unsharded=cfg.update.grad_sync == "per_step")
+        lora_rank=lora.rank if lora.enabled else 0, lora_targets=tuple(lora.target_modules),
+        lora_base_bytes=2 if lora.base_precision == "bf16" else master, lora_replicate_base=not cfg.cpu_offload,
+        kl_reference=needs.reference, old_policy=needs.old_policy, keeps_latents=needs.replay,
+        gather_bytes=2 if cfg.fsdp_param_dtype == "bf16" else 4, grads_unsharded=cfg.update.grad_sync == "per_step",
+        accumulation=cfg.update.gradient_accumulation_steps)
 
 
 def _fits(shape, transformer_config: dict, vae_config: dict, family, limit: float) -> tuple[bool, float]:

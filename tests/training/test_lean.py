@@ -85,3 +85,51 @@ def test_a_family_without_a_cost_model_is_not_checked_and_said(setup, monkeypatc
     _device_of(monkeypatch, 1.0)  # a device of 1 byte: any check would refuse
     c = lean.choose(cfg, 2, CPU, object(), tcfg, vcfg)
     assert not c.gathered and c.timesteps == 7 and "not checked" in c.notes[0]
+
+
+# The device's own fields: the cost model counts an NPU's communicators and HCCL buffers; the trainer's
+# shape is checked against the device it runs on (the CPU here has neither).
+DEVICE_FIELDS = {"communicators", "hccl_buffsize_mb"}
+
+
+@pytest.mark.parametrize("flags", [
+    {},
+    {"master_weight_type": "bf16", "use_ema": True, "fsdp_param_dtype": "bf16", "mixed_precision": "bf16",
+     "gradient_accumulation_steps": 2, "gradient_checkpointing": True, "selective_checkpointing": 0.5},
+    {"grad_sync": "per_step", "rewards": "compressibility:1.0,hpsv2:0.5", "num_generations": 4, "train_batch_size": 2},
+    {"algorithm": "nft"},
+    {"kl_coef": 0.1, "rollout_weights": "gathered", "update_timesteps_per_forward": "all"},
+    {"use_lora": True, "lora_rank": 8, "lora_base_precision": "bf16", "lora_target_modules": "to_q,to_v"},
+    {"use_lora": True, "lora_rank": 4, "use_cpu_offload": True, "master_weight_type": "bf16"},
+])
+def test_the_trainer_prices_the_run_the_cost_model_prices(flags, tmp_path):
+    """lean.memory_shape(config) equals tools/cost_model's --memory shape of the same command line, field by
+    field (a field the trainer forgot, e.g. NFT's x0-only rollout, would make auto choose on another peak)."""
+    import dataclasses
+
+    from fastvideo.tools import cost_model, cost_model_memory
+
+    argv = train_args(tmp_path / "e.json", tmp_path / "m", tmp_path, **flags)
+    argv += [] if flags.get("gradient_checkpointing") else ["--no-gradient_checkpointing"]
+    cfg = parse_config([a for a in argv if a != "--no-gradient_checkpointing"])
+    ours = lean.memory_shape(cfg, 2, CPU)
+    theirs = cost_model_memory.memory_shape(cost_model.parse_args(argv + ["--world_size", "2", "--memory"]))
+    # the cost model's shape is the trainer's before K is resolved: set K and the gathered rollout as the flags say
+    theirs = replace(theirs, timesteps_per_forward=ours.timesteps_per_forward, rollout_gathered=ours.rollout_gathered)
+    differ = {f.name: (getattr(ours, f.name), getattr(theirs, f.name)) for f in dataclasses.fields(ours)
+              if f.name not in DEVICE_FIELDS and getattr(ours, f.name) != getattr(theirs, f.name)}
+    assert differ == {}
+
+
+def test_the_peak_must_fit_ninety_percent_of_the_device(setup, monkeypatch):
+    """HEADROOM: the model's peak may use 90% of a device's memory (the framework's own is not modelled)."""
+    cfg, tcfg, vcfg = setup(rollout_weights="auto", num_generations=32, rollout_batch_size=32)
+    tcfg = {**tcfg, "num_layers": 4, "num_single_layers": 6}
+    gathered = _peak(cfg, tcfg, vcfg, rollout_gathered=True)
+    monkeypatch.setattr(devices, "is_accelerator", lambda d: True)
+    fam = get_model_family("flux")
+    for total, fits in ((gathered, False), (int(gathered / 0.9) + 2, True), (int(gathered / 0.9) - 2, False)):
+        monkeypatch.setattr(devices, "total_memory_bytes", lambda t, total=total: total)
+        c = lean.choose(cfg, 2, CPU, fam, tcfg, vcfg)
+        assert c.gathered is fits, (total, gathered)
+        assert f"of {0.9 * total / 1e9:.1f} GB usable" in c.notes[0]
