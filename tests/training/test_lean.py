@@ -133,3 +133,8 @@ def test_the_peak_must_fit_ninety_percent_of_the_device(setup, monkeypatch):
         c = lean.choose(cfg, 2, CPU, fam, tcfg, vcfg)
         assert c.gathered is fits, (total, gathered)
         assert f"of {0.9 * total / 1e9:.1f} GB usable" in c.notes[0]
+    # at a real device's size the start-up line names the usable share: 90 of 100 GB
+    monkeypatch.setattr(devices, "total_memory_bytes", lambda t: 100e9)
+    monkeypatch.setattr(lean, "_fits", lambda shape, t, v, family, limit: (12e9 <= limit, 12e9))
+    c = lean.choose(cfg, 2, CPU, fam, tcfg, vcfg)
+    assert c.notes[0].endswith("(the memory model's peak with the weights gathered: 12.0 GB of 90.0 GB usable)")
