@@ -50,6 +50,7 @@ def test_text_files_and_image_free_jsonl_carry_no_images(tmp_path):
     ('{"prompt": "x", "image": "images/00.png"}\n{"prompt": "y", "image": "big.png"}', r"big\.png' is 80x80 but"),
     ('{"prompt": "x", "image": "images/00.png"}\n{"prompt": "y"}', r"record 1 does not"),
     ('{"image": "images/00.png"}', r'line 1 has no "prompt"'),
+    ('{"prompt": "x", "image": 3}', r'line 1: "image" must be a path string, got int'),
 ])
 def test_bad_images_are_one_line_naming_the_file(tmp_path, content, match):
     from PIL import Image
@@ -118,3 +119,32 @@ def test_a_changed_source_image_is_not_reused(tiny_kontext_dir, tmp_path):
     Image.new("RGB", (64, 64), (255, 0, 0)).save(path.parent / "images" / "01.png")
     with pytest.raises(ConfigError, match="captions differ.*first: prompt 1"):
         run_preprocess(cfg)
+
+
+def test_absolute_and_home_paths_stay_where_they_point(tmp_path, monkeypatch):
+    from PIL import Image
+
+    elsewhere, home = tmp_path / "elsewhere", tmp_path / "home"
+    (elsewhere).mkdir()
+    (home / "pics").mkdir(parents=True)
+    Image.new("RGB", (16, 16)).save(elsewhere / "a.png")
+    Image.new("RGB", (16, 16)).save(home / "pics" / "b.png")
+    monkeypatch.setenv("HOME", str(home))
+    path = tmp_path / "data" / "p.jsonl"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"prompt": "x", "image": str(elsewhere / "a.png")}) + "\n"
+                    + json.dumps({"prompt": "y", "image": "~/pics/b.png"}) + "\n")
+    assert load_prompts(path).images == [elsewhere / "a.png", home / "pics" / "b.png"]
+
+
+def test_load_pixels_is_rgb_over_255_channels_first(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    rgb = np.array([[[255, 0, 51], [0, 102, 0]], [[1, 2, 3], [254, 128, 64]]], dtype=np.uint8)  # [H, W, 3]
+    Image.fromarray(rgb).save(tmp_path / "a.png")
+    Image.fromarray(255 - rgb).save(tmp_path / "b.png")
+    pixels = load_pixels([tmp_path / "a.png", tmp_path / "b.png"])
+    assert pixels.shape == (2, 3, 2, 2) and pixels.dtype == torch.float32
+    assert torch.equal(pixels[0], torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0)
+    assert torch.equal(pixels[1], torch.from_numpy(255 - rgb).permute(2, 0, 1).float() / 255.0)
