@@ -21,6 +21,12 @@ with the attribute ``uses_sources = True`` is also given ``sources=`` (editing: 
 images, float ``[B, 3, H, W]`` in [0, 1]), as a built-in reward that uses them is (``clip_edit``);
 /health then says ``"uses_sources": true`` and the trainer's client sends them.
 
+A reward (or plugin callable) with ``takes_clips = True`` is served clips instead
+(rewards/clip_wire.py: uint8 or float32 frames ``[B, F, 3, H, W]``, ``--max_clip_pixels`` frames x
+pixels a request); /health says ``"takes_clips": true`` and the trainer's client sends its clips so.
+A clip it fails on is answered ``null`` and listed under ``"failed"`` (rewards.video.score_clips_each):
+the trainer drops it, never scoring it 0 or -1.
+
 One model call at a time per reward (a lock): requests from several trainer ranks queue instead of
 running two forward passes on one device at once. The trainer side is rewards/remote.py.
 

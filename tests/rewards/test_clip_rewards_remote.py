@@ -112,3 +112,29 @@ def test_a_served_clip_reward_scores_clips_and_reports_a_failed_one(capsys):
         assert exc.value.code == 413 and "--max_clip_pixels" in exc.value.read().decode()
         with pytest.raises(RemoteRewardError, match="limit of 768 .*--max_clip_pixels"):
             RemoteReward(f"{url}/motion")(_clips(1, 9), PROMPTS[:1])  # one clip over the limit: said before sending
+
+
+class ClipPlugin:
+    """A --plugin callable that takes clips: each clip's frame count times its mean."""
+
+    takes_clips = True
+
+    def __call__(self, clips, prompts):
+        return clips.mean(dim=(1, 2, 3, 4)) * clips.shape[1]
+
+
+def test_a_clip_plugin_is_served_clips_and_images_are_refused():
+    from fastvideo.tools.reward_server import PluginReward, build_app, served_info
+
+    plugin = PluginReward("clipper", ClipPlugin(), batch_size=4)
+    clips = _clips()
+    assert plugin.takes_clips and served_info("clipper", plugin, {})["takes_clips"] is True
+    with serve_in_thread(build_app({"clipper": plugin})) as (url, _):
+        got = RemoteReward(f"{url}/clipper?encoding=f32")(clips, PROMPTS)
+        assert torch.equal(got, clips.mean(dim=(1, 2, 3, 4)) * 4)
+        from fastvideo.rewards.wire import encode_request
+
+        images = urllib.request.Request(f"{url}/score/clipper", data=encode_request(clips[:, 0], PROMPTS, "f32"))
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(images, timeout=10)
+        assert exc.value.code == 400 and "clipper scores clips" in exc.value.read().decode()
