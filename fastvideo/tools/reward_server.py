@@ -136,6 +136,7 @@ def make_scorer(rewards: Mapping[str, Reward], device: str, limits: ServerLimits
             with pixels.hold(parsed.pixels, limits.read_timeout_s):  # a clip's: frames x pixels
                 if clips:
                     frames = decode_clips(body, parsed)
+                    check_inputs(frames.flatten(0, 1), [p for p in parsed.prompts for _ in range(frames.shape[1])])
                     with locks[name]:  # a clip it fails on is reported, not the request failed
                         scores, failed = score_clips_each(rewards[name], frames, parsed.prompts)
                 else:

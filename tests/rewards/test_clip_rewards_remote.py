@@ -138,3 +138,20 @@ def test_a_clip_plugin_is_served_clips_and_images_are_refused():
         with pytest.raises(urllib.error.HTTPError) as exc:
             urllib.request.urlopen(images, timeout=10)
         assert exc.value.code == 400 and "clipper scores clips" in exc.value.read().decode()
+
+
+def test_bad_clip_pixels_are_a_400_before_the_reward_sees_them():
+    from fastvideo.tools.reward_server import make_scorer
+    from fastvideo.tools.reward_server_guard import ServerLimits
+
+    class Unchecked:  # a clip reward that checks nothing itself
+        takes_clips, calls = True, []
+
+        def __call__(self, clips, prompts):
+            self.calls.append(clips.shape)
+            return clips.mean(dim=(1, 2, 3, 4))
+
+    reward, clips = Unchecked(), _clips()
+    clips[2, 1, 0, 0, 0] = float("nan")
+    status, reply = make_scorer({"raw": reward}, "cpu", ServerLimits())("raw", encode_clip_request(clips, PROMPTS, "f32"))
+    assert status == 400 and "NaN or Inf" in reply["detail"] and reward.calls == []
