@@ -22,6 +22,7 @@ reward, and counts (``rewards/nonfinite_dropped``).
 from __future__ import annotations
 
 import os
+import sys
 import urllib.error
 from dataclasses import dataclass
 from typing import Sequence
@@ -181,23 +182,34 @@ class RemoteReward:
         self.info = check_reward_server(url, timeout_s=min(timeout_s, 10.0)) if check else {}
         self.uses_sources = self.info.get("uses_sources") is True
         self.sources_optional = self.info.get("sources_optional") is True  # rewards.base.needs_sources
+        self.takes_clips = self.info.get("takes_clips") is True  # rewards.video: given whole clips
 
     def _request(self, images: ImageBatch, prompts: list[str], sources: torch.Tensor | None = None) -> torch.Tensor:
         """Scores of one request [b] float32, NaN where the server's reward was non-finite."""
         body = encode_request(images, prompts, self.encoding, sources)
-        what = f"reward server {self.base} ({self.name})"
+        return scores_from_reply(self._post(body, len(prompts), "images", ", send ?encoding=u8,"), len(prompts),
+                                 self._what)
+
+    @property
+    def _what(self) -> str:
+        return f"reward server {self.base} ({self.name})"
+
+    def _post(self, body: bytes, count: int, unit: str, hint: str = "") -> dict:
+        """The server's JSON reply to one scoring request of ``count`` images or clips, retried."""
+        what = self._what
         limit = self.info.get("limits", {}).get("max_body_bytes")
         if limit is not None and len(body) > limit:  # the server would answer 413 (or reset mid-upload)
             raise RemoteRewardError(
-                f"a request of {len(prompts)} images is {len(body)} bytes, over {what}'s limit of {limit} "
-                f"(its --max_body_mb): lower --reward_batch_size, send ?encoding=u8, or raise --max_body_mb")
-        reply = call_with_retries(
+                f"a request of {count} {unit} is {len(body)} bytes, over {what}'s limit of {limit} "
+                f"(its --max_body_mb): lower --reward_batch_size{hint} or raise --max_body_mb")
+        return call_with_retries(
             what, lambda seconds: http_json(f"{self.base}/score/{self.name}", body, seconds, headers=self.headers,
-                                            max_bytes=reply_cap(len(prompts))),
+                                            max_bytes=reply_cap(count)),
             self.retries, timeout_s=self.timeout_s)
-        return scores_from_reply(reply, len(prompts), what)
 
     def __call__(self, images: ImageBatch, prompts: Sequence[str], sources: torch.Tensor | None = None) -> torch.Tensor:
+        if self.takes_clips:
+            return self._score_clips(images, list(prompts))
         n = check_inputs(images, prompts)
         prompts = list(prompts)
         if not self.uses_sources:
@@ -206,6 +218,43 @@ class RemoteReward:
         return torch.cat([self._request(images[i:i + size], prompts[i:i + size],
                                         None if sources is None else sources[i:i + size])
                           for i in range(0, n, size)])
+
+    def _score_clips(self, clips: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        """Scores [B] of clips [B, F, 3, H, W] (u8 on the wire unless the URL says encoding=f32), in
+        requests of at most ``batch_size`` clips and of the server's ``max_clip_pixels``; NaN for a
+        clip the server failed on (its reply's "failed"), which the trainer drops."""
+        from fastvideo.rewards.video import check_clips
+
+        check_clips(clips, len(prompts))
+        check_inputs(clips.flatten(0, 1), [p for p in prompts for _ in range(clips.shape[1])])
+        b, f, _, h, w = clips.shape
+        size = self.batch_size
+        cap = self.info.get("limits", {}).get("max_clip_pixels")
+        if isinstance(cap, int):
+            if f * h * w > cap:
+                raise RemoteRewardError(
+                    f"a clip of {f} frames of {w}x{h} is {f * h * w} frame pixels, over reward server {self.base}'s "
+                    f"limit of {cap} (its --max_clip_pixels): raise it there, or send fewer frames or smaller ones")
+            size = max(1, min(size, cap // (f * h * w)))
+        return torch.cat([self._clip_request(clips[i:i + size], prompts[i:i + size]) for i in range(0, b, size)])
+
+    def _clip_request(self, clips: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        from fastvideo.rewards.clip_wire import encode_clip_request
+
+        explicit = parse_qs(urlsplit(self.url).query).get("encoding", [None])[-1]
+        body = encode_clip_request(clips, prompts, "f32" if explicit == "f32" else "u8")
+        reply = self._post(body, len(prompts), "clips")
+        what = self._what
+        scores = scores_from_reply(reply, len(prompts), what)
+        failed = reply.get("failed")
+        if failed:
+            print(f"[warning] {what} could not score clip(s) {failed!r:.80} of a request of {len(prompts)}: "
+                  f"{reply.get('errors')!r:.300}; dropped from their groups (never scored 0)", file=sys.stderr,
+                  flush=True)
+            if not isinstance(failed, list) or any(type(i) is not int or not 0 <= i < len(prompts) or
+                                                   not torch.isnan(scores[i]) for i in failed):
+                raise RemoteRewardError(f"{what} listed failed clips {failed!r:.100} that do not match its scores")
+        return scores
 
     def __repr__(self) -> str:
         return f"RemoteReward({redact(self.url)!r}, batch_size={self.batch_size})"

@@ -85,3 +85,29 @@ class ClipReward(BatchedReward):
         if result.shape != (clips.shape[0],):
             raise RuntimeError(f"{self.name} returned {list(result.shape)} scores for {clips.shape[0]} clips")
         return result
+
+
+def score_clips_each(reward, clips: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor, dict[int, str]]:
+    """(scores [B], {index: reason}) of a clip reward over clips [B, F, 3, H, W], a clip it fails on
+    dropped instead of failing the batch: the batch is scored in one call; when that raises (anything
+    but RewardInputError, the caller's mistake) each clip is scored alone and the clips that still
+    raise get NaN and their reason (the reward server's per-clip failures: the trainer drops them,
+    never scoring them 0 or -1 as DanceGRPO's reward code does on any failure)."""
+    check_clips(clips, len(prompts))
+    try:
+        return reward(clips, list(prompts)).float(), {}
+    except RewardInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - which clip failed is found below, one clip at a time
+        first = f"{type(exc).__name__}: {exc}"[:300]
+    scores, failed = torch.full((clips.shape[0],), float("nan")), {}
+    if clips.shape[0] == 1:  # that clip is the one: not scored twice
+        return scores, {0: first}
+    for i in range(clips.shape[0]):
+        try:
+            scores[i] = reward(clips[i:i + 1], [prompts[i]]).float().reshape(())
+        except RewardInputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported per clip in the reply
+            failed[i] = f"{type(exc).__name__}: {exc}"[:300]
+    return scores, failed

@@ -158,9 +158,8 @@ def _check_records(metas, what: str, body_len: int) -> None:
             raise WireFormatError(f"{what[:-1]} nbytes must be an int within the body; got {meta.get('nbytes')!r:.50}")
 
 
-def _parse_header(body: bytes, max_images: int | None) -> tuple[str, list[str], list[dict], list[dict] | None, int]:
-    """(encoding, prompts, image records, source records or None, payload offset), every field's
-    type checked."""
+def read_header(body: bytes) -> tuple[dict, int]:
+    """(the JSON header as a dict, payload offset): the length prefix and the JSON checked."""
     if len(body) < 4:
         raise WireFormatError("request body too short: expected a uint32 header length first")
     (n,) = struct.unpack("<I", body[:4])
@@ -168,12 +167,24 @@ def _parse_header(body: bytes, max_images: int | None) -> tuple[str, list[str], 
         raise WireFormatError(f"header length {n} does not fit a body of {len(body)} bytes")
     try:
         header = json.loads(body[4:4 + n].decode("utf-8"))
-        encoding, prompts, metas = header["encoding"], header["prompts"], header["images"]
-        sources = header.get("sources")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise WireFormatError(f"bad request header: {exc}") from None
     except RecursionError:  # e.g. 200,000 nested "[": the client's mistake, not the server's failure
         raise WireFormatError("bad request header: JSON nested too deeply") from None
+    if not isinstance(header, dict):
+        raise WireFormatError(f"bad request header: a JSON object expected; got {type(header).__name__}")
+    return header, 4 + n
+
+
+def _parse_header(body: bytes, max_images: int | None) -> tuple[str, list[str], list[dict], list[dict] | None, int]:
+    """(encoding, prompts, image records, source records or None, payload offset), every field's
+    type checked."""
+    header, offset = read_header(body)
+    try:
+        encoding, prompts, metas = header["encoding"], header["prompts"], header["images"]
+        sources = header.get("sources")
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise WireFormatError(f"bad request header: {exc}") from None
     if not isinstance(encoding, str) or encoding not in ENCODINGS:
         raise WireFormatError(f"unknown encoding {encoding!r:.50}; expected one of {ENCODINGS}")
     if not (isinstance(prompts, list) and all(isinstance(p, str) for p in prompts)):
@@ -185,7 +196,7 @@ def _parse_header(body: bytes, max_images: int | None) -> tuple[str, list[str], 
         _check_records(sources, "sources", len(body))
         if len(sources) != len(metas):
             raise WireFormatError(f"{len(sources)} source images for {len(metas)} images; send one per image")
-    return encoding, prompts, metas, sources, 4 + n
+    return encoding, prompts, metas, sources, offset
 
 
 @dataclass(frozen=True)

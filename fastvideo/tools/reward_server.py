@@ -21,6 +21,12 @@ with the attribute ``uses_sources = True`` is also given ``sources=`` (editing: 
 images, float ``[B, 3, H, W]`` in [0, 1]), as a built-in reward that uses them is (``clip_edit``);
 /health then says ``"uses_sources": true`` and the trainer's client sends them.
 
+A reward (or plugin callable) with ``takes_clips = True`` is served clips instead
+(rewards/clip_wire.py: uint8 or float32 frames ``[B, F, 3, H, W]``, ``--max_clip_pixels`` frames x
+pixels a request); /health says ``"takes_clips": true`` and the trainer's client sends its clips so.
+A clip it fails on is answered ``null`` and listed under ``"failed"`` (rewards.video.score_clips_each):
+the trainer drops it, never scoring it 0 or -1.
+
 One model call at a time per reward (a lock): requests from several trainer ranks queue instead of
 running two forward passes on one device at once. The trainer side is rewards/remote.py.
 
@@ -48,9 +54,11 @@ import fastvideo
 from fastvideo import devices
 from fastvideo.errors import UserError, one_line_errors
 from fastvideo.rewards.base import Reward, RewardInputError, check_inputs, check_sources, takes_sources
+from fastvideo.rewards.clip_wire import decode_clips, is_clip_request, parse_clip_request
 from fastvideo.rewards.combine import RewardSpecError, parse_reward_spec
 from fastvideo.rewards.flags import add_reward_flags, extras_from_args, model_reward_kwargs
 from fastvideo.rewards.registry import build_reward
+from fastvideo.rewards.video import check_clips, score_clips_each, takes_clips
 from fastvideo.rewards.wire import WireFormatError, WireTooLargeError, decode_parsed, decode_sources, parse_request
 from fastvideo.tools.reward_server_guard import (TOKEN_ENV, BodyBudget, BodyError, GuardMiddleware, PixelBudget,
                                                  ServerBusyError, ServerLimits, is_loopback, raise_open_file_limit,
@@ -72,19 +80,30 @@ def served_info(name: str, reward: Reward, kwargs: Mapping[str, Any]) -> dict:
         record["uses_sources"] = True
         if getattr(reward, "sources_optional", False):  # scores text-to-image too (a trainer's pre-flight reads it)
             record["sources_optional"] = True
+    if takes_clips(reward):  # video: the client sends whole clips (rewards/clip_wire.py)
+        record["takes_clips"] = True
     return record
 
 
-def nonfinite_reply(name: str, scores: torch.Tensor) -> dict:
-    """``{"scores": [B]}``; non-finite scores (JSON has no NaN) as null, listed under "nonfinite"."""
+def nonfinite_reply(name: str, scores: torch.Tensor, failed: Mapping[int, str] | None = None) -> dict:
+    """``{"scores": [B]}``; non-finite scores (JSON has no NaN) as null, listed under "nonfinite";
+    clips the reward failed on (rewards.video.score_clips_each) null too, under "failed" with their
+    reasons under "errors"."""
     values = scores.float().tolist()
-    bad = [i for i, ok in enumerate(torch.isfinite(scores.float()).tolist()) if not ok]
-    if not bad:
+    failed = dict(failed or {})
+    bad = [i for i, ok in enumerate(torch.isfinite(scores.float()).tolist()) if not ok and i not in failed]
+    if not bad and not failed:
         return {"scores": values}
-    log.warning("%s returned non-finite scores for samples %s", name, bad)
-    for i in bad:
+    reply = {"scores": values, "reward": name}
+    if bad:
+        log.warning("%s returned non-finite scores for samples %s", name, bad)
+        reply["nonfinite"] = bad
+    if failed:
+        log.warning("%s failed on clips %s: %s", name, sorted(failed), "; ".join(failed.values()))
+        reply["failed"], reply["errors"] = sorted(failed), [failed[i] for i in sorted(failed)]
+    for i in [*bad, *failed]:
         values[i] = None
-    return {"scores": values, "nonfinite": bad, "reward": name}
+    return reply
 
 
 def make_scorer(rewards: Mapping[str, Reward], device: str, limits: ServerLimits):
@@ -101,19 +120,31 @@ def make_scorer(rewards: Mapping[str, Reward], device: str, limits: ServerLimits
     pixels = PixelBudget(limits.max_server_pixels)
 
     def score(name: str, body: bytes) -> tuple[int, dict]:
+        failed = {}
         try:
-            parsed = parse_request(body, limits.max_pixels, limits.max_images, limits.max_request_pixels)
+            clips = is_clip_request(body)
+            if clips != takes_clips(rewards[name]):
+                raise WireFormatError(f"{name} scores {'clips' if takes_clips(rewards[name]) else 'images'}: send "
+                                      f"{'a clip request (rewards/clip_wire.py)' if not clips else 'images'}")
+            parsed = (parse_clip_request(body, limits.max_pixels, limits.max_images, limits.max_clip_pixels) if clips
+                      else parse_request(body, limits.max_pixels, limits.max_images, limits.max_request_pixels))
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
             if on_accelerator and not getattr(bound, "done", False):
                 devices.set_device(torch.device(device))  # the current device is per thread too
                 bound.done = True
-            with pixels.hold(parsed.pixels, limits.read_timeout_s):
-                images, prompts = decode_parsed(body, parsed)
-                check_inputs(images, prompts)  # a client's mistake is a 400 whatever the reward checks itself
-                extra = {"sources": decode_sources(body, parsed)} if takes_sources(rewards[name]) else {}
-                with locks[name]:
-                    scores = rewards[name](images, prompts, **extra)
+            with pixels.hold(parsed.pixels, limits.read_timeout_s):  # a clip's: frames x pixels
+                if clips:
+                    frames = decode_clips(body, parsed)
+                    check_inputs(frames.flatten(0, 1), [p for p in parsed.prompts for _ in range(frames.shape[1])])
+                    with locks[name]:  # a clip it fails on is reported, not the request failed
+                        scores, failed = score_clips_each(rewards[name], frames, parsed.prompts)
+                else:
+                    images, prompts = decode_parsed(body, parsed)
+                    check_inputs(images, prompts)  # a client's mistake is a 400 whatever the reward checks itself
+                    extra = {"sources": decode_sources(body, parsed)} if takes_sources(rewards[name]) else {}
+                    with locks[name]:
+                        scores = rewards[name](images, prompts, **extra)
         except ServerBusyError as exc:
             return 503, {"detail": str(exc)}
         except WireTooLargeError as exc:
@@ -123,7 +154,7 @@ def make_scorer(rewards: Mapping[str, Reward], device: str, limits: ServerLimits
         except Exception as exc:  # noqa: BLE001 - the server's own failure: the client gets the reason, retries
             log.exception("scoring with %s failed", name)
             return 500, {"detail": f"{name} failed: {type(exc).__name__}: {exc}"}
-        return 200, nonfinite_reply(name, scores)
+        return 200, nonfinite_reply(name, scores, failed)
 
     return score
 
@@ -139,13 +170,16 @@ def build_app(rewards: Mapping[str, Reward], info: Mapping[str, dict] | None = N
     limits = limits or ServerLimits()
     app = fastapi.FastAPI(title="flux-grpo reward server", version=fastvideo.__version__)
     records = {n: dict(r) for n, r in (info or {n: {} for n in rewards}).items()}
-    for record in records.values():
+    for n, record in records.items():
         if not health_details:
             record.pop("files", None)  # file paths tell a stranger about this machine
+        if n in rewards and takes_clips(rewards[n]):  # the client must know: clips travel in their own format
+            record["takes_clips"] = True
     health = {"status": "ok", "server_version": SERVER_VERSION, "flux_grpo_version": fastvideo.__version__,
               "device": device, "rewards": records,
               "limits": {"max_body_bytes": limits.max_body_bytes, "max_pixels": limits.max_pixels,
-                         "max_images": limits.max_images, "max_request_pixels": limits.max_request_pixels}}
+                         "max_images": limits.max_images, "max_request_pixels": limits.max_request_pixels,
+                         "max_clip_pixels": limits.max_clip_pixels}}
     score = make_scorer(rewards, device, limits)
     inflight, bodies = asyncio.Semaphore(limits.max_inflight), BodyBudget(limits.max_buffered_bytes,
                                                                           limits.stall_timeout_s)
@@ -210,9 +244,15 @@ class PluginReward:
         self.name, self.fn, self.batch_size = name, fn, batch_size
         self.uses_sources = takes_sources(fn)
         self.sources_optional = bool(getattr(fn, "sources_optional", False))  # scores without them too
+        self.takes_clips = takes_clips(fn)  # given clips [B, F, 3, H, W] (rewards/video.py)
 
     def __call__(self, images, prompts, sources=None) -> torch.Tensor:
-        n = check_inputs(images, prompts)
+        if self.takes_clips:
+            check_clips(images, len(prompts))
+            n = check_inputs(images.flatten(0, 1), [p for p in prompts for _ in range(images.shape[1])])
+            n //= images.shape[1]
+        else:
+            n = check_inputs(images, prompts)
         if self.uses_sources and not (self.sources_optional and sources is None):
             check_sources(sources, n, self.name)
         extra = {"sources": sources} if self.uses_sources else {}
@@ -234,6 +274,8 @@ def load_plugin(text: str, device: torch.device, batch_size: int) -> tuple[str, 
     if not callable(fn):
         raise TypeError(f"--plugin {text!r}: {module}.{factory}(...) returned a {type(fn).__name__}, not a callable")
     info = {"class": type(fn).__name__, "module": module, "batch_size": batch_size, "files": {}, "plugin": target}
+    if takes_clips(fn):
+        info["takes_clips"] = True
     if takes_sources(fn):
         info["uses_sources"] = True
         if getattr(fn, "sources_optional", False):  # the trainer's pre-flight lets a text-to-image run use it
@@ -277,6 +319,9 @@ def add_limit_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max_images", type=int, default=d.max_images, help="most images per request")
     g.add_argument("--max_request_pixels", type=int, default=d.max_request_pixels,
                    help="most pixels (H*W summed over its images) one request may decode to (413 above it)")
+    g.add_argument("--max_clip_pixels", type=int, default=d.max_clip_pixels,
+                   help="most frame pixels (F*H*W summed over its clips) one clip request may decode to (413 above it; "
+                        "the default holds one 81-frame 480x832 clip)")
     g.add_argument("--max_server_pixels", type=int, default=d.max_server_pixels,
                    help="most decoded pixels all requests hold at once (more wait; 503 after --read_timeout_s)")
     g.add_argument("--max_buffered_mb", type=float, default=d.max_buffered_bytes / (1 << 20),
@@ -299,6 +344,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     """The flags as ServerLimits; ValueError naming a bad flag or a missing token."""
     numbers = {"--max_body_mb": args.max_body_mb, "--max_pixels": args.max_pixels, "--max_images": args.max_images,
                "--max_request_pixels": args.max_request_pixels, "--max_server_pixels": args.max_server_pixels,
+               "--max_clip_pixels": args.max_clip_pixels,
                "--max_buffered_mb": args.max_buffered_mb, "--max_inflight": args.max_inflight,
                "--max_connections": args.max_connections, "--read_timeout_s": args.read_timeout_s,
                "--header_timeout_s": args.header_timeout_s, "--max_connections_per_peer": args.max_connections_per_peer,
@@ -309,6 +355,9 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     if args.max_request_pixels > args.max_server_pixels:  # such a request could never be scored
         raise ValueError(f"--max_request_pixels {args.max_request_pixels} is over --max_server_pixels "
                          f"{args.max_server_pixels}: a request that large would wait forever")
+    if args.max_clip_pixels > args.max_server_pixels:  # such a clip request could never be scored
+        raise ValueError(f"--max_clip_pixels {args.max_clip_pixels} is over --max_server_pixels "
+                         f"{args.max_server_pixels}: a clip request that large would wait forever")
     if args.max_buffered_mb < args.max_body_mb:
         raise ValueError(f"--max_buffered_mb {args.max_buffered_mb:g} is under --max_body_mb {args.max_body_mb:g}: "
                          f"a body at the size limit could never be read")
@@ -320,6 +369,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                          f"and the same token to the trainer, or bind --host 127.0.0.1")
     return ServerLimits(token=token, max_body_bytes=int(args.max_body_mb * (1 << 20)), max_pixels=args.max_pixels,
                         max_images=args.max_images, max_request_pixels=args.max_request_pixels,
+                        max_clip_pixels=args.max_clip_pixels,
                         max_server_pixels=args.max_server_pixels,
                         max_buffered_bytes=int(args.max_buffered_mb * (1 << 20)), max_inflight=args.max_inflight,
                         max_connections=args.max_connections, read_timeout_s=args.read_timeout_s,

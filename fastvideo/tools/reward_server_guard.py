@@ -46,6 +46,7 @@ class ServerLimits:
     max_pixels: int = 4096 * 4096
     max_images: int = 256
     max_request_pixels: int = 4096 * 4096
+    max_clip_pixels: int = 2 * 4096 * 4096  # frames x pixels of a clip request: one 81-frame 480x832 clip
     max_server_pixels: int = 2 * 4096 * 4096
     max_buffered_bytes: int = 512 << 20
     max_inflight: int = 4
