@@ -62,3 +62,16 @@ def test_multireward_gives_sources_only_to_rewards_that_take_them(edit_reward, c
     assert seen == [4] and torch.equal(raw["clip"], clip_reward(images, PROMPTS))
     assert torch.equal(raw["clip_edit"], edit_reward(images, PROMPTS, sources=sources))
     assert torch.equal(MultiReward([("plain", 1.0, Plain())])(images, PROMPTS).total, torch.zeros(4))
+
+
+def test_keep_weighs_the_source_term(tiny_rewards, edit_reward):
+    """keep=0.8: 0.8 cos(image, source) + 0.2 cos(image, instruction) (at the default 0.5 a swap of the two
+    weights would not show); outside [0, 1] it is refused."""
+    keep = build_reward("clip_edit", clip_dir=tiny_rewards.pickscore_dir, batch_size=4, keep=0.8)
+    images, sources = random_images(4, seed=2), random_images(4, seed=3)
+    img, txt = _features(edit_reward, images, PROMPTS)
+    src, _ = _features(edit_reward, sources, PROMPTS)
+    expected = 0.8 * (img * src).sum(-1) + 0.2 * (img * txt).sum(-1)
+    torch.testing.assert_close(keep(images, PROMPTS, sources=sources), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"keep must be in \[0, 1\]; got 1.5"):
+        build_reward("clip_edit", clip_dir=tiny_rewards.pickscore_dir, keep=1.5)
