@@ -141,3 +141,12 @@ def test_a_checkpoint_from_before_the_identity_record_is_checked_on_its_seed():
     with pytest.raises(ConfigError, match=r"algorithm \(--algorithm\): checkpoint 'grpo'"):
         check_resume(old, _cfg("--seed", "5", "--algorithm", "my_pkg.algos:DPO"), 2, "ckpt")
     assert check_resume({}, _cfg("--seed", "6"), 2, "ckpt") == []  # no seed at all: nothing to compare
+
+
+def test_a_sequence_group_counts_as_one_data_parallel_rank():
+    """sp 2 on 4 processes draws the prompts and noise of 2 data-parallel ranks: the same run as sp 1 on 2
+    processes (resume across sp sizes), and not the run of sp 1 on 4."""
+    sp1_on_2 = run_identity(_cfg(), 2)
+    assert run_identity(_cfg("--sp_size", "2"), 4) == sp1_on_2
+    assert identity_differences(run_identity(_cfg(), 4), run_identity(_cfg("--sp_size", "2"), 4)) == [
+        "world_size (the number of processes / --sp_size (the data-parallel ranks)): checkpoint 4, this run 2"]
