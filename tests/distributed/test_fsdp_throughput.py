@@ -3,21 +3,23 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from dist_utils import run_distributed, tiny_inputs, tiny_transformer
 
 from fastvideo.distributed import fsdp
 
 
-def _bf16_gather_and_prefetch(info):
+def _bf16_gather_and_prefetch(info, version=1):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     ref = tiny_transformer()
     with torch.autocast("cpu", torch.bfloat16):
         want = ref(**tiny_inputs(info.rank))[0].float()
     policy = fsdp.PrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_inputs=False)
-    model = fsdp.wrap_model(tiny_transformer(), "full", info.device, mixed_precision=policy, forward_prefetch=True)
-    units = FSDP.fsdp_modules(model)
+    model = fsdp.wrap_model(tiny_transformer(), "full", info.device, mixed_precision=policy, forward_prefetch=True,
+                            version=version)
+    units = FSDP.fsdp_modules(model) if version == 1 else []  # FSDP2's prefetch: tests/distributed/test_fsdp2.py
     seen = {}
     to_q = fsdp.unwrap_model(model).transformer_blocks[0].attn.to_q  # inside the block's unit
     to_q.register_forward_pre_hook(lambda m, args: seen.update(weight=m.weight.dtype))
@@ -32,8 +34,10 @@ def _bf16_gather_and_prefetch(info):
             "err": float((out - want).abs().max()), "scale": float(want.abs().max())}
 
 
-def test_bf16_gathers_keep_fp32_masters_and_prefetch():
-    for r in run_distributed(_bf16_gather_and_prefetch, world_size=2):
+@pytest.mark.parametrize("version", [1, 2])
+def test_bf16_gathers_keep_fp32_masters_and_prefetch(version):
+    """FSDP1 and FSDP2 (MixedPrecisionPolicy) alike."""
+    for r in run_distributed(_bf16_gather_and_prefetch, version, world_size=2):
         assert r["prefetch"]
         assert r["gathered"] == "torch.bfloat16"  # the block computes with the bf16 gather
         assert r["inputs"] == "torch.float32"  # the root's inputs left to autocast (cast_inputs=False)
