@@ -55,8 +55,8 @@ CURVES = {"full": {0.003: 9, 0.01: 6, 0.03: None}, "flash": {0.003: 5, 0.01: 5, 
 
 
 def _fake_cell(calls):
-    def run_cell(inputs, tmp, seed, modes, iterations):
-        calls.append((seed, dict(modes)))
+    def run_cell(inputs, tmp, seed, modes, iterations, budget=None):
+        calls.append((seed, dict(modes)) if budget is None else (seed, dict(modes), budget))
         cell = {}
         for method, mode in modes.items():
             lr = float(mode.split("@")[1])
@@ -72,6 +72,7 @@ def _args(race, path, **over):
     import argparse
 
     base = dict(grid=[3e-3, 1e-2, 3e-2], tune_seeds=[101, 102], seeds=[1, 2, 3], iterations=20, target=0.04,
+                methods=["full", "flash", "nft"], limit_seeds=None,
                 json=path)
     return argparse.Namespace(**{**base, **over})
 
