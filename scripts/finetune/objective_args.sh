@@ -15,7 +15,8 @@
 #   group_size 16, global_std true              --num_generations 16 --use_group --global_std --adv_std population
 #   48 prompts, gradient_step_per_epoch 1       OBJ_GROUPS 48: 6 (8 ranks) / 3 (16) prompts per rank, GA = those x 16
 #   resolution 512                              --h 512 --w 512
-#   kl_beta 0; ema_kl_beta 0.1 (a KL to an EMA) not built here (docs/objectives.md): no KL term
+#   kl_beta 0; ema_kl_beta 0.1, ema_decay 0.3,   --awm_ema_kl_beta 0.1 (--awm_ema_decay 0.3, --awm_ema_warmup 300,
+#   linear schedule, warmup_steps 300, interval 1  --awm_ema_interval 1: the defaults): the KL to an EMA of the weights
 # DGPO: Flow-Factory at a0b2bc5, examples/dgpo/lora/sd3_5/default.yaml (its only DGPO recipe: SD3.5's, on FLUX)
 #   LoRA r 64, alpha 128, lr 3e-4, wd 1e-4      --use_lora --lora_rank 64 --lora_alpha 128 --learning_rate 3e-4
 #   dpo_beta 10, clip_dsm, clip_range 5e-2      --dgpo_beta 10 --dgpo_clip_dsm 1 --clip_range 0.05
@@ -85,6 +86,7 @@ case "$OBJ" in
   awm) OBJ_ARGS+=(
     --lora_rank 64 --lora_alpha 128 --learning_rate 3e-4 --h 512 --w 512 --sampling_steps 10
     --timestep_fraction 0.4 --clip_range 1.0 --adv_clip_max 1.0 --awm_weighting ghuber --awm_ghuber_power 0.25
+    --awm_ema_kl_beta 0.1
     --train_micro_batch_size 1 --gradient_accumulation_steps "${GA:-$(( PROMPTS_PER_RANK * G ))}");;
   dgpo) OBJ_ARGS+=(
     --lora_rank 64 --lora_alpha 128 --learning_rate 3e-4 --h 512 --w 512 --sampling_steps 10
