@@ -66,7 +66,7 @@ def run(model: Path, data: Path, out: Path, mode: str, seed: int, iterations: in
         "--checkpointing_steps", "100000", "--save_images_every", "0", "--dataloader_num_workers", "0",
         "--seed", str(seed), "--sampler_seed", str(1223627 + seed), "--fsdp_sharding_strategy", "none",
     ] + MODES[mode]
-    if "--nft_solver" in argv:  # a deterministic NFT rollout from shared noise gives G equal samples
+    if not same_noise_allowed(argv):  # a deterministic rollout from shared noise gives G equal samples
         argv.remove("--init_same_noise")
     trainer = Trainer(parse_config(argv), devices.init_distributed())
     trainer.setup()
@@ -83,6 +83,14 @@ def run(model: Path, data: Path, out: Path, mode: str, seed: int, iterations: in
         spent += rows[-1]["cpu_iteration"]
 
 
+def same_noise_allowed(argv: list[str]) -> bool:
+    """Whether a mode may keep the demo's --init_same_noise: not where every step of the rollout is
+    deterministic (NFT's solver, AWM's and DGPO's Euler ODE), which refuse it."""
+    algorithm = argv[argv.index("--algorithm") + 1] if "--algorithm" in argv else "grpo"
+    return "--nft_solver" not in argv and algorithm not in ODE_ALGORITHMS
+
+
+ODE_ALGORITHMS = ("awm", "dgpo")
 CLOCK = "cpu_iteration"  # one-thread CPU seconds: robust to other jobs on a shared machine
 
 

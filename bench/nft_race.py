@@ -44,7 +44,19 @@ NFT = ["--algorithm", "nft", "--nft_solver", "dpm", "--nft_beta", "1.0", "--nft_
 mix_learning.MODES["nft"] = NFT + ["--gradient_accumulation_steps", "2", "--learning_rate", "1e-2"]
 mix_learning.MODES["nft_split"] = NFT  # the demo's micro-batches of 4, GA 1, lr 3e-3
 
-METHODS = {"full": "DanceGRPO", "flash": "MixGRPO-Flash", "nft": "DiffusionNFT"}
+# The objectives after NFT (issue #49), each on the demo's task and flags (clip 0.2, G 8, 8 steps) with what
+# it needs or its peer's recipe sets: one optimizer step per iteration as the recipes' gradient_step_per_epoch 1
+# (AWM and DGPO: Flow-Factory a0b2bc5, examples/awm/lora/flux1, examples/dgpo/lora/sd3_5; Flash-GRPO: the
+# authors' one prompt per micro-batch and step, Shredded-Pork/Flash-GRPO 4211013), DGPO's dpo_beta 10 (its
+# recipe), Flash-GRPO's SDE without eta (--eta 1); GRPO-Guard is DanceGRPO's demo with the guard's ratio.
+mix_learning.MODES["awm"] = ["--algorithm", "awm", "--gradient_accumulation_steps", "2"]
+mix_learning.MODES["dgpo"] = ["--algorithm", "dgpo", "--dgpo_beta", "10", "--train_micro_batch_size", "8"]
+mix_learning.MODES["guard"] = ["--policy_loss", "grpo_guard"]
+mix_learning.MODES["flash_grpo"] = ["--algorithm", "flash_grpo", "--eta", "1.0", "--train_micro_batch_size", "8"]
+
+EXISTING = {"full": "DanceGRPO", "flash": "MixGRPO-Flash", "nft": "DiffusionNFT"}
+NEW = {"dgpo": "DGPO", "awm": "AWM", "guard": "GRPO-Guard", "flash_grpo": "Flash-GRPO"}
+METHODS = {**EXISTING, **NEW}
 REFERENCE = "full"  # runs --iterations iterations; the cell's other methods get its CPU seconds
 INF = float("inf")
 
@@ -78,13 +90,17 @@ def times(runs: dict[str, list[dict]], target: float) -> list[float | None]:
     return [mix_learning.time_to_target(rows, target) for rows in runs.values()]
 
 
-def run_cell(inputs, tmp: Path, seed: int, modes: dict[str, str], iterations: int) -> dict[str, list[dict]]:
+def run_cell(inputs, tmp: Path, seed: int, modes: dict[str, str], iterations: int,
+             budget: float | None = None) -> dict[str, list[dict]]:
     """One seed: the reference method's mode for ``iterations`` iterations, then the others at its
-    CPU seconds (``modes``: method -> mix_learning mode)."""
+    CPU seconds (``modes``: method -> mix_learning mode). With ``budget`` (the CPU seconds of the
+    reference's run a saved cell holds) the reference is not rerun and ``modes`` need not name it."""
     model, data = inputs
-    cell = {REFERENCE: mix_learning.run(model, data, tmp / f"{modes[REFERENCE]}_{seed}", modes[REFERENCE], seed,
-                                        iterations)}
-    budget = sum(r[mix_learning.CLOCK] for r in cell[REFERENCE])
+    cell = {}
+    if budget is None:
+        cell[REFERENCE] = mix_learning.run(model, data, tmp / f"{modes[REFERENCE]}_{seed}", modes[REFERENCE], seed,
+                                           iterations)
+        budget = sum(r[mix_learning.CLOCK] for r in cell[REFERENCE])
     for method, mode in modes.items():
         if method != REFERENCE:
             cell[method] = mix_learning.run(model, data, tmp / f"{mode}_{seed}", mode, seed, iterations, budget)
@@ -106,17 +122,46 @@ def _store(saved: dict, where: list[str], seed: int, cell: dict, path: Path | No
         path.write_text(json.dumps(saved))
 
 
-def _done(saved: dict, where: list[str], seed: int) -> bool:
+def _missing(saved: dict, where: list[str], seed: int, methods) -> list[str]:
+    """The ``methods`` whose run of ``seed`` the cell at saved[where...] does not hold yet."""
     node = saved
     for key in where:
         node = node.get(key, {})
-    return all(str(seed) in node.get(m, {}) for m in METHODS)
+    return [m for m in methods if str(seed) not in node.get(m, {})]
 
 
-def choose(saved: dict) -> dict[str, float]:
-    """Each method's lr by best_lr over the tuning seeds saved."""
+def _fill(saved: dict, where: list[str], seed: int, modes: dict[str, str], inputs, tmp: Path, args) -> None:
+    """Run the cell's missing methods (``modes``: method -> mode): a held reference run is not rerun,
+    the new methods get its saved CPU seconds (the cells of an earlier race gain the new methods)."""
+    missing = _missing(saved, where, seed, modes)
+    if not missing:
+        return
+    node = saved
+    for key in where:
+        node = node.get(key, {})
+    held = node.get(REFERENCE, {}).get(str(seed))
+    budget = None if held is None else sum(r[mix_learning.CLOCK] for r in held)
+    todo = {m: modes[m] for m in missing if m != REFERENCE or held is None}
+    _store(saved, where, seed, run_cell(inputs, tmp, seed, todo, args.iterations, budget), args.json)
+
+
+def choose(saved: dict, methods=None) -> dict[str, float]:
+    """Each method's lr by best_lr over the tuning seeds saved (``methods``: those with tuning runs)."""
     return {m: best_lr({float(lr): times(by_lr[lr], saved["target"]) for lr in by_lr})
-            for m, by_lr in ((m, _by_lr(saved, m)) for m in METHODS)}
+            for m, by_lr in ((m, _by_lr(saved, m)) for m in (methods or _present(saved)))}
+
+
+def _present(saved: dict) -> list[str]:
+    """The methods (in METHODS' order) that have runs in the tuning."""
+    return [m for m in METHODS if any(m in cell for cell in saved.get("tuning", {}).values())]
+
+
+def best_of(race_times: dict[str, list[float | None]]) -> str:
+    """The method whose race runs reach the target on the most seeds, then with the lowest upper median
+    CPU time to it (best_lr's rule, over methods); a full tie goes to the first named."""
+    order = list(race_times)
+    return min(order, key=lambda m: (-sum(t is not None for t in race_times[m]), upper_median(race_times[m]),
+                                     order.index(m)))
 
 
 def _by_lr(saved: dict, method: str) -> dict[str, dict[str, list[dict]]]:
@@ -142,53 +187,60 @@ def tuned_race(args) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         inputs = build_inputs("tiny", Path(tmp))
+        methods = [REFERENCE, *(m for m in args.methods if m != REFERENCE)]
         for seed in args.tune_seeds:
             for lr in args.grid:
-                where = ["tuning", f"{lr:g}"]
-                if not _done(saved, where, seed):
-                    _store(saved, where, seed, run_cell(inputs, Path(tmp), seed, {m: mode_at(m, lr) for m in METHODS},
-                                                        args.iterations), args.json)
+                _fill(saved, ["tuning", f"{lr:g}"], seed, {m: mode_at(m, lr) for m in methods}, inputs, Path(tmp), args)
                 print(f"# tuning: seed {seed}, lr {lr:g} done", flush=True)
         saved["chosen"] = chosen = choose(saved)
-        for seed in args.seeds:
-            if not _done(saved, ["race"], seed):
-                _store(saved, ["race"], seed, run_cell(inputs, Path(tmp), seed,
-                                                       {m: mode_at(m, chosen[m]) for m in METHODS},
-                                                       args.iterations), args.json)
+        for seed in args.seeds[:args.limit_seeds]:
+            _fill(saved, ["race"], seed, {m: mode_at(m, chosen[m]) for m in methods}, inputs, Path(tmp), args)
             print(f"# race: seed {seed} done", flush=True)
     return saved
 
 
 def report(saved: dict) -> None:
     """The tuning table (per method and lr) and the race table (per method at its chosen lr, with
-    paired counts against each other method)."""
+    paired counts against each other method, and each new method's sign test against the best
+    existing one), over the race seeds every method present holds."""
     target = saved["target"]
     print(f"# target gain {target:g}; {saved['iterations']} DanceGRPO iterations per cell, the other methods at "
           f"its CPU seconds; tuning seeds {saved['tune_seeds']}, race seeds {saved['seeds']}\n")
     print("| method | lr | tuning seeds reaching the target | median CPU s to target | chosen |\n|---|---|---|---|---|")
     chosen = choose(saved)
-    for m in METHODS:
+    for m in chosen:
         for lr, runs in sorted(_by_lr(saved, m).items(), key=lambda kv: float(kv[0])):
             t = times(runs, target)
             print(f"| {METHODS[m]} | {lr} | {sum(x is not None for x in t)}/{len(t)} | "
                   f"{mix_learning.median_time(t)} | {'yes' if float(lr) == chosen[m] else ''} |")
     race = saved.get("race", {})
-    seeds = [s for s in map(str, saved["seeds"]) if all(s in race.get(m, {}) for m in METHODS)]
+    present = [m for m in chosen if race.get(m)]
+    seeds = [s for s in map(str, saved["seeds"]) if all(s in race[m] for m in present)]
     if not seeds:
         return
-    race_times = {m: [mix_learning.time_to_target(race[m][s], target) for s in seeds] for m in METHODS}
+    race_times = {m: [mix_learning.time_to_target(race[m][s], target) for s in seeds] for m in present}
+    best = best_of({m: race_times[m] for m in present if m in EXISTING})
+    print(f"\n# {len(seeds)} race seeds held by every method: {', '.join(seeds)}; best existing method: {METHODS[best]}")
     print(f"\n| method | lr | race seeds reaching the target | median CPU s to target | gain (last 5 - first 5) | "
-          f"{' | '.join(f'earlier / tied / later than {METHODS[o]}' for o in METHODS)} | iterations | "
-          "CPU s / iteration |")
-    print("|---|---|---|---|---|" + "---|" * (len(METHODS) + 2))
-    for m in METHODS:
+          f"{' | '.join(f'earlier / tied / later than {METHODS[o]}' for o in present)} | iterations | "
+          f"CPU s / iteration | sign test p against {METHODS[best]} (earlier; later) |")
+    print("|---|---|---|---|---|" + "---|" * (len(present) + 3))
+    for m in present:
         gains = [mix_learning.gain(race[m][s]) for s in seeds]
         paired = ["—" if o == m else " / ".join(map(str, mix_learning.paired_counts(race_times[m], race_times[o])))
-                  for o in METHODS]
+                  for o in present]
         per_it = [sum(r[mix_learning.CLOCK] for r in race[m][s]) / len(race[m][s]) for s in seeds]
         print(f"| {METHODS[m]} | {chosen[m]:g} | {sum(t is not None for t in race_times[m])}/{len(seeds)} | "
               f"{mix_learning.median_time(race_times[m])} | {mix_learning._fmt(gains, 3)} | {' | '.join(paired)} | "
-              f"{mix_learning._fmt([len(race[m][s]) for s in seeds], 0)} | {mix_learning._fmt(per_it, 3)} |")
+              f"{mix_learning._fmt([len(race[m][s]) for s in seeds], 0)} | {mix_learning._fmt(per_it, 3)} | "
+              f"{sign_against(race_times[m], race_times[best]) if m in NEW else '—'} |")
+
+
+def sign_against(times_new: list[float | None], times_best: list[float | None]) -> str:
+    """One-sided sign tests over the paired seeds (ties dropped): p of the new method being earlier, then
+    p of it being later than the best existing method."""
+    earlier, _, later = mix_learning.paired_counts(times_new, times_best)
+    return f"{mix_learning.sign_test(earlier, later):.3g}; {mix_learning.sign_test(later, earlier):.3g}"
 
 
 def main_tuned(argv: list[str]) -> None:
@@ -200,6 +252,10 @@ def main_tuned(argv: list[str]) -> None:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--target", type=float, default=0.040)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
+                    help="the methods to run (DanceGRPO, the reference, always runs where a cell lacks it)")
+    ap.add_argument("--limit_seeds", type=int, default=None,
+                    help="race only the first N of --seeds now (a smaller race; a rerun with more adds seeds)")
     ap.add_argument("--from_json", type=Path, default=None, help="report a --json file instead of running")
     args = ap.parse_args(argv)
     report(json.loads(args.from_json.read_text()) if args.from_json else tuned_race(args))

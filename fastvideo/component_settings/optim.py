@@ -26,6 +26,7 @@ class OptimSettings(Settings):
     ema_decay: float
     ema_start_step: int
     max_nonfinite_steps: int
+    ema_update_interval: int = 1  # the EMA updates after every this many iterations (Flow-Factory's)
     adamw_kernel: str = "auto"
     ema_warmup: bool = False  # min((1 + s) / (10 + s), ema_decay) at optimizer step s (Flow-GRPO, DiffusionNFT)
     export_ema: bool = False  # tools/export exports this run's EMA weights unless told --policy (DiffusionNFT)
@@ -48,6 +49,9 @@ class OptimSettings(Settings):
         g.add_argument("--use_ema", action="store_true", help="keep an exponential moving average of the weights")
         g.add_argument("--ema_decay", type=float, default=0.995, help="EMA decay per optimizer step")
         g.add_argument("--ema_start_step", type=int, default=0, help="optimizer step from which the EMA updates")
+        g.add_argument("--ema_update_interval", type=int, default=1,
+                       help="update the EMA after every N-th iteration only (Flow-Factory's ema_update_interval, "
+                            "EMAModuleWrapper.step: its DGPO recipe 8, with --ema_decay 0.9)")
         g.add_argument("--ema_warmup", action="store_true",
                        help="warm the EMA decay up: min((1 + s) / (10 + s), --ema_decay) after s optimizer steps "
                             "(Flow-GRPO's and DiffusionNFT's EMAModuleWrapper); default: --ema_decay from the start")
@@ -73,7 +77,7 @@ class OptimSettings(Settings):
             lr_num_cycles=args.lr_num_cycles, lr_power=args.lr_power, use_ema=args.use_ema,
             ema_decay=args.ema_decay, ema_start_step=args.ema_start_step,
             max_nonfinite_steps=args.max_nonfinite_steps, adamw_kernel=args.adamw_kernel,
-            ema_warmup=args.ema_warmup, export_ema=args.export_ema,
+            ema_warmup=args.ema_warmup, export_ema=args.export_ema, ema_update_interval=args.ema_update_interval,
         ).checked()
 
     @classmethod
@@ -85,7 +89,7 @@ class OptimSettings(Settings):
             return [f"--{n}" for n in names if getattr(args, n) != getattr(defaults, n)]
 
         notes = []
-        ema_flags = given("ema_decay", "ema_start_step", "ema_warmup", "export_ema")
+        ema_flags = given("ema_decay", "ema_start_step", "ema_warmup", "export_ema", "ema_update_interval")
         if not args.use_ema and ema_flags:
             notes.append(f"{', '.join(ema_flags)}: no effect without --use_ema")
         sched = args.lr_scheduler
@@ -101,7 +105,7 @@ class OptimSettings(Settings):
         # sampler_seed as given: None when it is --seed's, so that a new --seed moves it too.
         same = section["sampler_seed"] == section["seed"]
         # configs written before --ema_warmup / --export_ema ran without them
-        return {"ema_warmup": False, "export_ema": False, **section,
+        return {"ema_warmup": False, "export_ema": False, "ema_update_interval": 1, **section,
                 "sampler_seed": None if same else section["sampler_seed"]}
 
     def check(self) -> None:
@@ -116,6 +120,8 @@ class OptimSettings(Settings):
             raise ConfigError(f"--lr_warmup_steps {self.lr_warmup_steps} must be >= 0")
         if self.use_ema and not 0.0 < self.ema_decay < 1.0:
             raise ConfigError(f"--ema_decay {self.ema_decay} must be in (0, 1)")
+        if self.ema_update_interval < 1:
+            raise ConfigError(f"--ema_update_interval {self.ema_update_interval} must be >= 1")
         from diffusers.optimization import SchedulerType
 
         valid = [t.value for t in SchedulerType]

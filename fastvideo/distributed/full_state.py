@@ -193,13 +193,30 @@ def load_trainable_state_dict(model: nn.Module, state_dict: dict[str, torch.Tens
                         raise KeyError(f"trainable parameter {key} is missing from the state dict")
                     buf = state_dict[key].to(device=param.device, dtype=param.dtype)
                 else:
-                    buf = torch.empty_like(param)
+                    buf = torch.empty(param.shape, dtype=param.dtype, device=param.device)
                 if distributed:
                     dist.broadcast(buf, src=0)
-                param.copy_(buf.view_as(param))
+                _copy_full(param, buf)
     extra = set(state_dict) - seen if devices.rank() == 0 else set()
     if extra:
         raise KeyError(f"state dict entries that are not trainable parameters of the model: {sorted(extra)[:5]}")
+
+
+def _copy_full(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Write ``full`` (the parameter's whole value, on every rank) into ``param``: a plain tensor, or
+    under FSDP2 a DTensor, whose local shard takes its rows of ``full`` (no collective: every rank holds it)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(param, DTensor):
+        param.copy_(full.view_as(param))
+        return
+    local = full.view(param.shape)
+    for dim_mesh, placement in enumerate(param.placements):
+        if isinstance(placement, Shard):  # fully_shard's torch.chunk rows on this mesh dim's coordinate
+            size, index = param.device_mesh.size(dim_mesh), param.device_mesh.get_local_rank(dim_mesh)
+            chunks = torch.chunk(local, size, dim=placement.dim)
+            local = chunks[index] if index < len(chunks) else local.narrow(placement.dim, 0, 0)
+    param.to_local().copy_(local.reshape(param.to_local().shape))
 
 
 def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:

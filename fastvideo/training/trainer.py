@@ -288,8 +288,10 @@ class Trainer:
 
     def _update_ema(self, iteration: int) -> None:
         """Once per iteration, after its optimizer steps (upstream's ema_handler.update after
-        train_one_step), from --ema_start_step on."""
-        if self.ema is not None and iteration >= self.cfg.optim.ema_start_step:
+        train_one_step), from --ema_start_step on, every --ema_update_interval-th iteration
+        (Flow-Factory's EMAModuleWrapper.step after epoch iteration - 1: (epoch + 1) % interval == 0)."""
+        optim = self.cfg.optim
+        if self.ema is not None and iteration >= optim.ema_start_step and iteration % optim.ema_update_interval == 0:
             # optimizer steps so far, as upstream's global_step when it calls ema.step (--ema_warmup)
             steps = iteration * self.cfg.derived(self.dims.dp_size)["optimizer_steps_per_iteration"]
             self.ema.update(self.model, step=steps)

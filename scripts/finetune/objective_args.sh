@@ -15,7 +15,8 @@
 #   group_size 16, global_std true              --num_generations 16 --use_group --global_std --adv_std population
 #   48 prompts, gradient_step_per_epoch 1       OBJ_GROUPS 48: 6 (8 ranks) / 3 (16) prompts per rank, GA = those x 16
 #   resolution 512                              --h 512 --w 512
-#   kl_beta 0; ema_kl_beta 0.1 (a KL to an EMA) not built here (docs/objectives.md): no KL term
+#   kl_beta 0; ema_kl_beta 0.1, ema_decay 0.3,   --awm_ema_kl_beta 0.1 (--awm_ema_decay 0.3, --awm_ema_warmup 300,
+#   linear schedule, warmup_steps 300, interval 1  --awm_ema_interval 1: the defaults): the KL to an EMA of the weights
 # DGPO: Flow-Factory at a0b2bc5, examples/dgpo/lora/sd3_5/default.yaml (its only DGPO recipe: SD3.5's, on FLUX)
 #   LoRA r 64, alpha 128, lr 3e-4, wd 1e-4      --use_lora --lora_rank 64 --lora_alpha 128 --learning_rate 3e-4
 #   dpo_beta 10, clip_dsm, clip_range 5e-2      --dgpo_beta 10 --dgpo_clip_dsm 1 --clip_range 0.05
@@ -25,7 +26,7 @@
 #   group_size 24, global_std true              --num_generations 24 --use_group --global_std --adv_std population
 #   24 groups, gradient_step_per_epoch 1        OBJ_GROUPS 24 on 8 ranks (3 each), 32 on 16 (2 each: 24 does not
 #                                               divide), micro-batches of a whole group (24), GA = groups per rank
-#   ema_decay 0.9 (the model's EMA)             --use_ema --ema_decay 0.9
+#   ema_decay 0.9, constant, interval 8         --use_ema --ema_decay 0.9 --ema_update_interval 8 (the model's EMA)
 #   resolution 512                              --h 512 --w 512
 # Flash-GRPO: the authors' Wan2.1 recipe, Shredded-Pork/Flash-GRPO at 4211013 (config/dgx.py wan2_1_flash,
 # config/base.py, scripts/train_wanx2_1_flash.py)
@@ -38,7 +39,8 @@
 #   global_std True
 #   one prompt's samples per micro-batch, an    --train_batch_size 1 --train_micro_batch_size 4, GA 1: one prompt
 #   optimizer step each (train L957-1040)       per rank per optimizer step
-#   EMA decay 0.9 (train L488)                  --use_ema --ema_decay 0.9 (its update_step_interval 8: every step here)
+#   EMA decay 0.9, update_step_interval 8       --use_ema --ema_decay 0.9 --ema_update_interval 8 (train L488, L1042:
+#                                               per optimizer step there, one per iteration here)
 #   Wan's 480 x 832 video                       FLUX's 720 x 720 (the GRPO launchers')
 MODEL_PATH=${MODEL_PATH:-data/flux}
 case "$OBJ" in
@@ -84,14 +86,17 @@ case "$OBJ" in
   awm) OBJ_ARGS+=(
     --lora_rank 64 --lora_alpha 128 --learning_rate 3e-4 --h 512 --w 512 --sampling_steps 10
     --timestep_fraction 0.4 --clip_range 1.0 --adv_clip_max 1.0 --awm_weighting ghuber --awm_ghuber_power 0.25
+    --awm_ema_kl_beta 0.1
     --train_micro_batch_size 1 --gradient_accumulation_steps "${GA:-$(( PROMPTS_PER_RANK * G ))}");;
   dgpo) OBJ_ARGS+=(
     --lora_rank 64 --lora_alpha 128 --learning_rate 3e-4 --h 512 --w 512 --sampling_steps 10
     --timestep_fraction 0.4 --clip_range 0.05 --adv_clip_max 5.0 --kl_coef 0.001 --dgpo_beta 10 --dgpo_clip_dsm 1
     --dgpo_switch_ema_ref 200 --dgpo_ema_max_decay 0.3 --dgpo_ema_ramp 0.001 --use_ema --ema_decay 0.9
+    --ema_update_interval 8
     --train_micro_batch_size "$G" --gradient_accumulation_steps "${GA:-$PROMPTS_PER_RANK}");;
   flash_grpo) OBJ_ARGS+=(
     --lora_rank 16 --lora_alpha 32 --learning_rate 1e-4 --h 720 --w 720 --sampling_steps 20 --eta 1.0
     --flash_candidate_fraction 0.5 --clip_range 0.001 --adv_clip_max 5.0 --use_ema --ema_decay 0.9
+    --ema_update_interval 8
     --train_micro_batch_size "$(( PROMPTS_PER_RANK * G ))" --gradient_accumulation_steps "${GA:-1}");;
 esac

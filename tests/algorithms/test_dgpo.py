@@ -153,3 +153,35 @@ def test_objective_loss_equals_flow_factorys_on_shared_noise_and_timesteps():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert float(grads[0].abs().max()) > 1e-5
     assert torch.equal(model.weight, twin.weight)  # the old policy's swap left the current weights
+
+
+def test_the_sampling_ema_updates_every_interval_as_flow_factorys():
+    """--use_ema --ema_decay 0.9 --ema_update_interval 8 (Flow-Factory's DGPO recipe, examples/dgpo/lora/sd3_5:
+    ema_decay 0.9, ema_decay_schedule constant, ema_update_interval 8): Trainer._update_ema after each of 20
+    iterations leaves the EMA equal to EMAModuleWrapper.step(step=epoch) after each epoch (test_awm's
+    re-expression of ema/ema.py at a0b2bc5), updated after iterations 8 and 16 only."""
+    from fastvideo.distributed.parallel import ParallelDims
+    from fastvideo.training.ema import EMA
+    from fastvideo.training.trainer import Trainer
+    from test_awm import ff_ema_step
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    cfg = _cfg(["--use_ema", "--ema_decay", "0.9", "--ema_update_interval", "8"])
+    host = SimpleNamespace(ema=EMA(model, decay=cfg.optim.ema_decay, warmup=cfg.optim.ema_warmup), cfg=cfg,
+                           dims=ParallelDims.build(1, 0, "full"), model=model)
+    theirs = [p.detach().clone() for p in model.parameters()]
+    g = torch.Generator().manual_seed(1)
+    for iteration in range(1, 21):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+        Trainer._update_ema(host, iteration)
+        ff_ema_step(theirs, list(model.parameters()), iteration - 1, 8, lambda step: 0.9)
+    for ours, ff in zip(host.ema.shadow, theirs):
+        torch.testing.assert_close(ours, ff, rtol=1e-6, atol=1e-7)
+    assert host.ema.num_updates == 2
+    with pytest.raises(ConfigError, match="ema_update_interval"):
+        _cfg(["--use_ema", "--ema_update_interval", "0"])
+    assert any("--ema_update_interval: no effect without --use_ema" in n
+               for n in _cfg(["--ema_update_interval", "8"]).compat_notes)

@@ -181,3 +181,81 @@ def test_the_rollout_and_the_objective_use_the_flash_step_and_its_rectification(
     torch.testing.assert_close(torch.autograd.grad(loss, new)[0].double(), torch.autograd.grad(up, new64)[0],
                                rtol=1e-5, atol=1e-7)
     assert float(extra["flash_tgr"]) == pytest.approx(float(coe[0] / pool.mean()), rel=1e-6) != 1.0
+
+
+def test_the_kl_branch_equals_the_authors_beta_term():
+    """--kl_coef under flash_grpo (GRPOObjective.loss's KL branch on the Flash SDE step): the term's loss is
+    the authors' policy_loss + beta * kl_loss (train_wanx2_1_flash.py L966-1003: the step means of the
+    policy and of the adapters-off reference, mean((mu - mu_ref)^2) / (2 (std_dev_t sqrt(-dt))^2)),
+    loss and gradient w.r.t. the velocity; the logged kl is their kl_loss."""
+    from types import SimpleNamespace
+
+    from fastvideo.algorithms.base import ObjectiveContext, StatsAccumulator, Term
+    from fastvideo.algorithms.flash_grpo.objective import FlashGRPOObjective, single_sde_plan
+    from fastvideo.distributed.parallel import ParallelDims
+    from fastvideo.sampling.randomness import RandomSource
+    from fastvideo.sampling.rollout import sde_transition
+    from fastvideo.training.policy import TransitionLogProb
+
+    plan = single_sde_plan(20, 3.0, 4)
+    sig = plan.sigmas.double()
+    s, s_next = sig[4], sig[5]
+    g = torch.Generator().manual_seed(2)
+    x, v0, v_ref, eps = (torch.randn(3, 5, 4, generator=g, dtype=torch.float64) for _ in range(4))
+    nxt = x + 0.05 * eps
+    old = torch.tensor([-1.01, -1.95, -0.5], dtype=torch.float64)
+    adv = torch.tensor([1.5, -2.0, 0.7])
+    beta = 1.0  # the KL gradient well above the comparison tolerance
+
+    class Policy:
+        has_reference = True
+
+        def __init__(self, v):
+            self.v = v
+
+        def transition_log_prob(self, traj, rows, steps, eta):
+            _, logp = sde_transition("flash", x, self.v, s, s_next, eta, plan.host_sigmas[1], prev_sample=nxt)
+            b = torch.ones(3, dtype=torch.float64)
+            return TransitionLogProb(logp, self.v, x, s * b, s_next * b)
+
+        def reference_velocity(self, traj, rows, x_, sigma):
+            return v_ref
+
+    cfg = _cfg(["--sampling_steps", "20", "--clip_range", "0.02", "--kl_coef", str(beta),
+                "--train_micro_batch_size", "3"])
+    obj = FlashGRPOObjective(ObjectiveContext(cfg=cfg, dims=ParallelDims.build(1, 0, "full"),
+                                              device=torch.device("cpu"), settings=cfg.plugins["flash_grpo"],
+                                              randomness=RandomSource(11)))
+    v = v0.clone().requires_grad_(True)
+    traj = SimpleNamespace(plan=plan, rollout_log_prob=lambda rows, steps: old)
+    stats = StatsAccumulator(torch.device("cpu"))
+    loss = obj.loss(Policy(v), traj, adv, Term(0, torch.arange(3), torch.full((3,), 4)), stats)
+    (g_ours,) = torch.autograd.grad(loss, v)
+
+    v2 = v0.clone().requires_grad_(True)
+    col = torch.ones(3, 1, 1, dtype=torch.float64)
+    lp, coe, mean, std_dev_t, sqrt_dt = _up_step(v2, s * col, s_next * col, sig, x, nxt)
+    _, _, mean_ref, _, sqrt_dt_ref = _up_step(v_ref, s * col, s_next * col, sig, x, nxt)
+    _, pool = up_sde_step_with_logprob(torch.zeros(10, 1, 1, dtype=torch.float64), sig[:10].view(-1, 1, 1),
+                                       sig[1:11].view(-1, 1, 1), sig[1], sig[-1], torch.zeros(10, 1, 1),
+                                       torch.zeros(10, 1, 1))
+    policy_loss = up_policy_loss(lp, old, adv.double(), coe, pool, 0.02)
+    kl_loss = torch.mean(((mean - mean_ref.detach()) ** 2).mean(dim=(1, 2), keepdim=True) / (2 * (std_dev_t * sqrt_dt_ref) ** 2))
+    up = policy_loss + beta * kl_loss
+    (g_up,) = torch.autograd.grad(up, v2, retain_graph=True)
+    torch.testing.assert_close(loss.double(), up.detach(), rtol=2e-5, atol=1e-7)
+    torch.testing.assert_close(g_ours.double(), g_up, rtol=2e-4, atol=1e-7)
+    assert stats.mean("kl") == pytest.approx(float(kl_loss.detach()), rel=1e-5) and float(kl_loss.detach()) > 0
+    # the KL's share of the gradient is not negligible: without it the gradients differ
+    (g_policy,) = torch.autograd.grad(policy_loss, v2)
+    assert float((g_up - g_policy).abs().max()) > 1e-2 * float(g_up.abs().max())
+
+
+def _up_step(v, sigma, sigma_prev, sig, x, nxt):
+    """sde_step_with_logprob(..., return_dt_and_std_dev_t=True)'s (log_prob, coe, prev_sample_mean,
+    std_dev_t, sqrt(-dt)) as the authors' L38-82 compute them (sigma_max = sigmas[1], sigma_min = sigmas[-1])."""
+    dt = sigma_prev - sigma
+    std_dev_t = sig[-1] + (sig[1] - sig[-1]) * sigma
+    mean = x * (1 + std_dev_t**2 / (2 * sigma) * dt) + v * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
+    lp, coe = up_sde_step_with_logprob(v, sigma, sigma_prev, sig[1], sig[-1], x, nxt)
+    return lp, coe, mean, std_dev_t, torch.sqrt(-1 * dt)

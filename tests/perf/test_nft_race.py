@@ -55,8 +55,8 @@ CURVES = {"full": {0.003: 9, 0.01: 6, 0.03: None}, "flash": {0.003: 5, 0.01: 5, 
 
 
 def _fake_cell(calls):
-    def run_cell(inputs, tmp, seed, modes, iterations):
-        calls.append((seed, dict(modes)))
+    def run_cell(inputs, tmp, seed, modes, iterations, budget=None):
+        calls.append((seed, dict(modes)) if budget is None else (seed, dict(modes), budget))
         cell = {}
         for method, mode in modes.items():
             lr = float(mode.split("@")[1])
@@ -72,6 +72,7 @@ def _args(race, path, **over):
     import argparse
 
     base = dict(grid=[3e-3, 1e-2, 3e-2], tune_seeds=[101, 102], seeds=[1, 2, 3], iterations=20, target=0.04,
+                methods=["full", "flash", "nft"], limit_seeds=None,
                 json=path)
     return argparse.Namespace(**{**base, **over})
 
@@ -118,3 +119,49 @@ def test_a_stopped_tuning_compares_its_lrs_on_the_seeds_run_at_every_lr(race):
     tuning = {"0.01": {m: {"101": _rows(5)} for m in race.METHODS},
               "0.03": {m: {"101": _rows(7), "102": _rows(5)} for m in race.METHODS}}
     assert race.choose({"target": 0.04, "tuning": tuning}) == {m: 0.01 for m in race.METHODS}
+
+
+def test_the_best_existing_method_and_the_sign_tests_of_the_new_ones(race):
+    # Flash reaches on 3 of 4 seeds, DanceGRPO on 4 (slower): most seeds reached first, as best_lr
+    times = {"full": [3.0, 3.0, 3.0, 3.0], "flash": [1.0, 1.0, 1.0, None], "nft": [2.0, 2.0, 2.0, 2.0]}
+    assert race.best_of(times) == "nft"  # 4/4 like DanceGRPO, lower upper median (2 < 3)
+    assert race.best_of({"full": [1.0, None], "flash": [1.0, None]}) == "full"  # a full tie: the first named
+    # a new method earlier on 5 seeds, later on 1, tied (both unfinished) on 1: p(>= 5 of 6) = 7/64
+    new, best = [1.0, 1.0, 1.0, 1.0, 1.0, 9.0, None], [2.0, 2.0, 2.0, 2.0, 2.0, 1.0, None]
+    assert race.sign_against(new, best) == f"{7 / 64:.3g}; {63 / 64:.3g}"
+    assert race.sign_against(best, new) == f"{63 / 64:.3g}; {7 / 64:.3g}"
+
+
+def test_new_methods_join_a_held_race_without_rerunning_its_cells(race, tmp_path, monkeypatch, capsys):
+    """A race file holding full / flash / nft cells: a rerun with the new methods runs only them, each
+    cell at the CPU seconds of the reference run it holds (not rerun), and the report gives every new
+    method's sign test against the best existing method (here MixGRPO-Flash)."""
+    import iteration
+
+    calls = []
+    monkeypatch.setattr(race, "run_cell", _fake_cell([]))
+    monkeypatch.setattr(iteration, "build_inputs", lambda *a: (None, None))
+    path = tmp_path / "race.json"
+    race.tuned_race(_args(race, path))  # the held race: full, flash, nft
+
+    def run_new(inputs, tmp, seed, modes, iterations, budget=None):
+        calls.append((seed, sorted(modes), budget))
+        return {m: _rows(None, n=30) if m == "awm" else _rows(5, cpu=0.25, n=30) for m in modes}
+
+    monkeypatch.setattr(race, "run_cell", run_new)
+    saved = race.tuned_race(_args(race, path, methods=["awm", "dgpo"], limit_seeds=2))
+    assert len(calls) == 2 * 3 + 2 and all(c[1] == ["awm", "dgpo"] for c in calls)
+    assert all(c[2] == 12 * 0.5 for c in calls)  # the held DanceGRPO run's 12 iterations x 0.5 CPU s
+    assert saved["chosen"]["dgpo"] == 0.003 and set(saved["race"]["awm"]) == {"1", "2"}
+    race.report(saved)
+    out = capsys.readouterr().out
+    assert "2 race seeds held by every method: 1, 2; best existing method: MixGRPO-Flash" in out
+    # DGPO reaches at iteration 5 at 0.25 CPU s each (1.5 s), Flash at 5 at 0.5 (3.0): earlier on both seeds,
+    # p 0.25; AWM never: later on both
+    assert "| DGPO | 0.003 | 2/2 | 1.5 |" in out
+    race_table = out.split("best existing method")[1]
+    dgpo = next(line for line in race_table.splitlines() if line.startswith("| DGPO |"))
+    awm = next(line for line in race_table.splitlines() if line.startswith("| AWM |"))
+    assert dgpo.endswith("| 0.25; 1 |") and awm.endswith("| 1; 0.25 |") and "| not reached |" in awm
+    flash = next(line for line in race_table.splitlines() if line.startswith("| MixGRPO-Flash |"))
+    assert flash.endswith("| — |")

@@ -1,5 +1,6 @@
 """--algorithm awm end to end on the tiny FLUX: 2 gloo ranks under FSDP, LoRA with the KL term to the
-frozen base (the adapters switched off), resumed bit for bit from its first checkpoint; its terms logged."""
+frozen base (the adapters switched off) and Flow-Factory's EMA-KL (--awm_ema_kl_beta: the EMA of the
+adapters, checkpointed), resumed bit for bit from its first checkpoint; its terms logged."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from helpers import resumed_metrics, run_and_resume, same_checkpoint_file
 
 AWM = dict(algorithm="awm", save_images_every=0, checkpointing_steps=1, max_train_steps=2, sampling_steps=4,
            timestep_fraction=0.5, train_micro_batch_size=1, kl_coef=0.1, awm_weighting="ghuber",
-           use_lora=True, lora_rank=4, lora_alpha=8)
+           use_lora=True, lora_rank=4, lora_alpha=8, awm_ema_kl_beta=0.1, awm_ema_warmup=2)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def awm_runs(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
 def test_awm_trains_two_ranks_and_resumes_exactly(awm_runs):
     straight, resumed = awm_runs
     rows = resumed_metrics(straight, resumed, ("reward_mean", "loss", "grad_norm", "awm_log_prob", "ratio_mean",
-                                               "kl"))
+                                               "kl", "ema_kl"))
     for r in rows:
         assert r["grad_norm"] == r["grad_norm"] and r["grad_norm"] > 0 and r["skipped_steps"] == 0
         assert r["ratio_mean"] == 1.0 and r["clip_fraction"] == 0.0  # on-policy: old = current, detached
@@ -30,3 +31,6 @@ def test_awm_trains_two_ranks_and_resumes_exactly(awm_runs):
     assert 0 < rows[0]["kl"] and 0 < rows[1]["kl"]
     assert "first_ratio_dev" not in rows[0] and "guard_bias" not in rows[0]
     assert same_checkpoint_file(straight / "checkpoint-2", resumed / "checkpoint-2", "pytorch_lora_weights.safetensors")
+    # the EMA: the adapters at iteration 1's end (decay 0), then moved by 0.15; restored on resume, bit for bit
+    assert rows[1]["ema_kl"] > 0
+    assert same_checkpoint_file(straight / "checkpoint-2", resumed / "checkpoint-2", "awm_ema.safetensors")

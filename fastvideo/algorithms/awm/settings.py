@@ -46,12 +46,39 @@ class ODEObjectiveSettings(ObjectiveSettings):
                 "log-probabilities; it trains int(N x --timestep_fraction) of all N timesteps)"] if unused else []
 
 
+# The EMA-KL of Flow-Factory's AWM (a0b2bc5, trainers/awm.py L524-537: ema_kl_beta * mean((v - v_ema)^2), the
+# EMA of the trainable weights updated after each epoch by ema/ema.py EMAModuleWrapper.step with its
+# ema_utils.linear_warmup_decay): (flag, type, default, help); the defaults are its FLUX.1 recipe's
+# (examples/awm/lora/flux1/default.yaml: ema_kl_beta 0.1 is recommended there, 0 here: off unless asked).
+EMA_FLAGS = (
+    ("awm_ema_kl_beta", float, 0.0, "beta of the KL to an EMA of the weights, beta * mean((v - v_ema)^2) "
+                                    "(Flow-Factory's ema_kl_beta; its FLUX.1 recipe: 0.1); 0: off"),
+    ("awm_ema_decay", float, 0.3, "the EMA's decay after --awm_ema_warmup iterations (recipe's ema_decay)"),
+    ("awm_ema_warmup", int, 300, "iterations over which the decay ramps linearly from 0 (recipe's warmup_steps, "
+                                 "ema_decay_schedule linear)"),
+    ("awm_ema_interval", int, 1, "update the EMA every this many iterations (recipe's ema_update_interval)"),
+)
+
+
 @dataclass
 class AWMSettings(ODEObjectiveSettings):
     weighting: str = "ghuber"
     ghuber_power: float = 0.25
+    ema_kl_beta: float = 0.0
+    ema_decay: float = 0.3
+    ema_warmup: int = 300
+    ema_interval: int = 1
 
     section = "awm"
+
+    def ema_decay_at(self, iteration: int) -> float:
+        """The EMA's decay in the update after iteration ``iteration`` (1-based; Flow-Factory's epoch
+        iteration - 1): linear_warmup_decay(decay, 0, warmup)(epoch) = decay x min(epoch / warmup, 1)."""
+        return self.ema_decay * min((iteration - 1) / self.ema_warmup, 1.0)
+
+    def ema_updates_after(self, iteration: int) -> bool:
+        """EMAModuleWrapper.step's (epoch + 1) % update_step_interval == 0."""
+        return iteration % self.ema_interval == 0
 
     def needs_reference(self, cfg) -> bool:
         return cfg.grpo.kl_coef > 0
@@ -63,18 +90,37 @@ class AWMSettings(ODEObjectiveSettings):
                        help="the matching error l's weighting w(l, t): uniform l, t l, t2 t^2 l, huber "
                             "sqrt(l) t, ghuber l^p t / p (Flow-Factory's FLUX.1 recipe: ghuber)")
         g.add_argument("--awm_ghuber_power", type=float, default=0.25, help="p of --awm_weighting ghuber")
+        for flag, kind, default, text in EMA_FLAGS:
+            g.add_argument(f"--{flag}", type=kind, default=default, help=text)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "AWMSettings":
-        return cls(weighting=args.awm_weighting, ghuber_power=args.awm_ghuber_power).checked()
+        return cls(weighting=args.awm_weighting, ghuber_power=args.awm_ghuber_power,
+                   **{flag[len("awm_"):]: getattr(args, flag) for flag, *_ in EMA_FLAGS}).checked()
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
-        return {"awm_weighting": section["weighting"], "awm_ghuber_power": section["ghuber_power"]}
+        return {"awm_weighting": section["weighting"], "awm_ghuber_power": section["ghuber_power"],
+                **{flag: section[flag[len("awm_"):]] for flag, *_ in EMA_FLAGS if flag[len("awm_"):] in section}}
 
     def check(self) -> None:
         if self.ghuber_power <= 0:
             raise ConfigError(f"--awm_ghuber_power {self.ghuber_power} must be > 0 (the loss divides by it)")
+        if self.ema_kl_beta < 0 or not 0 <= self.ema_decay < 1 or self.ema_warmup < 1 or self.ema_interval < 1:
+            raise ConfigError(f"--awm_ema_kl_beta {self.ema_kl_beta} must be >= 0, --awm_ema_decay {self.ema_decay} "
+                              f"in [0, 1), --awm_ema_warmup {self.ema_warmup} and --awm_ema_interval "
+                              f"{self.ema_interval} >= 1")
+
+    @classmethod
+    def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
+        notes = super().notes(args, defaults)
+        if args.awm_ema_kl_beta > 0:
+            return notes + [f"AWM's EMA-KL: + {args.awm_ema_kl_beta:g} x mean((v - v_ema)^2) against an EMA of the "
+                            "trainable weights (a float32 copy, checkpointed as awm_ema.safetensors; one more no-grad "
+                            f"forward per trained step), decay {args.awm_ema_decay:g} x min((iteration - 1) / "
+                            f"{args.awm_ema_warmup}, 1) every {args.awm_ema_interval} iteration(s)"]
+        given = [f"--{f}" for f, *_ in EMA_FLAGS[1:] if getattr(args, f) != getattr(defaults, f)]
+        return notes + ([f"{', '.join(given)}: no effect without --awm_ema_kl_beta > 0"] if given else [])
 
 
 
