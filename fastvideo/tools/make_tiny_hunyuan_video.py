@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from fastvideo.tools.make_tiny_flux import tiny_clip_config, write_clip_tokenizer
+from fastvideo.tools.make_tiny_flux2 import word_merges
 from fastvideo.tools.tiny_builder import bytes_to_unicode, new_folder, run_builder_cli, save_tiny_folder, \
     wake_zero_projections
 
@@ -69,16 +70,10 @@ def template_pieces() -> list[str]:
 
 
 def piece_merges(pieces) -> list[tuple[str, str]]:
-    """Left-to-right merges that make each piece one token; pieces with a leading space first, so that
-    their merges rank above a shorter word's inner pairs (" used" stays whole beside "user")."""
-    byte_map, merges = bytes_to_unicode(), []
-    for piece in sorted(set(pieces), key=lambda p: (not p.startswith(" "), len(p.encode()), p)):
-        chars = [byte_map[b] for b in piece.encode("utf-8")]
-        for k in range(1, len(chars)):
-            pair = ("".join(chars[:k]), chars[k])
-            if pair not in merges:
-                merges.append(pair)
-    return merges
+    """Merges that make each piece one token; pieces with a leading space first, so that their merges
+    rank above a shorter word's inner pairs (" used" stays whole beside "user")."""
+    ordered = sorted(set(pieces), key=lambda p: (not p.startswith(" "), len(p.encode()), p))
+    return word_merges(ordered, bytes_to_unicode())
 
 
 def write_llama_tokenizer(out: Path) -> int:

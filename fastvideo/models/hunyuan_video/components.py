@@ -27,10 +27,9 @@ from fastvideo.models import parts
 from fastvideo.models.parts import model_dtype as _model_dtype
 
 # HunyuanVideoPipeline.__call__'s guidance_scale: the embedded guidance of the CFG-distilled model
-# (the transformer's guidance input is 1000 x it; no classifier-free guidance), its num_frames and the
-# text length (max_sequence_length) of encode_prompt.
+# (the transformer's guidance input is 1000 x it; no classifier-free guidance), and the text length
+# (max_sequence_length) of encode_prompt.
 DEFAULT_GUIDANCE = 6.0
-DEFAULT_FRAMES = 129
 MAX_SEQUENCE_LENGTH = 256
 CLIP_LENGTH = 77  # _get_clip_prompt_embeds' max_sequence_length
 HIDDEN_LAYERS_TO_SKIP = 2  # _get_llama_prompt_embeds' num_hidden_layers_to_skip: hidden_states[-3]
@@ -75,22 +74,14 @@ load_vae = partial(parts.load_vae, "AutoencoderKLHunyuanVideo", check_folder)
 
 
 @dataclass
-class TextEncoders:
-    """Llama (LlamaModel: the sequence embedding) and CLIP (CLIPTextModel: the pooled one), with
-    their tokenizers."""
+class TextEncoders(parts.EncoderHandle):
+    """Llama (``model``, a LlamaModel: the sequence embedding) and CLIP (CLIPTextModel: the pooled one),
+    with their tokenizers."""
 
     llama_tokenizer: object
-    llama: torch.nn.Module
+    model: torch.nn.Module
     clip_tokenizer: object
     clip: torch.nn.Module
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.llama.parameters()).device
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.llama.config.hidden_size)
 
     @property
     def pooled_size(self) -> int:
@@ -142,7 +133,7 @@ def encode_prompts(enc: TextEncoders, prompts: list[str], max_sequence_length: i
                                  padding="max_length", truncation=True, return_tensors="pt",
                                  return_attention_mask=True)
     ids, mask = tokens.input_ids.to(enc.device), tokens.attention_mask.to(enc.device)
-    states = enc.llama(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    states = enc.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
     embeds = states[-(HIDDEN_LAYERS_TO_SKIP + 1)][:, crop:]
     clip_ids = enc.clip_tokenizer(prompts, padding="max_length", max_length=CLIP_LENGTH, truncation=True,
                                   return_tensors="pt").input_ids.to(enc.device)

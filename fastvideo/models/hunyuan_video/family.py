@@ -22,7 +22,7 @@ import torch
 import fastvideo.models.hunyuan_video.components as C
 from fastvideo.models import base
 from fastvideo.models.base import EmbeddingShapeError, LatentLayout, StoredTensor, TensorConditioning
-from fastvideo.models.diffusers_family import ComponentFunctions, DiffusersFamily
+from fastvideo.models.diffusers_family import ComponentFunctions, DiffusersFamily, video_layout
 from fastvideo.models.hunyuan_video.settings import HunyuanVideoSettings
 from fastvideo.models.latents import latent_hw
 
@@ -124,11 +124,8 @@ class HunyuanVideoFamily(DiffusersFamily):
         return self._layout(height, width, *latent_hw(height, width, 8), transformer_config["in_channels"])
 
     def _layout(self, height, width, latent_h, latent_w, channels, device=None) -> LatentLayout:
-        frames = C.latent_frames(self.num_frames)
-        return LatentLayout(height=height, width=width, tokens=(frames * latent_h * latent_w, channels),
-                            latent_hw=(latent_h, latent_w),
-                            extras={"grid": (frames, latent_h, latent_w), "latent_h": latent_h, "latent_w": latent_w,
-                                    "num_frames": self.num_frames})
+        return video_layout(height, width, latent_h, latent_w, channels, C.latent_frames(self.num_frames),
+                            self.num_frames)
 
     def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
         return C.predict_velocity(transformer, x, sigma, cond["prompt_embeds"], cond["prompt_mask"], cond["pooled"],
