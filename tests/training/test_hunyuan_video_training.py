@@ -105,3 +105,39 @@ def test_hunyuan_video_nft_and_lora_train_on_two_ranks(tiny_hunyuan_video_dir, r
     adapters = load_file(str(runs["lora"] / "checkpoint-2" / "pytorch_lora_weights.safetensors"))
     assert adapters and any("transformer_blocks.0.attn.to_q" in k for k in adapters)
     assert any(float(v.abs().max()) > 0 for k, v in adapters.items() if "lora_B" in k)  # B moved from zero
+
+
+LAUNCHERS = {"scripts/finetune/finetune_hunyuan_video_grpo_8gpus.sh": (8, 4, 48),
+             "scripts/finetune/finetune_hunyuan_video_grpo_a3_16die.sh": (16, 2, 24)}
+
+
+@pytest.mark.parametrize("script", sorted(LAUNCHERS))
+def test_hunyuan_video_launchers_parse_to_dancegrpos_configuration(script):
+    """DanceGRPO's finetune_hunyuan_grpo.sh (15cc71d): 53 frames at 480x480, 16 steps, eta 0.25, shift 5, 24
+    clips a prompt, 32 prompts and 2 optimizer steps an iteration; sources in hunyuan_video_grpo_args.sh."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fastvideo.config import build_parser, validate_args
+
+    world, prompts, accumulation = LAUNCHERS[script]
+    root = Path(__file__).resolve().parents[2]
+    env = {"DRY_RUN": "1", "FASTVIDEO_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+           "HOME": os.environ.get("HOME", "/root")}
+    out = subprocess.run(["bash", str(root / script)], capture_output=True, text=True, env=env, cwd=root, timeout=120)
+    assert out.returncode == 0, out.stderr
+    words = shlex.split(out.stdout.strip().splitlines()[-1])
+    assert f"--nproc_per_node={world}" in words
+    argv = words[words.index("fastvideo/train_grpo_flux.py") + 1:]
+    cfg = validate_args(build_parser(argv).parse_args(argv))
+    r, g, m, u = cfg.rollout, cfg.grpo, cfg.mix, cfg.update
+    assert cfg.model.family == "hunyuan_video" and cfg.plugins["hunyuan_video"].num_frames == 53
+    assert (r.height, r.width, r.sampling_steps, r.eta, r.shift) == (480, 480, 16, 0.25, 5.0)
+    assert (r.guidance_scale, r.quantize_timestep, r.num_generations, r.init_same_noise) == (6.0, True, 24, True)
+    assert m.sde_kind == "dance" and m.mode == "full" and g.timestep_fraction == 0.6 and not cfg.lora.enabled
+    assert (g.clip_range, g.adv_clip_max, cfg.optim.max_grad_norm, cfg.optim.weight_decay) == (1e-4, 5.0, 1.0, 1e-4)
+    assert cfg.optim.learning_rate == 1e-5 and cfg.prompts_per_rank == prompts and cfg.prompts_per_rank * world == 32
+    assert u.gradient_accumulation_steps == accumulation and cfg.derived(world)["optimizer_steps_per_iteration"] == 2
