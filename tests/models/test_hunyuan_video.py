@@ -125,3 +125,27 @@ def test_num_frames_must_be_4k_plus_1_in_one_line():
     assert family.nominal_layout(480, 480, {"in_channels": 16})["grid"] == (2, 60, 60)
     family.set_num_frames(53)
     assert family.nominal_layout(480, 480, {"in_channels": 16}).tokens == (14 * 60 * 60, 16)
+
+
+def test_transformer_flops_match_flop_counter(stock):
+    """The analytic count (models/hunyuan_video/flops.py) equals FlopCounterMode's on the tiny transformer,
+    forward and forward + backward, 2 clips of 2 x 4 x 6 latent cells and 7 text tokens; the published
+    13B's forward at DanceGRPO's 53 frames of 480x480 is counted from the reference config."""
+    from fastvideo.models.hunyuan_video.reference import TRANSFORMER
+    from fastvideo.perf.flops import count_flops
+
+    _, pipe, family, _ = stock
+    model, config = pipe.transformer, dict(pipe.transformer.config)
+    b, f, h, w, lt = 2, 2, 4, 6, 7
+    inputs = dict(hidden_states=torch.randn(b, 16, f, h, w), timestep=torch.tensor([500.0, 300.0]),
+                  encoder_hidden_states=torch.randn(b, lt, 32), encoder_attention_mask=torch.ones(b, lt),
+                  pooled_projections=torch.randn(b, 24), guidance=torch.tensor([6000.0, 6000.0]), return_dict=False)
+    with torch.no_grad():
+        forward = count_flops(lambda: model(**inputs))
+    both = count_flops(lambda: model(**inputs)[0].square().mean().backward())
+    model.zero_grad(set_to_none=True)
+    counts = family.transformer_flops(config, f * h * w, lt, b)
+    assert counts["forward"] == forward and counts["backward"] == both - forward
+    assert 0 < counts["blocks"] < counts["forward"]
+    big = family.transformer_flops(TRANSFORMER, 14 * 60 * 60, 256)  # 53 frames at 480x480: 14 x 60 x 60 cells
+    assert 2.5e14 < big["forward"] < 3.5e14 and big["blocks"] / big["forward"] > 0.99  # 2.97e14

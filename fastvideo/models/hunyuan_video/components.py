@@ -134,7 +134,7 @@ def encode_prompts(enc: TextEncoders, prompts: list[str], max_sequence_length: i
                                  return_attention_mask=True)
     ids, mask = tokens.input_ids.to(enc.device), tokens.attention_mask.to(enc.device)
     states = enc.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
-    embeds = states[-HIDDEN_LAYERS_TO_SKIP][:, crop:]
+    embeds = states[-(HIDDEN_LAYERS_TO_SKIP + 1)][:, crop:]
     clip_ids = enc.clip_tokenizer(prompts, padding="max_length", max_length=CLIP_LENGTH, truncation=True,
                                   return_tensors="pt").input_ids.to(enc.device)
     pooled = enc.clip(clip_ids, output_hidden_states=False).pooler_output

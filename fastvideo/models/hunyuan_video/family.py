@@ -20,6 +20,8 @@ from typing import Mapping, Sequence
 import torch
 
 import fastvideo.models.hunyuan_video.components as C
+import fastvideo.models.hunyuan_video.flops as F
+import fastvideo.models.hunyuan_video.reference as R
 from fastvideo.models import base
 from fastvideo.models.base import EmbeddingShapeError, LatentLayout, StoredTensor, TensorConditioning
 from fastvideo.models.diffusers_family import ComponentFunctions, DiffusersFamily, video_layout
@@ -50,7 +52,10 @@ class HunyuanVideoFamily(DiffusersFamily):
     parts = ComponentFunctions(
         check_folder=C.check_folder, folder_error=C.HunyuanVideoFolderError, load_transformer=C.load_transformer,
         adapt_for_device=C.adapt_for_device, load_vae=C.load_vae, load_text_encoders=C.load_text_encoders,
-        encode_prompts=C.encode_prompts, decode_latents=C.decode_latents)
+        encode_prompts=C.encode_prompts, decode_latents=C.decode_latents,
+        flops_breakdown=F.transformer_flops_breakdown, backward_flops=F.transformer_backward_flops)
+    block_flop_parts = ("dual_blocks", "single_blocks")
+    reference_config, reference_vae_config, reference_name = R.TRANSFORMER, R.VAE, R.NAME
     default_guidance_scale = C.DEFAULT_GUIDANCE
     block_lists = ("transformer_blocks", "single_transformer_blocks")
     token_patch = 1  # one latent cell per rollout token; the transformer patches 1x2x2 itself
@@ -143,6 +148,11 @@ class HunyuanVideoFamily(DiffusersFamily):
 
     # -- cost model (text_tokens: the Llama sequence length)
     def meta_inputs(self, config, batch, layout, text_tokens, dtype) -> dict:
+        """The memory model's forward on the meta device: the current library line only (diffusers 0.32's
+        transformer fills its attention mask row by row from the mask's values, which meta tensors lack)."""
+        from fastvideo.library_lines import CURRENT, require_line
+
+        require_line(CURRENT, "the memory model of HunyuanVideo (a meta-device forward)")
         m = "meta"
         return dict(hidden_states=torch.empty(batch, config["in_channels"], *layout["grid"], device=m, dtype=dtype),
                     timestep=torch.empty(batch, device=m, dtype=dtype),
