@@ -154,6 +154,22 @@ def wan_embeddings(tiny_wan_dir, tmp_path_factory):
     return encode_tiny_prompts(tiny_wan_dir, tmp_path_factory, "wan_embeddings", 32, "wan")
 
 
+@pytest.fixture(scope="session")
+def tiny_hunyuan_video_dir(tmp_path_factory):
+    """A tiny random-weight HunyuanVideo folder (make_tiny_hunyuan_video; both library lines)."""
+    from fastvideo.tools.make_tiny_hunyuan_video import make_tiny_hunyuan_video
+
+    return make_tiny_hunyuan_video(tmp_path_factory.mktemp("tiny_hunyuan_video"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def hunyuan_video_embeddings(tiny_hunyuan_video_dir, tmp_path_factory):
+    """assets/prompts_tiny.txt encoded with the tiny HunyuanVideo's Llama (40 tokens after the template's
+    95; their longest is 38) and CLIP."""
+    return encode_tiny_prompts(tiny_hunyuan_video_dir, tmp_path_factory, "hunyuan_video_embeddings", 40,
+                               "hunyuan_video")
+
+
 # FLUX.1-schnell's scheduler_config.json: no dynamic shifting, shift 1.
 SCHNELL_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.32.0",
                      "base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 4096, "max_shift": 1.15,

@@ -115,6 +115,12 @@ FAMILIES = (
     Wiring("wan", ("fastvideo.tools.make_tiny_wan",), 32,
            ("--num_frames", "5", "--guidance_scale", Env("WAN_GUIDANCE", "5.0"), *FLOW_SDE, "--learning_rate",
             Env("WAN_LR", "1e-2"))),
+    # both library lines; 5-frame clips, the pipeline's embedded guidance 6.0 (one pass), DanceGRPO's
+    # HunyuanVideo shift 5; the bundled prompts' longest is 52 of the tiny Llama tokenizer's tokens after
+    # the template's 95; preprocessing at the pipeline's max_sequence_length 256
+    Wiring("hunyuan_video", ("fastvideo.tools.make_tiny_hunyuan_video",), 52,
+           ("--num_frames", "5", "--guidance_scale", "6.0", *FLOW_SDE, "--shift", "5", "--learning_rate",
+            Env("HUNYUAN_VIDEO_LR", "1e-2")), current_line=False, seq=256),
 )
 BY_NAME = {w.name: w for w in FAMILIES}
 

@@ -49,6 +49,16 @@ class ComponentFunctions:
     backward_flops: Callable[..., int] | None = None
 
 
+def video_layout(height: int, width: int, latent_h: int, latent_w: int, channels: int, latent_frames: int,
+                 num_frames: int) -> LatentLayout:
+    """A video family's layout: one token per latent cell of f x h x w (f = ``latent_frames``), extras
+    "grid" (f, h, w), "latent_h", "latent_w" and "num_frames" (the clip's frames)."""
+    return LatentLayout(height=height, width=width, tokens=(latent_frames * latent_h * latent_w, channels),
+                        latent_hw=(latent_h, latent_w),
+                        extras={"grid": (latent_frames, latent_h, latent_w), "latent_h": latent_h, "latent_w": latent_w,
+                                "num_frames": num_frames})
+
+
 class DiffusersFamily(base.ModelFamily, base.FamilyCostModel):
     """A family of a diffusers pipeline. guidance_scale: its guidance scale (None: the stock pipeline's
     ``default_guidance_scale``, as the preflight and the cost model build it without settings);

@@ -1,7 +1,7 @@
 """The model-family registry: ``--model_family NAME`` or a plugin ``--model_family pkg.module:Name``.
 
 The built-in families (flux, sd3, flux2, zimage, qwen_image, kontext,
-qwen_image_edit, flux2_edit, wan) are registered here, imported when first asked for; a family
+qwen_image_edit, flux2_edit, wan, hunyuan_video) are registered here, imported when first asked for; a family
 module never imports this one, so the registry and its implementations form no import circle.
 A plugin module is imported first (it may call ``register_model_family`` on import) and ``Name``
 is a registered name or a ModelFamily factory in it. A name is registered once: registering
@@ -51,6 +51,7 @@ def builtin_families() -> dict[str, FamilyFactory]:
     from fastvideo.models.flux.family import FluxFamily
     from fastvideo.models.flux2.family import Flux2Family
     from fastvideo.models.flux2_edit.family import Flux2EditFamily
+    from fastvideo.models.hunyuan_video.family import HunyuanVideoFamily
     from fastvideo.models.kontext.family import KontextFamily
     from fastvideo.models.qwen_image.family import QwenImageFamily
     from fastvideo.models.qwen_image_edit.family import QwenImageEditFamily
@@ -68,6 +69,7 @@ def builtin_families() -> dict[str, FamilyFactory]:
         "qwen_image_edit": QwenImageEditFamily,  # Qwen-Image's transformer, a source image
         "flux2_edit": Flux2EditFamily,  # FLUX.2 [klein] editing: klein's folder, a source image
         "wan": WanFamily,  # Wan2.1-T2V / Wan2.2-TI2V-5B video; the current library line only
+        "hunyuan_video": HunyuanVideoFamily,  # HunyuanVideo (DanceGRPO's video model); both library lines
     }
 
 

@@ -67,7 +67,7 @@ def test_the_demo_trains_each_family_on_its_tiny_folder_with_its_flags(name):
     assert argv[argv.index("--output_dir") + 1] == f"/d x/outputs{suffix}"
     assert argv[argv.index("--data_json_path") + 1] == f"/d x/embeddings{suffix}/videos2caption.json"
     w = catalog.wiring(name)
-    assert w.current_line == (name not in ("flux", "sd3"))  # the demo runs these on the current line only
+    assert w.current_line == (name not in ("flux", "sd3", "hunyuan_video"))  # the demo runs these on the current line only
 
 
 @pytest.mark.parametrize("name", ["flux", "sd3"])
@@ -90,7 +90,7 @@ def test_each_library_line_demos_into_its_own_folders(name):
 def test_the_demo_refuses_an_unknown_model_and_a_current_family_on_the_recipe_line():
     bad = _dry_run({"MODEL": "sd4"})
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "MODEL=sd4: use flux, sd3, flux2, zimage, qwen_image, kontext, qwen_image_edit, flux2_edit or wan"]
+        "MODEL=sd4: use flux, sd3, flux2, zimage, qwen_image, kontext, qwen_image_edit, flux2_edit, wan or hunyuan_video"]
     line = _dry_run({"MODEL": "zimage", "LINE": "recipe"})
     assert line.returncode == 2 and "MODEL=zimage runs on the current library line" in line.stderr
 
@@ -136,7 +136,7 @@ def test_each_preprocessing_launcher_encodes_with_its_family_and_defaults(name):
     w = catalog.wiring(name)
     assert flags.get("--model_family", "flux") == name and flags["--model_path"] == f"data/{w.model or name}"
     assert flags["--output_dir"] == f"data/rl_embeddings{suffix}"
-    assert flags["--max_sequence_length"] == str({"sd3": 128}.get(name, 512))
+    assert flags["--max_sequence_length"] == str({"sd3": 128, "hunyuan_video": 256}.get(name, 512))
     edit = name in ("kontext", "qwen_image_edit", "flux2_edit")
     assert flags["--prompt_dir"] == ("assets/edit/prompts_edit.jsonl" if edit else "assets/prompts.txt")
     if name == "qwen_image_edit":  # Flow-Factory's condition_image_size [384, 384]

@@ -42,6 +42,7 @@ COVERED = {
     "make_tiny_flux": "test_make_tiny_flux_cli",
     "make_tiny_kontext": "test_make_tiny_kontext_cli",
     "make_tiny_flux2": "test_make_tiny_flux2_cli",
+    "make_tiny_hunyuan_video": "test_make_tiny_hunyuan_video_cli",
     "make_tiny_reward": "test_make_tiny_reward_cli",
     "make_tiny_sd3": "test_make_tiny_sd3_cli",
     "make_tiny_qwen_image": "test_make_tiny_qwen_image_cli",
@@ -225,6 +226,15 @@ def test_make_tiny_sd3_cli(tiny_sd3_dir, tmp_path, monkeypatch, capsys):
     name = "transformer/diffusion_pytorch_model.safetensors"
     mine, fixture = load_file(tmp_path / "sd3" / name), load_file(Path(tiny_sd3_dir) / name)
     assert mine.keys() == fixture.keys() and all(torch.equal(mine[k], fixture[k]) for k in mine)  # same seed
+
+
+def test_make_tiny_hunyuan_video_cli(tiny_hunyuan_video_dir, tmp_path, monkeypatch, capsys):
+    """Both lines: the tiny HunyuanVideo folder, the fixture's weights bit for bit from the same seed."""
+    code, out = run_tool("make_tiny_hunyuan_video", [str(tmp_path / "hv"), "--seed", "0"], monkeypatch, capsys)
+    assert code == 0 and out.startswith(f"wrote tiny HunyuanVideo folder to {tmp_path / 'hv'} (") and "seed 0" in out
+    for name in ("transformer/diffusion_pytorch_model.safetensors", "text_encoder/model.safetensors"):
+        mine, fixture = load_file(tmp_path / "hv" / name), load_file(Path(tiny_hunyuan_video_dir) / name)
+        assert mine.keys() == fixture.keys() and all(torch.equal(mine[k], fixture[k]) for k in mine)  # same seed
 
 
 def test_make_tiny_flux2_cli(tmp_path, monkeypatch, capsys):

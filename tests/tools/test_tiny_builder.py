@@ -49,6 +49,13 @@ WAN_TI2V_INDEX = {"_class_name": "WanPipeline", "_diffusers_version": "0.42.1", 
                   "tokenizer": WAN_INDEX["tokenizer"], "transformer": WAN_INDEX["transformer"],
                   "transformer_2": [None, None], "vae": WAN_INDEX["vae"]}
 
+# hunyuanvideo-community/HunyuanVideo's (Llama and CLIP text encoders, the flow-match Euler scheduler).
+HUNYUAN_VIDEO_INDEX = {"_class_name": "HunyuanVideoPipeline", "_diffusers_version": "0.32.0.dev0", "scheduler": SCHED,
+                       "text_encoder": [T, "LlamaModel"], "text_encoder_2": [T, "CLIPTextModel"],
+                       "tokenizer": [T, "LlamaTokenizerFast"], "tokenizer_2": [T, "CLIPTokenizer"],
+                       "transformer": ["diffusers", "HunyuanVideoTransformer3DModel"],
+                       "vae": ["diffusers", "AutoencoderKLHunyuanVideo"]}
+
 
 def _fake(module: str, name: str):
     """An object whose class is ``module.name`` (what model_index reads of a network)."""
@@ -72,8 +79,10 @@ def _index(folder) -> list:
     return list(json.loads((Path(folder) / "model_index.json").read_text()).items())
 
 
-def test_the_recipe_line_folders_have_the_published_model_index(tiny_flux_dir, tiny_sd3_dir, tiny_kontext_dir):
+def test_the_recipe_line_folders_have_the_published_model_index(tiny_flux_dir, tiny_sd3_dir, tiny_kontext_dir,
+                                                                tiny_hunyuan_video_dir):
     assert _index(tiny_flux_dir) == list(FLUX_INDEX.items())
+    assert _index(tiny_hunyuan_video_dir) == list(HUNYUAN_VIDEO_INDEX.items())  # both lines build it
     assert _index(tiny_sd3_dir) == list(SD3_INDEX.items())
     assert _index(tiny_kontext_dir) == list(KONTEXT_INDEX.items())
 

@@ -25,7 +25,7 @@ import torch
 import fastvideo.models.wan.components as C
 from fastvideo.models import base
 from fastvideo.models.base import LatentLayout, config_value
-from fastvideo.models.diffusers_family import ComponentFunctions, TextEmbedsFamily
+from fastvideo.models.diffusers_family import ComponentFunctions, TextEmbedsFamily, video_layout
 from fastvideo.models.latents import latent_hw
 from fastvideo.models.wan.reference import MODELS
 from fastvideo.models.wan.settings import WanSettings
@@ -132,11 +132,8 @@ class WanFamily(TextEmbedsFamily):
         return self._layout(height, width, *latent_hw(height, width, cell), transformer_config["in_channels"])
 
     def _layout(self, height, width, latent_h, latent_w, channels, device=None) -> LatentLayout:
-        frames = C.latent_frames(self.num_frames)
-        return LatentLayout(height=height, width=width, tokens=(frames * latent_h * latent_w, channels),
-                            latent_hw=(latent_h, latent_w),
-                            extras={"grid": (frames, latent_h, latent_w), "latent_h": latent_h, "latent_w": latent_w,
-                                    "num_frames": self.num_frames})
+        return video_layout(height, width, latent_h, latent_w, channels, C.latent_frames(self.num_frames),
+                            self.num_frames)
 
     def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
         return C.predict_velocity(transformer, x, sigma, cond["prompt_embeds"], cond["neg_prompt_embeds"],

@@ -2,37 +2,24 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
-from fastvideo.errors import ConfigError
-from fastvideo.settings import Settings, flag_group
+from fastvideo.models.frames_settings import FramesSettings
 
 DEFAULT_FRAMES = 81  # WanPipeline.__call__'s num_frames
 
 
 @dataclass
-class WanSettings(Settings):
+class WanSettings(FramesSettings):
     num_frames: int = DEFAULT_FRAMES
 
     section = "wan"
+    group = "wan (video)"
+    frames_help = ("frames per sample, 4k+1 (Wan's VAE compresses 4 frames to one after the first): 81 as "
+                   "WanPipeline, 5 for a short clip, 1 for single images (DanceGRPO's Wan-as-images recipe)")
 
-    @classmethod
-    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
-        flag_group(parser, "wan (video)").add_argument(
-            "--num_frames", type=int, default=DEFAULT_FRAMES,
-            help="frames per sample, 4k+1 (Wan's VAE compresses 4 frames to one after the first): 81 as "
-                 "WanPipeline, 5 for a short clip, 1 for single images (DanceGRPO's Wan-as-images recipe)")
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "WanSettings":
-        return cls(num_frames=args.num_frames).checked()
-
-    def check(self) -> None:
+    @staticmethod
+    def check_frames(num_frames: int, error) -> int:
         from fastvideo.models.wan.components import check_num_frames
 
-        check_num_frames(self.num_frames, ConfigError)
-
-    @classmethod
-    def flags_from_resolved(cls, section: dict) -> dict:
-        return {"num_frames": section["num_frames"]}
+        return check_num_frames(num_frames, error)
