@@ -60,6 +60,11 @@ class WanExperts(torch.nn.Module):
         return self.transformer.config
 
     @property
+    def diffusers_class_name(self) -> str:
+        """Each expert's class (what a checkpoint's transformer config records)."""
+        return type(self.transformer).__name__
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.transformer.dtype
 

@@ -72,6 +72,7 @@ class WanFamily(TextEmbedsFamily):
         self.num_frames = C.check_num_frames(int(frames))
         # the low-noise expert's scale (WanPipeline's guidance_scale_2; None: guidance_scale's)
         self.guidance_scale_2 = guidance_scale_2 if guidance_scale_2 is not None else own.guidance_scale_2
+        self.train_experts = own.train_experts  # which of a two-expert folder's experts train ("high,low")
         self.expand_timesteps = False  # Wan2.2-TI2V's per-token timesteps, once a folder was checked or loaded
         self.experts = None  # (boundary_ratio, num_train_timesteps) of a two-expert folder (Wan2.2-A14B)
 
@@ -89,6 +90,10 @@ class WanFamily(TextEmbedsFamily):
             raise C.WanFolderError(f"--guidance_scale_2 {self.guidance_scale_2}: {root} has one transformer (no "
                                    "transformer_2 and boundary_ratio in model_index.json); it is the low-noise "
                                    "expert's scale of a two-expert folder (Wan2.2-A14B): drop the flag")
+        if self.experts is None and self.train_experts != "high,low":
+            raise C.WanFolderError(f"--train_experts {self.train_experts}: {root} has one transformer (no "
+                                   "transformer_2 and boundary_ratio in model_index.json); the choice is a "
+                                   "two-expert folder's (Wan2.2-A14B): drop the flag")
 
     def check_folder(self, path, components=None) -> Path:
         root = super().check_folder(path, components)
@@ -106,6 +111,25 @@ class WanFamily(TextEmbedsFamily):
             return model
         low = C.load_second_expert(root, "transformer_2", device, dtype)
         return WanExperts(model, low, *self.experts)
+
+    def meta_model(self, folder, dtype):
+        """A two-expert folder's transformer/ (Wan2.2-A14B): WanExperts of both on meta, the names
+        ``transformer_2.*`` read from transformer_2/."""
+        root = Path(folder).parent
+        self._note_variant(root)
+        if self.experts is None or Path(folder).name != "transformer":
+            return super().meta_model(folder, dtype)
+        high, _ = super().meta_model(folder, dtype)
+        low, _ = super().meta_model(root / "transformer_2", dtype)
+        return WanExperts(high, low, *self.experts), {"transformer.": Path(folder),
+                                                      "transformer_2.": root / "transformer_2"}
+
+    def trained_parts(self, model):
+        """A two-expert model's experts that --train_experts names (high: transformer, low: transformer_2)."""
+        inner = getattr(model, "module", model)
+        if not isinstance(inner, WanExperts):
+            return (model,)
+        return tuple(e for name, e in zip(("high", "low"), inner.experts()) if name in self.train_experts.split(","))
 
     def meta_transformer(self, config, dtype):
         """The default's meta model with its RoPE tables made for real: WanRotaryPosEmbed keeps them as

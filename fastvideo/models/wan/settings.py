@@ -9,12 +9,14 @@ from fastvideo.errors import ConfigError
 from fastvideo.settings import Settings, flag_group
 
 DEFAULT_FRAMES = 81  # WanPipeline.__call__'s num_frames
+EXPERT_CHOICES = ("high,low", "high", "low")  # --train_experts (models/wan/experts.py: high = transformer)
 
 
 @dataclass
 class WanSettings(Settings):
     num_frames: int = DEFAULT_FRAMES
     guidance_scale_2: float | None = None
+    train_experts: str = "high,low"
 
     section = "wan"
 
@@ -29,16 +31,25 @@ class WanSettings(Settings):
             "--guidance_scale_2", type=float, default=None,
             help="a two-expert folder (Wan2.2-A14B): the low-noise expert's guidance scale (WanPipeline's "
                  "guidance_scale_2; default: --guidance_scale); refused for a one-expert folder")
+        group.add_argument(
+            "--train_experts", default="high,low", choices=EXPERT_CHOICES,
+            help="a two-expert folder (Wan2.2-A14B): which experts train, the high-noise transformer, the "
+                 "low-noise transformer_2 or both (default); the other is frozen. A one-expert folder: high,low "
+                 "only")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "WanSettings":
-        return cls(num_frames=args.num_frames, guidance_scale_2=args.guidance_scale_2).checked()
+        return cls(num_frames=args.num_frames, guidance_scale_2=args.guidance_scale_2,
+                   train_experts=args.train_experts).checked()
 
     def check(self) -> None:
         from fastvideo.models.wan.components import check_num_frames
 
         check_num_frames(self.num_frames, ConfigError)
+        if self.train_experts not in EXPERT_CHOICES:
+            raise ConfigError(f"--train_experts {self.train_experts!r}: choose {', '.join(EXPERT_CHOICES)}")
 
     @classmethod
     def flags_from_resolved(cls, section: dict) -> dict:
-        return {"num_frames": section["num_frames"], "guidance_scale_2": section.get("guidance_scale_2")}
+        return {"num_frames": section["num_frames"], "guidance_scale_2": section.get("guidance_scale_2"),
+                "train_experts": section.get("train_experts", "high,low")}
