@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     run_builder_cli("make_tiny_wan", __doc__, lambda a: make_tiny_wan(a.out_dir, a.seed, a.variant),
                     lambda a: f"tiny Wan {a.variant}", argv,
                     options=((("--variant",), dict(choices=VARIANTS, default="t2v",
-                                                   help="t2v: Wan2.1-T2V; ti2v: Wan2.2-TI2V-5B; a14b: Wan2.2-T2V-A14B's two "
-                                                        "experts (default: t2v)")),))
+                                                   help="t2v: Wan2.1-T2V; ti2v: Wan2.2-TI2V-5B; a14b: "
+                                                        "Wan2.2-T2V-A14B's two experts (default: t2v)")),))
 
 
 if __name__ == "__main__":
