@@ -149,6 +149,14 @@ def tiny_wan_ti2v_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_wan_a14b_dir(tmp_path_factory):
+    """A tiny random-weight Wan2.2-T2V-A14B folder: two experts and boundary_ratio (make_tiny_wan --variant a14b)."""
+    from fastvideo.tools.make_tiny_wan import make_tiny_wan
+
+    return make_tiny_wan(tmp_path_factory.mktemp("tiny_wan_a14b"), seed=0, variant="a14b")
+
+
+@pytest.fixture(scope="session")
 def wan_embeddings(tiny_wan_dir, tmp_path_factory):
     """assets/prompts_tiny.txt encoded with the tiny Wan2.1's umT5 (length 32, with the negative "")."""
     return encode_tiny_prompts(tiny_wan_dir, tmp_path_factory, "wan_embeddings", 32, "wan")

@@ -246,6 +246,17 @@ class FamilyLoading(abc.ABC):
             model = self.transformer_class().from_config({k: v for k, v in config.items() if not k.startswith("_")})
         return model.to(dtype)
 
+    def meta_model(self, folder: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, dict[str, Path]]:
+        """(the model of the transformer folder ``folder`` on the meta device, {state-dict name prefix:
+        the folder whose safetensors hold those names}); default: meta_transformer of its config.json,
+        every name in ``folder`` (a family of several transformers, Wan2.2-A14B's experts, says more)."""
+        return self.meta_transformer(self.transformer_class().load_config(folder), dtype), {"": Path(folder)}
+
+    def trained_parts(self, model: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+        """The modules of ``model`` that train (LoRA's adapters go into each); the rest is frozen (no
+        gradient, optimizer state or EMA shadow). Default: the whole model."""
+        return (model,)
+
     @abc.abstractmethod
     def adapt_for_device(self, transformer, device) -> None:
         """Device-specific kernels, applied before wrapping."""

@@ -165,6 +165,24 @@ def meta_transformer(root: str | Path, subfolder: str | None, dtype: torch.dtype
     """``family``'s transformer from ``root/subfolder`` built on the meta device in ``dtype``, and
     the loader that fills it unit by unit on ``device`` (pass it to wrap_model as param_init_fn)."""
     folder = Path(root) / subfolder if subfolder else Path(root)
-    config = family.transformer_class().load_config(folder)
-    model = family.meta_transformer(config, dtype)
-    return model, UnitLoader(model, SafetensorsSource(folder), device)
+    model, folders = family.meta_model(folder, dtype)
+    source = SafetensorsSource(folders[""]) if list(folders) == [""] else PrefixedSources(folders)
+    return model, UnitLoader(model, source, device)
+
+
+class PrefixedSources:
+    """Several checkpoints as one source: the names under each prefix ("transformer_2.") read, without
+    it, from that prefix's folder (a model holding several diffusers transformers)."""
+
+    def __init__(self, folders: dict[str, Path]):
+        self.sources = {prefix: SafetensorsSource(folder) for prefix, folder in folders.items()}
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        prefix = max((p for p in self.sources if name.startswith(p)), key=len, default=None)
+        if prefix is None:
+            raise KeyError(f"the checkpoints have no tensor {name!r} that the model needs")
+        self.sources[prefix].read_into(name[len(prefix):], out)
+
+    def close(self) -> None:
+        for source in self.sources.values():
+            source.close()

@@ -1,9 +1,11 @@
 """Write a complete diffusers-layout Wan folder with random weights, built offline.
 
-    python -m fastvideo.tools.make_tiny_wan OUT_DIR [--seed N] [--variant t2v|ti2v]
+    python -m fastvideo.tools.make_tiny_wan OUT_DIR [--seed N] [--variant t2v|ti2v|a14b]
 
-Same structure and config keys as Wan-AI/Wan2.1-T2V-1.3B-Diffusers (``t2v``) or
-Wan-AI/Wan2.2-TI2V-5B-Diffusers (``ti2v``), scaled down: WanTransformer3DModel (self- and cross-
+Same structure and config keys as Wan-AI/Wan2.1-T2V-1.3B-Diffusers (``t2v``),
+Wan-AI/Wan2.2-TI2V-5B-Diffusers (``ti2v``) or Wan-AI/Wan2.2-T2V-A14B-Diffusers (``a14b``: two experts,
+transformer/ for the high-noise steps and transformer_2/ for the low-noise ones, with the published
+model_index.json's ``boundary_ratio`` 0.875), scaled down: WanTransformer3DModel (self- and cross-
 attention blocks with q/k RMS norms across heads, 3-axis RoPE over frames x rows x columns, 1x2x2
 patches), AutoencoderKLWan (the causal 3D video VAE: 4x in time, 8x in space with 16 latent channels
 and Wan2.1's per-channel latents_mean / latents_std; for ti2v Wan2.2's residual VAE with its 2x2 pixel
@@ -12,7 +14,7 @@ T5-style Unigram tokenizer of make_tiny_flux (nothing from the hub), and the sch
 folders ship: UniPCMultistepScheduler with flow sigmas (flow_shift 3.0 for Wan2.1, 5.0 for Wan2.2
 TI2V; diffusers' scripts/convert_wan_to_diffusers.py). The ti2v folder's model_index.json carries
 WanPipeline's ``expand_timesteps: true`` (per-token timesteps) and ``boundary_ratio: null``, as the
-published Wan2.2-TI2V-5B folder. WanPipeline loads either folder; the same seed gives the same
+published Wan2.2-TI2V-5B folder. WanPipeline loads each folder; the same seed gives the same
 weights, bit for bit. Needs the current library line (diffusers 0.32 has no Wan).
 """
 
@@ -26,10 +28,16 @@ from fastvideo.errors import UserError
 from fastvideo.tools.make_tiny_flux import write_t5_tokenizer
 from fastvideo.tools.tiny_builder import new_folder, run_builder_cli, save_tiny_folder, wake_zero_projections
 
-VARIANTS = ("t2v", "ti2v")
+VARIANTS = ("t2v", "ti2v", "a14b")
 # The real folders' scheduler (convert_wan_to_diffusers.py: flow_prediction, use_flow_sigmas, 1000
-# training steps, flow_shift 3.0 for Wan2.1 T2V, 5.0 for Wan2.2 TI2V); the rest UniPC's defaults.
-FLOW_SHIFT = {"t2v": 3.0, "ti2v": 5.0}
+# training steps, flow_shift 3.0 for Wan2.1 T2V and Wan2.2-T2V-A14B, 5.0 for Wan2.2 TI2V); the rest
+# UniPC's defaults.
+FLOW_SHIFT = {"t2v": 3.0, "ti2v": 5.0, "a14b": 3.0}
+# Wan-AI/Wan2.2-T2V-A14B-Diffusers model_index.json: "boundary_ratio": 0.875 (transformer for timesteps
+# >= 875, transformer_2 below; the Wan2.2 repository's wan/configs/wan_t2v_A14B.py: boundary 0.875;
+# diffusers' scripts/convert_wan_to_diffusers.py writes it for "Wan2.2-T2V-A14B", PR #12004), and
+# "expand_timesteps": false (one timestep per sample, as Wan2.1).
+A14B_BOUNDARY_RATIO = 0.875
 TEXT_WIDTH, HEADS, HEAD_DIM, LAYERS = 32, 2, 16, 2  # umT5's d_model = text_dim (4096 for umt5-xxl)
 
 # Wan2.2's VAE statistics (Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json; 48 channels).
@@ -103,7 +111,8 @@ def tiny_umt5(vocab: int):
 
 
 def build_modules(variant: str, vocab: int, seed: int):
-    """Every network of the folder, weights drawn from ``seed``."""
+    """Every network of the folder, weights drawn from ``seed`` (a14b: the low-noise expert drawn
+    last, from the same stream, so that the two experts differ)."""
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
     torch.manual_seed(seed)
@@ -111,17 +120,23 @@ def build_modules(variant: str, vocab: int, seed: int):
     vae = AutoencoderKLWan.from_config(vae_config(variant))
     text_encoder = tiny_umt5(vocab)
     wake_zero_projections(transformer, seed + 1)
-    return transformer, vae, text_encoder
+    if variant != "a14b":
+        return transformer, vae, text_encoder
+    transformer_2 = WanTransformer3DModel.from_config(transformer_config(variant))
+    wake_zero_projections(transformer_2, seed + 2)
+    return transformer, vae, text_encoder, transformer_2
 
 
 def make_tiny_wan(out_dir: str | Path, seed: int = 0, variant: str = "t2v") -> Path:
     if variant not in VARIANTS:
-        raise UserError(f"--variant {variant!r}: choose t2v (Wan2.1-T2V) or ti2v (Wan2.2-TI2V-5B)")
+        raise UserError(f"--variant {variant!r}: choose t2v (Wan2.1-T2V), ti2v (Wan2.2-TI2V-5B) or a14b "
+                        "(Wan2.2-T2V-A14B)")
     out = new_folder(out_dir, "the tiny Wan builder")
     vocab = write_t5_tokenizer(out / "tokenizer")
-    modules = dict(zip(("transformer", "vae", "text_encoder"), build_modules(variant, vocab, seed)))
-    extra = {"boundary_ratio": None, "expand_timesteps": True, "transformer_2": [None, None]} \
-        if variant == "ti2v" else {}
+    names = ("transformer", "vae", "text_encoder", "transformer_2")
+    modules = dict(zip(names, build_modules(variant, vocab, seed)))
+    extra = {"ti2v": {"boundary_ratio": None, "expand_timesteps": True, "transformer_2": [None, None]},
+             "a14b": {"boundary_ratio": A14B_BOUNDARY_RATIO, "expand_timesteps": False}}.get(variant, {})
     return save_tiny_folder(out, modules, scheduler_config(variant), "WanPipeline",
                             {"tokenizer": "T5TokenizerFast"}, **extra)
 
@@ -130,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     run_builder_cli("make_tiny_wan", __doc__, lambda a: make_tiny_wan(a.out_dir, a.seed, a.variant),
                     lambda a: f"tiny Wan {a.variant}", argv,
                     options=((("--variant",), dict(choices=VARIANTS, default="t2v",
-                                                   help="t2v: Wan2.1-T2V; ti2v: Wan2.2-TI2V-5B (default: t2v)")),))
+                                                   help="t2v: Wan2.1-T2V; ti2v: Wan2.2-TI2V-5B; a14b: "
+                                                        "Wan2.2-T2V-A14B's two experts (default: t2v)")),))
 
 
 if __name__ == "__main__":

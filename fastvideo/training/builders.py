@@ -123,12 +123,15 @@ def build_models(cfg: TrainConfig, device: torch.device, family=None):
     model, loader = _load_transformer(cfg, device, dtype, family)
     # JSON-safe copy (diffusers keeps the load path as a Path under _name_or_path).
     transformer_config = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
-    transformer_config["_class_name"] = type(model).__name__
+    # a model of several diffusers transformers (Wan2.2-A14B's experts) names their class
+    transformer_config["_class_name"] = getattr(model, "diffusers_class_name", type(model).__name__)
     extra_units = None
     if cfg.lora.enabled:
         from fastvideo.training import lora
 
-        lora.apply_lora(model, cfg.lora, base_dtype=lora_base_dtype(cfg), adapter_dtype=dtype, seed=cfg.optim.seed)
+        model.requires_grad_(False)
+        for part in family.trained_parts(model):  # the family's trained modules (both experts of Wan2.2-A14B)
+            lora.apply_lora(part, cfg.lora, base_dtype=lora_base_dtype(cfg), adapter_dtype=dtype, seed=cfg.optim.seed)
         # One FSDP unit per block holding its adapters, the frozen base replicated (never gathered);
         # with CPU offload the base stays sharded (an adapter unit per Linear, nested in its block).
         extra_units = None if _replicate_frozen(cfg) else lora.is_adapter_unit
@@ -163,6 +166,12 @@ def _select_trainable(cfg: TrainConfig, model: torch.nn.Module, family):
     from fastvideo.training.trainable import select_trainable, trainable_units
 
     trained, total = select_trainable(model, cfg.model.trainable_modules, cfg.model.family)
+    parts = family.trained_parts(model)
+    if parts != (model,):  # the family's frozen parts (a Wan2.2-A14B expert --train_experts leaves out)
+        kept = {id(p) for part in parts for p in part.parameters()}
+        for p in model.parameters():
+            p.requires_grad_(p.requires_grad and id(p) in kept)
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if trained == total:
         return None
     if devices.rank() == 0:

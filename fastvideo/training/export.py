@@ -106,10 +106,31 @@ def _link_or_copy(src: str, dst: str) -> None:
     shutil.copy2(src, dst)
 
 
-def _copy_base(base: Path, out: Path, family) -> None:
+# The state-dict prefixes of a model holding several diffusers transformers under their folder names
+# (fastvideo.models.wan.experts.WanExperts: transformer = the high-noise expert, transformer_2 the low).
+TRANSFORMER_PARTS = ("transformer", "transformer_2")
+
+
+def _transformer_parts(weights: Path | dict) -> dict[str, dict] | None:
+    """{sub-folder: its state dict} when every name of ``weights`` is ``<part>.<name>`` of several
+    TRANSFORMER_PARTS (a two-expert checkpoint); None for one transformer's weights."""
+    from fastvideo.models.sharded_load import read_header
+
+    names = list(weights) if isinstance(weights, dict) else list(read_header(Path(weights))[0])
+    split = {part: [n for n in names if n.startswith(part + ".")] for part in TRANSFORMER_PARTS}
+    if sum(len(v) for v in split.values()) != len(names) or sum(bool(v) for v in split.values()) < 2:
+        return None
+    if not isinstance(weights, dict):
+        from safetensors.torch import load_file
+
+        weights = load_file(str(weights))
+    return {part: {n[len(part) + 1:]: weights[n] for n in got} for part, got in split.items() if got}
+
+
+def _copy_base(base: Path, out: Path, family, skip: tuple[str, ...] = ("transformer",)) -> None:
     family.check_folder(base)
     for entry in base.iterdir():
-        if entry.name == "transformer":
+        if entry.name in skip:
             continue
         if entry.is_dir():
             shutil.copytree(entry, out / entry.name, copy_function=_link_or_copy)
@@ -147,11 +168,13 @@ def export_checkpoint(
     config = _transformer_config(ckpt, base_dir, family)
 
     def fill(tmp: Path) -> None:
+        parts = _transformer_parts(weights)  # several transformers (Wan2.2-A14B's experts): one sub-folder each
         if base_dir is not None:
-            _copy_base(base_dir, tmp, family)
-            _write_transformer(tmp / "transformer", weights, config, DTYPES.get(dtype))
-        else:
-            _write_transformer(tmp, weights, config, DTYPES.get(dtype))
+            _copy_base(base_dir, tmp, family, skip=tuple(parts or ("transformer",)))
+        if parts is None:
+            _write_transformer(tmp / "transformer" if base_dir is not None else tmp, weights, config, DTYPES.get(dtype))
+        for name, state in (parts or {}).items():
+            _write_transformer(tmp / name, state, config, DTYPES.get(dtype))
 
     return _atomic_folder(out, overwrite, fill)
 

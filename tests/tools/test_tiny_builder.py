@@ -48,6 +48,9 @@ WAN_TI2V_INDEX = {"_class_name": "WanPipeline", "_diffusers_version": "0.42.1", 
                   "expand_timesteps": True, "scheduler": WAN_INDEX["scheduler"], "text_encoder": WAN_INDEX["text_encoder"],
                   "tokenizer": WAN_INDEX["tokenizer"], "transformer": WAN_INDEX["transformer"],
                   "transformer_2": [None, None], "vae": WAN_INDEX["vae"]}
+# Wan-AI/Wan2.2-T2V-A14B-Diffusers': two experts (transformer_2 a WanTransformer3DModel) and boundary_ratio 0.875.
+WAN_A14B_INDEX = {**WAN_TI2V_INDEX, "boundary_ratio": 0.875, "expand_timesteps": False,
+                  "transformer_2": WAN_INDEX["transformer"]}
 
 # hunyuanvideo-community/HunyuanVideo's (Llama and CLIP text encoders, the flow-match Euler scheduler).
 HUNYUAN_VIDEO_INDEX = {"_class_name": "HunyuanVideoPipeline", "_diffusers_version": "0.32.0.dev0", "scheduler": SCHED,
@@ -97,6 +100,7 @@ def test_the_current_line_folders_have_the_published_model_index(request):
     assert _index(request.getfixturevalue("tiny_qwen_image_dir")) == list(QWEN_INDEX.items())
     assert _index(request.getfixturevalue("tiny_wan_dir")) == list(WAN_INDEX.items())
     assert _index(request.getfixturevalue("tiny_wan_ti2v_dir")) == list(WAN_TI2V_INDEX.items())
+    assert _index(request.getfixturevalue("tiny_wan_a14b_dir")) == list(WAN_A14B_INDEX.items())
     dev = dict(_index(request.getfixturevalue("tiny_flux2_dev_dir")))
     assert dev["_class_name"] == "Flux2Pipeline" and "is_distilled" not in dev
     assert dev["text_encoder"] == [T, "Mistral3ForConditionalGeneration"] and dev["tokenizer"] == [T, "PixtralProcessor"]

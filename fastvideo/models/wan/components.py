@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from fastvideo import devices
 from fastvideo.errors import UserError
 from fastvideo.models import latents as L
 from fastvideo.models import parts
@@ -107,6 +108,10 @@ def adapt_for_device(transformer, device) -> None:
 
 
 load_transformer = partial(parts.load_transformer, "WanTransformer3DModel", check_wan_folder, adapt_for_device)
+# A two-expert folder's low-noise expert (Wan2.2-A14B's transformer_2/, the transformer's files).
+check_second_expert = parts.folder_checker({"transformer_2": REQUIRED_FILES["transformer"]}, WAN_DOWNLOAD_HINT,
+                                           WanFolderError, "two-expert Wan model folder")
+load_second_expert = partial(parts.load_transformer, "WanTransformer3DModel", check_second_expert, adapt_for_device)
 load_vae = partial(parts.load_vae, "AutoencoderKLWan", check_wan_folder)
 
 
@@ -159,29 +164,61 @@ def token_timesteps(t: torch.Tensor, frames: int, latent_h: int, latent_w: int, 
 
 
 def predict_velocity(transformer, x, sigma, embeds, neg_embeds, grid: tuple[int, int, int], guidance_scale: float,
-                     quantize_timestep: bool = False, per_token: bool = False) -> torch.Tensor:
+                     quantize_timestep: bool = False, per_token: bool = False,
+                     guidance_scale_2: float | None = None) -> torch.Tensor:
     """The flow-matching velocity float32 [B, L, C] for latent tokens x [B, L, C] (L = f h w, grid
     (f, h, w)); embeds [B, Lt, D], neg_embeds [Lt, D] (the negative prompt's).
 
     As WanPipeline: the transformer takes the latent video [B, C, f, h, w], the timestep (per token
     with ``per_token``: Wan2.2-TI2V's expand_timesteps) and the text, and predicts the velocity;
     guidance_scale > 1 runs the conditional and the negative prompt's rows (here in one batched call:
-    Wan's text has no mask, each row is computed alone) and combines them v_u + s (v_c - v_u) in float32."""
+    Wan's text has no mask, each row is computed alone) and combines them v_u + s (v_c - v_u) in float32.
+    Two experts (models/wan/experts.py, Wan2.2-A14B): each row goes to the expert of its timestep, the
+    high-noise one with ``guidance_scale``, the low-noise one with ``guidance_scale_2`` (None: the same);
+    whether guidance runs is guidance_scale's (WanPipeline's do_classifier_free_guidance)."""
+    from fastvideo.models.wan.experts import WanExperts, expert_rows, stand_in
+
     b = x.shape[0]
     if embeds.shape[0] != b:
         raise ValueError(f"batch sizes differ: latents {b}, prompt_embeds {embeds.shape[0]}")
     model = getattr(transformer, "module", transformer)
-    dtype = _model_dtype(transformer)
-    guided = guidance_scale > 1.0
     t = timesteps(sigma, b, x.device, quantize_timestep)
+    guided = guidance_scale > 1.0
+    if not isinstance(model, WanExperts):
+        return _velocity(transformer, transformer, model.config, x, t, embeds, neg_embeds, grid,
+                         guidance_scale, guided, per_token)
+    scales = (guidance_scale, guidance_scale if guidance_scale_2 is None else guidance_scale_2)
+    shared = torch.as_tensor(sigma).ndim == 0 or devices.world_size() == 1
+    calls = expert_rows(t, model.boundary_timestep, shared)
+    if len(calls) == 1:  # every row with one expert
+        return _velocity(partial(transformer, calls[0][0]), transformer, model.config, x, t, embeds, neg_embeds,
+                         grid, scales[calls[0][0]], guided, per_token)
+    parts_, order, unused = [], [], 0.0
+    for expert, rows in calls:
+        idx = rows if not stand_in(rows) else torch.zeros(1, dtype=torch.long, device=rows.device)
+        v = _velocity(partial(transformer, expert), transformer, model.config, x[idx], t[idx], embeds[idx],
+                      neg_embeds, grid, scales[expert], guided, per_token)
+        if stand_in(rows):
+            unused = v.sum() * 0.0  # in the graph (its units' backward runs on every rank), adds nothing
+            continue
+        parts_.append(v)
+        order.append(rows)
+    return torch.cat(parts_)[torch.argsort(torch.cat(order))] + unused
+
+
+def _velocity(call, transformer, config, x, t, embeds, neg_embeds, grid, guidance_scale: float, guided: bool,
+              per_token: bool) -> torch.Tensor:
+    """One transformer's (guided) velocity [B, L, C] float32 at timesteps t [B] (``call`` its forward)."""
+    b = x.shape[0]
+    dtype = _model_dtype(transformer)
     if per_token:
-        t = token_timesteps(t, *grid, tuple(model.config.patch_size))
+        t = token_timesteps(t, *grid, tuple(config.patch_size))
     z = L.from_tokens(x, *grid).to(dtype)
     text = embeds.to(dtype)
     if guided:
         text = torch.cat([text, neg_embeds.to(text.device, dtype).expand(b, -1, -1)])
         z, t = torch.cat([z, z]), torch.cat([t, t])
-    out = transformer(hidden_states=z, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
+    out = call(hidden_states=z, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
     v = L.to_tokens(out).float()
     return v[b:] + guidance_scale * (v[:b] - v[b:]) if guided else v
 

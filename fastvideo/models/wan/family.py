@@ -27,6 +27,7 @@ from fastvideo.models import base
 from fastvideo.models.base import LatentLayout, config_value
 from fastvideo.models.diffusers_family import ComponentFunctions, TextEmbedsFamily, video_layout
 from fastvideo.models.latents import latent_hw
+from fastvideo.models.wan.experts import WanExperts, folder_experts
 from fastvideo.models.wan.reference import MODELS
 from fastvideo.models.wan.settings import WanSettings
 
@@ -63,11 +64,17 @@ class WanFamily(TextEmbedsFamily):
     video_fps = C.WAN21_FPS  # Wan2.2-TI2V-5B's 24 once its folder was checked or loaded (_note_variant)
 
     def __init__(self, guidance_scale: float | None = None, quantize_timestep: bool = False,
-                 settings: WanSettings | None = None, num_frames: int | None = None):
+                 settings: WanSettings | None = None, num_frames: int | None = None,
+                 guidance_scale_2: float | None = None):
         super().__init__(guidance_scale, quantize_timestep)
-        frames = num_frames if num_frames is not None else (settings or WanSettings()).num_frames
+        own = settings or WanSettings()
+        frames = num_frames if num_frames is not None else own.num_frames
         self.num_frames = C.check_num_frames(int(frames))
+        # the low-noise expert's scale (WanPipeline's guidance_scale_2; None: guidance_scale's)
+        self.guidance_scale_2 = guidance_scale_2 if guidance_scale_2 is not None else own.guidance_scale_2
+        self.train_experts = own.train_experts  # which of a two-expert folder's experts train ("high,low")
         self.expand_timesteps = False  # Wan2.2-TI2V's per-token timesteps, once a folder was checked or loaded
+        self.experts = None  # (boundary_ratio, num_train_timesteps) of a two-expert folder (Wan2.2-A14B)
 
     def set_num_frames(self, frames: int) -> None:
         """The clip length (4k + 1; else ConfigError in one line): the cost model's --num_frames."""
@@ -78,15 +85,51 @@ class WanFamily(TextEmbedsFamily):
     def _note_variant(self, root) -> None:
         self.expand_timesteps = C.expand_timesteps(root)
         self.video_fps = C.TI2V_FPS if self.expand_timesteps else C.WAN21_FPS
+        self.experts = folder_experts(root)
+        if self.experts is None and self.guidance_scale_2 is not None:
+            raise C.WanFolderError(f"--guidance_scale_2 {self.guidance_scale_2}: {root} has one transformer (no "
+                                   "transformer_2 and boundary_ratio in model_index.json); it is the low-noise "
+                                   "expert's scale of a two-expert folder (Wan2.2-A14B): drop the flag")
+        if self.experts is None and self.train_experts != "high,low":
+            raise C.WanFolderError(f"--train_experts {self.train_experts}: {root} has one transformer (no "
+                                   "transformer_2 and boundary_ratio in model_index.json); the choice is a "
+                                   "two-expert folder's (Wan2.2-A14B): drop the flag")
 
     def check_folder(self, path, components=None) -> Path:
         root = super().check_folder(path, components)
         self._note_variant(root)
+        if self.experts is not None and (components is None or "transformer" in components):
+            C.check_second_expert(root)
         return root
 
     def load_transformer(self, root, subfolder, device, dtype):
+        """The folder's transformer; a two-expert folder's (transformer/ and transformer_2/ with
+        boundary_ratio, Wan2.2-A14B) as one WanExperts module."""
         self._note_variant(root)
-        return super().load_transformer(root, subfolder, device, dtype)
+        model = super().load_transformer(root, subfolder, device, dtype)
+        if self.experts is None or subfolder != "transformer":
+            return model
+        low = C.load_second_expert(root, "transformer_2", device, dtype)
+        return WanExperts(model, low, *self.experts)
+
+    def meta_model(self, folder, dtype):
+        """A two-expert folder's transformer/ (Wan2.2-A14B): WanExperts of both on meta, the names
+        ``transformer_2.*`` read from transformer_2/."""
+        root = Path(folder).parent
+        self._note_variant(root)
+        if self.experts is None or Path(folder).name != "transformer":
+            return super().meta_model(folder, dtype)
+        high, _ = super().meta_model(folder, dtype)
+        low, _ = super().meta_model(root / "transformer_2", dtype)
+        return WanExperts(high, low, *self.experts), {"transformer.": Path(folder),
+                                                      "transformer_2.": root / "transformer_2"}
+
+    def trained_parts(self, model):
+        """A two-expert model's experts that --train_experts names (high: transformer, low: transformer_2)."""
+        inner = getattr(model, "module", model)
+        if not isinstance(inner, WanExperts):
+            return (model,)
+        return tuple(e for name, e in zip(("high", "low"), inner.experts()) if name in self.train_experts.split(","))
 
     def meta_transformer(self, config, dtype):
         """The default's meta model with its RoPE tables made for real: WanRotaryPosEmbed keeps them as
@@ -137,7 +180,8 @@ class WanFamily(TextEmbedsFamily):
 
     def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
         return C.predict_velocity(transformer, x, sigma, cond["prompt_embeds"], cond["neg_prompt_embeds"],
-                                  layout["grid"], self.scale, self.quantize_timestep, self.expand_timesteps)
+                                  layout["grid"], self.scale, self.quantize_timestep, self.expand_timesteps,
+                                  self.guidance_scale_2)
 
     def decode(self, vae, x0, layout) -> torch.Tensor:
         """Frames [B, F, 3, H, W] float32 in [0, 1]."""

@@ -1,0 +1,120 @@
+"""Wan2.2-A14B's two experts through the trainer on 2 gloo ranks (the current library line, the tiny
+two-expert folder of make_tiny_wan --variant a14b, 5-frame clips, guidance 4.0 high / 3.0 low):
+GRPO trains 2 iterations with each --train_experts choice (high,low under FSDP1 with EMA, high under
+FSDP2, low under FSDP1); the frozen expert's weights stay bit-unchanged and the trained one's move;
+a resume from checkpoint-1 equals the straight run; the export of a two-expert checkpoint with --base
+loads in stock WanPipeline with boundary_ratio 0.875 and samples otherwise than the base. A
+--train_experts / --guidance_scale_2 for a one-expert folder is one line (exit 2). One module of runs."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from current_line_helpers import WEIGHTS, line_reason
+from helpers import read_metrics, torchrun
+
+pytestmark = pytest.mark.skipif(line_reason("Wan training") is not None, reason=line_reason("Wan training") or "")
+FRAMES, SEQ = 5, 32
+
+
+def _argv(model, index, out, *extra):
+    return ["--seed", "42", "--model_family", "wan", "--num_frames", str(FRAMES),
+            "--pretrained_model_name_or_path", str(model), "--data_json_path", str(index), "--output_dir", str(out),
+            "--rewards", "compressibility:1.0", "--h", "32", "--w", "32", "--sampling_steps", "3", "--eta", "0.7",
+            "--shift", "3", "--num_generations", "2", "--train_batch_size", "1", "--rollout_batch_size", "2",
+            "--train_micro_batch_size", "2", "--use_group", "--mixed_precision", "no", "--max_train_steps", "2",
+            "--checkpointing_steps", "1", "--dataloader_num_workers", "0", "--learning_rate", "1e-2",
+            "--guidance_scale", "4.0", "--guidance_scale_2", "3.0", "--no_quantize_timestep",
+            "--save_images_every", "0", "--flow_grpo_sampling", "--timestep_fraction", "1.0", "--init_same_noise",
+            *extra]
+
+
+def _run(argv):
+    proc = torchrun(argv, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_wan_a14b_dir, wan_embeddings, tmp_path_factory):
+    """The tiny Wan2.1's embeddings serve: the a14b folder's umT5 is the same network (same seed and config)."""
+    tmp = tmp_path_factory.mktemp("wan_a14b_runs")
+    out = {name: tmp / name for name in ("both", "resumed", "high", "low")}
+    _run(_argv(tiny_wan_a14b_dir, wan_embeddings, out["both"], "--use_ema"))
+    shutil.copytree(out["both"], out["resumed"], ignore=shutil.ignore_patterns("checkpoint-2"))
+    _run(_argv(tiny_wan_a14b_dir, wan_embeddings, out["resumed"], "--use_ema", "--resume_from_checkpoint", "latest"))
+    _run(_argv(tiny_wan_a14b_dir, wan_embeddings, out["high"], "--train_experts", "high", "--fsdp_version", "2"))
+    _run(_argv(tiny_wan_a14b_dir, wan_embeddings, out["low"], "--train_experts", "low"))
+    return out
+
+
+def _base(folder) -> dict[str, torch.Tensor]:
+    return {f"{name}.{k}": v for name in ("transformer", "transformer_2")
+            for k, v in load_file(str(next((folder / name).glob("*.safetensors")))).items()}
+
+
+def _moved(final, base, expert) -> list[bool]:
+    return [not torch.equal(final[k], v) for k, v in base.items() if k.startswith(expert + ".")]
+
+
+@pytest.mark.slow
+def test_each_train_experts_choice_trains_its_experts_only(tiny_wan_a14b_dir, runs):
+    base = _base(tiny_wan_a14b_dir)
+    for run, trained in (("both", ("transformer", "transformer_2")), ("high", ("transformer",)),
+                         ("low", ("transformer_2",))):
+        final = load_file(str(runs[run] / "checkpoint-2" / WEIGHTS))
+        assert final.keys() == base.keys(), run  # both experts saved, under their folder names
+        for expert in ("transformer", "transformer_2"):
+            moved = _moved(final, base, expert)
+            if expert in trained:
+                assert sum(moved) > len(moved) // 2, (run, expert)  # the trained expert's weights move
+            else:
+                assert not any(moved), (run, expert)  # the frozen one's are bit-unchanged
+        rows = read_metrics(runs[run])
+        assert [r["iteration"] for r in rows] == [1, 2] and rows[0]["grad_norm"] > 0
+    ema = load_file(str(runs["both"] / "checkpoint-2" / "ema.safetensors"))
+    assert {k.split(".")[0] for k in ema} == {"transformer", "transformer_2"}
+
+
+@pytest.mark.slow
+def test_two_experts_resume_exactly_and_export_a_pipeline_folder(tiny_wan_a14b_dir, runs, tmp_path):
+    from diffusers import WanPipeline
+
+    from fastvideo.training.export import export_checkpoint
+
+    rows, again = read_metrics(runs["both"]), read_metrics(runs["resumed"])
+    for key in ("reward_mean", "loss", "grad_norm"):
+        assert rows[1][key] == again[1][key], key
+    final = load_file(str(runs["both"] / "checkpoint-2" / WEIGHTS))
+    again_final = load_file(str(runs["resumed"] / "checkpoint-2" / WEIGHTS))
+    assert final.keys() == again_final.keys() and all(torch.equal(final[k], again_final[k]) for k in final)
+    out = export_checkpoint(runs["both"] / "checkpoint-2", tmp_path / "exported", base=tiny_wan_a14b_dir)
+    pipe, stock = WanPipeline.from_pretrained(out), WanPipeline.from_pretrained(tiny_wan_a14b_dir)
+    assert pipe.config.boundary_ratio == 0.875 and type(pipe.transformer_2).__name__ == "WanTransformer3DModel"
+    for name in ("transformer", "transformer_2"):
+        state = getattr(pipe, name).state_dict()
+        assert all(torch.equal(state[k], final[f"{name}.{k}"]) for k in state), name
+    samples = []
+    for p in (pipe, stock):
+        p.set_progress_bar_config(disable=True)
+        latents = torch.randn(1, 16, 2, 4, 4, generator=torch.Generator().manual_seed(0))
+        samples.append(p(prompt="a red fox", negative_prompt="", guidance_scale=4.0, guidance_scale_2=3.0, height=32,
+                         width=32, num_frames=FRAMES, num_inference_steps=2, latents=latents,
+                         max_sequence_length=SEQ, output_type="latent").frames)
+    assert not torch.allclose(samples[0], samples[1], atol=1e-6)
+
+
+def test_expert_flags_for_a_one_expert_folder_are_one_line(tiny_wan_dir):
+    from fastvideo.errors import UserError
+    from fastvideo.models.wan.family import WanFamily
+    from fastvideo.models.wan.settings import WanSettings
+
+    for settings, flag in ((WanSettings(num_frames=5, train_experts="low"), "--train_experts low"),
+                           (WanSettings(num_frames=5, guidance_scale_2=3.0), "--guidance_scale_2 3.0")):
+        with pytest.raises(UserError) as exc:
+            WanFamily(settings=settings).check_folder(tiny_wan_dir)
+        assert str(exc.value).startswith(flag) and "\n" not in str(exc.value) and "drop the flag" in str(exc.value)
+    WanFamily(settings=WanSettings(num_frames=5)).check_folder(tiny_wan_dir)  # the default stands
