@@ -6,16 +6,9 @@
 # micro-batches of 1 accumulated over 24: 2 optimizer steps per iteration, as DanceGRPO's. DRY_RUN=1 prints the
 # torchrun command.
 # Data: bash scripts/preprocess/preprocess_hunyuan_video_rl_embeddings.sh.
-# Overridable: NPROC (16), MASTER_PORT (19004), EXTRA_ARGS, and hunyuan_video_grpo_args.sh's MODEL_PATH,
-# DATA_JSON, OUTPUT_DIR, REWARDS, ROLLOUT_BATCH_SIZE, NUM_FRAMES.
+# Overridable (scripts/finetune/hunyuan_video_grpo_run.sh): NPROC (16), MASTER_PORT (19004), EXTRA_ARGS,
+# and hunyuan_video_grpo_args.sh's MODEL_PATH, DATA_JSON, OUTPUT_DIR, REWARDS, ROLLOUT_BATCH_SIZE, NUM_FRAMES.
 # Trained weights: every transformer weight (--trainable_modules all) in fp32 masters with fp32 AdamW state
 # (--master_weight_type fp32), the defaults, as DanceGRPO's full fine-tuning; EXTRA_ARGS may choose otherwise.
-set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-source scripts/common.sh
-export WANDB_DISABLED=${WANDB_DISABLED:-true}
-PROMPTS_PER_RANK=2 ACCUMULATION=24
-source scripts/finetune/hunyuan_video_grpo_args.sh
-# shellcheck disable=SC2086
-fg_run --nnodes=1 --nproc_per_node="${NPROC:-16}" --master_port="${MASTER_PORT:-19004}" \
-  fastvideo/train_grpo_flux.py "${HUNYUAN_VIDEO_GRPO_ARGS[@]}" "${LEAN_ARGS[@]}" ${EXTRA_ARGS:-}
+PROMPTS_PER_RANK=2 ACCUMULATION=24 NPROC_DEFAULT=16
+source "$(dirname "${BASH_SOURCE[0]}")/hunyuan_video_grpo_run.sh"
