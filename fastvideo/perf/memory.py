@@ -105,6 +105,7 @@ class ModelProfile:
     largest_block_adapter_params: int = 0
     root_adapter_params: int = 0  # adapters outside the blocks
     units: int = 0  # FSDP units: the root and one per block
+    frozen_params: int = 0  # full fine-tuning: parameters the family leaves frozen (an untrained Wan2.2-A14B expert)
 
 
 @dataclass
@@ -258,6 +259,7 @@ def profile_model(config: dict, vae_config: dict, shape: MemoryShape, family=Non
     blocks = family.blocks(model)
     block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
     params = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for part in family.trained_parts(model) for p in part.parameters())
     vae_params, vae_peak = _vae_decode(vae_config, shape, layout, family)
     act = shape.compute_dtype
     lora = (shape.lora_rank, tuple(shape.lora_targets)) if shape.lora_rank else None
@@ -272,7 +274,7 @@ def profile_model(config: dict, vae_config: dict, shape: MemoryShape, family=Non
                                                         act, False, family=family),
         vae_params=vae_params, vae_decode=vae_peak, adapter_params=adapters,
         largest_block_adapter_params=max(block_adapters), root_adapter_params=adapters - sum(block_adapters),
-        units=len(blocks) + 1,
+        units=len(blocks) + 1, frozen_params=params - trained,
     )
 
 
@@ -304,10 +306,13 @@ def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
     on_device = 0 if s.cpu_offload else 1  # CPU offload keeps shards, gradients and AdamW in host memory
     fsdp = s.strategy != "none" and s.shards > 1
     lora = s.lora_rank > 0
-    trainable = prof.adapter_params if lora else prof.params
+    trainable = prof.adapter_params if lora else prof.params - prof.frozen_params
     shard = math.ceil(trainable / s.shards) * on_device  # this rank's trainable elements
     out = {"parameters": shard * m, "gradients": shard * m, "adamw_states": 2 * shard * m,
            "ema": shard * 4 if s.use_ema else 0}  # the EMA shadow is float32 (training/ema.py)
+    if prof.frozen_params and not lora:  # sharded with the model in the master dtype, no gradient or state
+        frozen = math.ceil(prof.frozen_params / s.shards) if fsdp else prof.frozen_params
+        out["frozen_parameters"] = frozen * m * on_device
     if s.old_policy:
         out["old_policy"] = shard * 4  # NFT: training.ema.WeightCopy, float32
     base_sharded = lora and fsdp and not s.lora_replicate_base

@@ -107,6 +107,16 @@ def set_num_frames(family, frames: int | None) -> None:
     family.set_num_frames(frames)
 
 
+def set_train_experts(family, config: dict, experts: str | None) -> None:
+    """--train_experts: which experts of a two-expert model train; ConfigError for a model of one."""
+    if experts is None:
+        return
+    if config.get("two_experts") is None:
+        raise ConfigError(f"--train_experts {experts}: this model has one transformer; the flag is a two-expert "
+                          "model's (--model wan2.2-t2v-a14b): leave it out")
+    family.train_experts = experts
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     # No abbreviations: a training command line's --t would be an ambiguous prefix of --text_tokens ...
     ap = one_line_errors(argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False))
@@ -116,6 +126,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="model family: a registered name or a plugin pkg.module:Name")
     ap.add_argument("--num_frames", type=int, default=None,
                     help="a video family's frames per clip, 4k+1 (default: the family's: Wan's 81)")
+    ap.add_argument("--train_experts", default=None, choices=("high,low", "high", "low"),
+                    help="a two-expert model (--model wan2.2-t2v-a14b): the experts trained, the other frozen "
+                         "(default: both)")
     ap.add_argument("--h", type=int, default=720)
     ap.add_argument("--w", type=int, default=720)
     ap.add_argument("--text_tokens", type=int, default=512, help="T5 sequence length (max_sequence_length)")
@@ -376,6 +389,7 @@ def main(argv: list[str] | None = None) -> None:
         family = require_cost_model(source_vae_family(args.model_family, args.source_vae_size))
         set_num_frames(family, args.num_frames)
         config, vae_cfg, desc = resolve_model(args.model, family)
+        set_train_experts(family, config, args.train_experts)
         if args.memory:
             print(memory_report(args, config, vae_cfg, desc, family))
             return

@@ -154,3 +154,24 @@ def test_replay_sends_each_row_to_its_expert_and_calls_both(tiny_wan_a14b_dir, m
 
 def _rows(cond, *rows):
     return cond.select(torch.tensor(rows))
+
+
+def test_the_cost_models_a14b_is_two_14b_experts_and_trains_the_chosen():
+    """--model wan2.2-t2v-a14b (models/wan/reference.py): two meta experts of the 14B's config (14.29 B
+    parameters each); --train_experts high leaves the low-noise expert's parameters frozen; one-expert
+    models refuse the flag in one line."""
+    from fastvideo.errors import ConfigError
+    from fastvideo.models.wan.experts import WanExperts
+    from fastvideo.models.wan.family import WanFamily
+    from fastvideo.tools.cost_model import resolve_model, set_train_experts
+
+    family = WanFamily(num_frames=5)
+    config, _, _ = resolve_model("wan2.2-t2v-a14b", family)
+    model = family.meta_transformer(config, torch.bfloat16)
+    assert isinstance(model, WanExperts) and model.boundary_ratio == 0.875
+    sizes = [sum(p.numel() for p in e.parameters()) for e in model.experts()]
+    assert sizes[0] == sizes[1] and round(sizes[0] / 1e9, 2) == 14.29 and len(family.blocks(model)) == 80
+    set_train_experts(family, config, "high")
+    assert family.trained_parts(model) == (model.transformer,)
+    with pytest.raises(ConfigError, match="--train_experts high: this model has one transformer"):
+        set_train_experts(family, resolve_model("wan2.1-t2v-14b", family)[0], "high")

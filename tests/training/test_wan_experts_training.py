@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from current_line_helpers import WEIGHTS, line_reason
+from current_line_helpers import WAN_A14B_LAUNCHERS, WEIGHTS, launcher_argv, line_reason
 from helpers import read_metrics, torchrun
 
 pytestmark = pytest.mark.skipif(line_reason("Wan training") is not None, reason=line_reason("Wan training") or "")
@@ -118,3 +118,25 @@ def test_expert_flags_for_a_one_expert_folder_are_one_line(tiny_wan_dir):
             WanFamily(settings=settings).check_folder(tiny_wan_dir)
         assert str(exc.value).startswith(flag) and "\n" not in str(exc.value) and "drop the flag" in str(exc.value)
     WanFamily(settings=WanSettings(num_frames=5)).check_folder(tiny_wan_dir)  # the default stands
+
+
+@pytest.mark.parametrize("script", sorted(WAN_A14B_LAUNCHERS))
+def test_a14b_launchers_parse_to_flow_factorys_configuration(script):
+    """Flow-Factory's examples/grpo/full/wan22/t2v.yaml (5f6cda1), sources in scripts/finetune/wan22_a14b_grpo_args.sh:
+    the high-noise expert trained under FSDP2, 5 frames at 256^2, 10 steps, one Flow-SDE step in 1..2 at 0.9,
+    48 prompts x 16 an iteration in 2 optimizer steps, CLIP + 0.5 PickScore."""
+    from fastvideo.config import build_parser, validate_args
+
+    world, prompts, accumulation = WAN_A14B_LAUNCHERS[script]
+    argv = launcher_argv(script)
+    cfg = validate_args(build_parser(argv).parse_args(argv))
+    r, g, m = cfg.rollout, cfg.grpo, cfg.mix
+    assert cfg.model.family == "wan" and cfg.plugins["wan"].train_experts == "high" and cfg.fsdp_version == 2
+    assert cfg.plugins["wan"].num_frames == 5 and (r.height, r.width, r.sampling_steps) == (256, 256, 10)
+    assert (r.eta, r.shift, r.quantize_timestep, r.guidance_scale, r.num_generations) == (0.9, 3.0, False, 5.0, 16)
+    assert (m.mode, m.window_size, m.start_strategy, m.window_range) == ("fast", 1, "random", (1, 3))
+    assert (g.clip_range, g.adv_clip_max, cfg.optim.learning_rate, cfg.optim.weight_decay) == (1e-4, 5.0, 1e-4, 1e-4)
+    assert [(s.name, s.weight) for s in cfg.reward.spec] == [("clip", 1.0), ("pickscore", 0.5)]
+    assert cfg.prompts_per_rank == prompts and cfg.prompts_per_rank * world == 48
+    assert cfg.update.gradient_accumulation_steps == accumulation
+    assert cfg.derived(world)["optimizer_steps_per_iteration"] == 2

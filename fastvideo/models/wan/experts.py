@@ -81,7 +81,8 @@ class WanExperts(torch.nn.Module):
     def experts(self) -> tuple[torch.nn.Module, torch.nn.Module]:
         return self.transformer, self.transformer_2
 
-    def forward(self, expert: int, **kwargs):
+    def forward(self, expert: int = HIGH, **kwargs):
+        """The expert's forward (default the high-noise one: one expert's pass, what the cost model times)."""
         return self.experts()[expert](**kwargs)
 
 

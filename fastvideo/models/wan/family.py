@@ -133,7 +133,12 @@ class WanFamily(TextEmbedsFamily):
 
     def meta_transformer(self, config, dtype):
         """The default's meta model with its RoPE tables made for real: WanRotaryPosEmbed keeps them as
-        non-persistent buffers, which loading the weights does not fill."""
+        non-persistent buffers, which loading the weights does not fill. A config with "two_experts" (the
+        cost model's Wan2.2-A14B entry: its boundary ratio): WanExperts of two such models."""
+        if config.get("two_experts") is not None:
+            one = {k: v for k, v in config.items() if k != "two_experts"}
+            return WanExperts(self.meta_transformer(one, dtype), self.meta_transformer(one, dtype),
+                              config["two_experts"])
         model = super().meta_transformer(config, dtype)
         rope = model.rope
         with torch.device("cpu"):

@@ -4,8 +4,10 @@ vae/config.json, the keys the cost model reads): the cost model's `--model` name
 
 Wan-AI/Wan2.1-T2V-1.3B-Diffusers: 30 blocks 1536 wide (12 heads of 128), FFN 8960; -14B-Diffusers: 40 blocks
 5120 wide (40 heads), FFN 13824; Wan2.2-TI2V-5B-Diffusers: 30 blocks 3072 wide (24 heads), FFN 14336, 48 latent
-channels. The VAEs: Wan2.1's AutoencoderKLWan (diffusers' defaults: 16 channels, 8 pixels per cell) and
-Wan2.2's (48 channels, 16 pixels per cell: base 160, decoder base 256, residual, patch 2)."""
+channels; Wan2.2-T2V-A14B-Diffusers: two experts, transformer/ and transformer_2/, each the 14B's config (40 blocks
+5120 wide, FFN 13824, 16 channels: the folders' config.json files, diffusers 0.35.0.dev0), model_index.json's
+boundary_ratio 0.875, Wan2.1's VAE (the cost model's entry says "two_experts": the boundary ratio). The VAEs:
+Wan2.1's AutoencoderKLWan (diffusers' defaults: 16 channels, 8 pixels per cell) and Wan2.2's (48 channels, 16 pixels per cell: base 160, decoder base 256, residual, patch 2)."""
 
 from __future__ import annotations
 
@@ -31,4 +33,6 @@ MODELS = {
     "wan2.1-t2v-1.3b": (_transformer(12, 8960, 30, 16), WAN21_VAE, "Wan2.1-T2V-1.3B"),
     "wan2.2-ti2v-5b": (_transformer(24, 14336, 30, 48), WAN22_VAE, "Wan2.2-TI2V-5B"),
     "wan2.1-t2v-14b": (_transformer(40, 13824, 40, 16), WAN21_VAE, "Wan2.1-T2V-14B"),
+    "wan2.2-t2v-a14b": ({**_transformer(40, 13824, 40, 16), "two_experts": 0.875}, WAN21_VAE,
+                        "Wan2.2-T2V-A14B (two 14B experts)"),
 }
