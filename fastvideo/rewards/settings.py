@@ -30,7 +30,8 @@ def reward_spec(args: argparse.Namespace) -> list:
 # (Rewards that share a flag share an entry: --clip_dir is read by clip and by clip_edit.)
 MODEL_FLAGS = {"hpsv2": ("hps_ckpt_dir", "hps_model_name", "hps_input"),
                "pickscore": ("pickscore_dir", "pickscore_processor_dir"), "clip or clip_edit": ("clip_dir",),
-               "aesthetic": ("aesthetic_dir", "aesthetic_clip_name"), "imagereward": ("image_reward_dir",)}
+               "aesthetic": ("aesthetic_dir", "aesthetic_clip_name"), "imagereward": ("image_reward_dir",),
+               "videoalign": ("videoalign_dir", "videoalign_weights", "videoalign_clip_fps")}
 
 
 @dataclass
@@ -54,7 +55,7 @@ class RewardSettings(Settings):
         g = flag_group(parser, "rewards")
         g.add_argument("--rewards", type=str, default=None,
                        help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, '
-                            'compressibility, aesthetic, imagereward, detail, saturation; remote:URL/NAME:W; '
+                            'compressibility, aesthetic, imagereward, detail, saturation, videoalign; remote:URL/NAME:W; '
                             "vlm:URL?model=M:W; a plugin reward class: pkg.module:Name:W)")
         g.add_argument("--reward_group_norm", action="store_true",
                        help="normalise each reward within its group before weighting")
