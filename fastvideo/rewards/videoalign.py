@@ -99,10 +99,11 @@ def checkpoint_state(folder: Path, lora: dict) -> dict[str, torch.Tensor]:
     r, alpha = int(lora.get("lora_r", 8)), float(lora.get("lora_alpha", 16))
     scale = alpha / (math.sqrt(r) if lora.get("use_rslora", False) else r)
     for key, a in lora_weights.items():
-        if ".lora_A." not in key:
-            continue
-        b = lora_weights[key.replace(".lora_A.", ".lora_B.")]
-        state[peft_name(key).replace(".lora_A.weight", ".weight") + "@lora"] = scale * (b.float() @ a.float())
+        if ".lora_A." in key:
+            b = lora_weights[key.replace(".lora_A.", ".lora_B.")]
+            state[peft_name(key).replace(".lora_A.weight", ".weight") + "@lora"] = scale * (b.float() @ a.float())
+        elif ".lora_" not in key:  # a module PEFT saved whole (modules_to_save)
+            state[peft_name(key)] = a
     return state
 
 

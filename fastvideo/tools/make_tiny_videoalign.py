@@ -9,7 +9,8 @@
     OUT_DIR/checkpoint-1/model.pth        the reward model's state dict in upstream's names
                                           (transformers 4.45's Qwen2-VL layout + rm_head.weight), or with
                                           --lora adapter_model.safetensors + non_lora_state_dict.pth
-                                          (PEFT's names: rank-2 LoRA on the attention projections)
+                                          (PEFT's names: rank-2 LoRA on the attention projections,
+                                          rm_head saved whole in the adapter file)
     OUT_DIR/Qwen2-VL-2B-Instruct/         the tiny base model: Qwen2VLForConditionalGeneration (a
                                           2-layer width-32 language model with multimodal RoPE, a 1-block
                                           vision tower with Qwen2-VL's 14-pixel patches, 2-frame temporal
@@ -155,9 +156,9 @@ def write_checkpoint(folder: Path, vlm, head: torch.nn.Linear, generator: torch.
             stem = "base_model.model." + name.removesuffix(".weight")
             adapters[f"{stem}.lora_A.weight"] = 0.2 * torch.randn(LORA["lora_r"], value.shape[1], generator=generator)
             adapters[f"{stem}.lora_B.weight"] = 0.2 * torch.randn(value.shape[0], LORA["lora_r"], generator=generator)
+    adapters["base_model.model.rm_head.weight"] = state["rm_head.weight"]  # modules_to_save: in the adapter file
     save_file(adapters, folder / "adapter_model.safetensors")
-    rest = {"base_model.model.rm_head.weight": state["rm_head.weight"],
-            "base_model.model.model.embed_tokens.weight": state["model.embed_tokens.weight"]}
+    rest = {"base_model.model.model.embed_tokens.weight": state["model.embed_tokens.weight"]}
     torch.save(rest, folder / "non_lora_state_dict.pth")
 
 

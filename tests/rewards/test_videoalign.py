@@ -170,7 +170,8 @@ def test_a_lora_checkpoint_is_merged_and_a_missing_folder_says_where(tmp_path):
                                                    if k.endswith("layers.1.self_attn.v_proj.weight"))]
     torch.testing.assert_close(got, want)
     rest = torch.load(folder / "checkpoint-1" / "non_lora_state_dict.pth", weights_only=True)
-    assert torch.equal(reward.head.weight, rest["base_model.model.rm_head.weight"])
+    assert torch.equal(reward.head.weight, adapters["base_model.model.rm_head.weight"])  # saved whole in the adapter
+    assert torch.equal(reward.vlm.get_input_embeddings().weight, rest["base_model.model.model.embed_tokens.weight"])
     assert torch.isfinite(reward(_clips(1, 4, 28, 28), PROMPTS[:1])).all()
     with pytest.raises(MissingInputError, match="KwaiVGI/VideoReward --local-dir .*nowhere.*Qwen/Qwen2-VL-2B-Instruct"):
         VideoAlignReward(tmp_path / "nowhere")
