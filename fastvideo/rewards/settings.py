@@ -107,6 +107,10 @@ class RewardSettings(Settings):
         from fastvideo.rewards.registry import reward_class
 
         model = sections.get("model")
+        if model is not None and any(s.name == "videoalign" and not s.url for s in self.spec) \
+                and family_makes_clips(model.family) is False:
+            raise ConfigError(f"--rewards videoalign scores clips (at least 2 frames) and model family {model.family!r} "
+                              "generates images: train a video family (--model_family wan) or use an image reward")
         wanting = [s.name for s in self.spec if not s.url and needs_sources(reward_class(s.name))]
         if wanting and model is not None and family_edits(model.family) is False:
             raise ConfigError(f"--rewards {', '.join(wanting)} compares each image with its source image, and model "
@@ -184,5 +188,16 @@ def family_edits(family: str) -> bool | None:
 
     try:
         return bool(getattr(family_factory(family), "edits", False))
+    except UserError:
+        return None
+
+
+def family_makes_clips(family: str) -> bool | None:
+    """Whether model family ``family`` generates clips (it has a ``video_fps``); None when unknown."""
+    from fastvideo.errors import UserError
+    from fastvideo.models.registry import family_factory
+
+    try:
+        return getattr(family_factory(family), "video_fps", None) is not None
     except UserError:
         return None
