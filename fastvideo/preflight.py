@@ -154,6 +154,10 @@ def weight_folder_problems(r, names: set) -> list[str]:
         from fastvideo.rewards.imagereward import resolve_image_reward_files
 
         _attempt(problems, lambda: resolve_image_reward_files(extras.image_reward_dir))
+    if "videoalign" in names and extras is not None:
+        from fastvideo.rewards.videoalign import resolve_videoalign_files
+
+        _attempt(problems, lambda: resolve_videoalign_files(extras.videoalign_dir))
     return problems
 
 

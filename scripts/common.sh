@@ -126,7 +126,8 @@ if [ "${LEAN:-1}" = 0 ] || [ "${SP:-1}" != 1 ]; then LEAN_ARGS=(); fi
 # variable becomes its flag unless the command names that folder already (MixGRPO's --hps_path...).
 FG_REWARD_DIRS=("HPS_DIR --hps_ckpt_dir --hps_path --hps_clip_path" "PICKSCORE_DIR --pickscore_dir"
                 "CLIP_DIR --clip_dir --clip_score_path" "AESTHETIC_DIR --aesthetic_dir"
-                "IMAGE_REWARD_DIR --image_reward_dir --image_reward_path --image_reward_med_config")
+                "IMAGE_REWARD_DIR --image_reward_dir --image_reward_path --image_reward_med_config"
+                "VIDEOALIGN_DIR --videoalign_dir")
 
 # fg_reward_dirs ARGS...: set REWARD_DIR_ARGS to the flags of the exported FG_REWARD_DIRS variables
 # that ARGS do not already give.

@@ -9,6 +9,7 @@ turns it into per-reward constructor arguments with :func:`reward_kwargs`.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from fastvideo.errors import ConfigError
@@ -30,6 +31,9 @@ class RewardExtras:
     vlm_timeout_s: float = 120.0
     multi_reward_mix: str | None = None  # --reward_mix: advantage_aggr | reward_aggr, None: weighted sum
     video_reward_frames: str = "all"  # which frames of a clip image rewards score (rewards/video.py)
+    videoalign_dir: str = default_folder("videoalign")
+    videoalign_weights: tuple = (1.0, 1.0, 1.0)  # VQ, MQ, TA (upstream's Overall: 1, 1, 1)
+    videoalign_clip_fps: float = 16.0  # the clips' frame rate (Wan2.1: 16)
 
 
 def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
@@ -44,6 +48,15 @@ def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
     g.add_argument("--image_reward_dir", type=str, default=RewardExtras.image_reward_dir,
                    help="folder with ImageReward.pt, med_config.json and the bert-base-uncased "
                         "tokenizer files (vocab.txt) for --rewards imagereward")
+    g.add_argument("--videoalign_dir", type=str, default=RewardExtras.videoalign_dir,
+                   help="VideoReward folder (model_config.json, checkpoint-N/, Qwen2-VL-2B-Instruct/) for --rewards "
+                        "videoalign")
+    g.add_argument("--videoalign_weights", type=str, default="1,1,1",
+                   help="VQ,MQ,TA: weights of VideoAlign's three normalised heads (default: upstream's Overall, "
+                        "their sum)")
+    g.add_argument("--videoalign_clip_fps", type=float, default=RewardExtras.videoalign_clip_fps,
+                   help="frame rate of the scored clips (VideoAlign samples its fps of them; Wan2.1: 16, "
+                        "Wan2.2-TI2V-5B: 24)")
     if not client:
         return
     g.add_argument("--reward_timeout", type=float, default=RewardExtras.remote_timeout_s,
@@ -67,9 +80,10 @@ def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
 def extras_from_args(args: argparse.Namespace) -> RewardExtras:
     """Validated RewardExtras; raises ConfigError naming the flag. Client flags a parser did not
     define (a reward server's) keep their defaults."""
+    videoalign = videoalign_extras(args)
     if not hasattr(args, "reward_timeout"):
         return RewardExtras(aesthetic_dir=args.aesthetic_dir, aesthetic_clip_name=args.aesthetic_clip_name,
-                            image_reward_dir=args.image_reward_dir)
+                            image_reward_dir=args.image_reward_dir, **videoalign)
     for flag in ("reward_timeout", "vlm_timeout"):
         if not getattr(args, flag) > 0:
             raise ConfigError(f"--{flag} must be positive; got {getattr(args, flag)}")
@@ -82,8 +96,24 @@ def extras_from_args(args: argparse.Namespace) -> RewardExtras:
         image_reward_dir=args.image_reward_dir, remote_timeout_s=args.reward_timeout,
         remote_retries=args.reward_retries, vlm_concurrency=args.vlm_concurrency,
         vlm_timeout_s=args.vlm_timeout, multi_reward_mix=mix_mode(args),
-        video_reward_frames=str(parse_frame_selection(args.video_reward_frames)),
+        video_reward_frames=str(parse_frame_selection(args.video_reward_frames)), **videoalign,
     )
+
+
+def videoalign_extras(args: argparse.Namespace) -> dict:
+    """--videoalign_dir, --videoalign_weights (three numbers) and --videoalign_clip_fps, checked."""
+    parts = [w.strip() for w in str(args.videoalign_weights).split(",")]
+    try:
+        weights = tuple(float(w) for w in parts)
+    except ValueError:
+        weights = ()
+    if len(weights) != 3 or not all(math.isfinite(w) for w in weights):
+        raise ConfigError(f"--videoalign_weights takes three numbers VQ,MQ,TA (e.g. 1,1,1); got "
+                          f"{args.videoalign_weights!r}")
+    if not args.videoalign_clip_fps > 0:
+        raise ConfigError(f"--videoalign_clip_fps must be positive; got {args.videoalign_clip_fps}")
+    return {"videoalign_dir": args.videoalign_dir, "videoalign_weights": weights,
+            "videoalign_clip_fps": float(args.videoalign_clip_fps)}
 
 
 def extras_flags(extras: dict) -> dict:
@@ -92,7 +122,9 @@ def extras_flags(extras: dict) -> dict:
     return {**{n: extras[n] for n in names}, "reward_mix": extras["multi_reward_mix"],
             "reward_timeout": extras["remote_timeout_s"],
             "reward_retries": extras["remote_retries"], "vlm_timeout": extras["vlm_timeout_s"],
-            "video_reward_frames": extras.get("video_reward_frames", "all")}  # absent before video families
+            "video_reward_frames": extras.get("video_reward_frames", "all"),  # absent before video families
+            **{k: extras.get(k, getattr(RewardExtras, k)) for k in ("videoalign_dir", "videoalign_clip_fps")},
+            "videoalign_weights": ",".join(f"{w:.17g}" for w in extras.get("videoalign_weights", (1.0, 1.0, 1.0)))}
 
 
 def mix_mode(args: argparse.Namespace) -> str | None:
@@ -130,6 +162,8 @@ def reward_kwargs(extras: RewardExtras) -> dict[str, dict]:
         "aesthetic": {"aesthetic_dir": extras.aesthetic_dir,
                       "clip_model_name": extras.aesthetic_clip_name},
         "imagereward": {"image_reward_dir": extras.image_reward_dir},
+        "videoalign": {"videoalign_dir": extras.videoalign_dir, "weights": tuple(extras.videoalign_weights),
+                       "clip_fps": extras.videoalign_clip_fps},
         "remote": {"timeout_s": extras.remote_timeout_s, "retries": extras.remote_retries},
         "vlm": {"timeout_s": extras.vlm_timeout_s, "concurrency": extras.vlm_concurrency,
                 "retries": extras.remote_retries},

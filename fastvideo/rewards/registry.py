@@ -34,6 +34,7 @@ _BUILTIN: dict[str, str] = {
     "aesthetic": "fastvideo.rewards.aesthetic:AestheticReward",
     "imagereward": "fastvideo.rewards.imagereward:ImageRewardReward",
     "clip_edit": "fastvideo.rewards.clip_edit:ClipEditReward",
+    "videoalign": "fastvideo.rewards.videoalign:VideoAlignReward",
 }
 # name -> a class (or a function building a reward) registered by a plugin
 _REGISTERED: dict[str, RewardFactory] = {}

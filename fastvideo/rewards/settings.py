@@ -30,7 +30,8 @@ def reward_spec(args: argparse.Namespace) -> list:
 # (Rewards that share a flag share an entry: --clip_dir is read by clip and by clip_edit.)
 MODEL_FLAGS = {"hpsv2": ("hps_ckpt_dir", "hps_model_name", "hps_input"),
                "pickscore": ("pickscore_dir", "pickscore_processor_dir"), "clip or clip_edit": ("clip_dir",),
-               "aesthetic": ("aesthetic_dir", "aesthetic_clip_name"), "imagereward": ("image_reward_dir",)}
+               "aesthetic": ("aesthetic_dir", "aesthetic_clip_name"), "imagereward": ("image_reward_dir",),
+               "videoalign": ("videoalign_dir", "videoalign_weights", "videoalign_clip_fps")}
 
 
 @dataclass
@@ -54,7 +55,7 @@ class RewardSettings(Settings):
         g = flag_group(parser, "rewards")
         g.add_argument("--rewards", type=str, default=None,
                        help='weighted rewards, e.g. "hpsv2:1.0,pickscore:0.5" (names: hpsv2, pickscore, clip, '
-                            'compressibility, aesthetic, imagereward, detail, saturation; remote:URL/NAME:W; '
+                            'compressibility, aesthetic, imagereward, detail, saturation, videoalign; remote:URL/NAME:W; '
                             "vlm:URL?model=M:W; a plugin reward class: pkg.module:Name:W)")
         g.add_argument("--reward_group_norm", action="store_true",
                        help="normalise each reward within its group before weighting")
@@ -106,6 +107,10 @@ class RewardSettings(Settings):
         from fastvideo.rewards.registry import reward_class
 
         model = sections.get("model")
+        if model is not None and any(s.name == "videoalign" and not s.url for s in self.spec) \
+                and family_makes_clips(model.family) is False:
+            raise ConfigError(f"--rewards videoalign scores clips (at least 2 frames) and model family {model.family!r} "
+                              "generates images: train a video family (--model_family wan) or use an image reward")
         wanting = [s.name for s in self.spec if not s.url and needs_sources(reward_class(s.name))]
         if wanting and model is not None and family_edits(model.family) is False:
             raise ConfigError(f"--rewards {', '.join(wanting)} compares each image with its source image, and model "
@@ -183,5 +188,16 @@ def family_edits(family: str) -> bool | None:
 
     try:
         return bool(getattr(family_factory(family), "edits", False))
+    except UserError:
+        return None
+
+
+def family_makes_clips(family: str) -> bool | None:
+    """Whether model family ``family`` generates clips (it has a ``video_fps``); None when unknown."""
+    from fastvideo.errors import UserError
+    from fastvideo.models.registry import family_factory
+
+    try:
+        return getattr(family_factory(family), "video_fps", None) is not None
     except UserError:
         return None

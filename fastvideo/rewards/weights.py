@@ -29,6 +29,7 @@ class Weight:
 
 
 HF = "huggingface-cli download"
+VIDEOALIGN = ("data/videoalign", "--videoalign_dir", "VIDEOALIGN_DIR")  # folder, flag, launcher variable
 WEIGHTS = (
     Weight("hpsv2", "HPSv2.1", "hps_ckpt", "--hps_ckpt_dir", "HPS_DIR", "HPS_v2.1_compressed.pt", "xswu/HPSv2",
            False, f"{HF} xswu/HPSv2 HPS_v2.1_compressed.pt --local-dir hps_ckpt"),
@@ -60,6 +61,11 @@ WEIGHTS = (
     Weight("imagereward", "its tokenizer (bert-base-uncased)", "image_reward_ckpt", "--image_reward_dir",
            "IMAGE_REWARD_DIR", "vocab.txt", "google-bert/bert-base-uncased", False,
            f"{HF} google-bert/bert-base-uncased vocab.txt --local-dir image_reward_ckpt"),
+    Weight("videoalign", "VideoReward (VideoAlign)", *VIDEOALIGN, "model_config.json + checkpoint-N/",
+           "KwaiVGI/VideoReward", False, f"{HF} KwaiVGI/VideoReward --local-dir data/videoalign"),
+    Weight("videoalign", "its base model Qwen2-VL-2B-Instruct", *VIDEOALIGN,
+           "Qwen2-VL-2B-Instruct/ (config.json, weights, tokenizer and processor files)", "Qwen/Qwen2-VL-2B-Instruct",
+           False, f"{HF} Qwen/Qwen2-VL-2B-Instruct --local-dir data/videoalign/Qwen2-VL-2B-Instruct"),
 )
 
 
