@@ -16,21 +16,16 @@ from safetensors.torch import load_file
 
 from current_line_helpers import WAN_A14B_LAUNCHERS, WEIGHTS, launcher_argv, line_reason
 from helpers import read_metrics, torchrun
+from test_wan_training import GRPO
+from test_wan_training import _argv as wan_argv
 
 pytestmark = pytest.mark.skipif(line_reason("Wan training") is not None, reason=line_reason("Wan training") or "")
 FRAMES, SEQ = 5, 32
 
 
 def _argv(model, index, out, *extra):
-    return ["--seed", "42", "--model_family", "wan", "--num_frames", str(FRAMES),
-            "--pretrained_model_name_or_path", str(model), "--data_json_path", str(index), "--output_dir", str(out),
-            "--rewards", "compressibility:1.0", "--h", "32", "--w", "32", "--sampling_steps", "3", "--eta", "0.7",
-            "--shift", "3", "--num_generations", "2", "--train_batch_size", "1", "--rollout_batch_size", "2",
-            "--train_micro_batch_size", "2", "--use_group", "--mixed_precision", "no", "--max_train_steps", "2",
-            "--checkpointing_steps", "1", "--dataloader_num_workers", "0", "--learning_rate", "1e-2",
-            "--guidance_scale", "4.0", "--guidance_scale_2", "3.0", "--no_quantize_timestep",
-            "--save_images_every", "0", "--flow_grpo_sampling", "--timestep_fraction", "1.0", "--init_same_noise",
-            *extra]
+    """Wan's training flags (test_wan_training._argv) with each expert's guidance scale and GRPO's SDE."""
+    return wan_argv(model, index, out, "--guidance_scale", "4.0", "--guidance_scale_2", "3.0", *GRPO, *extra)
 
 
 def _run(argv):
