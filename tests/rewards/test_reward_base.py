@@ -22,7 +22,7 @@ from fastvideo.rewards import (
 
 def test_registry_names():
     assert available_rewards() == ("aesthetic", "clip", "clip_edit", "compressibility", "detail", "hpsv2", "imagereward",
-                                   "pickscore", "saturation")
+                                   "pickscore", "saturation", "videoalign")
 
 
 def test_unknown_reward_lists_valid_names():

@@ -47,6 +47,7 @@ COVERED = {
     "make_tiny_sd3": "test_make_tiny_sd3_cli",
     "make_tiny_qwen_image": "test_make_tiny_qwen_image_cli",
     "make_tiny_qwen_image_edit": "test_make_tiny_qwen_image_edit_cli",
+    "make_tiny_videoalign": "test_make_tiny_videoalign_cli",
     "make_tiny_wan": "test_make_tiny_wan_cli",
     "make_tiny_zimage": "test_make_tiny_zimage_cli",
     "omp_threads": "test_omp_threads_cli",
@@ -272,6 +273,28 @@ def test_make_tiny_wan_cli(tmp_path, monkeypatch, capsys):
     name = "transformer/diffusion_pytorch_model.safetensors"
     mine, again = load_file(tmp_path / "w" / name), load_file(make_tiny_wan(tmp_path / "again", 0, "ti2v") / name)
     assert mine.keys() == again.keys() and all(torch.equal(mine[k], again[k]) for k in mine)  # same seed
+
+
+def test_make_tiny_videoalign_cli(tmp_path, monkeypatch, capsys):
+    """Both lines: a tiny VideoAlign folder in the released layout (model_config.json, checkpoint-1,
+    the base model); --lora writes PEFT's adapter files instead of model.pth; the same seed gives the
+    same checkpoint bit for bit; a bad option value exits 2."""
+    code, out = run_tool("make_tiny_videoalign", [str(tmp_path / "v"), "--seed", "0"], monkeypatch, capsys)
+    assert code == 0 and out.startswith(f"wrote tiny VideoAlign folder to {tmp_path / 'v'} (") and "seed 0" in out
+    config = json.loads((tmp_path / "v" / "model_config.json").read_text())
+    assert config["model_config"]["output_dim"] == 3 and config["peft_lora_config"] == {"lora_enable": False}
+    assert (tmp_path / "v" / "Qwen2-VL-2B-Instruct" / "config.json").is_file()
+    mine = torch.load(tmp_path / "v" / "checkpoint-1" / "model.pth", weights_only=True)
+    from fastvideo.tools.make_tiny_videoalign import make_tiny_videoalign
+
+    again = torch.load(make_tiny_videoalign(tmp_path / "again", 0) / "checkpoint-1" / "model.pth", weights_only=True)
+    assert mine.keys() == again.keys() and "rm_head.weight" in mine
+    assert all(torch.equal(mine[k], again[k]) for k in mine)  # same seed
+    code, out = run_tool("make_tiny_videoalign", [str(tmp_path / "l"), "--seed", "1", "--lora"], monkeypatch, capsys)
+    assert code == 0 and "tiny VideoAlign (LoRA)" in out
+    assert sorted(p.name for p in (tmp_path / "l" / "checkpoint-1").iterdir()) == [
+        "adapter_model.safetensors", "non_lora_state_dict.pth"]
+    assert run_tool("make_tiny_videoalign", [str(tmp_path / "x"), "--seed", "one"], monkeypatch, capsys)[0] == 2
 
 
 def test_make_tiny_zimage_cli(tmp_path, monkeypatch, capsys):
