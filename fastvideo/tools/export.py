@@ -31,7 +31,7 @@ import argparse
 from fastvideo.errors import one_line_errors
 
 # The library (fastvideo/training/export.py); export_checkpoint stays importable from here too.
-from fastvideo.training.export import DTYPES, export_checkpoint, export_lora, export_merged
+from fastvideo.training.export import DTYPES, export_checkpoint, export_lora, export_merged, lora_load_lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.lora:
             out = export_lora(args.checkpoint, args.out, args.ema, args.overwrite)
-            print(f"exported the {'EMA ' if args.ema else ''}LoRA adapters of {args.checkpoint}: "
-                  f"{out / 'pytorch_lora_weights.safetensors'} (pipe.load_lora_weights({str(out)!r}, weight_name='pytorch_lora_weights.safetensors'))")
+            print(f"exported the {'EMA ' if args.ema else ''}LoRA adapters of {args.checkpoint} to {out}; load with "
+                  + "; ".join(lora_load_lines(out)))
             return
         if args.merge:
             out = export_merged(args.checkpoint, args.out, args.ema, args.base, args.dtype, args.overwrite)

@@ -111,20 +111,30 @@ def _link_or_copy(src: str, dst: str) -> None:
 TRANSFORMER_PARTS = ("transformer", "transformer_2")
 
 
+def _split_parts(names, at_least: int = 2) -> dict[str, list[str]] | None:
+    """{part: its names} when every name is ``<part>.<name>`` of at least ``at_least`` of
+    TRANSFORMER_PARTS; None otherwise (one transformer's names: no family's module is named
+    ``transformer`` or ``transformer_2``, their blocks are ``transformer_blocks`` / ``blocks``)."""
+    names = list(names)
+    split = {part: [n for n in names if n.startswith(part + ".")] for part in TRANSFORMER_PARTS}
+    if not names or sum(len(v) for v in split.values()) != len(names) or sum(bool(v) for v in split.values()) < at_least:
+        return None
+    return {part: got for part, got in split.items() if got}
+
+
 def _transformer_parts(weights: Path | dict) -> dict[str, dict] | None:
     """{sub-folder: its state dict} when every name of ``weights`` is ``<part>.<name>`` of several
     TRANSFORMER_PARTS (a two-expert checkpoint); None for one transformer's weights."""
     from fastvideo.models.sharded_load import read_header
 
-    names = list(weights) if isinstance(weights, dict) else list(read_header(Path(weights))[0])
-    split = {part: [n for n in names if n.startswith(part + ".")] for part in TRANSFORMER_PARTS}
-    if sum(len(v) for v in split.values()) != len(names) or sum(bool(v) for v in split.values()) < 2:
+    split = _split_parts(list(weights) if isinstance(weights, dict) else list(read_header(Path(weights))[0]))
+    if split is None:
         return None
     if not isinstance(weights, dict):
         from safetensors.torch import load_file
 
         weights = load_file(str(weights))
-    return {part: {n[len(part) + 1:]: weights[n] for n in got} for part, got in split.items() if got}
+    return {part: {n[len(part) + 1:]: weights[n] for n in got} for part, got in split.items()}
 
 
 def _copy_base(base: Path, out: Path, family, skip: tuple[str, ...] = ("transformer",)) -> None:
@@ -224,8 +234,15 @@ def _atomic_folder(out: Path, overwrite: bool, fill) -> Path:
     return out
 
 
+# The diffusers LoRA file of each transformer: WanPipeline.load_lora_weights(OUT, weight_name=...,
+# load_into_transformer_2=True) puts the second file's adapters into the low-noise expert.
+LORA_PART_FILES = {"transformer": "pytorch_lora_weights.safetensors",
+                   "transformer_2": "pytorch_lora_weights_transformer_2.safetensors"}
+
+
 def export_lora(checkpoint, out, ema: bool = False, overwrite: bool = False) -> Path:
-    """OUT/pytorch_lora_weights.safetensors in diffusers' LoRA format (scale folded in)."""
+    """OUT/pytorch_lora_weights.safetensors in diffusers' LoRA format (scale folded in); a
+    two-expert run's (Wan2.2-A14B) adapters: one file per trained expert (LORA_PART_FILES)."""
     from safetensors.torch import save_file
 
     from fastvideo.training import lora
@@ -233,15 +250,30 @@ def export_lora(checkpoint, out, ema: bool = False, overwrite: bool = False) -> 
     ckpt = Path(checkpoint)
     ckpt_lib.verify_checkpoint(ckpt)
     info = _lora_info(ckpt)
-    state = lora.to_diffusers(_adapters(ckpt, ema), float(info["alpha"]) / float(info["rank"]))
+    adapters = _adapters(ckpt, ema)
+    parts = _split_parts(adapters, at_least=1)
+    files = ({LORA_PART_FILES[part]: {n[len(part) + 1:]: adapters[n] for n in got} for part, got in parts.items()}
+             if parts else {lora.LORA_WEIGHTS_NAME: adapters})
+    scale = float(info["alpha"]) / float(info["rank"])
 
     def fill(tmp: Path) -> None:
-        save_file(state, str(tmp / lora.LORA_WEIGHTS_NAME), metadata={"format": "pt"})
+        for name, state in files.items():
+            save_file(lora.to_diffusers(state, scale), str(tmp / name), metadata={"format": "pt"})
         (tmp / "lora_settings.json").write_text(json.dumps(
             {**info, "note": "lora_B already includes the scale lora_alpha / lora_rank; load at scale 1"},
             indent=2) + "\n", encoding="utf-8")
 
     return _atomic_folder(Path(out), overwrite, fill)
+
+
+def lora_load_lines(out: Path) -> list[str]:
+    """How an exported LoRA folder loads in the stock pipeline: one call per file it holds."""
+    lines = []
+    for part, name in LORA_PART_FILES.items():
+        if (Path(out) / name).is_file():
+            into = ", load_into_transformer_2=True" if part == "transformer_2" else ""
+            lines.append(f"pipe.load_lora_weights({str(out)!r}, weight_name={name!r}{into})")
+    return lines
 
 
 def _base_transformer(info: dict, base: str | None) -> Path:
@@ -255,7 +287,9 @@ def _base_transformer(info: dict, base: str | None) -> Path:
 
 def merged_transformer(checkpoint, ema: bool = False, base: str | None = None, family=None):
     """The base transformer (float32, CPU) with a LoRA checkpoint's adapters merged in. family:
-    the ModelFamily (default: the one the checkpoint records)."""
+    the ModelFamily (default: the one the checkpoint records). A two-expert run's adapters
+    (``transformer.*`` / ``transformer_2.*``) merge into the family's two-expert model of the base
+    folder (both experts loaded; an expert without adapters stays the base's)."""
     from fastvideo.models.loading import from_pretrained_checked
     from fastvideo.training import lora
 
@@ -267,18 +301,33 @@ def merged_transformer(checkpoint, ema: bool = False, base: str | None = None, f
         raise ExportError(f"merging needs the base transformer the adapters were trained on; {folder} holds no "
                           "config.json: pass --base MODEL_DIR")
     family = family if family is not None else checkpoint_family(ckpt)
-    model = from_pretrained_checked(family.transformer_class(), folder, None, torch.float32)
-    merged = lora.merge_into_base(model.state_dict(), _adapters(ckpt, ema), float(info["alpha"]) / float(info["rank"]))
+    adapters = _adapters(ckpt, ema)
+    if _split_parts(adapters, at_least=1) and folder.name == "transformer":
+        model = family.load_transformer(folder.parent, "transformer", "cpu", torch.float32)
+    else:
+        model = from_pretrained_checked(family.transformer_class(), folder, None, torch.float32)
+    merged = lora.merge_into_base(model.state_dict(), adapters, float(info["alpha"]) / float(info["rank"]))
     model.load_state_dict(merged)
     return model
 
 
+def _save_merged(model, tmp: Path) -> None:
+    """One transformer: its folder at OUT; several (Wan2.2-A14B's experts): OUT/transformer and
+    OUT/transformer_2, the pipeline's sub-folders."""
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(tmp, safe_serialization=True)
+        return
+    for part in TRANSFORMER_PARTS:
+        getattr(model, part).save_pretrained(tmp / part, safe_serialization=True)
+
+
 def export_merged(checkpoint, out, ema: bool = False, base: str | None = None, dtype: str | None = None,
                   overwrite: bool = False) -> Path:
-    """A full transformer folder: the base transformer with every adapter merged in."""
+    """A full transformer folder: the base transformer with every adapter merged in (two experts:
+    a folder for each, see _save_merged)."""
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     model = merged_transformer(checkpoint, ema, base)
     if dtype is not None:
         model.to(DTYPES[dtype])
-    return _atomic_folder(Path(out), overwrite, lambda tmp: model.save_pretrained(tmp, safe_serialization=True))
+    return _atomic_folder(Path(out), overwrite, lambda tmp: _save_merged(model, tmp))

@@ -3,7 +3,8 @@ two-expert folder of make_tiny_wan --variant a14b, 5-frame clips, guidance 4.0 h
 GRPO trains 2 iterations with each --train_experts choice (high,low under FSDP1 with EMA, high under
 FSDP2, low under FSDP1); the frozen expert's weights stay bit-unchanged and the trained one's move;
 a resume from checkpoint-1 equals the straight run; the export of a two-expert checkpoint with --base
-loads in stock WanPipeline with boundary_ratio 0.875 and samples otherwise than the base. A
+loads in stock WanPipeline with boundary_ratio 0.875 and samples otherwise than the base; a LoRA run
+on both experts exports one adapter file per expert (stock load_lora_weights) and merged folders. A
 --train_experts / --guidance_scale_2 for a one-expert folder is one line (exit 2). One module of runs."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from test_wan_training import _argv as wan_argv
 
 pytestmark = pytest.mark.skipif(line_reason("Wan training") is not None, reason=line_reason("Wan training") or "")
 FRAMES, SEQ = 5, 32
+WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 
 
 def _argv(model, index, out, *extra):
@@ -37,12 +39,13 @@ def _run(argv):
 def runs(tiny_wan_a14b_dir, wan_embeddings, tmp_path_factory):
     """The tiny Wan2.1's embeddings serve: the a14b folder's umT5 is the same network (same seed and config)."""
     tmp = tmp_path_factory.mktemp("wan_a14b_runs")
-    out = {name: tmp / name for name in ("both", "resumed", "high", "low")}
+    out = {name: tmp / name for name in ("both", "resumed", "high", "low", "lora")}
     _run(_argv(tiny_wan_a14b_dir, wan_embeddings, out["both"], "--use_ema"))
     shutil.copytree(out["both"], out["resumed"], ignore=shutil.ignore_patterns("checkpoint-2"))
     _run(_argv(tiny_wan_a14b_dir, wan_embeddings, out["resumed"], "--use_ema", "--resume_from_checkpoint", "latest"))
     _run(_argv(tiny_wan_a14b_dir, wan_embeddings, out["high"], "--train_experts", "high", "--fsdp_version", "2"))
     _run(_argv(tiny_wan_a14b_dir, wan_embeddings, out["low"], "--train_experts", "low"))
+    _run(_argv(tiny_wan_a14b_dir, wan_embeddings, out["lora"], "--use_lora", "--lora_rank", "4", "--lora_alpha", "8"))
     return out
 
 
@@ -100,6 +103,32 @@ def test_two_experts_resume_exactly_and_export_a_pipeline_folder(tiny_wan_a14b_d
                          width=32, num_frames=FRAMES, num_inference_steps=2, latents=latents,
                          max_sequence_length=SEQ, output_type="latent").frames)
     assert not torch.allclose(samples[0], samples[1], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_two_expert_lora_exports_load_in_stock_wan_pipeline(tiny_wan_a14b_dir, runs, tmp_path):
+    """--lora: one diffusers file per expert, loaded by stock WanPipeline.load_lora_weights (the
+    second with load_into_transformer_2=True) and fused; --merge: transformer/ and transformer_2/
+    folders. The two exports agree bit for bit and both experts' weights moved from the base."""
+    from diffusers import WanPipeline
+
+    from fastvideo.training.export import LORA_PART_FILES, export_lora, export_merged, lora_load_lines
+
+    ckpt = runs["lora"] / "checkpoint-2"
+    lora_out, merged_out = export_lora(ckpt, tmp_path / "lora"), export_merged(ckpt, tmp_path / "merged")
+    assert sorted(p.name for p in lora_out.glob("*.safetensors")) == sorted(LORA_PART_FILES.values())
+    assert len(lora_load_lines(lora_out)) == 2 and "load_into_transformer_2=True" in lora_load_lines(lora_out)[1]
+    pipe = WanPipeline.from_pretrained(tiny_wan_a14b_dir)
+    for (part, name), adapter in zip(LORA_PART_FILES.items(), ("high", "low")):
+        pipe.load_lora_weights(str(lora_out), weight_name=name, adapter_name=adapter,
+                               load_into_transformer_2=part == "transformer_2")
+    pipe.fuse_lora(components=["transformer", "transformer_2"], lora_scale=1.0)
+    pipe.unload_lora_weights()
+    base = _base(tiny_wan_a14b_dir)
+    for part in ("transformer", "transformer_2"):
+        stock, mine = getattr(pipe, part).state_dict(), load_file(str(merged_out / part / WEIGHTS_FILE))
+        assert stock.keys() == mine.keys() and all(torch.equal(stock[k], mine[k]) for k in mine), part
+        assert sum(not torch.equal(mine[k], base[f"{part}.{k}"]) for k in mine) >= 8, part  # the adapters' Linears
 
 
 def test_expert_flags_for_a_one_expert_folder_are_one_line(tiny_wan_dir):
