@@ -30,7 +30,7 @@ def build_eval_rewards(names, trainer) -> dict:
     from fastvideo.training import builders
 
     existing = {name: r for name, _, r in trainer.reward.components}
-    per_reward, common = builders.reward_build_kwargs(trainer.cfg, trainer.device)
+    per_reward, common = builders.reward_build_kwargs(trainer.cfg, trainer.device, trainer.family)
     return {n: existing.get(n) or build_reward(n, **{**common, **per_reward.get(n, {})}) for n in names}
 
 

@@ -33,7 +33,7 @@ class RewardExtras:
     video_reward_frames: str = "all"  # which frames of a clip image rewards score (rewards/video.py)
     videoalign_dir: str = default_folder("videoalign")
     videoalign_weights: tuple = (1.0, 1.0, 1.0)  # VQ, MQ, TA (upstream's Overall: 1, 1, 1)
-    videoalign_clip_fps: float = 16.0  # the clips' frame rate (Wan2.1: 16)
+    videoalign_clip_fps: float | None = None  # the clips' frame rate; None: the trained family's (16 in a server)
 
 
 def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
@@ -55,8 +55,9 @@ def add_reward_flags(p: argparse.ArgumentParser, client: bool = True) -> None:
                    help="VQ,MQ,TA: weights of VideoAlign's three normalised heads (default: upstream's Overall, "
                         "their sum)")
     g.add_argument("--videoalign_clip_fps", type=float, default=RewardExtras.videoalign_clip_fps,
-                   help="frame rate of the scored clips (VideoAlign samples its fps of them; Wan2.1: 16, "
-                        "Wan2.2-TI2V-5B: 24)")
+                   help="frame rate of the scored clips (VideoAlign samples its fps of them); default: the "
+                        "trained family's (Wan2.1 and A14B 16, Wan2.2-TI2V-5B 24, HunyuanVideo 15); a reward "
+                        "server, which does not know the family: 16")
     if not client:
         return
     g.add_argument("--reward_timeout", type=float, default=RewardExtras.remote_timeout_s,
@@ -110,10 +111,11 @@ def videoalign_extras(args: argparse.Namespace) -> dict:
     if len(weights) != 3 or not all(math.isfinite(w) for w in weights):
         raise ConfigError(f"--videoalign_weights takes three numbers VQ,MQ,TA (e.g. 1,1,1); got "
                           f"{args.videoalign_weights!r}")
-    if not args.videoalign_clip_fps > 0:
-        raise ConfigError(f"--videoalign_clip_fps must be positive; got {args.videoalign_clip_fps}")
+    fps = args.videoalign_clip_fps
+    if fps is not None and not fps > 0:
+        raise ConfigError(f"--videoalign_clip_fps must be positive; got {fps}")
     return {"videoalign_dir": args.videoalign_dir, "videoalign_weights": weights,
-            "videoalign_clip_fps": float(args.videoalign_clip_fps)}
+            "videoalign_clip_fps": None if fps is None else float(fps)}
 
 
 def extras_flags(extras: dict) -> dict:
@@ -163,7 +165,7 @@ def reward_kwargs(extras: RewardExtras) -> dict[str, dict]:
                       "clip_model_name": extras.aesthetic_clip_name},
         "imagereward": {"image_reward_dir": extras.image_reward_dir},
         "videoalign": {"videoalign_dir": extras.videoalign_dir, "weights": tuple(extras.videoalign_weights),
-                       "clip_fps": extras.videoalign_clip_fps},
+                       **({} if extras.videoalign_clip_fps is None else {"clip_fps": extras.videoalign_clip_fps})},
         "remote": {"timeout_s": extras.remote_timeout_s, "retries": extras.remote_retries},
         "vlm": {"timeout_s": extras.vlm_timeout_s, "concurrency": extras.vlm_concurrency,
                 "retries": extras.remote_retries},

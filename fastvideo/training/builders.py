@@ -312,24 +312,29 @@ def check_reward_endpoints(cfg: TrainConfig) -> None:
             cfg.reward.check_served_sources(model.family, served)
 
 
-def reward_build_kwargs(cfg: TrainConfig, device: torch.device) -> tuple[dict, dict]:
-    """(per-reward keyword arguments, arguments every reward takes) from the reward flags."""
+def reward_build_kwargs(cfg: TrainConfig, device: torch.device, family=None) -> tuple[dict, dict]:
+    """(per-reward keyword arguments, arguments every reward takes) from the reward flags. A clip
+    reward without its clips' frame rate (--videoalign_clip_fps) gets ``family``'s video_fps (the
+    rate its clips are written at; models.base.ModelFamily, set once the folder loaded)."""
     from fastvideo.rewards.flags import RewardExtras, model_reward_kwargs
 
     r = cfg.reward
     per_reward = model_reward_kwargs(r, r.extras or RewardExtras())
+    if getattr(family, "video_fps", None):
+        per_reward["videoalign"].setdefault("clip_fps", float(family.video_fps))
     return per_reward, {"device": reward_device_for(cfg, device), "batch_size": r.batch_size,
                         "dtype": reward_dtype(r.precision)}
 
 
-def build_rewards(cfg: TrainConfig, device: torch.device, rank: int = 0):
-    """The run's rewards as data-parallel rank ``rank`` builds them (rank_reward_specs)."""
+def build_rewards(cfg: TrainConfig, device: torch.device, rank: int = 0, family=None):
+    """The run's rewards as data-parallel rank ``rank`` builds them (rank_reward_specs); ``family``:
+    see reward_build_kwargs."""
     from fastvideo.rewards.combine import build_multi_reward
     from fastvideo.rewards.flags import RewardExtras
     from fastvideo.rewards.frames import parse_frame_selection
 
     r = cfg.reward
-    per_reward, common = reward_build_kwargs(cfg, device)
+    per_reward, common = reward_build_kwargs(cfg, device, family)
     return build_multi_reward(rank_reward_specs(r.spec, rank), reward_kwargs=per_reward, common_kwargs=common,
                               normalize=r.group_norm, num_generations=cfg.rollout.num_generations,
                               mix=(r.extras or RewardExtras()).multi_reward_mix,

@@ -80,7 +80,7 @@ def build_parts(cfg, info: devices.DistInfo, dims, family, timer, autocast_dtype
     if cfg.output.dump_randomness or cfg.output.load_randomness:
         data_randomness = builders.build_randomness(cfg, info, kind="data")
     sampler = builders.build_sampler(cfg, len(dataset), dims, data_randomness)
-    reward = builders.build_rewards(cfg, device, dims.dp_rank)
+    reward = builders.build_rewards(cfg, device, dims.dp_rank, family)
     scorer = None
     if builders.overlap_reward_scoring(cfg.reward.overlap, device, builders.reward_device_for(cfg, device)):
         from fastvideo.training.reward_pipeline import ChunkScorer

@@ -147,6 +147,16 @@ def test_heads_normalised_and_weighted_and_the_flags(tiny_dir, reward):
                        input_check=lambda c: None)
     torch.testing.assert_close(build_rewards(cfg, torch.device("cpu"))(clips, PROMPTS).total,
                                2.0 * (raw @ torch.tensor([0.5, 2.0, -1.0])))
+    # without --videoalign_clip_fps the clips' rate is the family's (Wan2.2-TI2V-5B writes 24 fps), a flag wins
+    cfg = parse_config(["--model_family", "wan", "--rewards", "videoalign:1", "--videoalign_dir", str(tiny_dir), *common],
+                       usage=False, input_check=lambda c: None)
+    ti2v, flagged = argparse.Namespace(video_fps=24), argparse.Namespace(video_fps=16)
+    assert build_rewards(cfg, torch.device("cpu"), 0, ti2v).components[0][2].clip_fps == 24.0
+    assert build_rewards(cfg, torch.device("cpu")).components[0][2].clip_fps == 16.0  # no family: the reward's default
+    assert cfg.reward.extras.videoalign_clip_fps is None and extras_flags(vars(cfg.reward.extras))["videoalign_clip_fps"] is None
+    cfg = parse_config(["--model_family", "wan", "--rewards", "videoalign:1", "--videoalign_dir", str(tiny_dir),
+                        "--videoalign_clip_fps", "30", *common], usage=False, input_check=lambda c: None)
+    assert build_rewards(cfg, torch.device("cpu"), 0, flagged).components[0][2].clip_fps == 30.0
     with pytest.raises(ConfigError, match="--rewards videoalign scores clips .* model family 'flux'"):
         parse_config(["--model_family", "flux", "--rewards", "videoalign:1", *common], usage=False,
                      input_check=lambda c: None)  # an image family: refused before any model loads
