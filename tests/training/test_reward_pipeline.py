@@ -30,20 +30,25 @@ def _two_iterations(tiny_flux_dir, tiny_embeddings, out, monkeypatch, **flags):
     return trainer, records, images, params
 
 
+PROMPT_REWARD = "toy_plugins:PromptLength"  # tests/training/toy_plugins.py: the image's mean + 0.01 per prompt character
+
+
 def test_overlap_gives_the_serial_results_bit_for_bit(tiny_flux_dir, tiny_embeddings, tmp_path, monkeypatch):
-    """8 samples in chunks of 3 (the last chunk is short) with group-normalised rewards: images,
-    rewards, advantages' statistics, losses and the updated weights equal the serial path's."""
+    """8 samples (2 prompts x 4) in chunks of 3 (the last chunk is short) with group-normalised
+    rewards, one of them prompt-dependent (each sample must be scored against its own prompt):
+    images, rewards, advantages' statistics, losses and the updated weights equal the serial path's."""
+    rewards = f"compressibility:1.0,{PROMPT_REWARD}:0.5"
     on, rec_on, img_on, par_on = _two_iterations(tiny_flux_dir, tiny_embeddings, tmp_path / "on", monkeypatch,
-                                                 reward_overlap="on")
+                                                 reward_overlap="on", rewards=rewards)
     off, rec_off, img_off, par_off = _two_iterations(tiny_flux_dir, tiny_embeddings, tmp_path / "off", monkeypatch,
-                                                     reward_overlap="off")
+                                                     reward_overlap="off", rewards=rewards)
     assert on.scorer is not None and off.scorer is None
     for a, b in zip(img_on, img_off):
         assert a.shape == (8, 3, 32, 32)
         assert torch.equal(a, b)
     for a, b in zip(rec_on, rec_off):
-        for key in ("reward_mean", "reward_std", "reward/compressibility_mean", "adv_mean", "adv_std", "loss",
-                    "grad_norm", "ratio_mean"):
+        for key in ("reward_mean", "reward_std", "reward/compressibility_mean", f"reward/{PROMPT_REWARD}_mean",
+                    f"reward/{PROMPT_REWARD}_std", "adv_mean", "adv_std", "loss", "grad_norm", "ratio_mean"):
             assert a[key] == b[key], key
         assert a["time_reward_busy"] > 0 and "time_reward_busy" not in b
         assert a["time_decode"] > 0 and a["time_rollout"] > 0

@@ -276,3 +276,18 @@ class ToyObjective(Objective):
 
     def load_state_dict(self, state: dict) -> None:
         self.baseline, self.updates = float(state["baseline"]), int(state["updates"])
+
+
+class PromptLength:
+    """A reward that depends on the prompt as well as the image (``--rewards toy_plugins:PromptLength:W``):
+    the image's mean plus 0.01 per character of its prompt, so that a sample scored against another
+    sample's prompt gets another score (tests/training/test_reward_pipeline.py)."""
+
+    name = "prompt_length"
+
+    def __init__(self, **_):
+        pass
+
+    def __call__(self, images, prompts):
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.float32)
+        return images.float().mean(dim=(1, 2, 3)) + 0.01 * lengths
