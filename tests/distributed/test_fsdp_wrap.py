@@ -85,6 +85,8 @@ def _check_strategy(info, strategy: str, local_sizes: list[str | None]):
                                                             "hybrid_zero2": "_HYBRID_SHARD_ZERO2"}[strategy], where
                 if strategy == "hybrid_zero2" and info.world_size == 2:  # one node: ZeRO-2 over all ranks
                     assert model.sharding_strategy.name == "SHARD_GRAD_OP", where
+                if local == "1":  # one rank per node: pure replication (no all-gathers across nodes), not sharding
+                    assert model.sharding_strategy.name == "NO_SHARD", where
             out = model(**tiny_inputs(info.rank))[0]
             torch.testing.assert_close(out, outs[info.rank], atol=1e-6, rtol=0, msg=where)
             weighted_loss(out).backward()
