@@ -44,7 +44,8 @@ def _argv(model, index, out, clip_dir, **more) -> list[str]:
                 sampling_steps=4, num_generations=2, train_batch_size=1, rollout_batch_size=2,
                 train_micro_batch_size=2, gradient_accumulation_steps=1, rewards="record_sources:1.0,clip_edit:0.5",
                 clip_dir=clip_dir, max_train_steps=2, checkpointing_steps=1, dataloader_num_workers=0,
-                save_images_every=0, learning_rate=1e-3, mixed_precision="no", **more)
+                save_images_every=0, learning_rate=1e-3, mixed_precision="no")
+    tiny.update(more)
     argv = words[words.index("fastvideo/train_grpo_flux.py") + 1:]
     return argv + [w for k, v in tiny.items() for w in (f"--{k}", str(v))]
 
@@ -125,8 +126,11 @@ def _edit(pipe):
 @forked_only
 @pytest.mark.slow
 def test_kontext_nft_trains_on_two_ranks(tiny_kontext_dir, kontext_embeddings, tiny_rewards, tmp_path):
+    """NFT with 2 prompts a rank scored while the rollout runs (--reward_overlap on): each sample is
+    scored with its own prompt's source image (the overlapped scorer's order is the serial one's)."""
     argv = _argv(tiny_kontext_dir, kontext_embeddings, tmp_path / "nft", tiny_rewards.pickscore_dir,
-                 algorithm="nft", timestep_fraction=0.5)
+                 algorithm="nft", timestep_fraction=0.5, train_batch_size=2, rollout_batch_size=4,
+                 train_micro_batch_size=4, reward_overlap="on")
     for flag in ("--sde_steps", "--sde_start", "--sde_window_range", "--flow_grpo_sampling"):  # GRPO's SDE window
         i = argv.index(flag)
         del argv[i:i + (1 if flag == "--flow_grpo_sampling" else 2)]
@@ -136,3 +140,13 @@ def test_kontext_nft_trains_on_two_ranks(tiny_kontext_dir, kontext_embeddings, t
     base = load_file(str(next((tiny_kontext_dir / "transformer").glob("*.safetensors"))))
     final = load_file(str(tmp_path / "nft" / "checkpoint-2" / WEIGHTS))
     assert any(not torch.equal(final[k], base[k]) for k in base)
+    from fastvideo.data.sources import load_pixels
+
+    plist = [json.loads(line) for line in (ROOT / "assets/edit/prompts_edit.jsonl").read_text().splitlines()]
+    image_of = {r["prompt"]: ROOT / "assets/edit" / r["image"] for r in plist}
+    prompts = []
+    for path in (tmp_path / "record").glob("rank*-*.pt"):
+        call = torch.load(path, weights_only=True)
+        prompts += call["prompts"]
+        assert torch.equal(call["sources"], load_pixels([image_of[p] for p in call["prompts"]]))
+    assert len(prompts) == 2 * 2 * 2 * 2 and len(set(prompts)) > 1  # 2 ranks x 2 iterations x 2 prompts x 2 samples
