@@ -130,6 +130,29 @@ def test_wrapped_matches_unwrapped(strategy, world_size, local_sizes):
     assert results == [True] * world_size
 
 
+def _fsdp1_options(info):
+    block = type(tiny_transformer().transformer_blocks[0])
+    policy = fsdp.PrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_inputs=False)
+    model = fsdp._wrap_fsdp(tiny_transformer(), "full", info.device, policy, True, (block,), info.world_size,
+                            forward_prefetch=True)
+    plain = fsdp._wrap_fsdp(tiny_transformer(), "full", info.device, None, False, (block,), info.world_size)
+    mp = model.mixed_precision
+    return {"offload": model.cpu_offload.offload_params, "plain_offload": plain.cpu_offload.offload_params,
+            "limit": model.limit_all_gathers, "prefetch": (model.forward_prefetch, plain.forward_prefetch),
+            "mp": (str(mp.param_dtype), str(mp.reduce_dtype), mp.cast_root_forward_inputs),
+            "plain_mp": str(plain.mixed_precision.param_dtype)}
+
+
+def test_fsdp1_passes_its_options_through():
+    """FSDP1's own options as wrap_model's helper sets them (the CPU wrap_model drops cpu_offload, so
+    the helper is called directly): host-offloaded shards, bounded all-gathers, forward prefetch
+    only when asked, the precision policy including its input casting; none of them by default."""
+    for got in run_distributed(_fsdp1_options, world_size=2):
+        assert got["offload"] is True and got["plain_offload"] is False and got["limit"] is True
+        assert got["prefetch"] == (True, False)
+        assert got["mp"] == ("torch.bfloat16", "torch.float32", False) and got["plain_mp"] == "None"
+
+
 # ---------------------------------------------------------------- single process
 def test_hybrid_mesh_shape():
     assert fsdp.hybrid_mesh_shape(16, 8) == (2, 8)
