@@ -11,6 +11,7 @@ B = 2 at all); sequence parallelism masks each sample by its own text."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from dist_utils import run_distributed
 
@@ -107,3 +108,36 @@ def test_hunyuan_video_sp2_equals_one_process_and_sends_the_cost_models_bytes():
     m = ranks[0][3]
     assert m["comm/rollout/all_to_all_bytes"] == a2a and m["comm/rollout/all_to_all_calls"] == 2 * sum(layers)
     assert m["comm/rollout/all_gather_bytes"] == gathered and m["comm/rollout/all_gather_calls"] == 1
+
+
+def _current_line_reason() -> str | None:
+    from fastvideo.library_lines import CURRENT, LibraryLineError, require_line
+
+    try:
+        require_line(CURRENT, "HunyuanVideo's memory model (a meta-device forward)")
+    except LibraryLineError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.skipif(_current_line_reason() is not None, reason=_current_line_reason() or "")
+def test_sp_table_counts_the_frames(tiny_hunyuan_video_dir, capsys):
+    """cost_model --sp_table for HunyuanVideo (the current line: its memory model's meta-device forward)
+    splits every latent frame's tokens: 9-frame clips (3 latent frames) gather 3/2 of 5-frame clips' (2)
+    bytes and send 3/2 of their video q / k / v and outputs; the table prints rows for sp 1 and 2."""
+    from fastvideo.models.hunyuan_video.family import HunyuanVideoFamily
+    from fastvideo.perf.sequence_parallel import sp_rows
+    from fastvideo.tools import cost_model
+
+    config = dict(_transformer().config)
+    five, nine = (sp_rows(config, HunyuanVideoFamily(num_frames=f), 32, 48, TEXT, sizes=(1, 2), batch=2,
+                          dtype=torch.float32) for f in (5, 9))
+    assert five[0].all_to_all_bytes_per_forward == nine[0].all_to_all_bytes_per_forward == 0
+    assert 2 * nine[1].gather_bytes_per_forward == 3 * five[1].gather_bytes_per_forward > 0
+    text = 4 * 2 * TEXT * 32 * 4  # 4 joint layers x batch 2 x 7 tokens x width 32 x fp32: frames do not change it
+    assert 2 * (nine[1].all_to_all_bytes_per_forward - text) == 3 * (five[1].all_to_all_bytes_per_forward - text)
+    assert nine[0].rollout_activation_bytes > five[0].rollout_activation_bytes
+    cost_model.main(["--sp_table", "--model_family", "hunyuan_video", "--model", str(tiny_hunyuan_video_dir),
+                     "--num_frames", "9", "--h", "32", "--w", "48", "--text_tokens", "7", "--sp_sizes", "1,2"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["1", "2"] and rows[1][-1] == "9"  # 2 all-to-alls x 4 blocks + 1 gather
