@@ -1,7 +1,7 @@
 """HunyuanVideo's --sp_size 2 through the trainer on 2 gloo ranks, on both library lines (as
 tests/training/test_sequence_parallel_training.py does for FLUX.1): against one rank without sequence
 parallelism, 3 GRPO iterations on 5-frame clips of the tiny folder (2 latent frames x 2 x 2 tokens after
-the 1x2x2 patches: each rank holds one frame) with the same rollout latents and log-probabilities (the
+the 1x2x2 patches: each rank holds one frame; activation checkpointing on) with the same rollout latents and log-probabilities (the
 run record's tensors), the same per-iteration rewards, losses and pre-clip gradient norms and the same
 weights after them, to 1e-5 relative; sp = 2's checkpoint-2 resumed on one rank continues as the sp = 2
 run does. The start-up size check refuses a clip whose video tokens --sp_size does not divide, and a
@@ -19,7 +19,9 @@ from fastvideo.training.builders import build_family, check_sequence_parallel
 from helpers import read_metrics, torchrun, train_args
 from test_sequence_parallel_training import WEIGHTS, _check_parity, _flags, _ok, _runs, _same_metrics, _same_tensors
 
-FAMILY = dict(model_family="hunyuan_video", num_frames=5, guidance_scale=6.0, rewards="compressibility:1.0")
+# activation checkpointing on: the blocks' RoPE pre-hook runs again in the recomputation
+FAMILY = dict(model_family="hunyuan_video", num_frames=5, guidance_scale=6.0, rewards="compressibility:1.0",
+              gradient_checkpointing=True)
 
 
 @pytest.mark.slow
