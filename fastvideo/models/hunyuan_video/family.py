@@ -79,6 +79,14 @@ class HunyuanVideoFamily(DiffusersFamily):
 
         return (HunyuanVideoTransformerBlock, HunyuanVideoSingleTransformerBlock)
 
+    def sequence_parallel_plan(self):
+        """The video tokens split after the patch embedding, gathered after the output projection; the
+        dual- and single-stream attention across the sequence group, the text replicated
+        (models/hunyuan_video/sequence_parallel.py)."""
+        from fastvideo.models.hunyuan_video.sequence_parallel import hunyuan_video_plan
+
+        return hunyuan_video_plan()
+
     # -- conditioning
     def encode_prompts(self, encoders, prompts, max_sequence_length=C.MAX_SEQUENCE_LENGTH) -> TensorConditioning:
         embeds, mask, pooled = C.encode_prompts(encoders, list(prompts), max_sequence_length)
