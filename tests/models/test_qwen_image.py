@@ -102,6 +102,17 @@ def test_long_prompts_are_cut_at_max_sequence_length(pipe, cond, tiny_qwen_image
     torch.testing.assert_close(embeds, ref.detach(), rtol=0, atol=0)
 
 
+def test_quantized_timesteps_are_floored_as_dancegrpo():
+    """--quantize_timestep: floor(1000 sigma) / 1000 (DanceGRPO's integer timestep), not a rounding;
+    without it the pipeline's 1000 sigma / 1000. Per sample from a scalar or a [B] sigma."""
+    from fastvideo.models.qwen_image.components import timesteps
+
+    sigma = torch.tensor([0.3337, 0.9999])
+    assert timesteps(sigma, 2, "cpu", quantize=True).tolist() == torch.tensor([333.0, 999.0]).div(1000).tolist()
+    torch.testing.assert_close(timesteps(sigma, 2, "cpu"), sigma, rtol=1e-6, atol=0)
+    assert timesteps(torch.tensor(0.5006), 3, "cpu", quantize=True).tolist() == [0.5] * 3
+
+
 @pytest.mark.parametrize("size", [(64, 64), (512, 512), (1024, 1024), (1328, 1328), (1664, 928)])
 def test_scheduler_shift_gives_the_pipelines_sigmas(size):
     """exp(mu) of the pipeline's calculate_shift reproduces the scheduler's exponential time shift

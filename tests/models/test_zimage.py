@@ -78,6 +78,16 @@ def test_prompt_encoding_equals_the_pipeline(pipe, cond):
     assert float(cond["prompt_embeds"][0, ours[0].shape[0]:].abs().sum()) == 0.0
 
 
+def test_timesteps_run_from_noise_to_image_and_quantize_by_floor():
+    """Z-Image's t = (1000 - 1000 sigma) / 1000 (0 at noise, 1 at the image); --quantize_timestep
+    floors the scheduler timestep first (DanceGRPO's integer timestep), not a rounding."""
+    from fastvideo.models.zimage.components import timesteps
+
+    sigma = torch.tensor([0.3337, 0.9999])
+    assert timesteps(sigma, 2, "cpu", quantize=True).tolist() == torch.tensor([667.0, 1.0]).div(1000).tolist()
+    torch.testing.assert_close(timesteps(sigma, 2, "cpu"), 1 - sigma, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("size, steps", [((64, 64), 4), ((512, 512), 28), ((1024, 1024), 50), ((1360, 768), 8)])
 def test_scheduler_shift_gives_the_pipelines_sigmas(size, steps, dynamic):
