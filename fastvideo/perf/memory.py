@@ -318,7 +318,7 @@ def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
     if s.old_policy:
         out["old_policy"] = shard * 4  # NFT: training.ema.WeightCopy, float32
     if s.update_copy:
-        out["update_copy"] = shard * 2
+        out["update_copy"] = shard * 4  # AWM's EMA (--awm_ema_kl_beta): training.ema.WeightCopy, float32
     base_sharded = lora and fsdp and not s.lora_replicate_base
     if lora:
         whole = prof.params * s.lora_base_bytes
