@@ -53,9 +53,12 @@ mix_learning.MODES["awm"] = ["--algorithm", "awm", "--gradient_accumulation_step
 mix_learning.MODES["dgpo"] = ["--algorithm", "dgpo", "--dgpo_beta", "10", "--train_micro_batch_size", "8"]
 mix_learning.MODES["guard"] = ["--policy_loss", "grpo_guard"]
 mix_learning.MODES["flash_grpo"] = ["--algorithm", "flash_grpo", "--eta", "1.0", "--train_micro_batch_size", "8"]
+# The combination flow_grpo #192 reports collapsing on OCR ("Fast + Guard"): MixGRPO-Flash's window and
+# DPM-Solver++ tail with the guard's ratio.
+mix_learning.MODES["flash_guard"] = mix_learning.MODES["flash"] + ["--policy_loss", "grpo_guard"]
 
 EXISTING = {"full": "DanceGRPO", "flash": "MixGRPO-Flash", "nft": "DiffusionNFT"}
-NEW = {"dgpo": "DGPO", "awm": "AWM", "guard": "GRPO-Guard", "flash_grpo": "Flash-GRPO"}
+NEW = {"dgpo": "DGPO", "awm": "AWM", "guard": "GRPO-Guard", "flash_grpo": "Flash-GRPO", "flash_guard": "Flash + Guard"}
 METHODS = {**EXISTING, **NEW}
 REFERENCE = "full"  # runs --iterations iterations; the cell's other methods get its CPU seconds
 INF = float("inf")

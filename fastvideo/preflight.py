@@ -217,6 +217,7 @@ def memory_problems(cfg, nproc_per_node: int, device: str) -> list[str]:
                         samples_per_rank=cfg.prompts_per_rank * r.num_generations, rollout_batch=r.rollout_batch_size,
                         micro_batch=1, world_size=1, rewards=tuple(s.name for s in cfg.reward.spec if not s.url),
                         reward_bytes=2 if accelerator else 4, keeps_latents=needs.replay,
+                        keeps_log_probs=needs.log_probs,
                         compute_dtype=torch.bfloat16 if m.mixed_precision == "bf16" else torch.float32,
                         vae_bytes=2 if accelerator else 4)  # at least: --vae_precision fp32 doubles it
     total, ranks = devices.total_memory_bytes(device), 1 if accelerator else max(nproc_per_node, 1)

@@ -100,6 +100,9 @@ class ObjectiveNeeds:
     reference: bool = False  # a frozen reference policy (a KL term; built only then)
     log_probs: bool = True  # the rollout's SDE log-probabilities of every transition (GRPO's ratio)
     replay: bool = True  # per-timestep replay: every step's latents kept (Trajectory.latents)
+    # a float32 copy of the trainable weights read only in the update, for one more no-grad forward per
+    # trained step (AWM's EMA with --awm_ema_kl_beta > 0: ObjectiveSettings.needs of its settings)
+    update_copy: bool = False
 
 
 class ObjectiveSettings(Settings):

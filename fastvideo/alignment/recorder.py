@@ -199,7 +199,8 @@ class RunRecorder(TrainerHook):
             out = {f"initial_noise/{sid}": own(traj.latents[i, 0]) for i, sid in enumerate(ids)}
             # The whole chain of one sample per rank: enough to see at which step two runs part.
             out[f"latents/{ids[0]}"] = own(traj.latents[0])
-        out[f"log_probs/{ids[0]}"] = own(traj.log_probs[0])
+        if traj.log_probs is not None:  # none kept for an objective that reads none (Objective.needs_log_probs)
+            out[f"log_probs/{ids[0]}"] = own(traj.log_probs[0])
         atomic_write_bytes(folder / tensors_name(self.rank), save(out))
 
 

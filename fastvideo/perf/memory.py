@@ -75,6 +75,8 @@ class MemoryShape:
     kl_reference: bool = False  # --kl_coef > 0: a frozen copy under full fine-tuning (LoRA: the base itself)
     old_policy: bool = False  # --algorithm nft: a float32 copy of the trainable shards
     keeps_latents: bool = True  # the rollout keeps every step's latents (False: NFT, x0 alone)
+    keeps_log_probs: bool = True  # the rollout keeps every transition's log-prob (False: NFT, AWM, DGPO)
+    update_copy: bool = False  # a float32 copy of the trainable shards read in the update (AWM's EMA-KL)
     gather_bytes: int = 4  # --fsdp_param_dtype: the dtype FSDP gathers parameters in
     rollout_gathered: bool = False  # --rollout_weights gathered: the whole model gathered through the rollout
     timesteps_per_forward: int = 1  # --update_timesteps_per_forward: a micro-batch's forward is this many x larger
@@ -315,6 +317,8 @@ def static_components(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
         out["frozen_parameters"] = frozen * m * on_device
     if s.old_policy:
         out["old_policy"] = shard * 4  # NFT: training.ema.WeightCopy, float32
+    if s.update_copy:
+        out["update_copy"] = shard * 4  # AWM's EMA (--awm_ema_kl_beta): training.ema.WeightCopy, float32
     base_sharded = lora and fsdp and not s.lora_replicate_base
     if lora:
         whole = prof.params * s.lora_base_bytes
@@ -366,7 +370,7 @@ def checkpoint_host_peak(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
     m = s.master_bytes
     lora = s.lora_rank > 0
     trainable = prof.adapter_params if lora else prof.params
-    copies = (4 if s.use_ema else 0) + (4 if s.old_policy else 0)  # float32 bytes per element
+    copies = 4 * (int(s.use_ema) + int(s.old_policy) + int(s.update_copy))  # float32 bytes per element
     gathered = trainable * max(2 * m, 4 if copies else 0)
     unit = trainable * m if lora else max(prof.largest_block_params, prof.root_params) * m
     own = math.ceil(trainable / s.shards) * (2 * m + copies)
@@ -375,15 +379,16 @@ def checkpoint_host_peak(prof: ModelProfile, s: MemoryShape) -> dict[str, int]:
 
 def trajectory_bytes(prof_config: dict, s: MemoryShape, family=None) -> int:
     """Latents of every step [B, N+1, L, C] fp32 (none when the rollout keeps only x0:
-    s.keeps_latents False), the clean latents x0 [B, L, C] fp32, log-probs, the Conditioning fp32
-    and decoded images fp32."""
+    s.keeps_latents False), the clean latents x0 [B, L, C] fp32, log-probs [B, N] fp32 (none when
+    s.keeps_log_probs is False), the Conditioning fp32 and decoded images fp32."""
     family = _family(family)
     tokens, channels = family.nominal_layout(s.height, s.width, prof_config).tokens
     b = s.samples_per_rank
     states = (s.sampling_steps + 1 if s.keeps_latents else 0) + 1  # + x0
     latents = b * states * tokens * channels * 4
     embeds = b * family.cond_numel_at(prof_config, s.text_tokens, s.height, s.width) * 4
-    return latents + b * s.sampling_steps * 4 + embeds + decoded_images_bytes(s)
+    log_probs = b * s.sampling_steps * 4 if s.keeps_log_probs else 0
+    return latents + log_probs + embeds + decoded_images_bytes(s)
 
 
 def decoded_images_bytes(s: MemoryShape) -> int:

@@ -38,7 +38,9 @@ class Trajectory:
     latents [B, N+1, L, C] float32: x_0 (initial noise) .. x_N; transition k is
         latents[:, k] -> latents[:, k+1] at sigmas[k] -> sigmas[k+1]; None for a rollout made with
         keep_latents=False (an objective that reads only x0: Objective.needs_trajectory).
-    log_probs [B, N] float32: log p(x_{k+1} | x_k) under the rollout policy (zeros if eta = 0).
+    log_probs [B, N] float32: log p(x_{k+1} | x_k) under the rollout policy (zeros if eta = 0);
+        None for a rollout made with keep_log_probs=False (an objective that replays no transition's
+        log-probability: Objective.needs_log_probs).
     sigmas [N+1] float32; x0 [B, L, C] float32, the last step's x0 prediction; images
         [B, 3, H, W] float32 in [0, 1] decoded from x0 (None until decoded, see decode_images);
         cond: the model family's Conditioning of the B samples; layout: the family's LatentLayout;
@@ -46,7 +48,7 @@ class Trajectory:
     """
 
     latents: torch.Tensor | None
-    log_probs: torch.Tensor
+    log_probs: torch.Tensor | None
     sigmas: torch.Tensor
     x0: torch.Tensor
     images: torch.Tensor | None
@@ -67,7 +69,15 @@ class Trajectory:
 
     @property
     def num_steps(self) -> int:
-        return self.log_probs.shape[1]
+        return self.sigmas.shape[0] - 1
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes this rank holds for the trajectory, by field (the stored tensors: latents, log_probs,
+        x0, images, the Conditioning's tensors; None fields count 0): what perf.memory.trajectory_bytes
+        models."""
+        out = {name: _tensor_bytes(getattr(self, name)) for name in ("latents", "log_probs", "x0", "images")}
+        out["cond"] = sum(_tensor_bytes(v) for v in self.cond.to_tensors().values())
+        return out
 
     def rollout_forward_samples(self) -> int:
         """Transformer forwards (in samples) that produced this trajectory: the shared prefix once
@@ -95,6 +105,10 @@ class Trajectory:
         return Trajectory(**values)
 
 
+def _tensor_bytes(value) -> int:
+    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+
+
 def _group_and_sample_ids(group_ids, num_prompts: int, num_generations: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Global ids on the CPU: group ids [B] (each prompt's id G times) and sample ids [B]."""
     gids = torch.as_tensor(group_ids, dtype=torch.long).cpu().reshape(-1)
@@ -112,7 +126,7 @@ def _group_and_sample_ids(group_ids, num_prompts: int, num_generations: int) -> 
 
 def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: SamplingPlan, sigmas,
                        cond: Conditioning, layout: LatentLayout, eta: float, first: int = 0, stop: int | None = None,
-                       keep_states: bool = True, decode_from: str = "x0_prediction"):
+                       keep_states: bool = True, decode_from: str = "x0_prediction", keep_log_probs: bool = True):
     """Run the plan's transitions first .. stop-1 (default: all n) for one chunk of b samples.
 
     noise [b, L, C]: the state at transition ``first``; step_eps: {k: [b, L, C]} for the plan's
@@ -120,7 +134,7 @@ def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: 
     Returns latents [b, stop-first+1, L, C], log_probs [b, stop-first] (zeros on ODE and DPM
     transitions, which have no density) and the last step's x0 prediction [b, L, C] (the input if
     the last step is not run; decode_from "final_sample": the last transition's sample instead). keep_states=False returns None for the latents and holds no state
-    beyond the current one. The loop never reads a value back to the host, so an accelerator
+    beyond the current one; keep_log_probs=False None for the log-probs (none kept). The loop never reads a value back to the host, so an accelerator
     runs it without stalls. Training rollouts and evaluation both sample through it.
     """
     x = noise
@@ -155,10 +169,12 @@ def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: 
             log_prob = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
         if keep_states:
             latents.append(x)
-        log_probs.append(log_prob)
+        if keep_log_probs:
+            log_probs.append(log_prob)
     if decode_from == "final_sample" and stop == n:
         x0 = x  # Flow-GRPO decodes the SDE's last sample (noise included), not x0_hat
-    return (torch.stack(latents, dim=1) if keep_states else None), torch.stack(log_probs, dim=1), x0
+    return ((torch.stack(latents, dim=1) if keep_states else None),
+            (torch.stack(log_probs, dim=1) if keep_log_probs else None), x0)
 
 
 def _sde_transition(plan: SamplingPlan, x, v, sigmas, k, eta, noise=None, prev_sample=None):
@@ -189,6 +205,21 @@ def transition_gaussian(sde_kind, x, v, sigma, sigma_next, eta, sigma_max) -> tu
     if sde_kind == "flash":
         return solvers.flash_step_gaussian(x, v, sigma, sigma_next, eta, float(sigma_max))
     return solvers.flow_step_gaussian(x, v, sigma, sigma_next, eta, float(sigma_max))
+
+
+def _after_prefix(head: torch.Tensor, lat: torch.Tensor | None, logp: torch.Tensor | None):
+    """A chunk's latents and log-probs past a shared ODE prefix of ``head`` [b, prefix, L, C] states: the
+    prefix's states and zero log-probs (no density) in front; None (not kept) stays None."""
+    if lat is not None:
+        lat = torch.cat([head, lat], dim=1)
+    if logp is not None:
+        logp = torch.cat([torch.zeros(logp.shape[0], head.shape[1], dtype=logp.dtype, device=logp.device), logp], dim=1)
+    return lat, logp
+
+
+def _cat_kept(chunks: list) -> torch.Tensor | None:
+    """The chunks' tensors concatenated along the samples; None where they were not kept."""
+    return None if chunks[0] is None else torch.cat(chunks)
 
 
 @dataclass
@@ -268,7 +299,7 @@ def rollout(
     on_chunk: Callable[[slice, torch.Tensor], None] | None = None,
     *,
     plan: SamplingPlan,
-    keep_latents: bool = True,
+    keep_latents: bool = True, keep_log_probs: bool = True,
 ) -> Trajectory:
     """Sample G = cfg.num_generations images per prompt with log-probabilities.
 
@@ -284,7 +315,8 @@ def rollout(
     and score that chunk while the next one samples (see fastvideo.training.reward_pipeline).
     plan: which transitions are SDE / ODE / DPM-Solver++ and their sigmas (fastvideo.sampling.plan;
     DanceGRPO is full_sde_plan). Step noise is drawn only for SDE transitions, addressed by index.
-    keep_latents=False: latents None, all else the same (Objective.needs_trajectory False: NFT).
+    keep_latents / keep_log_probs False: latents / log_probs None, all else the same (Objective.needs_trajectory /
+    needs_log_probs False: NFT, AWM, DGPO keep neither).
     """
     family.check_cond(cond)
     if len(cond) != len(captions):
@@ -312,10 +344,10 @@ def rollout(
         with run.amp:
             lat, logp, x0 = sample_transitions(family, transformer, noise, step_eps, plan, run.sigmas,
                                                run.cond.select(rows), layout, cfg.eta, first=prefix,
-                                               keep_states=keep_latents, decode_from=cfg.decode_from)
+                                               keep_states=keep_latents, decode_from=cfg.decode_from,
+                                               keep_log_probs=keep_log_probs)
         if prefix:
-            lat = torch.cat([prefix_states[rows, :-1], lat], dim=1) if keep_latents else None
-            logp = torch.cat([torch.zeros(logp.shape[0], prefix, dtype=logp.dtype, device=logp.device), logp], dim=1)
+            lat, logp = _after_prefix(prefix_states[rows, :-1], lat, logp)
         all_x0.append(x0)
         if on_chunk is not None:
             on_chunk(rows, x0)
@@ -323,7 +355,7 @@ def rollout(
         all_log_probs.append(logp)
 
     traj = Trajectory(
-        latents=torch.cat(all_latents) if keep_latents else None, log_probs=torch.cat(all_log_probs), sigmas=run.sigmas,
+        latents=_cat_kept(all_latents), log_probs=_cat_kept(all_log_probs), sigmas=run.sigmas,
         x0=torch.cat(all_x0), images=None, cond=run.cond, layout=layout, sample_ids=sample_ids,
         group_ids=group_of_sample, captions=[c for c in captions for _ in range(G)], plan=plan,
         shared_prefix=prefix,

@@ -145,8 +145,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--algorithm", default="grpo", choices=["grpo", "nft", "awm", "dgpo", "flash_grpo"],
                     help="the objective's trained steps and no-grad forwards, as it declares them: nft, awm, dgpo "
                          "train int(N x fraction) of all N timesteps (no stored transition), nft and dgpo one more "
-                         "no-grad forward (the old policy) per trained step, dgpo one more (its reference, always); "
-                         "flash_grpo trains its one SDE step")
+                         "no-grad forward (the old policy) per trained step, dgpo one more (its reference, always), awm one "
+                         "more with --awm_ema_kl_beta > 0 (its EMA, a float32 copy of the trainable weights); "
+                         "flash_grpo trains its one SDE step; nft, awm, dgpo keep no log-prob")
     ap.add_argument("--kl_coef", type=float, default=0.0, help="> 0: one more no-grad forward (the reference) per "
                                                                 "trained step")
     ap.add_argument("--seconds_per_iteration", type=float, default=None, help="measured wall time of one iteration")
@@ -170,13 +171,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not 0.0 < args.timestep_fraction <= 1.0:
             ap.error(f"--timestep_fraction {args.timestep_fraction} must be in (0, 1]")
         args.trained_steps = num_trained_steps(args.sampling_steps, args.timestep_fraction, args.train_last_step)
-    from fastvideo.tools.cost_model_memory import objective_declares, objective_update
-
-    trained, args.objective_reference = objective_update(args)
-    if trained is not None and not args.trained_steps_given:  # the objective's own count (not GRPO's)
-        args.trained_steps = trained
-    args.nograd_update_forwards = int(objective_declares(args.algorithm, "needs_old_policy", False)) + \
-        int(args.objective_reference)
+    objective_counts(args, extra)
     for flag in ("seconds_per_iteration", "peak_tflops"):
         value = getattr(args, flag)
         if value is not None and not (0 < value < float("inf")):
@@ -196,6 +191,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                  "weight gradients; the adapters add their own matmuls); --memory models its memory")
     resolve_mix(args, ap)
     return args
+
+
+def objective_counts(args, training_flags: list[str]) -> None:
+    """args.trained_steps (the objective's own count, unless --trained_steps), objective_reference and
+    nograd_update_forwards per trained step (NFT's / DGPO's old policy, AWM's EMA with --awm_ema_kl_beta,
+    the reference) as --algorithm's settings say, its own flags read from ``training_flags``."""
+    from fastvideo.tools.cost_model_memory import objective_update
+
+    args.training_flags = training_flags  # read again by cost_model_memory.memory_shape
+    trained, needs = objective_update(args)
+    args.objective_reference = needs.reference
+    if trained is not None and not args.trained_steps_given:  # the objective's own count (not GRPO's)
+        args.trained_steps = trained
+    args.nograd_update_forwards = int(needs.old_policy) + int(needs.update_copy) + int(needs.reference)
 
 
 # Training flags that change the cost but are not modelled here: refused rather than ignored.

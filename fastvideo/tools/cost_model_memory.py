@@ -84,47 +84,47 @@ def _timesteps(args) -> int:
 
 
 def _lora_and_copies(args) -> dict:
-    """MemoryShape's LoRA fields and the extra weight copies (KL reference, NFT's old policy), as
-    the trainer builds them (training/builders.py: lora_base_dtype, _replicate_frozen,
-    build_kl_reference)."""
+    """MemoryShape's LoRA fields, the extra weight copies (KL reference, NFT's old policy, AWM's EMA) and
+    what the rollout keeps, as the trainer builds them (training/builders.py: lora_base_dtype,
+    _replicate_frozen, build_kl_reference; the objective's needs, settings.ObjectiveNeeds)."""
     master = 4 if args.master_weight_type == "fp32" else 2
     if args.use_lora and args.lora_rank < 1:
         raise ConfigError(f"--lora_rank {args.lora_rank} must be at least 1")
     targets = tuple(t.strip() for t in args.lora_target_modules.split(",") if t.strip())
+    needs = objective_update(args)[1]
     return {"lora_rank": args.lora_rank if args.use_lora else 0, "lora_targets": targets,
             "lora_base_bytes": 2 if args.lora_base_precision == "bf16" else master,
             "lora_replicate_base": not args.use_cpu_offload,
-            "kl_reference": objective_update(args)[1], "old_policy": objective_declares(args.algorithm, "needs_old_policy", False),
-            # an objective that replays no stored transition keeps x0 alone (NFT)
-            "keeps_latents": objective_declares(args.algorithm, "needs_trajectory", True)}
+            "kl_reference": needs.reference, "old_policy": needs.old_policy, "update_copy": needs.update_copy,
+            # an objective that replays no stored transition keeps x0 alone, and no log-prob (NFT, AWM, DGPO)
+            "keeps_latents": needs.replay, "keeps_log_probs": needs.log_probs}
 
 
-def objective_update(args) -> tuple[int | None, bool]:
-    """(trained steps per sample, None for GRPO's own count (its candidates and the SDE window); whether
-    the update reads the frozen reference) as --algorithm's settings declare them
-    (settings.ObjectiveSettings.trained_steps_per_sample, needs_reference) for --sampling_steps,
-    --timestep_fraction and --kl_coef: NFT, AWM, DGPO train int(N x fraction) of all N timesteps
+def objective_update(args):
+    """(trained steps per sample, None for GRPO's own count (its candidates and the SDE window); the run's
+    settings.ObjectiveNeeds) as --algorithm's settings declare them (ObjectiveSettings.trained_steps_per_sample,
+    needs) for --sampling_steps, --timestep_fraction, --kl_coef and the objective's own training flags
+    (args.training_flags, e.g. --awm_ema_kl_beta): NFT, AWM, DGPO train int(N x fraction) of all N timesteps
     (they replay no stored transition), Flash-GRPO its one SDE step; DGPO reads its reference always."""
+    import argparse
+    from dataclasses import replace
     from types import SimpleNamespace
 
     from fastvideo.algorithms.registry import resolve_objective
     from fastvideo.algorithms.settings import GRPOSettings
+    from fastvideo.settings import ObjectiveSettings
 
-    settings = getattr(resolve_objective(args.algorithm), "settings", None)
-    if settings is None or settings is GRPOSettings:
-        return None, args.kl_coef > 0
+    objective = resolve_objective(args.algorithm)
+    settings = getattr(objective, "settings", None)
     cfg = SimpleNamespace(rollout=SimpleNamespace(sampling_steps=args.sampling_steps),
                           grpo=SimpleNamespace(timestep_fraction=args.timestep_fraction, kl_coef=args.kl_coef))
-    own = settings()
-    return own.trained_steps_per_sample(cfg), bool(own.needs_reference(cfg))
-
-
-def objective_declares(algorithm: str, need: str, default: bool) -> bool:
-    """What --algorithm's objective class declares (algorithms.base.Objective: needs_old_policy,
-    needs_trajectory): the cost model asks the objective, never its name."""
-    from fastvideo.algorithms.registry import resolve_objective
-
-    return bool(getattr(resolve_objective(algorithm), need, default))
+    if settings is None or settings is GRPOSettings:
+        return None, replace(ObjectiveSettings().needs(cfg, objective), reference=args.kl_coef > 0)
+    own_flags = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    settings.add_flags(own_flags)
+    given = argparse.Namespace(algorithm=args.algorithm)
+    own = settings.from_args(own_flags.parse_known_args(getattr(args, "training_flags", []), namespace=given)[0])
+    return own.trained_steps_per_sample(cfg), own.needs(cfg, objective)
 
 
 def lean_shape(args, shape, config: dict, vae_cfg: dict, family) -> tuple:
@@ -160,9 +160,9 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
     shape, lean_notes = lean_shape(args, memory_shape(args), config, vae_cfg, family)
     prof = profile_model(config, vae_cfg, shape, family=family)
     est = estimate(config, vae_cfg, shape, prof=prof, family=family)
-    # Forwards of the model's own units without a backward: NFT's v_old, and under LoRA the KL's v_ref
-    # (the base with its adapters off); a full fine-tune's KL reference is its own copy (reference_params).
-    own_nograd = int(shape.old_policy) + int(shape.kl_reference and shape.lora_rank > 0)
+    # Forwards of the model's own units without a backward: NFT's v_old, AWM's v_ema, and under LoRA the KL's
+    # v_ref (the base with its adapters off); a full fine-tune's KL reference is its own copy (reference_params).
+    own_nograd = int(shape.old_policy) + int(shape.update_copy) + int(shape.kl_reference and shape.lora_rank > 0)
     traffic = comms.from_memory_shape(shape, prof, args.trained_steps, own_nograd)
     if args.json:
         return json.dumps({"model": desc, "shape": {k: str(v) for k, v in vars(shape).items()}, **est.as_dict(),

@@ -53,6 +53,7 @@ def memory_shape(cfg, world_size: int, device, text_tokens: int = 512):
         lora_rank=lora.rank if lora.enabled else 0, lora_targets=tuple(lora.target_modules),
         lora_base_bytes=2 if lora.base_precision == "bf16" else master, lora_replicate_base=not cfg.cpu_offload,
         kl_reference=needs.reference, old_policy=needs.old_policy, keeps_latents=needs.replay,
+        keeps_log_probs=needs.log_probs, update_copy=needs.update_copy,
         gather_bytes=2 if cfg.fsdp_param_dtype == "bf16" else 4, grads_unsharded=cfg.update.grad_sync == "per_step",
         accumulation=cfg.update.gradient_accumulation_steps)
 

@@ -208,7 +208,8 @@ class Trainer:
         with self.objective.sampling_policy(), self.nograd_weights():  # NFT samples with its old policy
             return rollout(self.family, self.model, self.vae, cond, captions, indices, self.rollout_cfg,
                            self.randomness, iteration, self.device, self.autocast_dtype, decode=False,
-                           on_chunk=on_chunk, plan=plan, keep_latents=self.objective.needs_trajectory)
+                           on_chunk=on_chunk, plan=plan, keep_latents=self.objective.needs_trajectory,
+                           keep_log_probs=self.objective.needs_log_probs)
 
     def _sample_and_score(self, iteration: int, indices: list[int]) -> tuple[Trajectory, RewardResult]:
         """Rollout, decode, rewards. The ranks of a sequence group hold the same samples: its first
@@ -313,6 +314,7 @@ class Trainer:
         record["forward_passes_update"] = stats.forward_passes * passes
         record["forward_passes_rollout"] = traj.rollout_forward_samples() * passes
         record["shared_ode_prefix"] = traj.shared_prefix
+        record["trajectory_bytes"] = sum(traj.nbytes().values())  # this rank's (no step latents / log-probs unneeded)
         if traj.plan is not None and traj.plan.window_start >= 0:
             record["sde_window_start"] = traj.plan.window_start
         record["lr"] = self.lr_scheduler.get_last_lr()[0]

@@ -284,3 +284,37 @@ def test_the_preflights_activation_floor_is_the_estimates_larger_rollout_peak():
     assert floor == max(prof.rollout_activations, prof.vae_decode) and prof.vae_decode > prof.rollout_activations > 0
     assert memory.held_in_every_phase(config, shape, family) + floor <= est.peak_bytes
     assert est.peak_phase == "vae_decode" and est.components["activations"] == floor  # the decode's own figure
+
+
+def test_awm_ema_kl_counts_its_float32_copy_of_the_trainable_weights(tiny_flux_dir):
+    """--algorithm awm --awm_ema_kl_beta > 0 keeps an EMA of the trainable weights (training.ema.WeightCopy,
+    float32, shard-local) and reads it in one more no-grad forward per trained step: the cost model (and
+    the trainer's lean.memory_shape, test_lean) counts its bytes, the real tiny FLUX's WeightCopy's, per
+    shard, full and LoRA; without the flag (or for GRPO) nothing."""
+    from diffusers import FluxTransformer2DModel
+
+    from fastvideo.tools import cost_model
+    from fastvideo.training.ema import WeightCopy
+    from fastvideo.training.lora import LoraSettings, apply_lora
+
+    model = FluxTransformer2DModel.from_pretrained(tiny_flux_dir, subfolder="transformer")
+    held = {}
+    for lora in (False, True):
+        if lora:
+            apply_lora(model, LoraSettings(True, 4, 8.0, 0.0, ("to_k", "to_q", "to_v", "to_out.0"), None),
+                       torch.float32, torch.float32, seed=0)
+        held[lora] = sum(s.numel() * s.element_size() for s in WeightCopy(model).shadow)  # one process: whole
+    assert held == {False: TINY_PARAMS * 4, True: ADAPTERS * 4}
+    for lora, flags in ((False, []), (True, ["--use_lora", "--lora_rank", "4"])):
+        awm = ["--algorithm", "awm", *flags]
+        prof, static, _ = _static(*awm, "--awm_ema_kl_beta", "0.1")
+        off = _static(*awm)[1]
+        assert static["update_copy"] == -(-held[lora] // 4 // 2) * 4  # 2 ranks' shards
+        assert "update_copy" not in off and "update_copy" not in _static(*flags)[1]
+        assert {k: v for k, v in static.items() if k != "update_copy"} == off
+        forwards = [cost_model.parse_args(TINY + awm + beta).nograd_update_forwards
+                    for beta in (["--awm_ema_kl_beta", "0.1"], [])]
+        assert forwards == [1, 0]  # v_ema's (FLOPs and FSDP gathers)
+        shape = cost_model.memory_shape(cost_model.parse_args(TINY + awm + ["--awm_ema_kl_beta", "0.1"]))
+        hosts = [memory.checkpoint_host_peak(prof, dataclasses.replace(shape, update_copy=c)) for c in (True, False)]
+        assert hosts[0]["sharded"] - hosts[1]["sharded"] == static["update_copy"]  # each rank writes its shard too

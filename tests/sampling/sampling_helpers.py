@@ -18,7 +18,8 @@ def flux_cond(embeds, pooled, text_ids) -> TensorConditioning:
 
 
 def flux_rollout(transformer, vae, embeds, pooled, text_ids, captions, group_ids, cfg, randomness, iteration, device,
-                 autocast_dtype=None, decode=True, on_chunk=None, plan=None, keep_latents=True, family=None):
+                 autocast_dtype=None, decode=True, on_chunk=None, plan=None, keep_latents=True, family=None,
+                 keep_log_probs=True):
     """rollout() with FLUX's tensors and the former defaults: FLUX with its default forward settings
     (unless ``family`` is given), and without a plan DanceGRPO's (every transition SDE)."""
     from fastvideo.sampling.plan import full_sde_plan
@@ -29,4 +30,4 @@ def flux_rollout(transformer, vae, embeds, pooled, text_ids, captions, group_ids
     plan = plan if plan is not None else full_sde_plan(n, cfg.shift, n, 1)
     return rollout(family, transformer, vae, flux_cond(embeds, pooled, text_ids), captions, group_ids, cfg,
                    randomness, iteration, device, autocast_dtype, decode, on_chunk, plan=plan,
-                   keep_latents=keep_latents)
+                   keep_latents=keep_latents, keep_log_probs=keep_log_probs)

@@ -29,10 +29,10 @@ def _cfg(steps=6, eta=0.3):
                          rollout_batch_size=4, init_same_noise=False)
 
 
-def _run(models, cfg, plan=None, rs=None, iteration=3, keep_latents=True):
+def _run(models, cfg, plan=None, rs=None, iteration=3, keep_latents=True, keep_log_probs=True):
     transformer, vae, embeds, pooled, text_ids = models
     return rollout(transformer, vae, embeds, pooled, text_ids, PROMPTS, [0, 1], cfg, rs or RandomSource(5), iteration,
-                   "cpu", decode=False, plan=plan, keep_latents=keep_latents)
+                   "cpu", decode=False, plan=plan, keep_latents=keep_latents, keep_log_probs=keep_log_probs)
 
 
 @torch.no_grad()
@@ -161,19 +161,23 @@ def test_shared_ode_prefix_runs_once_per_group_and_changes_nothing(models, dpm):
     assert not torch.equal(shared.latents[0::2, -1], shared.latents[1::2, -1])  # the window made them differ
 
 
+def _lean_case(case: str):
+    """(rollout config, plan) of 8 steps: NFT's DPM-Solver++ / AWM's Euler ODE ("nft_dpm", "awm_ode"), or
+    an SDE window after a shared ODE prefix ("window_shared_prefix")."""
+    from fastvideo.algorithms.nft import deterministic_plan
+
+    cfg = _cfg(steps=8, eta=0.7)
+    if case != "window_shared_prefix":
+        return cfg, deterministic_plan({"nft_dpm": "dpm", "awm_ode": "ode"}[case], 8, 3.0)
+    return RolloutConfig(**{**cfg.__dict__, "init_same_noise": True}), window_plan(8, 3.0, 3, 2, candidates=7)
+
+
 @pytest.mark.parametrize("case", ["nft_dpm", "window_shared_prefix"])
 def test_a_rollout_without_latents_keeps_the_same_samples(models, case):
     """keep_latents=False (Objective.needs_trajectory False: NFT) stores no step latents, and its
     x0 and log-probs are those of the rollout that keeps them, bit for bit (also past a shared
     ODE prefix)."""
-    from fastvideo.algorithms.nft import deterministic_plan
-
-    cfg = _cfg(steps=8, eta=0.7)
-    if case == "nft_dpm":
-        plan = deterministic_plan("dpm", 8, 3.0)
-    else:
-        plan = window_plan(8, 3.0, 3, 2, candidates=7)
-        cfg = RolloutConfig(**{**cfg.__dict__, "init_same_noise": True})
+    cfg, plan = _lean_case(case)
     kept, lean = (_run(models, cfg, plan, keep_latents=k) for k in (True, False))
     assert kept.latents.shape[:2] == (4, 9) and lean.latents is None
     assert torch.equal(lean.x0, kept.x0) and torch.equal(lean.log_probs, kept.log_probs)
@@ -219,3 +223,41 @@ def test_flow_grpo_sde_kind_rescores_to_ratio_one(models):
         _, lp = solvers.flow_sde_step(x, v, traj.sigmas[k], traj.sigmas[k + 1], 0.7, float(traj.sigmas[1]),
                                       prev_sample=traj.latents[:, k + 1])
         assert (torch.exp(lp - traj.log_probs[:, k]) - 1).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("case", ["awm_ode", "window_shared_prefix"])
+def test_a_rollout_without_log_probs_saves_their_bytes_and_the_memory_model_counts_them(models, tiny_flux_dir, case):
+    """keep_log_probs=False (Objective.needs_log_probs False: NFT, AWM, DGPO) stores no log-probability:
+    the same samples bit for bit, the trajectory's counted bytes (Trajectory.nbytes, the trainer's
+    trajectory_bytes metric) less by exactly the [B, N] float32 log-probs; GRPO's rollout against AWM's
+    (no latents, no log-probs) differs by the step latents and the log-probs, exactly as the memory
+    model's trajectory_bytes (perf.memory, keeps_latents / keeps_log_probs) says."""
+    import json
+    from dataclasses import replace
+
+    from fastvideo.algorithms.awm.objective import AWMObjective
+    from fastvideo.algorithms.grpo import GRPOObjective
+    from fastvideo.perf.memory import MemoryShape, trajectory_bytes
+
+    cfg, plan = _lean_case(case)
+    runs = {name: _run(models, cfg, plan, keep_latents=obj.needs_trajectory, keep_log_probs=obj.needs_log_probs)
+            for name, obj in (("grpo", GRPOObjective), ("awm", AWMObjective))}
+    runs["no_log_probs"] = _run(models, cfg, plan, keep_log_probs=False)
+    grpo, awm, lean = runs["grpo"], runs["awm"], runs["no_log_probs"]
+    assert awm.log_probs is None and lean.log_probs is None and awm.latents is None
+    assert torch.equal(lean.x0, grpo.x0) and torch.equal(awm.x0, grpo.x0) and torch.equal(lean.latents, grpo.latents)
+    assert lean.num_steps == awm.num_steps == 8 and awm.subset([3, 0]).log_probs is None
+    B, N = grpo.num_samples, 8
+    counted = {name: traj.nbytes() for name, traj in runs.items()}
+    assert counted["grpo"]["log_probs"] == B * N * 4 and counted["awm"]["log_probs"] == 0
+    assert sum(counted["grpo"].values()) - sum(counted["no_log_probs"].values()) == B * N * 4
+    saved = sum(counted["grpo"].values()) - sum(counted["awm"].values())
+    assert saved == B * (N + 1) * grpo.x0[0].numel() * 4 + B * N * 4
+    # the memory model prices the same saving (its other terms, e.g. the prompt embeddings, cancel)
+    config = json.loads((tiny_flux_dir / "transformer" / "config.json").read_text())
+    shape = MemoryShape(height=32, width=32, text_tokens=SEQ, sampling_steps=N, samples_per_rank=B, rollout_batch=4,
+                        micro_batch=1, world_size=1)
+    modelled = {keep: trajectory_bytes(config, replace(shape, keeps_latents=keep, keeps_log_probs=keep),
+                                       flux.FluxFamily()) for keep in (True, False)}
+    assert modelled[True] - modelled[False] == saved
+    assert modelled[True] - trajectory_bytes(config, replace(shape, keeps_log_probs=False), flux.FluxFamily()) == B * N * 4

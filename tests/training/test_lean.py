@@ -98,6 +98,8 @@ DEVICE_FIELDS = {"communicators", "hccl_buffsize_mb"}
      "gradient_accumulation_steps": 2, "gradient_checkpointing": True, "selective_checkpointing": 0.5},
     {"grad_sync": "per_step", "rewards": "compressibility:1.0,hpsv2:0.5", "num_generations": 4, "train_batch_size": 2},
     {"algorithm": "nft"},
+    {"algorithm": "awm", "awm_ema_kl_beta": 0.1, "kl_coef": 0.1},  # its EMA copy, no log-probs (test_memory)
+    {"algorithm": "dgpo", "use_lora": True, "lora_rank": 4},
     {"kl_coef": 0.1, "rollout_weights": "gathered", "update_timesteps_per_forward": "all"},
     {"use_lora": True, "lora_rank": 8, "lora_base_precision": "bf16", "lora_target_modules": "to_q,to_v"},
     {"use_lora": True, "lora_rank": 4, "use_cpu_offload": True, "master_weight_type": "bf16"},

@@ -59,7 +59,7 @@ def runs(tiny_flux_dir, tiny_embeddings, tmp_path_factory):
 
     def recording_rollout(*args, **kwargs):
         traj = original(*args, **kwargs)
-        kept.append((traj.latents, tuple(traj.x0.shape)))
+        kept.append(traj)
         return traj
 
     with pytest.MonkeyPatch.context() as mp:
@@ -117,8 +117,14 @@ def test_nft_trains_two_ranks_and_resumes_exactly(runs, name, weights, tiny_flux
 
 @pytest.mark.slow
 def test_the_nft_rollout_keeps_no_step_latents(runs):
-    """Objective.needs_trajectory False: the trainer's rollout stores each sample's x0 only."""
-    assert runs["single_rollouts"] and all(lat is None and shape[0] == 4 for lat, shape in runs["single_rollouts"])
+    """Objective.needs_trajectory / needs_log_probs False: the trainer's rollout stores each sample's x0
+    only, and no log-probability; the logged trajectory_bytes is what it holds (no step latents, no
+    log-probs: Trajectory.nbytes)."""
+    trajs = runs["single_rollouts"]
+    assert trajs and all(t.latents is None and t.log_probs is None and t.x0.shape[0] == 4 for t in trajs)
+    counted = trajs[0].nbytes()
+    assert counted["latents"] == counted["log_probs"] == 0 and counted["x0"] > 0 and counted["images"] > 0
+    assert read_metrics(runs["single"])[0]["trajectory_bytes"] == sum(counted.values())
 
 
 @pytest.mark.slow

@@ -11,10 +11,10 @@ exist when --algorithm awm is selected."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastvideo.errors import ConfigError
-from fastvideo.settings import ObjectiveSettings, flag_group
+from fastvideo.settings import ObjectiveNeeds, ObjectiveSettings, flag_group
 
 WEIGHTINGS = ("uniform", "t", "t2", "huber", "ghuber")  # awm.loss.WEIGHTINGS (this module imports no torch)
 
@@ -82,6 +82,11 @@ class AWMSettings(ODEObjectiveSettings):
 
     def needs_reference(self, cfg) -> bool:
         return cfg.grpo.kl_coef > 0
+
+    def needs(self, cfg, objective) -> ObjectiveNeeds:
+        """With --awm_ema_kl_beta > 0 the EMA of the trainable weights (a float32 WeightCopy) and its no-grad
+        forward per trained step: the memory model and the cost model count them."""
+        return replace(super().needs(cfg, objective), update_copy=self.ema_kl_beta > 0)
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
