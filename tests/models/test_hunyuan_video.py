@@ -113,6 +113,42 @@ def test_ode_rollout_equals_the_pipeline(stock):
     assert float((traj.images[:, 0] - traj.images[:, -1]).abs().max()) > 0  # frames differ: a clip
 
 
+def test_a_batch_of_prompts_of_unequal_length_equals_each_prompt_alone(stock):
+    """diffusers 0.32's transformer attends under a mask [B, S, S] that SDPA broadcasts against the heads
+    (head h gets sample h's mask; B > 1 other than the head count fails); the family's transformer
+    (components.adapt_for_device, attention.py) gives every head of a sample that sample's mask. A batch
+    of 3 prompts of different text lengths (more than the tiny model's 2 heads) equals each prompt alone
+    to 1e-5, on both lines; one prompt, and a group of one prompt repeated, are bit-identical to the stock
+    transformer's; a group of 3 runs too (0.32's stock does not)."""
+    from fastvideo.library_lines import is_current
+
+    folder, pipe, family, enc = stock
+    model = family.load_transformer(folder, "transformer", "cpu", torch.float32)
+    cond = family.encode_prompts(enc, [*PROMPTS, "a cat"], SEQ)
+    assert len(set(cond["prompt_mask"].sum(-1).tolist())) == 3 and model.config.num_attention_heads == 2
+    layout = family.nominal_layout(SIZE, SIZE, model.config)
+    x = torch.randn(3, *layout.tokens, generator=torch.Generator().manual_seed(1))
+
+    def velocity(transformer, rows):
+        with torch.no_grad():
+            return family.velocity(transformer, x[rows], 0.6, cond.select(rows), layout)
+
+    batch = velocity(model, slice(0, 3))
+    alone = torch.cat([velocity(model, slice(i, i + 1)) for i in range(3)])
+    assert float((batch - alone).abs().max()) <= 1e-5
+    assert torch.equal(alone[:1], velocity(pipe.transformer, slice(0, 1)))  # one prompt: as stock
+    group = torch.tensor([1, 1])
+    assert torch.equal(velocity(model, group), velocity(pipe.transformer, group))  # a group: as stock
+    assert float((velocity(model, torch.tensor([1, 1, 1])) - alone[1]).abs().max()) <= 1e-5  # more than heads, one length
+    stock_pair = velocity(pipe.transformer, slice(0, 2))
+    if is_current():  # 0.42 masks keys per sample
+        assert float((stock_pair - alone[:2]).abs().max()) <= 1e-5
+    else:  # 0.32: sample h's mask on head h, and no broadcast of 3 masks over 2 heads
+        assert float((stock_pair - alone[:2]).abs().max()) > 1e-3
+        with pytest.raises(RuntimeError):
+            velocity(pipe.transformer, slice(0, 3))
+
+
 def test_num_frames_must_be_4k_plus_1_in_one_line():
     from fastvideo.errors import ConfigError
     from fastvideo.models.hunyuan_video.family import HunyuanVideoFamily

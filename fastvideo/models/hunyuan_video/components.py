@@ -65,7 +65,11 @@ def check_frames(num_frames: int, error=ValueError) -> int:
 
 # ---------------------------------------------------------------- loading
 def adapt_for_device(transformer, device) -> None:
-    """On an NPU: npu_ops' fused RMS norms (the q/k norms); elsewhere nothing."""
+    """On the recipe line each sample's own attention mask (attention.py: diffusers 0.32 broadcasts sample
+    h's mask to head h); on an NPU npu_ops' fused RMS norms (the q/k norms)."""
+    from fastvideo.models.hunyuan_video.attention import per_sample_masks
+
+    per_sample_masks(transformer)
     parts.adapt_for_npu(transformer, device)
 
 
