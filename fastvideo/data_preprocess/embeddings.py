@@ -430,10 +430,10 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
         encoders = family.load_text_encoders(cfg.model_path, info.device, dtype)
         dims = family.encoder_dims(encoders)
         if plist.images is not None:  # checked (one size) by cfg.validate
-            from fastvideo.data.sources import open_rgb
+            from fastvideo.data.sources import open_rgb, reference_count, references
 
-            width, height = open_rgb(plist.images[0]).size  # as decoded: its EXIF orientation applied
-            dims.update(source_width=width, source_height=height)
+            width, height = open_rgb(references(plist.images[0])[0]).size  # as decoded: its EXIF orientation applied
+            dims.update(source_width=width, source_height=height, source_references=reference_count(plist.images[0]))
         spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, dims), dtype)
         if info.is_main:
             removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), record_keys(plist), family,
