@@ -35,7 +35,7 @@ import torch
 
 from fastvideo import devices
 from fastvideo.data.prompts import PromptList, load_prompts
-from fastvideo.data_preprocess.sources import add_sources, all_images, record_keys
+from fastvideo.data_preprocess.sources import add_sources, record_images, record_keys
 from fastvideo.errors import ConfigError
 from fastvideo.models.base import ModelFamily
 from fastvideo.models.registry import DEFAULT_FAMILY, family_of_folder, get_model_family
@@ -459,7 +459,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
         )
         start = time.perf_counter()
         written = _encode_batches(cfg, encoders, work, usable, todo, info,
-                                  all_images(plist) if plist.images is not None else None)
+                                  record_images(plist) if plist.images is not None else None)
         devices.synchronize(info.device)
         total_written = _count_global(written, info.device)  # also the barrier before the json
         seconds = time.perf_counter() - start

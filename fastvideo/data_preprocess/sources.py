@@ -74,10 +74,15 @@ def check_prompt_sources(prompt_file: str, max_prompts: int, family) -> tuple[in
     return size
 
 
+def record_images(plist: PromptList) -> list:
+    """Each record's image (a path, or a tuple of references), the prompts' then the spare batch mates'
+    beyond --max_prompts (encoded too): what add_sources indexes."""
+    return list(plist.images or []) + list(plist.spare_images or [])
+
+
 def all_images(plist: PromptList) -> list[Path]:
-    """The images of the prompts and of the spare batch mates beyond --max_prompts (encoded too), every
-    reference of a record."""
-    return [p for image in list(plist.images or []) + list(plist.spare_images or []) for p in references(image)]
+    """Every image file of record_images, each reference of a record (what the check reads)."""
+    return [p for image in record_images(plist) for p in references(image)]
 
 
 def record_keys(plist: PromptList) -> list[str]:
