@@ -107,3 +107,19 @@ def test_klein_refuses_too_many_or_unreadable_references_in_one_line(tiny_flux2_
     (path.parent / "images" / "03.png").write_bytes(b"not a png")
     code, err = _cli(tiny_flux2_dir, path, tmp_path / "o2", "flux2_edit", capsys)
     assert code == 2 and len(err) == 1 and "03.png' is not a readable image" in err[0], err
+
+
+@pytest.mark.skipif(_not_current() is not None, reason=_not_current() or "")
+def test_klein_evaluation_prompts_read_every_reference_and_show_the_first(tiny_flux2_dir, tmp_path):
+    """--eval_prompts as a 2-reference JSONL: encoded at start-up with both references' tokens; the
+    grids' source row (family.source_images) is each record's first reference."""
+    from fastvideo.eval.prompts import load_eval_prompts
+    from fastvideo.models.flux2_edit.family import Flux2EditFamily
+
+    family = Flux2EditFamily()
+    path = _write(tmp_path, TWO[:2])
+    prompts = load_eval_prompts(path, str(tiny_flux2_dir), 80, family=family)
+    assert prompts.cond["image_latents"].shape == (2, 32, 128) and prompts.dims[2:] == (32, 128, 64, 64)
+    assert family.reference_count(prompts.cond["source_ids"]) == 2
+    images = path.parent / "images"
+    assert torch.equal(family.source_images(prompts.cond), load_pixels([images / "00.png", images / "02.png"]))
