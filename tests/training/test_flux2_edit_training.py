@@ -94,7 +94,8 @@ def test_klein_edit_grpo_trains_sees_sources_resumes_exactly_and_exports(tiny_fl
 @pytest.mark.slow
 def test_klein_edit_grpo_trains_on_two_references(tiny_flux2_dir, tiny_rewards, tmp_path):
     """Multi-reference editing (a JSONL "image" list): 8 instructions with 2 references each (64x64)
-    preprocessed with --model_family flux2_edit store both references' tokens (times 10 and 20); GRPO
+    preprocessed with --model_family flux2_edit store both references' tokens (times 10 and 20, the
+    shapes the folder's settings record); GRPO
     trains 2 iterations on 2 ranks and the rewards receive the first reference of each sample."""
     from fastvideo.data.sources import load_pixels
     from fastvideo.data_preprocess.embeddings import PreprocessConfig, embedding_paths, run_preprocess
@@ -113,6 +114,9 @@ def test_klein_edit_grpo_trains_on_two_references(tiny_flux2_dir, tiny_rewards, 
     family = Flux2EditFamily()
     raw = {s.name: torch.load(p, weights_only=True) for s, p in zip(family.storage,
                                                                    embedding_paths(tmp_path / "emb", 0, family))}
+    # the shapes a rerun expects of each record (record_shapes, in the folder's settings) are the stored ones
+    settings = json.loads((tmp_path / "emb" / "preprocess_meta.json").read_text())["settings"]
+    assert settings["shapes"] == [list(raw[s.name].shape) for s in family.storage]
     rec, dims = family.check_record(0, raw)  # (L, D, Ls, C, H, W): 2 references of 16 tokens, 64x64 pixels
     assert dims[2:] == (32, 128, 64, 64) and family.reference_count(rec["source_ids"]) == 2
     assert torch.equal(rec["source_image"], load_pixels([first_of[plist[0]["prompt"]]])[0].to(rec["source_image"]))
