@@ -5,6 +5,12 @@ a relative ``image`` path resolves against the prompt file's own folder (not the
 directory), so a data folder can be moved whole. ``image`` may be left out of every record (a
 text-to-image JSONL file) but not of some: a file mixes nothing.
 
+Several reference images (multi-reference editing, FLUX.2 [klein]): ``"image"`` is a list of paths,
+``{"prompt": "...", "image": ["a.png", "b.png"]}``, in the order the pipeline's ``image=[...]`` takes
+them; every record gives the same number, and all images of a file share one size. A record's image
+is then a tuple of paths; a list of one path is the plain string's single path (the same record).
+The rewards and evaluation grids that show a source use the first reference.
+
 ``check_source_images`` is the check preprocessing runs before any model loads: every image
 exists, opens as an image, and all share one size whose sides are multiples of ``multiple`` (the
 family's latent packing: 16 for FLUX.1 Kontext). Each problem is one line naming the file.
@@ -33,9 +39,9 @@ def is_jsonl(path: str | Path) -> bool:
     return Path(path).suffix.lower() == ".jsonl"
 
 
-def parse_jsonl(path: Path, text: str) -> tuple[list[tuple[str, Path | None]], int]:
-    """(prompt, resolved image path or None) per non-blank line, and the number of blank lines.
-    Relative image paths resolve against ``path``'s folder."""
+def parse_jsonl(path: Path, text: str) -> tuple[list[tuple[str, Path | tuple[Path, ...] | None]], int]:
+    """(prompt, resolved image path, tuple of reference paths or None) per non-blank line, and the
+    number of blank lines. Relative image paths resolve against ``path``'s folder."""
     records, blank = [], 0
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -51,21 +57,53 @@ def parse_jsonl(path: Path, text: str) -> tuple[list[tuple[str, Path | None]], i
                                    f"record: {JSONL_HINT}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise SourceImageError(f"prompt file {str(path)!r} line {number} has no \"prompt\" string: {JSONL_HINT}")
-        image = obj.get("image")
-        if image is not None and not isinstance(image, str):
-            raise SourceImageError(f"prompt file {str(path)!r} line {number}: \"image\" must be a path string, "
-                                   f"got {type(image).__name__}")
-        for field in ("prompt", "image"):
-            if isinstance(obj.get(field), str) and _LONE_SURROGATE.search(obj[field]):
+        names = _image_names(path, number, obj.get("image"))
+        for field, values in (("prompt", [obj["prompt"]]), ("image", names)):
+            if any(_LONE_SURROGATE.search(v) for v in values):
                 raise SourceImageError(f"prompt file {str(path)!r} line {number}: the \"{field}\" string holds a lone "
                                        "UTF-16 surrogate escape (e.g. \\ud800), which is no character: fix or remove it")
-        records.append((obj["prompt"], None if image is None else resolve_image(path, image)))
+        paths = tuple(resolve_image(path, n) for n in names)
+        records.append((obj["prompt"], None if not paths else paths[0] if len(paths) == 1 else paths))
+    _check_same_images(path, records)
+    return records, blank
+
+
+def _image_names(path: Path, number: int, image) -> list[str]:
+    """A record's "image" as a list of path strings: none, one (a string) or several (a non-empty list
+    of strings, the references in order; a list of one is the string's single path)."""
+    if image is None:
+        return []
+    names = image if isinstance(image, list) else [image]
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad or not names:
+        got = "an empty list" if not names else type(bad[0]).__name__
+        got = f"a list holding {got}" if isinstance(image, list) and names else got
+        raise SourceImageError(f"prompt file {str(path)!r} line {number}: \"image\" must be a path string, got {got} "
+                               "(several references: a non-empty list of path strings)")
+    return names
+
+
+def _check_same_images(path: Path, records: list) -> None:
+    """Every record names images, or none; and each the same number of references."""
     with_image = sum(1 for _, im in records if im is not None)
     if 0 < with_image < len(records):
         first = next(i for i, (_, im) in enumerate(records) if im is None)
         raise SourceImageError(f"prompt file {str(path)!r}: {with_image} of {len(records)} records name an image "
                                f"but record {first} does not: give every record an \"image\", or none")
-    return records, blank
+    counts = [reference_count(im) for _, im in records]
+    if with_image and len(set(counts)) > 1:
+        odd = next(i for i, c in enumerate(counts) if c != counts[0])
+        raise SourceImageError(f"prompt file {str(path)!r}: record {odd} names {counts[odd]} reference images but "
+                               f"record 0 names {counts[0]}: give every record the same number of images")
+
+
+def references(image) -> tuple[Path, ...]:
+    """A record's source images as a tuple: its one path, or its several references in order."""
+    return tuple(image) if isinstance(image, tuple) else (image,)
+
+
+def reference_count(image) -> int:
+    return len(image) if isinstance(image, tuple) else 1
 
 
 def resolve_image(prompt_file: Path, image: str) -> Path:
@@ -153,10 +191,13 @@ def check_source_images(paths: list[Path], multiple: int) -> tuple[int, int]:
     return size
 
 
-def load_pixels(paths: list[Path]) -> torch.Tensor:
-    """Source images -> float32 [B, 3, H, W] in [0, 1] (value / 255, like ToTensor)."""
+def load_pixels(paths: list) -> torch.Tensor:
+    """Source images -> float32 [B, 3, H, W] in [0, 1] (value / 255, like ToTensor); records of several
+    references (tuples of paths, one count) -> [B, N, 3, H, W], the references in order."""
     import numpy as np
 
+    if paths and isinstance(paths[0], tuple):
+        return torch.stack([load_pixels(list(refs)) for refs in paths])
     arrays = [np.asarray(open_rgb(p), dtype=np.uint8) for p in paths]
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float().div_(255.0)
 

@@ -35,7 +35,7 @@ import torch
 
 from fastvideo import devices
 from fastvideo.data.prompts import PromptList, load_prompts
-from fastvideo.data_preprocess.sources import add_sources, all_images, record_keys
+from fastvideo.data_preprocess.sources import add_sources, record_images, record_keys
 from fastvideo.errors import ConfigError
 from fastvideo.models.base import ModelFamily
 from fastvideo.models.registry import DEFAULT_FAMILY, family_of_folder, get_model_family
@@ -430,10 +430,10 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
         encoders = family.load_text_encoders(cfg.model_path, info.device, dtype)
         dims = family.encoder_dims(encoders)
         if plist.images is not None:  # checked (one size) by cfg.validate
-            from fastvideo.data.sources import open_rgb
+            from fastvideo.data.sources import open_rgb, reference_count, references
 
-            width, height = open_rgb(plist.images[0]).size  # as decoded: its EXIF orientation applied
-            dims.update(source_width=width, source_height=height)
+            width, height = open_rgb(references(plist.images[0])[0]).size  # as decoded: its EXIF orientation applied
+            dims.update(source_width=width, source_height=height, source_references=reference_count(plist.images[0]))
         spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, dims), dtype)
         if info.is_main:
             removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), record_keys(plist), family,
@@ -459,7 +459,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
         )
         start = time.perf_counter()
         written = _encode_batches(cfg, encoders, work, usable, todo, info,
-                                  all_images(plist) if plist.images is not None else None)
+                                  record_images(plist) if plist.images is not None else None)
         devices.synchronize(info.device)
         total_written = _count_global(written, info.device)  # also the barrier before the json
         seconds = time.perf_counter() - start

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastvideo.data.prompts import PromptList, load_prompts
-from fastvideo.data.sources import MAX_SOURCE_PIXELS, check_source_images, file_digest, load_pixels
+from fastvideo.data.sources import (MAX_SOURCE_PIXELS, check_source_images, file_digest, load_pixels, reference_count,
+                                    references)
 from fastvideo.errors import ConfigError
 
 SOURCE_VAE_MULTIPLE = 32  # calculate_dimensions' rounding of the resized source's sides
@@ -63,27 +64,40 @@ def check_prompt_sources(prompt_file: str, max_prompts: int, family) -> tuple[in
                           "prompt file without images")
     if plist.images is None:
         return None
+    count = reference_count(plist.images[0])  # one for every record (fastvideo.data.sources)
+    if count > family.max_references:
+        raise ConfigError(f"prompt file {prompt_file!r} gives {count} reference images a record but model family "
+                          f"{family.name!r} reads at most {family.max_references}: give one \"image\" path a record "
+                          "(several references: --model_family flux2_edit)")
     size = check_source_images(all_images(plist), family.source_multiple)
     family.check_source_size(*size)
     return size
 
 
-def all_images(plist: PromptList) -> list[Path]:
-    """The images of the prompts and of the spare batch mates beyond --max_prompts (encoded too)."""
+def record_images(plist: PromptList) -> list:
+    """Each record's image (a path, or a tuple of references), the prompts' then the spare batch mates'
+    beyond --max_prompts (encoded too): what add_sources indexes."""
     return list(plist.images or []) + list(plist.spare_images or [])
+
+
+def all_images(plist: PromptList) -> list[Path]:
+    """Every image file of record_images, each reference of a record (what the check reads)."""
+    return [p for image in record_images(plist) for p in references(image)]
 
 
 def record_keys(plist: PromptList) -> list[str]:
     """What identifies each prompt's stored record: its caption, and for an editing file the
-    digest of its source image's bytes too (a changed image is re-encoded on a rerun)."""
+    digest of its source image's bytes too (a changed image is re-encoded on a rerun; several
+    references: their digests in order)."""
     if plist.images is None:
         return list(plist.prompts)
-    return [f"{c}\0image:{file_digest(p)}" for c, p in zip(plist.prompts, plist.images)]
+    digests = [",".join(file_digest(p) for p in references(im)) for im in plist.images]
+    return [f"{c}\0image:{d}" for c, d in zip(plist.prompts, digests)]
 
 
 def add_sources(family, encoders, cond, images: list[Path] | None, indices: list[int]):
     """``cond`` of the prompts ``indices`` with their source images encoded (unchanged for a
-    text-to-image family)."""
+    text-to-image family); records of several references give pixels [B, N, 3, H, W]."""
     if images is None:
         return cond
     return family.encode_sources(encoders, cond, load_pixels([images[i] for i in indices]))

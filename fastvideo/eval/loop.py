@@ -188,7 +188,7 @@ class TrainingEvaluation(TrainerHook):
                         getattr(trainer.family, "video_fps", None))
         records = report.read_jsonl(self.out / EVAL_JSONL)
         rows = [(f"it {r['iteration']}", report.row_path(self.out / "eval", r["iteration"])) for r in records]
-        sources = trainer.family.source_images(self.prompts.cond)  # editing: the source row on top
+        sources = trainer.family.source_images(self.prompts.cond)  # editing: the (first reference's) source row on top
         if sources is not None:
             rows.insert(0, ("source", report.save_row(sources[:self.s.grid_prompts], self.out / "eval" / "source.png")))
         report.compose_grid([r for r in rows if r[1].exists()], self.out / "eval_grid.png",

@@ -360,8 +360,10 @@ class FamilyConditioning(abc.ABC):
     # fastvideo.data.sources) whose size's sides must be multiples of source_multiple; the family
     # says how it encodes it (encode_sources) and where its Conditioning keeps the pixels the
     # rewards see (source_images). Preprocessing adds "source_height" / "source_width" to
-    # encoder_dims for record_shapes.
+    # encoder_dims for record_shapes (and "source_references", the images a record gives).
     edits: bool = False
+    # The reference images a record may give (a JSONL "image" list; FLUX.2 [klein] editing reads several)
+    max_references: int = 1
     source_multiple: int = 16
     # The family whose model folders this one runs on (FLUX.2 [klein] editing: "flux2", klein's own
     # checkpoint); None: folders whose model_index.json names this family.
@@ -382,7 +384,8 @@ class FamilyConditioning(abc.ABC):
 
     def source_images(self, cond: Conditioning) -> torch.Tensor | None:
         """The samples' source images [B, 3, H, W] float32 in [0, 1] (what the rewards are given
-        beside the generated images), or None for a text-to-image family (default)."""
+        beside the generated images; of several references, the first), or None for a text-to-image
+        family (default)."""
         return None
 
 

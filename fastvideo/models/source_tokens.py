@@ -4,7 +4,10 @@ generated ones (FLUX.1 Kontext, FLUX.2 [klein] editing): what they share.
 Conditioning: the base family's text tensors plus, per sample, "image_latents" [B, Ls, C] (the
 packed, normalised VAE latents of the source image) and "source_image" [B, 3, H, W] in [0, 1] (what
 the rewards see), and shared "source_ids" [Ls, K] (the source tokens' position ids, K the base
-family's id width). Stored per prompt in image_latents/, source_image/ and source_ids/. A velocity
+family's id width). Stored per prompt in image_latents/, source_image/ and source_ids/. Several
+reference images (max_references > 1: FLUX.2 [klein]) are one sequence: image_latents [N Ls, C] and
+source_ids [N Ls, K] the references' in order (the family's ids tell them apart: reference_count),
+source_image the first reference's pixels (what the rewards and grids show). A velocity
 runs the transformer on [generated ; source] tokens with [image ids ; source ids] and keeps the
 generated part; the source tokens also count in the sequence-parallel split, the cost model's inputs
 and FLOPs.
@@ -70,12 +73,18 @@ class SourceTokens:
         return super().encode_prompts(getattr(encoders, "text", encoders), prompts, max_sequence_length)
 
     def encode_sources(self, encoders, cond, pixels) -> TensorConditioning:
+        """pixels [B, 3, H, W], or [B, N, 3, H, W] for N references (the first kept as source_image)."""
         latents, ids = self.encode_source_latents(encoders.vae, pixels.to(encoders.device))
-        per = {"image_latents": latents, "source_image": pixels.to(latents)}
+        first = pixels[:, 0] if pixels.ndim == 5 else pixels
+        per = {"image_latents": latents, "source_image": first.to(latents)}
         return TensorConditioning({**cond.tensors, **per}, {**cond.shared, "source_ids": ids})
 
+    def reference_count(self, ids: torch.Tensor) -> int:
+        """The reference images whose tokens ``ids`` [Ls, K] hold (one unless max_references > 1)."""
+        return 1
+
     def source_images(self, cond) -> torch.Tensor:
-        return cond["source_image"].float()
+        return cond["source_image"].float()  # of several references, the first
 
     def encoder_dims(self, encoders) -> dict[str, int]:
         vae = encoders.vae.config
@@ -85,7 +94,7 @@ class SourceTokens:
     def record_shapes(self, max_sequence_length, encoder_dims):
         h, w = encoder_dims["source_height"], encoder_dims["source_width"]
         lat_h, lat_w = latent_hw(h, w, encoder_dims["vae_scale"])
-        tokens = (lat_h // 2) * (lat_w // 2)
+        tokens = (lat_h // 2) * (lat_w // 2) * encoder_dims.get("source_references", 1)
         return (*super().record_shapes(max_sequence_length, encoder_dims),
                 (tokens, 4 * encoder_dims["latent_channels"]), (tokens, self.source_id_width), (3, h, w))
 
@@ -105,9 +114,10 @@ class SourceTokens:
             raise EmbeddingShapeError(
                 f"prompt {idx}: image_latents {tuple(lat.shape)} / source_ids {tuple(ids.shape)} / source_image "
                 f"{tuple(pix.shape)} should be [Ls, C] / [Ls, {k}] / [3, H, W]; re-run the preprocessing")
-        if lat.shape[0] * PIXELS_PER_TOKEN ** 2 != pix.shape[1] * pix.shape[2]:
-            raise EmbeddingShapeError(f"prompt {idx}: {lat.shape[0]} source tokens do not make a {pix.shape[1]}x"
-                                      f"{pix.shape[2]} source image (16 pixels a token side); re-run the preprocessing")
+        refs = self.reference_count(ids)
+        if lat.shape[0] * PIXELS_PER_TOKEN ** 2 != refs * pix.shape[1] * pix.shape[2]:
+            raise EmbeddingShapeError(f"prompt {idx}: {lat.shape[0]} source tokens do not make {refs} {pix.shape[1]}x"
+                                      f"{pix.shape[2]} source image(s) (16 pixels a token side); re-run the preprocessing")
         dims = (*text_dims, lat.shape[0], lat.shape[1], pix.shape[1], pix.shape[2])
         names = ", ".join(("L", "D", "P")[:n] + ("Ls", "C", "H", "W"))
         base.check_first_dims(idx, dims, first_dims, where, f"({names})",

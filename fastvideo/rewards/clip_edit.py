@@ -6,7 +6,8 @@ cos of L2-normalised CLIP embeddings, in [-1, 1]: the first term keeps what the 
 alone (the image's CLIP embedding stays near its source's), the second is CLIP score of the edit
 instruction (the clip reward's). ``keep`` weighs them (keep=, default 0.5). It needs the
 source images (an editing model family, e.g. --model_family kontext): called without them it
-refuses in one line.
+refuses in one line. A record of several reference images (FLUX.2 [klein]'s JSONL "image" list) is
+scored against its first reference (the family's source_images).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 # pixels the rewards compare with), into data/rl_embeddings_flux2_edit, the input of
 # finetune_flux2_klein_grpo_*.sh. The prompt file is JSONL: {"prompt": ..., "image": path} per line,
 # paths relative to the file (docs/editing.md); every image one size, sides multiples of 16 (Flow-Factory's
-# klein: sources of 384 x 384 pixels of area).
+# klein: sources of 384 x 384 pixels of area). Several references (Flux2KleinPipeline(image=[...])): "image"
+# a list of paths, every record as many (at most 4); the rewards and grids use the first reference.
 #
 #   PROMPT_FILE=data/edit/train.jsonl bash scripts/preprocess/preprocess_flux2_edit_rl_embeddings.sh
 #

@@ -139,3 +139,37 @@ def test_source_sizes_the_pipeline_would_refuse_or_shrink_are_refused_in_one_lin
         with pytest.raises(ConfigError, match="Flux2KleinPipeline refuses or resizes") as err:
             Flux2EditFamily().check_source_size(h, w)
         assert "\n" not in str(err.value)
+
+
+def test_two_references_equal_the_pipelines_image_list(pipe, tiny_flux2_dir):
+    """Multi-reference editing (a JSONL record's "image" list): each prompt with 2 references (64x80),
+    the tokens and ids equal prepare_image_latents([first, second]) (times 10 and 20), the ODE rollout
+    with true CFG equals Flux2KleinPipeline(image=[first, second]), the rewards see the first
+    reference, and swapping the references' order changes the rollout."""
+    from fastvideo.models.flux2 import components as C
+    from fastvideo.models.flux2_edit.family import Flux2EditFamily
+
+    family = Flux2EditFamily(guidance_scale=4.0)
+    refs = torch.stack([_pixels(), _pixels(seed=1)], dim=1)  # [2 prompts, 2 references, 3, 64, 80]
+    cond = _cond(family, tiny_flux2_dir, refs)
+    pils = [_pils(refs[:, i]) for i in range(2)]
+    for p in range(2):
+        tensors = [pipe.image_processor.preprocess(pils[i][p], height=64, width=80, resize_mode="crop") for i in range(2)]
+        latents, ids = pipe.prepare_image_latents(tensors, 1, None, "cpu", torch.float32)
+        torch.testing.assert_close(cond["image_latents"][p:p + 1], latents, rtol=1e-6, atol=1e-6)
+        assert torch.equal(cond["source_ids"], ids[0])
+    assert sorted(cond["source_ids"][:, 0].unique().tolist()) == [10, 20] and family.reference_count(cond["source_ids"]) == 2
+    assert torch.equal(family.source_images(cond), refs[:, 0])  # clip_edit and the grids: the first reference
+    traj = _rollout(family, pipe, cond)
+    gh, gw = traj.layout["grid_h"], traj.layout["grid_w"]
+    noise = C.to_grid(traj.latents[:, 0], gh, gw)
+    ref = torch.cat([pipe(image=[pils[0][p], pils[1][p]], prompt=PROMPTS[p], height=64, width=64,
+                          num_inference_steps=STEPS, guidance_scale=4.0, latents=noise[p:p + 1].clone(),
+                          max_sequence_length=SEQ, output_type="latent").images for p in range(2)])
+    mean, std = C.latent_statistics(pipe.vae)
+    ours = C.unpatchify(C.to_grid(traj.latents[:, -1], gh, gw) * std + mean)
+    rel = float((ours - ref).abs().max() / ref.abs().max())
+    print(f"2 references: max |ours - Flux2KleinPipeline(image=[a, b])| / max |pipeline| = {rel:.1e}")
+    assert rel <= 1e-5
+    swapped = _rollout(family, pipe, _cond(family, tiny_flux2_dir, refs.flip(1)))
+    assert not torch.allclose(swapped.latents[:, -1], traj.latents[:, -1], atol=1e-4)

@@ -89,3 +89,46 @@ def test_klein_edit_grpo_trains_sees_sources_resumes_exactly_and_exports(tiny_fl
     out = export_checkpoint(straight / "checkpoint-2", tmp_path / "export", base=tiny_flux2_dir)
     trained, stock = (_edit(Flux2KleinPipeline.from_pretrained(p)) for p in (out, tiny_flux2_dir))
     assert trained.shape == stock.shape and not torch.allclose(trained, stock, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_klein_edit_grpo_trains_on_two_references(tiny_flux2_dir, tiny_rewards, tmp_path):
+    """Multi-reference editing (a JSONL "image" list): 8 instructions with 2 references each (64x64)
+    preprocessed with --model_family flux2_edit store both references' tokens (times 10 and 20, the
+    shapes the folder's settings record); GRPO
+    trains 2 iterations on 2 ranks and the rewards receive the first reference of each sample."""
+    from fastvideo.data.sources import load_pixels
+    from fastvideo.data_preprocess.embeddings import PreprocessConfig, embedding_paths, run_preprocess
+    from fastvideo.models.flux2_edit.family import Flux2EditFamily
+
+    images = ROOT / "assets/edit/images"
+    plist = [json.loads(line) for line in (ROOT / "assets/edit/prompts_edit.jsonl").read_text().splitlines()]
+    first_of = {r["prompt"]: ROOT / "assets/edit" / r["image"] for r in plist}
+    rows = [{"prompt": r["prompt"], "image": [str(first_of[r["prompt"]]), str(images / f"{(i + 5) % 12:02d}.png")]}
+            for i, r in enumerate(plist)]
+    (tmp_path / "refs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = PreprocessConfig(model_path=str(tiny_flux2_dir), prompt_file=str(tmp_path / "refs.jsonl"),
+                           output_dir=str(tmp_path / "emb"), max_sequence_length=SEQ, batch_size=8,
+                           dataloader_num_workers=0, model_family="flux2_edit")
+    json_path = run_preprocess(cfg).json_path
+    family = Flux2EditFamily()
+    raw = {s.name: torch.load(p, weights_only=True) for s, p in zip(family.storage,
+                                                                   embedding_paths(tmp_path / "emb", 0, family))}
+    # the shapes a rerun expects of each record (record_shapes, in the folder's settings) are the stored ones
+    settings = json.loads((tmp_path / "emb" / "preprocess_meta.json").read_text())["settings"]
+    assert settings["shapes"] == [list(raw[s.name].shape) for s in family.storage]
+    rec, dims = family.check_record(0, raw)  # (L, D, Ls, C, H, W): 2 references of 16 tokens, 64x64 pixels
+    assert dims[2:] == (32, 128, 64, 64) and family.reference_count(rec["source_ids"]) == 2
+    assert torch.equal(rec["source_image"], load_pixels([first_of[plist[0]["prompt"]]])[0].to(rec["source_image"]))
+    argv = train_args(json_path, tiny_flux2_dir, tmp_path / "run", model_family="flux2_edit", guidance_scale=4.0,
+                      flow_grpo_sampling=True, no_quantize_timestep=True, pipeline_shift=True,
+                      rewards="record_sources:1.0,clip_edit:0.5", clip_dir=tiny_rewards.pickscore_dir,
+                      save_images_every=0, learning_rate=1e-2)
+    run_recorded(argv, tmp_path / "record")
+    metrics = read_metrics(tmp_path / "run")
+    assert [r["iteration"] for r in metrics] == [1, 2] and metrics[0]["grad_norm"] > 0
+    assert all(-1 <= r["reward/clip_edit_mean"] <= 1 for r in metrics)
+    calls = [torch.load(p, weights_only=True) for p in sorted((tmp_path / "record").glob("rank*-*.pt"))]
+    assert len(calls) == 4
+    for call in calls:  # the first reference of each sample's record
+        assert torch.equal(call["sources"], load_pixels([first_of[p] for p in call["prompts"]]))

@@ -1,6 +1,7 @@
 """FLUX.2 [klein] editing as a ModelFamily (--model_family flux2_edit, the current library line only):
 FLUX.2's family (loading, Qwen3 text conditioning, true classifier-free guidance, latents, decoding,
-FSDP blocks, FLOPs) plus a source image per prompt, as Flux2KleinPipeline(image=...) runs it and as
+FSDP blocks, FLOPs) plus a source image per prompt (or several references, up to max_references, the
+JSONL "image" list: Flux2KleinPipeline(image=[...])), as Flux2KleinPipeline(image=...) runs it and as
 Flow-Factory trains klein (examples/grpo/full/flux2_klein_base/default.yaml at a0b2bc5: an editing
 dataset, condition_image_size 384).
 
@@ -42,6 +43,9 @@ class Flux2EditFamily(SourceTokens, Flux2Family):
                                                               Flux2Family.text_encoder_components))
     source_id_width = 4  # FLUX.2's (time, row, column, layer): the source's time is 10
     text_dim_count = 2  # FLUX.2's records: (L, D)
+    # Flux2KleinPipeline(image=[...]) takes any number of references and sets no bound; each one adds
+    # its tokens to every transformer call, so a record gives at most this many (preprocessing refuses more)
+    max_references = 4
     made_by = "FLUX.2 [klein] editing preprocessing (--model_family flux2_edit)"
 
     def check_source_size(self, height, width) -> None:
@@ -62,6 +66,9 @@ class Flux2EditFamily(SourceTokens, Flux2Family):
 
     def encode_source_latents(self, vae, pixels):
         return C.encode_source_latents(vae, pixels)
+
+    def reference_count(self, ids) -> int:
+        return C.reference_count(ids)
 
     def velocity(self, transformer, x, sigma, cond, layout) -> torch.Tensor:
         return C.edit_velocity(transformer, x, sigma, cond, layout["image_ids"], self.scale, self.quantize_timestep)
