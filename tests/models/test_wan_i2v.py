@@ -1,0 +1,115 @@
+"""Wan image-to-video (--model_family wan_i2v) against diffusers' own WanImageToVideoPipeline (nobody
+here wrote it): the tiny Wan2.1-I2V folder (make_tiny_wan --variant i2v) loads in the stock pipeline
+offline; the first frame's condition (VAE latents with the mask channels) and the CLIP image features
+equal the pipeline's prepare_latents and encode_image; the ODE rollout of two prompts, each with its own
+source image, equals the pipeline's latents and decoded frames on the same noise and sigmas (CFG 5.0
+with the negative prompt ""). The current library line only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastvideo.library_lines import CURRENT, LibraryLineError, require_line
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _line_reason() -> str | None:
+    try:
+        require_line(CURRENT, "Wan image-to-video (diffusers' WanImageToVideoPipeline)")
+    except LibraryLineError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_line_reason() is not None, reason=_line_reason() or "")
+
+PROMPTS = ["the square turns green", "a circle appears"]
+IMAGES = [ROOT / "assets/edit/images/00.png", ROOT / "assets/edit/images/01.png"]
+SEQ, STEPS, FRAMES, SCALE, SIZE = 512, 3, 5, 5.0, 64  # 512: the I2V transformer's text length
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_wan_i2v_dir):
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+
+    from fastvideo.data.sources import load_pixels
+    from fastvideo.models.wan_i2v.family import WanI2VFamily
+
+    pipe = WanImageToVideoPipeline.from_pretrained(tiny_wan_i2v_dir)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=pipe.scheduler.config.flow_shift)
+    family = WanI2VFamily(guidance_scale=SCALE, num_frames=FRAMES)
+    family.check_folder(tiny_wan_i2v_dir)
+    enc = family.load_text_encoders(tiny_wan_i2v_dir)
+    cond = family.encode_sources(enc, family.encode_prompts(enc, PROMPTS, SEQ), load_pixels(IMAGES))
+    return pipe, family, cond
+
+
+def test_the_tiny_folder_is_wan21_i2v_in_the_stock_pipeline(tiny_wan_i2v_dir, setup):
+    from fastvideo.models.registry import family_of_folder
+
+    pipe, _, _ = setup
+    config = pipe.transformer.config
+    assert (config.in_channels, config.out_channels, config.image_dim) == (36, 16, 16)
+    assert type(pipe.image_encoder).__name__ == "CLIPVisionModel" and pipe.transformer.condition_embedder.image_embedder
+    assert json.loads((tiny_wan_i2v_dir / "model_index.json").read_text())["_class_name"] == "WanImageToVideoPipeline"
+    assert family_of_folder(tiny_wan_i2v_dir) == "wan_i2v"
+
+
+def test_condition_and_clip_features_equal_the_pipeline(setup):
+    """condition [P, 4 + 16, f, h, w] = prepare_latents' [mask ; normalised first-frame latents]; the
+    CLIP features = encode_image's second-last hidden state, each prompt its own source."""
+    from fastvideo.data.sources import open_rgb
+
+    pipe, _, cond = setup
+    assert cond["condition"].shape == (2, 20, 2, 8, 8) and cond["image_embeds"].shape == (2, 17, 16)
+    for i, path in enumerate(IMAGES):
+        image = pipe.video_processor.preprocess(open_rgb(path), height=SIZE, width=SIZE).float()
+        _, ref = pipe.prepare_latents(image, 1, 16, SIZE, SIZE, FRAMES, torch.float32, "cpu",
+                                      torch.Generator().manual_seed(0))
+        torch.testing.assert_close(cond["condition"][i:i + 1], ref, rtol=0, atol=1e-6)  # batched: 2.6e-7
+        torch.testing.assert_close(cond["image_embeds"][i:i + 1], pipe.encode_image(open_rgb(path), "cpu"),
+                                   rtol=0, atol=1e-6)
+    mask = cond["condition"][:, :4]
+    assert mask[:, :, 0].eq(1).all() and mask[:, :, 1:].eq(0).all()  # the first latent frame is given
+    assert not torch.equal(cond["condition"][0], cond["condition"][1])  # two sources
+
+
+def test_ode_rollout_equals_the_pipeline(setup):
+    """The ODE rollout (both prompts in one batch, CFG rows batched) equals WanImageToVideoPipeline's
+    latents and decoded frames, one call per prompt with its image, on the same noise and sigmas."""
+    from fastvideo.data.sources import open_rgb
+    from fastvideo.models.latents import from_tokens
+    from fastvideo.sampling.plan import ODE, SamplingPlan
+    from fastvideo.sampling.randomness import RandomSource
+    from fastvideo.sampling.rollout import RolloutConfig, rollout
+
+    pipe, family, cond = setup
+    pipe.scheduler.set_timesteps(STEPS)
+    sigmas = pipe.scheduler.sigmas.float().clone()
+    cfg = RolloutConfig(height=SIZE, width=SIZE, sampling_steps=STEPS, eta=0.0, shift=1.0, num_generations=1,
+                        rollout_batch_size=2, init_same_noise=False)
+    plan = SamplingPlan(sigmas=sigmas, kinds=(ODE,) * STEPS, trainable=(), num_trained=0)
+    traj = rollout(family, pipe.transformer, pipe.vae, cond, PROMPTS, [0, 1], cfg, RandomSource(3), 1, "cpu",
+                   plan=plan)
+    grid = traj.layout["grid"]
+    assert grid == (2, 8, 8) and traj.layout.tokens == (128, 16)
+    noise, ours = from_tokens(traj.latents[:, 0], *grid), from_tokens(traj.latents[:, -1], *grid)
+    for i, path in enumerate(IMAGES):
+        kwargs = dict(image=open_rgb(path), prompt=PROMPTS[i], negative_prompt="", guidance_scale=SCALE,
+                      height=SIZE, width=SIZE, num_frames=FRAMES, num_inference_steps=STEPS,
+                      max_sequence_length=SEQ, latents=noise[i:i + 1].clone())
+        ref = pipe(**kwargs, output_type="latent").frames
+        assert not torch.allclose(ours[i:i + 1], noise[i:i + 1], atol=1e-1)  # it moved
+        rel = float((ours[i:i + 1] - ref).abs().max() / ref.abs().max())
+        print(f"prompt {i}: max |ours - pipeline| / max |pipeline| = {rel:.1e}")
+        assert rel <= 1e-5
+        frames = pipe(**kwargs, output_type="pt").frames
+        assert traj.images[i:i + 1].shape == frames.shape == (1, FRAMES, 3, SIZE, SIZE)
+        torch.testing.assert_close(traj.images[i:i + 1], frames, rtol=0, atol=1e-5)
+    torch.testing.assert_close(family.source_images(traj.cond)[:, :, 0, 0], cond["source_image"][:, :, 0, 0])
