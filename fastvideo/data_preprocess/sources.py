@@ -67,7 +67,8 @@ def check_prompt_sources(prompt_file: str, max_prompts: int, family) -> tuple[in
     """The source images' (height, width) for an editing family, None for a text-to-image one."""
     plist = load_prompts(prompt_file, max_prompts)
     if family.edits and plist.images is None:
-        raise ConfigError(f"model family {family.name!r} edits images but prompt file {prompt_file!r} names no "
+        use = getattr(family, "source_use", "edits images")
+        raise ConfigError(f"model family {family.name!r} {use} but prompt file {prompt_file!r} names no "
                           'source image: pass a .jsonl file of {"prompt": ..., "image": ...} records')
     if not family.edits and plist.images is not None:
         raise ConfigError(f"prompt file {prompt_file!r} names source images but model family {family.name!r} "

@@ -34,6 +34,7 @@ class WanI2VFamily(WanFamily):
     variant_of = "wan"  # WanTransformer3DModel; a checkpoint's family is its run's config.json model.family
     pipeline_class_name = "WanImageToVideoPipeline"
     edits = True  # every prompt has a source image (its first frame)
+    source_use = "makes each clip from a first frame (its source image)"  # preprocessing's refusal of a .txt file
     source_multiple = 16  # WanImageToVideoPipeline.check_inputs: height and width divisible by 16
     storage, json_keys = base.storage_with(WanFamily, *SOURCE_NAMES)
     parts = replace(WanFamily.parts, load_text_encoders=C.load_encoders)
