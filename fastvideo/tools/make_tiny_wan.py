@@ -180,6 +180,11 @@ def make_tiny_wan(out_dir: str | Path, seed: int = 0, variant: str = "t2v") -> P
     return save_tiny_folder(out, modules, scheduler_config(variant), pipeline, named, **extra)
 
 
+def make_tiny_wan_i2v(out_dir: str | Path, seed: int = 0) -> Path:
+    """The tiny Wan2.1-I2V folder (``--variant i2v``): the wan_i2v family's tiny builder."""
+    return make_tiny_wan(out_dir, seed, "i2v")
+
+
 def main(argv: list[str] | None = None) -> None:
     run_builder_cli("make_tiny_wan", __doc__, lambda a: make_tiny_wan(a.out_dir, a.seed, a.variant),
                     lambda a: f"tiny Wan {a.variant}", argv,
