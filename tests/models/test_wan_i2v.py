@@ -113,3 +113,25 @@ def test_ode_rollout_equals_the_pipeline(setup):
         assert traj.images[i:i + 1].shape == frames.shape == (1, FRAMES, 3, SIZE, SIZE)
         torch.testing.assert_close(traj.images[i:i + 1], frames, rtol=0, atol=1e-5)
     torch.testing.assert_close(family.source_images(traj.cond)[:, :, 0, 0], cond["source_image"][:, :, 0, 0])
+
+
+def test_the_eval_grids_source_row_starts_each_clips_frame_strip(tmp_path):
+    """Above clips [G, F, 3, H, W] of the sources' size the source row has each source as its strip's
+    first cell (white after), so the row lines up with the clips' frame strips; above images (editing)
+    or clips of another size the sources are drawn as they are."""
+    import numpy as np
+    from PIL import Image
+
+    from fastvideo.eval.report import save_row, source_cells
+
+    sources = torch.rand(2, 3, 8, 8)
+    clips = torch.zeros(2, FRAMES, 3, 8, 8)
+    cells = source_cells(sources, clips)
+    assert cells.shape == clips.shape and torch.equal(cells[:, 0], sources) and cells[:, 1:].eq(1).all()
+    assert source_cells(sources, torch.zeros(2, 3, 8, 8)) is sources
+    assert source_cells(sources, torch.zeros(2, FRAMES, 3, 16, 16)) is sources
+    source_row = np.asarray(Image.open(save_row(cells, tmp_path / "source.png")))
+    clip_row = np.asarray(Image.open(save_row(clips, tmp_path / "clips.png")))
+    assert source_row.shape == clip_row.shape  # the two rows line up, strip for strip
+    plain = np.asarray(Image.open(save_row(sources, tmp_path / "plain.png")))
+    assert plain.shape[1] < source_row.shape[1] / (FRAMES - 1)  # what the row was before: misaligned

@@ -109,6 +109,20 @@ class WanI2VFamily(WanFamily):
         base.check_width("stored CLIP features", image_dim, transformer_config, "image_dim",
                          "re-run the preprocessing with this model's folder")
 
+    def check_cond(self, cond) -> None:
+        """Wan's shapes; the text at 512 tokens (held-out prompts encoded at another length would be split
+        wrongly into image and text tokens by the transformer), a condition and CLIP features per prompt."""
+        super().check_cond(cond)
+        seq, rows = cond["prompt_embeds"].shape[1], cond["prompt_embeds"].shape[0]
+        if seq != C.TEXT_TOKENS:
+            raise EmbeddingShapeError(f"prompt embeddings of {seq} tokens: Wan image-to-video's transformer takes "
+                                      f"{C.TEXT_TOKENS} (encode the prompts with --max_sequence_length "
+                                      f"{C.TEXT_TOKENS}, held-out ones with --eval_max_sequence_length "
+                                      f"{C.TEXT_TOKENS})")
+        if cond["condition"].ndim != 5 or cond["condition"].shape[0] != rows or cond["image_embeds"].shape[0] != rows:
+            raise ValueError(f"condition must be [P, 4 + C, f, h, w] and image_embeds [P, N, D] for {rows} prompts, got "
+                             f"{tuple(cond['condition'].shape)} and {tuple(cond['image_embeds'].shape)}")
+
     def token_channels(self, in_channels: int) -> int:
         """The noisy latents' channels: in_channels less the condition's (4 + the same latents)."""
         return (in_channels - C.MASK_CHANNELS) // 2
