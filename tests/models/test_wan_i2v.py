@@ -75,6 +75,14 @@ def test_condition_and_clip_features_equal_the_pipeline(setup):
         torch.testing.assert_close(cond["condition"][i:i + 1], ref, rtol=0, atol=1e-6)  # batched: 2.6e-7
         torch.testing.assert_close(cond["image_embeds"][i:i + 1], pipe.encode_image(open_rgb(path), "cpu"),
                                    rtol=0, atol=1e-6)
+    from fastvideo.models.base import EmbeddingShapeError, TensorConditioning
+
+    family = setup[1]
+    family.check_cond(cond)
+    short = TensorConditioning({**cond.tensors, "prompt_embeds": cond["prompt_embeds"][:, :32]},
+                               {"neg_prompt_embeds": cond["neg_prompt_embeds"][:32]})
+    with pytest.raises(EmbeddingShapeError, match="--eval_max_sequence_length 512"):
+        family.check_cond(short)  # the transformer would take image tokens for text
     mask = cond["condition"][:, :4]
     assert mask[:, :, 0].eq(1).all() and mask[:, :, 1:].eq(0).all()  # the first latent frame is given
     assert not torch.equal(cond["condition"][0], cond["condition"][1])  # two sources

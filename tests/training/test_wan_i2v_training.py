@@ -4,7 +4,8 @@ line: the bundled editing prompt file (8 instructions, 64x64 sources) preprocess
 (make_tiny_wan --variant i2v) with a reward that records the source images it is given (each sample's
 own first frame, on every scored frame), and the export loads in the stock WanImageToVideoPipeline and
 animates a first frame otherwise than the base. A prompt file without source images, a source image
-that is missing, and a run whose --h / --w are not the sources' size are each one line, exit 2
+that is missing, a run whose --h / --w are not the sources' size and one whose --num_frames is not
+the preprocessing's are each one line, exit 2
 (issue #48 item 2)."""
 
 from __future__ import annotations
@@ -121,3 +122,7 @@ def test_missing_first_frames_and_a_clip_size_not_the_sources_are_one_line(tiny_
                  "--fsdp_sharding_strategy", "none", "--max_train_steps", "1")
     line = _one_line(capsys, lambda: main(argv))
     assert "--h / --w the source images' size" in line
+    argv = _argv(tiny_wan_i2v_dir, i2v_embeddings, tmp_path / "out9", "--num_frames", "9",
+                 "--fsdp_sharding_strategy", "none", "--max_train_steps", "1")
+    line = _one_line(capsys, lambda: main(argv))
+    assert "clips of 5 frames, this run makes 9" in line and "--num_frames 9" in line
