@@ -1,7 +1,7 @@
 """The model-family registry: ``--model_family NAME`` or a plugin ``--model_family pkg.module:Name``.
 
 The built-in families (flux, sd3, flux2, zimage, qwen_image, kontext,
-qwen_image_edit, flux2_edit, wan, hunyuan_video) are registered here, imported when first asked for; a family
+qwen_image_edit, flux2_edit, wan, hunyuan_video, wan_i2v) are registered here, imported when first asked for; a family
 module never imports this one, so the registry and its implementations form no import circle.
 A plugin module is imported first (it may call ``register_model_family`` on import) and ``Name``
 is a registered name or a ModelFamily factory in it. A name is registered once: registering

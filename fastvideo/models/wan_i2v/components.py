@@ -94,7 +94,7 @@ def encode_condition(vae, pixels: torch.Tensor, num_frames: int) -> torch.Tensor
     z = vae.encode(video.to(next(vae.parameters()).dtype)).latent_dist.mode().float()
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1).to(z)
     inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1).to(z)
-    z = (z - mean) * inv_std
+    z = z * inv_std
     return torch.cat([first_frame_mask(z.shape[0], num_frames, *z.shape[-2:]).to(z), z], dim=1)
 
 
