@@ -1,6 +1,6 @@
 """Write a complete diffusers-layout Wan folder with random weights, built offline.
 
-    python -m fastvideo.tools.make_tiny_wan OUT_DIR [--seed N] [--variant t2v|ti2v|a14b|i2v]
+    python -m fastvideo.tools.make_tiny_wan OUT_DIR [--seed N] [--variant t2v|ti2v|a14b|i2v|i2v_a14b]
 
 Same structure and config keys as Wan-AI/Wan2.1-T2V-1.3B-Diffusers (``t2v``),
 Wan-AI/Wan2.2-TI2V-5B-Diffusers (``ti2v``), Wan-AI/Wan2.2-T2V-A14B-Diffusers (``a14b``: two experts,
@@ -9,7 +9,9 @@ model_index.json's ``boundary_ratio`` 0.875) or Wan-AI/Wan2.1-I2V-14B-480P-Diffu
 WanImageToVideoPipeline; the transformer takes 16 + 4 + 16 = 36 channels, the noisy latents, the
 first-frame mask and the first frame's latents, and the CLIP image features through its image
 embedder (``image_dim``) and the blocks' added key/value projections (``added_kv_proj_dim``); a
-CLIPVisionModel image_encoder/ and a CLIPImageProcessor image_processor/), scaled down: WanTransformer3DModel (self- and cross-
+CLIPVisionModel image_encoder/ and a CLIPImageProcessor image_processor/) or
+Wan-AI/Wan2.2-I2V-A14B-Diffusers (``i2v_a14b``: WanImageToVideoPipeline with two 36-channel experts
+and boundary_ratio 0.9, no image encoder), scaled down: WanTransformer3DModel (self- and cross-
 attention blocks with q/k RMS norms across heads, 3-axis RoPE over frames x rows x columns, 1x2x2
 patches), AutoencoderKLWan (the causal 3D video VAE: 4x in time, 8x in space with 16 latent channels
 and Wan2.1's per-channel latents_mean / latents_std; for ti2v Wan2.2's residual VAE with its 2x2 pixel
@@ -32,11 +34,14 @@ from fastvideo.errors import UserError
 from fastvideo.tools.make_tiny_flux import write_t5_tokenizer
 from fastvideo.tools.tiny_builder import new_folder, run_builder_cli, save_tiny_folder, wake_zero_projections
 
-VARIANTS = ("t2v", "ti2v", "a14b", "i2v")
+VARIANTS = ("t2v", "ti2v", "a14b", "i2v", "i2v_a14b")
 # The real folders' scheduler (convert_wan_to_diffusers.py: flow_prediction, use_flow_sigmas, 1000
 # training steps, flow_shift 3.0 for Wan2.1 T2V and Wan2.2-T2V-A14B, 5.0 for Wan2.2 TI2V); the rest
 # UniPC's defaults.
-FLOW_SHIFT = {"t2v": 3.0, "ti2v": 5.0, "a14b": 3.0, "i2v": 3.0}
+FLOW_SHIFT = {"t2v": 3.0, "ti2v": 5.0, "a14b": 3.0, "i2v": 3.0, "i2v_a14b": 5.0}
+# Wan2.2-I2V-A14B: the Wan2.2 repository's wan/configs/wan_i2v_A14B.py, boundary 0.900 and sample_shift 5.0;
+# its transformers take the first frame's condition (36 channels) but no CLIP features (image_dim None).
+I2V_A14B_BOUNDARY_RATIO = 0.9
 # Wan2.1-I2V's conditioning channels beside the noisy latents: the 4 mask channels (the first frame's
 # mask repeated over the VAE's 4 frames a latent frame) and the first frame's 16 latent channels
 # (WanImageToVideoPipeline.prepare_latents); its CLIP (ViT-H/14, 1280 wide: the transformer's image_dim).
@@ -84,6 +89,8 @@ def transformer_config(variant: str) -> dict:
     c = latent_channels(variant)
     image = {"in_channels": 2 * c + I2V_MASK_CHANNELS, "image_dim": CLIP_WIDTH,
              "added_kv_proj_dim": HEADS * HEAD_DIM} if variant == "i2v" else {}
+    if variant == "i2v_a14b":
+        image = {"in_channels": 2 * c + I2V_MASK_CHANNELS}
     return {
         "_class_name": "WanTransformer3DModel", "_diffusers_version": "0.42.1",
         "patch_size": [1, 2, 2], "num_attention_heads": HEADS, "attention_head_dim": HEAD_DIM,
@@ -154,7 +161,7 @@ def build_modules(variant: str, vocab: int, seed: int):
     wake_zero_projections(transformer, seed + 1)
     if variant == "i2v":
         return transformer, vae, text_encoder, tiny_clip_vision()
-    if variant != "a14b":
+    if variant not in ("a14b", "i2v_a14b"):
         return transformer, vae, text_encoder
     transformer_2 = WanTransformer3DModel.from_config(transformer_config(variant))
     wake_zero_projections(transformer_2, seed + 2)
@@ -164,19 +171,21 @@ def build_modules(variant: str, vocab: int, seed: int):
 def make_tiny_wan(out_dir: str | Path, seed: int = 0, variant: str = "t2v") -> Path:
     if variant not in VARIANTS:
         raise UserError(f"--variant {variant!r}: choose t2v (Wan2.1-T2V), ti2v (Wan2.2-TI2V-5B), a14b "
-                        "(Wan2.2-T2V-A14B) or i2v (Wan2.1-I2V)")
+                        "(Wan2.2-T2V-A14B), i2v (Wan2.1-I2V) or i2v_a14b (Wan2.2-I2V-A14B)")
     out = new_folder(out_dir, "the tiny Wan builder")
     vocab = write_t5_tokenizer(out / "tokenizer")
     names = ("transformer", "vae", "text_encoder", "image_encoder" if variant == "i2v" else "transformer_2")
     modules = dict(zip(names, build_modules(variant, vocab, seed)))
     extra = {"ti2v": {"boundary_ratio": None, "expand_timesteps": True, "transformer_2": [None, None]},
              "a14b": {"boundary_ratio": A14B_BOUNDARY_RATIO, "expand_timesteps": False},
-             "i2v": {"boundary_ratio": None, "expand_timesteps": False, "transformer_2": [None, None]}}.get(variant, {})
+             "i2v": {"boundary_ratio": None, "expand_timesteps": False, "transformer_2": [None, None]},
+             "i2v_a14b": {"boundary_ratio": I2V_A14B_BOUNDARY_RATIO, "expand_timesteps": False,
+                          "image_encoder": [None, None], "image_processor": [None, None]}}.get(variant, {})
     named = {"tokenizer": "T5TokenizerFast"}
     if variant == "i2v":
         write_clip_processor(out / "image_processor")
         named["image_processor"] = "CLIPImageProcessor"
-    pipeline = "WanImageToVideoPipeline" if variant == "i2v" else "WanPipeline"
+    pipeline = "WanImageToVideoPipeline" if variant.startswith("i2v") else "WanPipeline"
     return save_tiny_folder(out, modules, scheduler_config(variant), pipeline, named, **extra)
 
 
@@ -191,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
                     options=((("--variant",), dict(choices=VARIANTS, default="t2v",
                                                    help="t2v: Wan2.1-T2V; ti2v: Wan2.2-TI2V-5B; a14b: "
                                                         "Wan2.2-T2V-A14B's two experts; i2v: Wan2.1-I2V "
-                                                        "(WanImageToVideoPipeline; default: t2v)")),))
+                                                        "(WanImageToVideoPipeline); i2v_a14b: Wan2.2-I2V-A14B "
+                                                        "(two experts, no image encoder; default: t2v)")),))
 
 
 if __name__ == "__main__":

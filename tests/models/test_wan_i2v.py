@@ -3,7 +3,8 @@ here wrote it): the tiny Wan2.1-I2V folder (make_tiny_wan --variant i2v) loads i
 offline; the first frame's condition (VAE latents with the mask channels) and the CLIP image features
 equal the pipeline's prepare_latents and encode_image; the ODE rollout of two prompts, each with its own
 source image, equals the pipeline's latents and decoded frames on the same noise and sigmas (CFG 5.0
-with the negative prompt ""). The current library line only."""
+with the negative prompt ""); the same for the tiny Wan2.2-I2V-A14B (--variant i2v_a14b: two experts
+by boundary_ratio 0.9, no CLIP), each expert with its scale. The current library line only."""
 
 from __future__ import annotations
 
@@ -91,28 +92,71 @@ def test_condition_and_clip_features_equal_the_pipeline(setup):
 def test_ode_rollout_equals_the_pipeline(setup):
     """The ODE rollout (both prompts in one batch, CFG rows batched) equals WanImageToVideoPipeline's
     latents and decoded frames, one call per prompt with its image, on the same noise and sigmas."""
+    pipe, family, cond = setup
+    traj = _ode_against_the_pipeline(pipe, family, cond, dict(guidance_scale=SCALE))
+    torch.testing.assert_close(family.source_images(traj.cond)[:, :, 0, 0], cond["source_image"][:, :, 0, 0])
+
+
+def test_two_expert_i2v_ode_rollout_equals_the_pipeline(tiny_wan_i2v_a14b_dir):
+    """Wan2.2-I2V-A14B's layout: WanImageToVideoPipeline with boundary_ratio 0.9 and no image encoder;
+    the first step (t = 1000) on the high-noise expert at guidance 4.0, the others on the low-noise one at
+    3.0, no CLIP features stored ([P, 0, 0]) or passed."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+
+    from fastvideo.data.sources import load_pixels
+    from fastvideo.models.wan.experts import WanExperts
+    from fastvideo.models.wan_i2v.family import WanI2VFamily
+
+    pipe = WanImageToVideoPipeline.from_pretrained(tiny_wan_i2v_a14b_dir)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.image_encoder is None and pipe.transformer.config.image_dim is None
+    assert pipe.config.boundary_ratio == 0.9 and pipe.transformer_2.config.in_channels == 36
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=pipe.scheduler.config.flow_shift)
+    family = WanI2VFamily(guidance_scale=4.0, num_frames=FRAMES, guidance_scale_2=3.0)
+    family.check_folder(tiny_wan_i2v_a14b_dir)
+    enc = family.load_text_encoders(tiny_wan_i2v_a14b_dir)
+    cond = family.encode_sources(enc, family.encode_prompts(enc, PROMPTS, SEQ), load_pixels(IMAGES))
+    assert cond["image_embeds"].shape == (2, 0, 0) and family.experts == (0.9, 1000)
+    family.check_dims((SEQ, 32, 20, 2, 8, 8, 0, 0, SIZE, SIZE), pipe.transformer.config)
+    experts = []
+    hooks = [m.register_forward_pre_hook(lambda m, a, kw, n=n: experts.append(n), with_kwargs=True)
+             for n, m in (("high", pipe.transformer), ("low", pipe.transformer_2))]
+    try:
+        _ode_against_the_pipeline(pipe, family, cond, dict(guidance_scale=4.0, guidance_scale_2=3.0), calls=experts,
+                                  transformer=WanExperts(pipe.transformer, pipe.transformer_2, *family.experts))
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _ode_against_the_pipeline(pipe, family, cond, guidance: dict, calls: list | None = None, transformer=None):
     from fastvideo.data.sources import open_rgb
     from fastvideo.models.latents import from_tokens
     from fastvideo.sampling.plan import ODE, SamplingPlan
     from fastvideo.sampling.randomness import RandomSource
     from fastvideo.sampling.rollout import RolloutConfig, rollout
 
-    pipe, family, cond = setup
     pipe.scheduler.set_timesteps(STEPS)
     sigmas = pipe.scheduler.sigmas.float().clone()
     cfg = RolloutConfig(height=SIZE, width=SIZE, sampling_steps=STEPS, eta=0.0, shift=1.0, num_generations=1,
                         rollout_batch_size=2, init_same_noise=False)
     plan = SamplingPlan(sigmas=sigmas, kinds=(ODE,) * STEPS, trainable=(), num_trained=0)
-    traj = rollout(family, pipe.transformer, pipe.vae, cond, PROMPTS, [0, 1], cfg, RandomSource(3), 1, "cpu",
-                   plan=plan)
+    traj = rollout(family, transformer or pipe.transformer, pipe.vae, cond, PROMPTS, [0, 1], cfg, RandomSource(3), 1,
+                   "cpu", plan=plan)
     grid = traj.layout["grid"]
     assert grid == (2, 8, 8) and traj.layout.tokens == (128, 16)
     noise, ours = from_tokens(traj.latents[:, 0], *grid), from_tokens(traj.latents[:, -1], *grid)
+    if calls is not None:  # the rollout's experts, one call a step (both rows and both guidance rows in it)
+        assert calls == ["high", "low", "low"]
     for i, path in enumerate(IMAGES):
-        kwargs = dict(image=open_rgb(path), prompt=PROMPTS[i], negative_prompt="", guidance_scale=SCALE,
-                      height=SIZE, width=SIZE, num_frames=FRAMES, num_inference_steps=STEPS,
-                      max_sequence_length=SEQ, latents=noise[i:i + 1].clone())
+        kwargs = dict(image=open_rgb(path), prompt=PROMPTS[i], negative_prompt="", height=SIZE, width=SIZE,
+                      num_frames=FRAMES, num_inference_steps=STEPS, max_sequence_length=SEQ,
+                      latents=noise[i:i + 1].clone(), **guidance)
+        if calls is not None:
+            calls.clear()
         ref = pipe(**kwargs, output_type="latent").frames
+        if calls is not None:  # the pipeline's: a conditional and an unconditional call a step
+            assert calls == ["high", "high", "low", "low", "low", "low"]
         assert not torch.allclose(ours[i:i + 1], noise[i:i + 1], atol=1e-1)  # it moved
         rel = float((ours[i:i + 1] - ref).abs().max() / ref.abs().max())
         print(f"prompt {i}: max |ours - pipeline| / max |pipeline| = {rel:.1e}")
@@ -120,7 +164,7 @@ def test_ode_rollout_equals_the_pipeline(setup):
         frames = pipe(**kwargs, output_type="pt").frames
         assert traj.images[i:i + 1].shape == frames.shape == (1, FRAMES, 3, SIZE, SIZE)
         torch.testing.assert_close(traj.images[i:i + 1], frames, rtol=0, atol=1e-5)
-    torch.testing.assert_close(family.source_images(traj.cond)[:, :, 0, 0], cond["source_image"][:, :, 0, 0])
+    return traj
 
 
 def test_the_eval_grids_source_row_starts_each_clips_frame_strip(tmp_path):

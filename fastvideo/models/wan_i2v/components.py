@@ -94,16 +94,19 @@ def encode_condition(vae, pixels: torch.Tensor, num_frames: int) -> torch.Tensor
     z = vae.encode(video.to(next(vae.parameters()).dtype)).latent_dist.mode().float()
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1).to(z)
     inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1).to(z)
-    z = z * inv_std
+    z = (z - mean) * inv_std
     return torch.cat([first_frame_mask(z.shape[0], num_frames, *z.shape[-2:]).to(z), z], dim=1)
 
 
 @torch.no_grad()
 def encode_image(encoder, processor, pixels: torch.Tensor) -> torch.Tensor:
     """Source images [P, 3, H, W] in [0, 1] (values k / 255) -> CLIP features [P, N, Di]: the pipeline's
-    encode_image (the processor on the 8-bit image, the vision model's second-last hidden state)."""
+    encode_image (the processor on the 8-bit image, the vision model's second-last hidden state); [P, 0, 0]
+    without an encoder."""
     from PIL import Image
 
+    if encoder is None:  # a folder without an image encoder (Wan2.2-I2V-A14B): no CLIP features
+        return torch.zeros(pixels.shape[0], 0, 0, device=pixels.device)
     images = [Image.fromarray(p.mul(255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()) for p in pixels]
     inputs = processor(images=images, return_tensors="pt").to(encoder.device)
     inputs["pixel_values"] = inputs["pixel_values"].to(next(encoder.parameters()).dtype)

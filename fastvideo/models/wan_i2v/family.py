@@ -49,17 +49,19 @@ class WanI2VFamily(WanFamily):
         pixels = pixels.to(encoders.device)
         per = {"condition": C.encode_condition(encoders.vae, pixels, self.num_frames),
                "image_embeds": C.encode_image(encoders.image_encoder, encoders.image_processor, pixels),
-               "source_image": pixels.float()}
+               "source_image": pixels.float()}  # image_embeds [P, 0, 0]: a folder without CLIP (Wan2.2-I2V-A14B)
         return TensorConditioning({**cond.tensors, **per}, dict(cond.shared))
 
     def source_images(self, cond) -> torch.Tensor:
         return cond["source_image"].float()
 
     def encoder_dims(self, encoders) -> dict[str, int]:
-        vae, clip = encoders.vae.config, encoders.image_encoder.config
+        vae = encoders.vae.config
+        clip = None if encoders.image_encoder is None else encoders.image_encoder.config
         return {**super().encoder_dims(encoders.text), "latent_channels": int(vae.z_dim),
                 "vae_scale": int(vae.scale_factor_spatial),
-                "image_tokens": (clip.image_size // clip.patch_size) ** 2 + 1, "image_dim": int(clip.hidden_size)}
+                "image_tokens": 0 if clip is None else (clip.image_size // clip.patch_size) ** 2 + 1,
+                "image_dim": 0 if clip is None else int(clip.hidden_size)}
 
     def record_shapes(self, max_sequence_length, encoder_dims):
         h, w = encoder_dims["source_height"], encoder_dims["source_width"]
@@ -108,14 +110,18 @@ class WanI2VFamily(WanFamily):
                                       f"--num_frames {self.num_frames}")
         base.check_width("stored CLIP features", image_dim, transformer_config, "image_dim",
                          "re-run the preprocessing with this model's folder")
+        if config_value(transformer_config, "image_dim") is None and in_channels is not None and image_dim:
+            raise EmbeddingShapeError("the stored first frames come with CLIP features, which this transformer (no "
+                                      "image_dim: Wan2.2-I2V-A14B) does not take: re-run the preprocessing with "
+                                      "this model's folder")
 
     def check_cond(self, cond) -> None:
         """Wan's shapes; the text at 512 tokens (held-out prompts encoded at another length would be split
         wrongly into image and text tokens by the transformer), a condition and CLIP features per prompt."""
         super().check_cond(cond)
-        seq, rows = cond["prompt_embeds"].shape[1], cond["prompt_embeds"].shape[0]
-        if seq != C.TEXT_TOKENS:
-            raise EmbeddingShapeError(f"prompt embeddings of {seq} tokens: Wan image-to-video's transformer takes "
+        rows, tokens = cond["prompt_embeds"].shape[:2]
+        if tokens != C.TEXT_TOKENS:
+            raise EmbeddingShapeError(f"prompt embeddings of {tokens} tokens: Wan image-to-video's transformer takes "
                                       f"{C.TEXT_TOKENS} (encode the prompts with --max_sequence_length "
                                       f"{C.TEXT_TOKENS}, held-out ones with --eval_max_sequence_length "
                                       f"{C.TEXT_TOKENS})")
@@ -138,7 +144,9 @@ class WanI2VFamily(WanFamily):
                 f"the stored first frames make a latent grid (f, h, w) {tuple(condition.shape[2:])}, this run's "
                 f"clips {tuple(layout['grid'])}: give --h / --w the source images' size and --num_frames the "
                 "preprocessing's")
-        image = {"condition": condition, "image_embeds": cond["image_embeds"]}
+        image = {"condition": condition}
+        if cond["image_embeds"].shape[1]:  # a folder without CLIP stores [B, 0, 0] (Wan2.2-I2V-A14B)
+            image["image_embeds"] = cond["image_embeds"]
         return W.predict_velocity(transformer, x, sigma, cond["prompt_embeds"], cond["neg_prompt_embeds"],
                                   layout["grid"], self.scale, self.quantize_timestep, self.expand_timesteps,
                                   self.guidance_scale_2, image)
