@@ -141,6 +141,22 @@ def tiny_wan_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_wan_i2v_dir(tmp_path_factory):
+    """A tiny random-weight Wan2.1-I2V folder (make_tiny_wan --variant i2v; the current library line)."""
+    from fastvideo.tools.make_tiny_wan import make_tiny_wan
+
+    return make_tiny_wan(tmp_path_factory.mktemp("tiny_wan_i2v"), seed=0, variant="i2v")
+
+
+@pytest.fixture(scope="session")
+def tiny_wan_i2v_a14b_dir(tmp_path_factory):
+    """A tiny random-weight Wan2.2-I2V-A14B folder: two 36-channel experts, no image encoder (--variant i2v_a14b)."""
+    from fastvideo.tools.make_tiny_wan import make_tiny_wan
+
+    return make_tiny_wan(tmp_path_factory.mktemp("tiny_wan_i2v_a14b"), seed=0, variant="i2v_a14b")
+
+
+@pytest.fixture(scope="session")
 def tiny_wan_ti2v_dir(tmp_path_factory):
     """A tiny random-weight Wan2.2-TI2V-5B folder (make_tiny_wan --variant ti2v; the current library line)."""
     from fastvideo.tools.make_tiny_wan import make_tiny_wan

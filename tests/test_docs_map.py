@@ -17,7 +17,7 @@ def test_the_architecture_page_and_the_readme_name_every_family_objective_and_re
     page = (ROOT / "docs" / "architecture.md").read_text()
     opening = (ROOT / "README.md").read_text().split("## Quick start")[0]
     families = [w.name for w in FAMILIES]
-    assert len(families) == 10
+    assert len(families) == 11
     assert [f for f in families if f"`{f}`" not in page] == []
     assert [f for f in families if f"`{f}`" not in opening] == []
     assert {"grpo", "nft"} <= set(registry._REGISTRY)  # the built-ins (other tests may register plugins)

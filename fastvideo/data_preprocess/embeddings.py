@@ -65,12 +65,15 @@ class PreprocessConfig:
     # (height, width) whose area an editing family resizes each source to before its VAE (its vae_area);
     # None: the family's default (Qwen-Image-Edit: the pipeline's 1024 x 1024)
     source_vae_size: tuple[int, int] | None = None
+    # A video family that encodes a first frame per prompt (wan_i2v): the clips' frames its condition is
+    # made for (the training's --num_frames); None: the family's default
+    num_frames: int | None = None
 
     def family(self) -> ModelFamily:
-        """The family, with --source_vae_size's area as its vae_area when given."""
-        from fastvideo.data_preprocess.sources import source_vae_family
+        """The family, with --source_vae_size's area as its vae_area and --num_frames when given."""
+        from fastvideo.data_preprocess.sources import source_vae_family, with_frames
 
-        return source_vae_family(self.model_family, self.source_vae_size)
+        return with_frames(source_vae_family(self.model_family, self.source_vae_size), self.num_frames)
 
     def validate(self) -> None:
         """Bad flags fail here, as one ConfigError line, before torch.distributed or the encoders start."""

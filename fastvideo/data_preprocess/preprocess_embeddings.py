@@ -57,6 +57,10 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
                          "image is resized to, aspect kept, before the VAE (sides multiples of 32; default the "
                          "stock pipeline's 1024; Flow-Factory's condition_image_size). Sets the source tokens, "
                          "recorded with the embeddings")
+    ap.add_argument("--num_frames", type=int, default=None,
+                    help="image-to-video (--model_family wan_i2v): the frames of the clips training makes (its "
+                         "--num_frames, 4k+1), which each first frame's VAE condition is encoded for (default: "
+                         "the family's, 81)")
     a = ap.parse_args(argv)
     if a.model_family is None:  # the folder says (an SD3 folder would die in FLUX's T5 tokenizer)
         from fastvideo.models.registry import DEFAULT_FAMILY, family_of_folder
@@ -66,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> PreprocessConfig:
         model_path=a.model_path, prompt_file=a.prompt_dir, output_dir=a.output_dir,
         max_sequence_length=a.max_sequence_length, max_prompts=a.max_prompts,
         batch_size=a.batch_size, dataloader_num_workers=a.dataloader_num_workers, model_family=a.model_family,
-        overwrite=a.overwrite, source_vae_size=a.source_vae_size,
+        overwrite=a.overwrite, source_vae_size=a.source_vae_size, num_frames=a.num_frames,
     )
 
 

@@ -52,11 +52,24 @@ def source_vae_family(name: str, size: tuple[int, int] | None):
     return get_model_family(name, vae_area=size[0] * size[1])
 
 
+def with_frames(family, num_frames: int | None):
+    """``family`` making clips of --num_frames (``set_num_frames``: a video family's check, ConfigError in
+    one line); ConfigError for a family whose stored records do not depend on the clip's length."""
+    if num_frames is None:
+        return family
+    if not (family.edits and hasattr(family, "set_num_frames")):
+        raise ConfigError(f"--num_frames: model family {family.name!r} stores nothing that depends on the clip's "
+                          "length (only image-to-video does: --model_family wan_i2v): leave the flag out")
+    family.set_num_frames(num_frames)
+    return family
+
+
 def check_prompt_sources(prompt_file: str, max_prompts: int, family) -> tuple[int, int] | None:
     """The source images' (height, width) for an editing family, None for a text-to-image one."""
     plist = load_prompts(prompt_file, max_prompts)
     if family.edits and plist.images is None:
-        raise ConfigError(f"model family {family.name!r} edits images but prompt file {prompt_file!r} names no "
+        use = getattr(family, "source_use", "edits images")
+        raise ConfigError(f"model family {family.name!r} {use} but prompt file {prompt_file!r} names no "
                           'source image: pass a .jsonl file of {"prompt": ..., "image": ...} records')
     if not family.edits and plist.images is not None:
         raise ConfigError(f"prompt file {prompt_file!r} names source images but model family {family.name!r} "

@@ -190,7 +190,8 @@ class TrainingEvaluation(TrainerHook):
         rows = [(f"it {r['iteration']}", report.row_path(self.out / "eval", r["iteration"])) for r in records]
         sources = trainer.family.source_images(self.prompts.cond)  # editing: the (first reference's) source row on top
         if sources is not None:
-            rows.insert(0, ("source", report.save_row(sources[:self.s.grid_prompts], self.out / "eval" / "source.png")))
+            cells = report.source_cells(sources[:self.s.grid_prompts], result.grid)
+            rows.insert(0, ("source", report.save_row(cells, self.out / "eval" / "source.png")))
         report.compose_grid([r for r in rows if r[1].exists()], self.out / "eval_grid.png",
                             result.captions[:self.s.grid_prompts])
         report.plot_eval_curve(records, self.out / "eval_curve.png", self.s.guard.reward if self.s.guard else None)

@@ -59,6 +59,17 @@ def save_row(images: torch.Tensor, path: str | Path, fps: float | None = None) -
     return path
 
 
+def source_cells(sources: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """The source row's cells, aligned with ``grid``'s: sources [G, 3, H, W] as they are above images;
+    above clips [G, F, 3, H, W] of the sources' size (image-to-video: the source is the first frame)
+    each source starts its clip's frame strip, the strip's other cells white."""
+    if grid.ndim != 5 or grid.shape[1] == 1 or tuple(grid.shape[-2:]) != tuple(sources.shape[-2:]):
+        return sources
+    cells = torch.ones(sources.shape[0], grid.shape[1], *sources.shape[1:], dtype=sources.dtype)
+    cells[:, 0] = sources.cpu()
+    return cells
+
+
 def compose_grid(rows: list[tuple[str, Path]], out_png: str | Path, captions: list[str] | None = None) -> Path:
     """Stack labelled rows (label, row PNG) top to bottom into one PNG; captions (one per column)
     are printed as column numbers' legend in the PNG's text chunk, not on the image."""

@@ -121,6 +121,14 @@ FAMILIES = (
     Wiring("hunyuan_video", ("fastvideo.tools.make_tiny_hunyuan_video",), 52,
            ("--num_frames", "5", "--guidance_scale", "6.0", *FLOW_SDE, "--shift", "5", "--learning_rate",
             Env("HUNYUAN_VIDEO_LR", "1e-2")), current_line=False, seq=256),
+    # image-to-video: Wan's demo on the editing prompt file (64x64 sources: the clips' first frames and
+    # size), its reward and held-out instructions; the text at 512 tokens (the I2V transformer's); each
+    # first frame encoded for --num_frames (NUM_FRAMES: the demo's 5, the launcher's default 81)
+    Wiring("wan_i2v", ("fastvideo.tools.make_tiny_wan", "--variant", "i2v"), 512,
+           ("--num_frames", Env("NUM_FRAMES", "5"), "--guidance_scale", Env("WAN_GUIDANCE", "5.0"), *FLOW_SDE,
+            "--learning_rate", Env("WAN_LR", "1e-2"), *EDIT_DEMO),
+           prompts=EDIT_PROMPTS, demo_env=(("NUM_FRAMES", "5"),),
+           preprocess_args=("--num_frames", Env("NUM_FRAMES", "81"))),
 )
 BY_NAME = {w.name: w for w in FAMILIES}
 

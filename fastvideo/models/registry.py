@@ -1,7 +1,7 @@
 """The model-family registry: ``--model_family NAME`` or a plugin ``--model_family pkg.module:Name``.
 
 The built-in families (flux, sd3, flux2, zimage, qwen_image, kontext,
-qwen_image_edit, flux2_edit, wan, hunyuan_video) are registered here, imported when first asked for; a family
+qwen_image_edit, flux2_edit, wan, hunyuan_video, wan_i2v) are registered here, imported when first asked for; a family
 module never imports this one, so the registry and its implementations form no import circle.
 A plugin module is imported first (it may call ``register_model_family`` on import) and ``Name``
 is a registered name or a ModelFamily factory in it. A name is registered once: registering
@@ -57,6 +57,7 @@ def builtin_families() -> dict[str, FamilyFactory]:
     from fastvideo.models.qwen_image_edit.family import QwenImageEditFamily
     from fastvideo.models.sd3.family import SD3Family
     from fastvideo.models.wan.family import WanFamily
+    from fastvideo.models.wan_i2v.family import WanI2VFamily
     from fastvideo.models.zimage.family import ZImageFamily
 
     return {
@@ -70,6 +71,7 @@ def builtin_families() -> dict[str, FamilyFactory]:
         "flux2_edit": Flux2EditFamily,  # FLUX.2 [klein] editing: klein's folder, a source image
         "wan": WanFamily,  # Wan2.1-T2V / Wan2.2-TI2V-5B video; the current library line only
         "hunyuan_video": HunyuanVideoFamily,  # HunyuanVideo (DanceGRPO's video model); both library lines
+        "wan_i2v": WanI2VFamily,  # Wan2.1-I2V: Wan's transformer, a first frame per prompt; the current line only
     }
 
 

@@ -1,11 +1,17 @@
 """Write a complete diffusers-layout Wan folder with random weights, built offline.
 
-    python -m fastvideo.tools.make_tiny_wan OUT_DIR [--seed N] [--variant t2v|ti2v|a14b]
+    python -m fastvideo.tools.make_tiny_wan OUT_DIR [--seed N] [--variant t2v|ti2v|a14b|i2v|i2v_a14b]
 
 Same structure and config keys as Wan-AI/Wan2.1-T2V-1.3B-Diffusers (``t2v``),
-Wan-AI/Wan2.2-TI2V-5B-Diffusers (``ti2v``) or Wan-AI/Wan2.2-T2V-A14B-Diffusers (``a14b``: two experts,
+Wan-AI/Wan2.2-TI2V-5B-Diffusers (``ti2v``), Wan-AI/Wan2.2-T2V-A14B-Diffusers (``a14b``: two experts,
 transformer/ for the high-noise steps and transformer_2/ for the low-noise ones, with the published
-model_index.json's ``boundary_ratio`` 0.875), scaled down: WanTransformer3DModel (self- and cross-
+model_index.json's ``boundary_ratio`` 0.875) or Wan-AI/Wan2.1-I2V-14B-480P-Diffusers (``i2v``:
+WanImageToVideoPipeline; the transformer takes 16 + 4 + 16 = 36 channels, the noisy latents, the
+first-frame mask and the first frame's latents, and the CLIP image features through its image
+embedder (``image_dim``) and the blocks' added key/value projections (``added_kv_proj_dim``); a
+CLIPVisionModel image_encoder/ and a CLIPImageProcessor image_processor/) or
+Wan-AI/Wan2.2-I2V-A14B-Diffusers (``i2v_a14b``: WanImageToVideoPipeline with two 36-channel experts
+and boundary_ratio 0.9, no image encoder), scaled down: WanTransformer3DModel (self- and cross-
 attention blocks with q/k RMS norms across heads, 3-axis RoPE over frames x rows x columns, 1x2x2
 patches), AutoencoderKLWan (the causal 3D video VAE: 4x in time, 8x in space with 16 latent channels
 and Wan2.1's per-channel latents_mean / latents_std; for ti2v Wan2.2's residual VAE with its 2x2 pixel
@@ -28,11 +34,19 @@ from fastvideo.errors import UserError
 from fastvideo.tools.make_tiny_flux import write_t5_tokenizer
 from fastvideo.tools.tiny_builder import new_folder, run_builder_cli, save_tiny_folder, wake_zero_projections
 
-VARIANTS = ("t2v", "ti2v", "a14b")
+VARIANTS = ("t2v", "ti2v", "a14b", "i2v", "i2v_a14b")
 # The real folders' scheduler (convert_wan_to_diffusers.py: flow_prediction, use_flow_sigmas, 1000
 # training steps, flow_shift 3.0 for Wan2.1 T2V and Wan2.2-T2V-A14B, 5.0 for Wan2.2 TI2V); the rest
 # UniPC's defaults.
-FLOW_SHIFT = {"t2v": 3.0, "ti2v": 5.0, "a14b": 3.0}
+FLOW_SHIFT = {"t2v": 3.0, "ti2v": 5.0, "a14b": 3.0, "i2v": 3.0, "i2v_a14b": 5.0}
+# Wan2.2-I2V-A14B: the Wan2.2 repository's wan/configs/wan_i2v_A14B.py, boundary 0.900 and sample_shift 5.0;
+# its transformers take the first frame's condition (36 channels) but no CLIP features (image_dim None).
+I2V_A14B_BOUNDARY_RATIO = 0.9
+# Wan2.1-I2V's conditioning channels beside the noisy latents: the 4 mask channels (the first frame's
+# mask repeated over the VAE's 4 frames a latent frame) and the first frame's 16 latent channels
+# (WanImageToVideoPipeline.prepare_latents); its CLIP (ViT-H/14, 1280 wide: the transformer's image_dim).
+I2V_MASK_CHANNELS = 4
+CLIP_WIDTH, CLIP_SIDE, CLIP_PATCH = 16, 32, 8  # the tiny CLIP vision tower: (32 / 8)^2 + 1 = 17 tokens
 # Wan-AI/Wan2.2-T2V-A14B-Diffusers model_index.json: "boundary_ratio": 0.875 (transformer for timesteps
 # >= 875, transformer_2 below; the Wan2.2 repository's wan/configs/wan_t2v_A14B.py: boundary 0.875;
 # diffusers' scripts/convert_wan_to_diffusers.py writes it for "Wan2.2-T2V-A14B", PR #12004), and
@@ -73,12 +87,17 @@ def latent_channels(variant: str) -> int:
 def transformer_config(variant: str) -> dict:
     """WanTransformer3DModel at width 32 (Wan2.1-1.3B: 12 heads of 128, 30 layers; the 5B: 24 x 128, 30)."""
     c = latent_channels(variant)
+    image = {"in_channels": 2 * c + I2V_MASK_CHANNELS, "image_dim": CLIP_WIDTH,
+             "added_kv_proj_dim": HEADS * HEAD_DIM} if variant == "i2v" else {}
+    if variant == "i2v_a14b":
+        image = {"in_channels": 2 * c + I2V_MASK_CHANNELS}
     return {
         "_class_name": "WanTransformer3DModel", "_diffusers_version": "0.42.1",
         "patch_size": [1, 2, 2], "num_attention_heads": HEADS, "attention_head_dim": HEAD_DIM,
         "in_channels": c, "out_channels": c, "text_dim": TEXT_WIDTH, "freq_dim": 32, "ffn_dim": 64,
         "num_layers": LAYERS, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6,
         "image_dim": None, "added_kv_proj_dim": None, "rope_max_seq_len": 1024, "pos_embed_seq_len": None,
+        **image,
     }
 
 
@@ -110,6 +129,26 @@ def tiny_umt5(vocab: int):
         tie_word_embeddings=False))
 
 
+def tiny_clip_vision():
+    """A CLIPVisionModel 16 wide, 2 layers, 32-pixel images in 8-pixel patches (the real one: ViT-H/14
+    at 224, 1280 wide, 32 layers; the pipeline reads the second-last hidden state)."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    return CLIPVisionModel(CLIPVisionConfig(hidden_size=CLIP_WIDTH, intermediate_size=32, num_hidden_layers=2,
+                                            num_attention_heads=2, image_size=CLIP_SIDE, patch_size=CLIP_PATCH,
+                                            projection_dim=CLIP_WIDTH))
+
+
+def write_clip_processor(folder: Path) -> None:
+    """CLIPImageProcessor as the published image_processor/ (OpenAI CLIP's mean and std, bicubic
+    resize of the short side, centre crop), at the tiny tower's 32 pixels."""
+    from transformers import CLIPImageProcessor
+
+    CLIPImageProcessor(size={"shortest_edge": CLIP_SIDE}, crop_size={"height": CLIP_SIDE, "width": CLIP_SIDE},
+                       image_mean=[0.48145466, 0.4578275, 0.40821073],
+                       image_std=[0.26862954, 0.26130258, 0.27577711]).save_pretrained(folder)
+
+
 def build_modules(variant: str, vocab: int, seed: int):
     """Every network of the folder, weights drawn from ``seed`` (a14b: the low-noise expert drawn
     last, from the same stream, so that the two experts differ)."""
@@ -120,7 +159,9 @@ def build_modules(variant: str, vocab: int, seed: int):
     vae = AutoencoderKLWan.from_config(vae_config(variant))
     text_encoder = tiny_umt5(vocab)
     wake_zero_projections(transformer, seed + 1)
-    if variant != "a14b":
+    if variant == "i2v":
+        return transformer, vae, text_encoder, tiny_clip_vision()
+    if variant not in ("a14b", "i2v_a14b"):
         return transformer, vae, text_encoder
     transformer_2 = WanTransformer3DModel.from_config(transformer_config(variant))
     wake_zero_projections(transformer_2, seed + 2)
@@ -129,16 +170,28 @@ def build_modules(variant: str, vocab: int, seed: int):
 
 def make_tiny_wan(out_dir: str | Path, seed: int = 0, variant: str = "t2v") -> Path:
     if variant not in VARIANTS:
-        raise UserError(f"--variant {variant!r}: choose t2v (Wan2.1-T2V), ti2v (Wan2.2-TI2V-5B) or a14b "
-                        "(Wan2.2-T2V-A14B)")
+        raise UserError(f"--variant {variant!r}: choose t2v (Wan2.1-T2V), ti2v (Wan2.2-TI2V-5B), a14b "
+                        "(Wan2.2-T2V-A14B), i2v (Wan2.1-I2V) or i2v_a14b (Wan2.2-I2V-A14B)")
     out = new_folder(out_dir, "the tiny Wan builder")
     vocab = write_t5_tokenizer(out / "tokenizer")
-    names = ("transformer", "vae", "text_encoder", "transformer_2")
+    names = ("transformer", "vae", "text_encoder", "image_encoder" if variant == "i2v" else "transformer_2")
     modules = dict(zip(names, build_modules(variant, vocab, seed)))
     extra = {"ti2v": {"boundary_ratio": None, "expand_timesteps": True, "transformer_2": [None, None]},
-             "a14b": {"boundary_ratio": A14B_BOUNDARY_RATIO, "expand_timesteps": False}}.get(variant, {})
-    return save_tiny_folder(out, modules, scheduler_config(variant), "WanPipeline",
-                            {"tokenizer": "T5TokenizerFast"}, **extra)
+             "a14b": {"boundary_ratio": A14B_BOUNDARY_RATIO, "expand_timesteps": False},
+             "i2v": {"boundary_ratio": None, "expand_timesteps": False, "transformer_2": [None, None]},
+             "i2v_a14b": {"boundary_ratio": I2V_A14B_BOUNDARY_RATIO, "expand_timesteps": False,
+                          "image_encoder": [None, None], "image_processor": [None, None]}}.get(variant, {})
+    named = {"tokenizer": "T5TokenizerFast"}
+    if variant == "i2v":
+        write_clip_processor(out / "image_processor")
+        named["image_processor"] = "CLIPImageProcessor"
+    pipeline = "WanImageToVideoPipeline" if variant.startswith("i2v") else "WanPipeline"
+    return save_tiny_folder(out, modules, scheduler_config(variant), pipeline, named, **extra)
+
+
+def make_tiny_wan_i2v(out_dir: str | Path, seed: int = 0) -> Path:
+    """The tiny Wan2.1-I2V folder (``--variant i2v``): the wan_i2v family's tiny builder."""
+    return make_tiny_wan(out_dir, seed, "i2v")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,7 +199,9 @@ def main(argv: list[str] | None = None) -> None:
                     lambda a: f"tiny Wan {a.variant}", argv,
                     options=((("--variant",), dict(choices=VARIANTS, default="t2v",
                                                    help="t2v: Wan2.1-T2V; ti2v: Wan2.2-TI2V-5B; a14b: "
-                                                        "Wan2.2-T2V-A14B's two experts (default: t2v)")),))
+                                                        "Wan2.2-T2V-A14B's two experts; i2v: Wan2.1-I2V "
+                                                        "(WanImageToVideoPipeline); i2v_a14b: Wan2.2-I2V-A14B "
+                                                        "(two experts, no image encoder; default: t2v)")),))
 
 
 if __name__ == "__main__":

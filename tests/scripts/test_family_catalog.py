@@ -137,7 +137,7 @@ def test_each_preprocessing_launcher_encodes_with_its_family_and_defaults(name):
     assert flags.get("--model_family", "flux") == name and flags["--model_path"] == f"data/{w.model or name}"
     assert flags["--output_dir"] == f"data/rl_embeddings{suffix}"
     assert flags["--max_sequence_length"] == str({"sd3": 128, "hunyuan_video": 256}.get(name, 512))
-    edit = name in ("kontext", "qwen_image_edit", "flux2_edit")
+    edit = name in ("kontext", "qwen_image_edit", "flux2_edit", "wan_i2v")  # wan_i2v: first frames
     assert flags["--prompt_dir"] == ("assets/edit/prompts_edit.jsonl" if edit else "assets/prompts.txt")
     if name == "qwen_image_edit":  # Flow-Factory's condition_image_size [384, 384]
         assert flags["--source_vae_size"] == "384"

@@ -165,7 +165,7 @@ def token_timesteps(t: torch.Tensor, frames: int, latent_h: int, latent_w: int, 
 
 def predict_velocity(transformer, x, sigma, embeds, neg_embeds, grid: tuple[int, int, int], guidance_scale: float,
                      quantize_timestep: bool = False, per_token: bool = False,
-                     guidance_scale_2: float | None = None) -> torch.Tensor:
+                     guidance_scale_2: float | None = None, image: dict | None = None) -> torch.Tensor:
     """The flow-matching velocity float32 [B, L, C] for latent tokens x [B, L, C] (L = f h w, grid
     (f, h, w)); embeds [B, Lt, D], neg_embeds [Lt, D] (the negative prompt's).
 
@@ -175,7 +175,10 @@ def predict_velocity(transformer, x, sigma, embeds, neg_embeds, grid: tuple[int,
     Wan's text has no mask, each row is computed alone) and combines them v_u + s (v_c - v_u) in float32.
     Two experts (models/wan/experts.py, Wan2.2-A14B): each row goes to the expert of its timestep, the
     high-noise one with ``guidance_scale``, the low-noise one with ``guidance_scale_2`` (None: the same);
-    whether guidance runs is guidance_scale's (WanPipeline's do_classifier_free_guidance)."""
+    whether guidance runs is guidance_scale's (WanPipeline's do_classifier_free_guidance).
+    image (image-to-video, models/wan_i2v): per-row "condition" [B, Cc, f, h, w], concatenated after the
+    latents' channels, and "image_embeds" [B, N, Di] (the CLIP features; absent for a folder without
+    an image encoder), both rows of the guidance alike (WanImageToVideoPipeline)."""
     from fastvideo.models.wan.experts import WanExperts, expert_rows, stand_in
 
     b = x.shape[0]
@@ -186,18 +189,19 @@ def predict_velocity(transformer, x, sigma, embeds, neg_embeds, grid: tuple[int,
     guided = guidance_scale > 1.0
     if not isinstance(model, WanExperts):
         return _velocity(transformer, transformer, model.config, x, t, embeds, neg_embeds, grid,
-                         guidance_scale, guided, per_token)
+                         guidance_scale, guided, per_token, image)
     scales = (guidance_scale, guidance_scale if guidance_scale_2 is None else guidance_scale_2)
     shared = torch.as_tensor(sigma).ndim == 0 or devices.world_size() == 1
     calls = expert_rows(t, model.boundary_timestep, shared)
     if len(calls) == 1:  # every row with one expert
         return _velocity(partial(transformer, calls[0][0]), transformer, model.config, x, t, embeds, neg_embeds,
-                         grid, scales[calls[0][0]], guided, per_token)
+                         grid, scales[calls[0][0]], guided, per_token, image)
     parts_, order, unused = [], [], 0.0
     for expert, rows in calls:
         idx = rows if not stand_in(rows) else torch.zeros(1, dtype=torch.long, device=rows.device)
+        rows_image = None if image is None else {k: v[idx] for k, v in image.items()}
         v = _velocity(partial(transformer, expert), transformer, model.config, x[idx], t[idx], embeds[idx],
-                      neg_embeds, grid, scales[expert], guided, per_token)
+                      neg_embeds, grid, scales[expert], guided, per_token, rows_image)
         if stand_in(rows):
             unused = v.sum() * 0.0  # in the graph (its units' backward runs on every rank), adds nothing
             continue
@@ -207,7 +211,7 @@ def predict_velocity(transformer, x, sigma, embeds, neg_embeds, grid: tuple[int,
 
 
 def _velocity(call, transformer, config, x, t, embeds, neg_embeds, grid, guidance_scale: float, guided: bool,
-              per_token: bool) -> torch.Tensor:
+              per_token: bool, image: dict | None = None) -> torch.Tensor:
     """One transformer's (guided) velocity [B, L, C] float32 at timesteps t [B] (``call`` its forward)."""
     b = x.shape[0]
     dtype = _model_dtype(transformer)
@@ -215,10 +219,16 @@ def _velocity(call, transformer, config, x, t, embeds, neg_embeds, grid, guidanc
         t = token_timesteps(t, *grid, tuple(config.patch_size))
     z = L.from_tokens(x, *grid).to(dtype)
     text = embeds.to(dtype)
+    extra = {}
+    if image is not None:  # image-to-video: torch.cat([latents, condition], dim=1), the CLIP features
+        z = torch.cat([z, image["condition"].to(dtype)], dim=1)
+        if image.get("image_embeds") is not None:
+            extra["encoder_hidden_states_image"] = image["image_embeds"].to(dtype)
     if guided:
         text = torch.cat([text, neg_embeds.to(text.device, dtype).expand(b, -1, -1)])
         z, t = torch.cat([z, z]), torch.cat([t, t])
-    out = call(hidden_states=z, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
+        extra = {k: torch.cat([v, v]) for k, v in extra.items()}
+    out = call(hidden_states=z, timestep=t, encoder_hidden_states=text, return_dict=False, **extra)[0]
     v = L.to_tokens(out).float()
     return v[b:] + guidance_scale * (v[:b] - v[b:]) if guided else v
 

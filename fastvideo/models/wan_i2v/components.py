@@ -1,0 +1,113 @@
+"""Wan image-to-video's own pieces; everything else is Wan's (fastvideo.models.wan.components).
+
+WanImageToVideoPipeline conditions on a first frame, given per prompt as its source image:
+
+    source [3, H, W] in [0, 1] -> 2x - 1 (VideoProcessor.preprocess), followed by F - 1 black (zero)
+    frames -> AutoencoderKLWan's mode (argmax) -> (z - latents_mean) * (1 / latents_std): the first
+    frame's latents [z, f, h, w]; the mask [4, f, h, w]: 1 on the first pixel frame (repeated over the
+    VAE's 4 frames of the first latent frame), 0 after -> condition = [mask ; latents] [4 + z, f, h, w]
+    CLIP: CLIPImageProcessor on the source image, CLIPVisionModel's second-last hidden state [N, Di]
+    velocity: the transformer on [noisy latents ; condition] (16 + 4 + 16 = 36 channels for Wan2.1)
+    with encoder_hidden_states_image = the CLIP features, for the conditional and the negative rows
+
+The source is used at the clip's own size (the pipeline resizes it to height x width first; here the
+sources are the clip's size, sides multiples of 16). Every name of diffusers or transformers is
+imported inside a function: this module is imported on the recipe line too (the registry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fastvideo.models import parts
+from fastvideo.models.wan import components as W
+
+MASK_CHANNELS = 4  # the first frame's mask, one channel per pixel frame of a latent frame (scale_factor_temporal)
+# WanAttnProcessor splits encoder_hidden_states as [image tokens ; the last 512 text tokens]
+# (transformer_wan.py: "512 is the context length of the text encoder, hardcoded for now"): an
+# image-to-video transformer needs umT5 embeddings of exactly 512 tokens.
+TEXT_TOKENS = 512
+IMAGE_FILES = {"image_encoder": ("config.json",), "image_processor": ("preprocessor_config.json",)}
+check_image_encoder = parts.folder_checker(IMAGE_FILES, W.WAN_DOWNLOAD_HINT, W.WanFolderError,
+                                           "Wan image-to-video model folder")
+
+
+@dataclass
+class I2VEncoders:
+    """umT5 (Wan's TextEncoder), the VAE that encodes the first frame, and the CLIP image encoder with
+    its processor (None for a folder without one: Wan2.2's image-to-video)."""
+
+    text: W.TextEncoder
+    vae: torch.nn.Module
+    image_encoder: torch.nn.Module | None
+    image_processor: object | None
+
+    @property
+    def device(self) -> torch.device:
+        return self.text.device
+
+
+def has_image_encoder(root) -> bool:
+    """Whether model_index.json names an image_encoder (Wan2.1-I2V: CLIP; Wan2.2-I2V-A14B: [null, null])."""
+    import json
+    from pathlib import Path
+
+    try:
+        entry = json.loads((Path(root) / "model_index.json").read_text(encoding="utf-8")).get("image_encoder")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(entry, list) and len(entry) == 2 and entry[1] is not None
+
+
+def load_encoders(path, device="cpu", dtype=torch.float32) -> I2VEncoders:
+    """The text encoder, the VAE and (when the folder has one) CLIPVisionModel and CLIPImageProcessor."""
+    import transformers
+
+    text = W.load_text_encoder(path, device, dtype)
+    vae = W.load_vae(path, device, dtype)
+    if not has_image_encoder(path):
+        return I2VEncoders(text, vae, None, None)
+    root = check_image_encoder(path)
+    encoder = transformers.CLIPVisionModel.from_pretrained(root, subfolder="image_encoder", dtype=dtype)
+    processor = transformers.CLIPImageProcessor.from_pretrained(root, subfolder="image_processor")
+    return I2VEncoders(text, vae, encoder.requires_grad_(False).eval().to(device), processor)
+
+
+def first_frame_mask(batch: int, num_frames: int, latent_h: int, latent_w: int) -> torch.Tensor:
+    """[B, 4, f, h, w] float32, as WanImageToVideoPipeline.prepare_latents builds it: one on the first
+    pixel frame and zero after, the first frame repeated 4 times, folded 4 pixel frames a latent frame."""
+    mask = torch.ones(batch, 1, num_frames, latent_h, latent_w)
+    mask[:, :, 1:] = 0
+    first = torch.repeat_interleave(mask[:, :, 0:1], dim=2, repeats=MASK_CHANNELS)
+    mask = torch.cat([first, mask[:, :, 1:]], dim=2)
+    return mask.view(batch, -1, MASK_CHANNELS, latent_h, latent_w).transpose(1, 2)
+
+
+@torch.no_grad()
+def encode_condition(vae, pixels: torch.Tensor, num_frames: int) -> torch.Tensor:
+    """First frames [P, 3, H, W] in [0, 1] -> the condition [P, 4 + z, f, h, w] float32 of a clip of
+    ``num_frames`` (the module docstring; prepare_latents' arithmetic, in its order)."""
+    image = (pixels.float() * 2.0 - 1.0).unsqueeze(2)
+    video = torch.cat([image, image.new_zeros(image.shape[0], 3, num_frames - 1, *image.shape[-2:])], dim=2)
+    z = vae.encode(video.to(next(vae.parameters()).dtype)).latent_dist.mode().float()
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1).to(z)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1).to(z)
+    z = (z - mean) * inv_std
+    return torch.cat([first_frame_mask(z.shape[0], num_frames, *z.shape[-2:]).to(z), z], dim=1)
+
+
+@torch.no_grad()
+def encode_image(encoder, processor, pixels: torch.Tensor) -> torch.Tensor:
+    """Source images [P, 3, H, W] in [0, 1] (values k / 255) -> CLIP features [P, N, Di]: the pipeline's
+    encode_image (the processor on the 8-bit image, the vision model's second-last hidden state); [P, 0, 0]
+    without an encoder."""
+    from PIL import Image
+
+    if encoder is None:  # a folder without an image encoder (Wan2.2-I2V-A14B): no CLIP features
+        return torch.zeros(pixels.shape[0], 0, 0, device=pixels.device)
+    images = [Image.fromarray(p.mul(255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()) for p in pixels]
+    inputs = processor(images=images, return_tensors="pt").to(encoder.device)
+    inputs["pixel_values"] = inputs["pixel_values"].to(next(encoder.parameters()).dtype)
+    return encoder(**inputs, output_hidden_states=True).hidden_states[-2]

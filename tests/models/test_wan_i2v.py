@@ -1,0 +1,189 @@
+"""Wan image-to-video (--model_family wan_i2v) against diffusers' own WanImageToVideoPipeline (nobody
+here wrote it): the tiny Wan2.1-I2V folder (make_tiny_wan --variant i2v) loads in the stock pipeline
+offline; the first frame's condition (VAE latents with the mask channels) and the CLIP image features
+equal the pipeline's prepare_latents and encode_image; the ODE rollout of two prompts, each with its own
+source image, equals the pipeline's latents and decoded frames on the same noise and sigmas (CFG 5.0
+with the negative prompt ""); the same for the tiny Wan2.2-I2V-A14B (--variant i2v_a14b: two experts
+by boundary_ratio 0.9, no CLIP), each expert with its scale. The current library line only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastvideo.library_lines import CURRENT, LibraryLineError, require_line
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _line_reason() -> str | None:
+    try:
+        require_line(CURRENT, "Wan image-to-video (diffusers' WanImageToVideoPipeline)")
+    except LibraryLineError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_line_reason() is not None, reason=_line_reason() or "")
+
+PROMPTS = ["the square turns green", "a circle appears"]
+IMAGES = [ROOT / "assets/edit/images/00.png", ROOT / "assets/edit/images/01.png"]
+SEQ, STEPS, FRAMES, SCALE, SIZE = 512, 3, 5, 5.0, 64  # 512: the I2V transformer's text length
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_wan_i2v_dir):
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+
+    from fastvideo.data.sources import load_pixels
+    from fastvideo.models.wan_i2v.family import WanI2VFamily
+
+    pipe = WanImageToVideoPipeline.from_pretrained(tiny_wan_i2v_dir)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=pipe.scheduler.config.flow_shift)
+    family = WanI2VFamily(guidance_scale=SCALE, num_frames=FRAMES)
+    family.check_folder(tiny_wan_i2v_dir)
+    enc = family.load_text_encoders(tiny_wan_i2v_dir)
+    cond = family.encode_sources(enc, family.encode_prompts(enc, PROMPTS, SEQ), load_pixels(IMAGES))
+    return pipe, family, cond
+
+
+def test_the_tiny_folder_is_wan21_i2v_in_the_stock_pipeline(tiny_wan_i2v_dir, setup):
+    from fastvideo.models.registry import family_of_folder
+
+    pipe, _, _ = setup
+    config = pipe.transformer.config
+    assert (config.in_channels, config.out_channels, config.image_dim) == (36, 16, 16)
+    assert type(pipe.image_encoder).__name__ == "CLIPVisionModel" and pipe.transformer.condition_embedder.image_embedder
+    assert json.loads((tiny_wan_i2v_dir / "model_index.json").read_text())["_class_name"] == "WanImageToVideoPipeline"
+    assert family_of_folder(tiny_wan_i2v_dir) == "wan_i2v"
+
+
+def test_condition_and_clip_features_equal_the_pipeline(setup):
+    """condition [P, 4 + 16, f, h, w] = prepare_latents' [mask ; normalised first-frame latents]; the
+    CLIP features = encode_image's second-last hidden state, each prompt its own source."""
+    from fastvideo.data.sources import open_rgb
+
+    pipe, _, cond = setup
+    assert cond["condition"].shape == (2, 20, 2, 8, 8) and cond["image_embeds"].shape == (2, 17, 16)
+    for i, path in enumerate(IMAGES):
+        image = pipe.video_processor.preprocess(open_rgb(path), height=SIZE, width=SIZE).float()
+        _, ref = pipe.prepare_latents(image, 1, 16, SIZE, SIZE, FRAMES, torch.float32, "cpu",
+                                      torch.Generator().manual_seed(0))
+        torch.testing.assert_close(cond["condition"][i:i + 1], ref, rtol=0, atol=1e-6)  # batched: 2.6e-7
+        torch.testing.assert_close(cond["image_embeds"][i:i + 1], pipe.encode_image(open_rgb(path), "cpu"),
+                                   rtol=0, atol=1e-6)
+    from fastvideo.models.base import EmbeddingShapeError, TensorConditioning
+
+    family = setup[1]
+    family.check_cond(cond)
+    short = TensorConditioning({**cond.tensors, "prompt_embeds": cond["prompt_embeds"][:, :32]},
+                               {"neg_prompt_embeds": cond["neg_prompt_embeds"][:32]})
+    with pytest.raises(EmbeddingShapeError, match="--eval_max_sequence_length 512"):
+        family.check_cond(short)  # the transformer would take image tokens for text
+    mask = cond["condition"][:, :4]
+    assert mask[:, :, 0].eq(1).all() and mask[:, :, 1:].eq(0).all()  # the first latent frame is given
+    assert not torch.equal(cond["condition"][0], cond["condition"][1])  # two sources
+
+
+def test_ode_rollout_equals_the_pipeline(setup):
+    """The ODE rollout (both prompts in one batch, CFG rows batched) equals WanImageToVideoPipeline's
+    latents and decoded frames, one call per prompt with its image, on the same noise and sigmas."""
+    pipe, family, cond = setup
+    traj = _ode_against_the_pipeline(pipe, family, cond, dict(guidance_scale=SCALE))
+    torch.testing.assert_close(family.source_images(traj.cond)[:, :, 0, 0], cond["source_image"][:, :, 0, 0])
+
+
+def test_two_expert_i2v_ode_rollout_equals_the_pipeline(tiny_wan_i2v_a14b_dir):
+    """Wan2.2-I2V-A14B's layout: WanImageToVideoPipeline with boundary_ratio 0.9 and no image encoder;
+    the first step (t = 1000) on the high-noise expert at guidance 4.0, the others on the low-noise one at
+    3.0, no CLIP features stored ([P, 0, 0]) or passed."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+
+    from fastvideo.data.sources import load_pixels
+    from fastvideo.models.wan.experts import WanExperts
+    from fastvideo.models.wan_i2v.family import WanI2VFamily
+
+    pipe = WanImageToVideoPipeline.from_pretrained(tiny_wan_i2v_a14b_dir)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.image_encoder is None and pipe.transformer.config.image_dim is None
+    assert pipe.config.boundary_ratio == 0.9 and pipe.transformer_2.config.in_channels == 36
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=pipe.scheduler.config.flow_shift)
+    family = WanI2VFamily(guidance_scale=4.0, num_frames=FRAMES, guidance_scale_2=3.0)
+    family.check_folder(tiny_wan_i2v_a14b_dir)
+    enc = family.load_text_encoders(tiny_wan_i2v_a14b_dir)
+    cond = family.encode_sources(enc, family.encode_prompts(enc, PROMPTS, SEQ), load_pixels(IMAGES))
+    assert cond["image_embeds"].shape == (2, 0, 0) and family.experts == (0.9, 1000)
+    family.check_dims((SEQ, 32, 20, 2, 8, 8, 0, 0, SIZE, SIZE), pipe.transformer.config)
+    experts = []
+    hooks = [m.register_forward_pre_hook(lambda m, a, kw, n=n: experts.append(n), with_kwargs=True)
+             for n, m in (("high", pipe.transformer), ("low", pipe.transformer_2))]
+    try:
+        _ode_against_the_pipeline(pipe, family, cond, dict(guidance_scale=4.0, guidance_scale_2=3.0), calls=experts,
+                                  transformer=WanExperts(pipe.transformer, pipe.transformer_2, *family.experts))
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _ode_against_the_pipeline(pipe, family, cond, guidance: dict, calls: list | None = None, transformer=None):
+    from fastvideo.data.sources import open_rgb
+    from fastvideo.models.latents import from_tokens
+    from fastvideo.sampling.plan import ODE, SamplingPlan
+    from fastvideo.sampling.randomness import RandomSource
+    from fastvideo.sampling.rollout import RolloutConfig, rollout
+
+    pipe.scheduler.set_timesteps(STEPS)
+    sigmas = pipe.scheduler.sigmas.float().clone()
+    cfg = RolloutConfig(height=SIZE, width=SIZE, sampling_steps=STEPS, eta=0.0, shift=1.0, num_generations=1,
+                        rollout_batch_size=2, init_same_noise=False)
+    plan = SamplingPlan(sigmas=sigmas, kinds=(ODE,) * STEPS, trainable=(), num_trained=0)
+    traj = rollout(family, transformer or pipe.transformer, pipe.vae, cond, PROMPTS, [0, 1], cfg, RandomSource(3), 1,
+                   "cpu", plan=plan)
+    grid = traj.layout["grid"]
+    assert grid == (2, 8, 8) and traj.layout.tokens == (128, 16)
+    noise, ours = from_tokens(traj.latents[:, 0], *grid), from_tokens(traj.latents[:, -1], *grid)
+    if calls is not None:  # the rollout's experts, one call a step (both rows and both guidance rows in it)
+        assert calls == ["high", "low", "low"]
+    for i, path in enumerate(IMAGES):
+        kwargs = dict(image=open_rgb(path), prompt=PROMPTS[i], negative_prompt="", height=SIZE, width=SIZE,
+                      num_frames=FRAMES, num_inference_steps=STEPS, max_sequence_length=SEQ,
+                      latents=noise[i:i + 1].clone(), **guidance)
+        if calls is not None:
+            calls.clear()
+        ref = pipe(**kwargs, output_type="latent").frames
+        if calls is not None:  # the pipeline's: a conditional and an unconditional call a step
+            assert calls == ["high", "high", "low", "low", "low", "low"]
+        assert not torch.allclose(ours[i:i + 1], noise[i:i + 1], atol=1e-1)  # it moved
+        rel = float((ours[i:i + 1] - ref).abs().max() / ref.abs().max())
+        print(f"prompt {i}: max |ours - pipeline| / max |pipeline| = {rel:.1e}")
+        assert rel <= 1e-5
+        frames = pipe(**kwargs, output_type="pt").frames
+        assert traj.images[i:i + 1].shape == frames.shape == (1, FRAMES, 3, SIZE, SIZE)
+        torch.testing.assert_close(traj.images[i:i + 1], frames, rtol=0, atol=1e-5)
+    return traj
+
+
+def test_the_eval_grids_source_row_starts_each_clips_frame_strip(tmp_path):
+    """Above clips [G, F, 3, H, W] of the sources' size the source row has each source as its strip's
+    first cell (white after), so the row lines up with the clips' frame strips; above images (editing)
+    or clips of another size the sources are drawn as they are."""
+    import numpy as np
+    from PIL import Image
+
+    from fastvideo.eval.report import save_row, source_cells
+
+    sources = torch.rand(2, 3, 8, 8)
+    clips = torch.zeros(2, FRAMES, 3, 8, 8)
+    cells = source_cells(sources, clips)
+    assert cells.shape == clips.shape and torch.equal(cells[:, 0], sources) and cells[:, 1:].eq(1).all()
+    assert source_cells(sources, torch.zeros(2, 3, 8, 8)) is sources
+    assert source_cells(sources, torch.zeros(2, FRAMES, 3, 16, 16)) is sources
+    source_row = np.asarray(Image.open(save_row(cells, tmp_path / "source.png")))
+    clip_row = np.asarray(Image.open(save_row(clips, tmp_path / "clips.png")))
+    assert source_row.shape == clip_row.shape  # the two rows line up, strip for strip
+    plain = np.asarray(Image.open(save_row(sources, tmp_path / "plain.png")))
+    assert plain.shape[1] < source_row.shape[1] / (FRAMES - 1)  # what the row was before: misaligned
