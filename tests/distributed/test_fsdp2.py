@@ -202,3 +202,18 @@ def test_fsdp2_meta_fill_and_full_state_round_trip(tmp_path):
 def test_version_is_checked():
     with pytest.raises(ValueError, match="unknown FSDP version 3"):
         fsdp.wrap_model(tiny_transformer(), "full", "cpu", version=3)
+
+
+def test_fsdp2_policies_carry_precision_and_offload():
+    """fully_shard's keyword policies from wrap_model's options: the precision policy (input casting
+    included) and host offload (CPUOffloadPolicy; wrap_model drops it on a CPU device, so the helper
+    is checked directly); neither by default."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    from fastvideo.distributed.fsdp2 import _policies
+
+    got = _policies(fsdp.PrecisionPolicy(torch.bfloat16, torch.float32, cast_inputs=False), True)
+    assert got.keys() == {"mp_policy", "offload_policy"} and isinstance(got["offload_policy"], CPUOffloadPolicy)
+    assert got["mp_policy"] == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                                    cast_forward_inputs=False)
+    assert _policies(None, False) == {}

@@ -125,18 +125,40 @@ def _lora_layout(info, model_dir):
         out = model(**inputs)[0].float()
     out.square().mean().backward()
     saved = fsdp.full_model_state_dict(model, trainable_only=True)
-    return {"units": len(units), "blocks": n_blocks, "adapter_linears": len(adapters) // 2,
+    fsdp2_layout = _fsdp2_lora_layout(lora_model, info.device, flux.FluxFamily().block_classes())
+    return {**fsdp2_layout, "units": len(units), "blocks": n_blocks, "adapter_linears": len(adapters) // 2,
             "flat": sorted({(f.requires_grad, str(f.dtype)) for f in flats}),
             "grads": all(f.grad is not None for f in flats),
             "err": float((out - want).abs().max()), "scale": float(want.abs().max()),
             "saved": sorted(saved) == adapters if info.rank == 0 else True}
 
 
+def _fsdp2_lora_layout(lora_model, device, block_classes) -> dict:
+    """FSDP2 under LoRA: with replicate_frozen the frozen base stays plain tensors (ignored_params)
+    and only the adapters are DTensors; with extra_units (the CPU-offload layout) every adapter
+    Linear is its own fully_shard unit."""
+    from torch.distributed.tensor import DTensor
+
+    from fastvideo.distributed.fsdp2 import fsdp2_modules
+    from fastvideo.training.lora import is_adapter_unit
+
+    two = fsdp.wrap_model(lora_model(), "full", device, replicate_frozen=True, block_classes=block_classes, version=2)
+    split = fsdp.wrap_model(lora_model(), "full", device, extra_units=is_adapter_unit, block_classes=block_classes,
+                            version=2)
+    return {"v2_frozen_dtensors": sum(isinstance(p, DTensor) for p in two.parameters() if not p.requires_grad),
+            "v2_trainable_dtensors": all(isinstance(p, DTensor) for p in two.parameters() if p.requires_grad),
+            "v2_adapter_units": sum(is_adapter_unit(m) for m in fsdp2_modules(split)),
+            "v2_adapters": sum(is_adapter_unit(m) for m in split.modules())}
+
+
 def test_lora_has_one_fsdp_unit_per_block(tiny_flux_dir):
     """Under LoRA the wrapped tiny FLUX has at most one FSDP unit per block (+ root): each block's
-    unit holds its adapters, the frozen base is replicated outside FSDP."""
+    unit holds its adapters, the frozen base is replicated outside FSDP. FSDP2 likewise keeps the
+    base out of its DTensors, and with extra_units makes every adapter Linear a unit."""
     for r in run_distributed(_lora_layout, str(tiny_flux_dir), world_size=2):
         assert r["units"] <= r["blocks"] + 1 < r["adapter_linears"], r
         assert r["flat"] == [(True, "torch.float32")] and r["grads"]
         assert r["saved"]  # the adapters, by their unwrapped names
         assert r["err"] <= 1e-5 * max(1.0, r["scale"]), r  # the same computation as unwrapped
+        assert r["v2_frozen_dtensors"] == 0 and r["v2_trainable_dtensors"], r  # FSDP2: the base replicated
+        assert r["v2_adapter_units"] == r["v2_adapters"] == r["adapter_linears"] * 2, r  # each A and B a unit
