@@ -90,7 +90,7 @@ def test_each_library_line_demos_into_its_own_folders(name):
 def test_the_demo_refuses_an_unknown_model_and_a_current_family_on_the_recipe_line():
     bad = _dry_run({"MODEL": "sd4"})
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "MODEL=sd4: use flux, sd3, flux2, zimage, qwen_image, kontext, qwen_image_edit, flux2_edit, wan or hunyuan_video"]
+        "MODEL=sd4: use flux, sd3, flux2, zimage, qwen_image, kontext, qwen_image_edit, flux2_edit, wan, hunyuan_video or wan_i2v"]
     line = _dry_run({"MODEL": "zimage", "LINE": "recipe"})
     assert line.returncode == 2 and "MODEL=zimage runs on the current library line" in line.stderr
 
