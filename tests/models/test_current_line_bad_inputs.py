@@ -17,6 +17,7 @@ from fastvideo.library_lines import CURRENT, LibraryLineError, require_line
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from helpers import train_args  # noqa: E402
+from one_line import one_line  # noqa: E402
 
 
 def _line_reason() -> str | None:
@@ -32,18 +33,6 @@ pytestmark = pytest.mark.skipif(_line_reason() is not None, reason=_line_reason(
 FAMILIES = {"klein": ("flux2", "tiny_flux2_dir", "flux2_embeddings", "zimage_embeddings", "zimage"),
             "dev": ("flux2", "tiny_flux2_dev_dir", "flux2_dev_embeddings", "zimage_embeddings", "zimage"),
             "zimage": ("zimage", "tiny_zimage_dir", "zimage_embeddings", "flux2_dev_embeddings", "flux2")}
-
-
-def _one_line(capsys, run) -> str:
-    capsys.readouterr()
-    try:
-        code = run()
-    except SystemExit as stop:
-        code = stop.code
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2 and "Traceback" not in err and len(lines) == 1, err[-3000:]
-    return lines[0]
 
 
 @pytest.fixture
@@ -79,7 +68,7 @@ def test_flux1_embeddings_are_named_before_any_model_loads(variant, request, tin
     family, model, _, _, _ = FAMILIES[variant]
     run = _train(request, tmp_path, request.getfixturevalue(model), Path(tiny_embeddings), family, guidance_scale=1.0)
     no_model_loads = request.getfixturevalue("no_model_loads")  # after the fixtures that load models
-    line = _one_line(capsys, run)
+    line = one_line(capsys, run)
     assert "model family 'flux'" in line and f"--model_family {family}" in line and no_model_loads == []
 
 
@@ -88,7 +77,7 @@ def test_the_other_current_line_familys_embeddings_are_named(variant, request, t
     family, model, _, foreign, named = FAMILIES[variant]
     run = _train(request, tmp_path, request.getfixturevalue(model), foreign, family, guidance_scale=1.0)
     no_model_loads = request.getfixturevalue("no_model_loads")
-    line = _one_line(capsys, run)
+    line = one_line(capsys, run)
     assert f"model family {named!r}" in line and no_model_loads == []
 
 
@@ -102,11 +91,11 @@ def test_a_folder_without_its_text_encoder_is_named(variant, request, tmp_path, 
     shutil.rmtree(broken / "text_encoder")
     run = _train(request, tmp_path, broken, emb, family, guidance_scale=1.0)
     no_model_loads = request.getfixturevalue("no_model_loads")
-    line = _one_line(capsys, run)
+    line = one_line(capsys, run)
     assert "text_encoder/" in line and no_model_loads == []
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red cube\n")
-    line = _one_line(capsys, lambda: cli(["--model_path", str(broken), "--prompt_path", str(prompts), "--output_dir",
+    line = one_line(capsys, lambda: cli(["--model_path", str(broken), "--prompt_path", str(prompts), "--output_dir",
                                           str(tmp_path / "emb"), "--model_family", family]))
     assert "text_encoder/" in line and no_model_loads == []
 
@@ -120,7 +109,7 @@ def test_a_distilled_klein_with_guidance_is_refused_and_dev_takes_any_scale(requ
     distilled = shutil.copytree(tiny_flux2_dir, tmp_path / "distilled")
     index = json.loads((distilled / "model_index.json").read_text())
     (distilled / "model_index.json").write_text(json.dumps({**index, "is_distilled": True}))
-    line = _one_line(capsys, _train(request, tmp_path, distilled, "flux2_embeddings", "flux2", guidance_scale=3.5))
+    line = one_line(capsys, _train(request, tmp_path, distilled, "flux2_embeddings", "flux2", guidance_scale=3.5))
     assert "step-distilled" in line and "--guidance_scale 1" in line and no_model_loads == []
     from fastvideo.models.flux2.family import Flux2Family
 

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from current_line_helpers import WEIGHTS, line_reason
 from edit_helpers import run_recorded
 from helpers import ROOT, read_metrics
+from one_line import one_line
 from test_wan_training import GRPO
 from test_wan_training import _argv as wan_argv
 
@@ -87,19 +88,7 @@ def test_wan_i2v_grpo_trains_sees_each_first_frame_and_exports(tiny_wan_i2v_dir,
     assert trained.shape == stock.shape == (1, 16, 2, 8, 8) and not torch.allclose(trained, stock, atol=1e-4)
 
 
-def _one_line(capsys, run) -> str:
-    capsys.readouterr()
-    try:
-        code = run()
-    except SystemExit as stop:
-        code = stop.code
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2 and "Traceback" not in err and len(lines) == 1, err[-3000:]
-    return lines[0]
-
-
-def test_missing_first_frames_and_a_clip_size_not_the_sources_are_one_line(tiny_wan_i2v_dir, i2v_embeddings,
+def test_missing_first_frames_and_a_clip_size_not_the_sources_areone_line(tiny_wan_i2v_dir, i2v_embeddings,
                                                                           tmp_path, capsys, monkeypatch):
     from fastvideo.data_preprocess.preprocess_embeddings import cli
     from fastvideo.train_grpo_flux import main
@@ -110,19 +99,19 @@ def test_missing_first_frames_and_a_clip_size_not_the_sources_are_one_line(tiny_
 
     text = tmp_path / "prompts.txt"
     text.write_text("a red cube\n")
-    line = _one_line(capsys, preprocess(text))
+    line = one_line(capsys, preprocess(text))
     assert "'wan_i2v' makes each clip from a first frame" in line and ".jsonl" in line
     jsonl = tmp_path / "prompts.jsonl"
     jsonl.write_text(json.dumps({"prompt": "a red cube", "image": "gone.png"}) + "\n")
-    line = _one_line(capsys, preprocess(jsonl))
+    line = one_line(capsys, preprocess(jsonl))
     assert "gone.png" in line
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     argv = _argv(tiny_wan_i2v_dir, i2v_embeddings, tmp_path / "out", "--h", "32", "--w", "32",
                  "--fsdp_sharding_strategy", "none", "--max_train_steps", "1")
-    line = _one_line(capsys, lambda: main(argv))
+    line = one_line(capsys, lambda: main(argv))
     assert "--h / --w the source images' size" in line
     argv = _argv(tiny_wan_i2v_dir, i2v_embeddings, tmp_path / "out9", "--num_frames", "9",
                  "--fsdp_sharding_strategy", "none", "--max_train_steps", "1")
-    line = _one_line(capsys, lambda: main(argv))
+    line = one_line(capsys, lambda: main(argv))
     assert "clips of 5 frames, this run makes 9" in line and "--num_frames 9" in line
