@@ -34,3 +34,13 @@ def test_awm_trains_two_ranks_and_resumes_exactly(awm_runs):
     # the EMA: the adapters at iteration 1's end (decay 0), then moved by 0.15; restored on resume, bit for bit
     assert rows[1]["ema_kl"] > 0
     assert same_checkpoint_file(straight / "checkpoint-2", resumed / "checkpoint-2", "awm_ema.safetensors")
+
+
+@pytest.mark.slow
+def test_awm_with_lora_and_ema_kl_under_fsdp2_resumes_exactly(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """The same AWM run under FSDP2 (fully_shard): trains, and the adapters and the EMA resume bit for bit."""
+    straight, resumed = run_and_resume(tmp_path, tiny_embeddings, tiny_flux_dir, **AWM, fsdp_version=2)
+    rows = resumed_metrics(straight, resumed, ("reward_mean", "loss", "grad_norm", "kl", "ema_kl"))
+    assert all(r["grad_norm"] > 0 for r in rows) and rows[1]["ema_kl"] > 0
+    for name in ("pytorch_lora_weights.safetensors", "awm_ema.safetensors"):
+        assert same_checkpoint_file(straight / "checkpoint-2", resumed / "checkpoint-2", name), name

@@ -1,6 +1,6 @@
-"""--algorithm dgpo end to end on the tiny FLUX: 2 gloo ranks under FSDP2 (fully_shard), the DSM clip
-against the old policy and the KL term, resumed bit for bit from its first checkpoint (weights and
-old policy)."""
+"""--algorithm dgpo end to end on the tiny FLUX: 2 gloo ranks under FSDP2 (fully_shard), full
+fine-tuning and LoRA, the DSM clip against the old policy and the KL term, resumed bit for bit from
+its first checkpoint (weights and old policy)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,14 @@ def test_dgpo_trains_two_ranks_and_resumes_exactly(tiny_flux_dir, tiny_embedding
     assert rows[1]["old_decay"] == pytest.approx(0.002)
     assert same_checkpoint_file(straight / "checkpoint-2", resumed / "checkpoint-2")
     assert same_checkpoint_file(straight / "checkpoint-2", resumed / "checkpoint-2", "old_policy.safetensors")
+
+
+@pytest.mark.slow
+def test_dgpo_with_lora_under_fsdp2_resumes_exactly(tiny_flux_dir, tiny_embeddings, tmp_path):
+    """DGPO's adapters (the old policy and the reference are the adapters' own states) under FSDP2:
+    trains and resumes bit for bit."""
+    lora = dict(use_lora=True, lora_rank=4, lora_alpha=8)
+    straight, resumed = run_and_resume(tmp_path, tiny_embeddings, tiny_flux_dir, **DGPO, **lora)
+    rows = resumed_metrics(straight, resumed, ("reward_mean", "loss", "grad_norm", "dgpo_dsm", "dgpo_ref_gap", "kl"))
+    assert all(r["grad_norm"] > 0 for r in rows) and rows[1]["dgpo_ref_gap"] != 0.0
+    assert same_checkpoint_file(straight / "checkpoint-2", resumed / "checkpoint-2", "pytorch_lora_weights.safetensors")
