@@ -432,6 +432,12 @@ class FamilyCostModel(abc.ABC):
     reference_vae_config: Any = None
     reference_name: str = ""
 
+    def folder_cost_config(self, root: Path, config: dict) -> dict:
+        """The transformer config the cost model counts for the model folder ``root`` whose
+        transformer/config.json is ``config``; default: that config (a family of several transformers
+        in one folder, Wan2.2-A14B's experts, says so here)."""
+        return config
+
     @abc.abstractmethod
     def nominal_layout(self, height: int, width: int, transformer_config: Mapping) -> LatentLayout:
         """The layout with the family's standard VAE, from a transformer config alone (extras on the CPU)."""

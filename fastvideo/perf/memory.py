@@ -197,7 +197,8 @@ def _meta_transformer(config: dict, dtype: torch.dtype, checkpoint_fraction: flo
 
         peft = require("peft", "lora", "cost_model --memory --use_lora")
         model.requires_grad_(False)
-        model.add_adapter(peft.LoraConfig(r=lora[0], lora_alpha=lora[0], target_modules=list(lora[1])))
+        for part in family.trained_parts(model):  # the model, or the trained Wan2.2-A14B experts
+            part.add_adapter(peft.LoraConfig(r=lora[0], lora_alpha=lora[0], target_modules=list(lora[1])))
         model.to(dtype)
     if checkpoint_fraction > 0:
         apply_activation_checkpointing(model, family.block_classes(), fraction=checkpoint_fraction)
@@ -220,8 +221,10 @@ def transformer_activation_peak(config: dict, batch: int, layout, text_tokens: i
         if p.requires_grad:
             p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     tracker = LiveBytes()
+    # a trained part's pass (the model's own, or a trained Wan2.2-A14B expert's: both experts share one shape)
+    forward = family.trained_parts(model)[0] if train else model
     with torch.set_grad_enabled(train), _fused_attention(), tracker:
-        out = model(**inputs)[0]
+        out = forward(**inputs)[0]
         if isinstance(out, (list, tuple)):  # a transformer that returns one tensor per sample (Z-Image)
             out = torch.stack(list(out))
         if train:
@@ -261,12 +264,16 @@ def profile_model(config: dict, vae_config: dict, shape: MemoryShape, family=Non
     blocks = family.blocks(model)
     block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
     params = sum(p.numel() for p in model.parameters())
-    trained = sum(p.numel() for part in family.trained_parts(model) for p in part.parameters())
+    parts = family.trained_parts(model)
+    trained = sum(p.numel() for part in parts for p in part.parameters())
     vae_params, vae_peak = _vae_decode(vae_config, shape, layout, family)
     act = shape.compute_dtype
     lora = (shape.lora_rank, tuple(shape.lora_targets)) if shape.lora_rank else None
-    block_adapters = [adapter_params(b, shape.lora_rank, shape.lora_targets) for b in blocks] if lora else [0]
-    adapters = adapter_params(model, shape.lora_rank, shape.lora_targets) if lora else 0
+    # LoRA adapts the trained parts only (a frozen Wan2.2-A14B expert gets none: training.lora)
+    in_parts = {id(m) for part in parts for m in part.modules()}
+    trained_blocks = [b for b in blocks if id(b) in in_parts]
+    block_adapters = [adapter_params(b, shape.lora_rank, shape.lora_targets) for b in trained_blocks] if lora else [0]
+    adapters = sum(adapter_params(part, shape.lora_rank, shape.lora_targets) for part in parts) if lora else 0
     return ModelProfile(
         params=params, largest_block_params=max(block_params), root_params=params - sum(block_params),
         update_activations=transformer_activation_peak(config, shape.micro_batch * shape.timesteps_per_forward,

@@ -80,6 +80,8 @@ def resolve_model(spec: str, family) -> tuple[dict, dict, str]:
     if not path.is_file():
         raise ConfigError(f"--model {spec}: not reference/tiny/small and no such file or folder")
     config = json.loads(path.read_text())
+    if path.parent.name == "transformer" and (path.parent.parent / "model_index.json").is_file():
+        config = family.folder_cost_config(path.parent.parent, config)  # e.g. Wan2.2-A14B's two experts
     vae_path = path.parent.parent / "vae" / "config.json"
     if vae_path.is_file():
         return config, json.loads(vae_path.read_text()), str(path)

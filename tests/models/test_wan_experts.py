@@ -175,3 +175,27 @@ def test_the_cost_models_a14b_is_two_14b_experts_and_trains_the_chosen():
     assert family.trained_parts(model) == (model.transformer,)
     with pytest.raises(ConfigError, match="--train_experts high: this model has one transformer"):
         set_train_experts(family, resolve_model("wan2.1-t2v-14b", family)[0], "high")
+
+
+def test_the_memory_model_adapts_only_the_trained_experts(tiny_wan_a14b_dir):
+    """cost_model --memory --use_lora on a two-expert model folder: the folder counts as two experts
+    (model_index.json's boundary_ratio, as the wan2.2-t2v-a14b entry); LoRA adapts the trained experts
+    only (as the trainer does), so --train_experts low counts half the adapters of high,low, and the
+    update's activation pass runs through a trained expert (the frozen one has no gradient to take)."""
+    from fastvideo.models.wan.family import WanFamily
+    from fastvideo.perf.memory import MemoryShape, profile_model
+    from fastvideo.tools.cost_model import resolve_model, set_train_experts
+
+    shape = MemoryShape(height=32, width=32, text_tokens=8, sampling_steps=2, samples_per_rank=2, rollout_batch=1,
+                        micro_batch=1, world_size=2, lora_rank=4)
+    got = {}
+    for experts in ("high,low", "low"):
+        family = WanFamily(num_frames=5)
+        config, vae_config, _ = resolve_model(str(tiny_wan_a14b_dir), family)
+        assert config["two_experts"] == 0.875  # the folder's model_index.json: both experts are counted
+        set_train_experts(family, config, experts)
+        got[experts] = profile_model(config, vae_config, shape, family)
+    both, low = got["high,low"], got["low"]
+    assert both.adapter_params == 2 * low.adapter_params > 0 and both.root_adapter_params == low.root_adapter_params == 0
+    assert both.largest_block_adapter_params == low.largest_block_adapter_params > 0
+    assert low.update_activations == both.update_activations > 0  # the same shape of pass, through the trained expert

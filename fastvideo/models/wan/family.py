@@ -131,6 +131,13 @@ class WanFamily(TextEmbedsFamily):
             return (model,)
         return tuple(e for name, e in zip(("high", "low"), inner.experts()) if name in self.train_experts.split(","))
 
+    def folder_cost_config(self, root, config):
+        """A two-expert folder (model_index.json's transformer_2 and boundary_ratio): the config with
+        "two_experts" (its boundary ratio), as the cost model's wan2.2-t2v-a14b entry has it, so that
+        both experts are counted and --train_experts applies."""
+        experts = folder_experts(root)
+        return config if experts is None else {**config, "two_experts": experts[0]}
+
     def meta_transformer(self, config, dtype):
         """The default's meta model with its RoPE tables made for real: WanRotaryPosEmbed keeps them as
         non-persistent buffers, which loading the weights does not fill. A config with "two_experts" (the
