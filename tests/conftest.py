@@ -132,44 +132,41 @@ def qwen_image_embeddings(tiny_qwen_image_dir, tmp_path_factory):
     return encode_tiny_prompts(tiny_qwen_image_dir, tmp_path_factory, "qwen_image_embeddings", 48, "qwen_image")
 
 
+def _tiny_wan(tmp_path_factory, name: str, variant: str):
+    """make_tiny_wan's folder of ``variant`` (seed 0) in a fresh temporary folder ``name``."""
+    from fastvideo.tools.make_tiny_wan import make_tiny_wan
+
+    return make_tiny_wan(tmp_path_factory.mktemp(name), seed=0, variant=variant)
+
+
 @pytest.fixture(scope="session")
 def tiny_wan_dir(tmp_path_factory):
     """A tiny random-weight Wan2.1-T2V folder (make_tiny_wan; the current library line)."""
-    from fastvideo.tools.make_tiny_wan import make_tiny_wan
-
-    return make_tiny_wan(tmp_path_factory.mktemp("tiny_wan"), seed=0)
+    return _tiny_wan(tmp_path_factory, "tiny_wan", "t2v")
 
 
 @pytest.fixture(scope="session")
 def tiny_wan_i2v_dir(tmp_path_factory):
     """A tiny random-weight Wan2.1-I2V folder (make_tiny_wan --variant i2v; the current library line)."""
-    from fastvideo.tools.make_tiny_wan import make_tiny_wan
-
-    return make_tiny_wan(tmp_path_factory.mktemp("tiny_wan_i2v"), seed=0, variant="i2v")
+    return _tiny_wan(tmp_path_factory, "tiny_wan_i2v", "i2v")
 
 
 @pytest.fixture(scope="session")
 def tiny_wan_i2v_a14b_dir(tmp_path_factory):
     """A tiny random-weight Wan2.2-I2V-A14B folder: two 36-channel experts, no image encoder (--variant i2v_a14b)."""
-    from fastvideo.tools.make_tiny_wan import make_tiny_wan
-
-    return make_tiny_wan(tmp_path_factory.mktemp("tiny_wan_i2v_a14b"), seed=0, variant="i2v_a14b")
+    return _tiny_wan(tmp_path_factory, "tiny_wan_i2v_a14b", "i2v_a14b")
 
 
 @pytest.fixture(scope="session")
 def tiny_wan_ti2v_dir(tmp_path_factory):
     """A tiny random-weight Wan2.2-TI2V-5B folder (make_tiny_wan --variant ti2v; the current library line)."""
-    from fastvideo.tools.make_tiny_wan import make_tiny_wan
-
-    return make_tiny_wan(tmp_path_factory.mktemp("tiny_wan_ti2v"), seed=0, variant="ti2v")
+    return _tiny_wan(tmp_path_factory, "tiny_wan_ti2v", "ti2v")
 
 
 @pytest.fixture(scope="session")
 def tiny_wan_a14b_dir(tmp_path_factory):
     """A tiny random-weight Wan2.2-T2V-A14B folder: two experts and boundary_ratio (make_tiny_wan --variant a14b)."""
-    from fastvideo.tools.make_tiny_wan import make_tiny_wan
-
-    return make_tiny_wan(tmp_path_factory.mktemp("tiny_wan_a14b"), seed=0, variant="a14b")
+    return _tiny_wan(tmp_path_factory, "tiny_wan_a14b", "a14b")
 
 
 @pytest.fixture(scope="session")
