@@ -107,10 +107,12 @@ class PreprocessConfig:
 @dataclass(frozen=True)
 class EmbeddingSpec:
     """What one prompt's files must look like: ``record_shapes`` (the family's storage order,
-    FLUX: [L, D] / [P] / [L, 3]), all of ``dtype``."""
+    FLUX: [L, D] / [P] / [L, 3]) and ``record_dtypes`` (the same order: ``dtype``, the encoding
+    dtype, unless the family stores a tensor in a fixed one: family.record_dtypes)."""
 
     record_shapes: tuple[tuple[int, ...], ...]
     dtype: torch.dtype
+    record_dtypes: tuple[torch.dtype, ...]
 
     def shapes(self) -> tuple[tuple[int, ...], ...]:
         """Expected shapes in the family's storage order."""
@@ -195,7 +197,7 @@ def _load_ok(path: Path, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
 def is_encoded(output_dir: str | Path, idx: int, spec: EmbeddingSpec, family: ModelFamily) -> bool:
     """All files of prompt ``idx`` present, loadable, and of the expected shape and dtype."""
     paths = embedding_paths(output_dir, idx, family)
-    return all(_load_ok(p, s, spec.dtype) for p, s in zip(paths, spec.shapes()))
+    return all(_load_ok(p, s, d) for p, s, d in zip(paths, spec.shapes(), spec.record_dtypes, strict=True))
 
 
 def save_prompt_record(output_dir: str | Path, idx: int, record, family: ModelFamily) -> None:
@@ -437,7 +439,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
 
             width, height = open_rgb(references(plist.images[0])[0]).size  # as decoded: its EXIF orientation applied
             dims.update(source_width=width, source_height=height, source_references=reference_count(plist.images[0]))
-        spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, dims), dtype)
+        spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, dims), dtype, family.record_dtypes(dtype))
         if info.is_main:
             removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), record_keys(plist), family,
                                      cfg.overwrite)

@@ -111,6 +111,9 @@ def test_klein_edit_grpo_trains_on_two_references(tiny_flux2_dir, tiny_rewards, 
                            output_dir=str(tmp_path / "emb"), max_sequence_length=SEQ, batch_size=8,
                            dataloader_num_workers=0, model_family="flux2_edit")
     json_path = run_preprocess(cfg).json_path
+    # a rerun finds every record complete (the integer source ids included) and writes nothing
+    again = run_preprocess(cfg)
+    assert (again.num_already_encoded, again.num_encoded) == (8, 0)
     family = Flux2EditFamily()
     raw = {s.name: torch.load(p, weights_only=True) for s, p in zip(family.storage,
                                                                    embedding_paths(tmp_path / "emb", 0, family))}

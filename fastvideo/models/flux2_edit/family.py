@@ -42,6 +42,7 @@ class Flux2EditFamily(SourceTokens, Flux2Family):
     text_components, text_encoder_components = map(with_vae, (Flux2Family.text_components,
                                                               Flux2Family.text_encoder_components))
     source_id_width = 4  # FLUX.2's (time, row, column, layer): the source's time is 10
+    stored_dtypes = {"source_ids": torch.long}  # FLUX.2's ids are integers (image_ids)
     text_dim_count = 2  # FLUX.2's records: (L, D)
     # Flux2KleinPipeline(image=[...]) takes any number of references and sets no bound; each one adds
     # its tokens to every transformer call, so a record gives at most this many (preprocessing refuses more)
