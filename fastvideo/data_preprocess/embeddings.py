@@ -108,7 +108,7 @@ class PreprocessConfig:
 class EmbeddingSpec:
     """What one prompt's files must look like: ``record_shapes`` (the family's storage order,
     FLUX: [L, D] / [P] / [L, 3]) and ``record_dtypes`` (the same order: ``dtype``, the encoding
-    dtype, unless the family stores a tensor in a fixed one: family.record_dtypes)."""
+    dtype, unless the family stores a tensor in a fixed one: record_dtypes)."""
 
     record_shapes: tuple[tuple[int, ...], ...]
     dtype: torch.dtype
@@ -192,6 +192,12 @@ def _load_ok(path: Path, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
     except Exception:  # any unreadable file means "encode again"
         return False
     return isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype
+
+
+def record_dtypes(family: ModelFamily, dtype: torch.dtype) -> tuple[torch.dtype, ...]:
+    """Each stored tensor's dtype (``storage`` order) when encoding in ``dtype``: family.stored_dtypes's
+    where it names one (FLUX.2's integer ids), else ``dtype``."""
+    return tuple(family.stored_dtypes.get(s.name, dtype) for s in family.storage)
 
 
 def is_encoded(output_dir: str | Path, idx: int, spec: EmbeddingSpec, family: ModelFamily) -> bool:
@@ -439,7 +445,7 @@ def run_preprocess(cfg: PreprocessConfig) -> PreprocessResult:
 
             width, height = open_rgb(references(plist.images[0])[0]).size  # as decoded: its EXIF orientation applied
             dims.update(source_width=width, source_height=height, source_references=reference_count(plist.images[0]))
-        spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, dims), dtype, family.record_dtypes(dtype))
+        spec = EmbeddingSpec(family.record_shapes(cfg.max_sequence_length, dims), dtype, record_dtypes(family, dtype))
         if info.is_main:
             removed = prepare_output(cfg.output_dir, settings_fingerprint(cfg, spec), record_keys(plist), family,
                                      cfg.overwrite)

@@ -320,13 +320,8 @@ class FamilyConditioning(abc.ABC):
     # them holding an encoder config.json.
     text_components: tuple[str, ...] = ()
     text_encoder_components: tuple[str, ...] = ()
-    # Stored tensors written in a fixed dtype whatever the encoding dtype (FLUX.2's integer position
-    # ids); the others are written in the encoding dtype. A rerun's completeness check reads this.
+    # Stored tensors of a fixed dtype (FLUX.2's integer ids); the others have the encoding dtype.
     stored_dtypes: Mapping[str, torch.dtype] = {}
-
-    def record_dtypes(self, dtype: torch.dtype) -> tuple[torch.dtype, ...]:
-        """The dtype of each stored tensor (``storage`` order) when encoding in ``dtype``."""
-        return tuple(self.stored_dtypes.get(s.name, dtype) for s in self.storage)
 
     @abc.abstractmethod
     def encode_prompts(self, encoders, prompts: list[str], max_sequence_length: int) -> Conditioning:
