@@ -79,3 +79,24 @@ def test_grpo_reindexes_its_per_sample_state_to_the_kept_rows():
     obj.keep_samples(torch.tensor([1, 3]))
     assert obj._kept.tolist() == [False, True] and obj._last_advantages.tolist() == [0.0, 2.0]
     assert obj.kept_rows(torch.tensor([0, 1])).tolist() == [False, True]
+
+
+def test_the_cost_model_counts_the_trained_samples():
+    """FLOPs and FSDP traffic of the update scale with the trained samples; the rollout, decode and the
+    trajectory held (memory) stay at all G; the trainer's memory shape says the trained count."""
+    from fastvideo.perf.comms import CommShape, update_terms
+    from fastvideo.perf.flops import IterationShape, iteration_flops
+    from fastvideo.training.lean import memory_shape
+
+    base = dict(height=256, width=256, num_generations=24, prompts_per_rank=2, world_size=4, trained_steps=3)
+    full, best = (iteration_flops(IterationShape(**base, bestofn=k)) for k in (0, 8))
+    assert best.rollout == full.rollout and best.vae_decode == full.vae_decode
+    assert best.update_forward * 3 == full.update_forward and best.update_backward * 3 == full.update_backward
+    with pytest.raises(ValueError, match="bestofn"):
+        IterationShape(**base, bestofn=5)
+    comm = dict(params=10, samples_per_rank=48, rollout_batch=4, micro_batch=2, sampling_steps=8, trained_steps=3,
+                shards=4)
+    assert update_terms(CommShape(**comm, trained_per_rank=16)) * 3 == update_terms(CommShape(**comm))
+    shape = memory_shape(_cfg("--use_group", "--num_generations", "8", "--bestofn", "4", "--train_batch_size", "2"), 2,
+                         torch.device("cpu"))
+    assert (shape.samples_per_rank, shape.trained_per_rank) == (16, 8)
