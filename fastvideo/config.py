@@ -98,7 +98,7 @@ class TrainConfig:
         """Quantities users otherwise compute by hand; logged at start-up."""
         samples_per_rank = self.prompts_per_rank * self.rollout.num_generations
         micro, accumulation = self.update.train_micro_batch_size, self.update.gradient_accumulation_steps
-        micro_batches = math.ceil(samples_per_rank / micro)
+        micro_batches = math.ceil(self.prompts_per_rank * self.rollout.trained_per_prompt / micro)  # --bestofn K: K
         return {
             "world_size": world_size,
             "samples_per_iteration": samples_per_rank * world_size,

@@ -160,6 +160,7 @@ TRAIN = [
     _t("it is a module, not a family", model_family="os:path"),     _t("lr_scheduler", lr_scheduler="bogus"), _t("ema_decay", use_ema=True, ema_decay=1.5),
     _t("max_train_steps", max_train_steps=0), _t("max_nonfinite_steps", max_nonfinite_steps=0),
     _t("num_generations", num_generations=0), _t("sampling_steps", sampling_steps=0),
+    _t("--bestofn 3", bestofn=3), _t("--bestofn 4", bestofn=4),
     _t("--h", h=0), _t("--h", w=-32), _t("multiples of 16", h=40),
     _t("train_batch_size", train_batch_size=0), _t("rollout_batch_size", rollout_batch_size=0),
     _t("train_micro_batch_size", train_micro_batch_size=0),

@@ -146,6 +146,11 @@ class Objective(ABC):
         """(metrics averaged across ranks, metrics maxed across ranks) from the update's statistics."""
         return {}, {}
 
+    def keep_samples(self, rows: torch.Tensor) -> None:
+        """Called between advantages and plan_update when the update trains only ``rows`` (int64 [b']
+        CPU, ascending) of the iteration's samples (--bestofn): the trajectory and advantages it then
+        gets are those rows, in that order, so state kept per sample must be re-indexed. Nothing by default."""
+
     def after_update(self, policy, iteration: int) -> None:
         """Called once per iteration after its optimizer steps (e.g. an old-policy average)."""
 

@@ -72,6 +72,13 @@ class GRPOObjective(Objective):
             self._kept = self._kept & (adv.to(self._kept.device) != 0)
         return adv
 
+    def keep_samples(self, rows: torch.Tensor) -> None:
+        """--bestofn: the per-sample state of advantages() re-indexed to the trained rows."""
+        for name in ("_last_advantages", "_kept"):
+            value = getattr(self, name, None)
+            if value is not None:
+                setattr(self, name, value[rows.to(value.device)])
+
     def kept_rows(self, rows: torch.Tensor) -> torch.Tensor | None:
         """[b] bool: which of ``rows`` kept a finite reward (and, with --drop_zero_advantage, a
         non-zero advantage); None when no advantages were computed (a reference loop calling loss()

@@ -52,6 +52,7 @@ class CommShape:
     rollout_swapped: bool = False  # the rollout samples with a swapped-in copy (NFT), which frees the root after
     timesteps_per_forward: int = 1  # --update_timesteps_per_forward: (sample, timestep) terms per forward
     reduce_per_step: int = 0  # --grad_sync per_step: micro-batches per optimizer step, one reduce-scatter each; 0: per term
+    trained_per_rank: int = 0  # the samples the update trains (--bestofn: fewer than rolled out); 0: samples_per_rank
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,14 @@ class UnitPasses:
 def update_terms(s: CommShape) -> int:
     """Forward + backward passes of the update: micro-batches x ceil(T / timesteps per forward)."""
     per_micro = math.ceil(s.trained_steps / max(1, s.timesteps_per_forward))
-    return math.ceil(s.samples_per_rank / s.micro_batch) * per_micro
+    return math.ceil((s.trained_per_rank or s.samples_per_rank) / s.micro_batch) * per_micro
 
 
 def reduce_sets(s: CommShape) -> int:
     """Whole-model gradient reduce-scatters per iteration: one per term, or (--grad_sync per_step)
     one per optimizer step (ceil(micro-batches / accumulation))."""
     if s.reduce_per_step:
-        return math.ceil(math.ceil(s.samples_per_rank / s.micro_batch) / s.reduce_per_step)
+        return math.ceil(math.ceil((s.trained_per_rank or s.samples_per_rank) / s.micro_batch) / s.reduce_per_step)
     return update_terms(s)
 
 
@@ -186,7 +187,7 @@ def from_memory_shape(m, prof, trained_steps: int, nograd_update_forwards: int =
                      root_params=prof.root_adapter_params if lora else prof.root_params, units=prof.units,
                      rollout_gathered=m.rollout_gathered, rollout_swapped=m.old_policy,
                      timesteps_per_forward=min(m.timesteps_per_forward, trained_steps),
-                     reduce_per_step=m.accumulation if m.grads_unsharded else 0)
+                     reduce_per_step=m.accumulation if m.grads_unsharded else 0, trained_per_rank=m.trained_per_rank)
 
 
 def traffic_by_gather_dtype(s: CommShape) -> dict[str, dict[str, float]]:

@@ -108,6 +108,8 @@ class IterationShape:
     # No-grad update forwards per trained (sample, step) besides the one with gradients: NFT's
     # old-policy prediction (1), a KL reference's (+1); 0 for GRPO without KL.
     nograd_update_forwards: int = 0
+    # --bestofn K: each prompt's K best-of-n samples train (all num_generations are rolled out); 0: all
+    bestofn: int = 0
 
     @property
     def image_tokens(self) -> int:
@@ -117,12 +119,19 @@ class IterationShape:
     def samples(self) -> int:
         return self.world_size * self.prompts_per_rank * self.num_generations
 
+    @property
+    def trained_samples(self) -> int:
+        """The samples the update trains: all, or K a prompt under --bestofn K."""
+        return self.world_size * self.prompts_per_rank * (self.bestofn or self.num_generations)
+
     def __post_init__(self) -> None:
         for name in ("text_tokens", "sampling_steps", "num_generations", "prompts_per_rank", "world_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if not 0 <= self.trained_steps <= self.sampling_steps:
             raise ValueError(f"trained_steps {self.trained_steps} must be in [0, sampling_steps={self.sampling_steps}]")
+        if self.bestofn and (self.bestofn % 2 or not 2 <= self.bestofn <= self.num_generations):
+            raise ValueError(f"bestofn {self.bestofn} must be 0 or even in [2, num_generations={self.num_generations}]")
         image_tokens_for(self.height, self.width)  # fails early on a bad size
 
 
@@ -164,7 +173,7 @@ def iteration_flops(shape: IterationShape, transformer=None, vae_cfg: Mapping | 
     L, Lt = shape.image_tokens, shape.text_tokens
     per = family.transformer_flops(transformer, L, Lt)
     fwd = per["forward"]
-    trained = shape.trained_steps * shape.samples
+    trained = shape.trained_steps * shape.trained_samples
     lat = shape.height // 8, shape.width // 8
     return IterationFlops(
         rollout=shape.sampling_steps * shape.samples * fwd,

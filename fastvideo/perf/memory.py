@@ -82,6 +82,7 @@ class MemoryShape:
     timesteps_per_forward: int = 1  # --update_timesteps_per_forward: a micro-batch's forward is this many x larger
     grads_unsharded: bool = False  # --grad_sync per_step: the whole unsharded gradients held through the update
     accumulation: int = 1  # --gradient_accumulation_steps (micro-batches per optimizer step)
+    trained_per_rank: int = 0  # samples the update trains (--bestofn; all G are rolled out and held); 0: all
 
     @property
     def shards(self) -> int:

@@ -44,6 +44,14 @@ class RolloutSettings(Settings):
     # What Trajectory.x0 (decoded, rewarded, NFT's clean sample) is: the last step's x0 prediction
     # (DanceGRPO) or the last transition's sample (Flow-GRPO's and DiffusionNFT's pipelines).
     decode_from: str = "x0_prediction"
+    # Best-of-n group sampling (--bestofn K, 0: off): the update trains the K / 2 lowest- and K / 2
+    # highest-advantage samples of each group (fastvideo.grpo.bestofn; DanceGRPO's HunyuanVideo trainer)
+    bestofn: int = 0
+
+    @property
+    def trained_per_prompt(self) -> int:
+        """Samples of a prompt's group that the update trains: K under --bestofn K, else all G."""
+        return self.bestofn or self.num_generations
 
     def __post_init__(self):
         """What any rollout needs (ConfigError, a ValueError, naming the field and its flag)."""
@@ -93,6 +101,10 @@ class RolloutSettings(Settings):
                        help="pass the exact sigma to the transformer (diffusers' FluxPipeline) instead of "
                             "upstream's floor(1000*sigma)/1000")
         g.add_argument("--num_generations", type=int, default=12, help="samples per prompt (group size)")
+        g.add_argument("--bestofn", type=int, default=0,
+                       help="best-of-n group sampling: roll out and score all --num_generations G samples of a "
+                            "prompt, compute advantages over the whole group, then train only the K/2 lowest- and "
+                            "K/2 highest-advantage ones (DanceGRPO's HunyuanVideo --bestofn; K even, 2..G; 0: off)")
         g.add_argument("--init_same_noise", action="store_true",
                        help="share the initial noise (see --same_noise_scope)")
         g.add_argument("--same_noise_scope", choices=("rank", "prompt"), default="rank",
@@ -126,7 +138,7 @@ class RolloutSettings(Settings):
             quantize_timestep=not args.no_quantize_timestep, num_generations=args.num_generations,
             rollout_batch_size=args.rollout_batch_size, init_same_noise=args.init_same_noise,
             share_ode_prefix=not args.no_share_ode_prefix, same_noise_scope=args.same_noise_scope,
-            sigma_grid=args.sigma_grid, decode_from=args.decode_from,
+            sigma_grid=args.sigma_grid, decode_from=args.decode_from, bestofn=args.bestofn,
         ).checked()
 
     @classmethod
@@ -140,7 +152,8 @@ class RolloutSettings(Settings):
                 "same_noise_scope": section.get("same_noise_scope", "prompt"),
                 # a config.json written before these flags existed ran with their defaults
                 "sigma_grid": section.get("sigma_grid", "shifted_linspace"),
-                "decode_from": section.get("decode_from", "x0_prediction")}
+                "decode_from": section.get("decode_from", "x0_prediction"),
+                "bestofn": section.get("bestofn", 0)}
 
     @classmethod
     def notes(cls, args: argparse.Namespace, defaults: argparse.Namespace) -> list[str]:
@@ -151,6 +164,10 @@ class RolloutSettings(Settings):
         return []
 
     def check_across(self, sections: dict) -> None:
+        G, K = self.num_generations, self.bestofn
+        if K and (K % 2 or not 2 <= K <= G):
+            raise ConfigError(f"--bestofn {K}: it keeps K/2 lowest and K/2 highest of each prompt's {G} sample(s); "
+                              f"give an even K from 2 to --num_generations {G} (groups need --use_group), or 0 (off)")
         mix = sections["mix"]
         if self.sigma_grid != "shifted_linspace" and mix.dpm_post_ratio is not None:
             raise ConfigError(f"--sigma_grid {self.sigma_grid} replaces the full schedule; --dpm_apply_strategy post "

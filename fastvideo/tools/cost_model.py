@@ -136,6 +136,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--text_tokens", type=int, default=512, help="T5 sequence length (max_sequence_length)")
     ap.add_argument("--sampling_steps", type=int, default=16, help="transformer forwards per rollout sample")
     ap.add_argument("--num_generations", type=int, default=12)
+    ap.add_argument("--bestofn", type=int, default=0,
+                    help="the trainer's --bestofn K: all G rolled out, K a prompt trained (0: all)")
     ap.add_argument("--prompts_per_rank", "--train_batch_size", dest="prompts_per_rank", type=int, default=1)
     ap.add_argument("--world_size", type=int, default=16)
     ap.add_argument("--timestep_fraction", type=float, default=0.6)
@@ -181,6 +183,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("h", "w", "sampling_steps", "num_generations", "world_size", "prompts_per_rank"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag} {getattr(args, flag)} must be at least 1")
+    if args.bestofn and (args.bestofn % 2 or not 2 <= args.bestofn <= args.num_generations):
+        ap.error(f"--bestofn {args.bestofn}: give an even K from 2 to --num_generations {args.num_generations}, or 0")
     if args.rewards:
         from fastvideo.rewards.combine import parse_reward_spec
 
@@ -283,7 +287,7 @@ def mix_comparison(args, config: dict, vae_cfg: dict, flops: dict, family) -> di
         shape = IterationShape(
             height=args.h, width=args.w, text_tokens=args.text_tokens, sampling_steps=steps,
             num_generations=args.num_generations, prompts_per_rank=args.prompts_per_rank,
-            world_size=args.world_size,
+            world_size=args.world_size, bestofn=args.bestofn,
             trained_steps=num_trained_steps(steps, REFERENCE_FRACTION if name == "dancegrpo_reference"
                                             else args.timestep_fraction, args.train_last_step),
             gradient_checkpointing=args.gradient_checkpointing,
@@ -326,12 +330,13 @@ def summarise(args, config: dict, vae_cfg: dict, family=None) -> dict:
         num_generations=args.num_generations, prompts_per_rank=args.prompts_per_rank,
         world_size=args.world_size, trained_steps=args.trained_steps,
         gradient_checkpointing=args.gradient_checkpointing,
-        nograd_update_forwards=getattr(args, "nograd_update_forwards", 0),
+        nograd_update_forwards=getattr(args, "nograd_update_forwards", 0), bestofn=getattr(args, "bestofn", 0),
     )
     it: IterationFlops = iteration_flops(shape, config, vae_cfg, family)
     per = family.transformer_flops(config, shape.image_tokens, shape.text_tokens)
     out = {
         "image_tokens": shape.image_tokens, "text_tokens": shape.text_tokens, "samples": shape.samples,
+        **({"trained_samples": shape.trained_samples} if shape.bestofn else {}),
         "sampling_steps": shape.sampling_steps, "trained_steps": shape.trained_steps,
         "gradient_checkpointing": shape.gradient_checkpointing, "world_size": shape.world_size,
         "nograd_update_forwards": shape.nograd_update_forwards,
@@ -356,6 +361,7 @@ def summarise(args, config: dict, vae_cfg: dict, family=None) -> dict:
 def format_table(s: dict, model_desc: str) -> str:
     f = s["flops"]
     n, t = s["samples"], s["trained_steps"]
+    nt = s.get("trained_samples", n)  # --bestofn: the update trains fewer than the rollout draws
     total = f["hardware_total"]
     forward, blocks = s["_forward"]
     lines = [
@@ -363,17 +369,18 @@ def format_table(s: dict, model_desc: str) -> str:
         f"one transformer forward (1 sample): {human(forward)} FLOPs "
         f"(blocks {100 * blocks / forward:.2f} %)",
         f"iteration: {n} samples ({s['world_size']} ranks), {s['sampling_steps']} sampling steps, "
-        f"{t} trained steps, gradient checkpointing {'on' if s['gradient_checkpointing'] else 'off'}",
+        f"{t} trained steps{f' of {nt} samples (--bestofn)' if nt != n else ''}, gradient checkpointing "
+        f"{'on' if s['gradient_checkpointing'] else 'off'}",
         "",
         f"{'phase':<24}{'work':>26}{'FLOPs':>14}{'share':>9}",
     ]
     rows = [
         ("rollout (no grad)", f"{s['sampling_steps'] * n} forwards", f["rollout"]),
-        ("update forward", f"{t * n} forwards", f["update_forward"]),
-        ("update backward", f"{t * n} backwards", f["update_backward"]),
-        *([("update no-grad", f"{s['nograd_update_forwards'] * t * n} forwards", f["update_nograd"])]
+        ("update forward", f"{t * nt} forwards", f["update_forward"]),
+        ("update backward", f"{t * nt} backwards", f["update_backward"]),
+        *([("update no-grad", f"{s['nograd_update_forwards'] * t * nt} forwards", f["update_nograd"])]
           if s["nograd_update_forwards"] else []),
-        ("recompute (checkpoint)", f"{t * n if f['recompute'] else 0} block forwards", f["recompute"]),
+        ("recompute (checkpoint)", f"{t * nt if f['recompute'] else 0} block forwards", f["recompute"]),
         ("VAE decode", f"{n} decodes", f["vae_decode"]),
     ]
     for name, work, flops in rows:

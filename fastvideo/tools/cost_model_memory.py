@@ -70,6 +70,7 @@ def memory_shape(args):
         communicators=comms, gather_bytes=2 if args.fsdp_param_dtype == "bf16" else 4,
         rollout_gathered=args.rollout_weights == "gathered", timesteps_per_forward=_timesteps(args),
         grads_unsharded=args.grad_sync == "per_step", accumulation=args.gradient_accumulation_steps,
+        trained_per_rank=args.prompts_per_rank * (getattr(args, "bestofn", 0) or args.num_generations),
         hccl_buffsize_mb=args.hccl_buffsize_mb or int(os.environ.get("HCCL_BUFFSIZE", 800)),
         **_lora_and_copies(args),
     )

@@ -40,6 +40,7 @@ DEMOS = {
     "kontext": ({"MODEL": "kontext"}, "outputs_kontext", "current"),
     "qwen_image_edit": ({"MODEL": "qwen_image_edit"}, "outputs_qwen_image_edit", "current"),
     "wan": ({"MODEL": "wan"}, "outputs_wan", "current"),
+    "hunyuan_video": ({"MODEL": "hunyuan_video", "LINE": "recipe"}, "outputs_hunyuan_video", "recipe"),
 }
 
 

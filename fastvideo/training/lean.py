@@ -43,6 +43,7 @@ def memory_shape(cfg, world_size: int, device, text_tokens: int = 512):
         height=cfg.rollout.height, width=cfg.rollout.width, text_tokens=text_tokens,
         sampling_steps=cfg.rollout.sampling_steps,
         samples_per_rank=cfg.prompts_per_rank * cfg.rollout.num_generations,
+        trained_per_rank=cfg.prompts_per_rank * cfg.rollout.trained_per_prompt,
         rollout_batch=cfg.rollout.rollout_batch_size, micro_batch=cfg.update.train_micro_batch_size,
         world_size=world_size, strategy=cfg.fsdp_strategy, master_bytes=master,
         compute_dtype=torch.bfloat16 if m.mixed_precision == "bf16" else torch.float32,

@@ -21,6 +21,7 @@ from fastvideo.algorithms.registry import resolve_objective
 from fastvideo.distributed import comm_count
 from fastvideo.distributed.parallel import ParallelDims
 from fastvideo.errors import UserError
+from fastvideo.grpo.bestofn import best_of_n_rows
 from fastvideo.sampling.plan import SamplingPlan, on_grid
 from fastvideo.sampling.rollout import Trajectory, decode_images, rollout
 from fastvideo.training import builders, lean
@@ -273,11 +274,13 @@ class Trainer:
         with self.timer.phase("reward"):
             advantages = self.compute_advantages(rewards)
         with self.timer.phase("update"):
-            stats = self.update(traj, advantages, iteration)
+            trained, trained_advantages = self.trained_samples(traj, advantages)
+            stats = self.update(trained, trained_advantages, iteration)
             self._update_ema(iteration)
             self.objective.after_update(self.policy, iteration)
         self.iteration = iteration
-        record = self._iteration_metrics(iteration, traj, rewards, advantages, stats, time.perf_counter() - t0)
+        record = self._iteration_metrics(iteration, traj, rewards, advantages, stats, time.perf_counter() - t0,
+                                         None if trained is traj else trained.num_samples)
         self.updater.end_iteration(iteration, iteration_problems(record, stats))  # stops a run that stays non-finite
         result = IterationResult(iteration, traj, rewards, advantages, record)
         for hook in self.hooks:
@@ -297,7 +300,18 @@ class Trainer:
             steps = iteration * self.cfg.derived(self.dims.dp_size)["optimizer_steps_per_iteration"]
             self.ema.update(self.model, step=steps)
 
-    def _iteration_metrics(self, iteration, traj, rewards, advantages, stats: UpdateStats, seconds) -> dict:
+    def trained_samples(self, traj: Trajectory, advantages: torch.Tensor) -> tuple[Trajectory, torch.Tensor]:
+        """The samples and advantages the update trains: all, or under --bestofn K each group's K/2
+        lowest- and K/2 highest-advantage samples (grpo.bestofn; the advantages stay the full group's)."""
+        r = self.cfg.rollout
+        if not r.bestofn:
+            return traj, advantages
+        rows = best_of_n_rows(advantages, r.num_generations, r.bestofn)
+        self.objective.keep_samples(rows)
+        return traj.subset(rows), advantages[rows.to(advantages.device)]
+
+    def _iteration_metrics(self, iteration, traj, rewards, advantages, stats: UpdateStats, seconds,
+                           trained: int | None = None) -> dict:
         record = {"iteration": iteration,
                   **reward_metrics(self.dims, self.device, rewards, advantages, self.cfg)}
         means = reduce_scalars({"loss": stats.loss, "grad_norm": stats.grad_norm, **stats.means,
@@ -309,6 +323,8 @@ class Trainer:
         record.update(means)
         record.update(maxes)
         record["optimizer_steps"] = stats.optimizer_steps
+        if trained is not None:  # --bestofn: the samples this rank's update trained
+            record["trained_samples"] = trained
         # Under classifier-free guidance one velocity is two transformer passes (the family says).
         passes = getattr(self.family, "velocity_passes", 1)
         record["forward_passes_update"] = stats.forward_passes * passes

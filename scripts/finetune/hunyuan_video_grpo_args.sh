@@ -21,11 +21,14 @@
 #   --weight_decay 1e-4 --max_grad_norm 1.0    DG --weight_decay 0.0001 --max_grad_norm 1.0
 #   --seed 42 --sampler_seed 1237 --checkpointing_steps 50 --max_train_steps 202   DG the same
 #   --mixed_precision bf16 --allow_tf32 --gradient_checkpointing   DG the same
-#   batch                     DG 32 GPUs (4 nodes x 8) x 1 prompt x 24 clips: 32 prompts per iteration; here 4
-#                             prompts a rank on 8 devices, 2 on 16 (PROMPTS_PER_RANK), micro-batches of 1 clip
-#                             accumulated so that an iteration makes DG's 2 optimizer steps (ACCUMULATION)
-# Not reproduced: DG --bestofn 8 (it trains the 4 best and 4 worst of each prompt's 24 clips: here all 24 train);
-# DG --use_videoalign with --vq_coef 1.0 --mq_coef 0.0 (VideoAlign's visual quality: issue #48 item 5; REWARDS'
+#   --bestofn 8               DG --bestofn 8 (DGT train_one_step: advantages over all 24 clips of a prompt, then the
+#                             4 lowest- and 4 highest-advantage clips train; fastvideo/grpo/bestofn.py)
+#   batch                     DG 32 GPUs (4 nodes x 8) x 1 prompt x 24 clips (8 trained): 32 prompts per iteration;
+#                             here 4 prompts a rank on 8 devices, 2 on 16 (PROMPTS_PER_RANK), micro-batches of 1
+#                             trained clip accumulated so that an iteration makes DG's 2 optimizer steps
+#                             (ACCUMULATION: DG --gradient_accumulation_steps 4 of its 8 trained clips a GPU)
+# Not reproduced: DG shuffles the 8 kept clips before its micro-batches (torch.randperm); here they train in
+# rollout order; DG --use_videoalign with --vq_coef 1.0 --mq_coef 0.0 (VideoAlign's visual quality: issue #48 item 5; REWARDS'
 # default HPSv2.1 on every 4th frame stands in, as the Wan2.2 launcher's); DG saves its rollouts at 8 fps.
 # Chosen here (no source): --rollout_batch_size 1 (memory only).
 # The embeddings: bash scripts/preprocess/preprocess_hunyuan_video_rl_embeddings.sh (Llama 256 tokens + CLIP).
@@ -33,7 +36,7 @@ HUNYUAN_VIDEO_GRPO_ARGS=(
   --model_family hunyuan_video --num_frames "${NUM_FRAMES:-53}"
   --h 480 --w 480
   --sampling_steps 16 --eta 0.25 --shift 5 --guidance_scale 6.0
-  --num_generations 24 --use_group --init_same_noise --timestep_fraction 0.6
+  --num_generations 24 --bestofn 8 --use_group --init_same_noise --timestep_fraction 0.6
   --clip_range 1e-4 --adv_clip_max 5.0 --max_grad_norm 1.0 --weight_decay 0.0001
   --learning_rate 1e-5 --lr_warmup_steps 0
   --rewards "${REWARDS:-hpsv2:1.0}" --video_reward_frames every:4

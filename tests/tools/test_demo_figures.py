@@ -39,11 +39,16 @@ def test_figures_are_the_fifths_and_the_guard_rewards_heldout(tmp_path):
 
 def test_from_runs_writes_the_table_with_the_machine_and_refuses_unknown_demos(tmp_path, capsys):
     _run(tmp_path / "runs" / "outputs_wan", [-3.0, -2.0], [])
+    _run(tmp_path / "runs" / "outputs_hunyuan_video", [-4.0, -3.5], [_eval(0, detail=1.0), _eval(10, detail=2.0)],
+         spec=("detail:1",))
     out = tmp_path / "figures.md"
-    assert demo_figures.main(["--out", str(out), "--demos", "wan", "--from_runs", str(tmp_path / "runs")]) == 0
+    assert demo_figures.main(["--out", str(out), "--demos", "wan,hunyuan_video",
+                              "--from_runs", str(tmp_path / "runs")]) == 0
     text = out.read_text()
     assert text.startswith("Measured on: ") and "ATen kernels" in text and "torch " in text
     assert "| wan | current | 2 | -3.000 -> -2.000 (+1.000) | - | 1 |" in text
+    # HunyuanVideo's demo runs on the recipe line (both lines run it; the demo's default)
+    assert "| hunyuan_video | recipe | 2 | -4.000 -> -3.500 (+0.500) | 1.000 -> 2.000 (iteration 10) | 1 |" in text
     for bad in (["--demos", "flux3"], ["--demos", "flux"]):  # unknown; a run that is not there
         with pytest.raises(SystemExit) as exc:
             demo_figures.main(["--out", str(out), "--from_runs", str(tmp_path / "runs"), *bad])

@@ -44,10 +44,15 @@ PLUGIN = textwrap.dedent('''
 
         def advantages(self, rewards):
             r = rewards.total.float()
-            return r - r.view(-1, self.G).mean(dim=1).repeat_interleave(self.G)
+            self.full = r - r.view(-1, self.G).mean(dim=1).repeat_interleave(self.G)
+            return self.full
 
         def plan_update(self, traj, iteration):
             self.per_prompt = torch.unique(traj.group_ids, return_counts=True)[1].tolist()
+            # the share of trained samples at an end of their group's advantages (one prompt per rank here)
+            first = self.full.view(-1, self.G)[0]
+            mine = first[traj.sample_ids % self.G]
+            self.at_ends = ((mine == first.min()) | (mine == first.max())).float().mean().item()
             b = traj.num_samples
             return [[Term(m, torch.arange(s, min(b, s + self.micro)))] for m, s in enumerate(range(0, b, self.micro))]
 
@@ -64,7 +69,8 @@ PLUGIN = textwrap.dedent('''
 
         def summarize(self, stats):
             counts = self.per_prompt
-            return {"abs_adv": stats.mean("abs_adv")}, {"per_prompt_min": min(counts), "per_prompt_max": max(counts)}
+            return ({"abs_adv": stats.mean("abs_adv"), "at_ends": self.at_ends},
+                    {"per_prompt_min": min(counts), "per_prompt_max": max(counts)})
 
 
     class KeepsOldPolicy(GroupMean):
@@ -206,5 +212,24 @@ def test_a_plugin_objective_without_use_group_trains_on_groups(plugin, tiny_flux
     for row in rows:
         assert row["per_prompt_min"] == row["per_prompt_max"] == 4
         assert row["loss"] != 0 and row["abs_adv"] > 0
+        assert row["at_ends"] < 1.0  # all 4 train: the group's ends and its middles
     config = json.loads((out / "config.json").read_text())
     assert config["rollout"]["num_generations"] == 4 and config["derived"]["samples_per_rank"] == 4
+
+
+def test_bestofn_trains_only_the_kept_samples(plugin, tiny_flux_dir, tiny_embeddings, tmp_path):
+    """--bestofn 2 of G 4 on 2 gloo ranks, 1 iteration of the plugin objective (any objective gets it):
+    every prompt's group reaches plan_update with its 2 kept samples (its lowest and highest
+    advantage: the group's largest |adv| is one of them), the rollout still covers all 4, and the update
+    makes half the forwards."""
+    out = tmp_path / "run"
+    proc = torchrun(train_args(tiny_embeddings, tiny_flux_dir, out, algorithm=f"{MODULE}:GroupMean", use_group=None,
+                               num_generations=4, bestofn=2, rollout_batch_size=2, train_micro_batch_size=1,
+                               save_images_every=0, max_train_steps=1, checkpointing_steps=1))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    (row,) = read_metrics(out)
+    assert row["per_prompt_min"] == row["per_prompt_max"] == 2 and row["trained_samples"] == 2
+    assert row["forward_passes_update"] == 2 and row["forward_passes_rollout"] == 4 * 4  # 4 samples x 4 steps
+    assert row["at_ends"] == 1.0 and row["abs_adv"] > 0  # without --bestofn: below 1 (the middles train too)
+    config = json.loads((out / "config.json").read_text())
+    assert config["rollout"]["bestofn"] == 2 and config["derived"]["micro_batches_per_rank"] == 2

@@ -107,14 +107,15 @@ def test_hunyuan_video_nft_and_lora_train_on_two_ranks(tiny_hunyuan_video_dir, r
     assert any(float(v.abs().max()) > 0 for k, v in adapters.items() if "lora_B" in k)  # B moved from zero
 
 
-LAUNCHERS = {"scripts/finetune/finetune_hunyuan_video_grpo_8gpus.sh": (8, 4, 48),
-             "scripts/finetune/finetune_hunyuan_video_grpo_a3_16die.sh": (16, 2, 24)}
+LAUNCHERS = {"scripts/finetune/finetune_hunyuan_video_grpo_8gpus.sh": (8, 4, 16),
+             "scripts/finetune/finetune_hunyuan_video_grpo_a3_16die.sh": (16, 2, 8)}
 
 
 @pytest.mark.parametrize("script", sorted(LAUNCHERS))
 def test_hunyuan_video_launchers_parse_to_dancegrpos_configuration(script):
     """DanceGRPO's finetune_hunyuan_grpo.sh (15cc71d): 53 frames at 480x480, 16 steps, eta 0.25, shift 5, 24
-    clips a prompt, 32 prompts and 2 optimizer steps an iteration; sources in hunyuan_video_grpo_args.sh."""
+    clips a prompt of which --bestofn 8 train, 32 prompts and 2 optimizer steps an iteration; sources in
+    hunyuan_video_grpo_args.sh."""
     import os
     import shlex
     import subprocess
@@ -137,6 +138,7 @@ def test_hunyuan_video_launchers_parse_to_dancegrpos_configuration(script):
     assert cfg.model.family == "hunyuan_video" and cfg.plugins["hunyuan_video"].num_frames == 53
     assert (r.height, r.width, r.sampling_steps, r.eta, r.shift) == (480, 480, 16, 0.25, 5.0)
     assert (r.guidance_scale, r.quantize_timestep, r.num_generations, r.init_same_noise) == (6.0, True, 24, True)
+    assert r.bestofn == 8 and cfg.derived(world)["micro_batches_per_rank"] == prompts * 8  # DG: 8 of 24 train
     assert m.sde_kind == "dance" and m.mode == "full" and g.timestep_fraction == 0.6 and not cfg.lora.enabled
     assert (g.clip_range, g.adv_clip_max, cfg.optim.max_grad_norm, cfg.optim.weight_decay) == (1e-4, 5.0, 1.0, 1e-4)
     assert cfg.optim.learning_rate == 1e-5 and cfg.prompts_per_rank == prompts and cfg.prompts_per_rank * world == 32

@@ -46,15 +46,15 @@ def _record_iteration(info, argv):
     trainer = Trainer(parse_config(argv), info)
     trainer.setup()
     rec = {}
-    real_update, real_adv = trainer.update, trainer.compute_advantages
+    real_trained, real_adv = trainer.trained_samples, trainer.compute_advantages
     real_perms = trainer.randomness.timestep_permutations
 
-    def update(traj, advantages, iteration):
+    def trained_samples(traj, advantages):  # the whole rollout (--bestofn's selection is the reference's)
         rec.update(latents=traj.latents.clone(), log_probs=traj.log_probs.clone(), sigmas=traj.sigmas.clone(),
                    prompt_embeds=traj.cond["prompt_embeds"].clone(), pooled=traj.cond["pooled"].clone(),
                    text_ids=traj.cond["text_ids"].clone(), image_ids=traj.layout["image_ids"].clone(),
                    advantages=advantages.clone())
-        return real_update(traj, advantages, iteration)
+        return real_trained(traj, advantages)
 
     def compute_advantages(rewards):
         rec["rewards"] = rewards.total.clone()
@@ -65,7 +65,7 @@ def _record_iteration(info, argv):
         rec["perms"] = p.clone()
         return p
 
-    trainer.update, trainer.compute_advantages = update, compute_advantages
+    trainer.trained_samples, trainer.compute_advantages = trained_samples, compute_advantages
     trainer.randomness.timestep_permutations = perms
     record = trainer.run_iteration()
     rec["metrics"] = {k: record[k] for k in ("loss", "grad_norm", "optimizer_steps", "first_ratio_dev")}
@@ -104,8 +104,18 @@ def _log_prob(model, rec, i, k, eta):
     return torch.distributions.Normal(mean, std).log_prob(x_next).mean()
 
 
+def _upstream_bestofn(adv: torch.Tensor, group: int, keep: int) -> list[int]:
+    """DanceGRPO's HunyuanVideo selection (train_grpo_hunyuan.py at 15cc71d, L397-401) applied to each
+    group: argsort, the keep // 2 last and the keep // 2 first; trained here in rollout order."""
+    rows = []
+    for g in range(adv.numel() // group):
+        order = torch.argsort(adv[g * group:(g + 1) * group])
+        rows += sorted(g * group + int(i) for i in torch.cat([order[-keep // 2:], order[:keep // 2]]))
+    return rows
+
+
 def _reference_update(model_dir, recs, *, eta, frac, clip_range, adv_clip, mb, ga, group, max_grad_norm,
-                      weight_decay):
+                      weight_decay, bestofn=0):
     from diffusers import FluxTransformer2DModel
 
     model = FluxTransformer2DModel.from_pretrained(model_dir, subfolder="transformer", torch_dtype=torch.float32)
@@ -116,13 +126,15 @@ def _reference_update(model_dir, recs, *, eta, frac, clip_range, adv_clip, mb, g
     n_steps = recs[0]["log_probs"].shape[1]
     T = int((n_steps - 1) * frac)  # upstream trains transitions 0 .. N-2 only
     ga_ref = mb * ga
-    b = recs[0]["latents"].shape[0]
+    kept = [_upstream_bestofn(a, group, bestofn) if bestofn else list(range(a.numel())) for a in advs]
+    b = len(kept[0])
     loss_total, loss_abs, norms = 0.0, 0.0, []
     for start in range(0, b, ga_ref):
         for r, rec in enumerate(recs):
             assert sorted(rec["perms"][0].tolist()) == list(range(n_steps - 1))
-            for i in range(start, min(b, start + ga_ref)):
-                for k in rec["perms"][i][:T].tolist():
+            for j in range(start, min(b, start + ga_ref)):
+                i = kept[r][j]  # perms are drawn for the trained rows, in their order
+                for k in rec["perms"][j][:T].tolist():
                     ratio = torch.exp(_log_prob(model, rec, i, k, eta) - rec["log_probs"][i, k])
                     a = advs[r][i]
                     loss = torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip_range, 1 + clip_range))
@@ -141,7 +153,7 @@ def _compare(recs, model_dir, flags):
         model_dir, recs, eta=flags["eta"], frac=flags["timestep_fraction"], clip_range=flags["clip_range"],
         adv_clip=5.0, mb=flags["train_micro_batch_size"], ga=flags["gradient_accumulation_steps"],
         group=flags["num_generations"] if flags.get("use_group") else None, max_grad_norm=flags["max_grad_norm"],
-        weight_decay=1e-4)
+        weight_decay=1e-4, bestofn=flags.get("bestofn", 0))
     for rec, adv in zip(recs, advs):
         torch.testing.assert_close(rec["advantages"].float(), adv, rtol=1e-5, atol=1e-6)
     m = recs[0]["metrics"]
@@ -174,6 +186,10 @@ BASE = dict(h=32, w=32, sampling_steps=5, eta=0.5, timestep_fraction=0.75, clip_
     # accumulation window (a short micro-batch and a short window).
     (2, dict(use_group=None, num_generations=1, train_batch_size=4, fsdp_sharding_strategy="full",
              train_micro_batch_size=3, gradient_accumulation_steps=1)),
+    # --bestofn 4 of 6 (DanceGRPO's HunyuanVideo selection, one prompt per rank as its launcher): the
+    # reference trains only its kept 4 of the rollout's 6, advantages over all 6
+    (1, dict(use_group=True, num_generations=6, bestofn=4, train_batch_size=1, fsdp_sharding_strategy="none",
+             rollout_batch_size=6)),
 ])
 def test_update_equals_the_reference(tiny_flux_dir, tiny_embeddings, tmp_path, world, layout):
     flags = {**BASE, **layout}

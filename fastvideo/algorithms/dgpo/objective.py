@@ -43,6 +43,7 @@ class DGPOObjective(GRPOObjective):
             raise ConfigError("--algorithm dgpo keeps a copy of the trainable weights: its context needs copy_weights")
         self.dgpo = context.settings
         self.old = context.copy_weights()
+        self.trained_group = context.cfg.rollout.trained_per_prompt  # |G| of a trained group (--bestofn K: K)
         self.steps_per_iteration = context.cfg.derived(context.dims.dp_size)["optimizer_steps_per_iteration"]
         self.iteration = 0
 
@@ -85,7 +86,7 @@ class DGPOObjective(GRPOObjective):
         adv = advantages[on(rows, advantages.device)].to(x0.device)
         loss, sums = dgpo_loss(v, v_ref.float(), None if v_old is None else v_old.float(), eps.to(x0.device) - x0,
                                adv, index.to(x0.device), int(index.max()) + 1, self.dgpo.beta,
-                               self.num_generations, self.g.clip_range)
+                               self.trained_group, self.g.clip_range)
         v_kl = v_ref if self.g.kl_coef > 0 else None
         return scaled_forward_term(self, traj, term, stats, loss, sums, v, v_kl, self.kept_rows(rows))
 

@@ -69,7 +69,8 @@ class DGPOSettings(ODEObjectiveSettings):
     def check_across(self, sections: dict) -> None:
         """An ODE rollout; whole groups in every micro-batch (s_G sums over the group at one t)."""
         super().check_across(sections)
-        g, G, mb = sections["grpo"], sections["rollout"].num_generations, sections["update"].train_micro_batch_size
+        g, r, mb = sections["grpo"], sections["rollout"], sections["update"].train_micro_batch_size
+        G, what = r.trained_per_prompt, "--bestofn" if r.bestofn else "--num_generations"
         if not g.use_group or mb % G:
             raise ConfigError(f"--algorithm dgpo sums each group's preference at one timestep: it needs --use_group and "
-                              f"--train_micro_batch_size a multiple of --num_generations {G} (got {mb})")
+                              f"--train_micro_batch_size a multiple of {what} {G} (got {mb})")
