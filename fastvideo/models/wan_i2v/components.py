@@ -61,6 +61,17 @@ def has_image_encoder(root) -> bool:
     return isinstance(entry, list) and len(entry) == 2 and entry[1] is not None
 
 
+def pipeline_class(root) -> str | None:
+    """model_index.json's _class_name (None when the file is absent or unreadable)."""
+    import json
+    from pathlib import Path
+
+    try:
+        return json.loads((Path(root) / "model_index.json").read_text(encoding="utf-8")).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def load_encoders(path, device="cpu", dtype=torch.float32) -> I2VEncoders:
     """The text encoder, the VAE and (when the folder has one) CLIPVisionModel and CLIPImageProcessor."""
     import transformers
@@ -91,11 +102,40 @@ def encode_condition(vae, pixels: torch.Tensor, num_frames: int) -> torch.Tensor
     ``num_frames`` (the module docstring; prepare_latents' arithmetic, in its order)."""
     image = (pixels.float() * 2.0 - 1.0).unsqueeze(2)
     video = torch.cat([image, image.new_zeros(image.shape[0], 3, num_frames - 1, *image.shape[-2:])], dim=2)
+    z = _normalised_latents(vae, video)
+    return torch.cat([first_frame_mask(z.shape[0], num_frames, *z.shape[-2:]).to(z), z], dim=1)
+
+
+@torch.no_grad()
+def encode_first_latents(vae, pixels: torch.Tensor) -> torch.Tensor:
+    """First frames [P, 3, H, W] in [0, 1] -> their latents [P, z, 1, h, w] float32, normalised: the
+    condition of a folder with ``expand_timesteps`` (Wan2.2-TI2V-5B; prepare_latents encodes the image
+    alone, no zero frames after it, no mask channels: the first latent frame is given, not generated)."""
+    return _normalised_latents(vae, (pixels.float() * 2.0 - 1.0).unsqueeze(2))
+
+
+def _normalised_latents(vae, video: torch.Tensor) -> torch.Tensor:
+    """Pixels [P, 3, F, H, W] in [-1, 1] -> the VAE's mode, (z - latents_mean) * (1 / latents_std), float32."""
     z = vae.encode(video.to(next(vae.parameters()).dtype)).latent_dist.mode().float()
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1).to(z)
     inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1).to(z)
-    z = (z - mean) * inv_std
-    return torch.cat([first_frame_mask(z.shape[0], num_frames, *z.shape[-2:]).to(z), z], dim=1)
+    return (z - mean) * inv_std
+
+
+def given_first_frame_velocity(predict, x: torch.Tensor, sigma, first: torch.Tensor) -> torch.Tensor:
+    """The velocity [B, L, C] of a clip whose first latent frame is given (``first`` [B, n, C], its n
+    tokens; Wan2.2-TI2V-5B image-to-video): ``predict`` (the transformer's velocity) sees the latents
+    with the first frame's tokens replaced by ``first`` ((1 - mask) * condition + mask * latents in
+    WanImageToVideoPipeline, exact: a concatenation); its first frame's output is replaced by
+    (x - first) / sigma, which does not depend on the model: x0 = x - sigma v is ``first`` there (what is
+    decoded), the step's mean follows the straight line to it, and an objective that compares
+    velocities finds no difference on those tokens. The rollout holds those tokens out of the SDE's
+    log-probabilities (the layout's "fixed_tokens"; sampling.rollout.sde_transition)."""
+    n = first.shape[1]
+    first = first.to(x.device, torch.float32)
+    v = predict(torch.cat([first.to(x.dtype), x[:, n:]], dim=1))
+    s = parts.per_sample_sigma(sigma, x.shape[0], x.device).view(-1, 1, 1)
+    return torch.cat([(x[:, :n].float() - first) / s, v[:, n:]], dim=1)
 
 
 @torch.no_grad()
