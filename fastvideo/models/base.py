@@ -377,6 +377,11 @@ class FamilyConditioning(abc.ABC):
         """Raise a UserError (one line, the fix in it) for a source size the family's stock pipeline would
         refuse or resize (preprocessing asks before any model loads; default: every size is taken)."""
 
+    def check_run_size(self, dims: tuple, height: int, width: int) -> None:
+        """Raise a UserError (one line, the fix in it) when stored records of ``dims`` cannot make this
+        run's height x width (image-to-video: the stored sources are the clips' first frames); training
+        asks before any model loads. Default: every size is taken."""
+
     def encode_sources(self, encoders, cond: Conditioning, pixels: torch.Tensor) -> Conditioning:
         """``cond`` (P prompts) with what the family needs of their source images added: pixels
         [P, 3, H, W] float32 in [0, 1] on the encoders' device. Only an editing family has it."""

@@ -37,12 +37,14 @@ check_image_encoder = parts.folder_checker(IMAGE_FILES, W.WAN_DOWNLOAD_HINT, W.W
 @dataclass
 class I2VEncoders:
     """umT5 (Wan's TextEncoder), the VAE that encodes the first frame, and the CLIP image encoder with
-    its processor (None for a folder without one: Wan2.2's image-to-video)."""
+    its processor (None for a folder without one: Wan2.2's image-to-video); expand_timesteps: the folder's
+    (Wan2.2-TI2V-5B: the first frame's latents alone are the condition)."""
 
     text: W.TextEncoder
     vae: torch.nn.Module
     image_encoder: torch.nn.Module | None
     image_processor: object | None
+    expand_timesteps: bool = False
 
     @property
     def device(self) -> torch.device:
@@ -79,7 +81,7 @@ def load_encoders(path, device="cpu", dtype=torch.float32) -> I2VEncoders:
     text = W.load_text_encoder(path, device, dtype)
     vae = W.load_vae(path, device, dtype)
     if not has_image_encoder(path):
-        return I2VEncoders(text, vae, None, None)
+        return I2VEncoders(text, vae, None, None, W.expand_timesteps(path))
     root = check_image_encoder(path)
     encoder = transformers.CLIPVisionModel.from_pretrained(root, subfolder="image_encoder", dtype=dtype)
     processor = transformers.CLIPImageProcessor.from_pretrained(root, subfolder="image_processor")

@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 
 import fastvideo.models.wan_i2v.components as C
+from fastvideo.errors import UserError
 from fastvideo.models import base
 from fastvideo.models.base import EmbeddingShapeError, TensorConditioning, config_value
 from fastvideo.models.latents import latent_hw, to_tokens
@@ -61,7 +62,7 @@ class WanI2VFamily(WanFamily):
 
     def encode_sources(self, encoders, cond, pixels) -> TensorConditioning:
         pixels = pixels.to(encoders.device)
-        condition = (C.encode_first_latents(encoders.vae, pixels) if self.expand_timesteps
+        condition = (C.encode_first_latents(encoders.vae, pixels) if encoders.expand_timesteps
                      else C.encode_condition(encoders.vae, pixels, self.num_frames))
         per = {"condition": condition,
                "image_embeds": C.encode_image(encoders.image_encoder, encoders.image_processor, pixels),
@@ -75,6 +76,7 @@ class WanI2VFamily(WanFamily):
         vae = encoders.vae.config
         clip = None if encoders.image_encoder is None else encoders.image_encoder.config
         return {**super().encoder_dims(encoders.text), "latent_channels": int(vae.z_dim),
+                "given_first": int(encoders.expand_timesteps),
                 "vae_scale": int(vae.scale_factor_spatial),
                 "image_tokens": 0 if clip is None else (clip.image_size // clip.patch_size) ** 2 + 1,
                 "image_dim": 0 if clip is None else int(clip.hidden_size)}
@@ -83,7 +85,7 @@ class WanI2VFamily(WanFamily):
         h, w = encoder_dims["source_height"], encoder_dims["source_width"]
         lat_h, lat_w = latent_hw(h, w, encoder_dims["vae_scale"])
         frames, mask = W.latent_frames(self.num_frames), C.MASK_CHANNELS
-        if self.expand_timesteps:  # Wan2.2-TI2V-5B: the first frame's latents alone
+        if encoder_dims.get("given_first"):  # Wan2.2-TI2V-5B: the first frame's latents alone
             frames, mask = 1, 0
         return (*super().record_shapes(max_sequence_length, encoder_dims),
                 (mask + encoder_dims["latent_channels"], frames, lat_h, lat_w),
@@ -106,6 +108,13 @@ class WanI2VFamily(WanFamily):
         base.check_first_dims(idx, dims, first_dims, where, "(L, D, Cc, f, h, w, N, Di, H, W)",
                               "two preprocessing runs or source sizes")
         return {**rec, **{n: record[n] for n in SOURCE_NAMES}}, dims
+
+    def check_run_size(self, dims, height, width) -> None:
+        """The stored first frames (dims' last two: H, W) are the clips' size: --h / --w must be theirs."""
+        if tuple(dims[-2:]) != (height, width):
+            raise UserError(f"the stored first frames are {dims[-1]}x{dims[-2]} (W x H), this run makes {width}x"
+                            f"{height} clips: give --h / --w the source images' size (--h {dims[-2]} --w "
+                            f"{dims[-1]}), or re-run the preprocessing with sources of {width}x{height}")
 
     def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
         """Wan's text checks; 512 text tokens; the condition's channels and frames, the CLIP width."""
