@@ -129,8 +129,42 @@ def test_two_expert_i2v_ode_rollout_equals_the_pipeline(tiny_wan_i2v_a14b_dir):
             hook.remove()
 
 
+def test_last_image_condition_and_ode_rollout_equal_the_pipeline(tiny_wan_i2v_a14b_dir):
+    """A record's "last_image" (Wan2.2-I2V-A14B's folder, no CLIP): the condition is prepare_latents' with
+    last_image (the first frame, black frames, the last frame through the VAE; the mask one on the first and
+    the last pixel frame), and the ODE rollout equals WanImageToVideoPipeline(image=..., last_image=...)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+
+    from fastvideo.data.sources import load_pixels, open_rgb
+    from fastvideo.models.wan.experts import WanExperts
+    from fastvideo.models.wan_i2v.family import WanI2VFamily
+
+    pipe = WanImageToVideoPipeline.from_pretrained(tiny_wan_i2v_a14b_dir)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=pipe.scheduler.config.flow_shift)
+    family = WanI2VFamily(guidance_scale=4.0, num_frames=FRAMES, guidance_scale_2=3.0)
+    family.check_folder(tiny_wan_i2v_a14b_dir)
+    enc = family.load_text_encoders(tiny_wan_i2v_a14b_dir)
+    lasts = IMAGES[::-1]
+    pixels = torch.stack([load_pixels(IMAGES), load_pixels(lasts)], dim=1)  # [P, 2, 3, H, W]: (first, last)
+    cond = family.encode_sources(enc, family.encode_prompts(enc, PROMPTS, SEQ), pixels)
+    only_first = family.encode_sources(enc, family.encode_prompts(enc, PROMPTS, SEQ), load_pixels(IMAGES))
+    assert cond["condition"].shape == (2, 20, 2, 8, 8) and not torch.equal(cond["condition"], only_first["condition"])
+    torch.testing.assert_close(cond["source_image"], only_first["source_image"], rtol=0, atol=0)  # the first frame
+    for i, path in enumerate(IMAGES):
+        image, last = (pipe.video_processor.preprocess(open_rgb(p), height=SIZE, width=SIZE).float()
+                       for p in (path, lasts[i]))
+        _, ref = pipe.prepare_latents(image, 1, 16, SIZE, SIZE, FRAMES, torch.float32, "cpu",
+                                      torch.Generator().manual_seed(0), last_image=last)
+        torch.testing.assert_close(cond["condition"][i:i + 1], ref, rtol=0, atol=1e-6)
+    mask = cond["condition"][:, :4]
+    assert mask[:, :, 0].eq(1).all() and mask[:, 3, 1].eq(1).all() and mask[:, :3, 1].eq(0).all()
+    _ode_against_the_pipeline(pipe, family, cond, dict(guidance_scale=4.0, guidance_scale_2=3.0), last=lasts,
+                              transformer=WanExperts(pipe.transformer, pipe.transformer_2, *family.experts))
+
+
 def _ode_against_the_pipeline(pipe, family, cond, guidance: dict, calls: list | None = None, transformer=None,
-                              shape=((2, 8, 8), (128, 16))):
+                              shape=((2, 8, 8), (128, 16)), last: list | None = None):
     from fastvideo.data.sources import open_rgb
     from fastvideo.models.latents import from_tokens
     from fastvideo.sampling.plan import ODE, SamplingPlan
@@ -153,6 +187,8 @@ def _ode_against_the_pipeline(pipe, family, cond, guidance: dict, calls: list | 
         kwargs = dict(image=open_rgb(path), prompt=PROMPTS[i], negative_prompt="", height=SIZE, width=SIZE,
                       num_frames=FRAMES, num_inference_steps=STEPS, max_sequence_length=SEQ,
                       latents=noise[i:i + 1].clone(), **guidance)
+        if last is not None:
+            kwargs["last_image"] = open_rgb(last[i])
         if calls is not None:
             calls.clear()
         ref = pipe(**kwargs, output_type="latent").frames

@@ -88,24 +88,45 @@ def load_encoders(path, device="cpu", dtype=torch.float32) -> I2VEncoders:
     return I2VEncoders(text, vae, encoder.requires_grad_(False).eval().to(device), processor)
 
 
-def first_frame_mask(batch: int, num_frames: int, latent_h: int, latent_w: int) -> torch.Tensor:
+def check_last_image(encoders: I2VEncoders) -> None:
+    """A last frame (the pipeline's last_image) is taken by a folder without expand_timesteps and without
+    CLIP (Wan2.2-I2V-A14B); else UserError in one line: WanImageToVideoPipeline ignores it with
+    expand_timesteps (Wan2.2-TI2V-5B), and with CLIP it passes both images' features, which Wan2.1-I2V's
+    transformer cannot take (Wan2.1-FLF2V's paired image tokens are not supported here yet)."""
+    from fastvideo.errors import UserError
+
+    if encoders.expand_timesteps:
+        raise UserError('the prompt file gives a "last_image" but Wan2.2-TI2V-5B (expand_timesteps) takes the first '
+                        "frame alone (WanImageToVideoPipeline ignores last_image there): remove the \"last_image\" keys")
+    if encoders.image_encoder is not None:
+        raise UserError('the prompt file gives a "last_image" but this folder conditions on CLIP features '
+                        "(Wan2.1-I2V / -FLF2V); a last frame is taken without CLIP only (Wan2.2-I2V-A14B): remove "
+                        'the "last_image" keys or use such a folder')
+
+
+def first_frame_mask(batch: int, num_frames: int, latent_h: int, latent_w: int, last: bool = False) -> torch.Tensor:
     """[B, 4, f, h, w] float32, as WanImageToVideoPipeline.prepare_latents builds it: one on the first
-    pixel frame and zero after, the first frame repeated 4 times, folded 4 pixel frames a latent frame."""
+    pixel frame (and with ``last`` on the last one: its last_image) and zero between, the first frame
+    repeated 4 times, folded 4 pixel frames a latent frame."""
     mask = torch.ones(batch, 1, num_frames, latent_h, latent_w)
-    mask[:, :, 1:] = 0
+    mask[:, :, 1:num_frames - 1 if last else num_frames] = 0
     first = torch.repeat_interleave(mask[:, :, 0:1], dim=2, repeats=MASK_CHANNELS)
     mask = torch.cat([first, mask[:, :, 1:]], dim=2)
     return mask.view(batch, -1, MASK_CHANNELS, latent_h, latent_w).transpose(1, 2)
 
 
 @torch.no_grad()
-def encode_condition(vae, pixels: torch.Tensor, num_frames: int) -> torch.Tensor:
+def encode_condition(vae, pixels: torch.Tensor, num_frames: int, last: torch.Tensor | None = None) -> torch.Tensor:
     """First frames [P, 3, H, W] in [0, 1] -> the condition [P, 4 + z, f, h, w] float32 of a clip of
-    ``num_frames`` (the module docstring; prepare_latents' arithmetic, in its order)."""
+    ``num_frames`` (the module docstring; prepare_latents' arithmetic, in its order). ``last`` [P, 3, H, W]
+    (the pipeline's last_image): the clip's last pixel frame instead of a black one, the mask one on it too."""
     image = (pixels.float() * 2.0 - 1.0).unsqueeze(2)
-    video = torch.cat([image, image.new_zeros(image.shape[0], 3, num_frames - 1, *image.shape[-2:])], dim=2)
+    between = num_frames - 1 if last is None else num_frames - 2
+    ends = [] if last is None else [(last.float() * 2.0 - 1.0).unsqueeze(2)]
+    video = torch.cat([image, image.new_zeros(image.shape[0], 3, between, *image.shape[-2:]), *ends], dim=2)
     z = _normalised_latents(vae, video)
-    return torch.cat([first_frame_mask(z.shape[0], num_frames, *z.shape[-2:]).to(z), z], dim=1)
+    mask = first_frame_mask(z.shape[0], num_frames, *z.shape[-2:], last=last is not None)
+    return torch.cat([mask.to(z), z], dim=1)
 
 
 @torch.no_grad()

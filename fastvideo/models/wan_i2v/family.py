@@ -35,6 +35,7 @@ class WanI2VFamily(WanFamily):
     variant_of = "wan"  # WanTransformer3DModel; a checkpoint's family is its run's config.json model.family
     pipeline_class_name = "WanImageToVideoPipeline"
     edits = True  # every prompt has a source image (its first frame)
+    takes_last_image = True  # a JSONL record's "last_image": the last frame too (WanImageToVideoPipeline's)
     source_use = "makes each clip from a first frame (its source image)"  # preprocessing's refusal of a .txt file
     source_multiple = 16  # WanImageToVideoPipeline.check_inputs: height and width divisible by 16
     storage, json_keys = base.storage_with(WanFamily, *SOURCE_NAMES)
@@ -61,9 +62,13 @@ class WanI2VFamily(WanFamily):
         return super().encode_prompts(getattr(encoders, "text", encoders), prompts, max_sequence_length)
 
     def encode_sources(self, encoders, cond, pixels) -> TensorConditioning:
-        pixels = pixels.to(encoders.device)
+        """pixels [P, 3, H, W], or [P, 2, 3, H, W] for records with a "last_image" (first, last frame)."""
+        pixels, last = pixels.to(encoders.device), None
+        if pixels.ndim == 5:  # {"image": ..., "last_image": ...} records (data.sources.FrameEnds)
+            C.check_last_image(encoders)
+            pixels, last = pixels[:, 0], pixels[:, 1]
         condition = (C.encode_first_latents(encoders.vae, pixels) if encoders.expand_timesteps
-                     else C.encode_condition(encoders.vae, pixels, self.num_frames))
+                     else C.encode_condition(encoders.vae, pixels, self.num_frames, last))
         per = {"condition": condition,
                "image_embeds": C.encode_image(encoders.image_encoder, encoders.image_processor, pixels),
                "source_image": pixels.float()}  # image_embeds [P, 0, 0]: a folder without CLIP (Wan2.2-I2V-A14B)
