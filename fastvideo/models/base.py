@@ -378,9 +378,8 @@ class FamilyConditioning(abc.ABC):
         refuse or resize (preprocessing asks before any model loads; default: every size is taken)."""
 
     def check_run_size(self, dims: tuple, height: int, width: int) -> None:
-        """Raise a UserError (one line, the fix in it) when stored records of ``dims`` cannot make this
-        run's height x width (image-to-video: the stored sources are the clips' first frames); training
-        asks before any model loads. Default: every size is taken."""
+        """UserError (one line) when stored records of ``dims`` cannot make height x width clips (image-to-video's
+        sources are their first frames); asked before any model loads. Default: every size is taken."""
 
     def encode_sources(self, encoders, cond: Conditioning, pixels: torch.Tensor) -> Conditioning:
         """``cond`` (P prompts) with what the family needs of their source images added: pixels
