@@ -35,6 +35,12 @@ class SourceImageError(UserError, ValueError):
     """A prompt file's source image is missing, unreadable or of the wrong size."""
 
 
+class FrameEnds(tuple):
+    """A record's (first frame, last frame): its "image" and its "last_image" (image-to-video's first and
+    last frame condition, WanImageToVideoPipeline's ``last_image``): two references to every check and
+    loader (one size, [B, 2, 3, H, W] pixels, both digests), told apart from a list of references."""
+
+
 def is_jsonl(path: str | Path) -> bool:
     return Path(path).suffix.lower() == ".jsonl"
 
@@ -63,9 +69,20 @@ def parse_jsonl(path: Path, text: str) -> tuple[list[tuple[str, Path | tuple[Pat
                 raise SourceImageError(f"prompt file {str(path)!r} line {number}: the \"{field}\" string holds a lone "
                                        "UTF-16 surrogate escape (e.g. \\ud800), which is no character: fix or remove it")
         paths = tuple(resolve_image(path, n) for n in names)
-        records.append((obj["prompt"], None if not paths else paths[0] if len(paths) == 1 else paths))
+        image = None if not paths else paths[0] if len(paths) == 1 else paths
+        records.append((obj["prompt"], _with_last_image(path, number, obj.get("last_image"), image)))
     _check_same_images(path, records)
     return records, blank
+
+
+def _with_last_image(path: Path, number: int, last, image):
+    """The record's image, with its "last_image" (a path string beside one "image") as FrameEnds."""
+    if last is None:
+        return image
+    if not isinstance(last, str) or not isinstance(image, Path) or _LONE_SURROGATE.search(last):
+        raise SourceImageError(f"prompt file {str(path)!r} line {number}: \"last_image\" must be one path string "
+                               "beside one \"image\" path (the clip's last frame)")
+    return FrameEnds((image, resolve_image(path, last)))
 
 
 def _image_names(path: Path, number: int, image) -> list[str]:
@@ -90,6 +107,11 @@ def _check_same_images(path: Path, records: list) -> None:
         first = next(i for i, (_, im) in enumerate(records) if im is None)
         raise SourceImageError(f"prompt file {str(path)!r}: {with_image} of {len(records)} records name an image "
                                f"but record {first} does not: give every record an \"image\", or none")
+    ends = [i for i, (_, im) in enumerate(records) if isinstance(im, FrameEnds)]
+    if 0 < len(ends) < len(records):
+        odd = next(i for i, (_, im) in enumerate(records) if not isinstance(im, FrameEnds))
+        raise SourceImageError(f"prompt file {str(path)!r}: {len(ends)} of {len(records)} records name a \"last_image\" "
+                               f"but record {odd} does not: give every record a \"last_image\", or none")
     counts = [reference_count(im) for _, im in records]
     if with_image and len(set(counts)) > 1:
         odd = next(i for i, c in enumerate(counts) if c != counts[0])

@@ -235,12 +235,16 @@ def settings_fingerprint(cfg: PreprocessConfig, spec: EmbeddingSpec) -> dict:
     family = cfg.family()
     root = Path(cfg.model_path).resolve()
     files = {}
-    for comp in family.text_components:
+    # the components the folder has: the encoders loaded already, so an absent one is optional (Wan
+    # image-to-video's image_encoder / image_processor: Wan2.2's folders have none)
+    present = [comp for comp in family.text_components if (root / comp).is_dir()]
+    for comp in present:
         for p in sorted((root / comp).iterdir()):
             if p.is_file():
                 files[f"{comp}/{p.name}"] = p.stat().st_size
     configs = {
         comp: json.loads((root / comp / "config.json").read_text()) for comp in family.text_encoder_components
+        if comp in present or comp not in family.text_components
     }
     settings = {
         "model_path": str(root),

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastvideo.data.prompts import PromptList, load_prompts
-from fastvideo.data.sources import (MAX_SOURCE_PIXELS, check_source_images, file_digest, load_pixels, reference_count,
-                                    references)
+from fastvideo.data.sources import (MAX_SOURCE_PIXELS, FrameEnds, check_source_images, file_digest, load_pixels,
+                                    reference_count, references)
 from fastvideo.errors import ConfigError
 
 SOURCE_VAE_MULTIPLE = 32  # calculate_dimensions' rounding of the resized source's sides
@@ -78,6 +78,12 @@ def check_prompt_sources(prompt_file: str, max_prompts: int, family) -> tuple[in
     if plist.images is None:
         return None
     count = reference_count(plist.images[0])  # one for every record (fastvideo.data.sources)
+    if isinstance(plist.images[0], FrameEnds):  # {"image": first, "last_image": last}
+        if not getattr(family, "takes_last_image", False):
+            raise ConfigError(f"prompt file {prompt_file!r} gives a \"last_image\" a record but model family "
+                              f"{family.name!r} takes no last frame (image-to-video does: --model_family wan_i2v): "
+                              "remove the \"last_image\" keys")
+        count = 1
     if count > family.max_references:
         raise ConfigError(f"prompt file {prompt_file!r} gives {count} reference images a record but model family "
                           f"{family.name!r} reads at most {family.max_references}: give one \"image\" path a record "

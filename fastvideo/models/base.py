@@ -320,8 +320,7 @@ class FamilyConditioning(abc.ABC):
     # them holding an encoder config.json.
     text_components: tuple[str, ...] = ()
     text_encoder_components: tuple[str, ...] = ()
-    # Stored tensors of a fixed dtype (FLUX.2's integer ids); the others have the encoding dtype.
-    stored_dtypes: Mapping[str, torch.dtype] = {}
+    stored_dtypes: Mapping[str, torch.dtype] = {}  # stored in a fixed dtype (FLUX.2's ids), not the encoding's
 
     @abc.abstractmethod
     def encode_prompts(self, encoders, prompts: list[str], max_sequence_length: int) -> Conditioning:
@@ -378,6 +377,10 @@ class FamilyConditioning(abc.ABC):
     def check_source_size(self, height: int, width: int) -> None:
         """Raise a UserError (one line, the fix in it) for a source size the family's stock pipeline would
         refuse or resize (preprocessing asks before any model loads; default: every size is taken)."""
+
+    def check_run_size(self, dims: tuple, height: int, width: int) -> None:
+        """UserError (one line) when stored records of ``dims`` cannot make height x width clips (image-to-video's
+        sources are their first frames); asked before any model loads. Default: every size is taken."""
 
     def encode_sources(self, encoders, cond: Conditioning, pixels: torch.Tensor) -> Conditioning:
         """``cond`` (P prompts) with what the family needs of their source images added: pixels

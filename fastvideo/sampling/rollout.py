@@ -160,7 +160,8 @@ def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: 
             history = (history + [(solvers.dpm_model_output(x, v, host_sigmas[k], plan.dpm_algorithm),
                                    host_sigmas[k])])[-3:]
         if kind == SDE:
-            x, log_prob = _sde_transition(plan, x, v, sigmas, k, eta, noise=step_eps.get(k))
+            x, log_prob = _sde_transition(plan, x, v, sigmas, k, eta, noise=step_eps.get(k),
+                                          fixed=fixed_tokens(layout))
         elif kind == ODE:
             x, log_prob = sde.sde_step(x, v, sigmas[k], sigmas[k + 1], 0.0)
         else:
@@ -177,15 +178,32 @@ def sample_transitions(family: ModelFamily, transformer, noise, step_eps, plan: 
             (torch.stack(log_probs, dim=1) if keep_log_probs else None), x0)
 
 
-def _sde_transition(plan: SamplingPlan, x, v, sigmas, k, eta, noise=None, prev_sample=None):
+def _sde_transition(plan: SamplingPlan, x, v, sigmas, k, eta, noise=None, prev_sample=None, fixed: int = 0):
     """Transition k of an SDE step of the plan's kind -> (sample, log_prob [B])."""
-    return sde_transition(plan.sde_kind, x, v, sigmas[k], sigmas[k + 1], eta, plan.host_sigmas[1], noise, prev_sample)
+    return sde_transition(plan.sde_kind, x, v, sigmas[k], sigmas[k + 1], eta, plan.host_sigmas[1], noise, prev_sample,
+                          fixed)
 
 
-def sde_transition(sde_kind, x, v, sigma, sigma_next, eta, sigma_max, noise=None, prev_sample=None):
+def fixed_tokens(layout) -> int:
+    """The leading tokens of a layout that are given, not generated ("fixed_tokens": the first latent frame
+    of Wan2.2-TI2V-5B's image-to-video); 0 for none (every other layout)."""
+    return int(layout.extras.get("fixed_tokens", 0)) if layout is not None else 0
+
+
+def sde_transition(sde_kind, x, v, sigma, sigma_next, eta, sigma_max, noise=None, prev_sample=None, fixed: int = 0):
     """DanceGRPO's SDE step (sde.sde_step, called exactly as before plans existed), Flow-GRPO's,
     Flash-GRPO's (--algorithm flash_grpo) or a first-order SDE-DPM-Solver++ step (no eta: the
-    solver fixes its noise)."""
+    solver fixes its noise). ``fixed`` > 0: the first ``fixed`` tokens are no action of the policy (a
+    given first frame): they take the deterministic Euler step x + (sigma_next - sigma) v, no noise, and
+    the log-probability [B] is the other tokens' alone (their mean, as every SDE step averages)."""
+    if fixed:
+        def cut(t):
+            return None if t is None else t[:, fixed:]
+
+        free, log_prob = sde_transition(sde_kind, x[:, fixed:], v[:, fixed:], sigma, sigma_next, eta, sigma_max,
+                                        cut(noise), cut(prev_sample))
+        head, _ = sde.sde_step(x[:, :fixed], v[:, :fixed], sigma, sigma_next, 0.0)
+        return torch.cat([head, free], dim=1), log_prob
     if sde_kind == "dance":
         return sde.sde_step(x, v, sigma, sigma_next, eta, noise=noise, prev_sample=prev_sample)
     if sde_kind in solvers.DPM_SDE_KINDS:

@@ -52,6 +52,7 @@ def _check_data(cfg, info, family):
     check_model_files(cfg.model, family)  # a damaged config.json or weights file: one line, not a traceback
     dataset = builders.build_dataset(cfg, family)
     _scan_data(dataset, info)
+    family.check_run_size(dataset.dims(), cfg.rollout.height, cfg.rollout.width)  # before any model loads
     if cfg.eval is not None:
         from fastvideo.data.prompts import check_no_overlap, eval_captions
 

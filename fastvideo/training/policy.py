@@ -10,7 +10,7 @@ import torch
 
 from fastvideo.index_copies import on
 from fastvideo import devices
-from fastvideo.sampling.rollout import sde_transition
+from fastvideo.sampling.rollout import fixed_tokens, sde_transition
 
 
 @dataclass
@@ -62,7 +62,8 @@ class Policy:
         sig_next = traj.sigmas[on(steps, traj.sigmas.device) + 1]
         v = self.velocity(traj, rows, lat, sig)
         plan = traj.plan
-        _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, eta, plan.host_sigmas[1], prev_sample=nxt)
+        _, logp = sde_transition(plan.sde_kind, lat, v, sig, sig_next, eta, plan.host_sigmas[1], prev_sample=nxt,
+                                 fixed=fixed_tokens(traj.layout))
         return TransitionLogProb(logp, v, lat, sig, sig_next)
 
     @torch.no_grad()

@@ -129,7 +129,42 @@ def test_two_expert_i2v_ode_rollout_equals_the_pipeline(tiny_wan_i2v_a14b_dir):
             hook.remove()
 
 
-def _ode_against_the_pipeline(pipe, family, cond, guidance: dict, calls: list | None = None, transformer=None):
+def test_last_image_condition_and_ode_rollout_equal_the_pipeline(tiny_wan_i2v_a14b_dir):
+    """A record's "last_image" (Wan2.2-I2V-A14B's folder, no CLIP): the condition is prepare_latents' with
+    last_image (the first frame, black frames, the last frame through the VAE; the mask one on the first and
+    the last pixel frame), and the ODE rollout equals WanImageToVideoPipeline(image=..., last_image=...)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+
+    from fastvideo.data.sources import load_pixels, open_rgb
+    from fastvideo.models.wan.experts import WanExperts
+    from fastvideo.models.wan_i2v.family import WanI2VFamily
+
+    pipe = WanImageToVideoPipeline.from_pretrained(tiny_wan_i2v_a14b_dir)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=pipe.scheduler.config.flow_shift)
+    family = WanI2VFamily(guidance_scale=4.0, num_frames=FRAMES, guidance_scale_2=3.0)
+    family.check_folder(tiny_wan_i2v_a14b_dir)
+    enc = family.load_text_encoders(tiny_wan_i2v_a14b_dir)
+    lasts = IMAGES[::-1]
+    pixels = torch.stack([load_pixels(IMAGES), load_pixels(lasts)], dim=1)  # [P, 2, 3, H, W]: (first, last)
+    cond = family.encode_sources(enc, family.encode_prompts(enc, PROMPTS, SEQ), pixels)
+    only_first = family.encode_sources(enc, family.encode_prompts(enc, PROMPTS, SEQ), load_pixels(IMAGES))
+    assert cond["condition"].shape == (2, 20, 2, 8, 8) and not torch.equal(cond["condition"], only_first["condition"])
+    torch.testing.assert_close(cond["source_image"], only_first["source_image"], rtol=0, atol=0)  # the first frame
+    for i, path in enumerate(IMAGES):
+        image, last = (pipe.video_processor.preprocess(open_rgb(p), height=SIZE, width=SIZE).float()
+                       for p in (path, lasts[i]))
+        _, ref = pipe.prepare_latents(image, 1, 16, SIZE, SIZE, FRAMES, torch.float32, "cpu",
+                                      torch.Generator().manual_seed(0), last_image=last)
+        torch.testing.assert_close(cond["condition"][i:i + 1], ref, rtol=0, atol=1e-6)
+    mask = cond["condition"][:, :4]
+    assert mask[:, :, 0].eq(1).all() and mask[:, 3, 1].eq(1).all() and mask[:, :3, 1].eq(0).all()
+    _ode_against_the_pipeline(pipe, family, cond, dict(guidance_scale=4.0, guidance_scale_2=3.0), last=lasts,
+                              transformer=WanExperts(pipe.transformer, pipe.transformer_2, *family.experts))
+
+
+def _ode_against_the_pipeline(pipe, family, cond, guidance: dict, calls: list | None = None, transformer=None,
+                              shape=((2, 8, 8), (128, 16)), last: list | None = None):
     from fastvideo.data.sources import open_rgb
     from fastvideo.models.latents import from_tokens
     from fastvideo.sampling.plan import ODE, SamplingPlan
@@ -144,7 +179,7 @@ def _ode_against_the_pipeline(pipe, family, cond, guidance: dict, calls: list | 
     traj = rollout(family, transformer or pipe.transformer, pipe.vae, cond, PROMPTS, [0, 1], cfg, RandomSource(3), 1,
                    "cpu", plan=plan)
     grid = traj.layout["grid"]
-    assert grid == (2, 8, 8) and traj.layout.tokens == (128, 16)
+    assert (grid, traj.layout.tokens) == shape
     noise, ours = from_tokens(traj.latents[:, 0], *grid), from_tokens(traj.latents[:, -1], *grid)
     if calls is not None:  # the rollout's experts, one call a step (both rows and both guidance rows in it)
         assert calls == ["high", "low", "low"]
@@ -152,6 +187,8 @@ def _ode_against_the_pipeline(pipe, family, cond, guidance: dict, calls: list | 
         kwargs = dict(image=open_rgb(path), prompt=PROMPTS[i], negative_prompt="", height=SIZE, width=SIZE,
                       num_frames=FRAMES, num_inference_steps=STEPS, max_sequence_length=SEQ,
                       latents=noise[i:i + 1].clone(), **guidance)
+        if last is not None:
+            kwargs["last_image"] = open_rgb(last[i])
         if calls is not None:
             calls.clear()
         ref = pipe(**kwargs, output_type="latent").frames
@@ -163,8 +200,99 @@ def _ode_against_the_pipeline(pipe, family, cond, guidance: dict, calls: list | 
         assert rel <= 1e-5
         frames = pipe(**kwargs, output_type="pt").frames
         assert traj.images[i:i + 1].shape == frames.shape == (1, FRAMES, 3, SIZE, SIZE)
+        print(f"prompt {i}: frames max |ours - pipeline| = {float((traj.images[i:i + 1] - frames).abs().max()):.1e}")
         torch.testing.assert_close(traj.images[i:i + 1], frames, rtol=0, atol=1e-5)
     return traj
+
+
+@pytest.fixture(scope="module")
+def ti2v_setup(tiny_wan_ti2v_dir):
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+
+    from fastvideo.data.sources import load_pixels
+    from fastvideo.models.wan_i2v.family import WanI2VFamily
+
+    pipe = WanImageToVideoPipeline.from_pretrained(tiny_wan_ti2v_dir)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=pipe.scheduler.config.flow_shift)
+    family = WanI2VFamily(guidance_scale=SCALE, num_frames=FRAMES)
+    enc = family.load_text_encoders(tiny_wan_ti2v_dir)
+    cond = family.encode_sources(enc, family.encode_prompts(enc, PROMPTS, SEQ), load_pixels(IMAGES))
+    return pipe, family, cond
+
+
+def test_ti2v_5b_image_to_video_ode_rollout_equals_the_pipeline(ti2v_setup):
+    """Wan2.2-TI2V-5B's folder (make_tiny_wan --variant ti2v: WanPipeline's model_index.json with
+    expand_timesteps) in the stock WanImageToVideoPipeline: the condition is the first frame's normalised
+    Wan2.2-VAE latents alone [P, 48, 1, h, w] (prepare_latents' with expand_timesteps), no mask channels,
+    no CLIP; the ODE rollout (the first latent frame given, its tokens at timestep 0) equals the pipeline's
+    latents (first frame: the condition) and decoded frames; the layout holds the first frame's 16 tokens
+    fixed."""
+    from fastvideo.data.sources import open_rgb
+
+    pipe, family, cond = ti2v_setup
+    assert pipe.config.expand_timesteps and pipe.image_encoder is None and pipe.transformer.config.in_channels == 48
+    assert family.expand_timesteps and cond["condition"].shape == (2, 48, 1, 4, 4)
+    assert cond["image_embeds"].shape == (2, 0, 0)
+    family.check_dims((SEQ, 32, 48, 1, 4, 4, 0, 0, SIZE, SIZE), pipe.transformer.config)
+    for i, path in enumerate(IMAGES):
+        image = pipe.video_processor.preprocess(open_rgb(path), height=SIZE, width=SIZE).float()
+        _, ref, mask = pipe.prepare_latents(image, 1, 48, SIZE, SIZE, FRAMES, torch.float32, "cpu",
+                                            torch.Generator().manual_seed(0))
+        torch.testing.assert_close(cond["condition"][i:i + 1], ref, rtol=0, atol=1e-6)
+        assert mask[:, :, 0].eq(0).all() and mask[:, :, 1:].eq(1).all()
+    traj = _ode_against_the_pipeline(pipe, family, cond, dict(guidance_scale=SCALE), shape=((2, 4, 4), (32, 48)))
+    assert traj.layout["fixed_tokens"] == 16
+    with pytest.raises(Exception, match="expand_timesteps"):
+        family.check_dims((SEQ, 32, 52, 2, 4, 4, 0, 0, SIZE, SIZE), pipe.transformer.config)
+
+
+def test_ti2v_5b_given_first_frame_is_no_action_of_the_policy(ti2v_setup):
+    """The SDE rollout (Flow-GRPO's SDE, eta 0.7) keeps the given first frame out of the policy's
+    log-probabilities: the rollout's log-prob of each step is the mean over the generated frames' tokens
+    alone (recomputed by the step on them; the all-token mean differs), the replay under the same weights
+    gives it back (ratio 1), changing a stored first-frame token of the next state changes nothing while a
+    generated token does, the first frame takes no noise, and the decoded x0's first frame is the
+    condition."""
+    import dataclasses
+
+    from fastvideo.models.latents import from_tokens, to_tokens
+    from fastvideo.sampling import solvers
+    from fastvideo.sampling.plan import SDE, SamplingPlan
+    from fastvideo.sampling.randomness import RandomSource
+    from fastvideo.sampling.rollout import RolloutConfig, rollout
+    from fastvideo.training.policy import Policy
+
+    pipe, family, cond = ti2v_setup
+    sigmas = torch.tensor([1.0, 0.75, 0.4, 0.0])
+    plan = SamplingPlan(sigmas=sigmas, kinds=(SDE,) * 3, trainable=(0, 1, 2), num_trained=3, sde_kind="flow")
+    cfg = RolloutConfig(height=SIZE, width=SIZE, sampling_steps=3, eta=0.7, shift=1.0, num_generations=1,
+                        rollout_batch_size=2, init_same_noise=False)
+    traj = rollout(family, pipe.transformer, pipe.vae, cond, PROMPTS, [0, 1], cfg, RandomSource(5), 1, "cpu",
+                   plan=plan, decode=False)
+    n = traj.layout["fixed_tokens"]
+    policy = Policy(pipe.transformer, family, torch.device("cpu"), None)
+    rows, k = torch.tensor([0, 1]), 1
+    x, nxt = traj.latents[:, k], traj.latents[:, k + 1]
+    with torch.no_grad():
+        v = family.velocity(pipe.transformer, x, sigmas[k], traj.cond, traj.layout)
+        top = float(plan.host_sigmas[1])  # the rollout's sigma_max of Flow-GRPO's step
+        free = solvers.flow_sde_step(x[:, n:], v[:, n:], sigmas[k], sigmas[k + 1], 0.7, top, prev_sample=nxt[:, n:])[1]
+        every = solvers.flow_sde_step(x, v, sigmas[k], sigmas[k + 1], 0.7, top, prev_sample=nxt)[1]
+        torch.testing.assert_close(traj.log_probs[:, k], free, rtol=0, atol=1e-6)
+        assert (every - free).abs().min() > 1e-3  # counting the first frame would give another number
+        replay = policy.transition_log_prob(traj, rows, torch.tensor([k, k]), 0.7).log_prob
+        torch.testing.assert_close(replay, traj.log_probs[:, k], rtol=0, atol=1e-6)
+        for token, counts in ((0, False), (n, True)):
+            edited = traj.latents.clone()
+            edited[:, k + 1, token] += 3.0
+            traj_e = dataclasses.replace(traj, latents=edited)
+            changed = policy.transition_log_prob(traj_e, rows, torch.tensor([k, k]), 0.7).log_prob
+            assert (not torch.equal(changed, replay)) == counts
+    euler = x[:, :n] + (sigmas[k + 1] - sigmas[k]) * v[:, :n]
+    torch.testing.assert_close(nxt[:, :n], euler, rtol=0, atol=1e-6)  # no noise on the given frame
+    first = from_tokens(traj.x0, *traj.layout["grid"])[:, :, :1]
+    torch.testing.assert_close(to_tokens(first), to_tokens(cond["condition"]), rtol=0, atol=1e-5)
 
 
 def test_the_eval_grids_source_row_starts_each_clips_frame_strip(tmp_path):

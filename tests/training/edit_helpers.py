@@ -12,7 +12,7 @@ RECORD_ENV = "FLUX_GRPO_TEST_SOURCE_RECORD"
 
 
 class RecordingSourceReward:
-    """Saves each call's (prompts, sources) under $FLUX_GRPO_TEST_SOURCE_RECORD/rank<R>-<N>.pt and
+    """Saves each call's (prompts, sources, images) under $FLUX_GRPO_TEST_SOURCE_RECORD/rank<R>-<N>.pt and
     scores each image by its mean brightness (a real, varying score)."""
 
     name = "record_sources"
@@ -26,7 +26,8 @@ class RecordingSourceReward:
         folder.mkdir(parents=True, exist_ok=True)
         rank = os.environ.get("RANK", "0")
         saved = torch.empty(0) if sources is None else sources.detach().float().cpu()
-        torch.save({"prompts": list(prompts), "sources": saved}, folder / f"rank{rank}-{self.calls}.pt")
+        torch.save({"prompts": list(prompts), "sources": saved, "images": images.detach().float().cpu()},
+                   folder / f"rank{rank}-{self.calls}.pt")
         self.calls += 1
         return images.detach().float().mean(dim=(1, 2, 3)).cpu()
 

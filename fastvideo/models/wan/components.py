@@ -156,16 +156,22 @@ def timesteps(sigma, batch: int, device, quantize: bool = False) -> torch.Tensor
     return torch.floor(t) if quantize else t
 
 
-def token_timesteps(t: torch.Tensor, frames: int, latent_h: int, latent_w: int, patch) -> torch.Tensor:
+def token_timesteps(t: torch.Tensor, frames: int, latent_h: int, latent_w: int, patch,
+                    given_first: bool = False) -> torch.Tensor:
     """Wan2.2-TI2V's per-token timesteps [B, f (h/p) (w/p)] (WanPipeline with expand_timesteps: every
-    token of a text-to-video sample at the step's timestep; image-to-video would zero the first frame's)."""
-    tokens = frames * (latent_h // patch[1]) * (latent_w // patch[2])
-    return t[:, None].expand(t.shape[0], tokens)
+    token of a text-to-video sample at the step's timestep); ``given_first`` (WanImageToVideoPipeline
+    with expand_timesteps: first_frame_mask * t) the first frame's tokens at 0, the given first frame."""
+    per_frame = (latent_h // patch[1]) * (latent_w // patch[2])
+    t = t[:, None].expand(t.shape[0], frames * per_frame)
+    if given_first:
+        t = torch.cat([torch.zeros_like(t[:, :per_frame]), t[:, per_frame:]], dim=1)
+    return t
 
 
 def predict_velocity(transformer, x, sigma, embeds, neg_embeds, grid: tuple[int, int, int], guidance_scale: float,
                      quantize_timestep: bool = False, per_token: bool = False,
-                     guidance_scale_2: float | None = None, image: dict | None = None) -> torch.Tensor:
+                     guidance_scale_2: float | None = None, image: dict | None = None,
+                     given_first: bool = False) -> torch.Tensor:
     """The flow-matching velocity float32 [B, L, C] for latent tokens x [B, L, C] (L = f h w, grid
     (f, h, w)); embeds [B, Lt, D], neg_embeds [Lt, D] (the negative prompt's).
 
@@ -178,7 +184,8 @@ def predict_velocity(transformer, x, sigma, embeds, neg_embeds, grid: tuple[int,
     whether guidance runs is guidance_scale's (WanPipeline's do_classifier_free_guidance).
     image (image-to-video, models/wan_i2v): per-row "condition" [B, Cc, f, h, w], concatenated after the
     latents' channels, and "image_embeds" [B, N, Di] (the CLIP features; absent for a folder without
-    an image encoder), both rows of the guidance alike (WanImageToVideoPipeline)."""
+    an image encoder), both rows of the guidance alike (WanImageToVideoPipeline); ``given_first`` (with
+    ``per_token``: Wan2.2-TI2V-5B image-to-video) the first frame's tokens at timestep 0 (token_timesteps)."""
     from fastvideo.models.wan.experts import WanExperts, expert_rows, stand_in
 
     b = x.shape[0]
@@ -189,19 +196,19 @@ def predict_velocity(transformer, x, sigma, embeds, neg_embeds, grid: tuple[int,
     guided = guidance_scale > 1.0
     if not isinstance(model, WanExperts):
         return _velocity(transformer, transformer, model.config, x, t, embeds, neg_embeds, grid,
-                         guidance_scale, guided, per_token, image)
+                         guidance_scale, guided, per_token, image, given_first)
     scales = (guidance_scale, guidance_scale if guidance_scale_2 is None else guidance_scale_2)
     shared = torch.as_tensor(sigma).ndim == 0 or devices.world_size() == 1
     calls = expert_rows(t, model.boundary_timestep, shared)
     if len(calls) == 1:  # every row with one expert
         return _velocity(partial(transformer, calls[0][0]), transformer, model.config, x, t, embeds, neg_embeds,
-                         grid, scales[calls[0][0]], guided, per_token, image)
+                         grid, scales[calls[0][0]], guided, per_token, image, given_first)
     parts_, order, unused = [], [], 0.0
     for expert, rows in calls:
         idx = rows if not stand_in(rows) else torch.zeros(1, dtype=torch.long, device=rows.device)
         rows_image = None if image is None else {k: v[idx] for k, v in image.items()}
         v = _velocity(partial(transformer, expert), transformer, model.config, x[idx], t[idx], embeds[idx],
-                      neg_embeds, grid, scales[expert], guided, per_token, rows_image)
+                      neg_embeds, grid, scales[expert], guided, per_token, rows_image, given_first)
         if stand_in(rows):
             unused = v.sum() * 0.0  # in the graph (its units' backward runs on every rank), adds nothing
             continue
@@ -211,12 +218,12 @@ def predict_velocity(transformer, x, sigma, embeds, neg_embeds, grid: tuple[int,
 
 
 def _velocity(call, transformer, config, x, t, embeds, neg_embeds, grid, guidance_scale: float, guided: bool,
-              per_token: bool, image: dict | None = None) -> torch.Tensor:
+              per_token: bool, image: dict | None = None, given_first: bool = False) -> torch.Tensor:
     """One transformer's (guided) velocity [B, L, C] float32 at timesteps t [B] (``call`` its forward)."""
     b = x.shape[0]
     dtype = _model_dtype(transformer)
     if per_token:
-        t = token_timesteps(t, *grid, tuple(config.patch_size))
+        t = token_timesteps(t, *grid, tuple(config.patch_size), given_first)
     z = L.from_tokens(x, *grid).to(dtype)
     text = embeds.to(dtype)
     extra = {}
