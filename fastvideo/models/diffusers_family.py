@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from fastvideo.models import base
+from fastvideo.models import base, record_checks
 from fastvideo.models.base import EmbeddingShapeError, LatentLayout, TensorConditioning, config_value
 from fastvideo.models.latents import latent_hw
 
@@ -230,13 +230,13 @@ class TextEmbedsFamily(DiffusersFamily):
                                       f"prompt's {tuple(embed.shape)} in {where!r}: it was not made by {self.made_by}; "
                                       "re-run it into an empty folder")
         dims = tuple(embed.shape)
-        base.check_first_dims(idx, dims, first_dims, where)
+        record_checks.check_first_dims(idx, dims, first_dims, where)
         return dict(record), dims
 
     def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
         seq, width = dims
-        base.check_width("prompt embeddings", width, transformer_config, self.text_width_key, self.model_hint)
-        base.check_sequence_length(seq, max_sequence_length)
+        record_checks.check_width("prompt embeddings", width, transformer_config, self.text_width_key, self.model_hint)
+        record_checks.check_sequence_length(seq, max_sequence_length)
 
     def encoder_dims(self, encoders) -> dict[str, int]:
         return {"embed_dim": encoders.hidden_size}

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from fastvideo.models import base
+from fastvideo.models import base, record_checks
 from fastvideo.models.base import EmbeddingShapeError, TensorConditioning
 from fastvideo.models.latents import latent_hw, vae_scale_factor
 
@@ -120,7 +120,7 @@ class SourceTokens:
                                       f"{pix.shape[2]} source image(s) (16 pixels a token side); re-run the preprocessing")
         dims = (*text_dims, lat.shape[0], lat.shape[1], pix.shape[1], pix.shape[2])
         names = ", ".join(("L", "D", "P")[:n] + ("Ls", "C", "H", "W"))
-        base.check_first_dims(idx, dims, first_dims, where, f"({names})",
+        record_checks.check_first_dims(idx, dims, first_dims, where, f"({names})",
                               "two preprocessing runs or source sizes")
         return {**rec, "image_latents": lat, "source_ids": ids, "source_image": pix}, dims
 
@@ -128,7 +128,7 @@ class SourceTokens:
         n = self.text_dim_count
         super().check_dims(dims[:n], transformer_config, max_sequence_length)
         if len(dims) > n + 1:  # (ExpectedDims, a config object, has no in_channels: nothing to check)
-            base.check_source_channels(dims[n + 1], transformer_config)
+            record_checks.check_source_channels(dims[n + 1], transformer_config)
 
     def check_cond(self, cond) -> None:
         super().check_cond(cond)

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 import fastvideo.models.flux.components as C
-from fastvideo.models import base
+from fastvideo.models import base, record_checks
 from fastvideo.models.base import EmbeddingShapeError, StoredTensor, TensorConditioning
 from fastvideo.models.diffusers_family import ComponentFunctions, DiffusersFamily
 import fastvideo.models.flux.flops as F
@@ -46,9 +46,9 @@ class ExpectedDims:
 def check_expected(dims: tuple[int, int, int], expected: ExpectedDims) -> None:
     """Raise EmbeddingShapeError when embeddings of (L, D, P) = dims do not fit ``expected``."""
     seq_len, width, pooled = dims
-    base.check_width("prompt embeddings", width, expected, "joint_attention_dim", MODEL_HINT)
-    base.check_width("pooled prompt embeddings", pooled, expected, "pooled_projection_dim", MODEL_HINT)
-    base.check_sequence_length(seq_len, expected.max_sequence_length)
+    record_checks.check_width("prompt embeddings", width, expected, "joint_attention_dim", MODEL_HINT)
+    record_checks.check_width("pooled prompt embeddings", pooled, expected, "pooled_projection_dim", MODEL_HINT)
+    record_checks.check_sequence_length(seq_len, expected.max_sequence_length)
 
 
 def load_transformer(root, subfolder, device, dtype):

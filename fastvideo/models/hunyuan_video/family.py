@@ -22,7 +22,7 @@ import torch
 import fastvideo.models.hunyuan_video.components as C
 import fastvideo.models.hunyuan_video.flops as F
 import fastvideo.models.hunyuan_video.reference as R
-from fastvideo.models import base
+from fastvideo.models import base, record_checks
 from fastvideo.models.base import EmbeddingShapeError, LatentLayout, StoredTensor, TensorConditioning
 from fastvideo.models.diffusers_family import ComponentFunctions, DiffusersFamily, video_layout
 from fastvideo.models.hunyuan_video.settings import HunyuanVideoSettings
@@ -105,14 +105,14 @@ class HunyuanVideoFamily(DiffusersFamily):
                 f"pooled {tuple(pooled.shape)} should be [L, D], [L] and [P] (one prompt per file); re-run the "
                 "preprocessing")
         dims = (embed.shape[0], embed.shape[1], pooled.shape[0])
-        base.check_first_dims(idx, dims, first_dims, where)
+        record_checks.check_first_dims(idx, dims, first_dims, where)
         return dict(record), dims
 
     def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
         seq, width, pooled = dims
-        base.check_width("prompt embeddings", width, transformer_config, "text_embed_dim", MODEL_HINT)
-        base.check_width("pooled prompt embeddings", pooled, transformer_config, "pooled_projection_dim", MODEL_HINT)
-        base.check_sequence_length(seq, max_sequence_length)
+        record_checks.check_width("prompt embeddings", width, transformer_config, "text_embed_dim", MODEL_HINT)
+        record_checks.check_width("pooled prompt embeddings", pooled, transformer_config, "pooled_projection_dim", MODEL_HINT)
+        record_checks.check_sequence_length(seq, max_sequence_length)
 
     def encoder_dims(self, encoders) -> dict[str, int]:
         return {"embed_dim": encoders.hidden_size, "pooled_dim": encoders.pooled_size}

@@ -20,7 +20,7 @@ import torch
 import fastvideo.models.qwen_image.components as QC
 import fastvideo.models.qwen_image.flops as QF
 import fastvideo.models.qwen_image_edit.components as C
-from fastvideo.models import base, parts
+from fastvideo.models import base, parts, record_checks
 from fastvideo.models.base import EmbeddingShapeError, check_diffusers_folder, TensorConditioning
 from fastvideo.models.qwen_image.family import QwenImageFamily
 
@@ -113,14 +113,14 @@ class QwenImageEditFamily(QwenImageFamily):
             raise EmbeddingShapeError(f"prompt {idx}: {lat.shape[0]} source tokens do not fill the source grid "
                                       f"{gh}x{gw}; re-run the preprocessing")
         dims = (*text_dims, lat.shape[0], lat.shape[1], pix.shape[1], pix.shape[2])
-        base.check_first_dims(idx, dims, first_dims, where, "(L, D, Ls, C, H, W)",
+        record_checks.check_first_dims(idx, dims, first_dims, where, "(L, D, Ls, C, H, W)",
                               "two preprocessing runs or source sizes")
         return {**rec, "image_latents": lat, "source_image": pix, "source_grid": grid.to(torch.int64)}, dims
 
     def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
         super().check_dims(dims[:2], transformer_config, max_sequence_length)
         if len(dims) > 3:
-            base.check_source_channels(dims[3], transformer_config)
+            record_checks.check_source_channels(dims[3], transformer_config)
 
     def check_cond(self, cond) -> None:
         embeds, lat = cond["prompt_embeds"], cond["image_latents"]

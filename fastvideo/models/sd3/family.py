@@ -24,7 +24,7 @@ import torch
 
 import fastvideo.models.sd3.components as C
 import fastvideo.models.sd3.flops as F
-from fastvideo.models import base
+from fastvideo.models import base, record_checks
 from fastvideo.models.base import EmbeddingShapeError, TensorConditioning
 from fastvideo.models.diffusers_family import ComponentFunctions, DiffusersFamily
 
@@ -93,13 +93,13 @@ class SD3Family(DiffusersFamily):
             raise EmbeddingShapeError(f"prompt {idx}: prompt_embed has {embed.shape[0]} rows, not 77 CLIP + T5 tokens: "
                                       f"{where!r} was not made by SD3 preprocessing (--model_family sd3)")
         dims = (embed.shape[0] - C.CLIP_TOKENS, embed.shape[1], pooled.shape[0])
-        base.check_first_dims(idx, dims, first_dims, where, "(L, D, P)")
+        record_checks.check_first_dims(idx, dims, first_dims, where, "(L, D, P)")
         return dict(record), dims
 
     def check_dims(self, dims, transformer_config, max_sequence_length=None) -> None:
         seq, width, pooled = dims
-        base.check_width("prompt embeddings", width, transformer_config, "joint_attention_dim", MODEL_HINT)
-        base.check_width("pooled prompt embeddings", pooled, transformer_config, "pooled_projection_dim",
+        record_checks.check_width("prompt embeddings", width, transformer_config, "joint_attention_dim", MODEL_HINT)
+        record_checks.check_width("pooled prompt embeddings", pooled, transformer_config, "pooled_projection_dim",
                          MODEL_HINT)
         if max_sequence_length is not None and seq != max_sequence_length:
             raise EmbeddingShapeError(f"prompt embeddings have 77 + {seq} tokens but 77 + {max_sequence_length} are "

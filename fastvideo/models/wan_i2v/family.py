@@ -19,7 +19,7 @@ import torch
 
 import fastvideo.models.wan_i2v.components as C
 from fastvideo.errors import UserError
-from fastvideo.models import base
+from fastvideo.models import base, record_checks
 from fastvideo.models.base import EmbeddingShapeError, TensorConditioning, config_value
 from fastvideo.models.latents import latent_hw, to_tokens
 from fastvideo.models.wan import components as W
@@ -110,7 +110,7 @@ class WanI2VFamily(WanFamily):
                 f"prompt {idx}: condition {tuple(cond.shape)} / image_embeds {tuple(embeds.shape)} / source_image "
                 f"{tuple(pix.shape)} should be [4 + C, f, h, w] / [N, D] / [3, H, W]; re-run the preprocessing")
         dims = (*text_dims, *cond.shape, *embeds.shape, *pix.shape[1:])
-        base.check_first_dims(idx, dims, first_dims, where, "(L, D, Cc, f, h, w, N, Di, H, W)",
+        record_checks.check_first_dims(idx, dims, first_dims, where, "(L, D, Cc, f, h, w, N, Di, H, W)",
                               "two preprocessing runs or source sizes")
         return {**rec, **{n: record[n] for n in SOURCE_NAMES}}, dims
 
@@ -142,7 +142,7 @@ class WanI2VFamily(WanFamily):
             raise EmbeddingShapeError(f"the stored first frames were encoded for clips of {4 * (frames - 1) + 1} "
                                       f"frames, this run makes {self.num_frames}: re-run the preprocessing with "
                                       f"--num_frames {self.num_frames}")
-        base.check_width("stored CLIP features", image_dim, transformer_config, "image_dim",
+        record_checks.check_width("stored CLIP features", image_dim, transformer_config, "image_dim",
                          "re-run the preprocessing with this model's folder")
         if config_value(transformer_config, "image_dim") is None and in_channels is not None and image_dim:
             raise EmbeddingShapeError("the stored first frames come with CLIP features, which this transformer (no "
