@@ -30,13 +30,18 @@ from typing import Sequence
 
 import torch
 
+from fastvideo.errors import ConfigError
+
 
 # ---------------------------------------------------------------- geometry
 def latent_hw(height: int, width: int, scale: int = 8) -> tuple[int, int]:
     """The latent grid (H, W) of an image height x width; both sides must be multiples of 2 * scale
     (a 2x2 patch of latent cells per token: 16 pixels for an 8x VAE)."""
     if height % (2 * scale) or width % (2 * scale):
-        raise ValueError(f"image size {height}x{width} must be a multiple of {2 * scale} on both sides")
+        # ConfigError (a ValueError): the sizes come from --h/--w, so a run ends with this one line, exit 2
+        raise ConfigError(f"image size {height}x{width} must be a multiple of {2 * scale} on both sides for this "
+                          f"model ({scale} pixels a latent cell, 2x2 cells a token): choose --h/--w multiples "
+                          f"of {2 * scale}")
     return height // scale, width // scale
 
 
