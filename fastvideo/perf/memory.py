@@ -211,9 +211,9 @@ def transformer_activation_peak(config: dict, batch: int, layout, text_tokens: i
     """Peak bytes of the tensors one forward (and, if ``train``, backward) creates; parameter
     gradients are dropped as soon as they are made (they are counted as a static component).
     A family with a ``cost_depth_key`` (a stack of identical blocks: its length in the config) with
-    no or every block checkpointed is measured at 2, 3 and 4 blocks: when the peak grows by the same
-    step each block (what one more block of the stack keeps), the N-block peak is that line's value at
-    N (equal to the whole model's measurement: tests/perf/test_memory_depth.py), in seconds instead of
+    no or every block checkpointed (the family's only stack: every block in it) is measured at 2, 3 and
+    4 blocks: when a training peak grows by the same step s > 0 each block (what one more block keeps
+    for the backward), or a no-grad peak stays, the N-block peak is that line's value at N (equal to the whole model's measurement: tests/perf/test_memory_depth.py), in seconds instead of
     minutes for a 60-block model; otherwise, or with some blocks checkpointed, the whole model is measured.
     layout: the family's LatentLayout (family.nominal_layout); lora: (rank, targets) trains
     adapters on the frozen model (a frozen Linear keeps no input for a weight gradient)."""
@@ -224,7 +224,9 @@ def transformer_activation_peak(config: dict, batch: int, layout, text_tokens: i
         peaks = [_measured_peak(dict(config, **{depth_key: n}), batch, layout, text_tokens, dtype, train,
                                 fraction, family, lora) for n in (2, 3, 4)]
         step = peaks[1] - peaks[0]
-        if peaks[2] - peaks[1] == step:  # affine in the depth: the stack's N - 2 further blocks add N - 2 steps
+        # each moment holds a fixed amount plus 0, i or N blocks' saved tensors (0 without grad): the peak
+        # is the largest of lines of slope 0 or s; rising by s through 2-4 blocks, the steepest leads on
+        if peaks[2] - peaks[1] == step and (step > 0 or not train):
             return peaks[0] + (config[depth_key] - 2) * step
     return _measured_peak(config, batch, layout, text_tokens, dtype, train, fraction, family, lora)
 
