@@ -38,8 +38,12 @@ fg_source_npu_env() {
 
 # fg_confirm_device GUESS: the device torch sees (fastvideo.devices.device_type), or exit 1 with
 # the fix when torch cannot be imported or disagrees with the hardware.
+# FASTVIDEO_DEVICE_PROBE="PYTHON|GUESS|DEVICE" (exported once confirmed): the answer for this Python
+# and guess, so a launcher that execs another, or a tool that runs many dry runs
+# (fastvideo.tools.launcher_cost, tests/scripts), imports torch for it once; another PYTHON or guess asks again.
 fg_confirm_device() {
-  local guess=$1 err out
+  local guess=$1 err out probe=${FASTVIDEO_DEVICE_PROBE:-}
+  if [ -n "$probe" ] && [ "${probe%|*}" = "$PYTHON|$guess" ]; then echo "${probe##*|}"; return 0; fi
   err=$(mktemp)
   if ! out=$(cd "$_FG_ROOT" && "$PYTHON" -c "from fastvideo.devices import device_type; print(device_type())" 2>"$err"); then
     if grep -q "Failed to load the backend extension: torch_npu" "$err"; then
@@ -83,6 +87,7 @@ _FG_RC=0
 FASTVIDEO_DEVICE=$(fg_confirm_device "$_FG_GUESS") || _FG_RC=$?
 if [ "$_FG_RC" = 3 ]; then _FG_UNCONFIRMED=1; elif [ "$_FG_RC" != 0 ]; then exit 1; fi
 export FASTVIDEO_DEVICE
+if [ "$_FG_RC" = 0 ]; then export FASTVIDEO_DEVICE_PROBE="$PYTHON|$_FG_GUESS|$FASTVIDEO_DEVICE"; fi
 # torch found an NPU that the hardware probe missed (CANN loaded by hand, unusual install path).
 if [ "$FASTVIDEO_DEVICE" = npu ]; then fg_source_npu_env; fi
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}

@@ -211,12 +211,33 @@ def transformer_activation_peak(config: dict, batch: int, layout, text_tokens: i
                                 lora: tuple[int, tuple[str, ...]] | None = None) -> int:
     """Peak bytes of the tensors one forward (and, if ``train``, backward) creates; parameter
     gradients are dropped as soon as they are made (they are counted as a static component).
+    A family with a ``cost_depth_key`` (a stack of identical blocks: its length in the config) with
+    no or every block checkpointed (the family's only stack: every block in it) is measured at 2, 3 and
+    4 blocks: when a training peak grows by the same step s > 0 each block (what one more block keeps
+    for the backward), or a no-grad peak stays, the N-block peak is that line's value at N (equal to the whole model's measurement: tests/perf/test_memory_depth.py), in seconds instead of
+    minutes for a 60-block model; otherwise, or with some blocks checkpointed, the whole model is measured.
     layout: the family's LatentLayout (family.nominal_layout); lora: (rank, targets) trains
     adapters on the frozen model (a frozen Linear keeps no input for a weight gradient)."""
+    family = _family(family)
+    depth_key = getattr(family, "cost_depth_key", None)
+    fraction = checkpoint_fraction if train else 0.0
+    if depth_key and config.get(depth_key, 0) > 4 and fraction in (0.0, 1.0):
+        peaks = [_measured_peak(dict(config, **{depth_key: n}), batch, layout, text_tokens, dtype, train,
+                                fraction, family, lora) for n in (2, 3, 4)]
+        step = peaks[1] - peaks[0]
+        # each moment holds a fixed amount plus 0, i or N blocks' saved tensors (0 without grad): the peak
+        # is the largest of lines of slope 0 or s; rising by s through 2-4 blocks, the steepest leads on
+        if peaks[2] - peaks[1] == step and (step > 0 or not train):
+            return peaks[0] + (config[depth_key] - 2) * step
+    return _measured_peak(config, batch, layout, text_tokens, dtype, train, fraction, family, lora)
+
+
+def _measured_peak(config: dict, batch: int, layout, text_tokens: int, dtype: torch.dtype, train: bool,
+                   checkpoint_fraction: float, family, lora) -> int:
+    """transformer_activation_peak measured: the meta-device forward (and backward) of the whole model."""
     from fastvideo.perf.live_bytes import LiveBytes
 
-    family = _family(family)
-    model = _meta_transformer(config, dtype, checkpoint_fraction if train else 0.0, family, lora if train else None)
+    model = _meta_transformer(config, dtype, checkpoint_fraction, family, lora if train else None)
     inputs = family.meta_inputs(config, batch, layout, text_tokens, dtype)
     for p in model.parameters():
         if p.requires_grad:

@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 from fastvideo import devices
@@ -25,10 +26,21 @@ ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT_SUFFIX = ".py"
 
 
+def device_probe(env: dict) -> str:
+    """scripts/common.sh's FASTVIDEO_DEVICE_PROBE for a launcher run with ``env``, answered by this
+    process (torch is imported here already) when the launcher's PYTHON is this interpreter and its
+    FASTVIDEO_DEVICE is usable here; "" (the launcher asks torch itself) otherwise."""
+    forced = env.get("FASTVIDEO_DEVICE", "")
+    if env.get("PYTHON") != sys.executable or forced not in devices.DEVICE_TYPES:
+        return ""
+    return "" if devices.device_type_problem(forced) else f"{sys.executable}|{forced}|{forced}"
+
+
 def launcher_args(launcher: str, env: dict | None = None) -> tuple[int, list[str]]:
     """(ranks, the training flags) of ``launcher``'s DRY_RUN=1 command (rewards left as written)."""
     env = dict(os.environ if env is None else env, DRY_RUN="1")
     env.setdefault("FASTVIDEO_DEVICE", "cpu")
+    env.setdefault("FASTVIDEO_DEVICE_PROBE", device_probe(env))
     out = subprocess.run(["bash", launcher], cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     words = shlex.split(out.strip().splitlines()[-1])
     script = next(i for i, w in enumerate(words) if w.endswith(_SCRIPT_SUFFIX) and "/" in w and i > 2)

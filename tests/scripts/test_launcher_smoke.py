@@ -39,13 +39,36 @@ def test_launcher_trains_one_iteration_on_cpu_with_rewards_override(launcher, ti
 
 
 def test_rewards_override_in_every_launchers_dry_run():
-    """Every finetune launcher takes REWARDS= (no launcher keeps a reward flag of its own beside it)."""
+    """Every finetune launcher takes REWARDS= (no launcher keeps a reward flag of its own beside it).
+    torch is asked for the device once, here (scripts/common.sh's FASTVIDEO_DEVICE_PROBE), not per launcher."""
+    from fastvideo.tools.launcher_cost import device_probe
+
+    base = dict(os.environ, DRY_RUN="1", FASTVIDEO_DEVICE="cpu", REWARDS="compressibility:1.0", PYTHON=sys.executable)
+    probe = device_probe(base)
+    assert probe == f"{sys.executable}|cpu|cpu"
     for script in sorted((ROOT / "scripts" / "finetune").glob("finetune_*.sh")):
-        env = dict(os.environ, DRY_RUN="1", FASTVIDEO_DEVICE="cpu", REWARDS="compressibility:1.0",
-                   PYTHON=sys.executable)
+        env = dict(base, FASTVIDEO_DEVICE_PROBE=probe)
         r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
         assert r.returncode == 0, (script.name, r.stderr)
         command = r.stdout.strip().splitlines()[-1]
         assert "--rewards compressibility:1.0" in command, script.name
         for flag in ("--use_hpsv2", "--reward_model", "--hps_path", "pickscore:1.0", "hpsv2:1.0"):
             assert flag not in command, (script.name, flag)
+
+
+def test_device_probe_answers_for_its_python_and_guess_only():
+    """scripts/common.sh takes FASTVIDEO_DEVICE_PROBE's device (here a made-up "cuda", to see it is used)
+    for the same PYTHON and guess, asks torch again for another PYTHON, and exports what it confirmed."""
+    script = str(ROOT / "scripts" / "finetune" / "finetune_flux_grpo_8gpus.sh")
+    env = dict(os.environ, DRY_RUN="1", FASTVIDEO_DEVICE="cpu", REWARDS="compressibility:1.0", PYTHON=sys.executable)
+    lines = {}
+    for owner in (sys.executable, "/another/python"):
+        r = subprocess.run(["bash", script], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                           env=dict(env, FASTVIDEO_DEVICE_PROBE=f"{owner}|cpu|cuda"))
+        assert r.returncode == 0, r.stderr
+        lines[owner] = r.stdout.splitlines()[0]
+    assert lines[sys.executable].startswith("device: cuda;") and lines["/another/python"].startswith("device: cpu;")
+    exported = subprocess.run(["bash", "-c", "source scripts/common.sh && echo \"$FASTVIDEO_DEVICE_PROBE\""],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120,
+                              env={k: v for k, v in env.items() if k not in ("DRY_RUN", "FASTVIDEO_DEVICE_PROBE")})
+    assert exported.stdout.strip() == f"{sys.executable}|cpu|cpu", exported.stderr

@@ -55,6 +55,7 @@ class QwenImageFamily(TextEmbedsFamily):
     default_guidance_scale = C.DEFAULT_TRUE_CFG
     cfg_above = 1.0  # the pipeline's true CFG: on for a scale > 1
     block_flop_parts = ("transformer_blocks",)
+    cost_depth_key = "num_layers"  # its only stack, 60 identical blocks: the memory model measures 2-4 (perf.memory)
     negative_prompt = C.NEGATIVE_PROMPT
     model_hint = ("the embeddings were made with another text encoder (Qwen-Image uses Qwen2.5-VL-7B, 3584 wide) — "
                   "re-run preprocessing with --model_path pointing at this model")
