@@ -227,13 +227,12 @@ def settings_fingerprint(cfg: PreprocessConfig, spec: EmbeddingSpec) -> dict:
     family = cfg.family()
     root = Path(cfg.model_path).resolve()
     files = {}
-    for comp in family.text_components:
-        for p in sorted((root / comp).iterdir()):
+    for comp in family.text_components:  # a component the folder lacks (Wan2.2-I2V-A14B's CLIP) counts as absent
+        for p in sorted((root / comp).iterdir()) if (root / comp).is_dir() else ():
             if p.is_file():
                 files[f"{comp}/{p.name}"] = p.stat().st_size
-    configs = {
-        comp: json.loads((root / comp / "config.json").read_text()) for comp in family.text_encoder_components
-    }
+    configs = {comp: json.loads((root / comp / "config.json").read_text())
+               for comp in family.text_encoder_components if (root / comp).is_dir()}
     settings = {
         "model_path": str(root),
         "files": files,
