@@ -5,7 +5,7 @@ bundled editing prompt file preprocessed for 5-frame 64x64 clips: GRPO trains 2 
 experts' weights move and the frozen one's stay bit-unchanged, the reward is given each sample's own
 first frame, and the export of checkpoint-2 loads in stock WanImageToVideoPipeline with transformer
 and transformer_2 (the checkpoint's tensors, bit for bit) and animates a first frame otherwise than
-the base (issue #48 item 2 at scale)."""
+the base (issue #48 item 2 at scale). The image-to-video launchers parse to Flow-Factory's configurations."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from current_line_helpers import WEIGHTS, line_reason
+from current_line_helpers import WAN_I2V_LAUNCHERS, WEIGHTS, launcher_argv, line_reason
 from edit_helpers import run_recorded
 from helpers import ROOT, read_metrics
 from test_wan_i2v_training import FRAMES, PROMPTS, SIZE, _animate
@@ -84,3 +84,31 @@ def test_a14b_i2v_trains_the_chosen_experts_sees_each_first_frame_and_exports(
         assert all(torch.equal(state[k], final[f"{name}.{k}"]) for k in state), name
     trained_clip, stock_clip = _animate(pipe), _animate(WanImageToVideoPipeline.from_pretrained(tiny_wan_i2v_a14b_dir))
     assert trained_clip.shape == stock_clip.shape and not torch.allclose(trained_clip, stock_clip, atol=1e-4)
+
+
+@pytest.mark.parametrize("script", sorted(WAN_I2V_LAUNCHERS))
+def test_i2v_launchers_parse_to_flow_factorys_configuration(script):
+    """Flow-Factory's examples/grpo/full/wan21/i2v.yaml and wan22/i2v.yaml (5f6cda1), sources in
+    scripts/finetune/wan_i2v_{14b,a14b}_grpo_args.sh: FSDP2, 5 frames, one Flow-SDE step at 0.9, 16 a group,
+    48 prompts an iteration in 2 optimizer steps, PickScore; Wan2.1-I2V-14B at 240^2, 10 steps in 1..3,
+    CFG 5.0, lr 1e-5, shift 3; Wan2.2-I2V-A14B's high-noise expert at 256^2, 8 steps, the SDE at step 1, CFG
+    3.5, lr 1e-4, shift 5."""
+    from fastvideo.config import build_parser, validate_args
+
+    world, prompts, accumulation = WAN_I2V_LAUNCHERS[script]
+    argv = launcher_argv(script)
+    cfg = validate_args(build_parser(argv).parse_args(argv))
+    r, g, m, wan = cfg.rollout, cfg.grpo, cfg.mix, cfg.plugins["wan"]
+    a14b = "a14b" in script
+    assert cfg.model.family == "wan_i2v" and cfg.fsdp_version == 2 and wan.num_frames == 5
+    assert wan.train_experts == ("high" if a14b else "high,low")  # high,low: the default (a one-expert folder)
+    assert (r.height, r.width, r.sampling_steps, r.guidance_scale, r.shift) == (
+        (256, 256, 8, 3.5, 5.0) if a14b else (240, 240, 10, 5.0, 3.0))
+    assert (r.eta, r.quantize_timestep, r.num_generations) == (0.9, False, 16)
+    assert (m.mode, m.window_size, m.start_strategy, m.window_range) == ("fast", 1, "random", (1, 2 if a14b else 4))
+    assert (g.clip_range, g.adv_clip_max, cfg.optim.weight_decay) == (1e-4, 5.0, 1e-4)
+    assert cfg.optim.learning_rate == (1e-4 if a14b else 1e-5)
+    assert [(s.name, s.weight) for s in cfg.reward.spec] == [("pickscore", 1.0)]
+    assert cfg.prompts_per_rank == prompts and cfg.prompts_per_rank * world == 48
+    assert cfg.update.gradient_accumulation_steps == accumulation
+    assert cfg.derived(world)["optimizer_steps_per_iteration"] == 2
