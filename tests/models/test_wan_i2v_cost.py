@@ -77,3 +77,33 @@ def test_the_published_image_to_video_models_by_name():
     assert high == low and one - high == clip  # the CLIP keys, norms and embedder are all that differ
     assert round(high / 1e9, 2) == 14.29 and round(one / 1e9, 2) == 16.39
     assert resolve_model("wan2.2-i2v-a14b", family)[0]["two_experts"] == 0.9
+
+
+# launcher, device, its memory (GB) -> the rollout's weights as --rollout_weights auto chooses them, the verdict
+VERDICTS = [
+    ("finetune_wan_i2v_14b_grpo_8gpus.sh", "cuda", 80, "gathered", "fits in 80 GB, with 16.7 GB to spare"),
+    ("finetune_wan_i2v_14b_grpo_a3_16die.sh", "npu", 64, "gathered", "fits in 64 GB, with 11.9 GB to spare"),
+    ("finetune_wan_i2v_a14b_grpo_8gpus.sh", "cuda", 80, "sharded", "fits in 80 GB, with 30.8 GB to spare"),
+    ("finetune_wan_i2v_a14b_grpo_8gpus.sh", "cuda", 141, "gathered", "fits in 141 GB, with 49.5 GB to spare"),
+    ("finetune_wan_i2v_a14b_grpo_a3_16die.sh", "npu", 64, "sharded", "fits in 64 GB, with 31.4 GB to spare"),
+]
+
+
+@pytest.mark.slow  # ~45 s of CPU a case: the memory model of one or two 14B transformers
+@pytest.mark.parametrize("launcher, device, gb, rollout, verdict", VERDICTS)
+def test_the_i2v_launchers_memory_verdicts(launcher, device, gb, rollout, verdict, capsys):
+    """cost_model --memory on each image-to-video launcher's own flags (its DRY_RUN=1 command, the lean
+    options of scripts/common.sh included) with the published model by name (docs/wan.md): 8 GPUs of 80 and
+    141 GB, 16 dies of 64 GB; --rollout_weights auto keeps the weights gathered where that fits."""
+    import json
+
+    from fastvideo.tools.cost_model import main
+    from fastvideo.tools.launcher_cost import launcher_args
+
+    ranks, flags = launcher_args(f"scripts/finetune/{launcher}")
+    model = "wan2.2-i2v-a14b" if "a14b" in launcher else "wan2.1-i2v-14b-480p"
+    main(["--memory", "--json", "--world_size", str(ranks), "--device", device, "--device_memory_gb", str(gb),
+          *flags, "--model", model])
+    report = json.loads(capsys.readouterr().out)
+    assert ranks == (16 if "a3_16die" in launcher else 8)
+    assert report["verdict"] == verdict and report["lean"]["rollout_gathered"] == (rollout == "gathered")
