@@ -26,6 +26,10 @@ WAN_LAUNCHERS = {"scripts/finetune/finetune_wan21_grpo_8gpus.sh": (8, 2, 24),
                  "scripts/finetune/finetune_wan22_grpo_a3_16die.sh": (16, 4, 2)}
 WAN_A14B_LAUNCHERS = {"scripts/finetune/finetune_wan22_a14b_grpo_8gpus.sh": (8, 6, 48),
                       "scripts/finetune/finetune_wan22_a14b_grpo_a3_16die.sh": (16, 3, 24)}
+WAN_I2V_LAUNCHERS = {"scripts/finetune/finetune_wan_i2v_14b_grpo_8gpus.sh": (8, 6, 48),
+                     "scripts/finetune/finetune_wan_i2v_14b_grpo_a3_16die.sh": (16, 3, 24),
+                     "scripts/finetune/finetune_wan_i2v_a14b_grpo_8gpus.sh": (8, 6, 48),
+                     "scripts/finetune/finetune_wan_i2v_a14b_grpo_a3_16die.sh": (16, 3, 24)}
 SEQ = 48  # the tiny embeddings' Qwen3 length (conftest's flux2_embeddings, zimage_embeddings)
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -48,7 +52,7 @@ def launcher_argv(script: str, **env_extra) -> list[str]:
     assert "line: current" in out.stdout  # the dry run names the library line it would run on
     words = shlex.split(out.stdout.strip().splitlines()[-1])
     world = {**LAUNCHERS, **DEV_LAUNCHERS, **ZIMAGE_LAUNCHERS, **QWEN_IMAGE_LAUNCHERS, **WAN_LAUNCHERS,
-             **WAN_A14B_LAUNCHERS}[script][0]
+             **WAN_A14B_LAUNCHERS, **WAN_I2V_LAUNCHERS}[script][0]
     assert f"--nproc_per_node={world}" in words
     return words[words.index("fastvideo/train_grpo_flux.py") + 1:]
 

@@ -4,7 +4,8 @@ FLUX.1 and SD3.5): 3 iterations with the same rollout latents and log-probabilit
 record's tensors), the same per-iteration rewards, losses and pre-clip gradient norms and the same
 weights after them, all to 1e-5 relative. Classifier-free guidance is on, so each forward carries
 the prompt's and the empty prompt's captions (Z-Image: captions of unequal length, its mask);
-Qwen-Image-Edit splits its generated and source tokens together; Wan its video tokens."""
+Qwen-Image-Edit splits its generated and source tokens together; Wan its video tokens (Wan2.1-I2V
+its tokens of the latents and the first frame's condition, concatenated on channels)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from current_line_helpers import line_reason
 from helpers import train_args
 from test_qwen_image_edit_training import edit_dir, edit_embeddings  # noqa: F401  (fixtures)
+from test_wan_i2v_training import i2v_embeddings  # noqa: F401  (fixture)
 from test_sequence_parallel_training import _check_parity, _runs
 
 pytestmark = pytest.mark.skipif(line_reason("the current line's families") is not None,
@@ -62,3 +64,12 @@ def test_wan_sp2_equals_one_rank(tiny_wan_dir, wan_embeddings, tmp_path):
     the frames), CFG 5.0 with the negative prompt's umT5 tokens replicated."""
     _family_runs(tmp_path, tiny_wan_dir, wan_embeddings, model_family="wan", num_frames=5, guidance_scale=5.0,
                  no_quantize_timestep=True)
+
+
+@pytest.mark.slow
+def test_wan_i2v_sp2_equals_one_rank(tiny_wan_i2v_dir, i2v_embeddings, tmp_path):  # noqa: F811
+    """Wan2.1-I2V, 5-frame 64x64 clips from the bundled first frames (2 latent frames x 4 x 4 tokens
+    after the patch embedding of [latents ; mask ; first frame's latents], split over the frames), CFG
+    5.0: the cross-attention's CLIP image tokens and umT5 tokens replicated on both ranks."""
+    _family_runs(tmp_path, tiny_wan_i2v_dir, i2v_embeddings, model_family="wan_i2v", num_frames=5, h=64, w=64,
+                 guidance_scale=5.0, no_quantize_timestep=True)

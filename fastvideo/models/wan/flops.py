@@ -62,3 +62,19 @@ def transformer_backward_flops(cfg, image_tokens: int, text_tokens: int, batch: 
     rows = B * (cells // d["patch"]) if per_token_timesteps else B
     return (2 * p["total"] - p["patch_embedding"] - linear_flops(rows, d["freq"], d["D"])
             - linear_flops(B * Lt, d["text"], d["D"]))
+
+
+def image_context_flops(cfg, image_tokens: int, clip_tokens: int, batch: int = 1) -> dict[str, int]:
+    """Wan2.1-I2V's CLIP image tokens (``clip_tokens`` of them, image_dim wide), the count a text-to-video
+    forward lacks: the image embedder once (LayerNorm, image_dim -> image_dim -> D, LayerNorm) and in
+    every block's cross-attention add_k_proj / add_v_proj on them and the L video tokens' attention over
+    them. "backward": what they add to the backward, twice their forward (the embedder's first linear
+    takes its input gradient too: its LayerNorm before it has weights)."""
+    d = _dims(cfg)
+    get = cfg.get if isinstance(cfg, dict) else (lambda k, default=None: getattr(cfg, k, default))
+    cells, Li, B = token_counts(image_tokens, clip_tokens, batch)
+    L, D, image_dim = cells // d["patch"], d["D"], int(get("image_dim"))
+    embedder = linear_flops(B * Li, image_dim, image_dim) + linear_flops(B * Li, image_dim, D)
+    attention = d["layers"] * (2 * linear_flops(B * Li, D, D) + attention_flops(B, L, Li, D))
+    return {"image_embedder": embedder, "image_attention": attention,
+            "backward": 2 * (embedder + attention)}

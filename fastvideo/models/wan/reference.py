@@ -36,3 +36,19 @@ MODELS = {
     "wan2.2-t2v-a14b": ({**_transformer(40, 13824, 40, 16), "two_experts": 0.875}, WAN21_VAE,
                         "Wan2.2-T2V-A14B (two 14B experts)"),
 }
+
+# Image to video (--model_family wan_i2v's --model names): the transformer configs of diffusers'
+# scripts/convert_wan_to_diffusers.py (github.com/huggingface/diffusers at 7d56827, get_transformer_config:
+# "Wan-I2V-14B-480p", "Wan-I2V-14B-720p", "Wan2.2-I2V-14B-720p"), the config.json files of
+# Wan-AI/Wan2.1-I2V-14B-480P-Diffusers, -720P-Diffusers and Wan2.2-I2V-A14B-Diffusers: the 14B's 40 blocks 5120
+# wide, FFN 13824, 36 input channels (16 latents + the first frame's 4 mask and 16 latent channels), 16 out;
+# Wan2.1-I2V's CLIP image tokens through image_dim 1280 (ViT-H/14's width) and added_kv_proj_dim 5120, none for
+# Wan2.2-I2V-A14B, whose model_index.json has boundary_ratio 0.9 (the Wan2.2 repository's
+# wan/configs/wan_i2v_A14B.py: boundary 0.900) and two experts. 480P and 720P differ in their weights only.
+_I2V14B = {**_transformer(40, 13824, 40, 16), "in_channels": 36}
+_CLIP = {"image_dim": 1280, "added_kv_proj_dim": 5120}
+I2V_MODELS = {
+    "wan2.1-i2v-14b-480p": ({**_I2V14B, **_CLIP}, WAN21_VAE, "Wan2.1-I2V-14B-480P"),
+    "wan2.1-i2v-14b-720p": ({**_I2V14B, **_CLIP}, WAN21_VAE, "Wan2.1-I2V-14B-720P"),
+    "wan2.2-i2v-a14b": ({**_I2V14B, "two_experts": 0.9}, WAN21_VAE, "Wan2.2-I2V-A14B (two 14B experts)"),
+}

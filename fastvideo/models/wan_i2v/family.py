@@ -24,6 +24,7 @@ from fastvideo.models.base import EmbeddingShapeError, TensorConditioning, confi
 from fastvideo.models.latents import latent_hw, to_tokens
 from fastvideo.models.wan import components as W
 from fastvideo.models.wan.family import WanFamily
+from fastvideo.models.wan.reference import I2V_MODELS
 
 SOURCE_NAMES = ("condition", "image_embeds", "source_image")
 
@@ -44,6 +45,9 @@ class WanI2VFamily(WanFamily):
     text_encoder_components = WanFamily.text_encoder_components + ("vae", "image_encoder")
     made_by = "Wan image-to-video preprocessing (--model_family wan_i2v)"
     runs_on = "wan"  # Wan2.2-TI2V-5B's folder (WanPipeline, expand_timesteps) is image-to-video's too
+    # the cost model's --model names: the published image-to-video transformers (models/wan/reference.py)
+    reference_config, reference_vae_config, reference_name = I2V_MODELS["wan2.1-i2v-14b-480p"]
+    reference_models = I2V_MODELS
 
     def _note_variant(self, root) -> None:
         """Wan's; a WanPipeline folder is refused unless it has expand_timesteps (Wan2.2-TI2V-5B, whose
@@ -211,3 +215,31 @@ class WanI2VFamily(WanFamily):
     def cond_numel(self, config, text_tokens) -> int:
         """Wan's text plus the CLIP features (257 x image_dim for Wan2.1-I2V's ViT-H/14)."""
         return super().cond_numel(config, text_tokens) + 257 * int(config_value(config, "image_dim") or 0)
+
+    # -- cost model: the CLIP image tokens of Wan2.1-I2V (257: ViT-H/14's 16 x 16 patches and its class token)
+    clip_tokens = 257
+
+    def meta_inputs(self, config, batch, layout, text_tokens, dtype) -> dict:
+        """Wan's inputs with the condition in the latents' channels (in_channels 36) and, for a transformer
+        with image_dim, the CLIP features [B, 257, image_dim] (encoder_hidden_states_image)."""
+        inputs = super().meta_inputs(config, batch, layout, text_tokens, dtype)
+        image_dim = config_value(config, "image_dim")
+        if image_dim:
+            rows = inputs["hidden_states"].shape[0]
+            inputs["encoder_hidden_states_image"] = torch.empty(rows, self.clip_tokens, int(image_dim), device="meta",
+                                                                dtype=dtype)
+        return inputs
+
+    def transformer_flops(self, config, image_tokens, text_tokens, batch=1):
+        """Wan's count plus the CLIP image tokens' (models/wan/flops.py image_context_flops) where the
+        transformer takes them (image_dim: Wan2.1-I2V; Wan2.2-I2V-A14B has none)."""
+        import fastvideo.models.wan.flops as F
+
+        counts = super().transformer_flops(config, image_tokens, text_tokens, batch)
+        if not config_value(config, "image_dim"):
+            return counts
+        extra = F.image_context_flops(config, image_tokens, self.clip_tokens, batch * self.cost_passes(config))
+        forward = extra["image_embedder"] + extra["image_attention"]
+        return {**counts, "image_embedder": extra["image_embedder"], "image_attention": extra["image_attention"],
+                "forward": counts["forward"] + forward, "blocks": counts["blocks"] + extra["image_attention"],
+                "backward": counts["backward"] + extra["backward"]}
