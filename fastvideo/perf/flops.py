@@ -174,13 +174,16 @@ def iteration_flops(shape: IterationShape, transformer=None, vae_cfg: Mapping | 
     per = family.transformer_flops(transformer, L, Lt)
     fwd = per["forward"]
     trained = shape.trained_steps * shape.trained_samples
-    lat = shape.height // 8, shape.width // 8
+    # a family with its own decode count (the video VAEs: models/video_decode.py), else AutoencoderKL's
+    decode = getattr(family, "vae_decode_flops", None)
+    one = (decode(vae_cfg if vae_cfg is not None else family.reference_vae_config, transformer, shape.height,
+                  shape.width) if decode is not None else vae_decoder_flops(vae_cfg, shape.height // 8, shape.width // 8))
     return IterationFlops(
         rollout=shape.sampling_steps * shape.samples * fwd,
         update_forward=trained * fwd,
         update_backward=trained * per["backward"],
         recompute=trained * per["blocks"] if shape.gradient_checkpointing else 0,
-        vae_decode=shape.samples * vae_decoder_flops(vae_cfg, *lat),
+        vae_decode=shape.samples * one,
         update_nograd=shape.nograd_update_forwards * trained * fwd,
     )
 

@@ -11,6 +11,8 @@ replaces the byte-level pre-tokenizer there (huggingface/transformers#45488)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -185,3 +187,25 @@ def test_transformer_flops_match_flop_counter(stock):
     assert 0 < counts["blocks"] < counts["forward"]
     big = family.transformer_flops(TRANSFORMER, 14 * 60 * 60, 256)  # 53 frames at 480x480: 14 x 60 x 60 cells
     assert 2.5e14 < big["forward"] < 3.5e14 and big["blocks"] / big["forward"] > 0.99  # 2.97e14
+
+
+def test_vae_decode_flops_equal_a_real_decode(stock):
+    """HunyuanVideoFamily.vae_decode_flops (models/video_decode.py: the causal AutoencoderKLHunyuanVideo decoding
+    on meta) equals FlopCounterMode around the folder's own VAE decoding a real clip's latents on the CPU with
+    the math attention (its matmuls counted, as on meta): a clip's decode, not AutoencoderKL's image count
+    perf.flops gave every family before (one frame's 2-D decoder)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fastvideo.perf.flops import vae_decoder_flops
+
+    folder, pipe, family, _ = stock
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    vae_config = json.loads((folder / "vae" / "config.json").read_text())
+    layout = family.nominal_layout(SIZE, SIZE, config)
+    latents = torch.randn(1, vae_config["latent_channels"], *layout["grid"], generator=torch.Generator().manual_seed(0))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():
+        frames = pipe.vae.decode(latents).sample
+    assert frames.shape[2:] == (FRAMES, SIZE, SIZE)
+    measured = family.vae_decode_flops(vae_config, config, SIZE, SIZE)
+    assert measured == counter.get_total_flops() > 2 * vae_decoder_flops(vae_config, SIZE // 8, SIZE // 8)

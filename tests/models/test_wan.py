@@ -287,3 +287,38 @@ def test_npu_attention_takes_wan21_i2v_image_keys_and_the_fused_kernel(monkeypat
         fused = attn.to(torch.bfloat16)(hidden.bfloat16(), encoder_hidden_states=context.bfloat16())
     assert stub.calls["npu_fusion_attention"] == 2  # the text keys and the image keys
     torch.testing.assert_close(fused.float(), ref, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("variant", ["t2v", "ti2v"])
+def test_the_vae_decode_flops_equal_a_real_decode_and_the_cost_model_prints_them(variant, pipes, capsys):
+    """WanFamily.vae_decode_flops (models/video_decode.py: the causal AutoencoderKLWan decoding on meta) equals
+    FlopCounterMode around the folder's own VAE decoding a real clip's latents on the CPU, its mid-block
+    attention included (Wan2.1's VAE and
+    Wan2.2's, patched and residual); `cost_model --model_family wan --model wan2.2-ti2v-5b` then prints its
+    table with the decode row = clips x one clip's count (before: KeyError 'block_out_channels', a traceback:
+    perf.flops counted every decode as AutoencoderKL's image decoder)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fastvideo.models.wan.family import WanFamily
+    from fastvideo.tools.cost_model import main, resolve_model, set_num_frames
+
+    folder, pipe = pipes[variant]
+    family = _family(folder, SCALE)
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    vae_config = json.loads((folder / "vae" / "config.json").read_text())
+    layout = family.nominal_layout(64, 64, config)
+    latents = torch.randn(1, vae_config["z_dim"], *layout["grid"], generator=torch.Generator().manual_seed(0))
+    # the math attention (its matmuls counted), as on meta; the CPU's fused kernel has no FLOP formula
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():
+        frames = pipe.vae.decode(latents).sample
+    assert frames.shape[2:] == (FRAMES, 64, 64) and counter.get_total_flops() > 0
+    assert family.vae_decode_flops(vae_config, config, 64, 64) == counter.get_total_flops()
+    main(["--model_family", "wan", "--model", "wan2.2-ti2v-5b", "--num_frames", "81", "--h", "704", "--w", "1280",
+          "--world_size", "2", "--num_generations", "2"])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("VAE decode"))
+    reference = WanFamily(num_frames=5)
+    set_num_frames(reference, 81)
+    config, vae_config, _ = resolve_model("wan2.2-ti2v-5b", reference)
+    one = reference.vae_decode_flops(vae_config, config, 704, 1280)
+    assert row.split()[2:4] == ["4", "decodes"] and float(row.split()[4]) == pytest.approx(4 * one, rel=1e-3)

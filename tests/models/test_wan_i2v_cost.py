@@ -107,3 +107,21 @@ def test_the_i2v_launchers_memory_verdicts(launcher, device, gb, rollout, verdic
     report = json.loads(capsys.readouterr().out)
     assert ranks == (16 if "a3_16die" in launcher else 8)
     assert report["verdict"] == verdict and report["lean"]["rollout_gathered"] == (rollout == "gathered")
+
+
+def test_the_5b_image_to_video_costs_what_its_text_to_video_does():
+    """--model_family wan_i2v --model wan2.2-ti2v-5b: one transformer for both tasks (expand_timesteps adds no
+    channels or image tokens), so the image-to-video family's layout and FLOPs equal the text-to-video one's."""
+    from fastvideo.models.wan.family import WanFamily
+    from fastvideo.models.wan_i2v.family import WanI2VFamily
+    from fastvideo.tools.cost_model import resolve_model, set_num_frames
+
+    i2v, t2v = WanI2VFamily(num_frames=5), WanFamily(num_frames=5)
+    for family in (i2v, t2v):
+        set_num_frames(family, 81)
+    config, vae, _ = resolve_model("wan2.2-ti2v-5b", i2v)
+    assert (config, vae) == resolve_model("wan2.2-ti2v-5b", t2v)[:2] and config["in_channels"] == 48
+    layout = i2v.nominal_layout(704, 1280, config)
+    assert layout["grid"] == t2v.nominal_layout(704, 1280, config)["grid"] == (21, 44, 80)  # 16 pixels a cell
+    tokens = layout.tokens[0]
+    assert i2v.transformer_flops(config, tokens, 512) == t2v.transformer_flops(config, tokens, 512)

@@ -27,6 +27,7 @@ from fastvideo.models.base import EmbeddingShapeError, LatentLayout, StoredTenso
 from fastvideo.models.diffusers_family import ComponentFunctions, DiffusersFamily, video_layout
 from fastvideo.models.hunyuan_video.settings import HunyuanVideoSettings
 from fastvideo.models.latents import latent_hw
+from fastvideo.models.video_decode import measured_decode_flops
 
 MODEL_HINT = ("the embeddings were made with other text encoders (HunyuanVideo: Llama 4096 wide, CLIP-L 768) — "
               "re-run preprocessing with --model_path pointing at this model")
@@ -172,6 +173,10 @@ class HunyuanVideoFamily(DiffusersFamily):
 
     def cond_numel(self, config, text_tokens) -> int:
         return text_tokens * (config["text_embed_dim"] + 1) + config["pooled_projection_dim"]
+
+    def vae_decode_flops(self, vae_config, transformer_config, height, width) -> int:
+        """One clip's decode, counted on the meta device (models/video_decode.py)."""
+        return measured_decode_flops(self, vae_config, transformer_config, height, width)
 
     def meta_vae(self, vae_config, batch, layout, dtype):
         """(the causal AutoencoderKLHunyuanVideo, ``batch`` clips' latents [B, C, f, h, w]) on the meta device."""

@@ -27,6 +27,7 @@ from fastvideo.models import base
 from fastvideo.models.base import LatentLayout, config_value
 from fastvideo.models.diffusers_family import ComponentFunctions, TextEmbedsFamily, video_layout
 from fastvideo.models.latents import latent_hw
+from fastvideo.models.video_decode import measured_decode_flops
 from fastvideo.models.wan.experts import WanExperts, folder_experts
 from fastvideo.models.wan.reference import MODELS
 from fastvideo.models.wan.settings import WanSettings
@@ -220,6 +221,10 @@ class WanFamily(TextEmbedsFamily):
                                          dtype=dtype),
                     encoder_hidden_states=torch.empty(b, text_tokens, config["text_dim"], device=m, dtype=dtype),
                     return_dict=False)
+
+    def vae_decode_flops(self, vae_config, transformer_config, height, width) -> int:
+        """One clip's decode, counted on the meta device (models/video_decode.py)."""
+        return measured_decode_flops(self, vae_config, transformer_config, height, width)
 
     def meta_vae(self, vae_config, batch, layout, dtype):
         """(the causal AutoencoderKLWan, ``batch`` clips' latents [B, C, f, h, w]) on the meta device: what

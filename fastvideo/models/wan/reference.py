@@ -51,4 +51,7 @@ I2V_MODELS = {
     "wan2.1-i2v-14b-480p": ({**_I2V14B, **_CLIP}, WAN21_VAE, "Wan2.1-I2V-14B-480P"),
     "wan2.1-i2v-14b-720p": ({**_I2V14B, **_CLIP}, WAN21_VAE, "Wan2.1-I2V-14B-720P"),
     "wan2.2-i2v-a14b": ({**_I2V14B, "two_experts": 0.9}, WAN21_VAE, "Wan2.2-I2V-A14B (two 14B experts)"),
+    # one folder for text- and image-to-video (expand_timesteps: the given first frame replaces latents, no
+    # extra channels or image tokens), so the same transformer as the text-to-video entry
+    "wan2.2-ti2v-5b": MODELS["wan2.2-ti2v-5b"],
 }
