@@ -73,11 +73,16 @@ run_preprocess(PreprocessConfig(model_path=str(work / "tiny_flux"), prompt_file=
                                 output_dir=str(work / "emb"), max_sequence_length=32, batch_size=8,
                                 dataloader_num_workers=0))
 PY
+# The CPU standing in for the accelerator (the script's own test) runs the same steps at the smallest
+# sizes: 32x32 images, 4 sampling steps, one timed iteration per options-table variant. On a GPU or
+# NPU the sizes below are what the check measures.
+if [ "$DEV" = cpu ]; then PAIR_SIZE=(--h 32 --w 32 --sampling_steps 4); OPTION_ITERATIONS=1
+else PAIR_SIZE=(--h 64 --w 64 --sampling_steps 6); OPTION_ITERATIONS=2; fi
 run_pair() {  # run_pair NAME DEVICE RANDOMNESS_FLAG
   FASTVIDEO_DEVICE="$2" OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 timeout 150 "$PY" -m torch.distributed.run --standalone \
     --nproc_per_node=1 fastvideo/train_grpo_flux.py --pretrained_model_name_or_path "$WORK/tiny_flux" \
     --data_json_path "$WORK/emb/videos2caption.json" --output_dir "$WORK/$1_out" --rewards compressibility:1.0 \
-    --h 64 --w 64 --sampling_steps 6 --eta 0.7 --use_group --num_generations 4 --rollout_batch_size 4 \
+    "${PAIR_SIZE[@]}" --eta 0.7 --use_group --num_generations 4 --rollout_batch_size 4 \
     --train_micro_batch_size 4 --timestep_fraction 0.6 --ignore_last --learning_rate 1e-3 --max_grad_norm 1.0 \
     --mixed_precision no --max_train_steps 2 --checkpointing_steps 100 --save_images_every 0 \
     --dataloader_num_workers 0 --seed 42 --record_dir "$OUT/runs/$1" "$3" "$OUT/runs/draws" > "$WORK/$1.log" 2>&1
@@ -100,7 +105,7 @@ fi
 
 # 3b. the hot-loop options on and off, on the device (bench/options_table.py).
 if [ -f "$WORK/emb/videos2caption.json" ]; then
-  FASTVIDEO_DEVICE="$DEV" OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 timeout 240 "$PY" bench/options_table.py --iterations 2 \
+  FASTVIDEO_DEVICE="$DEV" OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 timeout 240 "$PY" bench/options_table.py --iterations "$OPTION_ITERATIONS" \
     --model_dir "$WORK/tiny_flux" --data_json "$WORK/emb/videos2caption.json" --json "$OUT/options.json" \
     > "$OUT/options.txt" 2>&1
   note "options table: rc=$? ($(elapsed) s)"

@@ -128,13 +128,15 @@ def objective_update(args):
     return own.trained_steps_per_sample(cfg), own.needs(cfg, objective)
 
 
-def lean_shape(args, shape, config: dict, vae_cfg: dict, family) -> tuple:
+def lean_shape(args, shape, config: dict, vae_cfg: dict, family, profiles: list | None = None) -> tuple:
     """``shape`` with --rollout_weights auto and --update_timesteps_per_forward all resolved as the
-    trainer resolves them (training/lean.resolve) against --device_memory_gb; the notes it prints."""
+    trainer resolves them (training/lean.resolve) against --device_memory_gb; the notes it prints.
+    profiles: a list that receives (shape, perf.memory.ModelProfile) for each shape the choice profiled
+    (the report reuses the chosen shape's profile instead of measuring it again)."""
     from dataclasses import replace
 
     from fastvideo.component_settings.update import ALL, timesteps_value
-    from fastvideo.perf.memory import GB, estimate
+    from fastvideo.perf.memory import GB, estimate, profile_model
     from fastvideo.training import lean
 
     k_all = timesteps_value(args.update_timesteps_per_forward) == ALL
@@ -147,7 +149,10 @@ def lean_shape(args, shape, config: dict, vae_cfg: dict, family) -> tuple:
     limit = lean.HEADROOM * args.device_memory_gb * GB
 
     def fits(s):
-        peak = estimate(config, vae_cfg, s, family=family).peak_bytes
+        prof = profile_model(config, vae_cfg, s, family=family)
+        if profiles is not None:
+            profiles.append((s, prof))
+        peak = estimate(config, vae_cfg, s, prof=prof, family=family).peak_bytes
         return peak <= limit, peak
 
     choice = lean.resolve(shape, args.rollout_weights, k_all, limit, fits)
@@ -158,8 +163,11 @@ def memory_report(args, config: dict, vae_cfg: dict, desc: str, family=None) -> 
     from fastvideo.perf import comms
     from fastvideo.perf.memory import GB, checkpoint_host_peak, estimate, profile_model
 
-    shape, lean_notes = lean_shape(args, memory_shape(args), config, vae_cfg, family)
-    prof = profile_model(config, vae_cfg, shape, family=family)
+    profiled = []
+    shape, lean_notes = lean_shape(args, memory_shape(args), config, vae_cfg, family, profiled)
+    prof = next((p for s, p in profiled if s == shape), None)
+    if prof is None:
+        prof = profile_model(config, vae_cfg, shape, family=family)
     est = estimate(config, vae_cfg, shape, prof=prof, family=family)
     # Forwards of the model's own units without a backward: NFT's v_old, AWM's v_ema, and under LoRA the KL's
     # v_ref (the base with its adapters off); a full fine-tune's KL reference is its own copy (reference_params).
