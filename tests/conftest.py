@@ -176,6 +176,12 @@ def wan_embeddings(tiny_wan_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def wan_ti2v_embeddings(tiny_wan_ti2v_dir, tmp_path_factory):
+    """assets/prompts_tiny.txt encoded with the tiny Wan2.2-TI2V-5B's umT5 (length 32), for text to video."""
+    return encode_tiny_prompts(tiny_wan_ti2v_dir, tmp_path_factory, "wan_ti2v_embeddings", 32, "wan")
+
+
+@pytest.fixture(scope="session")
 def tiny_hunyuan_video_dir(tmp_path_factory):
     """A tiny random-weight HunyuanVideo folder (make_tiny_hunyuan_video; both library lines)."""
     from fastvideo.tools.make_tiny_hunyuan_video import make_tiny_hunyuan_video

@@ -159,17 +159,15 @@ def test_wan_launchers_parse_to_their_peers_configuration(script):
         assert (cfg.optim.max_train_steps, cfg.output.checkpointing_steps) == (120, 30)
 
 
-def test_a_size_the_wan22_vae_cannot_take_is_one_line(tiny_wan_ti2v_dir, tmp_path_factory, tmp_path, capsys):
+def test_a_size_the_wan22_vae_cannot_take_is_one_line(tiny_wan_ti2v_dir, wan_ti2v_embeddings, tmp_path, capsys):
     """Wan2.2-TI2V-5B's VAE has 16 pixels a latent cell, so a token is 32 pixels a side: --w 48 (a
     multiple of 16, which the generic check takes) ends with one line naming 32, exit 2, before any
     rollout (before: the start-up profile's ValueError traceback)."""
-    from conftest import encode_tiny_prompts
     from one_line import one_line
 
     from fastvideo.train_grpo_flux import main
 
-    index = encode_tiny_prompts(tiny_wan_ti2v_dir, tmp_path_factory, "wan_ti2v_embeddings", SEQ, "wan")
-    argv = _argv(tiny_wan_ti2v_dir, index, tmp_path / "out", "--w", "48")
+    argv = _argv(tiny_wan_ti2v_dir, wan_ti2v_embeddings, tmp_path / "out", "--w", "48")
     line = one_line(capsys, lambda: main(argv))
     assert "image size 32x48 must be a multiple of 32" in line and "choose --h/--w multiples of 32" in line
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
