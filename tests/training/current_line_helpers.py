@@ -43,6 +43,17 @@ def line_reason(what: str = "FLUX.2 [klein] training") -> str | None:
     return None
 
 
+def i2v_training_marks() -> list:
+    """The Wan image-to-video training modules' pytestmark: the current line, and forked ranks only (their
+    recording reward is registered in the test process)."""
+    import pytest
+
+    reason = line_reason("Wan image-to-video training")
+    return [pytest.mark.skipif(reason is not None, reason=reason or ""),
+            pytest.mark.skipif(os.environ.get("FLUX_GRPO_TEST_REAL_TORCHRUN", "0") == "1",
+                               reason="the recording reward is registered in the test process; forked ranks only")]
+
+
 def launcher_argv(script: str, **env_extra) -> list[str]:
     """The training flags a launcher's DRY_RUN=1 command line passes (env_extra: KLEIN=... and the like)."""
     env = {"DRY_RUN": "1", "FASTVIDEO_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "PYTHON": sys.executable,

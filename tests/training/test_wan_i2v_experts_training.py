@@ -10,22 +10,18 @@ the base (issue #48 item 2 at scale). The image-to-video launchers parse to Flow
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from current_line_helpers import WAN_I2V_LAUNCHERS, WEIGHTS, launcher_argv, line_reason
+from current_line_helpers import WAN_I2V_LAUNCHERS, WEIGHTS, i2v_training_marks, launcher_argv
 from edit_helpers import run_recorded
 from helpers import ROOT, read_metrics
 from test_wan_i2v_training import FRAMES, PROMPTS, SIZE, _animate
 from test_wan_i2v_training import _argv as i2v_argv
 
-pytestmark = [pytest.mark.skipif(line_reason("Wan image-to-video training") is not None,
-                                 reason=line_reason("Wan image-to-video training") or ""),
-              pytest.mark.skipif(os.environ.get("FLUX_GRPO_TEST_REAL_TORCHRUN", "0") == "1",
-                                 reason="the recording reward is registered in the test process; forked ranks only")]
+pytestmark = i2v_training_marks()
 EXPERTS = ("transformer", "transformer_2")
 
 

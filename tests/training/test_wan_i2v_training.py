@@ -11,23 +11,19 @@ the preprocessing's are each one line, exit 2
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from current_line_helpers import WEIGHTS, line_reason
+from current_line_helpers import WEIGHTS, i2v_training_marks
 from edit_helpers import run_recorded
 from helpers import ROOT, read_metrics
 from one_line import one_line
 from test_wan_training import GRPO
 from test_wan_training import _argv as wan_argv
 
-pytestmark = [pytest.mark.skipif(line_reason("Wan image-to-video training") is not None,
-                                 reason=line_reason("Wan image-to-video training") or ""),
-              pytest.mark.skipif(os.environ.get("FLUX_GRPO_TEST_REAL_TORCHRUN", "0") == "1",
-                                 reason="the recording reward is registered in the test process; forked ranks only")]
+pytestmark = i2v_training_marks()
 FRAMES, SIZE = 5, 64
 PROMPTS = ROOT / "assets/edit/prompts_edit.jsonl"
 
